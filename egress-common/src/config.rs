@@ -1,0 +1,30 @@
+//! Per-node configuration, index 0 of the `CONFIG` array, written by the agent.
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// This node's underlay IPv4 address.
+    pub node_ip: [u8; 4],
+    /// Ifindex of the agent's collect-metadata VXLAN device.
+    pub tunnel_ifindex: u32,
+    /// SNAT port range, inclusive, host order.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// MTU of the path inside the tunnel (underlay MTU - 50): TCP SYNs entering the tunnel
+    /// get their MSS clamped to `tunnel_mtu - 40`, larger DF packets are refused with an
+    /// ICMP "fragmentation needed".
+    pub tunnel_mtu: u16,
+    /// Bit set of [`flags`].
+    pub flags: u16,
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 16);
+
+pub mod flags {
+    /// The agent has written this entry; until then every program passes everything.
+    pub const READY: u16 = 1 << 0;
+}
+
+pub const DEFAULT_PORT_MIN: u16 = 1024;
+pub const DEFAULT_PORT_MAX: u16 = 65_535;
+/// Our tunnel's UDP port: clear of VXLAN (4789), Flannel (8472) and Geneve (6081).
+pub const DEFAULT_TUNNEL_PORT: u16 = 4797;

@@ -1,0 +1,68 @@
+//! Conntrack and NAT on the gateway. One entry per direction:
+//!
+//! * original: key (pod, destination, pod port, destination port) -> egress IP and port;
+//! * reply: key (destination, egress IP, destination port, egress port) -> pod address and
+//!   port, and the pod's node for the return tunnel.
+//!
+//! For ICMP echo the identifier stands in for both ports.
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CtKeyV4 {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub src_port_be: u16,
+    pub dst_port_be: u16,
+    /// IP protocol number (6, 17, 1).
+    pub proto: u8,
+    /// [`dir::ORIGINAL`] or [`dir::REPLY`].
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<CtKeyV4>() == 16);
+
+pub mod dir {
+    pub const ORIGINAL: u8 = 0;
+    pub const REPLY: u8 = 1;
+}
+
+/// TCP state as far as timeouts care.
+pub mod state {
+    pub const NEW: u8 = 0;
+    pub const ESTABLISHED: u8 = 1;
+    pub const CLOSING: u8 = 2;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CtEntryV4 {
+    /// Original: egress IP. Reply: pod IP.
+    pub xlate_addr: [u8; 4],
+    /// Original: egress port. Reply: pod port.
+    pub xlate_port_be: u16,
+    /// One of [`state`].
+    pub state: u8,
+    pub _pad0: u8,
+    /// Underlay address of the pod's node; equal to this node's when the pod is local.
+    pub pod_node: [u8; 4],
+    /// Egress interface.
+    pub ifindex: u32,
+    pub rule_id: u32,
+    pub _pad1: u32,
+    /// `bpf_ktime_get_ns` of the last packet, either direction.
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 32);
+
+/// Idle timeouts in nanoseconds.
+pub mod timeout {
+    const SEC: u64 = 1_000_000_000;
+    pub const TCP_NEW: u64 = 60 * SEC;
+    pub const TCP_ESTABLISHED: u64 = 6 * 3600 * SEC;
+    pub const TCP_CLOSING: u64 = 30 * SEC;
+    pub const UDP: u64 = 120 * SEC;
+    pub const ICMP: u64 = 30 * SEC;
+}
+
+/// How many ports `from_tunnel` tries before it counts `DROP_PORT_EXHAUSTED`.
+pub const PORT_ALLOC_TRIES: u32 = 32;

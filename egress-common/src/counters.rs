@@ -1,0 +1,71 @@
+//! Stable counter reasons. Numbers are never reused; a retired reason keeps its number.
+//! Indexes into the per-CPU `COUNTERS` array.
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+
+pub const MAX_REASONS: u32 = 64;
+
+macro_rules! reasons {
+    ($($(#[$m:meta])* $name:ident = $num:literal, $text:literal;)*) => {
+        pub mod reason {
+            $($(#[$m])* pub const $name: u32 = $num;)*
+        }
+        /// Every reason as (number, name, description), in number order.
+        pub const ALL: &[(u32, &str, &str)] = &[$(($num, stringify!($name), $text)),*];
+    };
+}
+
+reasons! {
+    TUNNELED = 1, "selected packet sent into the tunnel to its gateway";
+    EXCLUDED = 2, "destination in an except prefix: passed untouched";
+    FALLTHROUGH = 3, "rule has no gateway, failurePolicy Fallthrough: passed untouched";
+    LOCAL_GATEWAY = 4, "selected packet whose gateway is this node: gateway path taken directly";
+    SNAT_NEW = 5, "new flow translated to an egress IP";
+    SNAT_HIT = 6, "packet of an established flow translated";
+    REVERSE_NAT = 7, "reply translated back to the pod";
+    RETURN_TUNNELED = 8, "reply sent back through the tunnel to the pod's node";
+    RETURN_DELIVERED = 9, "reply from the tunnel delivered to a local pod";
+    FORWARDED = 10, "packet redirected out of its egress interface";
+    MSS_CLAMPED = 11, "TCP SYN MSS lowered to fit the tunnel";
+    MALFORMED_PASSED = 12, "packet from a pod that could not be parsed: passed untouched";
+    FRAG_NEEDED_SENT = 13, "oversize DF packet answered with ICMP fragmentation needed";
+    DROP_NO_GATEWAY = 32, "rule has no usable gateway (failurePolicy Drop)";
+    DROP_UNKNOWN_SENDER = 33, "tunneled packet from an address that is not a known node";
+    DROP_SPOOFED_SOURCE = 34, "tunneled packet whose inner source is not a pod of the sender";
+    DROP_UNKNOWN_RULE = 35, "tunneled packet with a rule id this gateway does not serve";
+    DROP_NO_CONNTRACK = 36, "packet to an egress IP without a conntrack entry";
+    DROP_PORT_EXHAUSTED = 37, "no free SNAT port for a new flow";
+    DROP_CT_INSERT = 38, "conntrack entry could not be written";
+    DROP_MALFORMED = 39, "truncated or inconsistent headers";
+    DROP_FRAGMENT = 40, "IP fragment of a selected flow (cannot be translated)";
+    DROP_UNSUPPORTED_PROTO = 41, "protocol other than TCP, UDP, ICMP echo in a selected flow";
+    DROP_FIB = 42, "no route, or the route leaves by another interface than the rule's";
+    DROP_TTL_EXCEEDED = 43, "TTL would reach zero";
+    DROP_MTU = 44, "packet too large for the tunnel";
+    DROP_TUNNEL_KEY = 45, "tunnel key could not be set";
+    DROP_NOT_LOCAL_POD = 46, "reply from the tunnel for a pod that is not on this node";
+    DROP_NOT_READY = 47, "tunneled or reply packet before the agent configured this node";
+}
+
+/// Name of a reason number, or `None` for a number that was never assigned.
+pub fn name(reason: u32) -> Option<&'static str> {
+    let mut i = 0;
+    while i < ALL.len() {
+        if ALL[i].0 == reason {
+            return Some(ALL[i].1);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Whether the reason counts a dropped packet.
+pub const fn is_drop(reason: u32) -> bool {
+    reason >= 32
+}

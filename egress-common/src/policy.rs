@@ -1,0 +1,104 @@
+//! The policy trie (source side), the rule table (gateway side) and the tables used to
+//! check who sent a tunneled packet.
+
+/// Data part of an LPM key for the IPv4 policy trie. The trie key's prefix length is
+/// `POD_PREFIX_BITS_V4 + destination prefix length`: the pod address always matches in
+/// full, the destination by longest prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKeyV4 {
+    pub pod: [u8; 4],
+    pub dst: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<PolicyKeyV4>() == 8);
+
+pub const POD_PREFIX_BITS_V4: u32 = 32;
+
+/// What `from_pod` does with a packet whose (pod, destination) matched.
+pub mod action {
+    /// Send to the gateway in `PolicyValue::gateway` (tunnel, or the local gateway path
+    /// when the gateway is this node), tagged with `rule_id`.
+    pub const FORWARD: u8 = 1;
+    /// An `except` prefix: the packet continues untouched.
+    pub const EXCLUDE: u8 = 2;
+    /// The rule has no usable gateway and its policy says `failurePolicy: Drop`.
+    pub const NO_GATEWAY_DROP: u8 = 3;
+    /// The rule has no usable gateway and its policy says `failurePolicy: Fallthrough`.
+    pub const NO_GATEWAY_PASS: u8 = 4;
+}
+
+/// Value of the policy trie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PolicyValue {
+    /// Underlay IPv4 address of the gateway node (zero unless `action == FORWARD`).
+    pub gateway: [u8; 4],
+    /// The egress address the gateway will use, for observability (the gateway decides
+    /// from its own `RULES_*` entry).
+    pub egress_ip: [u8; 4],
+    /// Rule id, carried to the gateway in the tunnel's VNI. 1..=`MAX_RULE_ID`.
+    pub rule_id: u32,
+    /// One of [`action`].
+    pub action: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<PolicyValue>() == 16);
+
+/// Rule ids fit in a 24-bit VNI; `RETURN_VNI` is reserved for replies travelling back from
+/// a gateway to the pod's node.
+pub const MAX_RULE_ID: u32 = 0x00ff_fffe;
+pub const RETURN_VNI: u32 = 0x00ff_ffff;
+
+/// Gateway side: rule id -> what to do with a tunneled packet of that rule.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RuleValueV4 {
+    /// Source address after SNAT.
+    pub egress_ip: [u8; 4],
+    /// Interface the packet must leave from.
+    pub ifindex: u32,
+}
+const _: () = assert!(core::mem::size_of::<RuleValueV4>() == 8);
+
+/// Known nodes: underlay IPv4 -> node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NodeValue {
+    /// Stable small id of the node (for logs and counters).
+    pub node_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<NodeValue>() == 4);
+
+/// Pod IPv4 -> underlay address of the node it runs on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PodOwnerValue {
+    pub node: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<PodOwnerValue>() == 4);
+
+/// Egress IPv4 held by this node -> interface it lives on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EgressIpValue {
+    pub ifindex: u32,
+    /// Bit set of [`egress_ip_flags`].
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<EgressIpValue>() == 8);
+
+pub mod egress_ip_flags {
+    /// The address is the gateway interface's own address (an `interface:` rule): packets
+    /// to it without a conntrack entry belong to the host and pass. Without this flag the
+    /// address is a dedicated egress IP, and such packets are dropped and counted.
+    pub const SHARED: u32 = 1 << 0;
+}
+
+/// Source side: local pod IPv4 selected by at least one rule -> number of trie entries.
+/// Checked before the trie so that packets of unselected pods cost one hash lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SelectedValue {
+    pub entries: u32,
+}
+const _: () = assert!(core::mem::size_of::<SelectedValue>() == 4);

@@ -1,0 +1,24 @@
+//! Userspace-only impls: lets the agent store these types in aya maps.
+
+use crate::{config::Config, conntrack::*, counters::Counter, policy::*};
+
+macro_rules! pod {
+    ($($t:ty),*) => { $(
+        // SAFETY: repr(C), Copy, no padding (asserted next to each type), any bit pattern valid.
+        unsafe impl aya::Pod for $t {}
+    )* };
+}
+
+pod!(
+    PolicyKeyV4,
+    PolicyValue,
+    RuleValueV4,
+    NodeValue,
+    PodOwnerValue,
+    EgressIpValue,
+    SelectedValue,
+    CtKeyV4,
+    CtEntryV4,
+    Counter,
+    Config
+);

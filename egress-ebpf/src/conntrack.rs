@@ -1,0 +1,170 @@
+//! Conntrack for the SNAT on the gateway: lookups with idle timeouts, TCP state, and
+//! port allocation that claims the reply tuple atomically.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+};
+use egress_common::{
+    config::Config,
+    conntrack::{CtEntryV4, CtKeyV4, PORT_ALLOC_TRIES, dir, state, timeout},
+};
+
+use crate::{
+    maps::CT_V4,
+    parse::{Ipv4, L4, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+};
+
+#[inline(always)]
+pub fn now() -> u64 {
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn idle_timeout(proto: u8, st: u8) -> u64 {
+    match (proto, st) {
+        (PROTO_TCP, state::ESTABLISHED) => timeout::TCP_ESTABLISHED,
+        (PROTO_TCP, state::CLOSING) => timeout::TCP_CLOSING,
+        (PROTO_TCP, _) => timeout::TCP_NEW,
+        (PROTO_UDP, _) => timeout::UDP,
+        _ => timeout::ICMP,
+    }
+}
+
+#[inline(always)]
+fn next_state(proto: u8, cur: u8, tcp_flags: u8) -> u8 {
+    if proto != PROTO_TCP {
+        return state::ESTABLISHED;
+    }
+    if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        state::CLOSING
+    } else if tcp_flags & TCP_SYN == 0 && tcp_flags & TCP_ACK != 0 && cur == state::NEW {
+        state::ESTABLISHED
+    } else {
+        cur
+    }
+}
+
+/// The original-direction key of a packet from a pod.
+#[inline(always)]
+pub fn original_key(ip: &Ipv4, l4: &L4) -> CtKeyV4 {
+    CtKeyV4 {
+        src: ip.src,
+        dst: ip.dst,
+        src_port_be: l4.sport_be,
+        dst_port_be: l4.dport_be,
+        proto: ip.proto,
+        dir: dir::ORIGINAL,
+        _pad: [0; 2],
+    }
+}
+
+/// The reply-direction key of a packet arriving for an egress IP.
+#[inline(always)]
+pub fn reply_key(ip: &Ipv4, l4: &L4) -> CtKeyV4 {
+    CtKeyV4 {
+        src: ip.src,
+        dst: ip.dst,
+        src_port_be: l4.sport_be,
+        dst_port_be: l4.dport_be,
+        proto: ip.proto,
+        dir: dir::REPLY,
+        _pad: [0; 2],
+    }
+}
+
+/// A live entry for `key`: refreshes its last-seen time and TCP state, and returns a copy.
+/// Expired entries count as absent.
+#[inline(always)]
+pub fn lookup(key: &CtKeyV4, tcp_flags: u8, now: u64) -> Option<CtEntryV4> {
+    let e = CT_V4.get_ptr_mut(key)?;
+    // SAFETY: valid map value pointer; concurrent updates of these fields only race on
+    // timestamps and state, which are advisory.
+    let e = unsafe { &mut *e };
+    if now.saturating_sub(e.last_seen_ns) > idle_timeout(key.proto, e.state) {
+        return None;
+    }
+    e.last_seen_ns = now;
+    e.state = next_state(key.proto, e.state, tcp_flags);
+    Some(*e)
+}
+
+pub enum AllocError {
+    PortsExhausted,
+    InsertFailed,
+}
+
+/// Create both entries of a new flow. Keeps the pod's port when it is free for
+/// (destination, egress IP), else tries random ports of the configured range.
+/// Returns the chosen port (network order).
+#[inline(always)]
+pub fn create(
+    cfg: &Config,
+    ip: &Ipv4,
+    l4: &L4,
+    egress_ip: [u8; 4],
+    ifindex: u32,
+    rule_id: u32,
+    pod_node: [u8; 4],
+    now: u64,
+) -> Result<u16, AllocError> {
+    let st = if ip.proto == PROTO_TCP { state::NEW } else { state::ESTABLISHED };
+    // For ICMP echo the "ports" are (identifier, 0) one way and (0, identifier) back.
+    let mut reply = CtKeyV4 {
+        src: ip.dst,
+        dst: egress_ip,
+        src_port_be: l4.dport_be,
+        dst_port_be: l4.sport_be,
+        proto: ip.proto,
+        dir: dir::REPLY,
+        _pad: [0; 2],
+    };
+    let reply_val = CtEntryV4 {
+        xlate_addr: ip.src,
+        xlate_port_be: l4.sport_be,
+        state: st,
+        _pad0: 0,
+        pod_node,
+        ifindex,
+        rule_id,
+        _pad1: 0,
+        last_seen_ns: now,
+    };
+    let lo = u32::from(cfg.port_min);
+    let span = u32::from(cfg.port_max).saturating_sub(lo) + 1;
+    let mut claimed = false;
+    for i in 0..PORT_ALLOC_TRIES {
+        if i > 0 {
+            let r = unsafe { bpf_get_prandom_u32() };
+            reply.dst_port_be = ((lo + r % span) as u16).to_be();
+        }
+        if CT_V4.insert(&reply, &reply_val, u64::from(BPF_NOEXIST)).is_ok() {
+            claimed = true;
+            break;
+        }
+        // Taken: reuse the slot if the flow that held it has gone idle.
+        if let Some(old) = CT_V4.get_ptr(&reply) {
+            let old = unsafe { &*old };
+            if now.saturating_sub(old.last_seen_ns) > idle_timeout(ip.proto, old.state)
+                && CT_V4.insert(&reply, &reply_val, u64::from(BPF_ANY)).is_ok()
+            {
+                claimed = true;
+                break;
+            }
+        }
+    }
+    if !claimed {
+        return Err(AllocError::PortsExhausted);
+    }
+    let orig = original_key(ip, l4);
+    let orig_val = CtEntryV4 {
+        xlate_addr: egress_ip,
+        xlate_port_be: reply.dst_port_be,
+        ..reply_val
+    };
+    if CT_V4.insert(&orig, &orig_val, u64::from(BPF_ANY)).is_err() {
+        let _ = CT_V4.remove(&reply);
+        return Err(AllocError::InsertFailed);
+    }
+    Ok(reply.dst_port_be)
+}

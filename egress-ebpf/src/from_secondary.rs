@@ -1,0 +1,83 @@
+//! `from_secondary`: packets arriving on an egress interface. Replies to an egress IP
+//! with a conntrack entry are translated back to the pod and sent to its node; packets to
+//! a dedicated egress IP without an entry are dropped (never handed to the host, which
+//! would answer with RSTs for flows another gateway may take over). Everything else passes.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
+use egress_common::{
+    counters::reason,
+    policy::{RETURN_VNI, egress_ip_flags},
+};
+
+use crate::{
+    conntrack,
+    counters::{count, verdict},
+    fib,
+    maps::{self, EGRESS_IPS_V4},
+    parse::{self, Bad, PROTO_TCP, TCP_SYN},
+    rewrite, tunnel,
+};
+
+const OK: i32 = TC_ACT_OK as i32;
+const SHOT: i32 = TC_ACT_SHOT as i32;
+const TCP_IP_HDRS: u16 = 40;
+
+#[inline(always)]
+pub fn run(ctx: &TcContext) -> i32 {
+    let ip = match parse::ipv4(ctx) {
+        Ok(Some(ip)) => ip,
+        Ok(None) => return OK,
+        // Not parseable, so not known to be ours: the host decides.
+        Err(_) => return OK,
+    };
+    let Some(eip) = (unsafe { EGRESS_IPS_V4.get(ip.dst) }) else {
+        return OK;
+    };
+    let shared = eip.flags & egress_ip_flags::SHARED != 0;
+    // Not ours after all (host traffic to a shared address), or refused.
+    let miss = |r| if shared { OK } else { verdict(ctx, r, SHOT) };
+    let Some(cfg) = maps::config() else {
+        return miss(reason::DROP_NOT_READY);
+    };
+    let l4 = match parse::l4(ctx, &ip) {
+        Ok(l4) => l4,
+        Err(Bad::Fragment) => return miss(reason::DROP_FRAGMENT),
+        Err(Bad::Unsupported) => return miss(reason::DROP_UNSUPPORTED_PROTO),
+        Err(Bad::Malformed) => return miss(reason::DROP_MALFORMED),
+    };
+    let Some(e) = conntrack::lookup(&conntrack::reply_key(&ip, &l4), l4.tcp_flags, conntrack::now())
+    else {
+        return miss(reason::DROP_NO_CONNTRACK);
+    };
+    if ip.ttl <= 1 {
+        return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
+    }
+    if rewrite::dnat(ctx, &ip, &l4, e.xlate_addr, e.xlate_port_be).is_err()
+        || rewrite::dec_ttl(ctx, &ip).is_err()
+    {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    }
+    count(ctx, reason::REVERSE_NAT);
+    if e.pod_node == cfg.node_ip {
+        return match fib::redirect(ctx, &ip, ip.src, e.xlate_addr, fib::From::Input(fib::ingress_ifindex(ctx))) {
+            Ok(v) => verdict(ctx, reason::FORWARDED, v),
+            Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+        };
+    }
+    if ip.proto == PROTO_TCP
+        && l4.tcp_flags & TCP_SYN != 0
+        && matches!(
+            rewrite::clamp_mss(ctx, &ip, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
+            Ok(true)
+        )
+    {
+        count(ctx, reason::MSS_CLAMPED);
+    }
+    match tunnel::send(ctx, cfg.tunnel_ifindex, e.pod_node, RETURN_VNI) {
+        Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
+        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
+    }
+}

@@ -1,0 +1,46 @@
+//! TC programs of the egress gateway datapath. Entry points only: each calls a
+//! `try_*` function in its module and turns its result into a TC verdict.
+#![no_std]
+#![no_main]
+
+mod conntrack;
+mod counters;
+mod fib;
+mod from_pod;
+mod from_secondary;
+mod from_tunnel;
+mod gateway;
+mod maps;
+mod parse;
+mod rewrite;
+mod tunnel;
+
+use aya_ebpf::{macros::classifier, programs::TcContext};
+
+/// TC ingress on the host side of pod devices.
+#[classifier]
+pub fn from_pod(ctx: TcContext) -> i32 {
+    from_pod::run(&ctx)
+}
+
+/// TC ingress on the agent's collect-metadata VXLAN device.
+#[classifier]
+pub fn from_tunnel(ctx: TcContext) -> i32 {
+    from_tunnel::run(&ctx)
+}
+
+/// TC ingress on the gateway's egress (secondary) interfaces.
+#[classifier]
+pub fn from_secondary(ctx: TcContext) -> i32 {
+    from_secondary::run(&ctx)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

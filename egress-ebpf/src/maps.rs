@@ -1,0 +1,58 @@
+//! Every map of the datapath. BTF-defined, so that `bpftool map dump` prints field names.
+
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use egress_common::{
+    config::Config,
+    conntrack::{CtEntryV4, CtKeyV4},
+    counters::{Counter, MAX_REASONS},
+    maps::*,
+    policy::{
+        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4,
+        SelectedValue,
+    },
+};
+
+#[btf_map]
+pub static POLICY_V4: LpmTrie<PolicyKeyV4, PolicyValue, { POLICY_MAX_ENTRIES as usize }> =
+    LpmTrie::new();
+
+#[btf_map]
+pub static SELECTED_V4: HashMap<[u8; 4], SelectedValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+pub static RULES_V4: HashMap<u32, RuleValueV4, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
+
+#[btf_map]
+pub static NODES: HashMap<[u8; 4], NodeValue, { NODES_MAX_ENTRIES as usize }> = HashMap::new();
+
+#[btf_map]
+pub static POD_OWNER_V4: HashMap<[u8; 4], PodOwnerValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+pub static CT_V4: LruHashMap<CtKeyV4, CtEntryV4, { CT_MAX_ENTRIES as usize }> =
+    LruHashMap::new();
+
+#[btf_map]
+pub static EGRESS_IPS_V4: HashMap<[u8; 4], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+pub static COUNTERS: PerCpuArray<Counter, { MAX_REASONS as usize }> = PerCpuArray::new();
+
+#[btf_map]
+pub static CONFIG: Array<Config, 1> = Array::new();
+
+/// This node's configuration, or `None` until the agent has written it.
+#[inline(always)]
+pub fn config() -> Option<&'static Config> {
+    let c = CONFIG.get(0)?;
+    if c.flags & egress_common::config::flags::READY == 0 {
+        return None;
+    }
+    Some(c)
+}

@@ -1,0 +1,163 @@
+//! Every bounds-checked read of packet headers lives here. Reads go through
+//! `bpf_skb_load_bytes` (`TcContext::load`), which is correct for non-linear skbs too.
+
+use aya_ebpf::programs::TcContext;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
+
+pub const ETH_LEN: usize = EthHdr::LEN;
+/// Offset of the ethertype in the Ethernet header.
+const ETH_TYPE_OFF: usize = 12;
+const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
+
+pub const IP_TTL_OFF: usize = ETH_LEN + 8;
+pub const IP_CSUM_OFF: usize = ETH_LEN + 10;
+pub const IP_SRC_OFF: usize = ETH_LEN + 12;
+pub const IP_DST_OFF: usize = ETH_LEN + 16;
+
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_ECHO_REQUEST: u8 = 8;
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+/// Why a packet could not be parsed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Bad {
+    /// Truncated or inconsistent headers.
+    Malformed,
+    /// A fragment: ports are not (all) there.
+    Fragment,
+    /// Not TCP, UDP or ICMP echo.
+    Unsupported,
+}
+
+/// The IPv4 header fields the datapath uses. `l4` is the offset of the transport header
+/// (IP options are skipped, not refused).
+#[derive(Clone, Copy)]
+pub struct Ipv4 {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub proto: u8,
+    pub ttl: u8,
+    pub fragment: bool,
+    pub l4: usize,
+    pub tot_len: u16,
+}
+
+/// Transport fields. For ICMP echo the identifier stands in for the pod-side port: an
+/// echo request carries it as `sport_be`, an echo reply as `dport_be` (the other is 0).
+#[derive(Clone, Copy)]
+pub struct L4 {
+    pub sport_be: u16,
+    pub dport_be: u16,
+    /// TCP flags, 0 for other protocols.
+    pub tcp_flags: u8,
+    /// TCP data offset in bytes (0 for other protocols).
+    pub tcp_hdr_len: usize,
+}
+
+/// The source address of an IPv4 packet, or `None` for anything else. The cheapest read
+/// of the miss path: one ethertype and one address.
+#[inline(always)]
+pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
+    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).ok()?;
+    if ethertype != ETH_P_IP_BE {
+        return None;
+    }
+    ctx.load::<[u8; 4]>(IP_SRC_OFF).ok()
+}
+
+/// The IPv4 header, `Ok(None)` when the frame is not IPv4.
+#[inline(always)]
+pub fn ipv4(ctx: &TcContext) -> Result<Option<Ipv4>, Bad> {
+    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).map_err(|_| Bad::Malformed)?;
+    if ethertype != ETH_P_IP_BE {
+        return Ok(None);
+    }
+    let h: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Bad::Malformed)?;
+    let ihl = usize::from(h.ihl()) * 4;
+    let tot_len = h.tot_len();
+    if h.version() != 4 || ihl < Ipv4Hdr::LEN || usize::from(tot_len) < ihl {
+        return Err(Bad::Malformed);
+    }
+    if ETH_LEN + usize::from(tot_len) > ctx.len() as usize {
+        return Err(Bad::Malformed);
+    }
+    // More-fragments flag or a non-zero offset.
+    let fragment = (h.frag_flags() & 0x1) != 0 || h.frag_offset() != 0;
+    Ok(Some(Ipv4 {
+        src: h.src_addr,
+        dst: h.dst_addr,
+        proto: h.proto,
+        ttl: h.ttl,
+        fragment,
+        l4: ETH_LEN + ihl,
+        tot_len,
+    }))
+}
+
+/// The transport header of a TCP, UDP or ICMP echo packet.
+#[inline(always)]
+pub fn l4(ctx: &TcContext, ip: &Ipv4) -> Result<L4, Bad> {
+    if ip.fragment {
+        return Err(Bad::Fragment);
+    }
+    let room = usize::from(ip.tot_len) - (ip.l4 - ETH_LEN);
+    match ip.proto {
+        PROTO_TCP => {
+            let t: TcpHdr = ctx.load(ip.l4).map_err(|_| Bad::Malformed)?;
+            let hdr_len = usize::from(t.doff()) * 4;
+            if room < TcpHdr::LEN || hdr_len < TcpHdr::LEN || hdr_len > room {
+                return Err(Bad::Malformed);
+            }
+            let flags: u8 = ctx.load(ip.l4 + 13).map_err(|_| Bad::Malformed)?;
+            Ok(L4 {
+                sport_be: u16::from_ne_bytes(t.source),
+                dport_be: u16::from_ne_bytes(t.dest),
+                tcp_flags: flags,
+                tcp_hdr_len: hdr_len,
+            })
+        }
+        PROTO_UDP => {
+            let u: UdpHdr = ctx.load(ip.l4).map_err(|_| Bad::Malformed)?;
+            if room < UdpHdr::LEN {
+                return Err(Bad::Malformed);
+            }
+            Ok(L4 {
+                sport_be: u16::from_ne_bytes(u.src),
+                dport_be: u16::from_ne_bytes(u.dst),
+                tcp_flags: 0,
+                tcp_hdr_len: 0,
+            })
+        }
+        PROTO_ICMP => {
+            let h: [u8; 8] = ctx.load(ip.l4).map_err(|_| Bad::Malformed)?;
+            if room < 8 {
+                return Err(Bad::Malformed);
+            }
+            let id_be = u16::from_ne_bytes([h[4], h[5]]);
+            match h[0] {
+                ICMP_ECHO_REQUEST => Ok(L4 {
+                    sport_be: id_be,
+                    dport_be: 0,
+                    tcp_flags: 0,
+                    tcp_hdr_len: 0,
+                }),
+                ICMP_ECHO_REPLY => Ok(L4 {
+                    sport_be: 0,
+                    dport_be: id_be,
+                    tcp_flags: 0,
+                    tcp_hdr_len: 0,
+                }),
+                _ => Err(Bad::Unsupported),
+            }
+        }
+        _ => Err(Bad::Unsupported),
+    }
+}
