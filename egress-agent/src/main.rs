@@ -1,2 +1,3 @@
-static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/egress"));
-fn main() { println!("{}", OBJ.len()); }
+fn main() {
+    println!("{}", egress_agent::ebpf::OBJECT.len());
+}

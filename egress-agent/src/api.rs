@@ -1,0 +1,1 @@
+//! EgressGatewayPolicy and EgressNode custom resources.

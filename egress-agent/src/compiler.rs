@@ -1,0 +1,1 @@
+//! The policy compiler: a pure function from the cluster view to the desired state.

@@ -1,0 +1,87 @@
+//! What one node's datapath should hold: the output of the policy compiler
+//! (`compiler::compile`), the input of the map and interface sync (`datapath`).
+//!
+//! Plain data, ordered collections (so diffs and printouts are deterministic), no kernel
+//! types: interfaces are named, the sync resolves them to ifindexes.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
+
+use ipnet::Ipv4Net;
+
+/// What `from_pod` does for one (pod, destination prefix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PolicyAction {
+    /// Send to `gateway` (this node or another) tagged with the rule id.
+    Forward,
+    /// An `except` prefix: untouched.
+    Exclude,
+    /// No usable gateway, `failurePolicy: Drop`.
+    NoGatewayDrop,
+    /// No usable gateway, `failurePolicy: Fallthrough`.
+    NoGatewayPass,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyEntryV4 {
+    pub action: PolicyAction,
+    /// Underlay address of the gateway node (`Some` iff `action == Forward`).
+    pub gateway: Option<Ipv4Addr>,
+    /// The egress address the gateway will use (observability; `None` when unknown).
+    pub egress_ip: Option<Ipv4Addr>,
+    /// Cluster-wide rule id (1..=`egress_common::policy::MAX_RULE_ID`); every node derives
+    /// the same id for the same (policy, rule index).
+    pub rule_id: u32,
+}
+
+/// Gateway side: what to do with tunneled packets of one rule on this node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GatewayRuleV4 {
+    pub egress_ip: Ipv4Addr,
+    /// Interface the packets leave from (must carry `egress_ip`, or a route for the
+    /// destinations).
+    pub interface: String,
+}
+
+/// An egress address this node must hold on one of its interfaces.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HeldIpV4 {
+    pub interface: String,
+    /// Prefix length of the interface's subnet that contains the address (for `ip addr add`).
+    pub prefix_len: u8,
+    /// `true` for an interface's own address used by an `interface:` rule: the agent does
+    /// not add or remove it, and packets to it without conntrack belong to the host.
+    pub shared: bool,
+}
+
+/// The desired datapath state of one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// This node's underlay address, when the view knows it.
+    pub node_ip: Option<Ipv4Addr>,
+    /// Source side: (local pod, destination prefix) -> entry. Only pods of this node.
+    pub policy_v4: BTreeMap<(Ipv4Addr, Ipv4Net), PolicyEntryV4>,
+    /// Source side: local pods with at least one entry -> number of entries.
+    pub selected_v4: BTreeMap<Ipv4Addr, u32>,
+    /// Gateway side: rule id -> egress address and interface, for every rule this node
+    /// may serve.
+    pub rules_v4: BTreeMap<u32, GatewayRuleV4>,
+    /// Every node's underlay address -> small stable id (tunnel sender check).
+    pub nodes: BTreeMap<Ipv4Addr, u32>,
+    /// Every pod IPv4 in the cluster -> underlay address of its node (spoofing check and
+    /// return path).
+    pub pod_owner_v4: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    /// Egress addresses this node holds (dedicated) or uses (shared), by address.
+    pub egress_ips_v4: BTreeMap<Ipv4Addr, HeldIpV4>,
+    /// Interfaces that need `from_secondary` (those of `rules_v4` and `egress_ips_v4`).
+    pub egress_interfaces: BTreeSet<String>,
+}
+
+impl Desired {
+    /// Local pods whose traffic `from_pod` must see.
+    pub fn local_selected_pods(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        self.selected_v4.keys().copied()
+    }
+}

@@ -1,0 +1,10 @@
+//! The egress gateway agent: watches cluster state (Kubernetes or a YAML directory),
+//! compiles it into the desired datapath state of this node, and keeps the eBPF maps,
+//! the tunnel device and the egress addresses in line with it.
+
+pub mod api;
+pub mod compiler;
+pub mod datapath;
+pub mod desired;
+pub mod ebpf;
+pub mod source;

@@ -1,0 +1,1 @@
+//! Sources of cluster state: a YAML directory, or Kubernetes.
