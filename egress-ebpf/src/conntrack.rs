@@ -108,7 +108,11 @@ pub fn create(
     pod_node: [u8; 4],
     now: u64,
 ) -> Result<u16, AllocError> {
-    let st = if ip.proto == PROTO_TCP { state::NEW } else { state::ESTABLISHED };
+    let st = if ip.proto == PROTO_TCP {
+        state::NEW
+    } else {
+        state::ESTABLISHED
+    };
     // For ICMP echo the "ports" are (identifier, 0) one way and (0, identifier) back.
     let mut reply = CtKeyV4 {
         src: ip.dst,
@@ -138,7 +142,10 @@ pub fn create(
             let r = unsafe { bpf_get_prandom_u32() };
             reply.dst_port_be = ((lo + r % span) as u16).to_be();
         }
-        if CT_V4.insert(&reply, &reply_val, u64::from(BPF_NOEXIST)).is_ok() {
+        if CT_V4
+            .insert(&reply, &reply_val, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
             claimed = true;
             break;
         }

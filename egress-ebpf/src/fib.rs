@@ -27,7 +27,13 @@ pub enum From {
 /// Route the (already rewritten) packet from `src` to `dst` and redirect it. `Err` when
 /// there is no usable route, or the route leaves by another interface than required.
 #[inline(always)]
-pub fn redirect(ctx: &TcContext, ip: &Ipv4, src: [u8; 4], dst: [u8; 4], from: From) -> Result<i32, ()> {
+pub fn redirect(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    src: [u8; 4],
+    dst: [u8; 4],
+    from: From,
+) -> Result<i32, ()> {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
     let mut p: FibParams = unsafe { zeroed() };
     p.family = AF_INET;
@@ -66,9 +72,11 @@ pub fn redirect(ctx: &TcContext, ip: &Ipv4, src: [u8; 4], dst: [u8; 4], from: Fr
             __bindgen_anon_1: unsafe { zeroed() },
         };
         nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
-        Ok(unsafe {
-            bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
-        } as i32)
+        Ok(
+            unsafe {
+                bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
+            } as i32,
+        )
     } else {
         Err(())
     }

@@ -48,8 +48,11 @@ pub fn run(ctx: &TcContext) -> i32 {
         Err(Bad::Unsupported) => return miss(reason::DROP_UNSUPPORTED_PROTO),
         Err(Bad::Malformed) => return miss(reason::DROP_MALFORMED),
     };
-    let Some(e) = conntrack::lookup(&conntrack::reply_key(&ip, &l4), l4.tcp_flags, conntrack::now())
-    else {
+    let Some(e) = conntrack::lookup(
+        &conntrack::reply_key(&ip, &l4),
+        l4.tcp_flags,
+        conntrack::now(),
+    ) else {
         return miss(reason::DROP_NO_CONNTRACK);
     };
     if ip.ttl <= 1 {
@@ -62,7 +65,13 @@ pub fn run(ctx: &TcContext) -> i32 {
     }
     count(ctx, reason::REVERSE_NAT);
     if e.pod_node == cfg.node_ip {
-        return match fib::redirect(ctx, &ip, ip.src, e.xlate_addr, fib::From::Input(fib::ingress_ifindex(ctx))) {
+        return match fib::redirect(
+            ctx,
+            &ip,
+            ip.src,
+            e.xlate_addr,
+            fib::From::Input(fib::ingress_ifindex(ctx)),
+        ) {
             Ok(v) => verdict(ctx, reason::FORWARDED, v),
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };

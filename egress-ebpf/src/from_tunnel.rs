@@ -43,7 +43,13 @@ pub fn run(ctx: &TcContext) -> i32 {
             Some(o) if o.node == cfg.node_ip => {}
             _ => return verdict(ctx, reason::DROP_NOT_LOCAL_POD, SHOT),
         }
-        return match fib::redirect(ctx, &ip, ip.src, ip.dst, fib::From::Input(fib::ingress_ifindex(ctx))) {
+        return match fib::redirect(
+            ctx,
+            &ip,
+            ip.src,
+            ip.dst,
+            fib::From::Input(fib::ingress_ifindex(ctx)),
+        ) {
             Ok(v) => verdict(ctx, reason::RETURN_DELIVERED, v),
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };

@@ -64,8 +64,7 @@ pub fn forward(
                 }
             }
         };
-    if rewrite::snat(ctx, ip, l4, egress_ip, port_be).is_err()
-        || rewrite::dec_ttl(ctx, ip).is_err()
+    if rewrite::snat(ctx, ip, l4, egress_ip, port_be).is_err() || rewrite::dec_ttl(ctx, ip).is_err()
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }

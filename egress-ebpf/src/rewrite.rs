@@ -74,16 +74,42 @@ fn rewrite_addr_port(
 #[inline(always)]
 pub fn snat(ctx: &TcContext, ip: &Ipv4, l4: &L4, addr: [u8; 4], port_be: u16) -> Result {
     // TCP/UDP source port at +0; ICMP echo identifier at +4.
-    let port_off = if ip.proto == PROTO_ICMP { ip.l4 + 4 } else { ip.l4 };
-    rewrite_addr_port(ctx, ip, IP_SRC_OFF, ip.src, addr, port_off, l4.sport_be, port_be)
+    let port_off = if ip.proto == PROTO_ICMP {
+        ip.l4 + 4
+    } else {
+        ip.l4
+    };
+    rewrite_addr_port(
+        ctx,
+        ip,
+        IP_SRC_OFF,
+        ip.src,
+        addr,
+        port_off,
+        l4.sport_be,
+        port_be,
+    )
 }
 
 /// Destination NAT of a reply: the destination address becomes `addr`, the pod-side port
 /// (or ICMP echo identifier) becomes `port_be`.
 #[inline(always)]
 pub fn dnat(ctx: &TcContext, ip: &Ipv4, l4: &L4, addr: [u8; 4], port_be: u16) -> Result {
-    let port_off = if ip.proto == PROTO_ICMP { ip.l4 + 4 } else { ip.l4 + 2 };
-    rewrite_addr_port(ctx, ip, IP_DST_OFF, ip.dst, addr, port_off, l4.dport_be, port_be)
+    let port_off = if ip.proto == PROTO_ICMP {
+        ip.l4 + 4
+    } else {
+        ip.l4 + 2
+    };
+    rewrite_addr_port(
+        ctx,
+        ip,
+        IP_DST_OFF,
+        ip.dst,
+        addr,
+        port_off,
+        l4.dport_be,
+        port_be,
+    )
 }
 
 /// Decrement the TTL by one. The caller has checked that it is above one.
@@ -133,12 +159,7 @@ pub fn clamp_mss(ctx: &TcContext, ip: &Ipv4, l4: &L4, max_mss: u16) -> Result<bo
                         return Ok(false);
                     }
                     let new_be = max_mss.to_be();
-                    ok(ctx.l4_csum_replace(
-                        ip.l4 + 16,
-                        u64::from(old_be),
-                        u64::from(new_be),
-                        2,
-                    ))?;
+                    ok(ctx.l4_csum_replace(ip.l4 + 16, u64::from(old_be), u64::from(new_be), 2))?;
                     ok(ctx.store(off + 2, &new_be, 0))?;
                     return Ok(true);
                 }

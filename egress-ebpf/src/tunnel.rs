@@ -34,12 +34,7 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
     // SAFETY: zeroed is a valid bpf_tunnel_key; the helper writes at most `size_of` bytes.
     let mut key: bpf_tunnel_key = unsafe { zeroed() };
     let ret = unsafe {
-        bpf_skb_get_tunnel_key(
-            ctx.skb.skb,
-            &mut key,
-            size_of::<bpf_tunnel_key>() as u32,
-            0,
-        )
+        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size_of::<bpf_tunnel_key>() as u32, 0)
     };
     if ret != 0 {
         return None;
@@ -61,12 +56,7 @@ pub fn send(ctx: &TcContext, tunnel_ifindex: u32, remote: [u8; 4], vni: u32) -> 
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(remote);
     key.tunnel_ttl = 64;
     let ret = unsafe {
-        bpf_skb_set_tunnel_key(
-            ctx.skb.skb,
-            &mut key,
-            size_of::<bpf_tunnel_key>() as u32,
-            0,
-        )
+        bpf_skb_set_tunnel_key(ctx.skb.skb, &mut key, size_of::<bpf_tunnel_key>() as u32, 0)
     };
     if ret != 0 {
         return Err(());

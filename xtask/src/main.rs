@@ -1,1 +1,46 @@
-fn main(){}
+//! Developer commands: `cargo xtask <command>`.
+
+mod bootstrap;
+mod build;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Developer commands for the egress gateway datapath")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what building and testing need (Debian's rustc-web and rust-web-src,
+    /// LLVM 22, bpf-linker, bpftool, iproute2, traffic tools). Idempotent.
+    Bootstrap,
+    /// Build the eBPF object (through the agent's build script) and print its path.
+    BuildEbpf,
+    /// The project's test command: format, clippy (host and eBPF), unit, packet and
+    /// namespace tests.
+    Test(test::Args),
+    /// Bring up the multi-node lab, show per-destination egress, tear it down.
+    Lab(test::LabArgs),
+    /// Benchmarks, side by side with the kernel baseline.
+    Bench(test::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Bootstrap => bootstrap::run(),
+        Command::BuildEbpf => {
+            bootstrap::run()?;
+            let obj = build::ebpf_object()?;
+            println!("{}", obj.display());
+            Ok(())
+        }
+        Command::Test(args) => test::run(args),
+        Command::Lab(args) => test::lab(args),
+        Command::Bench(args) => test::bench(args),
+    }
+}

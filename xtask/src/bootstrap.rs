@@ -1,0 +1,141 @@
+//! Toolchain bootstrap. On a Debian-family machine: installs what is missing and says
+//! so; elsewhere: prints what to install and stops. A second run only checks.
+
+use std::{path::Path, process::Command, time::Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+/// Debian packages the build and the tests need.
+const APT_PACKAGES: &[(&str, &str)] = &[
+    (
+        "rustc-web",
+        "rustc 1.96 with LLVM 22: builds the eBPF crate",
+    ),
+    ("cargo-web", "its cargo"),
+    ("rust-web-src", "core's source, for -Z build-std=core"),
+    ("rust-web-clippy", "clippy for the eBPF crate"),
+    ("llvm-22-dev", "LLVM for bpf-linker"),
+    ("libpolly-22-dev", "LLVM component bpf-linker links"),
+    ("libzstd-dev", "LLVM dependency"),
+    ("zlib1g-dev", "LLVM dependency"),
+    ("bpftool", "map and program inspection"),
+    ("iproute2", "namespaces, links, tc"),
+    ("iperf3", "throughput benchmarks"),
+    ("tcpdump", "debugging the lab"),
+    ("iputils-ping", "ICMP tests"),
+    ("netcat-openbsd", "ad-hoc traffic in the lab"),
+    (
+        "nftables",
+        "the baseline (OVN-Kubernetes-style SNAT) in benchmarks",
+    ),
+];
+
+/// Name under which Debian's compiler is linked into rustup.
+pub const TOOLCHAIN: &str = "debian";
+
+pub fn run() -> Result<()> {
+    let start = Instant::now();
+    if !Path::new("/etc/debian_version").exists() {
+        let list: Vec<_> = APT_PACKAGES.iter().map(|(p, _)| *p).collect();
+        bail!(
+            "failed to bootstrap: this is not a Debian-family machine. Install the equivalents \
+             of: {}; then `rustup toolchain link {TOOLCHAIN} <prefix of that rustc>` and \
+             `LLVM_PREFIX=<llvm 22 prefix> cargo install bpf-linker --no-default-features \
+             --features llvm-22`",
+            list.join(" ")
+        );
+    }
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        for (p, why) in APT_PACKAGES.iter().filter(|(p, _)| missing.contains(p)) {
+            eprintln!("bootstrap: installing {p} ({why})");
+        }
+        sh("apt-get", &["update", "-qq"], &[])?;
+        let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+        args.extend(&missing);
+        sh("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])?;
+    }
+    let linked = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .context("failed to run rustup: is rustup installed?")?;
+    if !String::from_utf8_lossy(&linked.stdout)
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(TOOLCHAIN))
+    {
+        eprintln!("bootstrap: linking Debian's rustc into rustup as `{TOOLCHAIN}`");
+        sh("rustup", &["toolchain", "link", TOOLCHAIN, "/usr"], &[])?;
+    }
+    let have_linker = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_linker {
+        eprintln!("bootstrap: building bpf-linker against LLVM 22 (about a minute)");
+        sh(
+            "cargo",
+            &[
+                "install",
+                "--locked",
+                "bpf-linker",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ],
+            &[("LLVM_PREFIX", "/usr/lib/llvm-22")],
+        )?;
+    }
+    ensure_bpffs()?;
+    eprintln!(
+        "bootstrap: toolchain ready ({:.1}s)",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn dpkg_installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+/// Mount the BPF filesystem when nothing is mounted at /sys/fs/bpf (the agent pins there).
+fn ensure_bpffs() -> Result<()> {
+    let mounts = std::fs::read_to_string("/proc/mounts").context("failed to read /proc/mounts")?;
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf"))
+    {
+        return Ok(());
+    }
+    if !nix_is_root() {
+        eprintln!("bootstrap: /sys/fs/bpf is not mounted (needs root): privileged tests will fail");
+        return Ok(());
+    }
+    eprintln!("bootstrap: mounting bpffs at /sys/fs/bpf");
+    sh("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"], &[])
+}
+
+fn nix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+pub fn sh(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    let status = Command::new(prog)
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .with_context(|| format!("failed to run {prog}"))?;
+    if !status.success() {
+        bail!("failed to run `{prog} {}`: {status}", args.join(" "));
+    }
+    Ok(())
+}

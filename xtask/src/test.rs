@@ -1,0 +1,168 @@
+//! `cargo xtask test`, `lab` and `bench`: thin drivers over cargo and the tests crate.
+
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+
+use crate::bootstrap::{self, TOOLCHAIN, sh};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Skip the format and clippy checks.
+    #[arg(long)]
+    no_lint: bool,
+    /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+    #[arg(last = true)]
+    rest: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct LabArgs {
+    /// Leave the lab up and print how to enter it.
+    #[arg(long)]
+    keep: bool,
+    /// Remove a lab left up with --keep (by its prefix) and exit.
+    #[arg(long, value_name = "PREFIX")]
+    down: Option<String>,
+    #[arg(long)]
+    ipv6: bool,
+    #[arg(long)]
+    dual_stack: bool,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// A shorter run (a few minutes).
+    #[arg(long)]
+    quick: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let start = Instant::now();
+    bootstrap::run()?;
+    if !args.no_lint {
+        step("cargo fmt --check", || {
+            sh("cargo", &["fmt", "--all", "--", "--check"], &[])
+        })?;
+        step("clippy (host crates)", || {
+            sh(
+                "cargo",
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                &[],
+            )
+        })?;
+        step("clippy (eBPF crate, bpfel-unknown-none)", || {
+            let tc = format!("+{TOOLCHAIN}");
+            sh(
+                "cargo",
+                &[
+                    &tc,
+                    "clippy",
+                    "--package",
+                    "egress-ebpf",
+                    "--release",
+                    "-Z",
+                    "build-std=core",
+                    "--target",
+                    "bpfel-unknown-none",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                &[("RUSTC_BOOTSTRAP", "1")],
+            )
+        })?;
+    }
+    step("tests (unit, packet, namespace, lab)", || {
+        let mut a = vec!["test", "--workspace", "--no-fail-fast"];
+        if !args.rest.is_empty() {
+            a.push("--");
+            a.extend(args.rest.iter().map(String::as_str));
+        }
+        sh("cargo", &a, &[])
+    })?;
+    eprintln!(
+        "xtask test: all steps passed in {:.0}s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+pub fn lab(args: LabArgs) -> Result<()> {
+    bootstrap::run()?;
+    let mut a = vec![
+        "run",
+        "--release",
+        "--package",
+        "egress-tests",
+        "--bin",
+        "egress-lab",
+        "--",
+    ];
+    if args.keep {
+        a.push("--keep");
+    }
+    if args.ipv6 {
+        a.push("--ipv6");
+    }
+    if args.dual_stack {
+        a.push("--dual-stack");
+    }
+    let down;
+    if let Some(p) = &args.down {
+        down = p.clone();
+        a.extend(["--down", &down]);
+    }
+    build_bins()?;
+    sh("cargo", &a, &[])
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    bootstrap::run()?;
+    build_bins()?;
+    let mut a = vec![
+        "run",
+        "--release",
+        "--package",
+        "egress-tests",
+        "--bin",
+        "egress-bench",
+        "--",
+    ];
+    if args.quick {
+        a.push("--quick");
+    }
+    sh("cargo", &a, &[])
+}
+
+/// The agent and the echo server, in release mode, for the lab.
+fn build_bins() -> Result<()> {
+    sh(
+        "cargo",
+        &[
+            "build",
+            "--release",
+            "--package",
+            "egress-agent",
+            "--package",
+            "egress-tests",
+            "--bins",
+        ],
+        &[],
+    )
+}
+
+fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    let t = Instant::now();
+    eprintln!("xtask: {name}");
+    f().with_context(|| format!("step failed: {name}"))?;
+    eprintln!("xtask: {name}: ok ({:.0}s)", t.elapsed().as_secs_f64());
+    Ok(())
+}
