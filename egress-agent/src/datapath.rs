@@ -1,1 +1,0 @@
-//! Owns the pinned maps and the attachments; applies diffs of the desired state.

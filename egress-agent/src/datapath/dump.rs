@@ -1,0 +1,184 @@
+//! `egress-agent maps`: the pinned maps of an agent, in human terms.
+
+use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
+
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray};
+use egress_common::{
+    config::Config,
+    conntrack::{CtEntryV4, CtKeyV4, dir},
+    counters::{self, Counter},
+    maps as names,
+    policy::{
+        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4, action,
+        egress_ip_flags,
+    },
+};
+
+use super::{Error, Result};
+
+fn open(pin_dir: &Path, name: &'static str) -> Result<Map> {
+    let data = MapData::from_pin(pin_dir.join(name)).map_err(|source| Error::Map { name, source })?;
+    Map::from_map_data(data).map_err(|source| Error::Map { name, source })
+}
+
+fn ip(a: [u8; 4]) -> Ipv4Addr {
+    Ipv4Addr::from(a)
+}
+
+/// Counters summed over CPUs, by reason number; reasons never hit are left out.
+pub fn counters(pin_dir: &Path) -> Result<Vec<(u32, Counter)>> {
+    let name = names::COUNTERS;
+    let map: PerCpuArray<MapData, Counter> =
+        PerCpuArray::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let mut out = Vec::new();
+    for &(reason, _, _) in counters::ALL {
+        let per_cpu = map.get(&reason, 0).map_err(|source| Error::Map { name, source })?;
+        let sum = per_cpu.iter().fold(Counter::default(), |a, c| Counter {
+            packets: a.packets + c.packets,
+            bytes: a.bytes + c.bytes,
+        });
+        if sum.packets > 0 {
+            out.push((reason, sum));
+        }
+    }
+    Ok(out)
+}
+
+/// Entries per map (for metrics).
+pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
+    let mut out = Vec::new();
+    let name = names::POLICY_V4;
+    let t: LpmTrie<MapData, PolicyKeyV4, PolicyValue> =
+        LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    out.push((name, t.keys().count()));
+    fn count<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &'static str) -> Result<usize> {
+        let m: HashMap<MapData, K, V> =
+            HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+        Ok(m.keys().count())
+    }
+    out.push((names::SELECTED_V4, count::<[u8; 4], egress_common::policy::SelectedValue>(pin_dir, names::SELECTED_V4)?));
+    out.push((names::RULES_V4, count::<u32, RuleValueV4>(pin_dir, names::RULES_V4)?));
+    out.push((names::NODES, count::<[u8; 4], NodeValue>(pin_dir, names::NODES)?));
+    out.push((names::POD_OWNER_V4, count::<[u8; 4], PodOwnerValue>(pin_dir, names::POD_OWNER_V4)?));
+    out.push((names::CT_V4, count::<CtKeyV4, CtEntryV4>(pin_dir, names::CT_V4)?));
+    out.push((names::EGRESS_IPS_V4, count::<[u8; 4], EgressIpValue>(pin_dir, names::EGRESS_IPS_V4)?));
+    Ok(out)
+}
+
+/// The whole state of one agent's maps as text.
+pub fn render(pin_dir: &Path) -> Result<String> {
+    let mut s = String::new();
+    let name = names::CONFIG;
+    let cfg: Array<MapData, Config> =
+        Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let c = cfg.get(&0, 0).map_err(|source| Error::Map { name, source })?;
+    let _ = writeln!(
+        s,
+        "node {}  tunnel ifindex {}  SNAT ports {}-{}  tunnel MTU {}  {}",
+        ip(c.node_ip),
+        c.tunnel_ifindex,
+        c.port_min,
+        c.port_max,
+        c.tunnel_mtu,
+        if c.flags & egress_common::config::flags::READY != 0 { "ready" } else { "NOT READY" }
+    );
+
+    let name = names::POLICY_V4;
+    let t: LpmTrie<MapData, PolicyKeyV4, PolicyValue> =
+        LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let mut rows: Vec<_> = t.iter().flatten().collect();
+    rows.sort_by_key(|(k, _)| (k.data(), k.prefix_len()));
+    let _ = writeln!(s, "\npolicy (pod, destination -> action, gateway, egress IP, rule): {}", rows.len());
+    for (k, v) in rows {
+        let d = k.data();
+        let act = match v.action {
+            action::FORWARD => "forward",
+            action::EXCLUDE => "except: pass",
+            action::NO_GATEWAY_DROP => "no gateway: drop",
+            action::NO_GATEWAY_PASS => "no gateway: pass",
+            _ => "unknown: drop",
+        };
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>18} -> {:<17} gw {:<15} egress {:<15} rule {}",
+            ip(d.pod).to_string(),
+            format!("{}/{}", ip(d.dst), k.prefix_len().saturating_sub(32)),
+            act,
+            ip(v.gateway).to_string(),
+            ip(v.egress_ip).to_string(),
+            v.rule_id
+        );
+    }
+
+    let name = names::RULES_V4;
+    let r: HashMap<MapData, u32, RuleValueV4> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let mut rows: Vec<_> = r.iter().flatten().collect();
+    rows.sort_by_key(|(k, _)| *k);
+    let _ = writeln!(s, "\nrules served here (rule -> egress IP, ifindex): {}", rows.len());
+    for (k, v) in rows {
+        let _ = writeln!(s, "  rule {k:<8} -> {:<15} ifindex {}", ip(v.egress_ip).to_string(), v.ifindex);
+    }
+
+    let name = names::EGRESS_IPS_V4;
+    let e: HashMap<MapData, [u8; 4], EgressIpValue> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let mut rows: Vec<_> = e.iter().flatten().collect();
+    rows.sort_by_key(|(k, _)| *k);
+    let _ = writeln!(s, "\negress IPs on this node: {}", rows.len());
+    for (k, v) in rows {
+        let kind = if v.flags & egress_ip_flags::SHARED != 0 { "interface address (shared)" } else { "dedicated" };
+        let _ = writeln!(s, "  {:<15} ifindex {:<4} {kind}", ip(k).to_string(), v.ifindex);
+    }
+
+    let name = names::NODES;
+    let n: HashMap<MapData, [u8; 4], NodeValue> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let _ = writeln!(s, "\nknown nodes: {}", n.keys().count());
+    let name = names::POD_OWNER_V4;
+    let p: HashMap<MapData, [u8; 4], PodOwnerValue> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let _ = writeln!(s, "known pods: {}", p.keys().count());
+
+    let name = names::CT_V4;
+    let ct: HashMap<MapData, CtKeyV4, CtEntryV4> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let mut rows: Vec<_> = ct.iter().flatten().filter(|(k, _)| k.dir == dir::ORIGINAL).collect();
+    rows.sort_by_key(|(k, _)| (k.src, k.dst, k.src_port_be, k.dst_port_be));
+    let _ = writeln!(s, "\nconntrack (original direction): {}", rows.len());
+    for (k, v) in rows.iter().take(50) {
+        let _ = writeln!(
+            s,
+            "  {:<4} {}:{} -> {}:{}  as {}:{}  rule {} ifindex {} from node {}",
+            proto(k.proto),
+            ip(k.src),
+            u16::from_be(k.src_port_be),
+            ip(k.dst),
+            u16::from_be(k.dst_port_be),
+            ip(v.xlate_addr),
+            u16::from_be(v.xlate_port_be),
+            v.rule_id,
+            v.ifindex,
+            ip(v.pod_node)
+        );
+    }
+    if rows.len() > 50 {
+        let _ = writeln!(s, "  ... {} more", rows.len() - 50);
+    }
+
+    let _ = writeln!(s, "\ncounters (packets, bytes):");
+    for (reason, c) in counters(pin_dir)? {
+        let (_, n, desc) = counters::ALL.iter().find(|r| r.0 == reason).copied().unwrap_or((0, "?", ""));
+        let _ = writeln!(s, "  {reason:>3} {n:<24} {:>10} {:>12}  {desc}", c.packets, c.bytes);
+    }
+    Ok(s)
+}
+
+fn proto(p: u8) -> &'static str {
+    match p {
+        6 => "tcp",
+        17 => "udp",
+        1 => "icmp",
+        _ => "?",
+    }
+}

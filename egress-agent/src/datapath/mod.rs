@@ -1,0 +1,453 @@
+//! Owns the eBPF object, its pinned maps and its TCX links; applies diffs of the desired
+//! state. The only module that touches maps (the compiler never does).
+//!
+//! Everything is pinned under one directory per agent (`--bpffs-dir`): maps by name,
+//! links as `link-<program>@<ifname>@<ifindex>`. A restarted agent re-opens the same maps
+//! (traffic keeps flowing on the old programs meanwhile), swaps its new programs into the
+//! existing links atomically, reads what the maps hold and removes only what is stale.
+
+pub mod dump;
+pub mod state;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, LpmTrie, MapData, MapError, lpm_trie::Key},
+    programs::{
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+    },
+};
+use egress_common::{
+    config::Config,
+    maps as names,
+    policy::{PolicyKeyV4, PolicyValue},
+};
+pub use state::MapState;
+
+use crate::ebpf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to load the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("failed to open map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("failed to {verb} {what}: {source}")]
+    Program {
+        verb: &'static str,
+        what: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("failed to {verb} {path}: {source}")]
+    Io {
+        verb: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("map {name} is missing from the object")]
+    MissingMap { name: &'static str },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How many entries an `apply` changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    pub inserted: usize,
+    pub removed: usize,
+    pub failed: usize,
+}
+
+impl ApplyStats {
+    pub fn changed(&self) -> usize {
+        self.inserted + self.removed
+    }
+}
+
+/// A TC attachment: which program on which interface.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attachment {
+    pub program: &'static str,
+    pub ifname: String,
+    pub ifindex: u32,
+}
+
+impl Attachment {
+    fn pin_name(&self) -> String {
+        format!("link-{}@{}@{}", self.program, self.ifname, self.ifindex)
+    }
+}
+
+pub struct Datapath {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    /// What the maps hold, as last read or written.
+    held: MapState,
+    attached: BTreeSet<Attachment>,
+}
+
+impl Datapath {
+    /// Load the programs, open or create the pinned maps under `pin_dir`, and read what
+    /// they hold.
+    pub fn open(pin_dir: &Path) -> Result<Self> {
+        fs::create_dir_all(pin_dir).map_err(|source| Error::Io {
+            verb: "create the pin directory",
+            path: pin_dir.to_owned(),
+            source,
+        })?;
+        let mut loader = EbpfLoader::new();
+        for name in names::ALL {
+            loader.map_pin_path(name, pin_dir.join(name));
+        }
+        let mut ebpf = loader.load(ebpf::OBJECT)?;
+        if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
+            tracing::debug!("no eBPF log channel: {e}");
+        }
+        for prog in [ebpf::FROM_POD, ebpf::FROM_TUNNEL, ebpf::FROM_SECONDARY] {
+            let p: &mut SchedClassifier = ebpf
+                .program_mut(prog)
+                .ok_or_else(|| Error::Program {
+                    verb: "find program",
+                    what: prog.into(),
+                    source: ProgramError::NotLoaded,
+                })?
+                .try_into()
+                .map_err(|source| Error::Program {
+                    verb: "convert program",
+                    what: prog.into(),
+                    source,
+                })?;
+            p.load().map_err(|source| Error::Program {
+                verb: "load program",
+                what: prog.into(),
+                source,
+            })?;
+        }
+        let mut dp = Self {
+            ebpf,
+            pin_dir: pin_dir.to_owned(),
+            held: MapState::default(),
+            attached: BTreeSet::new(),
+        };
+        dp.held = dp.read_state()?;
+        Ok(dp)
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// What the maps hold now (as last read or written).
+    pub fn held(&self) -> &MapState {
+        &self.held
+    }
+
+    fn read_state(&mut self) -> Result<MapState> {
+        let mut s = MapState::default();
+        for (k, v) in self.lpm::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?
+            .iter()
+            .flatten()
+        {
+            s.policy_v4.insert((k.prefix_len(), k.data()), v);
+        }
+        s.selected_v4 = self.read_hash(names::SELECTED_V4)?;
+        s.rules_v4 = self.read_hash(names::RULES_V4)?;
+        s.nodes = self.read_hash(names::NODES)?;
+        s.pod_owner_v4 = self.read_hash(names::POD_OWNER_V4)?;
+        s.egress_ips_v4 = self.read_hash(names::EGRESS_IPS_V4)?;
+        Ok(s)
+    }
+
+    fn read_hash<K: aya::Pod + Ord, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<BTreeMap<K, V>> {
+        Ok(self.hash::<K, V>(name)?.iter().flatten().collect())
+    }
+
+    fn map_data(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or(Error::MissingMap { name })
+    }
+
+    fn hash<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<HashMap<&mut MapData, K, V>> {
+        HashMap::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    fn lpm<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<LpmTrie<&mut MapData, K, V>> {
+        LpmTrie::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    /// Write this node's configuration (programs pass everything until it is written).
+    pub fn set_config(&mut self, cfg: &Config) -> Result<()> {
+        let name = names::CONFIG;
+        let mut a: Array<&mut MapData, Config> = Array::try_from(self.map_data(name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        a.set(0, cfg, 0).map_err(|source| Error::Map { name, source })
+    }
+
+    pub fn config(&mut self) -> Result<Config> {
+        let name = names::CONFIG;
+        let a: Array<&mut MapData, Config> = Array::try_from(self.map_data(name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        a.get(&0, 0).map_err(|source| Error::Map { name, source })
+    }
+
+    /// Bring every map in line with `want`, touching only entries that differ.
+    /// Additions go in dependency order (who may send, then rules, then the trie and the
+    /// selected set last), removals in the reverse order. A failed entry is counted and
+    /// logged; the rest still applies.
+    pub fn apply(&mut self, want: &MapState) -> Result<ApplyStats> {
+        let mut stats = ApplyStats::default();
+        let mut held = std::mem::take(&mut self.held);
+        // Removals first for the source-side maps (stop selecting before forgetting).
+        self.sync_hash(names::SELECTED_V4, &mut held.selected_v4, &want.selected_v4, Phase::Remove, &mut stats)?;
+        self.sync_lpm(&mut held.policy_v4, &want.policy_v4, Phase::Remove, &mut stats)?;
+        self.sync_hash(names::EGRESS_IPS_V4, &mut held.egress_ips_v4, &want.egress_ips_v4, Phase::Remove, &mut stats)?;
+        self.sync_hash(names::RULES_V4, &mut held.rules_v4, &want.rules_v4, Phase::Remove, &mut stats)?;
+        self.sync_hash(names::POD_OWNER_V4, &mut held.pod_owner_v4, &want.pod_owner_v4, Phase::Remove, &mut stats)?;
+        self.sync_hash(names::NODES, &mut held.nodes, &want.nodes, Phase::Remove, &mut stats)?;
+        // Then additions and changes, in dependency order.
+        self.sync_hash(names::NODES, &mut held.nodes, &want.nodes, Phase::Upsert, &mut stats)?;
+        self.sync_hash(names::POD_OWNER_V4, &mut held.pod_owner_v4, &want.pod_owner_v4, Phase::Upsert, &mut stats)?;
+        self.sync_hash(names::RULES_V4, &mut held.rules_v4, &want.rules_v4, Phase::Upsert, &mut stats)?;
+        self.sync_hash(names::EGRESS_IPS_V4, &mut held.egress_ips_v4, &want.egress_ips_v4, Phase::Upsert, &mut stats)?;
+        self.sync_lpm(&mut held.policy_v4, &want.policy_v4, Phase::Upsert, &mut stats)?;
+        self.sync_hash(names::SELECTED_V4, &mut held.selected_v4, &want.selected_v4, Phase::Upsert, &mut stats)?;
+        self.held = held;
+        Ok(stats)
+    }
+
+    fn sync_hash<K: aya::Pod + Ord + std::fmt::Debug, V: aya::Pod + PartialEq>(
+        &mut self,
+        name: &'static str,
+        held: &mut BTreeMap<K, V>,
+        want: &BTreeMap<K, V>,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        let mut map = self.hash::<K, V>(name)?;
+        sync(
+            name,
+            held,
+            want,
+            phase,
+            stats,
+            |k, v| match v {
+                Some(v) => map.insert(k, v, 0),
+                None => map.remove(k),
+            },
+        );
+        Ok(())
+    }
+
+    fn sync_lpm(
+        &mut self,
+        held: &mut BTreeMap<state::LpmKeyV4, PolicyValue>,
+        want: &BTreeMap<state::LpmKeyV4, PolicyValue>,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        let name = names::POLICY_V4;
+        let mut map = self.lpm::<PolicyKeyV4, PolicyValue>(name)?;
+        sync(
+            name,
+            held,
+            want,
+            phase,
+            stats,
+            |(len, data), v| match v {
+                Some(v) => map.insert(&Key::new(*len, *data), v, 0),
+                None => map.remove(&Key::new(*len, *data)),
+            },
+        );
+        Ok(())
+    }
+
+    /// Attach exactly the `want` set: new ones as pinned TCX links (or by swapping this
+    /// process's program into a link an earlier agent pinned), stale ones detached.
+    /// Errors per attachment are returned, the others still apply.
+    pub fn sync_attachments(&mut self, want: &BTreeSet<Attachment>) -> Vec<Error> {
+        let mut errors = Vec::new();
+        let pinned = self.pinned_links();
+        for name in pinned.iter().filter(|n| !want.iter().any(|a| &a.pin_name() == *n)) {
+            let path = self.pin_dir.join(name);
+            match PinnedLink::from_pin(&path) {
+                Ok(link) => {
+                    // Unpinning and dropping the last reference detaches it.
+                    if let Err(source) = link.unpin() {
+                        errors.push(Error::Io { verb: "unpin link", path, source });
+                    }
+                }
+                Err(_) => {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+            self.attached.retain(|a| &a.pin_name() != name);
+        }
+        for a in want {
+            if self.attached.contains(a) {
+                continue;
+            }
+            match self.attach(a, pinned.contains(&a.pin_name())) {
+                Ok(()) => {
+                    self.attached.insert(a.clone());
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        errors
+    }
+
+    fn pinned_links(&self) -> BTreeSet<String> {
+        fs::read_dir(&self.pin_dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("link-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn attach(&mut self, a: &Attachment, pinned: bool) -> Result<()> {
+        let path = self.pin_dir.join(a.pin_name());
+        let what = format!("{} on {}", a.program, a.ifname);
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(a.program)
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| Error::Program {
+                verb: "find program",
+                what: what.clone(),
+                source: ProgramError::NotLoaded,
+            })?;
+        if pinned {
+            // An earlier agent's link: swap our program in, atomically.
+            let swapped = PinnedLink::from_pin(&path)
+                .ok()
+                .map(FdLink::from)
+                .and_then(|l| SchedClassifierLink::try_from(l).ok())
+                .map(|l| prog.attach_to_link(l));
+            match swapped {
+                Some(Ok(_)) => return Ok(()),
+                _ => {
+                    // Defunct (the device went away): start over.
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        let id = prog
+            .attach_with_options(
+                &a.ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(|source| Error::Program {
+                verb: "attach",
+                what: what.clone(),
+                source,
+            })?;
+        let link = prog.take_link(id).map_err(|source| Error::Program {
+            verb: "take link of",
+            what: what.clone(),
+            source,
+        })?;
+        let fd: FdLink = link.try_into().map_err(|e: aya::programs::links::LinkError| {
+            Error::Io {
+                verb: "convert link",
+                path: path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            }
+        })?;
+        fd.pin(&path).map_err(|e| Error::Io {
+            verb: "pin link",
+            path: path.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(())
+    }
+
+    /// Detach everything and remove the pin directory (for `egress-agent cleanup`).
+    pub fn remove_all(self) -> Result<()> {
+        let dir = self.pin_dir.clone();
+        drop(self);
+        fs::remove_dir_all(&dir).map_err(|source| Error::Io {
+            verb: "remove",
+            path: dir,
+            source,
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Remove,
+    Upsert,
+}
+
+/// One phase of a map diff: `held` tracks what the map holds after each write;
+/// `write(k, Some(v))` inserts, `write(k, None)` removes.
+fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
+    name: &str,
+    held: &mut BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+    phase: Phase,
+    stats: &mut ApplyStats,
+    mut write: impl FnMut(&K, Option<&V>) -> Result<(), MapError>,
+) {
+    match phase {
+        Phase::Remove => {
+            let stale: Vec<K> = held.keys().filter(|k| !want.contains_key(k)).copied().collect();
+            for k in stale {
+                match write(&k, None) {
+                    Ok(()) | Err(MapError::KeyNotFound) => {
+                        held.remove(&k);
+                        stats.removed += 1;
+                    }
+                    Err(e) => {
+                        stats.failed += 1;
+                        tracing::warn!("failed to remove {k:?} from map {name}: {e}");
+                    }
+                }
+            }
+        }
+        Phase::Upsert => {
+            for (k, v) in want {
+                if held.get(k) == Some(v) {
+                    continue;
+                }
+                match write(k, Some(v)) {
+                    Ok(()) => {
+                        held.insert(*k, *v);
+                        stats.inserted += 1;
+                    }
+                    Err(e) => {
+                        stats.failed += 1;
+                        tracing::warn!("failed to insert {k:?} into map {name}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
