@@ -1,1 +1,3 @@
 
+pub mod lab;
+pub mod netns;

@@ -1,0 +1,1244 @@
+//! The lab: a small cluster made of network namespaces, shared by `cargo xtask lab`, the
+//! integration tests and the benchmarks.
+//!
+//! ```text
+//!                        underlay 10.200.0.0/24 (bridge in <p>-ul)
+//!   w1 .11      w2 .12      gw1 .21             gw2 .22            rtr .1
+//!   |  pods     |  pods     |  pods  sec-a sec-b |  sec-a sec-b      |  net-c 192.168.103.1
+//!   10.244.11/24 10.244.12/24 10.244.21/24 |  |  |  |    |           |
+//!                                A 192.168.101.0/24 (.11 gw1, .12 gw2, host-a .100)
+//!                                B 192.168.102.0/24 (.11 gw1, .12 gw2, host-b .100)
+//!                                                   C 192.168.103.0/24 (host-c .100)
+//! ```
+//!
+//! * Every node, pod, host and network is a namespace named `<prefix>-<member>`; links live
+//!   only inside those namespaces, so the host's own namespace is never touched.
+//! * Pods are routed the way Calico does it: `10.244.<node octet>.<n>/32` on `eth0`, default
+//!   route via 169.254.1.1, proxy ARP on the node's `cali-<pod>` veth, a /32 route per pod on
+//!   the node, and every other node and the router reach `10.244.<octet>.0/24` via that
+//!   node's underlay address.
+//! * Networks A and B are reached only by the gateways (`sec-a`, `sec-b`); their hosts know
+//!   only their own subnet. Network C hangs off the router, the nodes' default gateway, and is
+//!   reachable from everywhere without us.
+//! * `egress-echo serve` runs on every host at [`addr::ECHO_PORT`] (TCP and UDP).
+//! * The YAML state directory holds Namespaces, Nodes, Pods (`cluster.yaml`) and a sample
+//!   EgressGatewayPolicy (`policy.yaml`, rewritable with [`Lab::write_policy`]).
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    path::{Path, PathBuf},
+    process::Output,
+    str::FromStr,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+use crate::netns::{self, DirGuard, KILL_GRACE, Netns, NsChild};
+
+/// Every address of the lab, by name.
+pub mod addr {
+    use std::net::Ipv4Addr;
+
+    pub const UNDERLAY: &str = "10.200.0.0/24";
+    pub const ROUTER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+    pub const W1: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 11);
+    pub const W2: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 12);
+    pub const GW1: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 21);
+    pub const GW2: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 22);
+
+    pub const NET_A: &str = "192.168.101.0/24";
+    pub const NET_B: &str = "192.168.102.0/24";
+    pub const NET_C: &str = "192.168.103.0/24";
+    pub const GW1_SEC_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 11);
+    pub const GW2_SEC_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 12);
+    pub const GW1_SEC_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 11);
+    pub const GW2_SEC_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 12);
+    pub const ROUTER_NET_C: Ipv4Addr = Ipv4Addr::new(192, 168, 103, 1);
+    pub const HOST_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 100);
+    pub const HOST_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 100);
+    pub const HOST_C: Ipv4Addr = Ipv4Addr::new(192, 168, 103, 100);
+    /// Egress IPs of the sample policy.
+    pub const EGRESS_IP_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 50);
+    pub const EGRESS_IP_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 50);
+
+    /// The pods' default gateway (answered by proxy ARP on the node's veth).
+    pub const POD_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+    /// `egress-echo serve` listens here, TCP and UDP, on every host.
+    pub const ECHO_PORT: u16 = 7777;
+
+    pub const W1_P1: Ipv4Addr = Ipv4Addr::new(10, 244, 11, 11);
+    pub const W1_P2: Ipv4Addr = Ipv4Addr::new(10, 244, 11, 12);
+    pub const W2_P1: Ipv4Addr = Ipv4Addr::new(10, 244, 12, 11);
+    pub const W2_P2: Ipv4Addr = Ipv4Addr::new(10, 244, 12, 12);
+    pub const GW1_P1: Ipv4Addr = Ipv4Addr::new(10, 244, 21, 11);
+}
+
+/// Name of the policy file in the state directory.
+pub const POLICY_FILE: &str = "policy.yaml";
+/// Name of the Namespaces/Nodes/Pods file in the state directory.
+pub const CLUSTER_FILE: &str = "cluster.yaml";
+/// Kubernetes namespace of the selected pods.
+pub const PAYMENTS: &str = "payments";
+/// Label that marks gateway nodes, matched by the sample policy's `gatewaySelector`.
+pub const GATEWAY_LABEL: &str = "egress.dev/gateway";
+
+/// A node of the lab.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub name: &'static str,
+    /// Underlay (InternalIP) address.
+    pub ip: Ipv4Addr,
+    pub gateway: bool,
+}
+
+impl Node {
+    /// `10.244.<last octet of the underlay address>.0/24`.
+    pub fn pod_cidr(&self) -> String {
+        format!("10.244.{}.0/24", self.ip.octets()[3])
+    }
+}
+
+/// The four nodes: two workers, two gateways.
+pub const NODES: [Node; 4] = [
+    Node {
+        name: "w1",
+        ip: addr::W1,
+        gateway: false,
+    },
+    Node {
+        name: "w2",
+        ip: addr::W2,
+        gateway: false,
+    },
+    Node {
+        name: "gw1",
+        ip: addr::GW1,
+        gateway: true,
+    },
+    Node {
+        name: "gw2",
+        ip: addr::GW2,
+        gateway: true,
+    },
+];
+
+/// An external network: a bridge in its own namespace with one host running egress-echo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Network {
+    /// `a`, `b`, `c`: the namespace is `<prefix>-net-<id>`, the host `host-<id>`.
+    pub id: char,
+    pub cidr: &'static str,
+    pub host: Ipv4Addr,
+    /// Reached only through the gateways (A, B), or through the router (C).
+    pub secondary: bool,
+}
+
+pub const NETWORKS: [Network; 3] = [
+    Network {
+        id: 'a',
+        cidr: addr::NET_A,
+        host: addr::HOST_A,
+        secondary: true,
+    },
+    Network {
+        id: 'b',
+        cidr: addr::NET_B,
+        host: addr::HOST_B,
+        secondary: true,
+    },
+    Network {
+        id: 'c',
+        cidr: addr::NET_C,
+        host: addr::HOST_C,
+        secondary: false,
+    },
+];
+
+/// A pod to create: a namespace with a veth into its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodSpec {
+    /// Pod name, also the lab member name; at most 10 characters (the node-side veth is
+    /// `cali-<name>`, and interface names have at most 15).
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    pub node: String,
+    pub labels: BTreeMap<String, String>,
+    /// `None`: the next free `10.244.<node octet>.<11..>`.
+    pub ip: Option<Ipv4Addr>,
+}
+
+impl PodSpec {
+    pub fn new(name: &str, namespace: &str, node: &str, labels: &[(&str, &str)]) -> Self {
+        Self {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            node: node.to_owned(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ip: None,
+        }
+    }
+}
+
+/// A created pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    pub namespace: String,
+    pub node: String,
+    pub labels: BTreeMap<String, String>,
+    pub ip: Ipv4Addr,
+    /// Name of the node-side veth.
+    pub veth: String,
+}
+
+/// What to build.
+#[derive(Clone, Debug)]
+pub struct LabSpec {
+    /// The `egress-echo` binary (tests: `env!("CARGO_BIN_EXE_egress-echo")`).
+    pub echo_bin: PathBuf,
+    /// Pods; [`LabSpec::default_pods`] by default.
+    pub pods: Vec<PodSpec>,
+    /// Kubernetes namespaces and their labels; `payments` (team=payments) and `other`.
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Fixed prefix instead of `eg<pid%1000><n>` (fails if namespaces with it exist).
+    pub prefix: Option<String>,
+    /// Write the sample policy to `policy.yaml` (else no policy file).
+    pub sample_policy: bool,
+    /// `RUST_LOG` for the agents.
+    pub agent_log: String,
+}
+
+impl LabSpec {
+    pub fn new(echo_bin: impl Into<PathBuf>) -> Self {
+        Self {
+            echo_bin: echo_bin.into(),
+            pods: Self::default_pods(),
+            namespaces: [
+                (PAYMENTS, vec![("team", "payments")]),
+                ("other", vec![("team", "other")]),
+            ]
+            .into_iter()
+            .map(|(ns, labels)| {
+                (
+                    ns.to_owned(),
+                    labels
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect(),
+                )
+            })
+            .collect(),
+            prefix: None,
+            sample_policy: true,
+            agent_log: "info".to_owned(),
+        }
+    }
+
+    /// `w1-p1` app=api (payments), `w1-p2` app=web (payments, unselected), `w2-p1` app=api
+    /// (payments), `w2-p2` app=api in namespace `other` (unselected: wrong namespace),
+    /// `gw1-p1` app=api (payments) on a gateway.
+    pub fn default_pods() -> Vec<PodSpec> {
+        let mut pods = vec![
+            PodSpec::new("w1-p1", PAYMENTS, "w1", &[("app", "api")]),
+            PodSpec::new("w1-p2", PAYMENTS, "w1", &[("app", "web")]),
+            PodSpec::new("w2-p1", PAYMENTS, "w2", &[("app", "api")]),
+            PodSpec::new("w2-p2", "other", "w2", &[("app", "api")]),
+            PodSpec::new("gw1-p1", PAYMENTS, "gw1", &[("app", "api")]),
+        ];
+        for (pod, ip) in pods.iter_mut().zip([
+            addr::W1_P1,
+            addr::W1_P2,
+            addr::W2_P1,
+            addr::W2_P2,
+            addr::GW1_P1,
+        ]) {
+            pod.ip = Some(ip);
+        }
+        pods
+    }
+}
+
+/// Find `egress-echo` when nobody says where it is: `$EGRESS_ECHO_BIN`, else next to the
+/// running executable or one directory up (a test binary lives in `target/<profile>/deps`).
+pub fn locate_echo_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("EGRESS_ECHO_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("failed to find the current executable")?;
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join("egress-echo");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = d.parent();
+    }
+    bail!(
+        "failed to find egress-echo next to {}: build it (cargo build -p egress-tests --bins) \
+         or set EGRESS_ECHO_BIN",
+        exe.display()
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        })
+    }
+}
+
+/// What a host reported: the source address and port it saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Seen {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+impl fmt::Display for Seen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.ip, self.port)
+    }
+}
+
+impl FromStr for Seen {
+    type Err = anyhow::Error;
+
+    /// Parses `seen 10.244.11.11:40000` (or without `seen `).
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        let s = s.strip_prefix("seen ").unwrap_or(s);
+        let sa: std::net::SocketAddr = s
+            .parse()
+            .with_context(|| format!("failed to parse seen line {s:?}"))?;
+        Ok(Self {
+            ip: sa.ip(),
+            port: sa.port(),
+        })
+    }
+}
+
+/// One `egress-echo query` with all its knobs.
+#[derive(Clone, Debug)]
+pub struct Query {
+    pub proto: Proto,
+    pub host: IpAddr,
+    pub port: u16,
+    /// Payload bytes each way.
+    pub size: usize,
+    pub timeout: Duration,
+    pub sport: Option<u16>,
+    /// UDP only: send up to this many times within `timeout`.
+    pub attempts: u32,
+}
+
+impl Query {
+    pub fn new(proto: Proto, host: impl Into<IpAddr>, port: u16) -> Self {
+        Self {
+            proto,
+            host: host.into(),
+            port,
+            size: 0,
+            timeout: Duration::from_millis(2000),
+            sport: None,
+            attempts: 1,
+        }
+    }
+
+    pub fn size(mut self, size: usize) -> Self {
+        self.size = size;
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn sport(mut self, sport: u16) -> Self {
+        self.sport = Some(sport);
+        self
+    }
+
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "query".to_owned(),
+            self.proto.to_string(),
+            std::net::SocketAddr::new(self.host, self.port).to_string(),
+            "--size".to_owned(),
+            self.size.to_string(),
+            "--timeout-ms".to_owned(),
+            self.timeout.as_millis().to_string(),
+            "--attempts".to_owned(),
+            self.attempts.to_string(),
+        ];
+        if let Some(p) = self.sport {
+            args.extend(["--sport".to_owned(), p.to_string()]);
+        }
+        args
+    }
+}
+
+/// A running lab. Dropping it tears everything down (also while panicking); [`Lab::leak`]
+/// keeps it up.
+#[derive(Debug)]
+pub struct Lab {
+    prefix: String,
+    dir: PathBuf,
+    spec: LabSpec,
+    pods: Vec<Pod>,
+    /// Member name (`ul`, `rtr`, `net-a`, `host-a`, `w1`, `w1-p1`, ...) -> namespace.
+    netns: BTreeMap<String, Netns>,
+    servers: Vec<NsChild>,
+    agents: BTreeMap<String, NsChild>,
+    pin_dirs: BTreeMap<String, DirGuard>,
+    ready: BTreeMap<String, bool>,
+    leaked: bool,
+}
+
+impl Lab {
+    /// Build the whole lab: namespaces, links, routes, sysctls, echo servers, state dir.
+    /// Everything built so far is removed if a step fails.
+    pub fn up(spec: LabSpec) -> Result<Lab> {
+        validate(&spec)?;
+        if !spec.echo_bin.is_file() {
+            bail!(
+                "failed to start the lab: egress-echo not found at {}",
+                spec.echo_bin.display()
+            );
+        }
+        let (prefix, underlay) = reserve_prefix(spec.prefix.as_deref())?;
+        netns::register_live(&prefix);
+        let dir = std::env::temp_dir().join(format!("egress-lab-{prefix}"));
+        let mut lab = Lab {
+            prefix,
+            dir,
+            pods: Vec::new(),
+            netns: BTreeMap::from([("ul".to_owned(), underlay)]),
+            servers: Vec::new(),
+            agents: BTreeMap::new(),
+            pin_dirs: BTreeMap::new(),
+            ready: NODES.iter().map(|n| (n.name.to_owned(), true)).collect(),
+            leaked: false,
+            spec,
+        };
+        lab.build()
+            .with_context(|| format!("failed to bring up lab {}", lab.prefix))?;
+        Ok(lab)
+    }
+
+    fn build(&mut self) -> Result<()> {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(self.state_dir())
+            .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
+        self.pods = assign_pod_ips(&self.spec.pods)?;
+
+        // Namespaces first, with rp_filter off before any interface exists (new namespaces
+        // may inherit the host's rp_filter).
+        let mut members = vec!["rtr".to_owned()];
+        members.extend(NODES.iter().map(|n| n.name.to_owned()));
+        for net in NETWORKS {
+            members.push(format!("net-{}", net.id));
+            members.push(format!("host-{}", net.id));
+        }
+        members.extend(self.pods.iter().map(|p| p.name.clone()));
+        for m in &members {
+            let ns = Netns::add(&self.ns_name(m))?;
+            self.netns.insert(m.clone(), ns);
+        }
+        for (m, ns) in &self.netns {
+            let mut kv = vec![
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
+            ];
+            if m == "rtr" || NODES.iter().any(|n| n.name == m) {
+                kv.push(("net.ipv4.ip_forward", "1"));
+            }
+            ns.sysctls(&kv)?;
+        }
+
+        // Bridges: the underlay and one per external network.
+        self.ns("ul")?
+            .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
+        for net in NETWORKS {
+            self.ns(&format!("net-{}", net.id))?
+                .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
+        }
+
+        // Underlay: every node and the router.
+        let ul = self.ns_name("ul");
+        let mut ul_ports = Vec::new();
+        for node in &NODES {
+            let mut cmds = vec![
+                format!("link add eth0 type veth peer name {} netns {ul}", node.name),
+                format!("addr add {}/24 dev eth0", node.ip),
+                "link set eth0 up".to_owned(),
+                format!("route add default via {}", addr::ROUTER),
+            ];
+            for other in NODES.iter().filter(|o| o.name != node.name) {
+                cmds.push(format!("route add {} via {}", other.pod_cidr(), other.ip));
+            }
+            self.ns(node.name)?.ip_batch(&cmds)?;
+            ul_ports.push(node.name.to_owned());
+        }
+        let net_c = self.ns_name("net-c");
+        let mut rtr = vec![
+            format!("link add eth0 type veth peer name rtr netns {ul}"),
+            format!("addr add {}/24 dev eth0", addr::ROUTER),
+            "link set eth0 up".to_owned(),
+            format!("link add net-c type veth peer name rtr netns {net_c}"),
+            format!("addr add {}/24 dev net-c", addr::ROUTER_NET_C),
+            "link set net-c up".to_owned(),
+        ];
+        for node in &NODES {
+            rtr.push(format!("route add {} via {}", node.pod_cidr(), node.ip));
+        }
+        self.ns("rtr")?.ip_batch(&rtr)?;
+        ul_ports.push("rtr".to_owned());
+        let ul_cmds: Vec<String> = ul_ports
+            .iter()
+            .map(|p| format!("link set {p} master br0 up"))
+            .collect();
+        self.ns("ul")?.ip_batch(&ul_cmds)?;
+        self.ns("net-c")?
+            .ip_batch(&["link set rtr master br0 up"])?;
+
+        // Secondary networks: only the gateways have a leg on them.
+        for (gw, a, b) in [
+            ("gw1", addr::GW1_SEC_A, addr::GW1_SEC_B),
+            ("gw2", addr::GW2_SEC_A, addr::GW2_SEC_B),
+        ] {
+            let mut cmds = Vec::new();
+            for (id, ip) in [('a', a), ('b', b)] {
+                let bridge_ns = self.ns_name(&format!("net-{id}"));
+                cmds.extend([
+                    format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}"),
+                    format!("addr add {ip}/24 dev sec-{id}"),
+                    format!("link set sec-{id} up"),
+                ]);
+            }
+            self.ns(gw)?.ip_batch(&cmds)?;
+            for id in ['a', 'b'] {
+                self.ns(&format!("net-{id}"))?
+                    .ip_batch(&[format!("link set {gw} master br0 up")])?;
+            }
+        }
+
+        // Hosts: only their own subnet, except host-c which answers via the router.
+        for net in NETWORKS {
+            let host = format!("host-{}", net.id);
+            let bridge_ns = self.ns_name(&format!("net-{}", net.id));
+            let mut cmds = vec![
+                format!("link add eth0 type veth peer name {host} netns {bridge_ns}"),
+                format!("addr add {}/24 dev eth0", net.host),
+                "link set eth0 up".to_owned(),
+            ];
+            if !net.secondary {
+                cmds.push(format!("route add default via {}", addr::ROUTER_NET_C));
+            }
+            self.ns(&host)?.ip_batch(&cmds)?;
+            self.ns(&format!("net-{}", net.id))?
+                .ip_batch(&[format!("link set {host} master br0 up")])?;
+        }
+
+        // Pods, Calico style.
+        for pod in self.pods.clone() {
+            let node_ns = self.ns_name(&pod.node);
+            self.ns(&pod.name)?.ip_batch(&[
+                format!(
+                    "link add eth0 type veth peer name {} netns {node_ns}",
+                    pod.veth
+                ),
+                format!("addr add {}/32 dev eth0", pod.ip),
+                "link set eth0 up".to_owned(),
+                format!("route add {} dev eth0 scope link", addr::POD_GATEWAY),
+                format!("route add default via {} dev eth0", addr::POD_GATEWAY),
+            ])?;
+            let node = self.ns(&pod.node)?;
+            node.sysctls(&[
+                (&format!("net.ipv4.conf.{}.proxy_arp", pod.veth), "1"),
+                (&format!("net.ipv4.neigh.{}.proxy_delay", pod.veth), "0"),
+                (&format!("net.ipv4.conf.{}.rp_filter", pod.veth), "0"),
+            ])?;
+            node.ip_batch(&[
+                format!("link set {} up", pod.veth),
+                format!("route add {}/32 dev {}", pod.ip, pod.veth),
+            ])?;
+        }
+
+        self.write_cluster()?;
+        if self.spec.sample_policy {
+            self.write_policy(&sample_policy())?;
+        }
+        self.start_servers()
+    }
+
+    fn start_servers(&mut self) -> Result<()> {
+        let port = addr::ECHO_PORT.to_string();
+        for net in NETWORKS {
+            let host = format!("host-{}", net.id);
+            let log = self.dir.join(format!("{host}.log"));
+            let child = self.ns(&host)?.spawn(
+                &self.spec.echo_bin,
+                &["serve", "--tcp", &port, "--udp", &port],
+                &log,
+            )?;
+            self.servers.push(child);
+        }
+        // Each server prints one "ready" line once both sockets are bound.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (i, net) in NETWORKS.iter().enumerate() {
+            let log = self.dir.join(format!("host-{}.log", net.id));
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.lines().any(|l| l.starts_with("ready ")) {
+                    break;
+                }
+                if let Some(server) = self.servers.get_mut(i)
+                    && let Some(status) = server.try_wait()?
+                {
+                    bail!("egress-echo on host-{} exited ({status}): {text}", net.id);
+                }
+                if Instant::now() > deadline {
+                    bail!("egress-echo on host-{} not ready after 5 s: {text}", net.id);
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // names and addresses
+
+    /// The lab's unique prefix, e.g. `eg4270`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The namespace name of a member: `<prefix>-<member>`.
+    pub fn ns_name(&self, member: &str) -> String {
+        format!("{}-{member}", self.prefix)
+    }
+
+    /// The namespace of a member: a node (`w1`, `w2`, `gw1`, `gw2`), a pod (`w1-p1`, ...),
+    /// a host (`host-a`, `host-b`, `host-c`), a network bridge (`net-a`, ...), the router
+    /// (`rtr`) or the underlay bridge (`ul`).
+    pub fn ns(&self, member: &str) -> Result<&Netns> {
+        self.netns.get(member).with_context(|| {
+            format!(
+                "lab {} has no member {member:?} (members: {:?})",
+                self.prefix,
+                self.netns.keys().collect::<Vec<_>>()
+            )
+        })
+    }
+
+    /// Every member name.
+    pub fn members(&self) -> impl Iterator<Item = &str> {
+        self.netns.keys().map(String::as_str)
+    }
+
+    /// The lab's temp directory (logs, state dir).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The YAML state directory the agents read.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    pub fn nodes(&self) -> &'static [Node] {
+        &NODES
+    }
+
+    pub fn node(&self, name: &str) -> Result<&'static Node> {
+        NODES
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("lab has no node {name:?}"))
+    }
+
+    pub fn pods(&self) -> &[Pod] {
+        &self.pods
+    }
+
+    pub fn pod(&self, name: &str) -> Result<&Pod> {
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .with_context(|| format!("lab has no pod {name:?}"))
+    }
+
+    /// The bpffs pin directory of a node's agent: `/sys/fs/bpf/<prefix>-<node>`.
+    pub fn bpffs_dir(&self, node: &str) -> PathBuf {
+        Path::new("/sys/fs/bpf").join(self.ns_name(node))
+    }
+
+    /// The log file of a node's agent.
+    pub fn agent_log_path(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("agent-{node}.log"))
+    }
+
+    pub fn agent_log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.agent_log_path(node)).unwrap_or_default()
+    }
+
+    // -----------------------------------------------------------------------------------
+    // traffic
+
+    /// `egress-echo query` from a member's namespace (usually a pod) to `host:port`, with
+    /// `size` payload bytes each way and a 2 s timeout.
+    pub fn query(
+        &self,
+        from: &str,
+        proto: Proto,
+        host: impl Into<IpAddr>,
+        port: u16,
+        size: usize,
+    ) -> Result<Seen> {
+        self.query_with(from, &Query::new(proto, host, port).size(size))
+    }
+
+    pub fn query_with(&self, from: &str, q: &Query) -> Result<Seen> {
+        let out = self
+            .ns(from)?
+            .exec_unchecked(&self.spec.echo_bin.to_string_lossy(), &q.args())?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!(
+                "query {} {}:{} from {from} failed: {}",
+                q.proto,
+                q.host,
+                q.port,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("seen "))
+            .with_context(|| format!("query from {from}: no seen line in {stdout:?}"))?;
+        line.parse()
+    }
+
+    /// Run a command in a member's namespace, checked.
+    pub fn exec(&self, member: &str, program: &str, args: &[&str]) -> Result<Output> {
+        self.ns(member)?.exec(program, args)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // state directory
+
+    /// Replace `policy.yaml` (atomically: write, then rename).
+    pub fn write_policy(&self, yaml: &str) -> Result<()> {
+        self.write_state_file(POLICY_FILE, yaml)
+    }
+
+    /// Write any file of the state directory atomically.
+    pub fn write_state_file(&self, name: &str, contents: &str) -> Result<()> {
+        let dir = self.state_dir();
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, contents)
+            .with_context(|| format!("failed to write {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join(name))
+            .with_context(|| format!("failed to rename {} to {name}", tmp.display()))
+    }
+
+    pub fn remove_state_file(&self, name: &str) -> Result<()> {
+        let path = self.state_dir().join(name);
+        std::fs::remove_file(&path).with_context(|| format!("failed to remove {}", path.display()))
+    }
+
+    /// Set a node's Ready condition in `cluster.yaml`.
+    pub fn set_node_ready(&mut self, node: &str, ready: bool) -> Result<()> {
+        self.node(node)?;
+        self.ready.insert(node.to_owned(), ready);
+        self.write_cluster()
+    }
+
+    /// The Namespace, Node and Pod documents, as written to `cluster.yaml`.
+    pub fn cluster_yaml(&self) -> String {
+        let mut docs = Vec::new();
+        for (name, labels) in &self.spec.namespaces {
+            let mut labels = labels.clone();
+            labels.insert("kubernetes.io/metadata.name".to_owned(), name.clone());
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels},
+            }));
+        }
+        for node in &NODES {
+            let mut labels = BTreeMap::from([
+                ("kubernetes.io/hostname".to_owned(), node.name.to_owned()),
+                ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+            ]);
+            if node.gateway {
+                labels.insert(GATEWAY_LABEL.to_owned(), "true".to_owned());
+            }
+            let ready = self.ready.get(node.name).copied().unwrap_or(true);
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node.name, "labels": labels},
+                "spec": {"podCIDR": node.pod_cidr(), "podCIDRs": [node.pod_cidr()]},
+                "status": {
+                    "addresses": [
+                        {"type": "InternalIP", "address": node.ip.to_string()},
+                        {"type": "Hostname", "address": node.name},
+                    ],
+                    "conditions": [{
+                        "type": "Ready",
+                        "status": if ready { "True" } else { "False" },
+                        "reason": if ready { "KubeletReady" } else { "LabNotReady" },
+                    }],
+                },
+            }));
+        }
+        for pod in &self.pods {
+            let host_ip = NODES
+                .iter()
+                .find(|n| n.name == pod.node)
+                .map(|n| n.ip.to_string())
+                .unwrap_or_default();
+            docs.push(json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
+                "spec": {
+                    "nodeName": pod.node,
+                    "containers": [{"name": "app", "image": "egress-echo"}],
+                },
+                "status": {
+                    "phase": "Running",
+                    "hostIP": host_ip,
+                    "podIP": pod.ip.to_string(),
+                    "podIPs": [{"ip": pod.ip.to_string()}],
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }));
+        }
+        docs.iter().map(to_yaml_doc).collect()
+    }
+
+    fn write_cluster(&self) -> Result<()> {
+        self.write_state_file(CLUSTER_FILE, &self.cluster_yaml())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // agents
+
+    /// Start one `egress-agent run` per node (see [`Lab::start_agent`]).
+    pub fn start_agents(&mut self, agent_bin: &Path) -> Result<()> {
+        for node in &NODES {
+            self.start_agent(node.name, agent_bin, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Start `<agent_bin> run --node-name N --state-dir <dir> --bpffs-dir
+    /// /sys/fs/bpf/<prefix>-N [extra...]` in node N's namespace, output to
+    /// [`Lab::agent_log_path`]. Mounts bpffs at /sys/fs/bpf if needed. The pin directory
+    /// survives [`Lab::stop_agent`] (a restarted agent adopts it) and goes with the lab.
+    pub fn start_agent(&mut self, node: &str, agent_bin: &Path, extra: &[&str]) -> Result<()> {
+        self.node(node)?;
+        if self.agents.contains_key(node) {
+            bail!("failed to start the agent on {node}: it is running");
+        }
+        netns::ensure_bpffs()?;
+        let pin = self.bpffs_dir(node);
+        self.pin_dirs
+            .entry(node.to_owned())
+            .or_insert_with(|| DirGuard::adopt(&pin));
+        let state = self.state_dir();
+        let mut args = vec![
+            "run".to_owned(),
+            "--node-name".to_owned(),
+            node.to_owned(),
+            "--state-dir".to_owned(),
+            state.to_string_lossy().into_owned(),
+            "--bpffs-dir".to_owned(),
+            pin.to_string_lossy().into_owned(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let log = self.agent_log_path(node);
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("failed to open {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut cmd = self.ns(node)?.command(agent_bin)?;
+        cmd.args(&args)
+            .env("RUST_LOG", &self.spec.agent_log)
+            .stdout(out)
+            .stderr(err);
+        let child = NsChild::spawn(cmd, &self.ns_name(node))?;
+        self.agents.insert(node.to_owned(), child);
+        Ok(())
+    }
+
+    /// SIGTERM one node's agent (SIGKILL after a grace period); its pins stay.
+    pub fn stop_agent(&mut self, node: &str) -> Result<()> {
+        let mut child = self
+            .agents
+            .remove(node)
+            .with_context(|| format!("no agent running on {node}"))?;
+        child.terminate(KILL_GRACE);
+        Ok(())
+    }
+
+    /// SIGKILL one node's agent (a crash: no cleanup on its side).
+    pub fn kill_agent(&mut self, node: &str) -> Result<()> {
+        let mut child = self
+            .agents
+            .remove(node)
+            .with_context(|| format!("no agent running on {node}"))?;
+        child.terminate(Duration::ZERO);
+        Ok(())
+    }
+
+    pub fn stop_agents(&mut self) {
+        for (_, mut child) in std::mem::take(&mut self.agents) {
+            child.terminate(KILL_GRACE);
+        }
+    }
+
+    /// Nodes whose agent process has exited, with the exit status.
+    pub fn exited_agents(&mut self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (node, child) in &mut self.agents {
+            match child.try_wait() {
+                Ok(Some(status)) => out.push((node.clone(), status.to_string())),
+                Ok(None) => {}
+                Err(e) => out.push((node.clone(), format!("{e:#}"))),
+            }
+        }
+        out
+    }
+
+    // -----------------------------------------------------------------------------------
+    // teardown
+
+    /// Leave the lab up (namespaces, servers, agents, pins, temp dir); returns the prefix
+    /// for [`Lab::teardown_by_prefix`].
+    pub fn leak(mut self) -> String {
+        self.leaked = true;
+        for (_, ns) in std::mem::take(&mut self.netns) {
+            ns.leak();
+        }
+        for child in std::mem::take(&mut self.servers) {
+            child.leak();
+        }
+        for (_, child) in std::mem::take(&mut self.agents) {
+            child.leak();
+        }
+        for (_, dir) in std::mem::take(&mut self.pin_dirs) {
+            dir.leak();
+        }
+        netns::unregister_live(&self.prefix);
+        self.prefix.clone()
+    }
+
+    /// Remove a kept lab (or the remains of a crashed one): processes in its namespaces,
+    /// the namespaces, `/sys/fs/bpf/<prefix>-*` and its temp directory.
+    pub fn teardown_by_prefix(prefix: &str) -> Result<()> {
+        netns::teardown_prefix(prefix)
+    }
+
+    /// Tear down now and report what could not be removed.
+    pub fn down(mut self) -> Result<()> {
+        self.teardown(false);
+        let left = netns::netns_with_prefix(&self.prefix)?;
+        if !left.is_empty() {
+            bail!("failed to tear down lab {}: left {left:?}", self.prefix);
+        }
+        Ok(())
+    }
+
+    fn teardown(&mut self, keep_dir: bool) {
+        self.stop_agents();
+        for mut s in std::mem::take(&mut self.servers) {
+            s.terminate(Duration::from_millis(500));
+        }
+        // Kill everything first, then delete: deleting the underlay also removes the
+        // peers of veths in other namespaces.
+        let namespaces = std::mem::take(&mut self.netns);
+        for ns in namespaces.values() {
+            netns::kill_netns_pids(ns.name());
+        }
+        drop(namespaces);
+        // Sweep anything with our prefix that a guard did not own.
+        if let Ok(left) = netns::netns_with_prefix(&self.prefix) {
+            for ns in left {
+                netns::delete_netns(&ns);
+            }
+        }
+        self.pin_dirs.clear();
+        if !keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        netns::unregister_live(&self.prefix);
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.leaked {
+            return;
+        }
+        let panicking = thread::panicking();
+        self.teardown(panicking);
+        if panicking {
+            eprintln!(
+                "lab {}: torn down; logs and state kept in {}",
+                self.prefix,
+                self.dir.display()
+            );
+        }
+    }
+}
+
+/// The sample policy: pods app=api in namespaces team=payments, gateways
+/// egress.dev/gateway=true; A via 192.168.101.50, B via 192.168.102.50.
+pub fn sample_policy() -> String {
+    to_yaml_doc(&json!({
+        "apiVersion": "egress.dev/v1alpha1",
+        "kind": "EgressGatewayPolicy",
+        "metadata": {"name": "payments"},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"team": "payments"}},
+            "podSelector": {"matchLabels": {"app": "api"}},
+            "gatewaySelector": {"matchLabels": {GATEWAY_LABEL: "true"}},
+            "failurePolicy": "Drop",
+            "rules": [
+                {"destinations": [addr::NET_A], "egressIP": addr::EGRESS_IP_A.to_string()},
+                {"destinations": [addr::NET_B], "egressIP": addr::EGRESS_IP_B.to_string()},
+            ],
+        },
+    }))
+}
+
+fn validate(spec: &LabSpec) -> Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
+    for pod in &spec.pods {
+        if pod.name.is_empty()
+            || pod.name.len() > 10
+            || !pod
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            bail!(
+                "invalid lab spec: pod name {:?} must be 1-10 characters of [a-zA-Z0-9-]",
+                pod.name
+            );
+        }
+        let reserved = ["ul", "rtr", "net-a", "net-b", "net-c"];
+        if reserved.contains(&pod.name.as_str())
+            || pod.name.starts_with("host-")
+            || NODES.iter().any(|n| n.name == pod.name)
+        {
+            bail!("invalid lab spec: pod name {:?} is reserved", pod.name);
+        }
+        if !seen.insert(pod.name.clone()) {
+            bail!("invalid lab spec: pod {:?} listed twice", pod.name);
+        }
+        if !NODES.iter().any(|n| n.name == pod.node) {
+            bail!(
+                "invalid lab spec: pod {:?} on unknown node {:?}",
+                pod.name,
+                pod.node
+            );
+        }
+    }
+    if let Some(p) = &spec.prefix
+        && (p.is_empty() || p.len() > 12 || !p.chars().all(|c| c.is_ascii_alphanumeric()))
+    {
+        bail!("invalid lab spec: prefix {p:?} must be 1-12 alphanumeric characters");
+    }
+    Ok(())
+}
+
+fn assign_pod_ips(specs: &[PodSpec]) -> Result<Vec<Pod>> {
+    let mut used: std::collections::BTreeSet<Ipv4Addr> =
+        specs.iter().filter_map(|p| p.ip).collect();
+    let mut pods = Vec::new();
+    for spec in specs {
+        let node = NODES
+            .iter()
+            .find(|n| n.name == spec.node)
+            .with_context(|| format!("pod {} on unknown node {}", spec.name, spec.node))?;
+        let ip = match spec.ip {
+            Some(ip) => ip,
+            None => {
+                let octet = node.ip.octets()[3];
+                let ip = (11..=254)
+                    .map(|n| Ipv4Addr::new(10, 244, octet, n))
+                    .find(|ip| !used.contains(ip))
+                    .with_context(|| format!("no free pod address on {}", node.name))?;
+                used.insert(ip);
+                ip
+            }
+        };
+        pods.push(Pod {
+            name: spec.name.clone(),
+            namespace: spec.namespace.clone(),
+            node: spec.node.clone(),
+            labels: spec.labels.clone(),
+            ip,
+            veth: format!("cali-{}", spec.name),
+        });
+    }
+    Ok(pods)
+}
+
+/// Claim a prefix by creating its underlay namespace (`ip netns add` fails if it exists, so
+/// two processes cannot both win).
+fn reserve_prefix(fixed: Option<&str>) -> Result<(String, Netns)> {
+    let existing = netns::list_netns()?;
+    let taken = |p: &str| {
+        let head = format!("{p}-");
+        existing.iter().any(|n| n.starts_with(&head))
+    };
+    if let Some(p) = fixed {
+        if taken(p) {
+            bail!("failed to start lab {p}: namespaces {p}-* exist (Lab::teardown_by_prefix)");
+        }
+        return Ok((p.to_owned(), Netns::add(&format!("{p}-ul"))?));
+    }
+    let mut last = None;
+    for _ in 0..100 {
+        let p = netns::next_prefix();
+        if taken(&p) {
+            continue;
+        }
+        match Netns::add(&format!("{p}-ul")) {
+            Ok(ns) => return Ok((p, ns)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("every lab prefix of this process is taken")))
+        .context("failed to reserve a lab prefix")
+}
+
+/// One YAML document (`---` first) for a JSON value: block style, strings double-quoted with
+/// JSON escapes (valid YAML), so `"true"` stays a string.
+fn to_yaml_doc(v: &Value) -> String {
+    let mut out = String::from("---\n");
+    emit(v, 0, &mut out);
+    out
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => Value::String(s.clone()).to_string(),
+        Value::Array(a) if a.is_empty() => "[]".to_owned(),
+        Value::Object(o) if o.is_empty() => "{}".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn is_block(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => false,
+    }
+}
+
+fn emit(v: &Value, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Object(map) => {
+            for (k, val) in map {
+                let key = if k
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+                {
+                    k.clone()
+                } else {
+                    Value::String(k.clone()).to_string()
+                };
+                if is_block(val) {
+                    out.push_str(&format!("{pad}{key}:\n"));
+                    emit(val, indent + 2, out);
+                } else {
+                    out.push_str(&format!("{pad}{key}: {}\n", scalar(val)));
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                if is_block(item) {
+                    // "- " then the first line of the block inline.
+                    let mut inner = String::new();
+                    emit(item, indent + 2, &mut inner);
+                    let inner = inner.trim_start();
+                    out.push_str(&format!("{pad}- {inner}"));
+                } else {
+                    out.push_str(&format!("{pad}- {}\n", scalar(item)));
+                }
+            }
+        }
+        other => out.push_str(&format!("{pad}{}\n", scalar(other))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_of_nested_values() {
+        let y = to_yaml_doc(&json!({
+            "a": {"egress.dev/gateway": "true", "n": 3},
+            "list": [{"type": "Ready", "status": "True"}, "x"],
+            "empty": [],
+        }));
+        assert_eq!(
+            y,
+            "---\na:\n  egress.dev/gateway: \"true\"\n  n: 3\nempty: []\nlist:\n  - status: \"True\"\n    type: \"Ready\"\n  - \"x\"\n"
+        );
+    }
+
+    #[test]
+    fn seen_parses() {
+        let s: Seen = "seen 10.244.11.11:40000\n".parse().unwrap();
+        assert_eq!(s.ip, IpAddr::V4(addr::W1_P1));
+        assert_eq!(s.port, 40000);
+    }
+
+    #[test]
+    fn default_pod_ips_are_fixed_and_free_ones_assigned() {
+        let mut specs = LabSpec::default_pods();
+        specs.push(PodSpec::new("w1-p3", PAYMENTS, "w1", &[]));
+        let pods = assign_pod_ips(&specs).unwrap();
+        assert_eq!(pods[0].ip, addr::W1_P1);
+        assert_eq!(pods[5].ip, Ipv4Addr::new(10, 244, 11, 13));
+        assert_eq!(pods[5].veth, "cali-w1-p3");
+    }
+}

@@ -1,0 +1,221 @@
+//! The lab's topology on its own, with no agent running: the routing a CNI would give us is
+//! right, the secondary networks are reachable only from the gateways, and nothing is left
+//! behind. Needs root (network namespaces).
+
+use std::{net::IpAddr, path::Path, time::Duration};
+
+use egress_tests::{
+    lab::{Lab, LabSpec, NODES, Proto, Query, addr},
+    netns,
+};
+
+fn spec() -> LabSpec {
+    LabSpec::new(env!("CARGO_BIN_EXE_egress-echo"))
+}
+
+fn assert_gone(prefix: &str) {
+    let left = netns::netns_with_prefix(prefix).unwrap();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    let pins: Vec<_> = std::fs::read_dir("/sys/fs/bpf")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("{prefix}-")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(pins.is_empty(), "pin dirs left behind: {pins:?}");
+}
+
+#[test]
+fn pods_reach_network_c_with_their_own_address() {
+    let lab = Lab::up(spec()).unwrap();
+    for pod in lab.pods() {
+        for proto in [Proto::Tcp, Proto::Udp] {
+            let seen = lab
+                .query(&pod.name, proto, addr::HOST_C, addr::ECHO_PORT, 0)
+                .unwrap_or_else(|e| panic!("{} {proto} to host-c: {e:#}", pod.name));
+            assert_eq!(seen.ip, IpAddr::V4(pod.ip), "{} {proto}", pod.name);
+            assert_ne!(seen.port, 0);
+        }
+    }
+}
+
+#[test]
+fn payloads_of_1400_bytes_both_ways() {
+    let lab = Lab::up(spec()).unwrap();
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let seen = lab
+            .query("w1-p1", proto, addr::HOST_C, addr::ECHO_PORT, 1400)
+            .unwrap();
+        assert_eq!(seen.ip, IpAddr::V4(addr::W1_P1), "{proto}");
+    }
+    // And many segments each way over TCP.
+    let seen = lab
+        .query("w2-p1", Proto::Tcp, addr::HOST_C, addr::ECHO_PORT, 100_000)
+        .unwrap();
+    assert_eq!(seen.ip, IpAddr::V4(addr::W2_P1));
+}
+
+#[test]
+fn fixed_source_port_is_kept_without_nat() {
+    let lab = Lab::up(spec()).unwrap();
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let q = Query::new(proto, addr::HOST_C, addr::ECHO_PORT).sport(40_123);
+        let seen = lab.query_with("w1-p2", &q).unwrap();
+        assert_eq!(seen.port, 40_123, "{proto}");
+    }
+}
+
+#[test]
+fn gateways_reach_the_secondary_networks_directly() {
+    let lab = Lab::up(spec()).unwrap();
+    for (gw, a, b) in [
+        ("gw1", addr::GW1_SEC_A, addr::GW1_SEC_B),
+        ("gw2", addr::GW2_SEC_A, addr::GW2_SEC_B),
+    ] {
+        for proto in [Proto::Tcp, Proto::Udp] {
+            let seen = lab
+                .query(gw, proto, addr::HOST_A, addr::ECHO_PORT, 0)
+                .unwrap();
+            assert_eq!(seen.ip, IpAddr::V4(a), "{gw} {proto} to host-a");
+            let seen = lab
+                .query(gw, proto, addr::HOST_B, addr::ECHO_PORT, 0)
+                .unwrap();
+            assert_eq!(seen.ip, IpAddr::V4(b), "{gw} {proto} to host-b");
+        }
+    }
+}
+
+#[test]
+fn workers_and_pods_cannot_reach_the_secondary_networks_without_us() {
+    let lab = Lab::up(spec()).unwrap();
+    let short = Duration::from_millis(300);
+    for from in ["w1", "w2", "w1-p1", "w2-p1"] {
+        for host in [addr::HOST_A, addr::HOST_B] {
+            for proto in [Proto::Tcp, Proto::Udp] {
+                let q = Query::new(proto, host, addr::ECHO_PORT).timeout(short);
+                let r = lab.query_with(from, &q);
+                assert!(r.is_err(), "{from} reached {host} over {proto}: {r:?}");
+            }
+        }
+    }
+    // No route at the router: the worker's own routing table has only the default.
+    let out = lab
+        .exec("rtr", "ip", &["route", "get", "192.168.101.100"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    assert!(out.is_err() || out.as_deref().is_ok_and(|s| s.contains("unreachable")));
+}
+
+#[test]
+fn state_dir_holds_the_cluster_and_the_sample_policy() {
+    let lab = Lab::up(spec()).unwrap();
+    let state = lab.state_dir();
+    let cluster = std::fs::read_to_string(state.join("cluster.yaml")).unwrap();
+    let policy = std::fs::read_to_string(state.join("policy.yaml")).unwrap();
+    assert_eq!(cluster.matches("kind: \"Node\"").count(), NODES.len());
+    assert_eq!(cluster.matches("kind: \"Pod\"").count(), lab.pods().len());
+    assert!(cluster.contains("egress.dev/gateway: \"true\""));
+    assert!(cluster.contains("address: \"10.200.0.21\""));
+    assert!(cluster.contains("podIP: \"10.244.11.11\""));
+    assert!(policy.contains("kind: \"EgressGatewayPolicy\""));
+    assert!(policy.contains("egressIP: \"192.168.101.50\""));
+    assert!(policy.contains("egressIP: \"192.168.102.50\""));
+
+    let mut lab = lab;
+    lab.set_node_ready("gw1", false).unwrap();
+    let cluster = std::fs::read_to_string(state.join("cluster.yaml")).unwrap();
+    assert_eq!(cluster.matches("status: \"False\"").count(), 1);
+}
+
+#[test]
+fn agents_run_in_their_node_namespace_and_leave_nothing() {
+    let mut lab = Lab::up(spec()).unwrap();
+    let prefix = lab.prefix().to_owned();
+    // A stand-in agent: prints its arguments and the node's underlay address, then waits.
+    let fake = lab.dir().join("fake-agent");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho \"args: $*\"\nip -4 -o addr show dev eth0\nmkdir -p \"$7\"\nexec sleep 60\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x"])
+        .arg(&fake)
+        .status()
+        .unwrap();
+    lab.start_agents(&fake).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    for node in &NODES {
+        let log = lab.agent_log(node.name);
+        assert!(
+            log.contains(&format!("--node-name {}", node.name)),
+            "{}: {log}",
+            node.name
+        );
+        assert!(
+            log.contains(&format!("{}/24", node.ip)),
+            "{}: {log}",
+            node.name
+        );
+        assert!(lab.bpffs_dir(node.name).is_dir(), "{}", node.name);
+    }
+    assert!(lab.exited_agents().is_empty());
+    lab.stop_agent("gw1").unwrap();
+    assert!(lab.bpffs_dir("gw1").is_dir(), "pins survive an agent stop");
+    lab.start_agent("gw1", &fake, &[]).unwrap();
+    drop(lab);
+    assert_gone(&prefix);
+}
+
+#[test]
+fn two_labs_side_by_side_then_nothing_left() {
+    let a = Lab::up(spec()).unwrap();
+    let b = Lab::up(spec()).unwrap();
+    assert_ne!(a.prefix(), b.prefix());
+    for lab in [&a, &b] {
+        let seen = lab
+            .query("w1-p1", Proto::Tcp, addr::HOST_C, addr::ECHO_PORT, 0)
+            .unwrap();
+        assert_eq!(seen.ip, IpAddr::V4(addr::W1_P1));
+    }
+    let (pa, pb) = (a.prefix().to_owned(), b.prefix().to_owned());
+    drop(a);
+    assert_gone(&pa);
+    assert!(!netns::netns_with_prefix(&pb).unwrap().is_empty());
+    b.down().unwrap();
+    assert_gone(&pb);
+}
+
+#[test]
+fn a_panicking_test_still_cleans_up() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = std::thread::spawn(move || {
+        let lab = Lab::up(spec()).unwrap();
+        tx.send(lab.prefix().to_owned()).unwrap();
+        panic!("on purpose, with the lab up");
+    })
+    .join();
+    assert!(r.is_err());
+    let prefix = rx.recv().unwrap();
+    assert_gone(&prefix);
+    // Logs are kept on panic, for the post-mortem; clean them here.
+    let dir = std::env::temp_dir().join(format!("egress-lab-{prefix}"));
+    assert!(dir.join("host-a.log").is_file());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_kept_lab_is_removed_by_prefix() {
+    let lab = Lab::up(spec()).unwrap();
+    let prefix = lab.leak();
+    assert!(!netns::netns_with_prefix(&prefix).unwrap().is_empty());
+    Lab::teardown_by_prefix(&prefix).unwrap();
+    assert_gone(&prefix);
+    assert!(
+        !std::env::temp_dir()
+            .join(format!("egress-lab-{prefix}"))
+            .exists()
+    );
+    assert!(!Path::new(&format!("/run/netns/{prefix}-ul")).exists());
+}
