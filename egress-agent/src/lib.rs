@@ -7,4 +7,5 @@ pub mod compiler;
 pub mod datapath;
 pub mod desired;
 pub mod ebpf;
+pub mod iface;
 pub mod source;
