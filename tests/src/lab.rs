@@ -1153,8 +1153,28 @@ fn to_yaml_doc(v: &Value) -> String {
     out
 }
 
+/// Can `s` be written as a plain YAML scalar and still read back as the same string, also
+/// under YAML 1.1 rules (where `True`, `yes`, `on`, `1_000` and `0x1f` are not strings)?
+fn plain_ok(s: &str) -> bool {
+    const SPECIAL: [&str; 12] = [
+        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", "nan", "inf",
+    ];
+    let Some(first) = s.chars().next() else {
+        return false;
+    };
+    s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        && first.is_ascii_alphanumeric()
+        && !SPECIAL.contains(&s.to_ascii_lowercase().as_str())
+        && s.replace('_', "").parse::<f64>().is_err()
+        // Digit first: only addresses, prefixes and dotted versions (never a YAML 1.1
+        // number, date or base-60 value).
+        && (!first.is_ascii_digit() || s.contains('/') || s.matches('.').count() >= 2)
+}
+
 fn scalar(v: &Value) -> String {
     match v {
+        Value::String(s) if plain_ok(s) => s.clone(),
         Value::String(s) => Value::String(s.clone()).to_string(),
         Value::Array(a) if a.is_empty() => "[]".to_owned(),
         Value::Object(o) if o.is_empty() => "{}".to_owned(),
@@ -1175,10 +1195,7 @@ fn emit(v: &Value, indent: usize, out: &mut String) {
     match v {
         Value::Object(map) => {
             for (k, val) in map {
-                let key = if k
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-                {
+                let key = if plain_ok(k) {
                     k.clone()
                 } else {
                     Value::String(k.clone()).to_string()
@@ -1215,14 +1232,46 @@ mod tests {
     #[test]
     fn yaml_of_nested_values() {
         let y = to_yaml_doc(&json!({
-            "a": {"egress.dev/gateway": "true", "n": 3},
+            "a": {"egress.dev/gateway": "true", "num": 3},
             "list": [{"type": "Ready", "status": "True"}, "x"],
             "empty": [],
         }));
         assert_eq!(
             y,
-            "---\na:\n  egress.dev/gateway: \"true\"\n  n: 3\nempty: []\nlist:\n  - status: \"True\"\n    type: \"Ready\"\n  - \"x\"\n"
+            "---\na:\n  egress.dev/gateway: \"true\"\n  num: 3\nempty: []\nlist:\n  - status: \"True\"\n    type: Ready\n  - x\n"
         );
+    }
+
+    #[test]
+    fn plain_scalars_only_where_yaml_keeps_them_strings() {
+        for s in [
+            "v1",
+            "Pod",
+            "10.200.0.11",
+            "192.168.101.0/24",
+            "egress.dev/v1alpha1",
+            "w1-p1",
+        ] {
+            assert!(plain_ok(s), "{s}");
+        }
+        for s in [
+            "True",
+            "true",
+            "yes",
+            "On",
+            "1",
+            "1.5",
+            "1_000",
+            "0x1f",
+            "1e3",
+            "2024-01-02",
+            "",
+            "a b",
+            "-x",
+            "~",
+        ] {
+            assert!(!plain_ok(s), "{s}");
+        }
     }
 
     #[test]
