@@ -921,9 +921,13 @@ impl Lab {
         Ok(())
     }
 
+    /// SIGTERM every agent at once, SIGKILL those still running after [`KILL_GRACE`].
     pub fn stop_agents(&mut self) {
-        for (_, mut child) in std::mem::take(&mut self.agents) {
-            child.terminate(KILL_GRACE);
+        let agents = std::mem::take(&mut self.agents);
+        agents.values().for_each(NsChild::signal_term);
+        let deadline = Instant::now() + KILL_GRACE;
+        for (_, mut child) in agents {
+            child.terminate(deadline.saturating_duration_since(Instant::now()));
         }
     }
 
@@ -938,6 +942,33 @@ impl Lab {
             }
         }
         out
+    }
+
+    /// Shell commands for a human exploring a kept lab.
+    pub fn how_to(&self) -> String {
+        let p = &self.prefix;
+        let echo = self.spec.echo_bin.display();
+        format!(
+            "lab {p}: namespaces {p}-<member> (nodes w1 w2 gw1 gw2, pods {pods}, hosts host-a \
+             host-b host-c, router rtr)
+  shell in a pod:      ip netns exec {p}-w1-p1 bash
+  shell on a node (sees /sys/fs/bpf): nsenter --net=/run/netns/{p}-gw1 bash
+  traffic:             ip netns exec {p}-w1-p1 {echo} query tcp {a}:{port} --size 1400
+  agent maps:          <egress-agent> maps --bpffs-dir /sys/fs/bpf/{p}-gw1
+  raw maps:            bpftool map dump pinned /sys/fs/bpf/{p}-gw1/<map>
+  logs and state dir:  {dir}
+  tear down:           Lab::teardown_by_prefix(\"{p}\") (cargo xtask lab --down {p})
+",
+            pods = self
+                .pods
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+            a = addr::HOST_A,
+            port = addr::ECHO_PORT,
+            dir = self.dir.display(),
+        )
     }
 
     // -----------------------------------------------------------------------------------

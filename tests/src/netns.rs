@@ -368,6 +368,14 @@ impl NsChild {
         }
     }
 
+    /// Send SIGTERM without waiting (to stop several children in parallel, then
+    /// [`NsChild::terminate`] each).
+    pub fn signal_term(&self) {
+        if let Some(c) = &self.child {
+            signal(c.id() as i32, libc::SIGTERM);
+        }
+    }
+
     /// SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit status.
     pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
