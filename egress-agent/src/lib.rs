@@ -2,10 +2,13 @@
 //! compiles it into the desired datapath state of this node, and keeps the eBPF maps,
 //! the tunnel device and the egress addresses in line with it.
 
+pub mod agent;
 pub mod api;
+pub mod check;
 pub mod compiler;
 pub mod datapath;
 pub mod desired;
 pub mod ebpf;
 pub mod iface;
+pub mod metrics;
 pub mod source;

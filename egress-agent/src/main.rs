@@ -1,3 +1,160 @@
-fn main() {
-    println!("{}", egress_agent::ebpf::OBJECT.len());
+//! `egress-agent`: the per-node agent of the egress gateway datapath.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use egress_agent::{agent, api, check, datapath};
+use egress_common::config::{DEFAULT_PORT_MAX, DEFAULT_PORT_MIN, DEFAULT_TUNNEL_PORT};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Per-destination egress gateways for Kubernetes, in eBPF",
+    long_about = "Runs on every node (a DaemonSet). Pods selected by an EgressGatewayPolicy \
+                  reach each destination network through a gateway node, leaving with that \
+                  network's egress IP. The agent compiles cluster state into BPF maps, holds \
+                  egress IPs on gateways and attaches the TC programs."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent for one node.
+    Run {
+        /// This node's name, as in its Node object (the Downward API's spec.nodeName).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+        /// Read cluster state from this directory of Kubernetes-shaped YAML documents
+        /// (Nodes, Namespaces, Pods, EgressGatewayPolicies), watched for changes.
+        #[arg(long, env = "EGRESS_STATE_DIR")]
+        state_dir: PathBuf,
+        /// Where this agent pins its maps and links (one directory per agent).
+        #[arg(long, default_value = "/sys/fs/bpf/egress")]
+        bpffs_dir: PathBuf,
+        /// Name of the VXLAN device the agent owns.
+        #[arg(long, default_value = "egress0")]
+        tunnel_device: String,
+        /// UDP port of the tunnel (clear of 4789, 8472 and 6081 used by CNIs).
+        #[arg(long, default_value_t = DEFAULT_TUNNEL_PORT)]
+        tunnel_port: u16,
+        /// MTU inside the tunnel; default: the largest underlay MTU minus 50.
+        #[arg(long)]
+        tunnel_mtu: Option<u32>,
+        /// First SNAT port.
+        #[arg(long, default_value_t = DEFAULT_PORT_MIN)]
+        port_min: u16,
+        /// Last SNAT port.
+        #[arg(long, default_value_t = DEFAULT_PORT_MAX)]
+        port_max: u16,
+        /// Serve /metrics, /healthz and /readyz here.
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+        /// Full resync interval in seconds, on top of change notifications.
+        #[arg(long, default_value_t = 10)]
+        resync_secs: u64,
+    },
+    /// Print an agent's maps, conntrack and counters in human terms.
+    Maps {
+        #[arg(long, default_value = "/sys/fs/bpf/egress")]
+        bpffs_dir: PathBuf,
+    },
+    /// Validate a state directory offline: one line per problem, non-zero exit if any.
+    Check {
+        #[arg(long)]
+        state_dir: PathBuf,
+    },
+    /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
+    Crd,
+    /// Detach everything an agent attached and remove its pinned maps.
+    Cleanup {
+        #[arg(long, default_value = "/sys/fs/bpf/egress")]
+        bpffs_dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("egress-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Run {
+            node_name,
+            state_dir,
+            bpffs_dir,
+            tunnel_device,
+            tunnel_port,
+            tunnel_mtu,
+            port_min,
+            port_max,
+            metrics_addr,
+            resync_secs,
+        } => {
+            anyhow::ensure!(
+                port_min <= port_max,
+                "invalid --port-min {port_min} / --port-max {port_max}: the range is empty"
+            );
+            let cfg = agent::RunConfig {
+                node_name,
+                state_dir,
+                bpffs_dir,
+                tunnel_device,
+                tunnel_port,
+                tunnel_mtu,
+                port_min,
+                port_max,
+                metrics_addr,
+                resync: Duration::from_secs(resync_secs.max(1)),
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("failed to start the runtime")?
+                .block_on(agent::run(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Maps { bpffs_dir } => {
+            print!("{}", datapath::dump::render(&bpffs_dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { state_dir } => {
+            let problems = check::check_dir(&state_dir);
+            for p in &problems {
+                println!("{p}");
+            }
+            if problems.is_empty() {
+                println!("{}: no problems", state_dir.display());
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Crd => {
+            print!("{}", api::crd_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cleanup { bpffs_dir } => {
+            std::fs::remove_dir_all(&bpffs_dir)
+                .with_context(|| format!("failed to remove {}", bpffs_dir.display()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }

@@ -1,0 +1,374 @@
+//! `egress-agent run`: the reconcile loop. Cluster view in, desired state out (pure
+//! compiler), then maps, addresses and attachments brought in line. Every step logs
+//! and counts its own failures; one bad object or interface never stops the rest.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use tracing::{debug, info, warn};
+
+use crate::{
+    api::{EgressNode, EgressNodeSpec, EgressNodeStatus, HeldEgressIp, NodeInterface},
+    compiler,
+    datapath::{self, Attachment, Datapath, MapState},
+    ebpf, iface,
+    metrics::{self, Stats},
+    source::{ClusterView, yaml},
+};
+
+/// Settings of `egress-agent run`.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub node_name: String,
+    pub state_dir: PathBuf,
+    pub bpffs_dir: PathBuf,
+    pub tunnel_device: String,
+    pub tunnel_port: u16,
+    pub tunnel_mtu: Option<u32>,
+    pub port_min: u16,
+    pub port_max: u16,
+    pub metrics_addr: Option<SocketAddr>,
+    pub resync: Duration,
+}
+
+/// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+const VXLAN_OVERHEAD: u32 = 50;
+
+pub async fn run(cfg: RunConfig) -> Result<()> {
+    // Containers often see /proc/sys read-only: then the node must already forward
+    // (every CNI that routes pods enables it).
+    if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
+        warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
+    }
+    let nl = iface::Netlink::new().context("failed to open netlink")?;
+    let underlay_mtu = nl
+        .interfaces()
+        .await?
+        .iter()
+        .filter(|i| i.up && i.name != "lo")
+        .map(|i| i.mtu)
+        .max()
+        .unwrap_or(1500);
+    let tunnel_mtu = cfg.tunnel_mtu.unwrap_or(underlay_mtu - VXLAN_OVERHEAD);
+    let tunnel_ifindex = nl
+        .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
+        .await
+        .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
+    let mut dp = Datapath::open(&cfg.bpffs_dir)
+        .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    info!(
+        node = %cfg.node_name,
+        tunnel = %cfg.tunnel_device,
+        tunnel_ifindex,
+        tunnel_mtu,
+        pins = %cfg.bpffs_dir.display(),
+        adopted = dp.held().policy_v4.len() + dp.held().pod_owner_v4.len(),
+        "agent started"
+    );
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    if let Some(addr) = cfg.metrics_addr {
+        metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone()).await?;
+    }
+    let mut views = yaml::watch(cfg.state_dir.clone(), Duration::from_millis(200)).await;
+    let mut changes = iface::Netlink::subscribe_changes().await?;
+    let mut tick = tokio::time::interval(cfg.resync);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut r = Reconciler {
+        cfg: &cfg,
+        nl,
+        tunnel_ifindex,
+        tunnel_mtu,
+        last_node_doc: None,
+        announced: BTreeSet::new(),
+    };
+    loop {
+        let trigger = tokio::select! {
+            res = views.changed() => {
+                if res.is_err() {
+                    anyhow::bail!("the state source stopped");
+                }
+                "state"
+            }
+            _ = changes.recv() => "netlink",
+            _ = tick.tick() => "resync",
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+        };
+        // Coalesce bursts of netlink events (our own address changes cause some).
+        while changes.try_recv().is_ok() {}
+        let (view, source_errors) = {
+            let snap = views.borrow_and_update();
+            (
+                snap.view.clone(),
+                snap.errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let t0 = Instant::now();
+        let outcome = r.reconcile(&mut dp, &view).await;
+        let took = t0.elapsed();
+        let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.reconciles += 1;
+        s.last_reconcile = took;
+        s.source_errors = source_errors.len();
+        for e in &source_errors {
+            debug!("state: {e}");
+        }
+        match outcome {
+            Ok(o) => {
+                s.ready = true;
+                s.holders = o.holders;
+                s.problems = o.problems.len();
+                if o.changed > 0 || trigger == "state" {
+                    info!(
+                        trigger,
+                        changed = o.changed,
+                        took_ms = took.as_secs_f64() * 1e3,
+                        "reconciled"
+                    );
+                }
+            }
+            Err(e) => {
+                s.errors += 1;
+                warn!("failed to reconcile: {e:#}");
+            }
+        }
+    }
+    info!("agent stopping; maps and links stay pinned for the next agent");
+    Ok(())
+}
+
+struct Outcome {
+    changed: usize,
+    holders: Vec<(String, String, String)>,
+    problems: Vec<String>,
+}
+
+struct Reconciler<'a> {
+    cfg: &'a RunConfig,
+    nl: iface::Netlink,
+    tunnel_ifindex: u32,
+    tunnel_mtu: u32,
+    last_node_doc: Option<EgressNode>,
+    announced: BTreeSet<Ipv4Addr>,
+}
+
+impl Reconciler<'_> {
+    async fn reconcile(&mut self, dp: &mut Datapath, view: &ClusterView) -> Result<Outcome> {
+        let ifaces = self.nl.interfaces().await?;
+        let compiled = compiler::compile(view, &self.cfg.node_name);
+        let desired = &compiled.desired;
+        let mut problems: Vec<String> = compiled.problems.iter().map(|p| p.to_string()).collect();
+        let mut changed = 0;
+
+        // 1. This node's configuration.
+        if let Some(node_ip) = desired.node_ip {
+            let want = datapath::state::config(
+                node_ip,
+                self.tunnel_ifindex,
+                self.cfg.port_min,
+                self.cfg.port_max,
+                u16::try_from(self.tunnel_mtu).unwrap_or(u16::MAX),
+            );
+            if dp.config().ok() != Some(want) {
+                dp.set_config(&want)?;
+                changed += 1;
+            }
+        } else {
+            problems.push(format!(
+                "node {}: no Node object with an InternalIP IPv4 address: not configured",
+                self.cfg.node_name
+            ));
+        }
+
+        // 2. Egress addresses: add what we hold, remove policy egress IPs we no longer hold.
+        let by_name: BTreeMap<&str, &iface::Interface> =
+            ifaces.iter().map(|i| (i.name.as_str(), i)).collect();
+        let all_egress_ips = all_policy_egress_ips(view);
+        let mut held = Vec::new();
+        for (ip, h) in desired.egress_ips_v4.iter().filter(|(_, h)| !h.shared) {
+            let Some(i) = by_name.get(h.interface.as_str()) else {
+                continue;
+            };
+            let present = i.addresses.iter().any(|(a, _)| *a == IpAddr::V4(*ip));
+            if !present {
+                match self
+                    .nl
+                    .add_address(i.ifindex, IpAddr::V4(*ip), h.prefix_len)
+                    .await
+                {
+                    Ok(()) => {
+                        changed += 1;
+                        info!(%ip, interface = %h.interface, "holding egress IP");
+                    }
+                    Err(e) => {
+                        problems.push(format!("egress IP {ip}: {e}"));
+                        continue;
+                    }
+                }
+            }
+            if let Some(mac) = i.mac
+                && self.announced.insert(*ip)
+            {
+                let (ifindex, ip) = (i.ifindex, IpAddr::V4(*ip));
+                tokio::spawn(async move {
+                    if let Err(e) =
+                        iface::announce(ifindex, mac, ip, 3, Duration::from_millis(500)).await
+                    {
+                        warn!("failed to announce {ip}: {e}");
+                    }
+                });
+            }
+            held.push(HeldEgressIp {
+                ip: ip.to_string(),
+                interface: h.interface.clone(),
+            });
+        }
+        for i in &ifaces {
+            for (a, len) in &i.addresses {
+                let IpAddr::V4(a4) = a else { continue };
+                let ours = desired
+                    .egress_ips_v4
+                    .get(a4)
+                    .is_some_and(|h| !h.shared && h.interface == i.name);
+                if all_egress_ips.contains(a4) && !ours {
+                    match self.nl.del_address(i.ifindex, *a, *len).await {
+                        Ok(()) => {
+                            changed += 1;
+                            self.announced.remove(a4);
+                            info!(ip = %a4, interface = %i.name, "released egress IP");
+                        }
+                        Err(e) => problems.push(format!("egress IP {a4}: {e}")),
+                    }
+                }
+            }
+        }
+
+        // 3. Publish what this node offers and holds.
+        let doc = egress_node_doc(
+            &self.cfg.node_name,
+            desired.node_ip,
+            &ifaces,
+            &self.cfg.tunnel_device,
+            held,
+        );
+        if self.last_node_doc.as_ref() != Some(&doc) {
+            yaml::write_egress_node(&self.cfg.state_dir, &doc)
+                .with_context(|| format!("failed to publish EgressNode {}", self.cfg.node_name))?;
+            self.last_node_doc = Some(doc);
+        }
+
+        // 4. Maps.
+        let ifindex = |n: &str| by_name.get(n).map(|i| i.ifindex);
+        let (want, unresolved) = MapState::from_desired(desired, ifindex);
+        problems.extend(unresolved.iter().map(ToString::to_string));
+        let st = dp.apply(&want)?;
+        changed += st.changed();
+        if st.failed > 0 {
+            problems.push(format!("{} map writes failed (see log)", st.failed));
+        }
+
+        // 5. Attachments: the tunnel, egress interfaces, and the device each selected
+        //    local pod is routed to.
+        let mut attach = BTreeSet::new();
+        attach.insert(Attachment {
+            program: ebpf::FROM_TUNNEL,
+            ifname: self.cfg.tunnel_device.clone(),
+            ifindex: self.tunnel_ifindex,
+        });
+        for name in &desired.egress_interfaces {
+            if let Some(i) = by_name.get(name.as_str()) {
+                attach.insert(Attachment {
+                    program: ebpf::FROM_SECONDARY,
+                    ifname: name.clone(),
+                    ifindex: i.ifindex,
+                });
+            }
+        }
+        let by_index: BTreeMap<u32, &iface::Interface> =
+            ifaces.iter().map(|i| (i.ifindex, i)).collect();
+        for pod in desired.local_selected_pods() {
+            match self.nl.route_oif(IpAddr::V4(pod)).await {
+                Ok(Some(oif)) if oif != self.tunnel_ifindex => {
+                    if let Some(i) = by_index.get(&oif) {
+                        attach.insert(Attachment {
+                            program: ebpf::FROM_POD,
+                            ifname: i.name.clone(),
+                            ifindex: oif,
+                        });
+                    }
+                }
+                Ok(_) => problems.push(format!("pod {pod}: no route to its device on this node")),
+                Err(e) => problems.push(format!("pod {pod}: {e}")),
+            }
+        }
+        for e in dp.sync_attachments(&attach) {
+            problems.push(e.to_string());
+        }
+        for p in &problems {
+            debug!("problem: {p}");
+        }
+        let holders = compiled
+            .holders
+            .iter()
+            .map(|h| (h.ip.to_string(), h.node.clone(), h.interface.clone()))
+            .collect();
+        Ok(Outcome {
+            changed,
+            holders,
+            problems,
+        })
+    }
+}
+
+/// Every egress IP any policy names: the only addresses this agent may remove.
+fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<Ipv4Addr> {
+    view.policies
+        .iter()
+        .flat_map(|p| p.spec.rules.iter())
+        .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+fn egress_node_doc(
+    name: &str,
+    underlay: Option<Ipv4Addr>,
+    ifaces: &[iface::Interface],
+    tunnel: &str,
+    held: Vec<HeldEgressIp>,
+) -> EgressNode {
+    let interfaces = ifaces
+        .iter()
+        .filter(|i| i.name != "lo" && i.name != tunnel && !i.addresses.is_empty())
+        .map(|i| NodeInterface {
+            name: i.name.clone(),
+            up: i.up,
+            addresses: i
+                .addresses
+                .iter()
+                // Our own egress IPs are not part of the inventory.
+                .filter(|(a, _)| !held.iter().any(|h| h.ip == a.to_string()))
+                .map(|(a, l)| format!("{a}/{l}"))
+                .collect(),
+        })
+        .collect();
+    let mut doc = EgressNode::new(
+        name,
+        EgressNodeSpec {
+            underlay_ip: underlay.map(|u| u.to_string()),
+        },
+    );
+    doc.status = Some(EgressNodeStatus {
+        interfaces,
+        egress_ips: held,
+    });
+    doc
+}
