@@ -17,7 +17,8 @@ use egress_common::{
 use super::{Error, Result};
 
 fn open(pin_dir: &Path, name: &'static str) -> Result<Map> {
-    let data = MapData::from_pin(pin_dir.join(name)).map_err(|source| Error::Map { name, source })?;
+    let data =
+        MapData::from_pin(pin_dir.join(name)).map_err(|source| Error::Map { name, source })?;
     Map::from_map_data(data).map_err(|source| Error::Map { name, source })
 }
 
@@ -28,11 +29,13 @@ fn ip(a: [u8; 4]) -> Ipv4Addr {
 /// Counters summed over CPUs, by reason number; reasons never hit are left out.
 pub fn counters(pin_dir: &Path) -> Result<Vec<(u32, Counter)>> {
     let name = names::COUNTERS;
-    let map: PerCpuArray<MapData, Counter> =
-        PerCpuArray::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let map: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(open(pin_dir, name)?)
+        .map_err(|source| Error::Map { name, source })?;
     let mut out = Vec::new();
     for &(reason, _, _) in counters::ALL {
-        let per_cpu = map.get(&reason, 0).map_err(|source| Error::Map { name, source })?;
+        let per_cpu = map
+            .get(&reason, 0)
+            .map_err(|source| Error::Map { name, source })?;
         let sum = per_cpu.iter().fold(Counter::default(), |a, c| Counter {
             packets: a.packets + c.packets,
             bytes: a.bytes + c.bytes,
@@ -52,16 +55,34 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
         LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     out.push((name, t.keys().count()));
     fn count<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &'static str) -> Result<usize> {
-        let m: HashMap<MapData, K, V> =
-            HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+        let m: HashMap<MapData, K, V> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
         Ok(m.keys().count())
     }
-    out.push((names::SELECTED_V4, count::<[u8; 4], egress_common::policy::SelectedValue>(pin_dir, names::SELECTED_V4)?));
-    out.push((names::RULES_V4, count::<u32, RuleValueV4>(pin_dir, names::RULES_V4)?));
-    out.push((names::NODES, count::<[u8; 4], NodeValue>(pin_dir, names::NODES)?));
-    out.push((names::POD_OWNER_V4, count::<[u8; 4], PodOwnerValue>(pin_dir, names::POD_OWNER_V4)?));
-    out.push((names::CT_V4, count::<CtKeyV4, CtEntryV4>(pin_dir, names::CT_V4)?));
-    out.push((names::EGRESS_IPS_V4, count::<[u8; 4], EgressIpValue>(pin_dir, names::EGRESS_IPS_V4)?));
+    out.push((
+        names::SELECTED_V4,
+        count::<[u8; 4], egress_common::policy::SelectedValue>(pin_dir, names::SELECTED_V4)?,
+    ));
+    out.push((
+        names::RULES_V4,
+        count::<u32, RuleValueV4>(pin_dir, names::RULES_V4)?,
+    ));
+    out.push((
+        names::NODES,
+        count::<[u8; 4], NodeValue>(pin_dir, names::NODES)?,
+    ));
+    out.push((
+        names::POD_OWNER_V4,
+        count::<[u8; 4], PodOwnerValue>(pin_dir, names::POD_OWNER_V4)?,
+    ));
+    out.push((
+        names::CT_V4,
+        count::<CtKeyV4, CtEntryV4>(pin_dir, names::CT_V4)?,
+    ));
+    out.push((
+        names::EGRESS_IPS_V4,
+        count::<[u8; 4], EgressIpValue>(pin_dir, names::EGRESS_IPS_V4)?,
+    ));
     Ok(out)
 }
 
@@ -71,7 +92,9 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     let name = names::CONFIG;
     let cfg: Array<MapData, Config> =
         Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let c = cfg.get(&0, 0).map_err(|source| Error::Map { name, source })?;
+    let c = cfg
+        .get(&0, 0)
+        .map_err(|source| Error::Map { name, source })?;
     let _ = writeln!(
         s,
         "node {}  tunnel ifindex {}  SNAT ports {}-{}  tunnel MTU {}  {}",
@@ -80,7 +103,11 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         c.port_min,
         c.port_max,
         c.tunnel_mtu,
-        if c.flags & egress_common::config::flags::READY != 0 { "ready" } else { "NOT READY" }
+        if c.flags & egress_common::config::flags::READY != 0 {
+            "ready"
+        } else {
+            "NOT READY"
+        }
     );
 
     let name = names::POLICY_V4;
@@ -88,7 +115,11 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     let mut rows: Vec<_> = t.iter().flatten().collect();
     rows.sort_by_key(|(k, _)| (k.data(), k.prefix_len()));
-    let _ = writeln!(s, "\npolicy (pod, destination -> action, gateway, egress IP, rule): {}", rows.len());
+    let _ = writeln!(
+        s,
+        "\npolicy (pod, destination -> action, gateway, egress IP, rule): {}",
+        rows.len()
+    );
     for (k, v) in rows {
         let d = k.data();
         let act = match v.action {
@@ -115,9 +146,18 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     let mut rows: Vec<_> = r.iter().flatten().collect();
     rows.sort_by_key(|(k, _)| *k);
-    let _ = writeln!(s, "\nrules served here (rule -> egress IP, ifindex): {}", rows.len());
+    let _ = writeln!(
+        s,
+        "\nrules served here (rule -> egress IP, ifindex): {}",
+        rows.len()
+    );
     for (k, v) in rows {
-        let _ = writeln!(s, "  rule {k:<8} -> {:<15} ifindex {}", ip(v.egress_ip).to_string(), v.ifindex);
+        let _ = writeln!(
+            s,
+            "  rule {k:<8} -> {:<15} ifindex {}",
+            ip(v.egress_ip).to_string(),
+            v.ifindex
+        );
     }
 
     let name = names::EGRESS_IPS_V4;
@@ -127,8 +167,17 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     rows.sort_by_key(|(k, _)| *k);
     let _ = writeln!(s, "\negress IPs on this node: {}", rows.len());
     for (k, v) in rows {
-        let kind = if v.flags & egress_ip_flags::SHARED != 0 { "interface address (shared)" } else { "dedicated" };
-        let _ = writeln!(s, "  {:<15} ifindex {:<4} {kind}", ip(k).to_string(), v.ifindex);
+        let kind = if v.flags & egress_ip_flags::SHARED != 0 {
+            "interface address (shared)"
+        } else {
+            "dedicated"
+        };
+        let _ = writeln!(
+            s,
+            "  {:<15} ifindex {:<4} {kind}",
+            ip(k).to_string(),
+            v.ifindex
+        );
     }
 
     let name = names::NODES;
@@ -143,7 +192,11 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     let name = names::CT_V4;
     let ct: HashMap<MapData, CtKeyV4, CtEntryV4> =
         HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let mut rows: Vec<_> = ct.iter().flatten().filter(|(k, _)| k.dir == dir::ORIGINAL).collect();
+    let mut rows: Vec<_> = ct
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.dir == dir::ORIGINAL)
+        .collect();
     rows.sort_by_key(|(k, _)| (k.src, k.dst, k.src_port_be, k.dst_port_be));
     let _ = writeln!(s, "\nconntrack (original direction): {}", rows.len());
     for (k, v) in rows.iter().take(50) {
@@ -168,8 +221,16 @@ pub fn render(pin_dir: &Path) -> Result<String> {
 
     let _ = writeln!(s, "\ncounters (packets, bytes):");
     for (reason, c) in counters(pin_dir)? {
-        let (_, n, desc) = counters::ALL.iter().find(|r| r.0 == reason).copied().unwrap_or((0, "?", ""));
-        let _ = writeln!(s, "  {reason:>3} {n:<24} {:>10} {:>12}  {desc}", c.packets, c.bytes);
+        let (_, n, desc) = counters::ALL
+            .iter()
+            .find(|r| r.0 == reason)
+            .copied()
+            .unwrap_or((0, "?", ""));
+        let _ = writeln!(
+            s,
+            "  {reason:>3} {n:<24} {:>10} {:>12}  {desc}",
+            c.packets, c.bytes
+        );
     }
     Ok(s)
 }

@@ -157,7 +157,8 @@ impl Datapath {
 
     fn read_state(&mut self) -> Result<MapState> {
         let mut s = MapState::default();
-        for (k, v) in self.lpm::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?
+        for (k, v) in self
+            .lpm::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?
             .iter()
             .flatten()
         {
@@ -179,9 +180,7 @@ impl Datapath {
     }
 
     fn map_data(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
-        self.ebpf
-            .map_mut(name)
-            .ok_or(Error::MissingMap { name })
+        self.ebpf.map_mut(name).ok_or(Error::MissingMap { name })
     }
 
     fn hash<K: aya::Pod, V: aya::Pod>(
@@ -201,15 +200,16 @@ impl Datapath {
     /// Write this node's configuration (programs pass everything until it is written).
     pub fn set_config(&mut self, cfg: &Config) -> Result<()> {
         let name = names::CONFIG;
-        let mut a: Array<&mut MapData, Config> = Array::try_from(self.map_data(name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        a.set(0, cfg, 0).map_err(|source| Error::Map { name, source })
+        let mut a: Array<&mut MapData, Config> =
+            Array::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
+        a.set(0, cfg, 0)
+            .map_err(|source| Error::Map { name, source })
     }
 
     pub fn config(&mut self) -> Result<Config> {
         let name = names::CONFIG;
-        let a: Array<&mut MapData, Config> = Array::try_from(self.map_data(name)?)
-            .map_err(|source| Error::Map { name, source })?;
+        let a: Array<&mut MapData, Config> =
+            Array::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
         a.get(&0, 0).map_err(|source| Error::Map { name, source })
     }
 
@@ -221,19 +221,89 @@ impl Datapath {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
         // Removals first for the source-side maps (stop selecting before forgetting).
-        self.sync_hash(names::SELECTED_V4, &mut held.selected_v4, &want.selected_v4, Phase::Remove, &mut stats)?;
-        self.sync_lpm(&mut held.policy_v4, &want.policy_v4, Phase::Remove, &mut stats)?;
-        self.sync_hash(names::EGRESS_IPS_V4, &mut held.egress_ips_v4, &want.egress_ips_v4, Phase::Remove, &mut stats)?;
-        self.sync_hash(names::RULES_V4, &mut held.rules_v4, &want.rules_v4, Phase::Remove, &mut stats)?;
-        self.sync_hash(names::POD_OWNER_V4, &mut held.pod_owner_v4, &want.pod_owner_v4, Phase::Remove, &mut stats)?;
-        self.sync_hash(names::NODES, &mut held.nodes, &want.nodes, Phase::Remove, &mut stats)?;
+        self.sync_hash(
+            names::SELECTED_V4,
+            &mut held.selected_v4,
+            &want.selected_v4,
+            Phase::Remove,
+            &mut stats,
+        )?;
+        self.sync_lpm(
+            &mut held.policy_v4,
+            &want.policy_v4,
+            Phase::Remove,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::EGRESS_IPS_V4,
+            &mut held.egress_ips_v4,
+            &want.egress_ips_v4,
+            Phase::Remove,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::RULES_V4,
+            &mut held.rules_v4,
+            &want.rules_v4,
+            Phase::Remove,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::POD_OWNER_V4,
+            &mut held.pod_owner_v4,
+            &want.pod_owner_v4,
+            Phase::Remove,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::NODES,
+            &mut held.nodes,
+            &want.nodes,
+            Phase::Remove,
+            &mut stats,
+        )?;
         // Then additions and changes, in dependency order.
-        self.sync_hash(names::NODES, &mut held.nodes, &want.nodes, Phase::Upsert, &mut stats)?;
-        self.sync_hash(names::POD_OWNER_V4, &mut held.pod_owner_v4, &want.pod_owner_v4, Phase::Upsert, &mut stats)?;
-        self.sync_hash(names::RULES_V4, &mut held.rules_v4, &want.rules_v4, Phase::Upsert, &mut stats)?;
-        self.sync_hash(names::EGRESS_IPS_V4, &mut held.egress_ips_v4, &want.egress_ips_v4, Phase::Upsert, &mut stats)?;
-        self.sync_lpm(&mut held.policy_v4, &want.policy_v4, Phase::Upsert, &mut stats)?;
-        self.sync_hash(names::SELECTED_V4, &mut held.selected_v4, &want.selected_v4, Phase::Upsert, &mut stats)?;
+        self.sync_hash(
+            names::NODES,
+            &mut held.nodes,
+            &want.nodes,
+            Phase::Upsert,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::POD_OWNER_V4,
+            &mut held.pod_owner_v4,
+            &want.pod_owner_v4,
+            Phase::Upsert,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::RULES_V4,
+            &mut held.rules_v4,
+            &want.rules_v4,
+            Phase::Upsert,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::EGRESS_IPS_V4,
+            &mut held.egress_ips_v4,
+            &want.egress_ips_v4,
+            Phase::Upsert,
+            &mut stats,
+        )?;
+        self.sync_lpm(
+            &mut held.policy_v4,
+            &want.policy_v4,
+            Phase::Upsert,
+            &mut stats,
+        )?;
+        self.sync_hash(
+            names::SELECTED_V4,
+            &mut held.selected_v4,
+            &want.selected_v4,
+            Phase::Upsert,
+            &mut stats,
+        )?;
         self.held = held;
         Ok(stats)
     }
@@ -247,17 +317,10 @@ impl Datapath {
         stats: &mut ApplyStats,
     ) -> Result<()> {
         let mut map = self.hash::<K, V>(name)?;
-        sync(
-            name,
-            held,
-            want,
-            phase,
-            stats,
-            |k, v| match v {
-                Some(v) => map.insert(k, v, 0),
-                None => map.remove(k),
-            },
-        );
+        sync(name, held, want, phase, stats, |k, v| match v {
+            Some(v) => map.insert(k, v, 0),
+            None => map.remove(k),
+        });
         Ok(())
     }
 
@@ -270,17 +333,10 @@ impl Datapath {
     ) -> Result<()> {
         let name = names::POLICY_V4;
         let mut map = self.lpm::<PolicyKeyV4, PolicyValue>(name)?;
-        sync(
-            name,
-            held,
-            want,
-            phase,
-            stats,
-            |(len, data), v| match v {
-                Some(v) => map.insert(&Key::new(*len, *data), v, 0),
-                None => map.remove(&Key::new(*len, *data)),
-            },
-        );
+        sync(name, held, want, phase, stats, |(len, data), v| match v {
+            Some(v) => map.insert(&Key::new(*len, *data), v, 0),
+            None => map.remove(&Key::new(*len, *data)),
+        });
         Ok(())
     }
 
@@ -290,13 +346,20 @@ impl Datapath {
     pub fn sync_attachments(&mut self, want: &BTreeSet<Attachment>) -> Vec<Error> {
         let mut errors = Vec::new();
         let pinned = self.pinned_links();
-        for name in pinned.iter().filter(|n| !want.iter().any(|a| &a.pin_name() == *n)) {
+        for name in pinned
+            .iter()
+            .filter(|n| !want.iter().any(|a| &a.pin_name() == *n))
+        {
             let path = self.pin_dir.join(name);
             match PinnedLink::from_pin(&path) {
                 Ok(link) => {
                     // Unpinning and dropping the last reference detaches it.
                     if let Err(source) = link.unpin() {
-                        errors.push(Error::Io { verb: "unpin link", path, source });
+                        errors.push(Error::Io {
+                            verb: "unpin link",
+                            path,
+                            source,
+                        });
                     }
                 }
                 Err(_) => {
@@ -373,13 +436,13 @@ impl Datapath {
             what: what.clone(),
             source,
         })?;
-        let fd: FdLink = link.try_into().map_err(|e: aya::programs::links::LinkError| {
-            Error::Io {
+        let fd: FdLink = link
+            .try_into()
+            .map_err(|e: aya::programs::links::LinkError| Error::Io {
                 verb: "convert link",
                 path: path.clone(),
                 source: std::io::Error::other(e.to_string()),
-            }
-        })?;
+            })?;
         fd.pin(&path).map_err(|e| Error::Io {
             verb: "pin link",
             path: path.clone(),
@@ -418,7 +481,11 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
 ) {
     match phase {
         Phase::Remove => {
-            let stale: Vec<K> = held.keys().filter(|k| !want.contains_key(k)).copied().collect();
+            let stale: Vec<K> = held
+                .keys()
+                .filter(|k| !want.contains_key(k))
+                .copied()
+                .collect();
             for k in stale {
                 match write(&k, None) {
                     Ok(()) | Err(MapError::KeyNotFound) => {

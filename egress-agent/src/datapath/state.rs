@@ -37,7 +37,10 @@ impl std::fmt::Display for Unresolved {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::MissingInterface { what, interface } => {
-                write!(f, "{what}: interface {interface:?} does not exist on this node")
+                write!(
+                    f,
+                    "{what}: interface {interface:?} does not exist on this node"
+                )
             }
         }
     }
@@ -145,7 +148,13 @@ impl MapState {
 }
 
 /// The `CONFIG` entry for this node.
-pub fn config(node_ip: Ipv4Addr, tunnel_ifindex: u32, port_min: u16, port_max: u16, tunnel_mtu: u16) -> Config {
+pub fn config(
+    node_ip: Ipv4Addr,
+    tunnel_ifindex: u32,
+    port_min: u16,
+    port_max: u16,
+    tunnel_mtu: u16,
+) -> Config {
     Config {
         node_ip: node_ip.octets(),
         tunnel_ifindex,
@@ -197,8 +206,7 @@ mod tests {
                 shared: false,
             },
         );
-        let (s, unresolved) =
-            MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
+        let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
         let (key, v) = s.policy_v4.iter().next().unwrap();
         assert_eq!(key.0, 32 + 24);
         assert_eq!(key.1.pod, [10, 244, 1, 5]);
