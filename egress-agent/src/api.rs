@@ -1,1 +1,448 @@
-//! EgressGatewayPolicy and EgressNode custom resources.
+//! EgressGatewayPolicy and EgressNode custom resources (group `egress.dev`, version
+//! `v1alpha1`, both cluster-scoped).
+//!
+//! Addresses and prefixes are strings on the wire, as users write them: the schema and its
+//! CEL rules reject what can be rejected statically, and the compiler turns anything that
+//! still slips through (a YAML directory has no API server to validate it) into a condition.
+
+use k8s_openapi::{
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
+};
+use kube::{CustomResource, CustomResourceExt as _};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// API group of both resources.
+pub const GROUP: &str = "egress.dev";
+/// API version of both resources.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of both resources.
+pub const API_VERSION: &str = "egress.dev/v1alpha1";
+
+/// Longest textual IPv6 prefix ("ffff:...:ffff/128" is 43 characters), with room to spare.
+/// Bounds the CEL cost estimate.
+const MAX_ADDRESS_LEN: u64 = 49;
+/// Bounds on list lengths, also for the CEL cost estimate (the `length(max = ..)`
+/// attributes below use the same numbers).
+const MAX_PREFIXES: u64 = 64;
+const MAX_ADDRESSES: u64 = 64;
+
+/// Routes the traffic of selected pods to selected destinations through gateway nodes,
+/// with a source address chosen per destination.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[expect(
+    clippy::duplicated_attributes,
+    reason = "kube-derive's printcolumn(...) repeats the same keys for every column"
+)]
+#[kube(
+    group = "egress.dev",
+    version = "v1alpha1",
+    kind = "EgressGatewayPolicy",
+    shortname = "egp",
+    status = "PolicyStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Sends the traffic of selected pods to selected destinations out of gateway nodes, \
+           with an egress address chosen per destination.",
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressGatewayPolicySpec {
+    /// Namespaces whose pods the policy applies to. Absent: every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Pods (in the selected namespaces) the policy applies to. Absent: every pod there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// Nodes that may act as gateways for this policy (they must also be Ready and run an
+    /// agent that publishes their EgressNode).
+    pub gateway_selector: LabelSelector,
+    /// What selected traffic to a rule's destinations does when the rule has no usable
+    /// gateway: `Drop` (the default) or `Fallthrough` (leave as if unselected).
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// Destinations and the egress address to use for them. Longest prefix wins.
+    #[schemars(length(min = 1, max = 64))]
+    pub rules: Vec<EgressRule>,
+}
+
+/// What a selected packet does when its rule has no usable gateway.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailurePolicy {
+    /// Drop it and count it (fail closed).
+    #[default]
+    Drop,
+    /// Let it continue as if the pod were not selected (fail open).
+    Fallthrough,
+}
+
+/// One rule: destination prefixes, the prefixes excepted from them, and either a dedicated
+/// egress IP (`egressIP`) or a gateway interface whose own address is used (`interface`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.egressIP) != has(self.interface)",
+        "message": "exactly one of egressIP or interface must be set"
+    },
+    {
+        "rule": "!has(self.egressIP) || !isIP(self.egressIP) || self.destinations.all(d, !isCIDR(d) || cidr(d).ip().family() == ip(self.egressIP).family())",
+        "message": "destinations must be of the same address family as egressIP"
+    },
+    {
+        "rule": "self.destinations.all(d, !isCIDR(d) || !isCIDR(self.destinations[0]) || cidr(d).ip().family() == cidr(self.destinations[0]).ip().family())",
+        "message": "destinations must all be of one address family"
+    },
+    {
+        "rule": "!has(self.except) || self.except.all(e, !isCIDR(e) || self.destinations.exists(d, isCIDR(d) && cidr(d).containsCIDR(e)))",
+        "message": "every except prefix must lie inside one of the destinations"
+    }
+]))]
+pub struct EgressRule {
+    /// Destination prefixes (CIDR, without host bits), all of one address family.
+    #[schemars(schema_with = "destination_list_schema")]
+    pub destinations: Vec<String>,
+    /// Prefixes inside `destinations` that are left untouched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "except_list_schema")]
+    pub except: Vec<String>,
+    /// A dedicated egress address, held by one eligible gateway that has an up interface
+    /// whose subnet contains it.
+    #[serde(default, rename = "egressIP", skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_ip_schema")]
+    pub egress_ip: Option<String>,
+    /// A gateway interface name: each eligible gateway with this interface SNATs to its own
+    /// address there, and selected pods are spread over those gateways.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_interface_schema")]
+    pub interface: Option<String>,
+}
+
+/// Status of an EgressGatewayPolicy, as the compiler derives it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    /// `metadata.generation` of the spec these conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Accepted` and `Ready` always; `Conflict` when another policy wins some of this
+    /// policy's (pod, destination) pairs.
+    #[serde(default)]
+    pub conditions: Vec<PolicyCondition>,
+    /// Egress addresses in use for this policy and where.
+    #[serde(default, rename = "egressIPs")]
+    pub egress_ips: Vec<EgressIpStatus>,
+}
+
+/// A condition in the usual Kubernetes shape.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyCondition {
+    /// `Accepted`, `Ready` or `Conflict`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase word for machines.
+    pub reason: String,
+    /// What is wrong, naming the rule and field, for humans.
+    pub message: String,
+    /// RFC 3339 time of the last status change; set by the writer, not the compiler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// Where one egress address of a policy lives.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressIpStatus {
+    pub ip: String,
+    pub node: String,
+    pub interface: String,
+}
+
+/// The network inventory of one node, published by the agent on that node (name = node
+/// name). Every agent reads all of them to know which gateway can host which egress IP.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "egress.dev",
+    version = "v1alpha1",
+    kind = "EgressNode",
+    status = "EgressNodeStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Network inventory of one node (name = node name), written by the agent on it.",
+    printcolumn(name = "Underlay", type_ = "string", json_path = ".spec.underlayIP"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressNodeSpec {
+    /// The node's underlay (tunnel) address.
+    #[serde(
+        default,
+        rename = "underlayIP",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "optional_ip_schema")]
+    pub underlay_ip: Option<String>,
+}
+
+/// What the node's agent last saw on the node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressNodeStatus {
+    /// Network interfaces that may carry egress traffic (the agent lists the up ones).
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub interfaces: Vec<NodeInterface>,
+    /// Egress IPs this node currently holds (added to one of its interfaces).
+    #[serde(default, rename = "egressIPs")]
+    #[schemars(length(max = 1024))]
+    pub egress_ips: Vec<HeldEgressIp>,
+}
+
+/// One network interface of a node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInterface {
+    #[schemars(schema_with = "interface_schema")]
+    pub name: String,
+    /// Administratively and operationally up.
+    pub up: bool,
+    /// Addresses with their prefix length, as `ip addr` prints them (`10.1.0.5/24`).
+    #[serde(default)]
+    #[schemars(schema_with = "address_list_schema")]
+    pub addresses: Vec<String>,
+}
+
+/// An egress IP held by a node, and the interface it is on.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldEgressIp {
+    #[schemars(schema_with = "ip_schema")]
+    pub ip: String,
+    #[schemars(schema_with = "interface_schema")]
+    pub interface: String,
+}
+
+fn ip_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": MAX_ADDRESS_LEN,
+        "x-kubernetes-validations": [
+            {"rule": "isIP(self)", "message": "must be an IP address such as 198.51.100.10"}
+        ]
+    })
+}
+
+fn optional_ip_schema(generator: &mut SchemaGenerator) -> Schema {
+    ip_schema(generator)
+}
+
+fn interface_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 15,
+        "pattern": "^[^\\s/:]+$"
+    })
+}
+
+fn optional_interface_schema(generator: &mut SchemaGenerator) -> Schema {
+    interface_schema(generator)
+}
+
+fn prefix_item_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "string",
+        "maxLength": MAX_ADDRESS_LEN,
+        "x-kubernetes-validations": [
+            {"rule": "isCIDR(self)", "message": "must be a CIDR prefix such as 192.0.2.0/24"},
+            {
+                "rule": "!isCIDR(self) || cidr(self) == cidr(self).masked()",
+                "message": "must not have host bits set (write the network address, such as 192.0.2.0/24)"
+            }
+        ]
+    })
+}
+
+fn destination_list_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_PREFIXES,
+        "items": prefix_item_schema()
+    })
+}
+
+fn except_list_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_PREFIXES,
+        "items": prefix_item_schema()
+    })
+}
+
+fn address_list_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_ADDRESSES,
+        "items": {
+            "type": "string",
+            "maxLength": MAX_ADDRESS_LEN,
+            "x-kubernetes-validations": [
+                {"rule": "isCIDR(self)", "message": "must be an address with its prefix length such as 10.1.0.5/24"}
+            ]
+        }
+    })
+}
+
+/// Every CRD of this crate.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![EgressGatewayPolicy::crd(), EgressNode::crd()]
+}
+
+/// Errors of this module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to serialize CustomResourceDefinition {name}: {source}")]
+    Serialize {
+        name: String,
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+}
+
+/// The CRDs as one multi-document YAML stream (what `deploy/crds.yaml` holds).
+pub fn try_crd_yaml() -> Result<String, Error> {
+    let mut out = String::from(
+        "# Generated by `egress-agent crd` (egress_agent::api::crd_yaml): do not edit.\n",
+    );
+    for crd in crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let yaml =
+            serde_yaml_ng::to_string(&crd).map_err(|source| Error::Serialize { name, source })?;
+        out.push_str("---\n");
+        out.push_str(&yaml);
+    }
+    Ok(out)
+}
+
+/// The CRDs as one multi-document YAML stream. Serializing plain data structures cannot
+/// fail; should it ever, the error text stands in as a YAML comment.
+pub fn crd_yaml() -> String {
+    try_crd_yaml().unwrap_or_else(|e| format!("# {e}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COMMITTED: &str = include_str!("../../deploy/crds.yaml");
+
+    #[test]
+    fn committed_crds_match_generated() {
+        let generated = crd_yaml();
+        if std::env::var_os("EGRESS_UPDATE_CRDS").is_some() {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crds.yaml");
+            std::fs::write(path, &generated).expect("write deploy/crds.yaml");
+        }
+        assert!(
+            COMMITTED == generated,
+            "deploy/crds.yaml is stale: run `EGRESS_UPDATE_CRDS=1 cargo test -p egress-agent \
+             --lib api::` (or `egress-agent crd > deploy/crds.yaml`)"
+        );
+    }
+
+    #[test]
+    fn crds_are_cluster_scoped_with_expected_names() {
+        let crds = crds();
+        let names: Vec<_> = crds.iter().map(|c| c.metadata.name.clone()).collect();
+        assert_eq!(
+            names,
+            [
+                Some("egressgatewaypolicies.egress.dev".to_owned()),
+                Some("egressnodes.egress.dev".to_owned())
+            ]
+        );
+        for crd in &crds {
+            assert_eq!(crd.spec.scope, "Cluster");
+        }
+        assert_eq!(crds[0].spec.names.short_names, Some(vec!["egp".to_owned()]));
+    }
+
+    #[test]
+    fn policy_schema_carries_cel_rules() {
+        let yaml = crd_yaml();
+        for needle in [
+            "exactly one of egressIP or interface must be set",
+            "every except prefix must lie inside one of the destinations",
+            "destinations must be of the same address family as egressIP",
+            "isCIDR(self)",
+            "isIP(self)",
+            "minItems: 1",
+        ] {
+            assert!(yaml.contains(needle), "missing {needle:?}");
+        }
+    }
+
+    #[test]
+    fn policy_round_trips_the_documented_example() {
+        let doc = r#"
+apiVersion: egress.dev/v1alpha1
+kind: EgressGatewayPolicy
+metadata: {name: payments}
+spec:
+  namespaceSelector: {matchLabels: {team: payments}}
+  podSelector: {matchLabels: {app: api}}
+  gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+  failurePolicy: Drop
+  rules:
+  - destinations: ["192.0.2.0/24"]
+    except: ["192.0.2.128/25"]
+    egressIP: 198.51.100.10
+  - destinations: ["203.0.113.0/24"]
+    interface: ens224
+status:
+  observedGeneration: 3
+  conditions: []
+  egressIPs: [{ip: 198.51.100.10, node: gw-1, interface: ens224}]
+"#;
+        let policy: EgressGatewayPolicy = serde_yaml_ng::from_str(doc).expect("parse");
+        assert_eq!(policy.spec.rules.len(), 2);
+        assert_eq!(
+            policy.spec.rules[0].egress_ip.as_deref(),
+            Some("198.51.100.10")
+        );
+        assert_eq!(policy.spec.rules[1].interface.as_deref(), Some("ens224"));
+        assert_eq!(policy.spec.failure_policy, FailurePolicy::Drop);
+        let status = policy.status.clone().expect("status");
+        assert_eq!(status.observed_generation, Some(3));
+        assert_eq!(status.egress_ips[0].node, "gw-1");
+        let back: EgressGatewayPolicy =
+            serde_yaml_ng::from_str(&serde_yaml_ng::to_string(&policy).expect("serialize"))
+                .expect("reparse");
+        assert_eq!(back, policy);
+    }
+}

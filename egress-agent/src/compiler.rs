@@ -1,1 +1,0 @@
-//! The policy compiler: a pure function from the cluster view to the desired state.

@@ -1,0 +1,1276 @@
+//! Compiler scenarios (a table of cluster views and what each must compile to) and a
+//! property test against a reference model.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
+
+use k8s_openapi::{
+    api::core::v1::{
+        Namespace, Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodIP, PodSpec, PodStatus,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use proptest::prelude::*;
+
+use super::*;
+use crate::api::{EgressNodeSpec, EgressNodeStatus, HeldEgressIp, NodeInterface};
+
+fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    )
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().expect("test IP")
+}
+
+fn net(s: &str) -> Ipv4Net {
+    s.parse().expect("test prefix")
+}
+
+const GW: (&str, &str) = ("egress.dev/gateway", "true");
+
+fn node(name: &str, underlay: &str, gateway: bool, ready: bool) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: if gateway { labels(&[GW]) } else { labels(&[]) },
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            addresses: Some(vec![
+                NodeAddress {
+                    type_: "Hostname".to_owned(),
+                    address: name.to_owned(),
+                },
+                NodeAddress {
+                    type_: "InternalIP".to_owned(),
+                    address: underlay.to_owned(),
+                },
+            ]),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".to_owned(),
+                status: if ready { "True" } else { "False" }.to_owned(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// An EgressNode with interfaces `(name, [addresses])` and held `(ip, interface)` pairs.
+fn egress_node(name: &str, interfaces: &[(&str, &[&str])], held: &[(&str, &str)]) -> EgressNode {
+    let mut en = EgressNode::new(name, EgressNodeSpec { underlay_ip: None });
+    en.status = Some(EgressNodeStatus {
+        interfaces: interfaces
+            .iter()
+            .map(|(n, addrs)| NodeInterface {
+                name: (*n).to_owned(),
+                up: true,
+                addresses: addrs.iter().map(|a| (*a).to_owned()).collect(),
+            })
+            .collect(),
+        egress_ips: held
+            .iter()
+            .map(|(ip, iface)| HeldEgressIp {
+                ip: (*ip).to_owned(),
+                interface: (*iface).to_owned(),
+            })
+            .collect(),
+    });
+    en
+}
+
+fn pod(ns: &str, name: &str, app: &str, node: &str, ip: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(ns.to_owned()),
+            labels: labels(&[("app", app)]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.to_owned()),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".to_owned()),
+            pod_ips: Some(vec![PodIP { ip: ip.to_owned() }]),
+            ..Default::default()
+        }),
+    }
+}
+
+fn namespace(name: &str, team: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: labels(&[("team", team)]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A policy from the YAML of its spec.
+fn policy(name: &str, spec_yaml: &str) -> EgressGatewayPolicy {
+    let spec = serde_yaml_ng::from_str(spec_yaml).expect("test policy spec");
+    let mut p = EgressGatewayPolicy::new(name, spec);
+    p.metadata.generation = Some(1);
+    p
+}
+
+/// The cluster of most scenarios: two workers, two gateways (ens224 on 198.51.100.0/24,
+/// ens256 on 203.0.113.0/24), pods `shop/api-{1,2}` on worker-1 and `shop/api-3` on
+/// worker-2, `shop/web-1` on worker-1.
+fn base() -> ClusterView {
+    ClusterView {
+        policies: Vec::new(),
+        namespaces: vec![namespace("shop", "payments"), namespace("other", "x")],
+        pods: vec![
+            pod("shop", "api-1", "api", "worker-1", "10.244.1.11"),
+            pod("shop", "api-2", "api", "worker-1", "10.244.1.12"),
+            pod("shop", "api-3", "api", "worker-2", "10.244.2.13"),
+            pod("shop", "web-1", "web", "worker-1", "10.244.1.21"),
+            pod("other", "api-9", "api", "worker-1", "10.244.1.99"),
+        ],
+        nodes: vec![
+            node("worker-1", "10.0.0.1", false, true),
+            node("worker-2", "10.0.0.2", false, true),
+            node("gw-1", "10.0.0.11", true, true),
+            node("gw-2", "10.0.0.12", true, true),
+        ],
+        egress_nodes: vec![
+            egress_node(
+                "gw-1",
+                &[
+                    ("ens224", &["198.51.100.2/24"]),
+                    ("ens256", &["203.0.113.2/24"]),
+                ],
+                &[],
+            ),
+            egress_node(
+                "gw-2",
+                &[
+                    ("ens224", &["198.51.100.3/24"]),
+                    ("ens256", &["203.0.113.3/24"]),
+                ],
+                &[],
+            ),
+        ],
+    }
+}
+
+const PAYMENTS: &str = r#"
+namespaceSelector: {matchLabels: {team: payments}}
+podSelector: {matchLabels: {app: api}}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  except: ["192.0.2.128/25"]
+  egressIP: 198.51.100.10
+- destinations: ["203.0.113.0/24"]
+  interface: ens256
+"#;
+
+fn with_policies(mut view: ClusterView, policies: Vec<EgressGatewayPolicy>) -> ClusterView {
+    view.policies = policies;
+    view
+}
+
+fn status<'a>(c: &'a Compiled, policy: &str, type_: &str) -> &'a PolicyCondition {
+    c.statuses[policy]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition on {policy}: {c:#?}"))
+}
+
+fn holder_of(c: &Compiled, egress_ip: &str) -> Option<String> {
+    let ip = ip(egress_ip);
+    let holders: BTreeSet<_> = c
+        .holders
+        .iter()
+        .filter(|h| h.ip == ip && !h.shared)
+        .map(|h| h.node.clone())
+        .collect();
+    assert!(holders.len() <= 1, "{egress_ip} held by {holders:?}");
+    holders.into_iter().next()
+}
+
+fn rule_id(policy: &str, index: usize) -> u32 {
+    rule_ids([(policy, index)])[&(policy.to_owned(), index)]
+}
+
+#[test]
+fn payments_example_compiles_on_source_and_gateway_nodes() {
+    let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    let w1 = compile(&view, "worker-1");
+    assert_eq!(w1.problems, [], "{:#?}", w1.statuses);
+    assert_eq!(w1.desired.node_ip, Some(ip("10.0.0.1")));
+    // Node ids in name order, from 1.
+    assert_eq!(
+        w1.desired.nodes,
+        BTreeMap::from([
+            (ip("10.0.0.11"), 1),
+            (ip("10.0.0.12"), 2),
+            (ip("10.0.0.1"), 3),
+            (ip("10.0.0.2"), 4)
+        ])
+    );
+    assert_eq!(w1.desired.pod_owner_v4.len(), 5);
+    assert_eq!(w1.desired.pod_owner_v4[&ip("10.244.2.13")], ip("10.0.0.2"));
+
+    let holder = holder_of(&w1, "198.51.100.10").expect("a holder");
+    let holder_ip = if holder == "gw-1" {
+        ip("10.0.0.11")
+    } else {
+        ip("10.0.0.12")
+    };
+    let r0 = rule_id("payments", 0);
+    let r1 = rule_id("payments", 1);
+    // api-1 and api-2 are local and selected; web-1 (label) and api-9 (namespace) are not;
+    // api-3 is on another node.
+    let pods: BTreeSet<_> = w1.desired.selected_v4.keys().copied().collect();
+    assert_eq!(pods, BTreeSet::from([ip("10.244.1.11"), ip("10.244.1.12")]));
+    for pod in [ip("10.244.1.11"), ip("10.244.1.12")] {
+        assert_eq!(w1.desired.selected_v4[&pod], 3);
+        assert_eq!(
+            w1.desired.policy_v4[&(pod, net("192.0.2.0/24"))],
+            PolicyEntryV4 {
+                action: PolicyAction::Forward,
+                gateway: Some(holder_ip),
+                egress_ip: Some(ip("198.51.100.10")),
+                rule_id: r0,
+            }
+        );
+        assert_eq!(
+            w1.desired.policy_v4[&(pod, net("192.0.2.128/25"))].action,
+            PolicyAction::Exclude
+        );
+        let e = w1.desired.policy_v4[&(pod, net("203.0.113.0/24"))];
+        assert_eq!(e.action, PolicyAction::Forward);
+        assert_eq!(e.rule_id, r1);
+        // SNAT to the chosen gateway's own ens256 address.
+        let expected_src = match e.gateway {
+            Some(g) if g == ip("10.0.0.11") => ip("203.0.113.2"),
+            Some(g) if g == ip("10.0.0.12") => ip("203.0.113.3"),
+            other => panic!("unexpected gateway {other:?}"),
+        };
+        assert_eq!(e.egress_ip, Some(expected_src));
+    }
+    // A source node serves no rule.
+    assert!(w1.desired.rules_v4.is_empty());
+    assert!(w1.desired.egress_ips_v4.is_empty());
+
+    // The holder serves both rules and holds the egress IP; the other gateway only the
+    // interface rule.
+    let h = compile(&view, &holder);
+    assert!(h.desired.policy_v4.is_empty(), "no local pods on gateways");
+    assert_eq!(
+        h.desired.rules_v4[&r0],
+        GatewayRuleV4 {
+            egress_ip: ip("198.51.100.10"),
+            interface: "ens224".to_owned()
+        }
+    );
+    assert_eq!(
+        h.desired.egress_ips_v4[&ip("198.51.100.10")],
+        HeldIpV4 {
+            interface: "ens224".to_owned(),
+            prefix_len: 24,
+            shared: false
+        }
+    );
+    assert_eq!(
+        h.desired.egress_interfaces,
+        BTreeSet::from(["ens224".to_owned(), "ens256".to_owned()])
+    );
+    let other = if holder == "gw-1" { "gw-2" } else { "gw-1" };
+    let o = compile(&view, other);
+    assert!(!o.desired.rules_v4.contains_key(&r0));
+    assert!(o.desired.rules_v4.contains_key(&r1));
+    let own = o.desired.rules_v4[&r1].egress_ip;
+    assert_eq!(
+        o.desired.egress_ips_v4[&own],
+        HeldIpV4 {
+            interface: "ens256".to_owned(),
+            prefix_len: 24,
+            shared: true
+        }
+    );
+    assert_eq!(
+        o.desired.egress_interfaces,
+        BTreeSet::from(["ens256".to_owned()])
+    );
+
+    // Statuses are node-independent.
+    assert_eq!(w1.statuses, h.statuses);
+    assert_eq!(w1.holders, o.holders);
+    let st = &w1.statuses["payments"];
+    assert_eq!(st.observed_generation, Some(1));
+    assert_eq!(status(&w1, "payments", "Accepted").status, "True");
+    assert_eq!(status(&w1, "payments", "Ready").status, "True");
+    assert!(st.egress_ips.contains(&EgressIpStatus {
+        ip: "198.51.100.10".to_owned(),
+        node: holder.clone(),
+        interface: "ens224".to_owned()
+    }));
+    assert_eq!(st.egress_ips.len(), 3, "one dedicated, two shared: {st:?}");
+}
+
+/// One guardrail scenario: a policy spec, optional changes to the base view, and the
+/// condition that must result.
+struct Guardrail {
+    name: &'static str,
+    spec: &'static str,
+    tweak: fn(&mut ClusterView),
+    condition: &'static str,
+    reason: &'static str,
+    message: &'static str,
+}
+
+fn no_tweak(_: &mut ClusterView) {}
+
+#[test]
+fn guardrails_each_give_a_condition_naming_policy_rule_and_field() {
+    let cases = [
+        Guardrail {
+            name: "egress IP in no gateway subnet",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+- destinations: ["192.0.3.0/24"]
+  egressIP: 100.64.0.10
+"#,
+            tweak: no_tweak,
+            condition: "Ready",
+            reason: "EgressIPNotHostable",
+            message: "rules[1].egressIP: 100.64.0.10 is in no subnet of an up interface of any eligible gateway (gw-1, gw-2)",
+        },
+        Guardrail {
+            name: "family mismatch",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: "2001:db8::10"
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "FamilyMismatch",
+            message: "rules[0].egressIP: 2001:db8::10 is IPv6 but the destinations are IPv4",
+        },
+        Guardrail {
+            name: "mixed destination families",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.0/24", "2001:db8::/32"]
+  interface: ens224
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "FamilyMismatch",
+            message: "rules[0].destinations: mixes IPv4 and IPv6 prefixes",
+        },
+        Guardrail {
+            name: "interface no gateway has",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  interface: ens999
+"#,
+            tweak: no_tweak,
+            condition: "Ready",
+            reason: "InterfaceNotFound",
+            message: "rules[0].interface: no eligible gateway (gw-1, gw-2) has an up interface ens999 with an IPv4 address",
+        },
+        Guardrail {
+            name: "egress IP is a node's underlay address",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 10.0.0.1
+"#,
+            tweak: no_tweak,
+            condition: "Ready",
+            reason: "EgressIPIsNodeAddress",
+            message: "rules[0].egressIP: 10.0.0.1 is an address of node worker-1 (InternalIP)",
+        },
+        Guardrail {
+            name: "egress IP is a gateway interface's own address",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.3
+"#,
+            tweak: no_tweak,
+            condition: "Ready",
+            reason: "EgressIPIsNodeAddress",
+            message: "rules[0].egressIP: 198.51.100.3 is an address of node gw-2 (interface ens224)",
+        },
+        Guardrail {
+            name: "gateway selector matches no node",
+            spec: r#"
+gatewaySelector: {matchLabels: {role: nope}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Ready",
+            reason: "NoMatchingGateway",
+            message: "spec.gatewaySelector: matches no node",
+        },
+        Guardrail {
+            name: "selected gateways not eligible",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: |v| {
+                v.nodes[2] = node("gw-1", "10.0.0.11", true, false);
+                v.egress_nodes
+                    .retain(|e| e.metadata.name.as_deref() != Some("gw-2"));
+            },
+            condition: "Ready",
+            reason: "NoEligibleGateway",
+            message: "spec.gatewaySelector: no selected node is eligible: gw-1 is not Ready, gw-2 has no EgressNode",
+        },
+        Guardrail {
+            name: "invalid CIDR",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.0/33"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidCIDR",
+            message: "rules[0].destinations[0]: invalid CIDR \"192.0.2.0/33\"",
+        },
+        Guardrail {
+            name: "host bits",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.7/24"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidCIDR",
+            message: "rules[0].destinations[0]: 192.0.2.7/24 has host bits set (did you mean 192.0.2.0/24?)",
+        },
+        Guardrail {
+            name: "invalid IP",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.300
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidIP",
+            message: "rules[0].egressIP: invalid IP address \"198.51.100.300\"",
+        },
+        Guardrail {
+            name: "both egressIP and interface",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+  interface: ens224
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidTarget",
+            message: "rules[0]: exactly one of egressIP or interface must be set",
+        },
+        Guardrail {
+            name: "except outside destinations",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.0/24"]
+  except: ["192.0.3.0/25"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "ExceptOutsideDestinations",
+            message: "rules[0].except[0]: 192.0.3.0/25 is not inside any of the destinations",
+        },
+        Guardrail {
+            name: "no destinations",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: []
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "NoDestinations",
+            message: "rules[0].destinations: at least one destination is required",
+        },
+        Guardrail {
+            name: "invalid selector",
+            spec: r#"
+gatewaySelector: {}
+podSelector: {matchExpressions: [{key: app, operator: Like, values: [api]}]}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidSelector",
+            message: "spec.podSelector.matchExpressions[0].operator: \"Like\" is not one of In, NotIn, Exists, DoesNotExist",
+        },
+        Guardrail {
+            name: "IPv6 rule",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["2001:db8::/32"]
+  egressIP: "2001:db8:1::10"
+"#,
+            tweak: no_tweak,
+            condition: "Ready",
+            reason: "IPv6NotSupported",
+            message: "rules[0]: IPv6 rules are accepted but not yet served",
+        },
+    ];
+    for case in cases {
+        let mut view = base();
+        (case.tweak)(&mut view);
+        // A good policy next to the bad one must be unaffected.
+        // ("a-good" sorts first: it wins the (pod, prefix) pairs both claim.)
+        view.policies = vec![policy("bad", case.spec), policy("a-good", PAYMENTS)];
+        let c = compile(&view, "worker-1");
+        let cond = status(&c, "bad", case.condition);
+        assert_eq!(cond.status, "False", "{}: {cond:?}", case.name);
+        assert_eq!(cond.reason, case.reason, "{}: {cond:?}", case.name);
+        assert!(
+            cond.message.contains(case.message),
+            "{}: message {:?} lacks {:?}",
+            case.name,
+            cond.message,
+            case.message
+        );
+        // Accepted and Ready are always present.
+        status(&c, "bad", "Accepted");
+        status(&c, "bad", "Ready");
+        // The problem list names the policy.
+        let shown: Vec<String> = c.problems.iter().map(ToString::to_string).collect();
+        let wanted = format!("policy bad: {}", case.message);
+        assert!(
+            shown.iter().any(|p| p.starts_with(&wanted)),
+            "{}: problems {shown:#?} lack {wanted:?}",
+            case.name
+        );
+        // The good policy is untouched, except where the case took its gateways away.
+        if case.name != "selected gateways not eligible" {
+            assert_eq!(
+                status(&c, "a-good", "Ready").status,
+                "True",
+                "{}",
+                case.name
+            );
+            assert_eq!(
+                c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
+                PolicyAction::Forward,
+                "{}",
+                case.name
+            );
+        }
+    }
+}
+
+#[test]
+fn invalid_and_unserved_rules_follow_the_failure_policy() {
+    for (failure_policy, action) in [
+        ("Drop", PolicyAction::NoGatewayDrop),
+        ("Fallthrough", PolicyAction::NoGatewayPass),
+    ] {
+        let spec = format!(
+            r#"
+gatewaySelector: {{matchLabels: {{egress.dev/gateway: "true"}}}}
+podSelector: {{matchLabels: {{app: api}}}}
+failurePolicy: {failure_policy}
+rules:
+- destinations: ["192.0.2.0/24"]
+  except: ["192.0.2.0/28"]
+  egressIP: 100.64.0.10
+- destinations: ["192.0.3.0/24"]
+  egressIP: not-an-ip
+"#
+        );
+        let view = with_policies(base(), vec![policy("p", &spec)]);
+        let c = compile(&view, "worker-1");
+        let pod = ip("10.244.1.11");
+        assert_eq!(
+            c.desired.policy_v4[&(pod, net("192.0.2.0/24"))],
+            PolicyEntryV4 {
+                action,
+                gateway: None,
+                egress_ip: Some(ip("100.64.0.10")),
+                rule_id: rule_id("p", 0)
+            }
+        );
+        assert_eq!(
+            c.desired.policy_v4[&(pod, net("192.0.2.0/28"))].action,
+            PolicyAction::Exclude
+        );
+        assert_eq!(
+            c.desired.policy_v4[&(pod, net("192.0.3.0/24"))].action,
+            action
+        );
+        assert_eq!(c.desired.selected_v4[&pod], 3);
+    }
+}
+
+#[test]
+fn failover_when_the_holder_becomes_not_ready() {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    let first = holder_of(&compile(&view, "worker-1"), "198.51.100.10").expect("holder");
+    // The holder publishes that it holds the IP.
+    let idx = view
+        .egress_nodes
+        .iter()
+        .position(|e| e.metadata.name.as_deref() == Some(first.as_str()))
+        .expect("egress node");
+    let ifaces: &[(&str, &[&str])] = &[
+        ("ens224", &["198.51.100.2/24", "198.51.100.10/24"]),
+        ("ens256", &["203.0.113.2/24"]),
+    ];
+    view.egress_nodes[idx] = egress_node(&first, ifaces, &[("198.51.100.10", "ens224")]);
+    assert_eq!(
+        holder_of(&compile(&view, "worker-1"), "198.51.100.10").as_deref(),
+        Some(first.as_str())
+    );
+    // Not Ready: the other gateway takes over, and the source side follows.
+    let n = view
+        .nodes
+        .iter()
+        .position(|n| n.metadata.name.as_deref() == Some(first.as_str()))
+        .expect("node");
+    let underlay = node_underlay(&view.nodes[n]).expect("underlay").to_string();
+    view.nodes[n] = node(&first, &underlay, true, false);
+    let c = compile(&view, "worker-1");
+    let second = holder_of(&c, "198.51.100.10").expect("a new holder");
+    assert_ne!(second, first);
+    let e = c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
+    assert_eq!(e.gateway, Some(underlay_of(&view, &second)));
+    assert_eq!(status(&c, "payments", "Ready").status, "True");
+    // The old holder no longer serves the rule.
+    let old = compile(&view, &first);
+    assert!(old.desired.egress_ips_v4.is_empty());
+    // Both gateways down: Drop entries, Ready False.
+    let m = view
+        .nodes
+        .iter()
+        .position(|n| n.metadata.name.as_deref() == Some(second.as_str()))
+        .expect("node");
+    let u2 = underlay_of(&view, &second).to_string();
+    view.nodes[m] = node(&second, &u2, true, false);
+    let c = compile(&view, "worker-1");
+    assert_eq!(holder_of(&c, "198.51.100.10"), None);
+    assert_eq!(
+        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
+        PolicyAction::NoGatewayDrop
+    );
+    let ready = status(&c, "payments", "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NoEligibleGateway")
+    );
+}
+
+fn underlay_of(view: &ClusterView, name: &str) -> Ipv4Addr {
+    view.nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name))
+        .and_then(node_underlay)
+        .expect("node underlay")
+}
+
+#[test]
+fn holders_stay_put_when_unrelated_gateways_join() {
+    let spec = r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+- destinations: ["192.0.3.0/24"]
+  egressIP: 198.51.100.11
+- destinations: ["192.0.4.0/24"]
+  egressIP: 198.51.100.12
+- destinations: ["192.0.5.0/24"]
+  egressIP: 198.51.100.13
+"#;
+    let mut view = with_policies(base(), vec![policy("p", spec)]);
+    let ips = [
+        "198.51.100.10",
+        "198.51.100.11",
+        "198.51.100.12",
+        "198.51.100.13",
+    ];
+    let before: Vec<_> = {
+        let c = compile(&view, "worker-1");
+        ips.iter().map(|i| holder_of(&c, i)).collect()
+    };
+    // Even without the holders publishing what they hold (pure rendezvous), adding
+    // gateways only ever moves an IP to a newcomer.
+    for k in 3..9 {
+        let name = format!("gw-{k}");
+        view.nodes
+            .push(node(&name, &format!("10.0.0.{}", 10 + k), true, true));
+        view.egress_nodes.push(egress_node(
+            &name,
+            &[("ens224", &[&format!("198.51.100.{}/24", 100 + k)])],
+            &[],
+        ));
+        let c = compile(&view, "worker-1");
+        for (i, old) in ips.iter().zip(&before) {
+            let now = holder_of(&c, i);
+            assert!(
+                now == *old
+                    || now
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("gw-") && n >= "gw-3"),
+                "{i} moved from {old:?} to {now:?}"
+            );
+        }
+    }
+    // Once holders publish what they hold, nothing moves at all.
+    let mut view = with_policies(base(), vec![policy("p", spec)]);
+    let c = compile(&view, "worker-1");
+    for en in &mut view.egress_nodes {
+        let name = en.metadata.name.clone().unwrap_or_default();
+        let held: Vec<HeldEgressIp> = c
+            .holders
+            .iter()
+            .filter(|h| h.node == name && !h.shared)
+            .map(|h| HeldEgressIp {
+                ip: h.ip.to_string(),
+                interface: h.interface.clone(),
+            })
+            .collect();
+        if let Some(st) = &mut en.status {
+            st.egress_ips = held;
+        }
+    }
+    let pinned: Vec<_> = ips.iter().map(|i| holder_of(&c, i)).collect();
+    for k in 3..9 {
+        let name = format!("gw-{k}");
+        view.nodes
+            .push(node(&name, &format!("10.0.0.{}", 10 + k), true, true));
+        view.egress_nodes.push(egress_node(
+            &name,
+            &[("ens224", &[&format!("198.51.100.{}/24", 100 + k)])],
+            &[],
+        ));
+        let c = compile(&view, "worker-1");
+        let now: Vec<_> = ips.iter().map(|i| holder_of(&c, i)).collect();
+        assert_eq!(now, pinned);
+    }
+    // Unrelated worker nodes and pods never move anything either.
+    view.nodes.push(node("worker-3", "10.0.0.3", false, true));
+    view.pods
+        .push(pod("shop", "api-7", "api", "worker-3", "10.244.3.7"));
+    let c = compile(&view, "worker-1");
+    let now: Vec<_> = ips.iter().map(|i| holder_of(&c, i)).collect();
+    assert_eq!(now, pinned);
+}
+
+#[test]
+fn interface_rules_spread_pods_over_all_gateways() {
+    let spec = r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["203.0.113.0/24"]
+  interface: ens256
+"#;
+    let mut view = with_policies(base(), vec![policy("spread", spec)]);
+    view.pods.clear();
+    for i in 0..64u8 {
+        view.pods.push(pod(
+            "shop",
+            &format!("p-{i}"),
+            "api",
+            "worker-1",
+            &format!("10.244.1.{i}"),
+        ));
+    }
+    let c = compile(&view, "worker-1");
+    let mut per_gateway: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+    for ((_, _), e) in &c.desired.policy_v4 {
+        assert_eq!(e.action, PolicyAction::Forward);
+        let gw = e.gateway.expect("gateway");
+        let src = e.egress_ip.expect("egress ip");
+        // The egress address is the chosen gateway's own ens256 address.
+        assert_eq!(
+            (gw, src),
+            if gw == ip("10.0.0.11") {
+                (gw, ip("203.0.113.2"))
+            } else {
+                (ip("10.0.0.12"), ip("203.0.113.3"))
+            }
+        );
+        *per_gateway.entry(gw).or_insert(0) += 1;
+    }
+    assert_eq!(per_gateway.len(), 2, "{per_gateway:?}");
+    assert!(per_gateway.values().all(|n| *n >= 16), "{per_gateway:?}");
+    // Both gateways serve the rule.
+    for gw in ["gw-1", "gw-2"] {
+        assert!(
+            compile(&view, gw)
+                .desired
+                .rules_v4
+                .contains_key(&rule_id("spread", 0))
+        );
+    }
+}
+
+#[test]
+fn conflicting_policies_smaller_name_wins() {
+    let alpha = r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+podSelector: {matchLabels: {app: api}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.20
+"#;
+    let beta = r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24", "192.0.9.0/24"]
+  egressIP: 198.51.100.30
+"#;
+    let view = with_policies(base(), vec![policy("beta", beta), policy("alpha", alpha)]);
+    let c = compile(&view, "worker-1");
+    let e = c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
+    assert_eq!(e.egress_ip, Some(ip("198.51.100.20")), "alpha wins");
+    assert_eq!(e.rule_id, rule_id("alpha", 0));
+    // beta still applies where it does not conflict: its other prefix, and web-1.
+    assert_eq!(
+        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.9.0/24"))].egress_ip,
+        Some(ip("198.51.100.30"))
+    );
+    assert_eq!(
+        c.desired.policy_v4[&(ip("10.244.1.21"), net("192.0.2.0/24"))].egress_ip,
+        Some(ip("198.51.100.30"))
+    );
+    let conflict = status(&c, "beta", "Conflict");
+    assert_eq!(conflict.status, "True");
+    assert_eq!(conflict.reason, "DestinationClaimed");
+    assert!(
+        conflict
+            .message
+            .contains("pod other/api-9 destination 192.0.2.0/24 is claimed by policy alpha"),
+        "{conflict:?}"
+    );
+    // Cluster-wide: api-3 on worker-2 counts too (4 api pods in total), so the message is
+    // the same on every node.
+    assert!(conflict.message.contains("(and 1 more)"), "{conflict:?}");
+    assert_eq!(compile(&view, "worker-2").statuses, c.statuses);
+    assert!(
+        c.statuses["alpha"]
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "Conflict")
+    );
+    assert!(
+        c.problems
+            .iter()
+            .any(|p| p.to_string().starts_with("policy beta: rules[0]: pod"))
+    );
+}
+
+#[test]
+fn only_local_pods_get_source_entries() {
+    let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    for (node, pods) in [
+        ("worker-1", vec!["10.244.1.11", "10.244.1.12"]),
+        ("worker-2", vec!["10.244.2.13"]),
+        ("gw-1", vec![]),
+    ] {
+        let c = compile(&view, node);
+        let got: BTreeSet<Ipv4Addr> = c.desired.policy_v4.keys().map(|(p, _)| *p).collect();
+        let want: BTreeSet<Ipv4Addr> = pods.iter().map(|p| ip(p)).collect();
+        assert_eq!(got, want, "{node}");
+    }
+}
+
+#[test]
+fn pods_that_are_not_running_or_use_host_network_are_skipped() {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    if let Some(st) = view.pods[0].status.as_mut() {
+        st.phase = Some("Pending".to_owned());
+    }
+    if let Some(spec) = view.pods[1].spec.as_mut() {
+        spec.host_network = Some(true);
+    }
+    let c = compile(&view, "worker-1");
+    assert!(c.desired.selected_v4.is_empty());
+    assert!(!c.desired.pod_owner_v4.contains_key(&ip("10.244.1.11")));
+    assert!(!c.desired.pod_owner_v4.contains_key(&ip("10.244.1.12")));
+}
+
+#[test]
+fn rule_ids_do_not_depend_on_the_node_or_input_order() {
+    let mut view = with_policies(
+        base(),
+        vec![policy("payments", PAYMENTS), policy("zeta", PAYMENTS)],
+    );
+    let a = compile(&view, "worker-1");
+    view.policies.reverse();
+    view.nodes.reverse();
+    view.pods.reverse();
+    view.egress_nodes.reverse();
+    let b = compile(&view, "worker-1");
+    assert_eq!(a, b);
+}
+
+// ---- Property test against a reference model ------------------------------------------
+
+#[derive(Clone, Debug)]
+struct GenNode {
+    gateway: bool,
+    ready: bool,
+    egress: bool,
+    /// Which of the two subnets (A = 198.51.100.0/24 on ens224, B = 203.0.113.0/24 on
+    /// ens256) it has.
+    subnets: (bool, bool),
+}
+
+#[derive(Clone, Debug)]
+struct GenRule {
+    destinations: Vec<usize>,
+    except: bool,
+    /// 0..3: egress IPs 198.51.100.10, .11, 203.0.113.10, 100.64.0.1; 4: interface ens224,
+    /// 5: interface ens256.
+    target: usize,
+}
+
+#[derive(Clone, Debug)]
+struct GenPolicy {
+    app: Option<usize>,
+    gateway_all: bool,
+    fallthrough: bool,
+    rules: Vec<GenRule>,
+}
+
+const PREFIXES: [&str; 4] = ["192.0.2.0/24", "192.0.3.0/24", "10.99.0.0/16", "0.0.0.0/0"];
+const TARGET_IPS: [&str; 4] = [
+    "198.51.100.10",
+    "198.51.100.11",
+    "203.0.113.10",
+    "100.64.0.1",
+];
+
+fn gen_node() -> impl Strategy<Value = GenNode> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<(bool, bool)>(),
+    )
+        .prop_map(|(gateway, ready, egress, subnets)| GenNode {
+            gateway,
+            ready,
+            egress,
+            subnets,
+        })
+}
+
+fn gen_rule() -> impl Strategy<Value = GenRule> {
+    (
+        proptest::collection::vec(0..PREFIXES.len(), 1..3),
+        any::<bool>(),
+        0..6usize,
+    )
+        .prop_map(|(destinations, except, target)| GenRule {
+            destinations,
+            except,
+            target,
+        })
+}
+
+fn gen_policy() -> impl Strategy<Value = GenPolicy> {
+    (
+        proptest::option::of(0..3usize),
+        any::<bool>(),
+        any::<bool>(),
+        proptest::collection::vec(gen_rule(), 1..4),
+    )
+        .prop_map(|(app, gateway_all, fallthrough, rules)| GenPolicy {
+            app,
+            gateway_all,
+            fallthrough,
+            rules,
+        })
+}
+
+fn build_view(
+    nodes: &[GenNode],
+    pods: &[(usize, usize, bool)],
+    policies: &[GenPolicy],
+) -> ClusterView {
+    let mut view = ClusterView::default();
+    for (i, n) in nodes.iter().enumerate() {
+        let name = format!("n{i}");
+        view.nodes.push(node(
+            &name,
+            &format!("10.0.0.{}", i + 1),
+            n.gateway,
+            n.ready,
+        ));
+        if n.egress {
+            let mut ifaces: Vec<(&str, Vec<String>)> = Vec::new();
+            if n.subnets.0 {
+                ifaces.push(("ens224", vec![format!("198.51.100.{}/24", 100 + i)]));
+            }
+            if n.subnets.1 {
+                ifaces.push(("ens256", vec![format!("203.0.113.{}/24", 100 + i)]));
+            }
+            let refs: Vec<(&str, Vec<&str>)> = ifaces
+                .iter()
+                .map(|(n, a)| (*n, a.iter().map(String::as_str).collect()))
+                .collect();
+            let refs2: Vec<(&str, &[&str])> =
+                refs.iter().map(|(n, a)| (*n, a.as_slice())).collect();
+            view.egress_nodes.push(egress_node(&name, &refs2, &[]));
+        }
+    }
+    for (i, (node_idx, app, running)) in pods.iter().enumerate() {
+        let mut p = pod(
+            "default",
+            &format!("p{i}"),
+            &format!("app{app}"),
+            &format!("n{}", node_idx % nodes.len().max(1)),
+            &format!("10.244.{}.{}", i / 200, i % 200 + 1),
+        );
+        if !running && let Some(st) = p.status.as_mut() {
+            st.phase = Some("Pending".to_owned());
+        }
+        view.pods.push(p);
+    }
+    for (i, gp) in policies.iter().enumerate() {
+        let mut rules = Vec::new();
+        for r in &gp.rules {
+            let destinations: Vec<String> = r
+                .destinations
+                .iter()
+                .map(|d| PREFIXES[*d].to_owned())
+                .collect();
+            let except: Vec<String> = except_of(r).into_iter().collect();
+            let (egress_ip, interface) = match r.target {
+                t @ 0..4 => (Some(TARGET_IPS[t].to_owned()), None),
+                4 => (None, Some("ens224".to_owned())),
+                _ => (None, Some("ens256".to_owned())),
+            };
+            rules.push(EgressRule {
+                destinations,
+                except,
+                egress_ip,
+                interface,
+            });
+        }
+        let spec = crate::api::EgressGatewayPolicySpec {
+            namespace_selector: None,
+            pod_selector: gp.app.map(LabelSelectorLike::app),
+            gateway_selector: if gp.gateway_all {
+                Default::default()
+            } else {
+                LabelSelectorLike::gateway()
+            },
+            failure_policy: if gp.fallthrough {
+                FailurePolicy::Fallthrough
+            } else {
+                FailurePolicy::Drop
+            },
+            rules,
+        };
+        view.policies
+            .push(EgressGatewayPolicy::new(&format!("pol{i}"), spec));
+    }
+    view
+}
+
+/// The except prefix of a generated rule: the first half of its first destination.
+fn except_of(r: &GenRule) -> Option<String> {
+    r.except.then(|| {
+        PREFIXES[r.destinations[0]]
+            .replace("/24", "/25")
+            .replace("/16", "/17")
+            .replace("/0", "/1")
+    })
+}
+
+struct LabelSelectorLike;
+
+impl LabelSelectorLike {
+    fn app(a: usize) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: labels(&[("app", &format!("app{a}"))]),
+            match_expressions: None,
+        }
+    }
+
+    fn gateway() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: labels(&[GW]),
+            match_expressions: None,
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn compile_agrees_with_the_reference_model(
+        nodes in proptest::collection::vec(gen_node(), 1..6),
+        pods in proptest::collection::vec((0..6usize, 0..3usize, any::<bool>()), 0..24),
+        policies in proptest::collection::vec(gen_policy(), 0..4),
+    ) {
+        let view = build_view(&nodes, &pods, &policies);
+        let names: Vec<String> = (0..nodes.len()).map(|i| format!("n{i}")).collect();
+        let compiled: BTreeMap<&str, Compiled> =
+            names.iter().map(|n| (n.as_str(), compile(&view, n))).collect();
+        // Rule id -> (policy index, rule index).
+        let mut by_id = BTreeMap::new();
+        for (i, gp) in policies.iter().enumerate() {
+            for r in 0..gp.rules.len() {
+                by_id.insert(rule_id(&format!("pol{i}"), r), (i, r));
+            }
+        }
+        let underlay = |i: usize| ip(&format!("10.0.0.{}", i + 1));
+        let node_of_underlay = |u: Ipv4Addr| (0..nodes.len()).find(|i| underlay(*i) == u);
+        let mut dedicated_holders: BTreeMap<Ipv4Addr, BTreeSet<String>> = BTreeMap::new();
+
+        for (me, c) in &compiled {
+            let me_idx: usize = me[1..].parse().expect("node index");
+            // Statuses, holders and problems do not depend on the node.
+            prop_assert_eq!(&c.statuses, &compiled["n0"].statuses);
+            prop_assert_eq!(&c.holders, &compiled["n0"].holders);
+            prop_assert_eq!(&c.problems, &compiled["n0"].problems);
+            for (i, _) in policies.iter().enumerate() {
+                let st = &c.statuses[&format!("pol{i}")];
+                prop_assert!(st.conditions.iter().any(|c| c.type_ == "Accepted"));
+                prop_assert!(st.conditions.iter().any(|c| c.type_ == "Ready"));
+            }
+            let mut counts: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
+            for ((pod_ip, prefix), e) in &c.desired.policy_v4 {
+                *counts.entry(*pod_ip).or_insert(0) += 1;
+                // The pod is local, running and selected by the entry's policy.
+                let pi = pods.iter().enumerate().position(|(i, _)| {
+                    ip(&format!("10.244.{}.{}", i / 200, i % 200 + 1)) == *pod_ip
+                });
+                let pi = pi.expect("entry for a known pod");
+                let (pnode, papp, prunning) = pods[pi];
+                prop_assert_eq!(pnode % nodes.len(), me_idx);
+                prop_assert!(prunning);
+                let (pol, r) = by_id[&e.rule_id];
+                let gp = &policies[pol];
+                prop_assert!(gp.app.is_none_or(|a| a == papp));
+                let rule = &gp.rules[r];
+                let in_rule = rule.destinations.iter().any(|d| net(PREFIXES[*d]) == *prefix);
+                match e.action {
+                    PolicyAction::Exclude => {
+                        prop_assert_eq!(except_of(rule).map(|p| net(&p)), Some(*prefix));
+                    }
+                    _ => prop_assert!(in_rule),
+                }
+                match e.action {
+                    PolicyAction::Forward => {
+                        // The gateway is eligible for the policy...
+                        let g = node_of_underlay(e.gateway.expect("gateway")).expect("known gateway");
+                        let gn = &nodes[g];
+                        prop_assert!(gn.ready && gn.egress);
+                        prop_assert!(gp.gateway_all || gn.gateway);
+                        // ... and serves the rule with the same egress address.
+                        let gc = &compiled[names[g].as_str()];
+                        let served = gc.desired.rules_v4.get(&e.rule_id);
+                        prop_assert_eq!(served.map(|s| s.egress_ip), e.egress_ip);
+                        if rule.target < 4 {
+                            prop_assert_eq!(e.egress_ip, Some(ip(TARGET_IPS[rule.target])));
+                        }
+                    }
+                    PolicyAction::NoGatewayDrop => prop_assert!(!gp.fallthrough),
+                    PolicyAction::NoGatewayPass => prop_assert!(gp.fallthrough),
+                    PolicyAction::Exclude => {}
+                }
+            }
+            prop_assert_eq!(&counts, &c.desired.selected_v4);
+            for (egress_ip, held) in &c.desired.egress_ips_v4 {
+                prop_assert!(c.desired.egress_interfaces.contains(&held.interface));
+                if !held.shared {
+                    dedicated_holders.entry(*egress_ip).or_default().insert((*me).to_owned());
+                }
+            }
+            // Deterministic.
+            prop_assert_eq!(c, &compile(&view, me));
+        }
+        // Every dedicated egress IP has at most one holder in the cluster.
+        for (egress_ip, holders) in &dedicated_holders {
+            prop_assert!(holders.len() == 1, "{} held by {:?}", egress_ip, holders);
+        }
+    }
+}
+
+#[test]
+fn a_broken_policy_never_takes_pairs_from_a_working_one() {
+    let broken = r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: not-an-ip
+"#;
+    let view = with_policies(
+        base(),
+        vec![policy("aaa-broken", broken), policy("payments", PAYMENTS)],
+    );
+    let c = compile(&view, "worker-1");
+    assert_eq!(
+        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].rule_id,
+        rule_id("payments", 0)
+    );
+    // Where nothing else claims, the broken rule fails closed.
+    assert_eq!(
+        c.desired.policy_v4[&(ip("10.244.1.21"), net("192.0.2.0/24"))].action,
+        PolicyAction::NoGatewayDrop
+    );
+    let conflict = status(&c, "aaa-broken", "Conflict");
+    assert!(
+        conflict.message.contains("is claimed by policy payments"),
+        "{conflict:?}"
+    );
+    assert!(
+        c.statuses["payments"]
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "Conflict")
+    );
+}
