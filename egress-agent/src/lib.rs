@@ -5,7 +5,6 @@
 pub mod agent;
 pub mod api;
 pub mod check;
-pub mod check;
 pub mod compiler;
 pub mod datapath;
 pub mod desired;
