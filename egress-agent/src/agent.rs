@@ -86,6 +86,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         tunnel_mtu,
         last_node_doc: None,
         announced: BTreeSet::new(),
+        added: BTreeSet::new(),
     };
     loop {
         let trigger = tokio::select! {
@@ -159,6 +160,8 @@ struct Reconciler<'a> {
     tunnel_mtu: u32,
     last_node_doc: Option<EgressNode>,
     announced: BTreeSet<Ipv4Addr>,
+    /// Egress IPs this agent added to an interface.
+    added: BTreeSet<Ipv4Addr>,
 }
 
 impl Reconciler<'_> {
@@ -192,7 +195,18 @@ impl Reconciler<'_> {
         // 2. Egress addresses: add what we hold, remove policy egress IPs we no longer hold.
         let by_name: BTreeMap<&str, &iface::Interface> =
             ifaces.iter().map(|i| (i.name.as_str(), i)).collect();
-        let all_egress_ips = all_policy_egress_ips(view);
+        // Addresses this agent may remove: egress IPs that a policy names now, that this
+        // node published as held (also by an earlier agent), or that we added.
+        let mut all_egress_ips = all_policy_egress_ips(view);
+        all_egress_ips.extend(self.added.iter().copied());
+        all_egress_ips.extend(
+            view.egress_nodes
+                .iter()
+                .filter(|n| n.metadata.name.as_deref() == Some(self.cfg.node_name.as_str()))
+                .filter_map(|n| n.status.as_ref())
+                .flat_map(|s| s.egress_ips.iter())
+                .filter_map(|h| h.ip.parse::<Ipv4Addr>().ok()),
+        );
         let mut held = Vec::new();
         for (ip, h) in desired.egress_ips_v4.iter().filter(|(_, h)| !h.shared) {
             let Some(i) = by_name.get(h.interface.as_str()) else {
@@ -207,6 +221,7 @@ impl Reconciler<'_> {
                 {
                     Ok(()) => {
                         changed += 1;
+                        self.added.insert(*ip);
                         info!(%ip, interface = %h.interface, "holding egress IP");
                     }
                     Err(e) => {
@@ -244,6 +259,7 @@ impl Reconciler<'_> {
                         Ok(()) => {
                             changed += 1;
                             self.announced.remove(a4);
+                            self.added.remove(a4);
                             info!(ip = %a4, interface = %i.name, "released egress IP");
                         }
                         Err(e) => problems.push(format!("egress IP {a4}: {e}")),

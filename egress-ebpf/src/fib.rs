@@ -38,7 +38,9 @@ pub fn redirect(
     let mut p: FibParams = unsafe { zeroed() };
     p.family = AF_INET;
     p.l4_protocol = ip.proto;
-    p.__bindgen_anon_1.tot_len = ip.tot_len;
+    // tot_len stays 0: the kernel then checks the MTU with is_skb_forwardable(), which
+    // understands GSO/GRO packets (a non-zero tot_len would refuse every aggregated
+    // TCP packet as "fragmentation needed").
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
     let (flags, required) = match from {

@@ -1,3 +1,4 @@
 
+pub mod cluster;
 pub mod lab;
 pub mod netns;

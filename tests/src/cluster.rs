@@ -1,0 +1,92 @@
+//! The lab with agents running: finding the agent binary, waiting for convergence,
+//! reading which gateway holds an egress IP. Shared by the demo and the end-to-end tests.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::lab::{Lab, LabSpec, Proto, Query, addr, locate_echo_bin};
+
+/// The `egress-agent` binary next to the running executable (or one directory up, for
+/// test binaries in `deps/`), or `$EGRESS_AGENT_BIN`.
+pub fn agent_bin() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("EGRESS_AGENT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("failed to find the current executable")?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let p = dir.join("egress-agent");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "failed to find the egress-agent binary next to {}: build it first \
+         (`cargo build -p egress-agent`; `cargo xtask test` does) or set EGRESS_AGENT_BIN",
+        exe.display()
+    )
+}
+
+/// Bring up a lab and one agent per node, and wait until both egress IPs are held and a
+/// selected pod gets through.
+pub fn up_with_agents(spec: LabSpec) -> Result<Lab> {
+    let mut lab = Lab::up(spec)?;
+    lab.start_agents(&agent_bin()?)?;
+    wait_until(Duration::from_secs(20), || {
+        holder(&lab, addr::EGRESS_IP_A).is_some()
+            && holder(&lab, addr::EGRESS_IP_B).is_some()
+            && seen(&lab, "w1-p1", Proto::Tcp, addr::HOST_A) == Some(IpAddr::V4(addr::EGRESS_IP_A))
+    })
+    .with_context(|| {
+        format!(
+            "agents did not converge; gw1 log:\n{}",
+            lab.agent_log("gw1")
+        )
+    })?;
+    Ok(lab)
+}
+
+/// The default lab spec with the echo binary found from this process.
+pub fn default_spec() -> Result<LabSpec> {
+    Ok(LabSpec::new(locate_echo_bin()?))
+}
+
+/// Which gateway and interface hold `ip` (read from the gateways' interfaces that are up).
+pub fn holder(lab: &Lab, ip: Ipv4Addr) -> Option<(String, String)> {
+    for gw in ["gw1", "gw2"] {
+        for ifc in ["sec-a", "sec-b"] {
+            if let Ok(o) = lab.exec(gw, "ip", &["-4", "-o", "addr", "show", "up", "dev", ifc])
+                && String::from_utf8_lossy(&o.stdout).contains(&format!(" {ip}/"))
+            {
+                return Some((gw.to_owned(), ifc.to_owned()));
+            }
+        }
+    }
+    None
+}
+
+/// The source address `host` saw for a short query from `pod`, or `None` if it failed.
+pub fn seen(lab: &Lab, pod: &str, proto: Proto, host: Ipv4Addr) -> Option<IpAddr> {
+    let q = Query::new(proto, host, addr::ECHO_PORT)
+        .timeout(Duration::from_millis(700))
+        .attempts(2);
+    lab.query_with(pod, &q).ok().map(|s| s.ip)
+}
+
+/// Poll `f` every 50 ms until it holds; `Err` after `timeout`. Returns the time it took.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("condition not met within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
