@@ -80,6 +80,10 @@ pub fn run(args: Args) -> Result<()> {
             )
         })?;
     }
+    // The lab tests start the agent and the echo server as processes: build them first.
+    step("build binaries", || {
+        sh("cargo", &["build", "--workspace", "--bins"], &[])
+    })?;
     step("tests (unit, packet, namespace, lab)", || {
         let mut a = vec!["test", "--workspace", "--no-fail-fast"];
         if !args.rest.is_empty() {
