@@ -81,7 +81,8 @@ pub fn ipv4(ctx: &TcContext) -> Result<Option<Ipv4>, Bad> {
         return Ok(None);
     }
     let h: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Bad::Malformed)?;
-    let ihl = usize::from(h.ihl()) * 4;
+    // network-types' `ihl()` is already in bytes (the field times four).
+    let ihl = usize::from(h.ihl());
     let tot_len = h.tot_len();
     if h.version() != 4 || ihl < Ipv4Hdr::LEN || usize::from(tot_len) < ihl {
         return Err(Bad::Malformed);

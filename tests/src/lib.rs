@@ -2,3 +2,5 @@
 pub mod cluster;
 pub mod lab;
 pub mod netns;
+pub mod packet;
+pub mod testrun;

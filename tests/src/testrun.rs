@@ -1,0 +1,266 @@
+//! Running the real programs with `BPF_PROG_TEST_RUN`: a fresh copy of the embedded object
+//! per case (fresh maps, fresh counters), typed map setters, and a private network
+//! namespace per case for the FIB lookups.
+//!
+//! [`in_netns`] runs a closure on a new thread that has done `unshare(CLONE_NEWNET)`: the
+//! namespace belongs to that thread alone (and to the `ip` commands it starts), and it
+//! disappears with the thread, so there is nothing to clean up.
+
+use std::{collections::BTreeMap, ffi::CString, net::Ipv4Addr, process::Command, thread};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
+    programs::{SchedClassifier, TestRun as _, TestRunOptions},
+};
+use egress_agent::ebpf::{OBJECT, TEST_TUNNEL_FROM_CB};
+use egress_common::{
+    config::Config,
+    conntrack::{CtEntryV4, CtKeyV4},
+    counters::{Counter, MAX_REASONS},
+    maps,
+    policy::{
+        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
+        RuleValueV4, SelectedValue,
+    },
+};
+
+pub const TC_ACT_OK: u32 = 0;
+pub const TC_ACT_SHOT: u32 = 2;
+pub const TC_ACT_REDIRECT: u32 = 7;
+
+/// Run `f` on a thread of its own in a new, empty network namespace (loopback up).
+pub fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let handle = thread::spawn(move || {
+        // SAFETY: affects only the calling thread's namespace membership.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "failed to unshare the network namespace: {} (tests need root)",
+            std::io::Error::last_os_error()
+        );
+        ip("link set lo up");
+        f()
+    });
+    match handle.join() {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Run `ip <args>` (split on whitespace) in the calling thread's namespace.
+pub fn ip(args: &str) {
+    let out = Command::new("ip")
+        .args(args.split_whitespace())
+        .output()
+        .expect("failed to run ip");
+    assert!(
+        out.status.success(),
+        "failed to run `ip {args}`: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Write a sysctl of the calling thread's namespace (`net/ipv4/conf/all/forwarding`).
+pub fn sysctl(path: &str, value: &str) {
+    let p = format!("/proc/sys/{path}");
+    std::fs::write(&p, value).unwrap_or_else(|e| panic!("failed to write {p}: {e}"));
+}
+
+/// Ifindex of `name` in the calling thread's namespace.
+pub fn ifindex(name: &str) -> u32 {
+    let c = CString::new(name).expect("interface name");
+    // SAFETY: valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert_ne!(i, 0, "no interface {name}");
+    i
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn ktime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Offsets in `struct __sk_buff` (uapi/linux/bpf.h).
+const SKB_IFINDEX_OFF: usize = 40;
+const SKB_CB_OFF: usize = 48;
+/// `ctx_in` up to the end of `cb[5]`: the kernel accepts a prefix of `__sk_buff`, and of
+/// the fields in it only `mark`, `priority`, `ingress_ifindex`, `ifindex` and `cb` may be
+/// non-zero.
+const SKB_CTX_LEN: usize = SKB_CB_OFF + 5 * 4;
+
+/// What a program did with one packet.
+#[derive(Debug)]
+pub struct Outcome {
+    pub verdict: u32,
+    pub frame: Vec<u8>,
+}
+
+/// The loaded object: one per case.
+pub struct Datapath {
+    ebpf: Ebpf,
+}
+
+fn v4(a: Ipv4Addr) -> [u8; 4] {
+    a.octets()
+}
+
+impl Datapath {
+    /// Load the embedded object with `TEST_TUNNEL_FROM_CB` set; programs are loaded (and
+    /// verified) on first use.
+    pub fn load() -> Self {
+        let ebpf = EbpfLoader::new()
+            .override_global(TEST_TUNNEL_FROM_CB, &1u8, true)
+            .load(OBJECT)
+            .expect("failed to load the eBPF object");
+        Datapath { ebpf }
+    }
+
+    /// The program `name`, loaded into the kernel.
+    pub fn program(&mut self, name: &str) -> &mut SchedClassifier {
+        let p: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .unwrap_or_else(|| panic!("no program {name}"))
+            .try_into()
+            .expect("not a classifier");
+        if p.fd().is_err() {
+            p.load()
+                .unwrap_or_else(|e| panic!("failed to load program {name}: {e:?}"));
+        }
+        p
+    }
+
+    /// Run program `name` on `frame`, as if it arrived on `ifindex` (0: loopback), with
+    /// `cb[0..2]` = (tunnel sender, VNI) when given.
+    pub fn run(
+        &mut self,
+        name: &str,
+        frame: &[u8],
+        ifindex: u32,
+        tunnel: Option<(Ipv4Addr, u32)>,
+    ) -> Outcome {
+        let mut ctx = [0u8; SKB_CTX_LEN];
+        ctx[SKB_IFINDEX_OFF..SKB_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        if let Some((sender, vni)) = tunnel {
+            ctx[SKB_CB_OFF..SKB_CB_OFF + 4].copy_from_slice(&u32::from(sender).to_ne_bytes());
+            ctx[SKB_CB_OFF + 4..SKB_CB_OFF + 8].copy_from_slice(&vni.to_ne_bytes());
+        }
+        let mut out = vec![0u8; frame.len() + 256];
+        let r = self
+            .program(name)
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::new()
+            })
+            .unwrap_or_else(|e| panic!("failed to test_run {name}: {e:?}"));
+        out.truncate(r.data_size_out as usize);
+        Outcome {
+            verdict: r.return_value,
+            frame: out,
+        }
+    }
+
+    fn map(&mut self, name: &str) -> &mut aya::maps::Map {
+        self.ebpf
+            .map_mut(name)
+            .unwrap_or_else(|| panic!("no map {name}"))
+    }
+
+    /// Write the configuration as given (without `flags::READY`, the programs treat the
+    /// node as unconfigured).
+    pub fn config(&mut self, cfg: Config) {
+        let mut a: Array<&mut MapData, Config> = Array::try_from(self.map(maps::CONFIG)).unwrap();
+        a.set(0, cfg, 0).unwrap();
+    }
+
+    /// A policy trie entry for (pod, dst/len).
+    pub fn policy(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, value: PolicyValue) {
+        let mut t: LpmTrie<&mut MapData, PolicyKeyV4, PolicyValue> =
+            LpmTrie::try_from(self.map(maps::POLICY_V4)).unwrap();
+        let key = Key::new(
+            POD_PREFIX_BITS_V4 + len,
+            PolicyKeyV4 {
+                pod: v4(pod),
+                dst: v4(dst),
+            },
+        );
+        t.insert(&key, value, 0).unwrap();
+    }
+
+    pub fn selected(&mut self, pod: Ipv4Addr) {
+        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
+            HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
+        m.insert(v4(pod), SelectedValue { entries: 1 }, 0).unwrap();
+    }
+
+    pub fn rule(&mut self, id: u32, egress_ip: Ipv4Addr, ifindex: u32) {
+        let mut m: HashMap<&mut MapData, u32, RuleValueV4> =
+            HashMap::try_from(self.map(maps::RULES_V4)).unwrap();
+        m.insert(
+            id,
+            RuleValueV4 {
+                egress_ip: v4(egress_ip),
+                ifindex,
+            },
+            0,
+        )
+        .unwrap();
+    }
+
+    pub fn node(&mut self, ip: Ipv4Addr, node_id: u32) {
+        let mut m: HashMap<&mut MapData, [u8; 4], NodeValue> =
+            HashMap::try_from(self.map(maps::NODES)).unwrap();
+        m.insert(v4(ip), NodeValue { node_id }, 0).unwrap();
+    }
+
+    pub fn pod_owner(&mut self, pod: Ipv4Addr, node: Ipv4Addr) {
+        let mut m: HashMap<&mut MapData, [u8; 4], PodOwnerValue> =
+            HashMap::try_from(self.map(maps::POD_OWNER_V4)).unwrap();
+        m.insert(v4(pod), PodOwnerValue { node: v4(node) }, 0)
+            .unwrap();
+    }
+
+    pub fn egress_ip(&mut self, ip: Ipv4Addr, ifindex: u32, flags: u32) {
+        let mut m: HashMap<&mut MapData, [u8; 4], EgressIpValue> =
+            HashMap::try_from(self.map(maps::EGRESS_IPS_V4)).unwrap();
+        m.insert(v4(ip), EgressIpValue { ifindex, flags }, 0)
+            .unwrap();
+    }
+
+    pub fn ct_insert(&mut self, key: CtKeyV4, entry: CtEntryV4) {
+        let mut m: HashMap<&mut MapData, CtKeyV4, CtEntryV4> =
+            HashMap::try_from(self.map(maps::CT_V4)).unwrap();
+        m.insert(key, entry, 0).unwrap();
+    }
+
+    /// Every conntrack entry.
+    pub fn ct(&mut self) -> Vec<(CtKeyV4, CtEntryV4)> {
+        let m: HashMap<&mut MapData, CtKeyV4, CtEntryV4> =
+            HashMap::try_from(self.map(maps::CT_V4)).unwrap();
+        m.iter().map(|r| r.unwrap()).collect()
+    }
+
+    /// Non-zero counters, reason -> packets, summed over CPUs.
+    pub fn counters(&mut self) -> BTreeMap<u32, u64> {
+        let a: PerCpuArray<&mut MapData, Counter> =
+            PerCpuArray::try_from(self.map(maps::COUNTERS)).unwrap();
+        let mut out = BTreeMap::new();
+        for reason in 0..MAX_REASONS {
+            let packets: u64 = a.get(&reason, 0).unwrap().iter().map(|c| c.packets).sum();
+            if packets != 0 {
+                out.insert(reason, packets);
+            }
+        }
+        out
+    }
+}

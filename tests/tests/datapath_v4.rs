@@ -1,0 +1,1228 @@
+//! The IPv4 datapath, program by program, as tables of `BPF_PROG_TEST_RUN` cases against
+//! the real object: maps set up, frames in, verdict, frames out (built from scratch, with
+//! checksums computed by the test) and counters by reason, summed over CPUs.
+//!
+//! Every case runs on a thread of its own, in a fresh network namespace holding the
+//! devices, routes and neighbours its FIB lookups need, with a freshly loaded object.
+//!
+//! The namespace (one node that is both a source node and a gateway):
+//!
+//! ```text
+//!   pod0 (02:00:00:00:bb:01) -- veth -- pod 10.244.1.5 (02:00:00:00:aa:01), route /32
+//!   tun0  veth: stands in for the collect-metadata VXLAN device
+//!   ul0   veth: 192.168.0.10/24, the underlay (this node)
+//!   (veths everywhere: the test kernel may lack the dummy driver)
+//!   sec0  veth 02:00:00:00:0a:02, 10.100.0.2/24: egress IP 10.100.0.50 (rule 1)
+//!         neighbours 10.100.0.7 (destination) and 10.100.0.1 (router to 172.16/16)
+//!   sec1  veth 02:00:00:00:0b:02, 10.200.0.2/24: egress IP 10.200.0.50 (rule 2)
+//!         neighbour 10.200.0.9
+//! ```
+
+use std::{
+    net::Ipv4Addr,
+    panic::{AssertUnwindSafe, catch_unwind},
+};
+
+use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
+use egress_common::{
+    config::{Config, flags},
+    conntrack::{CtEntryV4, CtKeyV4, dir, state},
+    counters::{self, reason::*},
+    policy::{PolicyValue, RETURN_VNI, action, egress_ip_flags},
+};
+use egress_tests::{
+    packet::{HOST_MAC, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
+    testrun::{
+        Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, ifindex, in_netns, ip, ktime_ns, sysctl,
+    },
+};
+
+// ---- the cluster, as seen from this node ----
+
+const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
+    Ipv4Addr::new(a, b, c, d)
+}
+
+/// This node (source node and gateway).
+const NODE: Ipv4Addr = a(192, 168, 0, 10);
+/// Another known node, and a gateway for some rules.
+const PEER: Ipv4Addr = a(192, 168, 0, 20);
+/// Not a node.
+const STRANGER: Ipv4Addr = a(192, 168, 0, 99);
+
+const LOCAL_POD: Ipv4Addr = a(10, 244, 1, 5);
+const UNSELECTED_POD: Ipv4Addr = a(10, 244, 1, 9);
+const REMOTE_POD: Ipv4Addr = a(10, 244, 2, 5);
+const REMOTE_POD2: Ipv4Addr = a(10, 244, 2, 6);
+const REMOTE_POD3: Ipv4Addr = a(10, 244, 2, 7);
+
+/// On network A (sec0), directly connected.
+const DEST_A: Ipv4Addr = a(10, 100, 0, 7);
+/// On network A, no neighbour entry.
+const DEST_A_NO_NEIGH: Ipv4Addr = a(10, 100, 0, 8);
+/// Behind the router 10.100.0.1 on network A.
+const DEST_FAR: Ipv4Addr = a(172, 16, 5, 5);
+/// On network B (sec1).
+const DEST_B: Ipv4Addr = a(10, 200, 0, 9);
+/// Outside every rule.
+const INTERNET: Ipv4Addr = a(8, 8, 8, 8);
+
+const EGRESS_A: Ipv4Addr = a(10, 100, 0, 50);
+const EGRESS_B: Ipv4Addr = a(10, 200, 0, 50);
+/// sec0's own address, used by an `interface:` rule (shared with the host).
+const SHARED_A: Ipv4Addr = a(10, 100, 0, 2);
+
+const RULE_A: u32 = 1;
+const RULE_B: u32 = 2;
+
+const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
+const SEC0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
+const SEC1_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x02];
+const DEST_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x07];
+const ROUTER_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
+const DEST_B_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x09];
+
+const PORT_MIN: u16 = 20_000;
+const PORT_MAX: u16 = 29_999;
+const TUNNEL_MTU: u16 = 1450;
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Ifindexes of the devices of [`topology`].
+struct Net {
+    pod0: u32,
+    tun0: u32,
+    sec0: u32,
+    sec1: u32,
+}
+
+fn topology() -> Net {
+    for (dev, m, addr) in [
+        ("ul0", [0x02, 0, 0, 0, 0xcc, 0x01], Some("192.168.0.10/24")),
+        ("tun0", [0x02, 0, 0, 0, 0xdd, 0x01], None),
+        ("pod0", POD0_MAC, None),
+        ("sec0", SEC0_MAC, Some("10.100.0.2/24")),
+        ("sec1", SEC1_MAC, Some("10.200.0.2/24")),
+    ] {
+        ip(&format!(
+            "link add {dev} address {} type veth peer name {dev}p",
+            mac(m)
+        ));
+        if let Some(addr) = addr {
+            ip(&format!("addr add {addr} dev {dev}"));
+        }
+        ip(&format!("link set {dev} up"));
+        ip(&format!("link set {dev}p up"));
+    }
+    ip(&format!("route add {LOCAL_POD}/32 dev pod0"));
+    ip("route add 172.16.0.0/16 via 10.100.0.1 dev sec0");
+    for (addr, m, dev) in [
+        (LOCAL_POD, POD_MAC, "pod0"),
+        (DEST_A, DEST_A_MAC, "sec0"),
+        (a(10, 100, 0, 1), ROUTER_A_MAC, "sec0"),
+        (DEST_B, DEST_B_MAC, "sec1"),
+    ] {
+        ip(&format!(
+            "neigh replace {addr} lladdr {} dev {dev} nud permanent",
+            mac(m)
+        ));
+    }
+    sysctl("net/ipv4/conf/all/forwarding", "1");
+    Net {
+        pod0: ifindex("pod0"),
+        tun0: ifindex("tun0"),
+        sec0: ifindex("sec0"),
+        sec1: ifindex("sec1"),
+    }
+}
+
+fn config(net: &Net) -> Config {
+    Config {
+        node_ip: NODE.octets(),
+        tunnel_ifindex: net.tun0,
+        port_min: PORT_MIN,
+        port_max: PORT_MAX,
+        tunnel_mtu: TUNNEL_MTU,
+        flags: flags::READY,
+    }
+}
+
+/// What every case starts from: configuration, nodes, pod owners, the gateway's rules and
+/// egress IPs. Policy entries (source side) are per case.
+fn base(dp: &mut Datapath, net: &Net) {
+    dp.config(config(net));
+    dp.node(NODE, 1);
+    dp.node(PEER, 2);
+    dp.pod_owner(LOCAL_POD, NODE);
+    dp.pod_owner(UNSELECTED_POD, NODE);
+    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
+        dp.pod_owner(pod, PEER);
+    }
+    dp.rule(RULE_A, EGRESS_A, net.sec0);
+    dp.rule(RULE_B, EGRESS_B, net.sec1);
+    dp.egress_ip(EGRESS_A, net.sec0, 0);
+    dp.egress_ip(EGRESS_B, net.sec1, 0);
+    dp.egress_ip(SHARED_A, net.sec0, egress_ip_flags::SHARED);
+}
+
+fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValue {
+    PolicyValue {
+        gateway: gateway.octets(),
+        egress_ip: EGRESS_A.octets(),
+        rule_id,
+        action: action::FORWARD,
+        _pad: [0; 3],
+    }
+}
+
+fn sentinel(act: u8) -> PolicyValue {
+    PolicyValue {
+        gateway: [0; 4],
+        egress_ip: [0; 4],
+        rule_id: 0,
+        action: act,
+        _pad: [0; 3],
+    }
+}
+
+/// `LOCAL_POD` selected, network A (10.100.0.0/24) through rule A at `gateway`.
+fn local_pod_to_a(dp: &mut Datapath, gateway: Ipv4Addr) {
+    dp.selected(LOCAL_POD);
+    dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, forward(gateway, RULE_A));
+}
+
+// ---- the table machinery ----
+
+#[derive(Clone, Copy)]
+enum Dev {
+    Pod,
+    Tunnel,
+    Secondary,
+}
+
+type Check = Box<dyn Fn(&[u8]) -> Result<(), String> + Send>;
+type Derive = Box<dyn Fn(&[u8]) -> Vec<u8> + Send>;
+
+enum Input {
+    Frame(Vec<u8>),
+    /// Built from the previous step's output frame (e.g. a reply to a translated port).
+    FromPrevious(Derive),
+}
+
+enum Out {
+    /// The frame must come out exactly as it went in.
+    Unchanged,
+    /// The frame must come out exactly like this.
+    Frame(Vec<u8>),
+    Check(Check),
+    /// Not checked (dropped packets).
+    Any,
+}
+
+struct Step {
+    prog: &'static str,
+    dev: Dev,
+    tunnel: Option<(Ipv4Addr, u32)>,
+    input: Input,
+    verdict: u32,
+    out: Out,
+}
+
+fn from_pod(p: &Ipv4Packet) -> Step {
+    Step {
+        prog: FROM_POD,
+        dev: Dev::Pod,
+        tunnel: None,
+        input: Input::Frame(p.build()),
+        verdict: TC_ACT_OK,
+        out: Out::Unchanged,
+    }
+}
+
+fn from_tunnel(sender: Ipv4Addr, vni: u32, p: &Ipv4Packet) -> Step {
+    Step {
+        prog: FROM_TUNNEL,
+        dev: Dev::Tunnel,
+        tunnel: Some((sender, vni)),
+        input: Input::Frame(p.build()),
+        verdict: TC_ACT_OK,
+        out: Out::Unchanged,
+    }
+}
+
+fn from_secondary(p: &Ipv4Packet) -> Step {
+    Step {
+        prog: FROM_SECONDARY,
+        dev: Dev::Secondary,
+        tunnel: None,
+        input: Input::Frame(p.build()),
+        verdict: TC_ACT_OK,
+        out: Out::Unchanged,
+    }
+}
+
+impl Step {
+    fn raw(mut self, frame: Vec<u8>) -> Self {
+        self.input = Input::Frame(frame);
+        self
+    }
+
+    fn derive(mut self, f: impl Fn(&[u8]) -> Vec<u8> + Send + 'static) -> Self {
+        self.input = Input::FromPrevious(Box::new(f));
+        self
+    }
+
+    fn passes(self) -> Self {
+        self.expect(TC_ACT_OK, Out::Unchanged)
+    }
+
+    fn dropped(self) -> Self {
+        self.expect(TC_ACT_SHOT, Out::Any)
+    }
+
+    fn redirected(self, out: &Ipv4Packet) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Frame(out.build()))
+    }
+
+    /// Redirected unchanged (into the tunnel: the key is metadata, not bytes).
+    fn tunneled(self) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Unchanged)
+    }
+
+    fn redirected_if(self, f: impl Fn(&[u8]) -> Result<(), String> + Send + 'static) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Check(Box::new(f)))
+    }
+
+    fn expect(mut self, verdict: u32, out: Out) -> Self {
+        self.verdict = verdict;
+        self.out = out;
+        self
+    }
+}
+
+type Setup = Box<dyn Fn(&mut Datapath, &Net) + Send>;
+
+struct Case {
+    name: &'static str,
+    setup: Setup,
+    steps: Vec<Step>,
+    /// Every non-zero counter after the last step: (reason, packets).
+    counters: Vec<(u32, u64)>,
+}
+
+fn case(
+    name: &'static str,
+    setup: impl Fn(&mut Datapath, &Net) + Send + 'static,
+    steps: Vec<Step>,
+    counters: &[(u32, u64)],
+) -> Case {
+    Case {
+        name,
+        setup: Box::new(setup),
+        steps,
+        counters: counters.to_vec(),
+    }
+}
+
+fn no_setup(_: &mut Datapath, _: &Net) {}
+
+fn reason_name(r: u32) -> String {
+    counters::name(r).map_or_else(|| format!("#{r}"), str::to_owned)
+}
+
+fn verdict_name(v: u32) -> &'static str {
+    match v {
+        TC_ACT_OK => "OK",
+        TC_ACT_SHOT => "SHOT",
+        TC_ACT_REDIRECT => "REDIRECT",
+        _ => "?",
+    }
+}
+
+fn frame_diff(got: &[u8], want: &[u8]) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "frame differs: {}",
+            egress_tests::packet::diff(got, want)
+        ))
+    }
+}
+
+fn run_case(c: Case) -> Result<(), String> {
+    let Case {
+        name: _,
+        setup,
+        steps,
+        counters,
+    } = c;
+    in_netns(move || {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        setup(&mut dp, &net);
+        let mut prev: Vec<u8> = Vec::new();
+        for (i, s) in steps.into_iter().enumerate() {
+            let input = match &s.input {
+                Input::Frame(f) => f.clone(),
+                Input::FromPrevious(f) => f(&prev),
+            };
+            let dev = match s.dev {
+                Dev::Pod => net.pod0,
+                Dev::Tunnel => net.tun0,
+                Dev::Secondary => net.sec0,
+            };
+            let o = dp.run(s.prog, &input, dev, s.tunnel);
+            let step = format!("step {} ({})", i + 1, s.prog);
+            if o.verdict != s.verdict {
+                return Err(format!(
+                    "{step}: verdict {} ({}), expected {} ({}); counters {:?}",
+                    o.verdict,
+                    verdict_name(o.verdict),
+                    s.verdict,
+                    verdict_name(s.verdict),
+                    named(&dp.counters().into_iter().collect::<Vec<_>>()),
+                ));
+            }
+            let r = match &s.out {
+                Out::Unchanged => frame_diff(&o.frame, &input),
+                Out::Frame(want) => frame_diff(&o.frame, want),
+                Out::Check(f) => f(&o.frame),
+                Out::Any => Ok(()),
+            };
+            r.map_err(|e| format!("{step}: {e}"))?;
+            prev = o.frame;
+        }
+        let got: Vec<(u32, u64)> = dp.counters().into_iter().collect();
+        let mut want = counters;
+        want.sort_unstable();
+        if got != want {
+            return Err(format!(
+                "counters {:?}, expected {:?}",
+                named(&got),
+                named(&want)
+            ));
+        }
+        Ok(())
+    })
+}
+
+fn named(c: &[(u32, u64)]) -> Vec<(String, u64)> {
+    c.iter().map(|&(r, n)| (reason_name(r), n)).collect()
+}
+
+/// Run every case (each in its own namespace, in parallel) and report all failures.
+fn run_table(cases: Vec<Case>) {
+    let handles: Vec<_> = cases
+        .into_iter()
+        .map(|c| {
+            let name = c.name;
+            (
+                name,
+                std::thread::spawn(move || {
+                    catch_unwind(AssertUnwindSafe(|| run_case(c)))
+                        .unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(&p))))
+                }),
+            )
+        })
+        .collect();
+    let mut failures = Vec::new();
+    let total = handles.len();
+    for (name, h) in handles {
+        if let Err(e) = h.join().expect("case thread") {
+            failures.push(format!("  {name}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+// ---- packets ----
+
+fn tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Ipv4Packet {
+    Ipv4Packet::new(src, dst, L4::tcp(sport, dport, flags))
+}
+
+fn syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, mss: u16) -> Ipv4Packet {
+    Ipv4Packet::new(src, dst, L4::syn(sport, dport, mss))
+}
+
+fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
+    Ipv4Packet::new(src, dst, L4::udp(sport, dport, b"hello, gateway!"))
+}
+
+/// `p` after SNAT to `src:sport` on the gateway, leaving by an interface with MAC `smac`
+/// towards `dmac`.
+fn snatted(p: &Ipv4Packet, src: Ipv4Addr, sport: u16, smac: [u8; 6], dmac: [u8; 6]) -> Ipv4Packet {
+    p.clone()
+        .src(src)
+        .l4(p.l4.clone().with_sport(sport))
+        .ttl(p.ttl - 1)
+        .macs(dmac, smac)
+}
+
+/// `p` (a reply) after reverse NAT to `dst:dport`, MACs untouched (tunnel).
+fn unnatted(p: &Ipv4Packet, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
+    p.clone()
+        .dst(dst)
+        .l4(p.l4.clone().with_dport(dport))
+        .ttl(p.ttl - 1)
+}
+
+/// Source port (or ICMP identifier) of an output frame without IP options.
+fn sport_of(f: &[u8]) -> u16 {
+    let off = if f[23] == 1 { 38 } else { 34 };
+    u16::from_be_bytes([f[off], f[off + 1]])
+}
+
+/// `p` SNATed to `EGRESS_A` on a port of the configured range other than `not`.
+fn snatted_in_range(p: &Ipv4Packet, not: u16) -> impl Fn(&[u8]) -> Result<(), String> + use<> {
+    let p = p.clone();
+    move |out: &[u8]| {
+        let port = sport_of(out);
+        if port == not || !(PORT_MIN..=PORT_MAX).contains(&port) {
+            return Err(format!(
+                "translated port {port}: not a fresh port of the range"
+            ));
+        }
+        frame_diff(
+            out,
+            &snatted(&p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC).build(),
+        )
+    }
+}
+
+// ---- from_pod ----
+
+#[test]
+fn from_pod_table() {
+    let to_a = tcp(LOCAL_POD, 40_000, DEST_A, 80, TCP_ACK);
+    let with_opts = |p: &Ipv4Packet| p.clone().options(&[1, 1, 148, 4, 0, 0]);
+    let local_gw_out = snatted(&to_a, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC);
+    let syn_1460 = syn(LOCAL_POD, 40_000, DEST_A, 80, 1460);
+    let syn_clamped = syn(LOCAL_POD, 40_000, DEST_A, 80, TUNNEL_MTU - 40);
+    let mut truncated_tcp = to_a.build();
+    // IP total length says 20 + 8: a TCP header cut short, consistently.
+    truncated_tcp.truncate(14 + 20 + 8);
+    truncated_tcp[16..18].copy_from_slice(&28u16.to_be_bytes());
+    fix_ip_csum(&mut truncated_tcp);
+    let mut short_frame = to_a.build();
+    short_frame.truncate(14 + 20 + 10);
+
+    run_table(vec![
+        case(
+            "unselected pod passes untouched, uncounted",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
+            &[],
+        ),
+        case(
+            "non-IPv4 frame of a selected pod passes",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).raw(arp_frame()).passes()],
+            &[],
+        ),
+        case(
+            "selected pod, destination outside every rule, passes uncounted",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
+            &[],
+        ),
+        case(
+            "remote gateway: tunneled untouched",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).tunneled()],
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "longest prefix wins: /32 inside the /24 goes to its own (local) gateway",
+            |dp, _| {
+                local_pod_to_a(dp, PEER);
+                dp.policy(LOCAL_POD, DEST_A, 32, forward(NODE, RULE_A));
+            },
+            vec![
+                from_pod(&to_a).redirected(&local_gw_out),
+                from_pod(&to_a.clone().dst(a(10, 100, 0, 6))).tunneled(),
+            ],
+            &[
+                (LOCAL_GATEWAY, 1),
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (TUNNELED, 1),
+            ],
+        ),
+        case(
+            "except prefix passes untouched, counted EXCLUDED",
+            |dp, _| {
+                local_pod_to_a(dp, PEER);
+                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 29, sentinel(action::EXCLUDE));
+            },
+            vec![
+                from_pod(&to_a).passes(),
+                from_pod(&to_a.clone().dst(a(10, 100, 0, 9))).tunneled(),
+            ],
+            &[(EXCLUDED, 1), (TUNNELED, 1)],
+        ),
+        case(
+            "no gateway, failurePolicy Drop: dropped",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(
+                    LOCAL_POD,
+                    a(10, 100, 0, 0),
+                    24,
+                    sentinel(action::NO_GATEWAY_DROP),
+                );
+            },
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_NO_GATEWAY, 1)],
+        ),
+        case(
+            "no gateway, failurePolicy Fallthrough: passes",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(
+                    LOCAL_POD,
+                    a(10, 100, 0, 0),
+                    24,
+                    sentinel(action::NO_GATEWAY_PASS),
+                );
+            },
+            vec![from_pod(&to_a).passes()],
+            &[(FALLTHROUGH, 1)],
+        ),
+        case(
+            "unknown action value fails closed",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, sentinel(99));
+            },
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_NO_GATEWAY, 1)],
+        ),
+        case(
+            "SYN MSS 1460 clamped to tunnel_mtu - 40, checksum valid",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&syn_1460).expect(TC_ACT_REDIRECT, Out::Frame(syn_clamped.build()))],
+            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
+        ),
+        case(
+            "SYN MSS already small enough: untouched",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&syn(LOCAL_POD, 40_000, DEST_A, 80, 1200)).tunneled()],
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "SYN with IP options: MSS clamped at the right offset",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![
+                from_pod(&with_opts(&syn_1460))
+                    .expect(TC_ACT_REDIRECT, Out::Frame(with_opts(&syn_clamped).build())),
+            ],
+            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
+        ),
+        case(
+            "local gateway: SNAT to the egress IP, TTL decremented, out of sec0",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![from_pod(&to_a).redirected(&local_gw_out)],
+            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "local gateway with IP options: SNAT checksums correct",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![from_pod(&with_opts(&to_a)).redirected(&with_opts(&local_gw_out))],
+            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "local gateway, UDP: SNAT",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![
+                from_pod(&udp(LOCAL_POD, 5353, DEST_A, 53)).redirected(&snatted(
+                    &udp(LOCAL_POD, 5353, DEST_A, 53),
+                    EGRESS_A,
+                    5353,
+                    SEC0_MAC,
+                    DEST_A_MAC,
+                )),
+            ],
+            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "fragment (more fragments) of a selected flow dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().frag(IP_MF)).dropped()],
+            &[(DROP_FRAGMENT, 1)],
+        ),
+        case(
+            "non-first fragment of a selected flow dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().frag(185)).dropped()],
+            &[(DROP_FRAGMENT, 1)],
+        ),
+        case(
+            "GRE in a selected flow dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![
+                from_pod(
+                    &to_a
+                        .clone()
+                        .l4(L4::raw(PROTO_GRE, &[0, 0, 8, 0, 1, 2, 3, 4])),
+                )
+                .dropped(),
+            ],
+            &[(DROP_UNSUPPORTED_PROTO, 1)],
+        ),
+        case(
+            "truncated TCP header (consistent IP length) dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).raw(truncated_tcp).dropped()],
+            &[(DROP_MALFORMED, 1)],
+        ),
+        case(
+            "frame shorter than its IP total length passes, counted",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).raw(short_frame).passes()],
+            &[(MALFORMED_PASSED, 1)],
+        ),
+        case(
+            "agent not ready: selected packet dropped",
+            |dp, net| {
+                local_pod_to_a(dp, PEER);
+                dp.config(Config {
+                    flags: 0,
+                    ..config(net)
+                });
+            },
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_NOT_READY, 1)],
+        ),
+    ]);
+}
+
+fn fix_ip_csum(f: &mut [u8]) {
+    let ihl = usize::from(f[14] & 0xf) * 4;
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = egress_tests::packet::checksum(&[&f[14..14 + ihl]]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+// ---- from_tunnel ----
+
+#[test]
+fn from_tunnel_table() {
+    let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
+    let ack_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
+    let out = |p: &Ipv4Packet, port| snatted(p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC);
+    let echo = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::echo_request(7, 1));
+    let echo2 = echo.clone().src(REMOTE_POD2);
+    let udp0 = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::udp_no_checksum(5000, 53, b"q"));
+    let reply_in = tcp(DEST_A, 443, LOCAL_POD, 40_000, TCP_ACK).ttl(63);
+    let with_opts = syn_a.clone().options(&[1, 1, 148, 4, 0, 0]);
+
+    run_table(vec![
+        case(
+            "unknown sender dropped",
+            no_setup,
+            vec![from_tunnel(STRANGER, RULE_A, &syn_a).dropped()],
+            &[(DROP_UNKNOWN_SENDER, 1)],
+        ),
+        case(
+            "inner source not a pod of the sender dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(LOCAL_POD)).dropped(),
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(a(10, 244, 9, 9))).dropped(),
+            ],
+            &[(DROP_SPOOFED_SOURCE, 2)],
+        ),
+        case(
+            "unknown rule dropped",
+            no_setup,
+            vec![from_tunnel(PEER, 77, &syn_a).dropped()],
+            &[(DROP_UNKNOWN_RULE, 1)],
+        ),
+        case(
+            "non-IPv4 passes",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &syn_a).raw(arp_frame()).passes()],
+            &[],
+        ),
+        case(
+            "new flow: SNAT keeps the free pod port, TTL decremented; then conntrack hit",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                from_tunnel(PEER, RULE_A, &ack_a).redirected(&out(&ack_a, 40_000)),
+            ],
+            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
+        ),
+        case(
+            "rule B leaves by sec1 with its own egress IP",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_B, &syn_a.clone().dst(DEST_B)).redirected(&snatted(
+                    &syn_a.clone().dst(DEST_B),
+                    EGRESS_B,
+                    40_000,
+                    SEC1_MAC,
+                    DEST_B_MAC,
+                )),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "destination behind a router: next hop's MAC",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_FAR)).redirected(&snatted(
+                    &syn_a.clone().dst(DEST_FAR),
+                    EGRESS_A,
+                    40_000,
+                    SEC0_MAC,
+                    ROUTER_A_MAC,
+                )),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "no neighbour yet: redirect_neigh (SNATed, MACs left to the kernel)",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_A_NO_NEIGH)).redirected(
+                    &snatted(
+                        &syn_a.clone().dst(DEST_A_NO_NEIGH),
+                        EGRESS_A,
+                        40_000,
+                        SEC0_MAC,
+                        DEST_A_MAC,
+                    )
+                    .macs(HOST_MAC, POD_MAC),
+                ),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "destination not reachable through the rule's interface: dropped",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_B)).dropped()],
+            &[(SNAT_NEW, 1), (DROP_FIB, 1)],
+        ),
+        case(
+            "two pods, same source port, same destination: distinct translations",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_POD2))
+                    .redirected_if(snatted_in_range(&syn_a.clone().src(REMOTE_POD2), 40_000)),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "ICMP echo: identifier kept when free, translated when taken",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &echo).redirected(&out(&echo, 7)),
+                from_tunnel(PEER, RULE_A, &echo2).redirected_if(snatted_in_range(&echo2, 7)),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "UDP without checksum: stays zero through SNAT",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &udp0).redirected(&out(&udp0, 5000)),
+                from_tunnel(PEER, RULE_A, &udp0.clone().src(REMOTE_POD2))
+                    .redirected_if(snatted_in_range(&udp0.clone().src(REMOTE_POD2), 5000)),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "IP options: SNAT checksums correct",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &with_opts).redirected(&out(&with_opts, 40_000))],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "TTL 1 dropped",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().ttl(1)).dropped()],
+            &[(DROP_TTL_EXCEEDED, 1)],
+        ),
+        case(
+            "fragment dropped",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().frag(IP_MF | IP_DF)).dropped()],
+            &[(DROP_FRAGMENT, 1)],
+        ),
+        case(
+            "GRE dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
+            ],
+            &[(DROP_UNSUPPORTED_PROTO, 1)],
+        ),
+        case(
+            "port exhaustion (range of two ports) counted",
+            |dp, net| {
+                dp.config(Config {
+                    port_min: 30_000,
+                    port_max: 30_001,
+                    ..config(net)
+                });
+            },
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)))
+                    .redirected(&out(&syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)), 30_000)),
+                from_tunnel(
+                    PEER,
+                    RULE_A,
+                    &syn_a
+                        .clone()
+                        .src(REMOTE_POD2)
+                        .l4(L4::tcp(30_001, 443, 0x02)),
+                )
+                .redirected(&out(
+                    &syn_a
+                        .clone()
+                        .src(REMOTE_POD2)
+                        .l4(L4::tcp(30_001, 443, 0x02)),
+                    30_001,
+                )),
+                from_tunnel(
+                    PEER,
+                    RULE_A,
+                    &syn_a
+                        .clone()
+                        .src(REMOTE_POD3)
+                        .l4(L4::tcp(30_000, 443, 0x02)),
+                )
+                .dropped(),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2), (DROP_PORT_EXHAUSTED, 1)],
+        ),
+        case(
+            "RETURN_VNI for a local pod: delivered to its device",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RETURN_VNI, &reply_in)
+                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
+            ],
+            &[(RETURN_DELIVERED, 1)],
+        ),
+        case(
+            "RETURN_VNI for a pod of another node dropped",
+            no_setup,
+            vec![from_tunnel(PEER, RETURN_VNI, &reply_in.clone().dst(REMOTE_POD)).dropped()],
+            &[(DROP_NOT_LOCAL_POD, 1)],
+        ),
+        case(
+            "RETURN_VNI from an unknown sender dropped",
+            no_setup,
+            vec![from_tunnel(STRANGER, RETURN_VNI, &reply_in).dropped()],
+            &[(DROP_UNKNOWN_SENDER, 1)],
+        ),
+    ]);
+}
+
+/// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
+#[test]
+fn from_tunnel_conntrack_entries() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
+        let o = dp.run(FROM_TUNNEL, &syn_a.build(), net.tun0, Some((PEER, RULE_A)));
+        assert_eq!(o.verdict, TC_ACT_REDIRECT);
+        let mut ct = dp.ct();
+        ct.sort_by_key(|(k, _)| k.dir);
+        let strip = |mut e: CtEntryV4| {
+            assert_ne!(e.last_seen_ns, 0);
+            e.last_seen_ns = 0;
+            e
+        };
+        let got: Vec<_> = ct.into_iter().map(|(k, e)| (k, strip(e))).collect();
+        let common = CtEntryV4 {
+            xlate_addr: EGRESS_A.octets(),
+            xlate_port_be: 40_000u16.to_be(),
+            state: state::NEW,
+            _pad0: 0,
+            pod_node: PEER.octets(),
+            ifindex: net.sec0,
+            rule_id: RULE_A,
+            _pad1: 0,
+            last_seen_ns: 0,
+        };
+        assert_eq!(
+            got,
+            vec![
+                (
+                    CtKeyV4 {
+                        src: REMOTE_POD.octets(),
+                        dst: DEST_A.octets(),
+                        src_port_be: 40_000u16.to_be(),
+                        dst_port_be: 443u16.to_be(),
+                        proto: 6,
+                        dir: dir::ORIGINAL,
+                        _pad: [0; 2],
+                    },
+                    common
+                ),
+                (
+                    CtKeyV4 {
+                        src: DEST_A.octets(),
+                        dst: EGRESS_A.octets(),
+                        src_port_be: 443u16.to_be(),
+                        dst_port_be: 40_000u16.to_be(),
+                        proto: 6,
+                        dir: dir::REPLY,
+                        _pad: [0; 2],
+                    },
+                    CtEntryV4 {
+                        xlate_addr: REMOTE_POD.octets(),
+                        ..common
+                    }
+                ),
+            ]
+        );
+    });
+}
+
+// ---- from_secondary ----
+
+#[test]
+fn from_secondary_table() {
+    let fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
+    let synack = syn(DEST_A, 443, EGRESS_A, 40_000, 1460).l4(L4::Tcp {
+        sport: 443,
+        dport: 40_000,
+        flags: 0x12,
+        seq: 9,
+        ack: 0x0102_0305,
+        options: vec![2, 4, 0x05, 0xb4],
+        payload: Vec::new(),
+    });
+    let synack_clamped = synack.clone().l4(L4::Tcp {
+        sport: 443,
+        dport: 40_000,
+        flags: 0x12,
+        seq: 9,
+        ack: 0x0102_0305,
+        options: vec![2, 4, 0x05, 0x82],
+        payload: Vec::new(),
+    });
+    let reply = tcp(DEST_A, 443, EGRESS_A, 40_000, TCP_ACK);
+    let local_fwd = tcp(LOCAL_POD, 40_000, DEST_A, 443, 0x02);
+    let echo = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::echo_request(7, 1));
+    let echo_reply = Ipv4Packet::new(DEST_A, EGRESS_A, L4::echo_reply(7, 1));
+    let udp0 = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::udp_no_checksum(5000, 53, b"q"));
+    let udp0_reply = Ipv4Packet::new(DEST_A, EGRESS_A, L4::udp_no_checksum(53, 5000, b"a"));
+    let udp_reply = udp(DEST_A, 53, EGRESS_A, 5000);
+    let to_second = |prev: &[u8]| tcp(DEST_A, 443, EGRESS_A, sport_of(prev), TCP_ACK).build();
+
+    run_table(vec![
+        case(
+            "reply with an entry: reverse NAT, tunneled back to the pod's node",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&reply).redirected(&unnatted(&reply, REMOTE_POD, 40_000)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "SYN-ACK into the tunnel: MSS clamped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&synack).redirected(&unnatted(&synack_clamped, REMOTE_POD, 40_000)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (MSS_CLAMPED, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "reply to the second of two colliding flows restores its pod and port",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
+                from_tunnel(PEER, RULE_A, &fwd.clone().src(REMOTE_POD2))
+                    .expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&reply)
+                    .derive(to_second)
+                    .redirected(&unnatted(&reply, REMOTE_POD2, 40_000)),
+            ],
+            &[
+                (SNAT_NEW, 2),
+                (FORWARDED, 2),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "reply for a pod on this gateway: delivered to its device",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![
+                from_pod(&local_fwd).expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&reply)
+                    .redirected(&unnatted(&reply, LOCAL_POD, 40_000).macs(POD_MAC, POD0_MAC)),
+            ],
+            &[
+                (LOCAL_GATEWAY, 1),
+                (SNAT_NEW, 1),
+                (FORWARDED, 2),
+                (REVERSE_NAT, 1),
+            ],
+        ),
+        case(
+            "ICMP echo reply: identifier restored",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &echo).expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&echo_reply).redirected(&unnatted(&echo_reply, REMOTE_POD, 7)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "UDP reply without checksum stays zero; with checksum, fixed",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &udp0).expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&udp0_reply).redirected(&unnatted(&udp0_reply, REMOTE_POD, 5000)),
+                from_secondary(&udp_reply).redirected(&unnatted(&udp_reply, REMOTE_POD, 5000)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 2),
+                (RETURN_TUNNELED, 2),
+            ],
+        ),
+        case(
+            "dedicated egress IP, no entry: dropped",
+            no_setup,
+            vec![from_secondary(&reply).dropped()],
+            &[(DROP_NO_CONNTRACK, 1)],
+        ),
+        case(
+            "dedicated egress IP, GRE: dropped",
+            no_setup,
+            vec![from_secondary(&reply.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped()],
+            &[(DROP_UNSUPPORTED_PROTO, 1)],
+        ),
+        case(
+            "dedicated egress IP, entry idle past its timeout: dropped",
+            |dp, net| {
+                let old = ktime_ns().saturating_sub(121 * 1_000_000_000);
+                dp.ct_insert(
+                    CtKeyV4 {
+                        src: DEST_A.octets(),
+                        dst: EGRESS_A.octets(),
+                        src_port_be: 53u16.to_be(),
+                        dst_port_be: 5000u16.to_be(),
+                        proto: 17,
+                        dir: dir::REPLY,
+                        _pad: [0; 2],
+                    },
+                    CtEntryV4 {
+                        xlate_addr: REMOTE_POD.octets(),
+                        xlate_port_be: 5000u16.to_be(),
+                        state: state::ESTABLISHED,
+                        _pad0: 0,
+                        pod_node: PEER.octets(),
+                        ifindex: net.sec0,
+                        rule_id: RULE_A,
+                        _pad1: 0,
+                        last_seen_ns: old,
+                    },
+                );
+            },
+            vec![from_secondary(&udp_reply).dropped()],
+            &[(DROP_NO_CONNTRACK, 1)],
+        ),
+        case(
+            "reply with TTL 1 dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&reply.clone().ttl(1)).dropped(),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_TTL_EXCEEDED, 1)],
+        ),
+        case(
+            "shared address (the interface's own), no entry: passes to the host",
+            no_setup,
+            vec![from_secondary(&reply.clone().dst(SHARED_A)).passes()],
+            &[],
+        ),
+        case(
+            "unrelated traffic passes untouched",
+            no_setup,
+            vec![
+                from_secondary(&reply.clone().dst(a(10, 100, 0, 99))).passes(),
+                from_secondary(&reply).raw(arp_frame()).passes(),
+            ],
+            &[],
+        ),
+    ]);
+}
+
+// ---- attach ----
+
+fn attach(prog: &'static str) {
+    in_netns(move || {
+        ip("link add att0 type veth peer name att0p");
+        ip("link set att0 up");
+        let mut dp = Datapath::load();
+        dp.program(prog)
+            .attach("att0", aya::programs::TcAttachType::Ingress)
+            .unwrap_or_else(|e| panic!("failed to attach {prog} to att0: {e:?}"));
+    });
+}
+
+#[test]
+fn from_pod_loads_and_attaches() {
+    attach(FROM_POD);
+}
+
+#[test]
+fn from_tunnel_loads_and_attaches() {
+    attach(FROM_TUNNEL);
+}
+
+#[test]
+fn from_secondary_loads_and_attaches() {
+    attach(FROM_SECONDARY);
+}
