@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use egress_tests::{
+    cluster,
     lab::{self, Lab, LabSpec, Proto, Query, addr},
     netns,
 };
@@ -166,8 +167,23 @@ fn real_main() -> Result<bool> {
         t0.elapsed().as_secs_f64()
     );
     lab.start_agents(&agent)?;
-    wait_ready(&lab)?;
-    println!("agents ready after {:.1}s\n", t0.elapsed().as_secs_f64());
+    let ready = cluster::wait_until(Duration::from_secs(30), || {
+        holders(&lab).len() == 2
+            && cluster::seen(&lab, "w1-p1", Proto::Tcp, addr::HOST_A)
+                == Some(IpAddr::V4(addr::EGRESS_IP_A))
+    });
+    match ready {
+        Ok(_) => println!(
+            "agents converged {:.1}s after start\n",
+            t0.elapsed().as_secs_f64()
+        ),
+        Err(_) => println!("agents did not converge within 30 s; showing what works\n"),
+    }
+    println!(
+        "policy {}:\n{}",
+        lab::POLICY_FILE,
+        indent(&lab::sample_policy())
+    );
 
     let holders = holders(&lab);
     let mut ok_all = true;
@@ -257,43 +273,14 @@ fn real_main() -> Result<bool> {
     Ok(ok_all)
 }
 
-/// Which gateway and interface hold each egress IP, read from the gateways' interfaces.
+/// Which gateway and interface hold each egress IP.
 fn holders(lab: &Lab) -> Vec<(IpAddr, String, String)> {
-    let mut out = Vec::new();
-    for gw in ["gw1", "gw2"] {
-        for (ifc, ip) in [("sec-a", addr::EGRESS_IP_A), ("sec-b", addr::EGRESS_IP_B)] {
-            if let Ok(o) = lab.exec(gw, "ip", &["-4", "-o", "addr", "show", "dev", ifc]) {
-                if String::from_utf8_lossy(&o.stdout).contains(&format!(" {ip}/")) {
-                    out.push((IpAddr::V4(ip), gw.to_string(), ifc.to_string()));
-                }
-            }
-        }
-    }
-    out
+    [addr::EGRESS_IP_A, addr::EGRESS_IP_B]
+        .into_iter()
+        .filter_map(|ip| cluster::holder(lab, ip).map(|(gw, ifc)| (IpAddr::V4(ip), gw, ifc)))
+        .collect()
 }
 
-/// Until both egress IPs are held and a selected pod gets through (or 30 s).
-fn wait_ready(lab: &Lab) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let held = holders(lab).len() == 2;
-        let through = held
-            && lab
-                .query_with(
-                    "w1-p1",
-                    &Query::new(Proto::Tcp, addr::HOST_A, addr::ECHO_PORT)
-                        .timeout(Duration::from_millis(500)),
-                )
-                .is_ok_and(|s| s.ip == IpAddr::V4(addr::EGRESS_IP_A));
-        if through {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            eprintln!(
-                "agents not ready after 30 s (egress IPs held: {held}); continuing to show what works"
-            );
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("    {l}\n")).collect()
 }
