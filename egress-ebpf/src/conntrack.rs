@@ -73,15 +73,66 @@ pub fn reply_key(ip: &Ipv4, l4: &L4) -> CtKeyV4 {
     }
 }
 
+#[inline(always)]
+fn expired(proto: u8, e: &CtEntryV4, now: u64) -> bool {
+    now.saturating_sub(e.last_seen_ns) > idle_timeout(proto, e.state)
+}
+
+/// The key of the other direction's entry of the flow that (`key`, `e`) belongs to.
+#[inline(always)]
+fn partner_key(key: &CtKeyV4, e: &CtEntryV4) -> CtKeyV4 {
+    if key.dir == dir::ORIGINAL {
+        CtKeyV4 {
+            src: key.dst,
+            dst: e.xlate_addr,
+            src_port_be: key.dst_port_be,
+            dst_port_be: e.xlate_port_be,
+            proto: key.proto,
+            dir: dir::REPLY,
+            _pad: [0; 2],
+        }
+    } else {
+        CtKeyV4 {
+            src: e.xlate_addr,
+            dst: key.src,
+            src_port_be: e.xlate_port_be,
+            dst_port_be: key.src_port_be,
+            proto: key.proto,
+            dir: dir::ORIGINAL,
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// Whether the flow of (`key`, `e`) has seen a packet within its timeout in either
+/// direction. Each direction refreshes only its own entry (one lookup per packet), so
+/// an entry that looks idle asks its partner before the flow counts as over: a one-way
+/// stream must keep both its translation and its claim on the reply tuple. Only paid
+/// on the expired path.
+#[inline(always)]
+fn flow_live(key: &CtKeyV4, e: &CtEntryV4, now: u64) -> bool {
+    if !expired(key.proto, e, now) {
+        return true;
+    }
+    let pk = partner_key(key, e);
+    let Some(p) = CT_V4.get_ptr(pk) else {
+        return false;
+    };
+    // SAFETY: valid map value pointer, read only.
+    let p = unsafe { &*p };
+    // The partner must still belong to this flow (its slot may have been reused).
+    !expired(key.proto, p, now) && partner_key(&pk, p) == *key
+}
+
 /// A live entry for `key`: refreshes its last-seen time and TCP state, and returns a copy.
-/// Expired entries count as absent.
+/// Entries of flows idle in both directions count as absent.
 #[inline(always)]
 pub fn lookup(key: &CtKeyV4, tcp_flags: u8, now: u64) -> Option<CtEntryV4> {
     let e = CT_V4.get_ptr_mut(key)?;
     // SAFETY: valid map value pointer; concurrent updates of these fields only race on
     // timestamps and state, which are advisory.
     let e = unsafe { &mut *e };
-    if now.saturating_sub(e.last_seen_ns) > idle_timeout(key.proto, e.state) {
+    if !flow_live(key, e, now) {
         return None;
     }
     e.last_seen_ns = now;
@@ -97,6 +148,10 @@ pub enum AllocError {
 /// Create both entries of a new flow. Keeps the pod's port when it is free for
 /// (destination, egress IP), else tries random ports of the configured range.
 /// Returns the chosen port (network order).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the flow (ip, l4), its rule's decision and the clock; one caller"
+)]
 #[inline(always)]
 pub fn create(
     cfg: &Config,
@@ -143,17 +198,18 @@ pub fn create(
             reply.dst_port_be = ((lo + r % span) as u16).to_be();
         }
         if CT_V4
-            .insert(&reply, &reply_val, u64::from(BPF_NOEXIST))
+            .insert(reply, reply_val, u64::from(BPF_NOEXIST))
             .is_ok()
         {
             claimed = true;
             break;
         }
-        // Taken: reuse the slot if the flow that held it has gone idle.
-        if let Some(old) = CT_V4.get_ptr(&reply) {
+        // Taken: reuse the slot if the flow that held it has gone idle both ways.
+        if let Some(old) = CT_V4.get_ptr(reply) {
+            // SAFETY: valid map value pointer, read only.
             let old = unsafe { &*old };
-            if now.saturating_sub(old.last_seen_ns) > idle_timeout(ip.proto, old.state)
-                && CT_V4.insert(&reply, &reply_val, u64::from(BPF_ANY)).is_ok()
+            if !flow_live(&reply, old, now)
+                && CT_V4.insert(reply, reply_val, u64::from(BPF_ANY)).is_ok()
             {
                 claimed = true;
                 break;
@@ -169,8 +225,8 @@ pub fn create(
         xlate_port_be: reply.dst_port_be,
         ..reply_val
     };
-    if CT_V4.insert(&orig, &orig_val, u64::from(BPF_ANY)).is_err() {
-        let _ = CT_V4.remove(&reply);
+    if CT_V4.insert(orig, orig_val, u64::from(BPF_ANY)).is_err() {
+        let _ = CT_V4.remove(reply);
         return Err(AllocError::InsertFailed);
     }
     Ok(reply.dst_port_be)

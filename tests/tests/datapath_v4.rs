@@ -723,6 +723,47 @@ fn fix_ip_csum(f: &mut [u8]) {
     f[24..26].copy_from_slice(&c.to_be_bytes());
 }
 
+/// Both conntrack entries of the UDP flow `REMOTE_POD:5000 -> DEST_A:53`, translated to
+/// `EGRESS_A:5000`, last seen `orig_age_s` and `reply_age_s` seconds ago.
+fn udp_flow_entries(dp: &mut Datapath, net: &Net, orig_age_s: u64, reply_age_s: u64) {
+    let now = ktime_ns();
+    let entry = |xlate: Ipv4Addr, age_s: u64| CtEntryV4 {
+        xlate_addr: xlate.octets(),
+        xlate_port_be: 5000u16.to_be(),
+        state: state::ESTABLISHED,
+        _pad0: 0,
+        pod_node: PEER.octets(),
+        ifindex: net.sec0,
+        rule_id: RULE_A,
+        _pad1: 0,
+        last_seen_ns: now.saturating_sub(age_s * 1_000_000_000),
+    };
+    dp.ct_insert(
+        CtKeyV4 {
+            src: REMOTE_POD.octets(),
+            dst: DEST_A.octets(),
+            src_port_be: 5000u16.to_be(),
+            dst_port_be: 53u16.to_be(),
+            proto: 17,
+            dir: dir::ORIGINAL,
+            _pad: [0; 2],
+        },
+        entry(EGRESS_A, orig_age_s),
+    );
+    dp.ct_insert(
+        CtKeyV4 {
+            src: DEST_A.octets(),
+            dst: EGRESS_A.octets(),
+            src_port_be: 53u16.to_be(),
+            dst_port_be: 5000u16.to_be(),
+            proto: 17,
+            dir: dir::REPLY,
+            _pad: [0; 2],
+        },
+        entry(REMOTE_POD, reply_age_s),
+    );
+}
+
 // ---- from_tunnel ----
 
 #[test]
@@ -917,6 +958,35 @@ fn from_tunnel_table() {
                 .dropped(),
             ],
             &[(SNAT_NEW, 2), (FORWARDED, 2), (DROP_PORT_EXHAUSTED, 1)],
+        ),
+        case(
+            "one-way flow (replies idle past the timeout) keeps its port from a new flow",
+            |dp, net| udp_flow_entries(dp, net, 1, 200),
+            vec![
+                from_tunnel(PEER, RULE_A, &udp(REMOTE_POD2, 5000, DEST_A, 53))
+                    .redirected_if(snatted_in_range(&udp(REMOTE_POD2, 5000, DEST_A, 53), 5000)),
+                from_tunnel(PEER, RULE_A, &udp(REMOTE_POD, 5000, DEST_A, 53))
+                    .redirected(&out(&udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
+            ],
+            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
+        ),
+        case(
+            "flow idle in both directions: its port is reused by a new flow",
+            |dp, net| udp_flow_entries(dp, net, 200, 200),
+            vec![
+                from_tunnel(PEER, RULE_A, &udp(REMOTE_POD2, 5000, DEST_A, 53))
+                    .redirected(&out(&udp(REMOTE_POD2, 5000, DEST_A, 53), 5000)),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "pod silent, destination streaming: the pod's next packet keeps the translation",
+            |dp, net| udp_flow_entries(dp, net, 200, 1),
+            vec![
+                from_tunnel(PEER, RULE_A, &udp(REMOTE_POD, 5000, DEST_A, 53))
+                    .redirected(&out(&udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
+            ],
+            &[(SNAT_HIT, 1), (FORWARDED, 1)],
         ),
         case(
             "RETURN_VNI for a local pod: delivered to its device",
@@ -1171,6 +1241,12 @@ fn from_secondary_table() {
             },
             vec![from_secondary(&udp_reply).dropped()],
             &[(DROP_NO_CONNTRACK, 1)],
+        ),
+        case(
+            "late reply to a one-way flow (reply entry idle, original live): reverse-NATed",
+            |dp, net| udp_flow_entries(dp, net, 1, 200),
+            vec![from_secondary(&udp_reply).redirected(&unnatted(&udp_reply, REMOTE_POD, 5000))],
+            &[(REVERSE_NAT, 1), (RETURN_TUNNELED, 1)],
         ),
         case(
             "reply with TTL 1 dropped",
