@@ -1,4 +1,4 @@
-//! Sources of cluster state: a YAML directory ([`yaml`]), or Kubernetes.
+//! Sources of cluster state: a YAML directory ([`yaml`]), or Kubernetes ([`kube`]).
 //!
 //! Every source produces the same [`ClusterView`]: the objects the compiler needs, in the
 //! types Kubernetes serves them as.
@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
 use crate::api::{EgressGatewayPolicy, EgressNode};
 
+pub mod kube;
 pub mod yaml;
 
 /// Everything the compiler reads about the cluster. Order does not matter: the compiler

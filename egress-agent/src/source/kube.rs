@@ -1,0 +1,805 @@
+//! Kubernetes as the source of cluster state, and the place the agent writes back to.
+//!
+//! [`watch`] runs one kube-rs [`watcher`] and reflector store per kind (Pods, Namespaces,
+//! Nodes, EgressGatewayPolicies, EgressNodes) and publishes a [`Snapshot`] of all five
+//! stores, the same type the YAML directory source produces, whenever one of them changes.
+//! Watch trouble (a watch that ends, `410 Gone`, a dropped connection, an API server that is
+//! away) is the watcher's to recover from: it resumes or re-lists with backoff
+//! ([`WatchStreamExt::default_backoff`]), and the stores, hence the published view, keep the
+//! last good state meanwhile (a re-list replaces a store only once it is complete).
+//!
+//! An object that does not decode never stops its kind: it is left out of the view and
+//! reported in [`Snapshot::errors`], naming kind, name and field.
+//!
+//! The writers: [`publish_egress_node`] (server-side apply of this node's EgressNode),
+//! [`publish_policy_status`] (merge patch of a policy's status subresource, only when it
+//! changed) and [`record_event`] (a core/v1 Event on a policy, for holder changes).
+//!
+//! RBAC the agent needs: list and watch on pods, namespaces, nodes, egressgatewaypolicies
+//! and egressnodes; get and patch on egressgatewaypolicies/status; patch on egressnodes and
+//! egressnodes/status; get on egressgatewaypolicies and create on events (namespace
+//! [`EVENT_NAMESPACE`]) for [`record_event`].
+
+use std::{
+    borrow::Cow,
+    fmt::Debug,
+    path::PathBuf,
+    pin::pin,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use futures::StreamExt as _;
+use k8s_openapi::{
+    api::core::v1::{Event as CoreEvent, EventSource, Namespace, Node, ObjectReference, Pod},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{
+        WatchStreamExt as _,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use serde::{Deserialize, Deserializer, de::DeserializeOwned};
+use tokio::{sync::Notify, task::AbortHandle};
+use tracing::{debug, info, warn};
+
+use super::{
+    ClusterView,
+    yaml::{DocumentError, LoadError, Snapshot},
+};
+use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus};
+
+/// Field manager of everything the agent writes.
+pub const FIELD_MANAGER: &str = "egress-agent";
+/// Namespace of the Events [`record_event`] creates (the policies are cluster-scoped; this
+/// is where Kubernetes itself puts events about cluster-scoped objects).
+pub const EVENT_NAMESPACE: &str = "default";
+/// How long a change waits for the changes that follow it before a snapshot is published:
+/// a burst (a re-list, a rollout) becomes one snapshot, and a lone change is seen within
+/// this delay plus the time to build the snapshot.
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Errors of the Kubernetes source and writers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to read kubeconfig {path}: {source}")]
+    ReadKubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "failed to find a Kubernetes configuration (no usable kubeconfig in $KUBECONFIG or \
+         ~/.kube/config, and not running in a cluster): {0}"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("failed to create the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("failed to watch {kind}: the watcher stopped before its first list completed")]
+    WatcherStopped { kind: &'static str },
+    #[error("failed to publish EgressNode: metadata.name is missing or empty")]
+    EgressNodeName,
+    #[error("failed to serialize {what}: {source}")]
+    Serialize {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("failed to apply EgressNode {name} ({part}): {source}")]
+    ApplyEgressNode {
+        name: String,
+        part: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to read EgressGatewayPolicy {name}: {source}")]
+    GetPolicy {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to patch EgressGatewayPolicy {name} status: {source}")]
+    PatchPolicyStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to record Event {reason} on EgressGatewayPolicy {name}: {source}")]
+    RecordEvent {
+        name: String,
+        reason: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A Kubernetes client: from the kubeconfig at `kubeconfig` (its current context) if given,
+/// else inferred (`$KUBECONFIG` or `~/.kube/config`, then the in-cluster service account).
+pub async fn client(kubeconfig: Option<PathBuf>) -> Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let read_error = |source| Error::ReadKubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let kubeconfig = Kubeconfig::read_from(&path).map_err(read_error)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(read_error)?
+        }
+        None => kube::Config::infer().await.map_err(Error::Infer)?,
+    };
+    Client::try_from(config).map_err(Error::Client)
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading
+
+/// An object as the API server sent it, decoded as `K` if it could be. Watching this
+/// instead of `K` keeps one undecodable object from failing a whole list or watch.
+#[derive(Clone, Debug)]
+struct Decoded<K> {
+    metadata: ObjectMeta,
+    object: Result<K, DecodeFailure>,
+}
+
+/// Why an object did not decode.
+#[derive(Clone, Debug)]
+struct DecodeFailure {
+    /// Path of the offending field (`status.podIPs[0]`), when known.
+    field: Option<String>,
+    message: String,
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for Decoded<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn api_version(dt: &()) -> Cow<'_, str> {
+        K::api_version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<'de, K> Deserialize<'de> for Decoded<K>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut value = serde_json::Value::deserialize(deserializer)?;
+        trim(&K::kind(&()), &mut value);
+        let raw_metadata = value.get("metadata").unwrap_or(&serde_json::Value::Null);
+        let metadata = match Option::<ObjectMeta>::deserialize(raw_metadata) {
+            Ok(metadata) => metadata.unwrap_or_default(),
+            Err(e) => {
+                // Keep what identifies the object, so that it can be named and replaced.
+                let text = |key: &str| {
+                    raw_metadata
+                        .get(key)
+                        .and_then(serde_json::Value::as_str)
+                        .map(str::to_owned)
+                };
+                let metadata = ObjectMeta {
+                    name: text("name"),
+                    namespace: text("namespace"),
+                    resource_version: text("resourceVersion"),
+                    ..ObjectMeta::default()
+                };
+                let object = Err(DecodeFailure {
+                    field: Some("metadata".to_owned()),
+                    message: e.to_string(),
+                });
+                return Ok(Self { metadata, object });
+            }
+        };
+        let object = serde_path_to_error::deserialize::<_, K>(value).map_err(|e| {
+            let path = e.path().to_string();
+            DecodeFailure {
+                field: (path != ".").then_some(path),
+                message: e.into_inner().to_string(),
+            }
+        });
+        Ok(Self { metadata, object })
+    }
+}
+
+/// Drop what the agent never reads and what costs the most memory: managed fields, the
+/// last-applied annotation, and the containers and volumes of Pods (the compiler reads a
+/// Pod's node, network mode, labels, phase and addresses). Also gives an EgressNode written
+/// without a spec the empty one, as the YAML source does.
+fn trim(kind: &str, value: &mut serde_json::Value) {
+    let Some(object) = value.as_object_mut() else {
+        return;
+    };
+    if let Some(metadata) = object
+        .get_mut("metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        metadata.remove("managedFields");
+        if let Some(annotations) = metadata
+            .get_mut("annotations")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+    }
+    match kind {
+        "Pod" => {
+            if let Some(spec) = object
+                .get_mut("spec")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                spec.insert(
+                    "containers".to_owned(),
+                    serde_json::Value::Array(Vec::new()),
+                );
+                for key in ["initContainers", "ephemeralContainers", "volumes"] {
+                    spec.remove(key);
+                }
+            }
+            if let Some(status) = object
+                .get_mut("status")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                for key in [
+                    "containerStatuses",
+                    "initContainerStatuses",
+                    "ephemeralContainerStatuses",
+                ] {
+                    status.remove(key);
+                }
+            }
+        }
+        "EgressNode" => {
+            object
+                .entry("spec")
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+        }
+        _ => {}
+    }
+}
+
+/// Stops the watcher tasks when the publisher stops (or `watch` is abandoned).
+struct Tasks(Vec<AbortHandle>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Start the watcher and store of one kind; `changed` is notified whenever the store
+/// changes (an object applied or deleted, or a list completed).
+fn start<K>(client: &Client, changed: &Arc<Notify>, tasks: &mut Tasks) -> Store<Decoded<K>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + Sync + 'static,
+{
+    let api: Api<Decoded<K>> = Api::all(client.clone());
+    let (store, writer) = reflector::store();
+    // Any semantic: initial lists and re-lists are served from the API server's watch
+    // cache, as client-go informers do; every agent of a DaemonSet lists every Pod.
+    let config = watcher::Config::default().any_semantic();
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+    let changed = changed.clone();
+    let task = tokio::spawn(async move {
+        let kind = K::kind(&());
+        let mut stream = pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                    changed.notify_one();
+                }
+                Ok(watcher::Event::InitDone) => {
+                    debug!(%kind, "list complete");
+                    changed.notify_one();
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                    info!(%kind, "watch expired (410 Gone), listing again");
+                }
+                Err(e) => warn!(%kind, "failed to watch {kind} (retrying with backoff): {e}"),
+            }
+        }
+    });
+    tasks.0.push(task.abort_handle());
+    store
+}
+
+/// The stores of every kind.
+struct Stores {
+    policies: Store<Decoded<EgressGatewayPolicy>>,
+    namespaces: Store<Decoded<Namespace>>,
+    pods: Store<Decoded<Pod>>,
+    nodes: Store<Decoded<Node>>,
+    egress_nodes: Store<Decoded<EgressNode>>,
+}
+
+impl Stores {
+    async fn wait_until_ready(&self) -> Result<()> {
+        async fn ready<K>(store: &Store<Decoded<K>>) -> Result<()>
+        where
+            K: Resource<DynamicType = ()> + Clone + 'static,
+        {
+            store
+                .wait_until_ready()
+                .await
+                .map_err(|_| Error::WatcherStopped {
+                    kind: static_kind(&K::kind(&())),
+                })
+        }
+        tokio::try_join!(
+            ready(&self.policies),
+            ready(&self.namespaces),
+            ready(&self.pods),
+            ready(&self.nodes),
+            ready(&self.egress_nodes),
+        )?;
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut errors = Vec::new();
+        let view = ClusterView {
+            policies: collect(&self.policies, &mut errors),
+            namespaces: collect(&self.namespaces, &mut errors),
+            pods: collect(&self.pods, &mut errors),
+            nodes: collect(&self.nodes, &mut errors),
+            egress_nodes: collect(&self.egress_nodes, &mut errors),
+        };
+        Snapshot { view, errors }
+    }
+}
+
+/// The watched kinds, as `'static` names for errors.
+fn static_kind(kind: &str) -> &'static str {
+    match kind {
+        "Pod" => "Pod",
+        "Namespace" => "Namespace",
+        "Node" => "Node",
+        "EgressGatewayPolicy" => "EgressGatewayPolicy",
+        "EgressNode" => "EgressNode",
+        _ => "object",
+    }
+}
+
+/// The decoded objects of `store`, sorted by namespace and name (so that equal stores give
+/// equal views), and an error for each object that did not decode.
+fn collect<K>(store: &Store<Decoded<K>>, errors: &mut Vec<LoadError>) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut entries = store.state();
+    entries.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match &entry.object {
+            Ok(object) => out.push(object.clone()),
+            Err(failure) => errors.push(decode_error::<K>(&entry.metadata, failure)),
+        }
+    }
+    out
+}
+
+/// A [`DocumentError`] for an object that did not decode: `file` is the object's API path,
+/// `object` its kind and name.
+fn decode_error<K: Resource<DynamicType = ()>>(
+    metadata: &ObjectMeta,
+    failure: &DecodeFailure,
+) -> LoadError {
+    let kind = K::kind(&());
+    let name = metadata.name.as_deref().unwrap_or_default();
+    let namespace = metadata.namespace.as_deref();
+    let object = match namespace {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    };
+    LoadError::Document(DocumentError {
+        file: format!("{}/{name}", K::url_path(&(), namespace)),
+        doc: 1,
+        object: Some(object),
+        field: failure.field.clone(),
+        message: format!("failed to decode {kind}: {}", failure.message),
+    })
+}
+
+/// Watch the cluster: returns once every kind has been listed, with a receiver that holds
+/// the [`Snapshot`] of that list and then changes whenever a watched object changes
+/// (batched over [`DEBOUNCE`]; an unchanged view is not sent again).
+///
+/// Until the first lists complete this waits, retrying with backoff and logging why (an
+/// unreachable API server, missing RBAC, CRDs not installed): publishing a partial view
+/// would make the agent remove state it must keep. The watcher tasks stop when every
+/// receiver is dropped. Must be called inside a Tokio runtime.
+pub async fn watch(client: Client) -> Result<tokio::sync::watch::Receiver<Arc<Snapshot>>> {
+    let changed = Arc::new(Notify::new());
+    let mut tasks = Tasks(Vec::new());
+    let stores = Stores {
+        policies: start(&client, &changed, &mut tasks),
+        namespaces: start(&client, &changed, &mut tasks),
+        pods: start(&client, &changed, &mut tasks),
+        nodes: start(&client, &changed, &mut tasks),
+        egress_nodes: start(&client, &changed, &mut tasks),
+    };
+    stores.wait_until_ready().await?;
+    let first = stores.snapshot();
+    info!(
+        policies = first.view.policies.len(),
+        namespaces = first.view.namespaces.len(),
+        pods = first.view.pods.len(),
+        nodes = first.view.nodes.len(),
+        egress_nodes = first.view.egress_nodes.len(),
+        errors = first.errors.len(),
+        "listed the cluster"
+    );
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(first));
+    tokio::spawn(async move {
+        let _tasks = tasks;
+        loop {
+            tokio::select! {
+                () = tx.closed() => break,
+                () = changed.notified() => {}
+            }
+            tokio::select! {
+                () = tx.closed() => break,
+                () = tokio::time::sleep(DEBOUNCE) => {}
+            }
+            let snapshot = stores.snapshot();
+            tx.send_if_modified(|current| {
+                if **current == snapshot {
+                    false
+                } else {
+                    *current = Arc::new(snapshot);
+                    true
+                }
+            });
+        }
+    });
+    Ok(rx)
+}
+
+// ---------------------------------------------------------------------------------------
+// Writing
+
+fn dynamic_api<K: Resource<DynamicType = ()>>(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<K>(&()))
+}
+
+fn to_json<T: serde::Serialize>(what: &str, value: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(value).map_err(|source| Error::Serialize {
+        what: what.to_owned(),
+        source,
+    })
+}
+
+/// Publish this node's EgressNode: server-side apply (field manager [`FIELD_MANAGER`],
+/// forced: the object is this agent's alone) of its labels and spec, then of its status
+/// (a subresource). Fields the agent applied before and no longer sets are removed.
+pub async fn publish_egress_node(client: &Client, node: &EgressNode) -> Result<()> {
+    let name = node
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or(Error::EgressNodeName)?;
+    let api = dynamic_api::<EgressNode>(client);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut metadata = serde_json::json!({ "name": name });
+    if let Some(labels) = node.metadata.labels.as_ref().filter(|l| !l.is_empty()) {
+        metadata["labels"] = to_json(&format!("EgressNode {name} labels"), labels)?;
+    }
+    let main = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "EgressNode",
+        "metadata": metadata,
+        "spec": to_json(&format!("EgressNode {name} spec"), &node.spec)?,
+    });
+    api.patch(&name, &params, &Patch::Apply(&main))
+        .await
+        .map_err(|source| Error::ApplyEgressNode {
+            name: name.clone(),
+            part: "spec",
+            source,
+        })?;
+    let status = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "EgressNode",
+        "metadata": { "name": name },
+        "status": to_json(
+            &format!("EgressNode {name} status"),
+            &node.status.clone().unwrap_or_default(),
+        )?,
+    });
+    api.patch_status(&name, &params, &Patch::Apply(&status))
+        .await
+        .map_err(|source| Error::ApplyEgressNode {
+            name: name.clone(),
+            part: "status",
+            source,
+        })?;
+    Ok(())
+}
+
+/// `status` with every condition's `lastTransitionTime` filled in: kept from the
+/// condition of the same type in `current` when its status is unchanged, else `now`.
+fn with_transition_times(
+    status: &PolicyStatus,
+    current: Option<&PolicyStatus>,
+    now: &str,
+) -> PolicyStatus {
+    let mut out = status.clone();
+    for condition in &mut out.conditions {
+        if condition.last_transition_time.is_some() {
+            continue;
+        }
+        let before = current
+            .into_iter()
+            .flat_map(|c| &c.conditions)
+            .find(|c| c.type_ == condition.type_ && c.status == condition.status)
+            .and_then(|c| c.last_transition_time.clone());
+        condition.last_transition_time = Some(before.unwrap_or_else(|| now.to_owned()));
+    }
+    out
+}
+
+/// RFC 3339 UTC, to the second, as Kubernetes writes times.
+fn now_rfc3339() -> String {
+    Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Set the status of policy `name` (a merge patch of its status subresource) unless it
+/// already says the same. Conditions without a `lastTransitionTime` get one: the current
+/// one when the condition's status did not change, else now. Returns whether a patch was
+/// sent; a policy that no longer exists is not an error (`Ok(false)`).
+pub async fn publish_policy_status(
+    client: &Client,
+    name: &str,
+    status: &PolicyStatus,
+) -> Result<bool> {
+    let api = dynamic_api::<EgressGatewayPolicy>(client);
+    let current = match api.get_status(name).await {
+        Ok(object) => object,
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            debug!(policy = name, "policy gone, status not published");
+            return Ok(false);
+        }
+        Err(source) => {
+            return Err(Error::GetPolicy {
+                name: name.to_owned(),
+                source,
+            });
+        }
+    };
+    // A status this agent cannot read is replaced.
+    let current: Option<PolicyStatus> = current
+        .data
+        .get("status")
+        .and_then(|s| PolicyStatus::deserialize(s).ok());
+    let desired = with_transition_times(status, current.as_ref(), &now_rfc3339());
+    if current.as_ref() == Some(&desired) {
+        return Ok(false);
+    }
+    let mut body = to_json(&format!("EgressGatewayPolicy {name} status"), &desired)?;
+    if desired.observed_generation.is_none()
+        && let Some(map) = body.as_object_mut()
+    {
+        // Merge patch: null removes a value an earlier status had.
+        map.insert("observedGeneration".to_owned(), serde_json::Value::Null);
+    }
+    let patch = serde_json::json!({ "status": body });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch_status(name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::PatchPolicyStatus {
+            name: name.to_owned(),
+            source,
+        })?;
+    Ok(true)
+}
+
+/// The type of an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "Normal",
+            Self::Warning => "Warning",
+        }
+    }
+}
+
+/// Record a core/v1 Event about policy `policy_name` (in namespace [`EVENT_NAMESPACE`],
+/// reported by [`FIELD_MANAGER`] on `node`), such as `EgressIPMoved` when an egress IP
+/// changes holder. `reason` is a CamelCase word, `message` a sentence for humans.
+pub async fn record_event(
+    client: &Client,
+    policy_name: &str,
+    node: &str,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
+    let event_error = |source| Error::RecordEvent {
+        name: policy_name.to_owned(),
+        reason: reason.to_owned(),
+        source,
+    };
+    // `kubectl describe` finds events by the object's uid.
+    let policy = dynamic_api::<EgressGatewayPolicy>(client)
+        .get(policy_name)
+        .await
+        .map_err(|source| Error::GetPolicy {
+            name: policy_name.to_owned(),
+            source,
+        })?;
+    let now = Time(Timestamp::now());
+    let unique = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let event = CoreEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{policy_name}.{unique:x}")),
+            namespace: Some(EVENT_NAMESPACE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some(API_VERSION.to_owned()),
+            kind: Some("EgressGatewayPolicy".to_owned()),
+            name: Some(policy_name.to_owned()),
+            uid: policy.metadata.uid.clone(),
+            resource_version: policy.metadata.resource_version.clone(),
+            ..ObjectReference::default()
+        },
+        type_: Some(type_.as_str().to_owned()),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        count: Some(1),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        source: Some(EventSource {
+            component: Some(FIELD_MANAGER.to_owned()),
+            host: Some(node.to_owned()),
+        }),
+        reporting_component: Some(FIELD_MANAGER.to_owned()),
+        reporting_instance: Some(node.to_owned()),
+        ..CoreEvent::default()
+    };
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
+    api.create(&PostParams::default(), &event)
+        .await
+        .map_err(event_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::PolicyCondition;
+
+    fn condition(type_: &str, status: &str, time: Option<&str>) -> PolicyCondition {
+        PolicyCondition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: "R".to_owned(),
+            message: "m".to_owned(),
+            last_transition_time: time.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn transition_times_kept_while_status_unchanged() {
+        let current = PolicyStatus {
+            conditions: vec![
+                condition("Accepted", "True", Some("2020-01-01T00:00:00Z")),
+                condition("Ready", "False", Some("2020-01-01T00:00:00Z")),
+            ],
+            ..PolicyStatus::default()
+        };
+        let desired = PolicyStatus {
+            conditions: vec![
+                condition("Accepted", "True", None),
+                condition("Ready", "True", None),
+                condition("Conflict", "True", None),
+            ],
+            ..PolicyStatus::default()
+        };
+        let out = with_transition_times(&desired, Some(&current), "2030-01-01T00:00:00Z");
+        let times: Vec<_> = out
+            .conditions
+            .iter()
+            .map(|c| c.last_transition_time.as_deref())
+            .collect();
+        assert_eq!(
+            times,
+            [
+                Some("2020-01-01T00:00:00Z"),
+                Some("2030-01-01T00:00:00Z"),
+                Some("2030-01-01T00:00:00Z")
+            ]
+        );
+    }
+
+    #[test]
+    fn undecodable_object_is_kept_as_an_error_naming_the_field() {
+        let doc = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7",
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"podIPs": [{"ip": 5}]}
+        });
+        let decoded: Decoded<Pod> = serde_json::from_value(doc).expect("lenient decode");
+        assert_eq!(decoded.metadata.name.as_deref(), Some("web"));
+        assert_eq!(decoded.metadata.managed_fields, None);
+        let failure = decoded.object.expect_err("podIPs[0].ip is a number");
+        assert_eq!(failure.field.as_deref(), Some("status.podIPs[0].ip"));
+        let error = decode_error::<Pod>(&decoded.metadata, &failure).to_string();
+        assert!(
+            error.contains("(Pod shop/web): status.podIPs[0].ip:"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn pods_are_trimmed_and_egress_nodes_get_a_spec() {
+        let pod = serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"nodeName": "n1", "hostNetwork": false,
+                     "containers": [{"name": "c", "image": "i"}], "volumes": []},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.1"}],
+                       "containerStatuses": []}
+        });
+        let pod: Decoded<Pod> = serde_json::from_value(pod).expect("decode");
+        let pod = pod.object.expect("valid pod");
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert!(spec.containers.is_empty());
+        assert_eq!(spec.volumes, None);
+        let node = serde_json::json!({"metadata": {"name": "gw-1"}});
+        let node: Decoded<EgressNode> = serde_json::from_value(node).expect("decode");
+        assert!(node.object.is_ok());
+    }
+}
