@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, ffi::CString, net::Ipv4Addr, process::Command, 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
-    programs::{SchedClassifier, TestRun as _, TestRunOptions},
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
 };
 use egress_agent::ebpf::{OBJECT, TEST_TUNNEL_FROM_CB};
 use egress_common::{
@@ -131,9 +131,19 @@ impl Datapath {
             .unwrap_or_else(|| panic!("no program {name}"))
             .try_into()
             .expect("not a classifier");
-        if p.fd().is_err() {
-            p.load()
-                .unwrap_or_else(|e| panic!("failed to load program {name}: {e:?}"));
+        // The verifier gives up with EAGAIN when a signal is pending, and the `ip`
+        // children of the other cases' threads keep SIGCHLD coming: retry.
+        let mut tries = 0;
+        while p.fd().is_err() {
+            match p.load() {
+                Ok(()) => {}
+                Err(ProgramError::LoadError { io_error, .. })
+                    if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 10 =>
+                {
+                    tries += 1;
+                }
+                Err(e) => panic!("failed to load program {name}: {e:?}"),
+            }
         }
         p
     }
