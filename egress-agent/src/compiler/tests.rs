@@ -1274,3 +1274,38 @@ rules:
             .all(|c| c.type_ != "Conflict")
     );
 }
+
+#[test]
+fn compiles_10k_pods_times_10_prefixes_quickly() {
+    let mut spec = String::from(
+        "gatewaySelector: {matchLabels: {egress.dev/gateway: \"true\"}}\nrules:\n- destinations: [",
+    );
+    let prefixes: Vec<String> = (0..10).map(|i| format!("\"192.0.{i}.0/24\"")).collect();
+    spec.push_str(&prefixes.join(", "));
+    spec.push_str("]\n  interface: ens256\n");
+    let mut view = with_policies(base(), vec![policy("big", &spec)]);
+    view.pods.clear();
+    for i in 0..10_000u32 {
+        let node = if i % 2 == 0 { "worker-1" } else { "worker-2" };
+        let [_, _, a, b] = i.to_be_bytes();
+        view.pods.push(pod(
+            "shop",
+            &format!("p-{i}"),
+            "api",
+            node,
+            &format!("10.244.{a}.{b}"),
+        ));
+    }
+    let start = std::time::Instant::now();
+    let c = compile(&view, "worker-1");
+    let took = start.elapsed();
+    assert_eq!(c.desired.policy_v4.len(), 5_000 * 10);
+    assert_eq!(c.desired.pod_owner_v4.len(), 10_000);
+    // The budget (compile and apply within 1 s) is measured in release by the bench; this
+    // only guards against an accidental blow-up, in a debug build.
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "compile took {took:?}"
+    );
+    eprintln!("compiled 10k pods x 10 prefixes in {took:?}");
+}
