@@ -468,6 +468,12 @@ fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
     Ipv4Packet::new(src, dst, L4::udp(sport, dport, b"hello, gateway!"))
 }
 
+/// A UDP packet with a 1400-byte payload (what fits a 1450-byte tunnel MTU).
+fn big_udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
+    let payload: Vec<u8> = (0..1400u32).map(|i| (i * 7 + 3) as u8).collect();
+    Ipv4Packet::new(src, dst, L4::udp(sport, dport, &payload))
+}
+
 /// `p` after SNAT to `src:sport` on the gateway, leaving by an interface with MAC `smac`
 /// towards `dmac`.
 fn snatted(p: &Ipv4Packet, src: Ipv4Addr, sport: u16, smac: [u8; 6], dmac: [u8; 6]) -> Ipv4Packet {
@@ -989,6 +995,26 @@ fn from_tunnel_table() {
             &[(SNAT_HIT, 1), (FORWARDED, 1)],
         ),
         case(
+            "1400-byte UDP payload: SNAT checksum over the whole payload",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
+                    .redirected(&out(&big_udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "agent not ready: tunneled packet dropped",
+            |dp, net| {
+                dp.config(Config {
+                    flags: 0,
+                    ..config(net)
+                })
+            },
+            vec![from_tunnel(PEER, RULE_A, &syn_a).dropped()],
+            &[(DROP_NOT_READY, 1)],
+        ),
+        case(
             "RETURN_VNI for a local pod: delivered to its device",
             no_setup,
             vec![
@@ -1247,6 +1273,39 @@ fn from_secondary_table() {
             |dp, net| udp_flow_entries(dp, net, 1, 200),
             vec![from_secondary(&udp_reply).redirected(&unnatted(&udp_reply, REMOTE_POD, 5000))],
             &[(REVERSE_NAT, 1), (RETURN_TUNNELED, 1)],
+        ),
+        case(
+            "1400-byte UDP reply: reverse NAT checksum over the whole payload",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
+                    .expect(TC_ACT_REDIRECT, Out::Any),
+                from_secondary(&big_udp(DEST_A, 53, EGRESS_A, 5000)).redirected(&unnatted(
+                    &big_udp(DEST_A, 53, EGRESS_A, 5000),
+                    REMOTE_POD,
+                    5000,
+                )),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "agent not ready: dedicated egress IP dropped, shared address passes",
+            |dp, net| {
+                dp.config(Config {
+                    flags: 0,
+                    ..config(net)
+                })
+            },
+            vec![
+                from_secondary(&reply).dropped(),
+                from_secondary(&reply.clone().dst(SHARED_A)).passes(),
+            ],
+            &[(DROP_NOT_READY, 1)],
         ),
         case(
             "reply with TTL 1 dropped",
