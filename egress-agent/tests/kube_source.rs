@@ -61,6 +61,8 @@ struct Collection {
     /// Watch requests answered so far.
     watches_started: usize,
     lists: usize,
+    /// Lists still to answer with `500` (an API server in trouble, a CRD not yet served).
+    failing_lists: usize,
 }
 
 /// One request the server received (other than LIST and WATCH).
@@ -147,6 +149,7 @@ impl Fake {
                     watches: Vec::new(),
                     watches_started: 0,
                     lists: 0,
+                    failing_lists: 0,
                 },
             );
         }
@@ -240,6 +243,10 @@ impl Fake {
         let mut s = self.state();
         s.send(path, || WatchCommand::Drop);
         s.collection(path).watches.clear();
+    }
+
+    fn fail_lists(&self, path: &str, n: usize) {
+        self.state().collection(path).failing_lists = n;
     }
 
     fn watches_started(&self, path: &str) -> usize {
@@ -391,20 +398,29 @@ async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Notify>)
             }
             return;
         }
-        let list = {
+        let (code, list) = {
             let mut s = lock();
             let rv = s.resource_version.to_string();
             let c = s.collection(&path);
             c.lists += 1;
-            json!({
-                "kind": format!("{}List", c.kind),
-                "apiVersion": c.api_version,
-                "metadata": {"resourceVersion": rv},
-                "items": c.items.values().cloned().collect::<Vec<_>>(),
-            })
+            if c.failing_lists > 0 {
+                c.failing_lists -= 1;
+                let error = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": "etcd is sad", "reason": "InternalError",
+                    "code": 500});
+                (500, error)
+            } else {
+                let list = json!({
+                    "kind": format!("{}List", c.kind),
+                    "apiVersion": c.api_version,
+                    "metadata": {"resourceVersion": rv},
+                    "items": c.items.values().cloned().collect::<Vec<_>>(),
+                });
+                (200, list)
+            }
         };
         served.notify_waiters();
-        let _ = write_response(&mut socket, 200, &list).await;
+        let _ = write_response(&mut socket, code, &list).await;
         return;
     }
 
@@ -644,6 +660,18 @@ async fn initial_list_produces_the_view() {
         "{}",
         errors[0]
     );
+}
+
+#[tokio::test]
+async fn failing_first_lists_are_retried_before_the_first_view() {
+    let fake = cluster().await;
+    fake.fail_lists(EGRESS_NODES, 1);
+    let rx = start_watch(&fake).await;
+    // The first view is complete: never published before every kind was listed.
+    let snapshot = rx.borrow().clone();
+    assert_eq!(snapshot.view.egress_nodes.len(), 1);
+    assert_eq!(pod_names(&snapshot), ["a", "b"]);
+    assert_eq!(fake.lists(EGRESS_NODES), 2);
 }
 
 #[tokio::test]

@@ -64,6 +64,9 @@ pub const EVENT_NAMESPACE: &str = "default";
 /// a burst (a re-list, a rollout) becomes one snapshot, and a lone change is seen within
 /// this delay plus the time to build the snapshot.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How long one writer call may take: the agent's loop must not stall on an API server
+/// that does not answer.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of the Kubernetes source and writers.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +113,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("failed to {what}: no answer within {} s", WRITE_TIMEOUT.as_secs())]
+    Timeout { what: String },
     #[error("failed to record Event {reason} on EgressGatewayPolicy {name}: {source}")]
     RecordEvent {
         name: String,
@@ -495,6 +500,13 @@ pub async fn watch(client: Client) -> Result<tokio::sync::watch::Receiver<Arc<Sn
 // ---------------------------------------------------------------------------------------
 // Writing
 
+/// `write`, given up after [`WRITE_TIMEOUT`].
+async fn bounded<T>(what: String, write: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(WRITE_TIMEOUT, write)
+        .await
+        .map_err(|_| Error::Timeout { what })?
+}
+
 fn dynamic_api<K: Resource<DynamicType = ()>>(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &ApiResource::erase::<K>(&()))
 }
@@ -510,6 +522,14 @@ fn to_json<T: serde::Serialize>(what: &str, value: &T) -> Result<serde_json::Val
 /// forced: the object is this agent's alone) of its labels and spec, then of its status
 /// (a subresource). Fields the agent applied before and no longer sets are removed.
 pub async fn publish_egress_node(client: &Client, node: &EgressNode) -> Result<()> {
+    let what = format!(
+        "publish EgressNode {}",
+        node.metadata.name.as_deref().unwrap_or_default()
+    );
+    bounded(what, apply_egress_node(client, node)).await
+}
+
+async fn apply_egress_node(client: &Client, node: &EgressNode) -> Result<()> {
     let name = node
         .metadata
         .name
@@ -590,6 +610,11 @@ pub async fn publish_policy_status(
     name: &str,
     status: &PolicyStatus,
 ) -> Result<bool> {
+    let what = format!("publish EgressGatewayPolicy {name} status");
+    bounded(what, patch_policy_status(client, name, status)).await
+}
+
+async fn patch_policy_status(client: &Client, name: &str, status: &PolicyStatus) -> Result<bool> {
     let api = dynamic_api::<EgressGatewayPolicy>(client);
     let current = match api.get_status(name).await {
         Ok(object) => object,
@@ -654,6 +679,22 @@ impl EventType {
 /// reported by [`FIELD_MANAGER`] on `node`), such as `EgressIPMoved` when an egress IP
 /// changes holder. `reason` is a CamelCase word, `message` a sentence for humans.
 pub async fn record_event(
+    client: &Client,
+    policy_name: &str,
+    node: &str,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
+    let what = format!("record Event {reason} on EgressGatewayPolicy {policy_name}");
+    bounded(
+        what,
+        create_event(client, policy_name, node, type_, reason, message),
+    )
+    .await
+}
+
+async fn create_event(
     client: &Client,
     policy_name: &str,
     node: &str,
