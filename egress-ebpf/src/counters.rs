@@ -1,8 +1,15 @@
 //! Per-CPU counters by stable reason (`egress_common::counters::reason`).
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
 
 use crate::maps::COUNTERS;
+
+/// Verdicts as the programs return them.
+pub const OK: i32 = TC_ACT_OK;
+pub const SHOT: i32 = TC_ACT_SHOT;
 
 #[inline(always)]
 pub fn count(ctx: &TcContext, reason: u32) {

@@ -2,26 +2,20 @@
 //! selected (pod, destination) goes to its gateway through the tunnel, or straight into
 //! the gateway path when this node is the gateway.
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    btf_maps::lpm_trie::Key,
-    programs::TcContext,
-};
+use aya_ebpf::{btf_maps::lpm_trie::Key, programs::TcContext};
 use egress_common::{
     counters::reason,
     policy::{POD_PREFIX_BITS_V4, PolicyKeyV4, action},
 };
 
 use crate::{
-    counters::{count, verdict},
+    counters::{OK, SHOT, count, verdict},
     gateway,
     maps::{self, POLICY_V4, SELECTED_V4},
     parse::{self, Bad, PROTO_TCP, TCP_SYN},
     rewrite, tunnel,
 };
 
-const OK: i32 = TC_ACT_OK as i32;
-const SHOT: i32 = TC_ACT_SHOT as i32;
 /// IPv4 + TCP headers without options.
 const TCP_IP_HDRS: u16 = 40;
 

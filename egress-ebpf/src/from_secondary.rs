@@ -3,10 +3,7 @@
 //! a dedicated egress IP without an entry are dropped (never handed to the host, which
 //! would answer with RSTs for flows another gateway may take over). Everything else passes.
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    programs::TcContext,
-};
+use aya_ebpf::programs::TcContext;
 use egress_common::{
     counters::reason,
     policy::{RETURN_VNI, egress_ip_flags},
@@ -14,15 +11,13 @@ use egress_common::{
 
 use crate::{
     conntrack,
-    counters::{count, verdict},
+    counters::{OK, SHOT, count, verdict},
     fib,
     maps::{self, EGRESS_IPS_V4},
     parse::{self, Bad, PROTO_TCP, TCP_SYN},
     rewrite, tunnel,
 };
 
-const OK: i32 = TC_ACT_OK as i32;
-const SHOT: i32 = TC_ACT_SHOT as i32;
 const TCP_IP_HDRS: u16 = 40;
 
 #[inline(always)]

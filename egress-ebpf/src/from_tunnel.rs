@@ -3,22 +3,16 @@
 //! Either way the sender must be a known node, and the inner address must belong to it
 //! (forward) or to us (return).
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    programs::TcContext,
-};
+use aya_ebpf::programs::TcContext;
 use egress_common::{counters::reason, policy::RETURN_VNI};
 
 use crate::{
-    counters::verdict,
+    counters::{OK, SHOT, verdict},
     fib, gateway,
     maps::{self, NODES, POD_OWNER_V4},
     parse::{self, Bad},
     tunnel,
 };
-
-const OK: i32 = TC_ACT_OK as i32;
-const SHOT: i32 = TC_ACT_SHOT as i32;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {

@@ -1,19 +1,17 @@
 //! The gateway's forward path, shared by `from_tunnel` (pods of other nodes) and
 //! `from_pod` (pods on the gateway itself): SNAT with conntrack, TTL, next hop.
 
-use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
+use aya_ebpf::programs::TcContext;
 use egress_common::{config::Config, counters::reason};
 
 use crate::{
     conntrack::{self, AllocError},
-    counters::{count, verdict},
+    counters::{SHOT, count, verdict},
     fib,
     maps::RULES_V4,
     parse::{Ipv4, L4},
     rewrite,
 };
-
-const SHOT: i32 = TC_ACT_SHOT as i32;
 
 /// Translate and send out a packet of `rule_id` from a pod of `pod_node`.
 #[inline(always)]
