@@ -19,14 +19,29 @@ use crate::{
     datapath::{self, Attachment, Datapath, MapState},
     ebpf, iface,
     metrics::{self, Stats},
-    source::{ClusterView, yaml},
+    source::{ClusterView, kube as kube_source, yaml},
 };
+
+/// Where cluster state comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A directory of Kubernetes-shaped YAML documents; our EgressNode is written there.
+    Yaml(PathBuf),
+    /// The Kubernetes API (in cluster, or this kubeconfig).
+    Kube { kubeconfig: Option<PathBuf> },
+}
+
+/// Where this node's EgressNode, policy statuses and events go.
+enum Sink {
+    Yaml(PathBuf),
+    Kube(::kube::Client),
+}
 
 /// Settings of `egress-agent run`.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     pub node_name: String,
-    pub state_dir: PathBuf,
+    pub source: Source,
     pub bpffs_dir: PathBuf,
     pub tunnel_device: String,
     pub tunnel_port: u16,
@@ -75,7 +90,19 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone()).await?;
     }
-    let mut views = yaml::watch(cfg.state_dir.clone(), Duration::from_millis(200)).await;
+    let (mut views, sink) = match &cfg.source {
+        Source::Yaml(dir) => (
+            yaml::watch(dir.clone(), Duration::from_millis(200)).await,
+            Sink::Yaml(dir.clone()),
+        ),
+        Source::Kube { kubeconfig } => {
+            let client = kube_source::client(kubeconfig.clone()).await?;
+            (
+                kube_source::watch(client.clone()).await?,
+                Sink::Kube(client),
+            )
+        }
+    };
     let mut changes = iface::Netlink::subscribe_changes().await?;
     let mut tick = tokio::time::interval(cfg.resync);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -84,7 +111,9 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         nl,
         tunnel_ifindex,
         tunnel_mtu,
+        sink,
         last_node_doc: None,
+        last_holders: BTreeMap::new(),
         announced: BTreeSet::new(),
         added: BTreeSet::new(),
     };
@@ -158,7 +187,10 @@ struct Reconciler<'a> {
     nl: iface::Netlink,
     tunnel_ifindex: u32,
     tunnel_mtu: u32,
+    sink: Sink,
     last_node_doc: Option<EgressNode>,
+    /// Egress IP -> (node, interface) as of the last pass, to report moves.
+    last_holders: BTreeMap<Ipv4Addr, (String, String)>,
     announced: BTreeSet<Ipv4Addr>,
     /// Egress IPs this agent added to an interface.
     added: BTreeSet<Ipv4Addr>,
@@ -277,10 +309,17 @@ impl Reconciler<'_> {
             held,
         );
         if self.last_node_doc.as_ref() != Some(&doc) {
-            yaml::write_egress_node(&self.cfg.state_dir, &doc)
-                .with_context(|| format!("failed to publish EgressNode {}", self.cfg.node_name))?;
+            match &self.sink {
+                Sink::Yaml(dir) => {
+                    yaml::write_egress_node(dir, &doc).with_context(|| {
+                        format!("failed to publish EgressNode {}", self.cfg.node_name)
+                    })?;
+                }
+                Sink::Kube(c) => kube_source::publish_egress_node(c, &doc).await?,
+            }
             self.last_node_doc = Some(doc);
         }
+        self.report(view, &compiled).await;
 
         // 4. Maps.
         let ifindex = |n: &str| by_name.get(n).map(|i| i.ifindex);
@@ -342,6 +381,78 @@ impl Reconciler<'_> {
             holders,
             problems,
         })
+    }
+}
+
+impl Reconciler<'_> {
+    /// Policy status and holder moves: logged always; written to the API (statuses,
+    /// Events) by one agent only, the one on the first Ready node by name, so that
+    /// agents whose views differ for a moment do not fight over the status.
+    async fn report(&mut self, view: &ClusterView, compiled: &compiler::Compiled) {
+        let writer = view
+            .nodes
+            .iter()
+            .filter(|n| compiler::node_ready(n))
+            .filter_map(|n| n.metadata.name.as_deref())
+            .min()
+            == Some(self.cfg.node_name.as_str());
+        let now: BTreeMap<Ipv4Addr, (String, String)> = compiled
+            .holders
+            .iter()
+            .filter(|h| !h.shared)
+            .map(|h| (h.ip, (h.node.clone(), h.interface.clone())))
+            .collect();
+        let mut moves = Vec::new();
+        for (ip, (node, ifc)) in &now {
+            match self.last_holders.get(ip) {
+                Some((old, _)) if old != node => moves.push((
+                    *ip,
+                    format!("egress IP {ip} moved from {old} to {node} ({ifc})"),
+                )),
+                None if !self.last_holders.is_empty() => {
+                    moves.push((*ip, format!("egress IP {ip} assigned to {node} ({ifc})")))
+                }
+                _ => {}
+            }
+        }
+        for ip in self.last_holders.keys().filter(|ip| !now.contains_key(ip)) {
+            moves.push((*ip, format!("egress IP {ip} has no holder")));
+        }
+        self.last_holders = now;
+        for (_, m) in &moves {
+            info!("{m}");
+        }
+        let Sink::Kube(client) = &self.sink else {
+            return;
+        };
+        if !writer {
+            return;
+        }
+        for (name, status) in &compiled.statuses {
+            if let Err(e) = kube_source::publish_policy_status(client, name, status).await {
+                warn!("{e}");
+            }
+        }
+        for (ip, msg) in moves {
+            let policy = compiled
+                .holders
+                .iter()
+                .find(|h| h.ip == ip)
+                .map(|h| h.policy.clone());
+            if let Some(policy) = policy
+                && let Err(e) = kube_source::record_event(
+                    client,
+                    &policy,
+                    &self.cfg.node_name,
+                    kube_source::EventType::Normal,
+                    "EgressIPMoved",
+                    &msg,
+                )
+                .await
+            {
+                warn!("{e}");
+            }
+        }
     }
 }
 

@@ -30,8 +30,19 @@ enum Command {
         node_name: String,
         /// Read cluster state from this directory of Kubernetes-shaped YAML documents
         /// (Nodes, Namespaces, Pods, EgressGatewayPolicies), watched for changes.
-        #[arg(long, env = "EGRESS_STATE_DIR")]
-        state_dir: PathBuf,
+        #[arg(
+            long,
+            env = "EGRESS_STATE_DIR",
+            required_unless_present = "kube",
+            conflicts_with = "kube"
+        )]
+        state_dir: Option<PathBuf>,
+        /// Read cluster state from the Kubernetes API (in cluster, or --kubeconfig).
+        #[arg(long)]
+        kube: bool,
+        /// Kubeconfig for --kube outside a cluster (default: the usual inference).
+        #[arg(long, requires = "kube")]
+        kubeconfig: Option<PathBuf>,
         /// Where this agent pins its maps and links (one directory per agent).
         #[arg(long, default_value = "/sys/fs/bpf/egress")]
         bpffs_dir: PathBuf,
@@ -99,6 +110,8 @@ fn real_main() -> Result<ExitCode> {
         Command::Run {
             node_name,
             state_dir,
+            kube,
+            kubeconfig,
             bpffs_dir,
             tunnel_device,
             tunnel_port,
@@ -112,9 +125,13 @@ fn real_main() -> Result<ExitCode> {
                 port_min <= port_max,
                 "invalid --port-min {port_min} / --port-max {port_max}: the range is empty"
             );
+            let source = match (state_dir, kube) {
+                (Some(dir), false) => agent::Source::Yaml(dir),
+                _ => agent::Source::Kube { kubeconfig },
+            };
             let cfg = agent::RunConfig {
                 node_name,
-                state_dir,
+                source,
                 bpffs_dir,
                 tunnel_device,
                 tunnel_port,
