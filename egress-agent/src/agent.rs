@@ -351,7 +351,7 @@ impl Reconciler<'_> {
         let by_index: BTreeMap<u32, &iface::Interface> =
             ifaces.iter().map(|i| (i.ifindex, i)).collect();
         for pod in desired.local_selected_pods() {
-            match self.nl.route_oif(IpAddr::V4(pod)).await {
+            match self.nl.route_oif(pod).await {
                 Ok(Some(oif)) if oif != self.tunnel_ifindex => {
                     if let Some(i) = by_index.get(&oif) {
                         attach.insert(Attachment {

@@ -6,10 +6,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// What `from_pod` does for one (pod, destination prefix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,6 +56,22 @@ pub struct HeldIpV4 {
     pub shared: bool,
 }
 
+/// IPv6 counterpart of [`PolicyEntryV4`]: the pod and egress IP are IPv6, the gateway is
+/// the (IPv4) underlay address of the gateway node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyEntryV6 {
+    pub action: PolicyAction,
+    pub gateway: Option<Ipv4Addr>,
+    pub egress_ip: Option<Ipv6Addr>,
+    pub rule_id: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GatewayRuleV6 {
+    pub egress_ip: Ipv6Addr,
+    pub interface: String,
+}
+
 /// The desired datapath state of one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -75,13 +91,25 @@ pub struct Desired {
     pub pod_owner_v4: BTreeMap<Ipv4Addr, Ipv4Addr>,
     /// Egress addresses this node holds (dedicated) or uses (shared), by address.
     pub egress_ips_v4: BTreeMap<Ipv4Addr, HeldIpV4>,
-    /// Interfaces that need `from_secondary` (those of `rules_v4` and `egress_ips_v4`).
+    /// Interfaces that need `from_secondary` (those of the rules and egress IPs of both
+    /// families).
     pub egress_interfaces: BTreeSet<String>,
+    /// IPv6 counterparts of the maps above (dual-stack and IPv6-only pods; the underlay
+    /// stays IPv4).
+    pub policy_v6: BTreeMap<(Ipv6Addr, Ipv6Net), PolicyEntryV6>,
+    pub selected_v6: BTreeMap<Ipv6Addr, u32>,
+    pub rules_v6: BTreeMap<u32, GatewayRuleV6>,
+    pub pod_owner_v6: BTreeMap<Ipv6Addr, Ipv4Addr>,
+    /// `HeldIpV4` carries what an IPv6 address needs too (interface, prefix, shared).
+    pub egress_ips_v6: BTreeMap<Ipv6Addr, HeldIpV4>,
 }
 
 impl Desired {
     /// Local pods whose traffic `from_pod` must see.
-    pub fn local_selected_pods(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
-        self.selected_v4.keys().copied()
+    pub fn local_selected_pods(&self) -> impl Iterator<Item = std::net::IpAddr> + '_ {
+        self.selected_v4
+            .keys()
+            .map(|a| std::net::IpAddr::V4(*a))
+            .chain(self.selected_v6.keys().map(|a| std::net::IpAddr::V6(*a)))
     }
 }

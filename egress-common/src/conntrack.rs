@@ -66,3 +66,34 @@ pub mod timeout {
 
 /// How many ports `from_tunnel` tries before it counts `DROP_PORT_EXHAUSTED`.
 pub const PORT_ALLOC_TRIES: u32 = 32;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CtKeyV6 {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub src_port_be: u16,
+    pub dst_port_be: u16,
+    /// IP protocol number (6, 17, 58).
+    pub proto: u8,
+    /// [`dir::ORIGINAL`] or [`dir::REPLY`].
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<CtKeyV6>() == 40);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CtEntryV6 {
+    /// Original: egress IP. Reply: pod IP.
+    pub xlate_addr: [u8; 16],
+    pub xlate_port_be: u16,
+    pub state: u8,
+    pub _pad0: u8,
+    /// Underlay (IPv4) address of the pod's node.
+    pub pod_node: [u8; 4],
+    pub ifindex: u32,
+    pub rule_id: u32,
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 40);

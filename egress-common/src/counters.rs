@@ -51,6 +51,7 @@ reasons! {
     DROP_TUNNEL_KEY = 45, "tunnel key could not be set";
     DROP_NOT_LOCAL_POD = 46, "reply from the tunnel for a pod that is not on this node";
     DROP_NOT_READY = 47, "tunneled or reply packet before the agent configured this node";
+    DROP_IPV6_EXT_HDR = 48, "IPv6 extension header in a selected flow (not walked)";
 }
 
 /// Name of a reason number, or `None` for a number that was never assigned.

@@ -9,6 +9,12 @@ pub const NODES: &str = "NODES";
 pub const POD_OWNER_V4: &str = "POD_OWNER_V4";
 pub const CT_V4: &str = "CT_V4";
 pub const EGRESS_IPS_V4: &str = "EGRESS_IPS_V4";
+pub const POLICY_V6: &str = "POLICY_V6";
+pub const SELECTED_V6: &str = "SELECTED_V6";
+pub const RULES_V6: &str = "RULES_V6";
+pub const POD_OWNER_V6: &str = "POD_OWNER_V6";
+pub const CT_V6: &str = "CT_V6";
+pub const EGRESS_IPS_V6: &str = "EGRESS_IPS_V6";
 pub const COUNTERS: &str = "COUNTERS";
 pub const CONFIG: &str = "CONFIG";
 
@@ -21,6 +27,12 @@ pub const ALL: &[&str] = &[
     POD_OWNER_V4,
     CT_V4,
     EGRESS_IPS_V4,
+    POLICY_V6,
+    SELECTED_V6,
+    RULES_V6,
+    POD_OWNER_V6,
+    CT_V6,
+    EGRESS_IPS_V6,
     COUNTERS,
     CONFIG,
 ];

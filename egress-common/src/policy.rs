@@ -102,3 +102,41 @@ pub struct SelectedValue {
     pub entries: u32,
 }
 const _: () = assert!(core::mem::size_of::<SelectedValue>() == 4);
+
+// ---- IPv6 (pods and egress IPs; the underlay, and so `gateway`/`node`, stays IPv4) ----
+
+/// Data part of an LPM key for the IPv6 policy trie: prefix length is
+/// `POD_PREFIX_BITS_V6 + destination prefix length`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKeyV6 {
+    pub pod: [u8; 16],
+    pub dst: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<PolicyKeyV6>() == 32);
+
+pub const POD_PREFIX_BITS_V6: u32 = 128;
+
+/// Value of the IPv6 policy trie (same meaning as [`PolicyValue`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PolicyValueV6 {
+    /// Underlay IPv4 address of the gateway node.
+    pub gateway: [u8; 4],
+    pub rule_id: u32,
+    /// One of [`action`].
+    pub action: u8,
+    pub _pad: [u8; 3],
+    /// The egress address the gateway will use (observability).
+    pub egress_ip: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<PolicyValueV6>() == 28);
+
+/// Gateway side, IPv6 rules: rule id -> egress IPv6 and interface.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RuleValueV6 {
+    pub egress_ip: [u8; 16],
+    pub ifindex: u32,
+}
+const _: () = assert!(core::mem::size_of::<RuleValueV6>() == 20);

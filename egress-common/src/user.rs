@@ -20,5 +20,10 @@ pod!(
     CtKeyV4,
     CtEntryV4,
     Counter,
-    Config
+    Config,
+    PolicyKeyV6,
+    PolicyValueV6,
+    RuleValueV6,
+    CtKeyV6,
+    CtEntryV6
 );
