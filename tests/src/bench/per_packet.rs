@@ -1,0 +1,1129 @@
+//! Per-packet cost of each datapath path, timed with `BPF_PROG_TEST_RUN` next to an
+//! empty-program floor.
+//!
+//! Everything runs on one thread in an anonymous network namespace of its own
+//! (`unshare(CLONE_NEWNET)`), which holds the devices, routes and permanent neighbours
+//! the gateway's FIB lookups need and vanishes with the thread. `test_run` gives the
+//! skb that namespace's loopback as its device.
+//!
+//! Each case is checked before it is timed (verdict, the exact counters it must bump,
+//! and for translations the rewritten addresses), and every timed round checks again
+//! that the counters moved by exactly (runs x expected reasons) and by nothing else, so
+//! a misconfigured bench fails instead of timing a drop path.
+//!
+//! `test_run` re-runs the *same* skb `repeat` times, so a path that rewrites the packet
+//! sees its own output on the next run. Two consequences, both handled here:
+//! * translated flows (established SNAT, reverse NAT) get a partner flow whose tuple is
+//!   the first flow's translation and which translates back to it (A -> B -> A ...):
+//!   every run is then a conntrack hit of an established flow;
+//! * forwarding decrements the TTL, so those paths start at TTL 255 and run in calls of
+//!   [`TTL_CHUNK`] repeats; the time per run is the kernel's average per call, weighted
+//!   over the calls of a round.
+
+use std::{net::Ipv4Addr, process::Command, thread};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
+};
+use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, OBJECT, TEST_TUNNEL_FROM_CB};
+use egress_common::{
+    config::{Config, flags},
+    conntrack::{CtEntryV4, CtKeyV4, dir, state},
+    counters::{self, Counter, MAX_REASONS, reason},
+    maps,
+    policy::{
+        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
+        RuleValueV4, SelectedValue, action,
+    },
+};
+
+use super::{
+    Plan, Run, Spread,
+    empty::EmptyProgram,
+    frame::{self, TCP_ACK, TCP_SYN, Tcp},
+};
+
+pub const TC_ACT_OK: u32 = 0;
+pub const TC_ACT_REDIRECT: u32 = 7;
+
+/// Repeats per call on the paths that decrement the TTL (frames start at 255).
+pub const TTL_CHUNK: u32 = 250;
+
+/// The policy trie's capacity in the benchmark object. The agent's object holds 65,536
+/// entries (its own pods only); 100k entries need more. LPM tries are never
+/// preallocated, so the limit does not change the cost of a lookup.
+pub const POLICY_BENCH_MAX_ENTRIES: u32 = 131_072;
+
+/// Offsets in `struct __sk_buff` (include/uapi/linux/bpf.h): `ifindex` at 40, `tc_index`
+/// at 44, `cb[5]` at 48. `ctx_in` is a zeroed prefix up to the end of `cb`.
+const SKB_CB_OFF: usize = 48;
+const SKB_CTX_LEN: usize = SKB_CB_OFF + 5 * 4;
+
+const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
+    Ipv4Addr::new(a, b, c, d)
+}
+
+/// This node (source node and gateway).
+const NODE: Ipv4Addr = a(192, 168, 0, 10);
+/// The remote gateway (source side) and the pods' node (gateway side).
+const PEER: Ipv4Addr = a(192, 168, 0, 20);
+/// sec0's address on the egress network, the egress IP and a host behind it.
+const SEC0_ADDR: &str = "192.168.101.11/24";
+const EGRESS: Ipv4Addr = a(192, 168, 101, 50);
+const DEST: Ipv4Addr = a(192, 168, 101, 100);
+const DEST_MAC: &str = "02:00:00:00:65:64";
+const DPORT: u16 = 443;
+const RULE: u32 = 1;
+
+/// First pod of the policy tables: 10.244.0.1, 10.244.0.2, ...
+const POD_BASE: Ipv4Addr = a(10, 244, 0, 1);
+/// A local pod that no rule selects.
+const UNSELECTED_POD: Ipv4Addr = a(10, 244, 200, 9);
+/// Destination of the tunnel case, inside the 4th prefix (10.100.0.0/16).
+const TUNNEL_DEST: Ipv4Addr = a(10, 100, 7, 9);
+/// Destination prefixes of every selected pod (ten per pod, mixed lengths).
+const PREFIXES: [(Ipv4Addr, u32); 10] = [
+    (a(192, 168, 101, 0), 24),
+    (a(192, 168, 102, 0), 24),
+    (a(172, 16, 0, 0), 12),
+    (a(10, 100, 0, 0), 16),
+    (a(10, 101, 4, 0), 22),
+    (a(10, 102, 8, 0), 28),
+    (a(100, 64, 0, 0), 10),
+    (a(198, 18, 0, 0), 15),
+    (a(203, 0, 113, 0), 24),
+    (a(192, 0, 2, 128), 25),
+];
+const TUNNEL_PREFIX: usize = 3;
+
+/// Pod of the established flow (its node is `PEER`) and its port; the egress port.
+const FLOW_POD: Ipv4Addr = a(10, 244, 1, 5);
+const FLOW_SPORT: u16 = 40_000;
+const FLOW_EPORT: u16 = 50_000;
+/// Pod of the new flows; source ports `NEW_SPORT_BASE + i`.
+const NEW_POD: Ipv4Addr = a(10, 244, 1, 7);
+const NEW_SPORT_BASE: u16 = 1024;
+/// The new flow of the check before timing (source port 65535), outside the timed range.
+const NEW_FLOW_CHECK: u32 = (u16::MAX - NEW_SPORT_BASE) as u32;
+
+/// Background conntrack: this many flows (two entries each), pods 10.246.x.y to
+/// 198.18.x.y, none of which share a tuple with the measured flows.
+pub const CT_FLOWS: u32 = 100_000;
+
+// ---- the namespace ----
+
+/// Run `f` on a new thread in a new, anonymous network namespace (loopback up).
+pub fn in_private_netns<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let handle = thread::Builder::new()
+        .name("bench-netns".into())
+        .spawn(move || -> Result<T> {
+            // SAFETY: unshare(2) only changes the calling thread's namespace membership.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            if rc != 0 {
+                bail!(
+                    "failed to unshare the network namespace: {} (the benchmark needs root)",
+                    std::io::Error::last_os_error()
+                );
+            }
+            ip("link set lo up")?;
+            f()
+        })
+        .context("failed to spawn the benchmark thread")?;
+    handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("the benchmark thread panicked"))?
+}
+
+/// `ip <args>` in the calling thread's namespace.
+fn ip(args: &str) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args.split_whitespace())
+        .output()
+        .with_context(|| format!("failed to run `ip {args}`"))?;
+    ensure!(
+        out.status.success(),
+        "failed to run `ip {args}`: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+fn ifindex(name: &str) -> Result<u32> {
+    let c = std::ffi::CString::new(name).context("interface name")?;
+    // SAFETY: valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    ensure!(i != 0, "failed to find interface {name}");
+    Ok(i)
+}
+
+fn ktime_ns() -> Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ensure!(
+        rc == 0,
+        "failed to read CLOCK_MONOTONIC: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// Interfaces of the namespace:
+/// `tun0` (veth, stands in for the collect-metadata VXLAN device) and `sec0` (veth,
+/// 192.168.101.11/24, the egress network) with a permanent neighbour for `DEST`.
+struct Net {
+    tun0: u32,
+    sec0: u32,
+}
+
+fn topology() -> Result<Net> {
+    // veth, not dummy: the dummy driver is not built into every test kernel.
+    ip("link add tun0 type veth peer name tun0p")?;
+    ip("link set tun0 up")?;
+    ip("link add sec0 address 02:00:00:00:65:0b type veth peer name sec0p")?;
+    ip(&format!("addr add {SEC0_ADDR} dev sec0"))?;
+    ip("link set sec0 up")?;
+    ip("link set sec0p up")?;
+    ip(&format!(
+        "neigh replace {DEST} lladdr {DEST_MAC} dev sec0 nud permanent"
+    ))?;
+    std::fs::write("/proc/sys/net/ipv4/conf/all/forwarding", "1")
+        .context("failed to enable forwarding in the benchmark namespace")?;
+    Ok(Net {
+        tun0: ifindex("tun0")?,
+        sec0: ifindex("sec0")?,
+    })
+}
+
+// ---- the loaded object ----
+
+/// One copy of the object: fresh maps and counters, the three programs loaded.
+struct Bed {
+    ebpf: Ebpf,
+    config: Array<MapData, Config>,
+    policy: LpmTrie<MapData, PolicyKeyV4, PolicyValue>,
+    selected: HashMap<MapData, [u8; 4], SelectedValue>,
+    rules: HashMap<MapData, u32, RuleValueV4>,
+    nodes: HashMap<MapData, [u8; 4], NodeValue>,
+    pod_owner: HashMap<MapData, [u8; 4], PodOwnerValue>,
+    ct: HashMap<MapData, CtKeyV4, CtEntryV4>,
+    egress_ips: HashMap<MapData, [u8; 4], EgressIpValue>,
+    counters: PerCpuArray<MapData, Counter>,
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("failed to find map {name} in the object"))
+}
+
+impl Bed {
+    fn load(net: &Net) -> Result<Bed> {
+        let mut ebpf = EbpfLoader::new()
+            .override_global(TEST_TUNNEL_FROM_CB, &1u8, true)
+            .map_max_entries(maps::POLICY_V4, POLICY_BENCH_MAX_ENTRIES)
+            .load(OBJECT)
+            .context("failed to load the eBPF object")?;
+        for name in [FROM_POD, FROM_TUNNEL, FROM_SECONDARY] {
+            let p: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .with_context(|| format!("failed to find program {name}"))?
+                .try_into()
+                .with_context(|| format!("failed to use {name} as a classifier"))?;
+            // The verifier gives up with EAGAIN when a signal is pending: retry a few times.
+            let mut tries = 0;
+            loop {
+                match p.load() {
+                    Ok(()) => break,
+                    Err(ProgramError::LoadError { io_error, .. })
+                        if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 10 =>
+                    {
+                        tries += 1;
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("failed to load program {name}"));
+                    }
+                }
+            }
+        }
+        let mut bed = Bed {
+            config: take(&mut ebpf, maps::CONFIG)?.try_into()?,
+            policy: take(&mut ebpf, maps::POLICY_V4)?.try_into()?,
+            selected: take(&mut ebpf, maps::SELECTED_V4)?.try_into()?,
+            rules: take(&mut ebpf, maps::RULES_V4)?.try_into()?,
+            nodes: take(&mut ebpf, maps::NODES)?.try_into()?,
+            pod_owner: take(&mut ebpf, maps::POD_OWNER_V4)?.try_into()?,
+            ct: take(&mut ebpf, maps::CT_V4)?.try_into()?,
+            egress_ips: take(&mut ebpf, maps::EGRESS_IPS_V4)?.try_into()?,
+            counters: take(&mut ebpf, maps::COUNTERS)?.try_into()?,
+            ebpf,
+        };
+        bed.config.set(
+            0,
+            Config {
+                node_ip: NODE.octets(),
+                tunnel_ifindex: net.tun0,
+                port_min: 1024,
+                port_max: 65_535,
+                tunnel_mtu: 1450,
+                flags: flags::READY,
+            },
+            0,
+        )?;
+        bed.nodes
+            .insert(NODE.octets(), NodeValue { node_id: 1 }, 0)?;
+        bed.nodes
+            .insert(PEER.octets(), NodeValue { node_id: 2 }, 0)?;
+        bed.rules.insert(
+            RULE,
+            RuleValueV4 {
+                egress_ip: EGRESS.octets(),
+                ifindex: net.sec0,
+            },
+            0,
+        )?;
+        bed.egress_ips.insert(
+            EGRESS.octets(),
+            EgressIpValue {
+                ifindex: net.sec0,
+                flags: 0,
+            },
+            0,
+        )?;
+        Ok(bed)
+    }
+
+    /// `pods` selected pods with `per_pod` prefixes each, all tunneled to `PEER`.
+    fn fill_policy(&mut self, pods: u32, per_pod: usize) -> Result<()> {
+        for i in 0..pods {
+            let pod = pod(i);
+            for (j, (dst, len)) in PREFIXES.iter().take(per_pod).enumerate() {
+                let key = Key::new(
+                    POD_PREFIX_BITS_V4 + len,
+                    PolicyKeyV4 {
+                        pod: pod.octets(),
+                        dst: dst.octets(),
+                    },
+                );
+                let value = PolicyValue {
+                    gateway: PEER.octets(),
+                    egress_ip: EGRESS.octets(),
+                    rule_id: RULE + j as u32,
+                    action: action::FORWARD,
+                    _pad: [0; 3],
+                };
+                self.policy
+                    .insert(&key, value, 0)
+                    .with_context(|| format!("failed to insert policy entry {pod} -> {dst}"))?;
+            }
+            self.selected.insert(
+                pod.octets(),
+                SelectedValue {
+                    entries: per_pod as u32,
+                },
+                0,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Both entries of an established TCP flow (pod:sport -> dst:dport, seen as
+    /// xaddr:xport on the egress side).
+    #[expect(clippy::too_many_arguments, reason = "one flow, spelled out")]
+    fn ct_flow(
+        &mut self,
+        pod: Ipv4Addr,
+        sport: u16,
+        dst: Ipv4Addr,
+        dport: u16,
+        xaddr: Ipv4Addr,
+        xport: u16,
+        ifindex: u32,
+        now: u64,
+    ) -> Result<()> {
+        let (orig, reply) = ct_keys(pod, sport, dst, dport, xaddr, xport);
+        let entry = CtEntryV4 {
+            xlate_addr: xaddr.octets(),
+            xlate_port_be: xport.to_be(),
+            state: state::ESTABLISHED,
+            _pad0: 0,
+            pod_node: PEER.octets(),
+            ifindex,
+            rule_id: RULE,
+            _pad1: 0,
+            last_seen_ns: now,
+        };
+        self.ct.insert(orig, entry, 0)?;
+        self.ct.insert(
+            reply,
+            CtEntryV4 {
+                xlate_addr: pod.octets(),
+                xlate_port_be: sport.to_be(),
+                ..entry
+            },
+            0,
+        )?;
+        Ok(())
+    }
+
+    /// [`CT_FLOWS`] established flows that the measured packets never touch.
+    fn fill_ct(&mut self, ifindex: u32) -> Result<()> {
+        let now = ktime_ns()?;
+        let pod_base = u32::from(a(10, 246, 0, 0));
+        let dst_base = u32::from(a(198, 18, 0, 0));
+        for i in 0..CT_FLOWS {
+            // 2,000 destinations x 50 egress ports: unique reply tuples.
+            self.ct_flow(
+                Ipv4Addr::from(pod_base + i),
+                30_000 + (i % 1000) as u16,
+                Ipv4Addr::from(dst_base + i % 2000),
+                DPORT,
+                EGRESS,
+                1024 + (i / 2000) as u16,
+                ifindex,
+                now,
+            )
+            .with_context(|| format!("failed to fill conntrack entry {i}"))?;
+        }
+        Ok(())
+    }
+
+    fn counters(&self) -> Result<Vec<u64>> {
+        (0..MAX_REASONS)
+            .map(|r| {
+                let v = self
+                    .counters
+                    .get(&r, 0)
+                    .with_context(|| format!("failed to read counter {r}"))?;
+                Ok(v.iter().map(|c| c.packets).sum())
+            })
+            .collect()
+    }
+
+    fn program(&self, name: &str) -> Result<&SchedClassifier> {
+        self.ebpf
+            .program(name)
+            .with_context(|| format!("failed to find program {name}"))?
+            .try_into()
+            .with_context(|| format!("failed to use {name} as a classifier"))
+    }
+
+    fn call(
+        &self,
+        empty: &EmptyProgram,
+        prog: Prog,
+        data: &[u8],
+        ctx: &[u8],
+        repeat: u32,
+        out: Option<&mut [u8]>,
+    ) -> Result<Run> {
+        match prog {
+            Prog::Empty => empty.test_run(data, ctx, repeat),
+            Prog::Datapath(name) => {
+                let r = self
+                    .program(name)?
+                    .test_run(TestRunOptions {
+                        data_in: Some(data),
+                        data_out: out,
+                        ctx_in: Some(ctx),
+                        repeat,
+                        ..TestRunOptions::new()
+                    })
+                    .with_context(|| format!("failed to test_run {name}"))?;
+                Ok(Run {
+                    verdict: r.return_value,
+                    ns: u32::try_from(r.duration.as_nanos()).unwrap_or(u32::MAX),
+                })
+            }
+        }
+    }
+}
+
+fn pod(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(POD_BASE) + i)
+}
+
+/// (original, reply) conntrack keys of a TCP flow translated to xaddr:xport.
+fn ct_keys(
+    pod: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    xaddr: Ipv4Addr,
+    xport: u16,
+) -> (CtKeyV4, CtKeyV4) {
+    let orig = CtKeyV4 {
+        src: pod.octets(),
+        dst: dst.octets(),
+        src_port_be: sport.to_be(),
+        dst_port_be: dport.to_be(),
+        proto: frame::PROTO_TCP,
+        dir: dir::ORIGINAL,
+        _pad: [0; 2],
+    };
+    let reply = CtKeyV4 {
+        src: dst.octets(),
+        dst: xaddr.octets(),
+        src_port_be: dport.to_be(),
+        dst_port_be: xport.to_be(),
+        proto: frame::PROTO_TCP,
+        dir: dir::REPLY,
+        _pad: [0; 2],
+    };
+    (orig, reply)
+}
+
+fn ctx(tunnel: Option<(Ipv4Addr, u32)>) -> Vec<u8> {
+    let mut c = vec![0u8; SKB_CTX_LEN];
+    if let Some((sender, vni)) = tunnel {
+        c[SKB_CB_OFF..SKB_CB_OFF + 4].copy_from_slice(&u32::from(sender).to_ne_bytes());
+        c[SKB_CB_OFF + 4..SKB_CB_OFF + 8].copy_from_slice(&vni.to_ne_bytes());
+    }
+    c
+}
+
+// ---- cases ----
+
+#[derive(Clone, Copy, Debug)]
+enum Prog {
+    Empty,
+    Datapath(&'static str),
+}
+
+/// Which floor a row is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloorKind {
+    /// The row is a floor.
+    None,
+    /// The empty program, repeated runs.
+    Repeated,
+    /// The empty program, single runs (same method as the new-flow row).
+    Single,
+}
+
+/// A target from issue 7.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// At most this many times the floor.
+    FloorRatio(f64),
+    /// At most this many nanoseconds.
+    Ns(f64),
+}
+
+/// How a row was measured.
+#[derive(Clone, Copy, Debug)]
+pub enum Method {
+    /// `repeat` runs per round, in calls of `chunk`.
+    Repeated { chunk: u32 },
+    /// The median of single-run (`repeat = 1`) durations in each round.
+    Single,
+}
+
+impl Mode {
+    fn method(self) -> Method {
+        match self {
+            Mode::Repeated { chunk } => Method::Repeated { chunk },
+            Mode::Single | Mode::NewFlows => Method::Single,
+        }
+    }
+}
+
+/// What the report shows for one row.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub id: &'static str,
+    pub path: &'static str,
+    pub program: &'static str,
+    pub state: String,
+    pub floor: FloorKind,
+    pub targets: Vec<Target>,
+}
+
+/// One timed row: its rounds (ns per packet).
+#[derive(Clone, Debug)]
+pub struct Timing {
+    pub meta: Meta,
+    pub method: Method,
+    pub rounds: Vec<f64>,
+}
+
+impl Timing {
+    pub fn spread(&self) -> Option<Spread> {
+        Spread::of(&self.rounds)
+    }
+}
+
+/// New flows: SYN from `NEW_POD`, source port `NEW_SPORT_BASE + i`.
+#[derive(Clone, Copy, Debug)]
+struct NewFlows;
+
+impl NewFlows {
+    fn frame(i: u32) -> Vec<u8> {
+        Tcp::new(NEW_POD, NEW_SPORT_BASE + i as u16, DEST, DPORT, TCP_SYN).frame()
+    }
+
+    /// Remove both entries of new flow `i`.
+    fn remove(bed: &mut Bed, i: u32) -> Result<()> {
+        let sport = NEW_SPORT_BASE + i as u16;
+        let (orig, _) = ct_keys(NEW_POD, sport, DEST, DPORT, EGRESS, 0);
+        let e = bed
+            .ct
+            .get(&orig, 0)
+            .with_context(|| format!("failed to find the conntrack entry of new flow {i}"))?;
+        let (_, reply) = ct_keys(
+            NEW_POD,
+            sport,
+            DEST,
+            DPORT,
+            Ipv4Addr::from(e.xlate_addr),
+            u16::from_be(e.xlate_port_be),
+        );
+        bed.ct.remove(&orig)?;
+        bed.ct.remove(&reply)?;
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Repeated { chunk: u32 },
+    Single,
+    NewFlows,
+}
+
+/// What the first run must do to the frame, checked before timing.
+/// Arguments: the frame sent, the frame returned.
+type Check = fn(&[u8], &[u8]) -> Result<()>;
+
+struct Case {
+    meta: Meta,
+    prog: Prog,
+    frame: Vec<u8>,
+    ctx: Vec<u8>,
+    mode: Mode,
+    verdict: u32,
+    /// Reasons bumped by exactly one per run; every other counter must stay put.
+    counts: &'static [u32],
+    check: Option<Check>,
+}
+
+fn floor_cases() -> Vec<Case> {
+    let data = Tcp::new(UNSELECTED_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK).frame();
+    vec![
+        Case {
+            meta: Meta {
+                id: "F0",
+                path: "floor: empty TC program (`r0 = TC_ACT_OK; exit`)",
+                program: "(empty)",
+                state: "-".into(),
+                floor: FloorKind::None,
+                targets: vec![],
+            },
+            prog: Prog::Empty,
+            frame: data.clone(),
+            ctx: ctx(None),
+            mode: Mode::Repeated { chunk: u32::MAX },
+            verdict: TC_ACT_OK,
+            counts: &[],
+            check: None,
+        },
+        Case {
+            meta: Meta {
+                id: "F1",
+                path: "floor': ARP frame (reads the ethertype, returns TC_ACT_OK)",
+                program: FROM_POD,
+                state: "-".into(),
+                floor: FloorKind::Repeated,
+                targets: vec![],
+            },
+            prog: Prog::Datapath(FROM_POD),
+            frame: frame::arp(UNSELECTED_POD, a(10, 244, 0, 254)),
+            ctx: ctx(None),
+            mode: Mode::Repeated { chunk: u32::MAX },
+            verdict: TC_ACT_OK,
+            counts: &[],
+            check: None,
+        },
+    ]
+}
+
+fn policy_cases(label: &str) -> Vec<Case> {
+    vec![
+        Case {
+            meta: Meta {
+                id: "1",
+                path: "miss: packet from an unselected pod",
+                program: FROM_POD,
+                state: label.to_owned(),
+                floor: FloorKind::Repeated,
+                targets: vec![Target::FloorRatio(2.0), Target::Ns(50.0)],
+            },
+            prog: Prog::Datapath(FROM_POD),
+            frame: Tcp::new(UNSELECTED_POD, FLOW_SPORT, TUNNEL_DEST, DPORT, TCP_ACK).frame(),
+            ctx: ctx(None),
+            mode: Mode::Repeated { chunk: u32::MAX },
+            verdict: TC_ACT_OK,
+            counts: &[],
+            check: Some(unchanged),
+        },
+        // The tunnel case's frame depends on the table size: filled in by `policy_bed`.
+    ]
+}
+
+fn tunnel_case(label: &str, pod: Ipv4Addr, at_100k: bool) -> Case {
+    Case {
+        meta: Meta {
+            id: "2",
+            path: "selected packet into the tunnel (remote gateway)",
+            program: FROM_POD,
+            state: label.to_owned(),
+            floor: FloorKind::Repeated,
+            targets: if at_100k {
+                vec![Target::Ns(150.0)]
+            } else {
+                vec![]
+            },
+        },
+        prog: Prog::Datapath(FROM_POD),
+        frame: Tcp::new(pod, FLOW_SPORT, TUNNEL_DEST, DPORT, TCP_ACK).frame(),
+        ctx: ctx(None),
+        mode: Mode::Repeated { chunk: u32::MAX },
+        verdict: TC_ACT_REDIRECT,
+        counts: &[reason::TUNNELED],
+        check: Some(unchanged),
+    }
+}
+
+fn unchanged(data: &[u8], out: &[u8]) -> Result<()> {
+    ensure!(
+        out.get(..data.len()) == Some(data),
+        "the frame changed, so repeated runs would not see the same packet"
+    );
+    Ok(())
+}
+
+fn addr_at(f: &[u8], off: usize) -> Result<Ipv4Addr> {
+    let b: [u8; 4] = f
+        .get(off..off + 4)
+        .context("short frame")?
+        .try_into()
+        .context("short frame")?;
+    Ok(Ipv4Addr::from(b))
+}
+
+fn port_at(f: &[u8], off: usize) -> Result<u16> {
+    let b: [u8; 2] = f
+        .get(off..off + 2)
+        .context("short frame")?
+        .try_into()
+        .context("short frame")?;
+    Ok(u16::from_be_bytes(b))
+}
+
+/// Frame offsets (Ethernet + IPv4 without options + TCP).
+const SRC_OFF: usize = 26;
+const DST_OFF: usize = 30;
+const SPORT_OFF: usize = 34;
+const DPORT_OFF: usize = 36;
+
+fn snat_check(_data: &[u8], out: &[u8]) -> Result<()> {
+    let (src, sport) = (addr_at(out, SRC_OFF)?, port_at(out, SPORT_OFF)?);
+    ensure!(
+        (src, sport) == (EGRESS, FLOW_EPORT),
+        "SNAT wrote {src}:{sport}, expected {EGRESS}:{FLOW_EPORT}"
+    );
+    Ok(())
+}
+
+fn reverse_nat_check(_data: &[u8], out: &[u8]) -> Result<()> {
+    let (dst, dport) = (addr_at(out, DST_OFF)?, port_at(out, DPORT_OFF)?);
+    ensure!(
+        (dst, dport) == (FLOW_POD, FLOW_SPORT),
+        "reverse NAT wrote {dst}:{dport}, expected {FLOW_POD}:{FLOW_SPORT}"
+    );
+    Ok(())
+}
+
+fn new_flow_check(_data: &[u8], out: &[u8]) -> Result<()> {
+    let src = addr_at(out, SRC_OFF)?;
+    ensure!(
+        src == EGRESS,
+        "new-flow SNAT wrote {src}, expected {EGRESS}"
+    );
+    Ok(())
+}
+
+fn ct_cases() -> Vec<Case> {
+    let state = format!(
+        "{}k CT flows ({}k entries)",
+        CT_FLOWS / 1000,
+        CT_FLOWS / 500
+    );
+    vec![
+        Case {
+            meta: Meta {
+                id: "F2",
+                path: "floor, single runs: empty TC program, `repeat = 1`",
+                program: "(empty)",
+                state: "-".into(),
+                floor: FloorKind::None,
+                targets: vec![],
+            },
+            prog: Prog::Empty,
+            frame: Tcp::new(NEW_POD, NEW_SPORT_BASE, DEST, DPORT, TCP_SYN).frame(),
+            ctx: ctx(Some((PEER, RULE))),
+            mode: Mode::Single,
+            verdict: TC_ACT_OK,
+            counts: &[],
+            check: None,
+        },
+        Case {
+            meta: Meta {
+                id: "3",
+                path: "SNAT of a new flow (TCP SYN, conntrack create)",
+                program: FROM_TUNNEL,
+                state: state.clone(),
+                floor: FloorKind::Single,
+                targets: vec![],
+            },
+            prog: Prog::Datapath(FROM_TUNNEL),
+            frame: NewFlows::frame(0),
+            ctx: ctx(Some((PEER, RULE))),
+            mode: Mode::NewFlows,
+            verdict: TC_ACT_REDIRECT,
+            counts: &[reason::SNAT_NEW, reason::FORWARDED],
+            check: Some(new_flow_check),
+        },
+        Case {
+            meta: Meta {
+                id: "4",
+                path: "SNAT of an established flow",
+                program: FROM_TUNNEL,
+                state: state.clone(),
+                floor: FloorKind::Repeated,
+                targets: vec![Target::Ns(200.0)],
+            },
+            prog: Prog::Datapath(FROM_TUNNEL),
+            frame: Tcp::new(FLOW_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK)
+                .ttl(255)
+                .frame(),
+            ctx: ctx(Some((PEER, RULE))),
+            mode: Mode::Repeated { chunk: TTL_CHUNK },
+            verdict: TC_ACT_REDIRECT,
+            counts: &[reason::SNAT_HIT, reason::FORWARDED],
+            check: Some(snat_check),
+        },
+        Case {
+            meta: Meta {
+                id: "4s",
+                path: "SNAT of an established flow, single runs (compare with row 3)",
+                program: FROM_TUNNEL,
+                state: state.clone(),
+                floor: FloorKind::Single,
+                targets: vec![],
+            },
+            prog: Prog::Datapath(FROM_TUNNEL),
+            frame: Tcp::new(FLOW_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK)
+                .ttl(255)
+                .frame(),
+            ctx: ctx(Some((PEER, RULE))),
+            mode: Mode::Single,
+            verdict: TC_ACT_REDIRECT,
+            counts: &[reason::SNAT_HIT, reason::FORWARDED],
+            check: Some(snat_check),
+        },
+        Case {
+            meta: Meta {
+                id: "5",
+                path: "reverse NAT of a reply, tunneled back to the pod's node",
+                program: FROM_SECONDARY,
+                state,
+                floor: FloorKind::Repeated,
+                targets: vec![Target::Ns(200.0)],
+            },
+            prog: Prog::Datapath(FROM_SECONDARY),
+            frame: Tcp::new(DEST, DPORT, EGRESS, FLOW_EPORT, TCP_ACK)
+                .ttl(255)
+                .frame(),
+            ctx: ctx(None),
+            mode: Mode::Repeated { chunk: TTL_CHUNK },
+            verdict: TC_ACT_REDIRECT,
+            counts: &[reason::REVERSE_NAT, reason::RETURN_TUNNELED],
+            check: Some(reverse_nat_check),
+        },
+    ]
+}
+
+// ---- measuring ----
+
+fn check_counters(case: &Case, before: &[u64], after: &[u64], runs: u64) -> Result<()> {
+    for (r, (b, a)) in before.iter().zip(after).enumerate() {
+        let r = r as u32;
+        let want = if case.counts.contains(&r) { runs } else { 0 };
+        let got = a.wrapping_sub(*b);
+        if got != want {
+            bail!(
+                "case {} ({}, {}): counter {} moved by {got}, expected {want} over {runs} runs: \
+                 the bench is not timing the path it names",
+                case.meta.id,
+                case.meta.path,
+                case.meta.state,
+                counters::name(r).unwrap_or("(unassigned)"),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_verdict(case: &Case, run: &Run) -> Result<()> {
+    ensure!(
+        run.verdict == case.verdict,
+        "case {} ({}, {}): verdict {}, expected {}",
+        case.meta.id,
+        case.meta.path,
+        case.meta.state,
+        run.verdict,
+        case.verdict
+    );
+    Ok(())
+}
+
+/// One run with the frame returned: verdict, counters, rewritten fields.
+fn verify(bed: &mut Bed, empty: &EmptyProgram, case: &Case) -> Result<()> {
+    let before = bed.counters()?;
+    let data = match case.mode {
+        // A flow outside the timed range, removed again below.
+        Mode::NewFlows => NewFlows::frame(NEW_FLOW_CHECK),
+        _ => case.frame.clone(),
+    };
+    let mut out = vec![0u8; data.len() + 128];
+    let run = bed.call(empty, case.prog, &data, &case.ctx, 1, Some(&mut out))?;
+    check_verdict(case, &run)?;
+    check_counters(case, &before, &bed.counters()?, 1)?;
+    if let Some(check) = case.check {
+        check(&data, &out).with_context(|| {
+            format!(
+                "case {} ({}, {})",
+                case.meta.id, case.meta.path, case.meta.state
+            )
+        })?;
+    }
+    if let Mode::NewFlows = case.mode {
+        NewFlows::remove(bed, NEW_FLOW_CHECK)?;
+    }
+    eprintln!(
+        "  verified {:>2} {} [{}]: verdict {}, counters {}",
+        case.meta.id,
+        case.meta.path,
+        case.meta.state,
+        case.verdict,
+        if case.counts.is_empty() {
+            "unchanged".to_owned()
+        } else {
+            case.counts
+                .iter()
+                .map(|r| format!("+1 {}", counters::name(*r).unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    Ok(())
+}
+
+fn median(v: &[f64]) -> f64 {
+    Spread::of(v).map_or(f64::NAN, |s| s.median)
+}
+
+/// One round of a case: ns per packet.
+fn round(bed: &mut Bed, empty: &EmptyProgram, case: &Case, plan: &Plan) -> Result<f64> {
+    let before = bed.counters()?;
+    let (runs, ns) = match case.mode {
+        Mode::Repeated { chunk } => {
+            let mut left = plan.repeats;
+            let mut total = 0.0;
+            while left > 0 {
+                let n = left.min(chunk);
+                let run = bed.call(empty, case.prog, &case.frame, &case.ctx, n, None)?;
+                check_verdict(case, &run)?;
+                total += f64::from(run.ns) * f64::from(n);
+                left -= n;
+            }
+            (u64::from(plan.repeats), total / f64::from(plan.repeats))
+        }
+        Mode::Single => {
+            let mut samples = Vec::with_capacity(plan.singles as usize);
+            for _ in 0..plan.singles {
+                let run = bed.call(empty, case.prog, &case.frame, &case.ctx, 1, None)?;
+                check_verdict(case, &run)?;
+                samples.push(f64::from(run.ns));
+            }
+            (u64::from(plan.singles), median(&samples))
+        }
+        Mode::NewFlows => {
+            let frames: Vec<Vec<u8>> = (0..plan.singles).map(NewFlows::frame).collect();
+            let mut samples = Vec::with_capacity(frames.len());
+            for f in &frames {
+                let run = bed.call(empty, case.prog, f, &case.ctx, 1, None)?;
+                check_verdict(case, &run)?;
+                samples.push(f64::from(run.ns));
+            }
+            (u64::from(plan.singles), median(&samples))
+        }
+    };
+    check_counters(case, &before, &bed.counters()?, runs)?;
+    if let Mode::NewFlows = case.mode {
+        // The next round starts from the same table.
+        for i in 0..plan.singles {
+            NewFlows::remove(bed, i)?;
+        }
+    }
+    Ok(ns)
+}
+
+/// Verify every case, then time them round-robin (round 1 of each, round 2 of each, ...)
+/// so that load drift on the machine spreads over all of them.
+fn measure(
+    bed: &mut Bed,
+    empty: &EmptyProgram,
+    cases: &[Case],
+    plan: &Plan,
+    out: &mut Vec<Timing>,
+) -> Result<()> {
+    for case in cases {
+        verify(bed, empty, case)?;
+    }
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for r in 0..plan.rounds {
+        for (case, samples) in cases.iter().zip(&mut rounds) {
+            let ns = round(bed, empty, case, plan)?;
+            eprintln!(
+                "  round {}/{} {:>2} [{}]: {ns:.1} ns",
+                r + 1,
+                plan.rounds,
+                case.meta.id,
+                case.meta.state
+            );
+            samples.push(ns);
+        }
+    }
+    for (case, samples) in cases.iter().zip(rounds) {
+        // Floors are measured in every phase and pooled.
+        if let Some(t) = out
+            .iter_mut()
+            .find(|t| t.meta.id == case.meta.id && t.meta.state == case.meta.state)
+        {
+            t.rounds.extend(samples);
+        } else {
+            out.push(Timing {
+                meta: case.meta.clone(),
+                method: case.mode.method(),
+                rounds: samples,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Policy table sizes: (label, pods, prefixes per pod).
+const POLICY_SIZES: [(&str, u32, usize); 3] = [
+    ("1 policy entry", 1, 1),
+    ("10k entries (1k pods x 10)", 1_000, 10),
+    ("100k entries (10k pods x 10)", 10_000, 10),
+];
+
+/// Every per-packet row, floors first. Runs in a private network namespace.
+pub fn run(plan: Plan) -> Result<Vec<Timing>> {
+    in_private_netns(move || {
+        let net = topology()?;
+        let empty = EmptyProgram::load()?;
+        let mut out = Vec::new();
+        for (label, pods, per_pod) in POLICY_SIZES {
+            eprintln!("per-packet: policy table with {label}");
+            let mut bed = Bed::load(&net)?;
+            if pods == 1 {
+                // The single entry covers the tunnel destination.
+                let (dst, len) = PREFIXES[TUNNEL_PREFIX];
+                let key = Key::new(
+                    POD_PREFIX_BITS_V4 + len,
+                    PolicyKeyV4 {
+                        pod: pod(0).octets(),
+                        dst: dst.octets(),
+                    },
+                );
+                bed.policy.insert(
+                    &key,
+                    PolicyValue {
+                        gateway: PEER.octets(),
+                        egress_ip: EGRESS.octets(),
+                        rule_id: RULE,
+                        action: action::FORWARD,
+                        _pad: [0; 3],
+                    },
+                    0,
+                )?;
+                bed.selected
+                    .insert(pod(0).octets(), SelectedValue { entries: 1 }, 0)?;
+            } else {
+                bed.fill_policy(pods, per_pod)?;
+            }
+            let mut cases = floor_cases();
+            cases.extend(policy_cases(label));
+            cases.push(tunnel_case(label, pod(pods / 2), pods >= 10_000));
+            measure(&mut bed, &empty, &cases, &plan, &mut out)?;
+        }
+
+        eprintln!("per-packet: gateway with {CT_FLOWS} conntrack flows");
+        let mut bed = Bed::load(&net)?;
+        bed.fill_ct(net.sec0)?;
+        bed.pod_owner.insert(
+            FLOW_POD.octets(),
+            PodOwnerValue {
+                node: PEER.octets(),
+            },
+            0,
+        )?;
+        bed.pod_owner.insert(
+            NEW_POD.octets(),
+            PodOwnerValue {
+                node: PEER.octets(),
+            },
+            0,
+        )?;
+        // Partner flows: each established flow's translation is a flow that translates
+        // back (see the module docs).
+        let now = ktime_ns()?;
+        let sec0 = net.sec0;
+        bed.ct_flow(
+            FLOW_POD, FLOW_SPORT, DEST, DPORT, EGRESS, FLOW_EPORT, sec0, now,
+        )?;
+        bed.ct_flow(
+            EGRESS, FLOW_EPORT, DEST, DPORT, FLOW_POD, FLOW_SPORT, sec0, now,
+        )?;
+        bed.pod_owner.insert(
+            EGRESS.octets(),
+            PodOwnerValue {
+                node: PEER.octets(),
+            },
+            0,
+        )?;
+        bed.egress_ips.insert(
+            FLOW_POD.octets(),
+            EgressIpValue {
+                ifindex: sec0,
+                flags: 0,
+            },
+            0,
+        )?;
+        let mut cases = floor_cases();
+        cases.extend(ct_cases());
+        measure(&mut bed, &empty, &cases, &plan, &mut out)?;
+        Ok(out)
+    })
+}

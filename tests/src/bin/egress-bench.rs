@@ -1,0 +1,84 @@
+//! `cargo xtask bench [--quick]`: per-packet `BPF_PROG_TEST_RUN` timings of the datapath
+//! next to an empty-program floor, and the lab sections; prints a markdown report and
+//! writes it to `docs/benchmarks.md`. Needs root (BPF, network namespaces).
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result, bail};
+use egress_tests::bench::{
+    Plan, lab, per_packet,
+    report::{Machine, Report, datapath_source, per_packet_table},
+};
+
+const USAGE: &str = "usage: egress-bench [--quick] [--out PATH | --no-write]
+
+  --quick      3 rounds x 200k runs instead of 5 x 1M (a few minutes at most)
+  --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
+  --no-write   print the report only";
+
+struct Args {
+    plan: Plan,
+    out: Option<PathBuf>,
+}
+
+/// The workspace this binary was built from.
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn args() -> Result<Args> {
+    let mut plan = Plan::FULL;
+    let mut out = Some(workspace().join("docs").join("benchmarks.md"));
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => plan = Plan::QUICK,
+            "--out" => out = Some(it.next().context("--out needs a path")?.into()),
+            "--no-write" => out = None,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    Ok(Args { plan, out })
+}
+
+fn main() -> Result<()> {
+    let args = args()?;
+    let plan = args.plan;
+    let machine = Machine::probe()?;
+    eprintln!(
+        "egress-bench: {} mode on {} CPUs ({}), kernel {}",
+        if plan.quick { "quick" } else { "full" },
+        machine.nproc,
+        machine.cpu,
+        machine.kernel
+    );
+    let timings = per_packet::run(plan).context("failed to run the per-packet benchmarks")?;
+    let tables = vec![
+        per_packet_table(&timings, &plan),
+        lab::throughput(None, &plan)?,
+        lab::new_flows(None, &plan)?,
+        lab::control_plane(None, &plan)?,
+    ];
+    let report = Report {
+        machine,
+        source: datapath_source(&workspace()),
+        plan,
+        tables,
+    };
+    let md = report.markdown();
+    println!("{md}");
+    if let Some(path) = args.out {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("failed to create {}", dir.display()))?;
+        }
+        std::fs::write(&path, &md)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+        eprintln!("egress-bench: wrote {}", path.display());
+    }
+    Ok(())
+}
