@@ -14,6 +14,7 @@ use aya_ebpf::{
 use crate::{parse::Ipv4, rewrite};
 
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 
 /// Where the lookup starts.
 pub enum From {
@@ -43,6 +44,40 @@ pub fn redirect(
     // TCP packet as "fragmentation needed").
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    lookup_and_redirect(ctx, &mut p, from)
+}
+
+/// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason).
+#[inline(always)]
+pub fn redirect6(
+    ctx: &TcContext,
+    proto: u8,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+    from: From,
+) -> Result<i32, ()> {
+    // SAFETY: all-zero is a valid bpf_fib_lookup.
+    let mut p: FibParams = unsafe { zeroed() };
+    p.family = AF_INET6;
+    p.l4_protocol = proto;
+    p.__bindgen_anon_3.ipv6_src = words(src);
+    p.__bindgen_anon_4.ipv6_dst = words(dst);
+    lookup_and_redirect(ctx, &mut p, from)
+}
+
+/// An IPv6 address as the four network-order words of `bpf_fib_lookup`.
+#[inline(always)]
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+    ]
+}
+
+#[inline(always)]
+fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i32, ()> {
     let (flags, required) = match from {
         From::Output(ifindex) => {
             p.ifindex = ifindex;
@@ -56,7 +91,7 @@ pub fn redirect(
     let ret = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            p as *mut FibParams,
             size_of::<FibParams>() as i32,
             flags,
         )
@@ -68,12 +103,17 @@ pub fn redirect(
         rewrite::set_macs(ctx, &p.dmac, &p.smac).map_err(|_| ())?;
         Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
     } else if ret == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
-        // The kernel resolves the neighbour (ARP) and fills in the MACs.
-        let mut nh = bpf_redir_neigh {
-            nh_family: u32::from(AF_INET),
-            __bindgen_anon_1: unsafe { zeroed() },
-        };
-        nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
+        // The kernel resolves the neighbour (ARP / ND) and fills in the MACs. The lookup
+        // left the next hop in the destination field.
+        // SAFETY: all-zero is a valid bpf_redir_neigh.
+        let mut nh: bpf_redir_neigh = unsafe { zeroed() };
+        if p.family == AF_INET6 {
+            nh.nh_family = u32::from(AF_INET6);
+            nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
+        } else {
+            nh.nh_family = u32::from(AF_INET);
+            nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
+        }
         Ok(
             unsafe {
                 bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)

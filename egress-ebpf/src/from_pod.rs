@@ -5,29 +5,110 @@
 use aya_ebpf::{btf_maps::lpm_trie::Key, programs::TcContext};
 use egress_common::{
     counters::reason,
-    policy::{POD_PREFIX_BITS_V4, PolicyKeyV4, action},
+    policy::{POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PolicyKeyV4, PolicyKeyV6, action},
 };
 
 use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
-    maps::{self, POLICY_V4, SELECTED_V4},
-    parse::{self, Bad, PROTO_TCP, TCP_SYN},
-    rewrite, tunnel,
+    maps::{self, POLICY_V4, POLICY_V6, SELECTED_V4, SELECTED_V6},
+    parse::{self, PROTO_TCP, TCP_SYN},
+    parse6, rewrite, tunnel,
 };
 
 /// IPv4 + TCP headers without options.
 const TCP_IP_HDRS: u16 = 40;
+/// IPv6 + TCP headers without options.
+const TCP_IP6_HDRS: u16 = 60;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
-    let Some(src) = parse::ipv4_src(ctx) else {
-        return OK;
+    if let Some(src) = parse::ipv4_src(ctx) {
+        if unsafe { SELECTED_V4.get(src) }.is_none() {
+            return OK;
+        }
+        return selected(ctx);
+    }
+    if let Some(src) = parse6::ipv6_src(ctx) {
+        if unsafe { SELECTED_V6.get(src) }.is_none() {
+            return OK;
+        }
+        return selected6(ctx);
+    }
+    OK
+}
+
+/// What `from_pod` does with a policy hit, by action; `None` for `FORWARD`.
+#[inline(always)]
+fn non_forward(ctx: &TcContext, act: u8) -> Option<i32> {
+    match act {
+        action::FORWARD => None,
+        action::EXCLUDE => Some(verdict(ctx, reason::EXCLUDED, OK)),
+        action::NO_GATEWAY_PASS => Some(verdict(ctx, reason::FALLTHROUGH, OK)),
+        // NO_GATEWAY_DROP, and any value this program does not know: fail closed.
+        _ => Some(verdict(ctx, reason::DROP_NO_GATEWAY, SHOT)),
+    }
+}
+
+/// A packet of a selected IPv6 pod. Neighbour discovery and link-scoped destinations
+/// (link-local, multicast) are the kernel's whatever the policy says: a `::/0` rule must
+/// not tunnel a neighbour solicitation.
+#[inline(never)]
+fn selected6(ctx: &TcContext) -> i32 {
+    let ip = match parse6::ipv6(ctx) {
+        Ok(Some(ip)) => ip,
+        Ok(None) => return OK,
+        Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
     };
-    if unsafe { SELECTED_V4.get(src) }.is_none() {
+    if parse6::link_scoped(&ip.dst) || parse6::is_ndp(ctx, &ip) {
         return OK;
     }
-    selected(ctx)
+    let key = Key::new(
+        POD_PREFIX_BITS_V6 + 128,
+        PolicyKeyV6 {
+            pod: ip.src,
+            dst: ip.dst,
+        },
+    );
+    let Some(entry) = POLICY_V6.get(&key) else {
+        return OK;
+    };
+    if let Some(v) = non_forward(ctx, entry.action) {
+        return v;
+    }
+    let Some(cfg) = maps::config() else {
+        return verdict(ctx, reason::DROP_NOT_READY, SHOT);
+    };
+    let l4 = match parse6::l4(ctx, &ip) {
+        Ok(l4) => l4,
+        Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
+    };
+    if entry.gateway == cfg.node_ip {
+        count(ctx, reason::LOCAL_GATEWAY);
+        return gateway::forward6(
+            ctx,
+            cfg,
+            &ip,
+            &l4,
+            gateway::Origin {
+                rule_id: entry.rule_id,
+                pod_node: cfg.node_ip,
+            },
+        );
+    }
+    if ip.proto == PROTO_TCP
+        && l4.tcp_flags & TCP_SYN != 0
+        && matches!(
+            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)),
+            Ok(true)
+        )
+    {
+        count(ctx, reason::MSS_CLAMPED);
+    }
+    match tunnel::send(ctx, cfg.tunnel_ifindex, entry.gateway, entry.rule_id) {
+        Ok(v) => verdict(ctx, reason::TUNNELED, v),
+        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
+    }
 }
 
 #[inline(never)]
@@ -48,21 +129,15 @@ fn selected(ctx: &TcContext) -> i32 {
     let Some(entry) = POLICY_V4.get(&key) else {
         return OK;
     };
-    match entry.action {
-        action::FORWARD => {}
-        action::EXCLUDE => return verdict(ctx, reason::EXCLUDED, OK),
-        action::NO_GATEWAY_PASS => return verdict(ctx, reason::FALLTHROUGH, OK),
-        // NO_GATEWAY_DROP, and any value this program does not know: fail closed.
-        _ => return verdict(ctx, reason::DROP_NO_GATEWAY, SHOT),
+    if let Some(v) = non_forward(ctx, entry.action) {
+        return v;
     }
     let Some(cfg) = maps::config() else {
         return verdict(ctx, reason::DROP_NOT_READY, SHOT);
     };
     let l4 = match parse::l4(ctx, &ip) {
         Ok(l4) => l4,
-        Err(Bad::Fragment) => return verdict(ctx, reason::DROP_FRAGMENT, SHOT),
-        Err(Bad::Unsupported) => return verdict(ctx, reason::DROP_UNSUPPORTED_PROTO, SHOT),
-        Err(Bad::Malformed) => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
+        Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
     if entry.gateway == cfg.node_ip {
         count(ctx, reason::LOCAL_GATEWAY);
@@ -71,7 +146,7 @@ fn selected(ctx: &TcContext) -> i32 {
     if ip.proto == PROTO_TCP
         && l4.tcp_flags & TCP_SYN != 0
         && matches!(
-            rewrite::clamp_mss(ctx, &ip, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
+            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
             Ok(true)
         )
     {

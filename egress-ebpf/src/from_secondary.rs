@@ -1,7 +1,9 @@
 //! `from_secondary`: packets arriving on an egress interface. Replies to an egress IP
 //! with a conntrack entry are translated back to the pod and sent to its node; packets to
 //! a dedicated egress IP without an entry are dropped (never handed to the host, which
-//! would answer with RSTs for flows another gateway may take over). Everything else passes.
+//! would answer with RSTs for flows another gateway may take over). Everything else passes,
+//! and so does ICMPv6 neighbour discovery even to an egress IP: the kernel must answer
+//! neighbour solicitations for the addresses it holds.
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{
@@ -10,21 +12,22 @@ use egress_common::{
 };
 
 use crate::{
-    conntrack,
+    conntrack::{self, v4, v6},
     counters::{OK, SHOT, count, verdict},
     fib,
-    maps::{self, EGRESS_IPS_V4},
-    parse::{self, Bad, PROTO_TCP, TCP_SYN},
-    rewrite, tunnel,
+    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6},
+    parse::{self, PROTO_TCP, TCP_SYN},
+    parse6, rewrite, tunnel,
 };
 
 const TCP_IP_HDRS: u16 = 40;
+const TCP_IP6_HDRS: u16 = 60;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(Some(ip)) => ip,
-        Ok(None) => return OK,
+        Ok(None) => return run6(ctx),
         // Not parseable, so not known to be ours: the host decides.
         Err(_) => return OK,
     };
@@ -39,15 +42,9 @@ pub fn run(ctx: &TcContext) -> i32 {
     };
     let l4 = match parse::l4(ctx, &ip) {
         Ok(l4) => l4,
-        Err(Bad::Fragment) => return miss(reason::DROP_FRAGMENT),
-        Err(Bad::Unsupported) => return miss(reason::DROP_UNSUPPORTED_PROTO),
-        Err(Bad::Malformed) => return miss(reason::DROP_MALFORMED),
+        Err(b) => return miss(b.drop_reason()),
     };
-    let Some(e) = conntrack::lookup(
-        &conntrack::reply_key(&ip, &l4),
-        l4.tcp_flags,
-        conntrack::now(),
-    ) else {
+    let Some(e) = v4::lookup(&v4::reply_key(&ip, &l4), l4.tcp_flags, conntrack::now()) else {
         return miss(reason::DROP_NO_CONNTRACK);
     };
     if ip.ttl <= 1 {
@@ -74,7 +71,68 @@ pub fn run(ctx: &TcContext) -> i32 {
     if ip.proto == PROTO_TCP
         && l4.tcp_flags & TCP_SYN != 0
         && matches!(
-            rewrite::clamp_mss(ctx, &ip, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
+            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
+            Ok(true)
+        )
+    {
+        count(ctx, reason::MSS_CLAMPED);
+    }
+    match tunnel::send(ctx, cfg.tunnel_ifindex, e.pod_node, RETURN_VNI) {
+        Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
+        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
+    }
+}
+
+/// The same for IPv6: NAT66 reversed, hop limit, back through the tunnel or to a local pod.
+#[inline(never)]
+fn run6(ctx: &TcContext) -> i32 {
+    let ip = match parse6::ipv6(ctx) {
+        Ok(Some(ip)) => ip,
+        Ok(None) | Err(_) => return OK,
+    };
+    let Some(eip) = (unsafe { EGRESS_IPS_V6.get(ip.dst) }) else {
+        return OK;
+    };
+    if parse6::is_ndp(ctx, &ip) {
+        return OK;
+    }
+    let shared = eip.flags & egress_ip_flags::SHARED != 0;
+    let miss = |r| if shared { OK } else { verdict(ctx, r, SHOT) };
+    let Some(cfg) = maps::config() else {
+        return miss(reason::DROP_NOT_READY);
+    };
+    let l4 = match parse6::l4(ctx, &ip) {
+        Ok(l4) => l4,
+        Err(b) => return miss(b.drop_reason()),
+    };
+    let Some(e) = v6::lookup(&v6::reply_key(&ip, &l4), l4.tcp_flags, conntrack::now()) else {
+        return miss(reason::DROP_NO_CONNTRACK);
+    };
+    if ip.hop_limit <= 1 {
+        return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
+    }
+    if rewrite::dnat6(ctx, &ip, &l4, &e.xlate_addr, e.xlate_port_be).is_err()
+        || rewrite::dec_hop_limit(ctx, &ip).is_err()
+    {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    }
+    count(ctx, reason::REVERSE_NAT);
+    if e.pod_node == cfg.node_ip {
+        return match fib::redirect6(
+            ctx,
+            ip.proto,
+            &ip.src,
+            &e.xlate_addr,
+            fib::From::Input(fib::ingress_ifindex(ctx)),
+        ) {
+            Ok(v) => verdict(ctx, reason::FORWARDED, v),
+            Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+        };
+    }
+    if ip.proto == PROTO_TCP
+        && l4.tcp_flags & TCP_SYN != 0
+        && matches!(
+            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)),
             Ok(true)
         )
     {

@@ -12,6 +12,7 @@ mod from_tunnel;
 mod gateway;
 mod maps;
 mod parse;
+mod parse6;
 mod rewrite;
 mod tunnel;
 

@@ -6,12 +6,12 @@ use aya_ebpf::{
 };
 use egress_common::{
     config::Config,
-    conntrack::{CtEntryV4, CtKeyV4},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6},
     counters::{Counter, MAX_REASONS},
     maps::*,
     policy::{
-        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4,
-        SelectedValue,
+        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue,
+        PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue,
     },
 };
 
@@ -38,6 +38,30 @@ pub static CT_V4: LruHashMap<CtKeyV4, CtEntryV4, { CT_MAX_ENTRIES as usize }> = 
 
 #[btf_map]
 pub static EGRESS_IPS_V4: HashMap<[u8; 4], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+// ---- IPv6 (pods and egress IPs; nodes and the tunnel stay IPv4) ----
+
+#[btf_map]
+pub static POLICY_V6: LpmTrie<PolicyKeyV6, PolicyValueV6, { POLICY_MAX_ENTRIES as usize }> =
+    LpmTrie::new();
+
+#[btf_map]
+pub static SELECTED_V6: HashMap<[u8; 16], SelectedValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+pub static RULES_V6: HashMap<u32, RuleValueV6, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
+
+#[btf_map]
+pub static POD_OWNER_V6: HashMap<[u8; 16], PodOwnerValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+pub static CT_V6: LruHashMap<CtKeyV6, CtEntryV6, { CT_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+#[btf_map]
+pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
     HashMap::new();
 
 #[btf_map]

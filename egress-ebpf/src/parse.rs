@@ -2,11 +2,12 @@
 //! `bpf_skb_load_bytes` (`TcContext::load`), which is correct for non-linear skbs too.
 
 use aya_ebpf::programs::TcContext;
+use egress_common::counters::reason;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 
 pub const ETH_LEN: usize = EthHdr::LEN;
 /// Offset of the ethertype in the Ethernet header.
-const ETH_TYPE_OFF: usize = 12;
+pub const ETH_TYPE_OFF: usize = 12;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
 
 pub const IP_TTL_OFF: usize = ETH_LEN + 8;
@@ -17,9 +18,12 @@ pub const IP_DST_OFF: usize = ETH_LEN + 16;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
+pub const PROTO_ICMPV6: u8 = 58;
 
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
+const ICMPV6_ECHO_REQUEST: u8 = 128;
+const ICMPV6_ECHO_REPLY: u8 = 129;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -35,6 +39,22 @@ pub enum Bad {
     Fragment,
     /// Not TCP, UDP or ICMP echo.
     Unsupported,
+    /// IPv6 extension headers this datapath does not walk (too many, a routing header
+    /// with segments left, or one of unknown length).
+    ExtHeader,
+}
+
+impl Bad {
+    /// The counter reason of a selected packet dropped for this.
+    #[inline(always)]
+    pub fn drop_reason(self) -> u32 {
+        match self {
+            Bad::Malformed => reason::DROP_MALFORMED,
+            Bad::Fragment => reason::DROP_FRAGMENT,
+            Bad::Unsupported => reason::DROP_UNSUPPORTED_PROTO,
+            Bad::ExtHeader => reason::DROP_IPV6_EXT_HDR,
+        }
+    }
 }
 
 /// The IPv4 header fields the datapath uses. `l4` is the offset of the transport header
@@ -110,14 +130,22 @@ pub fn l4(ctx: &TcContext, ip: &Ipv4) -> Result<L4, Bad> {
         return Err(Bad::Fragment);
     }
     let room = usize::from(ip.tot_len) - (ip.l4 - ETH_LEN);
-    match ip.proto {
+    transport(ctx, ip.proto, ip.l4, room)
+}
+
+/// The transport header of protocol `proto` at offset `off`, with `room` bytes of IP
+/// payload from there. Shared by both families: ICMP and ICMPv6 echo differ only in their
+/// type numbers.
+#[inline(always)]
+pub fn transport(ctx: &TcContext, proto: u8, off: usize, room: usize) -> Result<L4, Bad> {
+    match proto {
         PROTO_TCP => {
-            let t: TcpHdr = ctx.load(ip.l4).map_err(|_| Bad::Malformed)?;
+            let t: TcpHdr = ctx.load(off).map_err(|_| Bad::Malformed)?;
             let hdr_len = usize::from(t.doff()) * 4;
             if room < TcpHdr::LEN || hdr_len < TcpHdr::LEN || hdr_len > room {
                 return Err(Bad::Malformed);
             }
-            let flags: u8 = ctx.load(ip.l4 + 13).map_err(|_| Bad::Malformed)?;
+            let flags: u8 = ctx.load(off + 13).map_err(|_| Bad::Malformed)?;
             Ok(L4 {
                 sport_be: u16::from_ne_bytes(t.source),
                 dport_be: u16::from_ne_bytes(t.dest),
@@ -126,7 +154,7 @@ pub fn l4(ctx: &TcContext, ip: &Ipv4) -> Result<L4, Bad> {
             })
         }
         PROTO_UDP => {
-            let u: UdpHdr = ctx.load(ip.l4).map_err(|_| Bad::Malformed)?;
+            let u: UdpHdr = ctx.load(off).map_err(|_| Bad::Malformed)?;
             if room < UdpHdr::LEN {
                 return Err(Bad::Malformed);
             }
@@ -137,26 +165,33 @@ pub fn l4(ctx: &TcContext, ip: &Ipv4) -> Result<L4, Bad> {
                 tcp_hdr_len: 0,
             })
         }
-        PROTO_ICMP => {
-            let h: [u8; 8] = ctx.load(ip.l4).map_err(|_| Bad::Malformed)?;
+        PROTO_ICMP | PROTO_ICMPV6 => {
+            let h: [u8; 8] = ctx.load(off).map_err(|_| Bad::Malformed)?;
             if room < 8 {
                 return Err(Bad::Malformed);
             }
             let id_be = u16::from_ne_bytes([h[4], h[5]]);
-            match h[0] {
-                ICMP_ECHO_REQUEST => Ok(L4 {
+            let (request, reply) = if proto == PROTO_ICMP {
+                (ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY)
+            } else {
+                (ICMPV6_ECHO_REQUEST, ICMPV6_ECHO_REPLY)
+            };
+            if h[0] == request {
+                Ok(L4 {
                     sport_be: id_be,
                     dport_be: 0,
                     tcp_flags: 0,
                     tcp_hdr_len: 0,
-                }),
-                ICMP_ECHO_REPLY => Ok(L4 {
+                })
+            } else if h[0] == reply {
+                Ok(L4 {
                     sport_be: 0,
                     dport_be: id_be,
                     tcp_flags: 0,
                     tcp_hdr_len: 0,
-                }),
-                _ => Err(Bad::Unsupported),
+                })
+            } else {
+                Err(Bad::Unsupported)
             }
         }
         _ => Err(Bad::Unsupported),

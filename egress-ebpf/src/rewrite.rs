@@ -2,12 +2,24 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::generated::bpf_csum_diff,
     programs::TcContext,
 };
 
-use crate::parse::{
-    IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, Ipv4, L4, PROTO_ICMP, PROTO_TCP, PROTO_UDP,
+use crate::{
+    parse::{
+        IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6,
+        PROTO_TCP, PROTO_UDP,
+    },
+    parse6::{IP6_DST_OFF, IP6_HOP_LIMIT_OFF, IP6_SRC_OFF, Ipv6},
 };
+
+/// `BPF_F_IPV6` (Linux 6.16): tells `bpf_l4_csum_replace` that the pseudo-header change
+/// sits in an IPv6 header, so a CHECKSUM_COMPLETE `skb->csum` is left alone (no IPv4
+/// header checksum compensates the address change). Older kernels refuse the flag, and
+/// the call is then repeated without it.
+const BPF_F_IPV6: u64 = 1 << 7;
+const EINVAL: i64 = 22;
 
 /// Failed to write the packet (the skb could not be made writable).
 pub struct WriteFailed;
@@ -20,12 +32,13 @@ fn ok(r: core::result::Result<(), i64>) -> Result {
 
 /// Offset of the transport checksum, and the flags its updates need.
 #[inline(always)]
-fn l4_csum(ip: &Ipv4) -> (usize, u64) {
-    match ip.proto {
-        PROTO_TCP => (ip.l4 + 16, 0),
+fn l4_csum(proto: u8, l4_off: usize) -> (usize, u64) {
+    match proto {
+        PROTO_TCP => (l4_off + 16, 0),
         // A zero UDP checksum means "none": keep it zero, and never produce zero.
-        PROTO_UDP => (ip.l4 + 6, u64::from(BPF_F_MARK_MANGLED_0)),
-        _ => (ip.l4 + 2, 0),
+        PROTO_UDP => (l4_off + 6, u64::from(BPF_F_MARK_MANGLED_0)),
+        // ICMP and ICMPv6.
+        _ => (l4_off + 2, 0),
     }
 }
 
@@ -45,7 +58,7 @@ fn rewrite_addr_port(
     old_port_be: u16,
     new_port_be: u16,
 ) -> Result {
-    let (csum_off, extra) = l4_csum(ip);
+    let (csum_off, extra) = l4_csum(ip.proto, ip.l4);
     let old_a = u64::from(u32::from_ne_bytes(old_addr));
     let new_a = u64::from(u32::from_ne_bytes(new_addr));
     if old_addr != new_addr {
@@ -61,6 +74,18 @@ fn rewrite_addr_port(
         ok(ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4))?;
         ok(ctx.store(addr_off, &new_addr, 0))?;
     }
+    rewrite_port(ctx, csum_off, extra, port_off, old_port_be, new_port_be)
+}
+
+#[inline(always)]
+fn rewrite_port(
+    ctx: &TcContext,
+    csum_off: usize,
+    extra: u64,
+    port_off: usize,
+    old_port_be: u16,
+    new_port_be: u16,
+) -> Result {
     if old_port_be != new_port_be {
         ok(ctx.l4_csum_replace(
             csum_off,
@@ -126,6 +151,103 @@ pub fn dec_ttl(ctx: &TcContext, ip: &Ipv4) -> Result {
     ok(ctx.store(IP_TTL_OFF, &(ip.ttl - 1), 0))
 }
 
+/// Replace one IPv6 address (at `addr_off`) and the port at `port_off`. IPv6 has no
+/// header checksum; TCP, UDP and ICMPv6 all cover the address in their pseudo-header, so
+/// the transport checksum takes the difference of the two addresses in one update.
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "two call sites (SNAT, DNAT); a struct would only rename the arguments"
+)]
+fn rewrite_addr6_port(
+    ctx: &TcContext,
+    ip: &Ipv6,
+    addr_off: usize,
+    old_addr: &[u8; 16],
+    new_addr: &[u8; 16],
+    port_off: usize,
+    old_port_be: u16,
+    new_port_be: u16,
+) -> Result {
+    let (csum_off, extra) = l4_csum(ip.proto, ip.l4);
+    if old_addr != new_addr {
+        // SAFETY: both buffers are 16 readable bytes; the helper only reads them.
+        let diff = unsafe {
+            bpf_csum_diff(
+                old_addr.as_ptr() as *mut u32,
+                16,
+                new_addr.as_ptr() as *mut u32,
+                16,
+                0,
+            )
+        };
+        if diff < 0 {
+            return Err(WriteFailed);
+        }
+        // Size 0: `to` is a checksum difference, not a 16/32-bit field.
+        let flags = u64::from(BPF_F_PSEUDO_HDR) | extra;
+        if let Err(e) = ctx.l4_csum_replace(csum_off, 0, diff as u64, flags | BPF_F_IPV6) {
+            if e != -EINVAL {
+                return Err(WriteFailed);
+            }
+            ok(ctx.l4_csum_replace(csum_off, 0, diff as u64, flags))?;
+        }
+        ok(ctx.store(addr_off, new_addr, 0))?;
+    }
+    rewrite_port(ctx, csum_off, extra, port_off, old_port_be, new_port_be)
+}
+
+/// Offset of the pod-side port (or ICMPv6 echo identifier) of a packet going out
+/// (`source`) or coming back.
+#[inline(always)]
+fn port_off6(ip: &Ipv6, source: bool) -> usize {
+    if ip.proto == PROTO_ICMPV6 {
+        ip.l4 + 4
+    } else if source {
+        ip.l4
+    } else {
+        ip.l4 + 2
+    }
+}
+
+/// IPv6 source NAT (NAT66): the source becomes `addr`, the pod-side port `port_be`.
+#[inline(always)]
+pub fn snat6(ctx: &TcContext, ip: &Ipv6, l4: &L4, addr: &[u8; 16], port_be: u16) -> Result {
+    rewrite_addr6_port(
+        ctx,
+        ip,
+        IP6_SRC_OFF,
+        &ip.src,
+        addr,
+        port_off6(ip, true),
+        l4.sport_be,
+        port_be,
+    )
+}
+
+/// IPv6 destination NAT of a reply: the destination becomes `addr`, the pod-side port
+/// `port_be`.
+#[inline(always)]
+pub fn dnat6(ctx: &TcContext, ip: &Ipv6, l4: &L4, addr: &[u8; 16], port_be: u16) -> Result {
+    rewrite_addr6_port(
+        ctx,
+        ip,
+        IP6_DST_OFF,
+        &ip.dst,
+        addr,
+        port_off6(ip, false),
+        l4.dport_be,
+        port_be,
+    )
+}
+
+/// Decrement the hop limit by one (no header checksum in IPv6). The caller has checked
+/// that it is above one.
+#[inline(always)]
+pub fn dec_hop_limit(ctx: &TcContext, ip: &Ipv6) -> Result {
+    ok(ctx.store(IP6_HOP_LIMIT_OFF, &(ip.hop_limit - 1), 0))
+}
+
 /// Write the Ethernet addresses.
 #[inline(always)]
 pub fn set_macs(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> Result {
@@ -141,9 +263,9 @@ const MAX_OPT_STEPS: usize = 40;
 
 /// Lower the MSS option of a SYN to `max_mss`. Returns whether the packet changed.
 #[inline(always)]
-pub fn clamp_mss(ctx: &TcContext, ip: &Ipv4, l4: &L4, max_mss: u16) -> Result<bool> {
-    let opts_end = ip.l4 + l4.tcp_hdr_len;
-    let mut off = ip.l4 + 20;
+pub fn clamp_mss(ctx: &TcContext, l4_off: usize, l4: &L4, max_mss: u16) -> Result<bool> {
+    let opts_end = l4_off + l4.tcp_hdr_len;
+    let mut off = l4_off + 20;
     for _ in 0..MAX_OPT_STEPS {
         if off >= opts_end {
             break;
@@ -163,7 +285,7 @@ pub fn clamp_mss(ctx: &TcContext, ip: &Ipv4, l4: &L4, max_mss: u16) -> Result<bo
                         return Ok(false);
                     }
                     let new_be = max_mss.to_be();
-                    ok(ctx.l4_csum_replace(ip.l4 + 16, u64::from(old_be), u64::from(new_be), 2))?;
+                    ok(ctx.l4_csum_replace(l4_off + 16, u64::from(old_be), u64::from(new_be), 2))?;
                     ok(ctx.store(off + 2, &new_be, 0))?;
                     return Ok(true);
                 }

@@ -6,4 +6,5 @@ pub mod cluster;
 pub mod lab;
 pub mod netns;
 pub mod packet;
+pub mod packet6;
 pub mod testrun;

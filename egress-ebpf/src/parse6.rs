@@ -1,0 +1,146 @@
+//! Bounds-checked reads of IPv6 headers: the fixed header, a bounded walk over the
+//! extension headers whose layout we know, and the transport header behind them.
+
+use aya_ebpf::programs::TcContext;
+
+use crate::parse::{Bad, ETH_LEN, ETH_TYPE_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport};
+
+const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
+
+pub const IP6_HDR_LEN: usize = 40;
+pub const IP6_HOP_LIMIT_OFF: usize = ETH_LEN + 7;
+pub const IP6_SRC_OFF: usize = ETH_LEN + 8;
+pub const IP6_DST_OFF: usize = ETH_LEN + 24;
+
+const NEXTHDR_HOP: u8 = 0;
+const NEXTHDR_ROUTING: u8 = 43;
+const NEXTHDR_FRAGMENT: u8 = 44;
+const NEXTHDR_DEST: u8 = 60;
+
+/// How many hop-by-hop, routing and destination options headers are walked before the
+/// packet counts as `DROP_IPV6_EXT_HDR`.
+pub const MAX_EXT_HDRS: usize = 4;
+
+/// ICMPv6 neighbour discovery: router solicitation (133) to redirect (137).
+const NDP_FIRST: u8 = 133;
+const NDP_LAST: u8 = 137;
+
+/// The IPv6 header fields the datapath uses. `proto` and `l4` are those of the upper-layer
+/// header behind the walked extension headers; `stop` says why there is none we can use.
+#[derive(Clone, Copy)]
+pub struct Ipv6 {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub proto: u8,
+    pub hop_limit: u8,
+    pub l4: usize,
+    /// Offset of the end of the IP payload (from `payload_len`).
+    pub end: usize,
+    /// A fragment header, or extension headers that were not walked.
+    pub stop: Option<Bad>,
+}
+
+/// The source address of an IPv6 packet, or `None` for anything else.
+#[inline(always)]
+pub fn ipv6_src(ctx: &TcContext) -> Option<[u8; 16]> {
+    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).ok()?;
+    if ethertype != ETH_P_IPV6_BE {
+        return None;
+    }
+    ctx.load::<[u8; 16]>(IP6_SRC_OFF).ok()
+}
+
+/// The IPv6 header, `Ok(None)` when the frame is not IPv6.
+#[inline(always)]
+pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
+    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).map_err(|_| Bad::Malformed)?;
+    if ethertype != ETH_P_IPV6_BE {
+        return Ok(None);
+    }
+    // version/class/flow (4), payload length (2), next header, hop limit.
+    let fixed: [u8; 8] = ctx.load(ETH_LEN).map_err(|_| Bad::Malformed)?;
+    if fixed[0] >> 4 != 6 {
+        return Err(Bad::Malformed);
+    }
+    let payload_len = usize::from(u16::from_be_bytes([fixed[4], fixed[5]]));
+    let end = ETH_LEN + IP6_HDR_LEN + payload_len;
+    if end > ctx.len() as usize {
+        return Err(Bad::Malformed);
+    }
+    let src: [u8; 16] = ctx.load(IP6_SRC_OFF).map_err(|_| Bad::Malformed)?;
+    let dst: [u8; 16] = ctx.load(IP6_DST_OFF).map_err(|_| Bad::Malformed)?;
+    let mut next = fixed[6];
+    let mut off = ETH_LEN + IP6_HDR_LEN;
+    let mut stop = None;
+    for _ in 0..MAX_EXT_HDRS {
+        if next != NEXTHDR_HOP && next != NEXTHDR_ROUTING && next != NEXTHDR_DEST {
+            break;
+        }
+        // Next header, length in 8-octet units beyond the first; for a routing header
+        // also its type and the segments left.
+        let e: [u8; 4] = ctx.load(off).map_err(|_| Bad::Malformed)?;
+        if next == NEXTHDR_ROUTING && e[3] != 0 {
+            // The final destination is in the routing header: the pseudo-header and the
+            // policy would both see the wrong address.
+            stop = Some(Bad::ExtHeader);
+            break;
+        }
+        next = e[0];
+        off += (usize::from(e[1]) + 1) * 8;
+        if off > end {
+            return Err(Bad::Malformed);
+        }
+    }
+    if stop.is_none() {
+        if next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_DEST {
+            stop = Some(Bad::ExtHeader);
+        } else if next == NEXTHDR_FRAGMENT {
+            stop = Some(Bad::Fragment);
+        }
+    }
+    Ok(Some(Ipv6 {
+        src,
+        dst,
+        proto: next,
+        hop_limit: fixed[7],
+        l4: off,
+        end,
+        stop,
+    }))
+}
+
+/// The transport header of a TCP, UDP or ICMPv6 echo packet. A zero UDP checksum is
+/// malformed in IPv6 (RFC 8200 8.1).
+#[inline(always)]
+pub fn l4(ctx: &TcContext, ip: &Ipv6) -> Result<L4, Bad> {
+    if let Some(b) = ip.stop {
+        return Err(b);
+    }
+    let l4 = transport(ctx, ip.proto, ip.l4, ip.end - ip.l4)?;
+    if ip.proto == PROTO_UDP {
+        let csum: u16 = ctx.load(ip.l4 + 6).map_err(|_| Bad::Malformed)?;
+        if csum == 0 {
+            return Err(Bad::Malformed);
+        }
+    }
+    Ok(l4)
+}
+
+/// Whether the packet is ICMPv6 neighbour discovery: the kernel's business, always.
+#[inline(always)]
+pub fn is_ndp(ctx: &TcContext, ip: &Ipv6) -> bool {
+    if ip.stop.is_some() || ip.proto != PROTO_ICMPV6 {
+        return false;
+    }
+    match ctx.load::<u8>(ip.l4) {
+        Ok(t) => (NDP_FIRST..=NDP_LAST).contains(&t),
+        Err(_) => false,
+    }
+}
+
+/// Link-local (fe80::/10) and multicast (ff00::/8) destinations never leave the link,
+/// so never through a gateway.
+#[inline(always)]
+pub fn link_scoped(dst: &[u8; 16]) -> bool {
+    dst[0] == 0xff || (dst[0] == 0xfe && dst[1] & 0xc0 == 0x80)
+}
