@@ -188,7 +188,7 @@ fn real_main() -> Result<bool> {
     let holders = holders(&lab);
     let mut ok_all = true;
     println!(
-        "{:<7} {:<4} {:<22} {:<16} {:<16} {:<8} {:<10} {:<3}  {}",
+        "{:<7} {:<4} {:<22} {:<16} {:<16} {:<8} {:<10} {:<3}  why",
         "pod",
         "",
         "destination",
@@ -197,7 +197,6 @@ fn real_main() -> Result<bool> {
         "gateway",
         "interface",
         "ok",
-        "why"
     );
     for r in rows() {
         let q = Query::new(r.proto, r.host.1, addr::ECHO_PORT).timeout(Duration::from_millis(1500));
