@@ -61,6 +61,10 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
         warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
     }
+    // IPv6 pods: best effort, as hosts without IPv6 have no such sysctl.
+    if let Err(e) = iface::sysctl("net/ipv6/conf/all/forwarding", "1") {
+        debug!("failed to enable IPv6 forwarding (IPv6 pods need it on): {e}");
+    }
     let nl = iface::Netlink::new().context("failed to open netlink")?;
     let underlay_mtu = nl
         .interfaces()
@@ -190,10 +194,10 @@ struct Reconciler<'a> {
     sink: Sink,
     last_node_doc: Option<EgressNode>,
     /// Egress IP -> (node, interface) as of the last pass, to report moves.
-    last_holders: BTreeMap<Ipv4Addr, (String, String)>,
-    announced: BTreeSet<Ipv4Addr>,
-    /// Egress IPs this agent added to an interface.
-    added: BTreeSet<Ipv4Addr>,
+    last_holders: BTreeMap<IpAddr, (String, String)>,
+    announced: BTreeSet<IpAddr>,
+    /// Egress IPs (both families) this agent added to an interface.
+    added: BTreeSet<IpAddr>,
 }
 
 impl Reconciler<'_> {
@@ -237,23 +241,31 @@ impl Reconciler<'_> {
                 .filter(|n| n.metadata.name.as_deref() == Some(self.cfg.node_name.as_str()))
                 .filter_map(|n| n.status.as_ref())
                 .flat_map(|s| s.egress_ips.iter())
-                .filter_map(|h| h.ip.parse::<Ipv4Addr>().ok()),
+                .filter_map(|h| h.ip.parse::<IpAddr>().ok()),
         );
         let mut held = Vec::new();
-        for (ip, h) in desired.egress_ips_v4.iter().filter(|(_, h)| !h.shared) {
+        let dedicated = desired
+            .egress_ips_v4
+            .iter()
+            .map(|(ip, h)| (IpAddr::V4(*ip), h))
+            .chain(
+                desired
+                    .egress_ips_v6
+                    .iter()
+                    .map(|(ip, h)| (IpAddr::V6(*ip), h)),
+            )
+            .filter(|(_, h)| !h.shared);
+        for (ip, h) in dedicated {
             let Some(i) = by_name.get(h.interface.as_str()) else {
                 continue;
             };
-            let present = i.addresses.iter().any(|(a, _)| *a == IpAddr::V4(*ip));
+            let present = i.addresses.iter().any(|(a, _)| *a == ip);
             if !present {
-                match self
-                    .nl
-                    .add_address(i.ifindex, IpAddr::V4(*ip), h.prefix_len)
-                    .await
-                {
+                // IPv6 goes without DAD (the address moves between gateways).
+                match self.nl.add_address(i.ifindex, ip, h.prefix_len).await {
                     Ok(()) => {
                         changed += 1;
-                        self.added.insert(*ip);
+                        self.added.insert(ip);
                         info!(%ip, interface = %h.interface, "holding egress IP");
                     }
                     Err(e) => {
@@ -262,10 +274,11 @@ impl Reconciler<'_> {
                     }
                 }
             }
+            // Gratuitous ARP for IPv4, unsolicited neighbour advertisement for IPv6.
             if let Some(mac) = i.mac
-                && self.announced.insert(*ip)
+                && self.announced.insert(ip)
             {
-                let (ifindex, ip) = (i.ifindex, IpAddr::V4(*ip));
+                let ifindex = i.ifindex;
                 tokio::spawn(async move {
                     if let Err(e) =
                         iface::announce(ifindex, mac, ip, 3, Duration::from_millis(500)).await
@@ -281,20 +294,20 @@ impl Reconciler<'_> {
         }
         for i in &ifaces {
             for (a, len) in &i.addresses {
-                let IpAddr::V4(a4) = a else { continue };
-                let ours = desired
-                    .egress_ips_v4
-                    .get(a4)
-                    .is_some_and(|h| !h.shared && h.interface == i.name);
-                if all_egress_ips.contains(a4) && !ours {
+                let held_here = match a {
+                    IpAddr::V4(a) => desired.egress_ips_v4.get(a),
+                    IpAddr::V6(a) => desired.egress_ips_v6.get(a),
+                };
+                let ours = held_here.is_some_and(|h| !h.shared && h.interface == i.name);
+                if all_egress_ips.contains(a) && !ours {
                     match self.nl.del_address(i.ifindex, *a, *len).await {
                         Ok(()) => {
                             changed += 1;
-                            self.announced.remove(a4);
-                            self.added.remove(a4);
-                            info!(ip = %a4, interface = %i.name, "released egress IP");
+                            self.announced.remove(a);
+                            self.added.remove(a);
+                            info!(ip = %a, interface = %i.name, "released egress IP");
                         }
-                        Err(e) => problems.push(format!("egress IP {a4}: {e}")),
+                        Err(e) => problems.push(format!("egress IP {a}: {e}")),
                     }
                 }
             }
@@ -396,7 +409,7 @@ impl Reconciler<'_> {
             .filter_map(|n| n.metadata.name.as_deref())
             .min()
             == Some(self.cfg.node_name.as_str());
-        let now: BTreeMap<Ipv4Addr, (String, String)> = compiled
+        let now: BTreeMap<IpAddr, (String, String)> = compiled
             .holders
             .iter()
             .filter(|h| !h.shared)
@@ -456,8 +469,9 @@ impl Reconciler<'_> {
     }
 }
 
-/// Every egress IP any policy names: the only addresses this agent may remove.
-fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<Ipv4Addr> {
+/// Every egress IP (both families) any policy names: the only addresses this agent may
+/// remove.
+fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
     view.policies
         .iter()
         .flat_map(|p| p.spec.rules.iter())

@@ -12,7 +12,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::{
@@ -20,7 +20,9 @@ use crate::{
         EgressGatewayPolicy, EgressIpStatus, EgressNode, EgressRule, FailurePolicy,
         PolicyCondition, PolicyStatus,
     },
-    desired::{Desired, GatewayRuleV4, HeldIpV4, PolicyAction, PolicyEntryV4},
+    desired::{
+        Desired, GatewayRuleV4, GatewayRuleV6, HeldIpV4, PolicyAction, PolicyEntryV4, PolicyEntryV6,
+    },
     source::ClusterView,
 };
 
@@ -62,7 +64,6 @@ pub mod reason {
     pub const EGRESS_IP_IS_NODE_ADDRESS: &str = "EgressIPIsNodeAddress";
     pub const EGRESS_IP_IN_USE: &str = "EgressIPInUse";
     pub const INTERFACE_NOT_FOUND: &str = "InterfaceNotFound";
-    pub const IPV6_NOT_SUPPORTED: &str = "IPv6NotSupported";
     // Conflict=True
     pub const DESTINATION_CLAIMED: &str = "DestinationClaimed";
     // Problems about other objects.
@@ -86,7 +87,8 @@ pub struct Compiled {
 /// gateway's own interface address serving an `interface:` rule.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Holder {
-    pub ip: Ipv4Addr,
+    /// The egress address (IPv4 or IPv6; the node is always reached over the IPv4 underlay).
+    pub ip: IpAddr,
     pub node: String,
     pub interface: String,
     pub policy: String,
@@ -150,10 +152,22 @@ pub fn node_ready(node: &Node) -> bool {
 
 /// Pod IPv4 addresses (`status.podIPs`, else `status.podIP`), invalid ones left out.
 pub fn pod_ipv4s(pod: &Pod) -> Vec<Ipv4Addr> {
+    pod_ips(pod)
+        .into_iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
+}
+
+/// Pod addresses of both families (`status.podIPs`, else `status.podIP`), invalid ones
+/// left out, in listed order.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
     let Some(status) = &pod.status else {
         return Vec::new();
     };
-    let mut ips: Vec<Ipv4Addr> = match &status.pod_ips {
+    let mut ips: Vec<IpAddr> = match &status.pod_ips {
         Some(list) if !list.is_empty() => list.iter().filter_map(|p| p.ip.parse().ok()).collect(),
         _ => status
             .pod_ip
@@ -211,27 +225,36 @@ impl EgressInfo {
     }
 
     /// The interface whose subnet contains `ip` (first by name) and that subnet's prefix
-    /// length.
-    fn hosting_interface(&self, ip: Ipv4Addr) -> Option<(&str, u8)> {
+    /// length. IPv6 link-local subnets host nothing.
+    fn hosting_interface(&self, ip: IpAddr) -> Option<(&str, u8)> {
         self.interfaces.iter().find_map(|(name, nets)| {
-            nets.iter().find_map(|net| match net {
-                IpNet::V4(n) if n.contains(&ip) => Some((name.as_str(), n.prefix_len())),
-                _ => None,
-            })
+            nets.iter()
+                .find(|net| usable(net) && net.contains(&ip))
+                .map(|net| (name.as_str(), net.prefix_len()))
         })
     }
 
-    /// The node's own first IPv4 address on `interface` (held egress IPs are not its own).
-    fn own_address(&self, interface: &str) -> Option<(Ipv4Addr, u8)> {
+    /// The node's own first address of the family (`v6`) on `interface`: held egress IPs
+    /// are not its own, and an IPv6 link-local address cannot be a source off-link.
+    fn own_address(&self, interface: &str, v6: bool) -> Option<(IpAddr, u8)> {
         self.interfaces
             .get(interface)?
             .iter()
-            .find_map(|net| match net {
-                IpNet::V4(n) if !self.held.contains(&IpAddr::V4(n.addr())) => {
-                    Some((n.addr(), n.prefix_len()))
-                }
-                _ => None,
+            .find(|net| {
+                net.addr().is_ipv6() == v6 && usable(net) && !self.held.contains(&net.addr())
             })
+            .map(|net| (net.addr(), net.prefix_len()))
+    }
+}
+
+/// An interface address that can serve as (or host) an egress address: not IPv6
+/// link-local (fe80::/10), not unspecified or loopback.
+fn usable(net: &IpNet) -> bool {
+    match net.addr() {
+        IpAddr::V4(a) => !a.is_unspecified() && !a.is_loopback(),
+        IpAddr::V6(a) => {
+            !a.is_unspecified() && !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80
+        }
     }
 }
 
@@ -241,7 +264,8 @@ struct PodInfo<'a> {
     name: &'a str,
     labels: BTreeMap<String, String>,
     node: &'a str,
-    ips: Vec<Ipv4Addr>,
+    /// Both families (dual-stack pods have one of each).
+    ips: Vec<IpAddr>,
 }
 
 /// A policy checked and resolved: name, (namespace, pod) selectors when valid, failure
@@ -257,16 +281,17 @@ type PolicyPlan = (
 struct RulePlan {
     index: usize,
     rule_id: u32,
-    /// IPv4 destination and except prefixes that parsed (empty for an IPv6 rule).
-    destinations: Vec<Ipv4Net>,
-    except: Vec<Ipv4Net>,
+    /// Destination and except prefixes that parsed (one family unless the rule is
+    /// invalid); each applies to the pod addresses of its family.
+    destinations: Vec<IpNet>,
+    except: Vec<IpNet>,
     target: Target,
 }
 
 enum Target {
     /// A dedicated egress IP and its holder: (node, underlay, interface, prefix length).
     Dedicated {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         holder: Option<GatewayAddr>,
     },
     /// An interface rule and the gateways serving it, by node name.
@@ -282,7 +307,7 @@ struct GatewayAddr {
     node: String,
     underlay: Ipv4Addr,
     interface: String,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     prefix_len: u8,
 }
 
@@ -410,7 +435,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
             if !running {
                 return None;
             }
-            let ips = pod_ipv4s(pod);
+            let ips = pod_ips(pod);
             if ips.is_empty() {
                 return None;
             }
@@ -427,7 +452,14 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
     for pod in &pods {
         if let Some(underlay) = underlay_of.get(pod.node) {
             for ip in &pod.ips {
-                out.desired.pod_owner_v4.insert(*ip, *underlay);
+                match ip {
+                    IpAddr::V4(ip) => {
+                        out.desired.pod_owner_v4.insert(*ip, *underlay);
+                    }
+                    IpAddr::V6(ip) => {
+                        out.desired.pod_owner_v6.insert(*ip, *underlay);
+                    }
+                }
             }
         }
     }
@@ -447,7 +479,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
 
     // Egress IP -> (holder, deciding policy): the first policy (in name order) that can
     // place an egress IP decides where it lives; later users must agree.
-    let mut placed: BTreeMap<Ipv4Addr, (GatewayAddr, String)> = BTreeMap::new();
+    let mut placed: BTreeMap<IpAddr, (GatewayAddr, String)> = BTreeMap::new();
     let mut plans: Vec<PolicyPlan> = Vec::new();
     let mut reports: BTreeMap<String, PolicyReport> = BTreeMap::new();
 
@@ -541,17 +573,6 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                 rule_plans.push(plan);
                 continue;
             };
-            if checked.v6 {
-                report.unready.push((
-                    reason::IPV6_NOT_SUPPORTED.to_owned(),
-                    format!(
-                        "rules[{index}]: IPv6 rules are accepted but not yet served (only IPv4 \
-                         is compiled for now)"
-                    ),
-                ));
-                rule_plans.push(plan);
-                continue;
-            }
             plan.destinations = checked.destinations;
             plan.except = checked.except;
             if !checked.valid {
@@ -568,7 +589,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                     if let Some((node, how)) = nodes.iter().find_map(|n| {
                         n.own_addresses
                             .iter()
-                            .find(|(a, _)| *a == IpAddr::V4(ip))
+                            .find(|(a, _)| *a == ip)
                             .map(|(_, how)| (n.name, how))
                     }) {
                         report.unready.push((
@@ -636,7 +657,8 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                     let gateways: BTreeMap<String, GatewayAddr> = eligible
                         .iter()
                         .filter_map(|n| {
-                            let (ip, prefix_len) = n.egress.as_ref()?.own_address(interface)?;
+                            let (ip, prefix_len) =
+                                n.egress.as_ref()?.own_address(interface, checked.v6)?;
                             Some((
                                 n.name.to_owned(),
                                 GatewayAddr {
@@ -656,8 +678,13 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                             reason::INTERFACE_NOT_FOUND.to_owned(),
                             format!(
                                 "rules[{index}].interface: no eligible gateway ({}) has an up \
-                                 interface {interface} with an IPv4 address",
-                                eligible_names()
+                                 interface {interface} with {} address",
+                                eligible_names(),
+                                if checked.v6 {
+                                    "a global IPv6"
+                                } else {
+                                    "an IPv4"
+                                }
                             ),
                         ));
                     } else {
@@ -700,21 +727,33 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                     interface: g.interface.clone(),
                 });
                 if g.node == node_name {
-                    out.desired.rules_v4.insert(
-                        plan.rule_id,
-                        GatewayRuleV4 {
-                            egress_ip: g.ip,
-                            interface: g.interface.clone(),
-                        },
-                    );
-                    out.desired.egress_ips_v4.insert(
-                        g.ip,
-                        HeldIpV4 {
-                            interface: g.interface.clone(),
-                            prefix_len: g.prefix_len,
-                            shared,
-                        },
-                    );
+                    let held = HeldIpV4 {
+                        interface: g.interface.clone(),
+                        prefix_len: g.prefix_len,
+                        shared,
+                    };
+                    match g.ip {
+                        IpAddr::V4(egress_ip) => {
+                            out.desired.rules_v4.insert(
+                                plan.rule_id,
+                                GatewayRuleV4 {
+                                    egress_ip,
+                                    interface: g.interface.clone(),
+                                },
+                            );
+                            out.desired.egress_ips_v4.insert(egress_ip, held);
+                        }
+                        IpAddr::V6(egress_ip) => {
+                            out.desired.rules_v6.insert(
+                                plan.rule_id,
+                                GatewayRuleV6 {
+                                    egress_ip,
+                                    interface: g.interface.clone(),
+                                },
+                            );
+                            out.desired.egress_ips_v6.insert(egress_ip, held);
+                        }
+                    }
                     out.desired.egress_interfaces.insert(g.interface.clone());
                 }
             }
@@ -727,7 +766,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
     // same on every node); entries only for this node's pods.
     // Accepted policies claim first (in name order), so that a broken policy never takes
     // a (pod, prefix) from a working one; among accepted ones the smaller name wins.
-    let mut claims: HashMap<(Ipv4Addr, Ipv4Net), (usize, usize)> = HashMap::new();
+    let mut claims: HashMap<(IpAddr, IpNet), (usize, usize)> = HashMap::new();
     let mut order: Vec<usize> = (0..plans.len()).collect();
     order.sort_by_key(|i| {
         let accepted = reports
@@ -766,11 +805,15 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                 .iter()
                 .map(|p| (*p, true))
                 .chain(plan.destinations.iter().map(|p| (*p, false)));
-            let prefixes: Vec<(Ipv4Net, bool)> = prefixes.collect();
+            let prefixes: Vec<(IpNet, bool)> = prefixes.collect();
             for pod in &selected {
                 let local = pod.node == node_name;
                 for ip in &pod.ips {
-                    for (prefix, is_except) in &prefixes {
+                    // A prefix applies to the pod's address of its own family.
+                    let same_family = prefixes
+                        .iter()
+                        .filter(|(p, _)| p.addr().is_ipv6() == ip.is_ipv6());
+                    for (prefix, is_except) in same_family {
                         match claims.get(&(*ip, *prefix)) {
                             Some(&(w_policy, w_rule)) => {
                                 if w_policy == p_idx && w_rule == plan.index {
@@ -796,7 +839,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                             continue;
                         }
                         let entry = if *is_except {
-                            PolicyEntryV4 {
+                            Entry {
                                 action: PolicyAction::Exclude,
                                 gateway: None,
                                 egress_ip: None,
@@ -805,8 +848,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                         } else {
                             entry_for(plan, *ip, *failure_policy)
                         };
-                        out.desired.policy_v4.insert((*ip, *prefix), entry);
-                        *out.desired.selected_v4.entry(*ip).or_insert(0) += 1;
+                        entry.insert(&mut out.desired, *ip, *prefix);
                     }
                 }
             }
@@ -921,28 +963,84 @@ fn condition(type_: &str, ok: bool, reason: &str, message: String) -> PolicyCond
     }
 }
 
+/// A policy entry of either family, before it goes to `policy_v4` or `policy_v6`.
+struct Entry {
+    action: PolicyAction,
+    gateway: Option<Ipv4Addr>,
+    egress_ip: Option<IpAddr>,
+    rule_id: u32,
+}
+
+impl Entry {
+    /// Store the entry for (pod, prefix) in the maps of their family (the caller pairs
+    /// pod addresses and prefixes of one family; a stray pair is left out).
+    fn insert(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
+        match (pod, prefix) {
+            (IpAddr::V4(pod), IpNet::V4(prefix)) => {
+                desired.policy_v4.insert(
+                    (pod, prefix),
+                    PolicyEntryV4 {
+                        action: self.action,
+                        gateway: self.gateway,
+                        egress_ip: match self.egress_ip {
+                            Some(IpAddr::V4(ip)) => Some(ip),
+                            _ => None,
+                        },
+                        rule_id: self.rule_id,
+                    },
+                );
+                *desired.selected_v4.entry(pod).or_insert(0) += 1;
+            }
+            (IpAddr::V6(pod), IpNet::V6(prefix)) => {
+                desired.policy_v6.insert(
+                    (pod, prefix),
+                    PolicyEntryV6 {
+                        action: self.action,
+                        gateway: self.gateway,
+                        egress_ip: match self.egress_ip {
+                            Some(IpAddr::V6(ip)) => Some(ip),
+                            _ => None,
+                        },
+                        rule_id: self.rule_id,
+                    },
+                );
+                *desired.selected_v6.entry(pod).or_insert(0) += 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Address bytes as hashed by rendezvous (4 for IPv4, 16 for IPv6).
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(ip) => ip.octets().to_vec(),
+        IpAddr::V6(ip) => ip.octets().to_vec(),
+    }
+}
+
 /// The entry for destination traffic of pod `ip` under `plan`.
-fn entry_for(plan: &RulePlan, ip: Ipv4Addr, failure_policy: FailurePolicy) -> PolicyEntryV4 {
+fn entry_for(plan: &RulePlan, ip: IpAddr, failure_policy: FailurePolicy) -> Entry {
     let gateway = match &plan.target {
         Target::Dedicated {
             holder: Some(h), ..
         } => Some(h),
         Target::Interface { gateways } => {
             let rule_id = plan.rule_id.to_be_bytes();
-            let octets = ip.octets();
+            let octets = ip_bytes(ip);
             hash::rendezvous(&[&octets, &rule_id], gateways.keys().map(String::as_str))
                 .and_then(|node| gateways.get(node))
         }
         _ => None,
     };
     match gateway {
-        Some(g) => PolicyEntryV4 {
+        Some(g) => Entry {
             action: PolicyAction::Forward,
             gateway: Some(g.underlay),
             egress_ip: Some(g.ip),
             rule_id: plan.rule_id,
         },
-        None => PolicyEntryV4 {
+        None => Entry {
             action: match failure_policy {
                 FailurePolicy::Drop => PolicyAction::NoGatewayDrop,
                 FailurePolicy::Fallthrough => PolicyAction::NoGatewayPass,
@@ -959,18 +1057,11 @@ fn entry_for(plan: &RulePlan, ip: Ipv4Addr, failure_policy: FailurePolicy) -> Po
 
 /// The holder of dedicated egress IP `ip` among `hosts` (all eligible): a node that holds
 /// it now stays; otherwise the rendezvous winner.
-fn choose_holder(
-    ip: Ipv4Addr,
-    hosts: &[GatewayAddr],
-    nodes: &[NodeInfo<'_>],
-) -> Option<GatewayAddr> {
+fn choose_holder(ip: IpAddr, hosts: &[GatewayAddr], nodes: &[NodeInfo<'_>]) -> Option<GatewayAddr> {
     let holds = |h: &&GatewayAddr| {
-        nodes.iter().any(|n| {
-            n.name == h.node
-                && n.egress
-                    .as_ref()
-                    .is_some_and(|e| e.held.contains(&IpAddr::V4(ip)))
-        })
+        nodes
+            .iter()
+            .any(|n| n.name == h.node && n.egress.as_ref().is_some_and(|e| e.held.contains(&ip)))
     };
     let current: Vec<&GatewayAddr> = hosts.iter().filter(holds).collect();
     let pool: Vec<&GatewayAddr> = if current.is_empty() {
@@ -978,7 +1069,7 @@ fn choose_holder(
     } else {
         current
     };
-    let octets = ip.octets();
+    let octets = ip_bytes(ip);
     let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
     pool.into_iter().find(|h| h.node == node).cloned()
 }
@@ -989,10 +1080,10 @@ struct CheckedRule {
     valid: bool,
     /// The rule is IPv6 (its destinations, or its egress IP when destinations are absent).
     v6: bool,
-    /// Parsed IPv4 destinations/excepts (empty for IPv6 rules).
-    destinations: Vec<Ipv4Net>,
-    except: Vec<Ipv4Net>,
-    egress_ip: Option<Ipv4Addr>,
+    /// Parsed destinations/excepts (both families only in an invalid rule).
+    destinations: Vec<IpNet>,
+    except: Vec<IpNet>,
+    egress_ip: Option<IpAddr>,
 }
 
 /// Parse a prefix that must have no host bits.
@@ -1106,26 +1197,15 @@ fn check_rule(index: usize, rule: &EgressRule, report: &mut PolicyReport) -> Opt
         );
     }
     let valid = report.invalid.len() == before;
-    let v4 = |nets: Vec<IpNet>| {
-        nets.into_iter()
-            .filter_map(|n| match n {
-                IpNet::V4(n) => Some(n),
-                IpNet::V6(_) => None,
-            })
-            .collect::<Vec<_>>()
-    };
     if destinations.is_empty() {
         return None;
     }
     Some(CheckedRule {
         valid,
-        // A mixed rule is invalid; serve its IPv4 part with the failure policy.
+        // A mixed rule is invalid: both families follow the failure policy.
         v6: v6 && !mixed,
-        destinations: v4(destinations),
-        except: v4(except),
-        egress_ip: match egress_ip {
-            Some(IpAddr::V4(ip)) => Some(ip),
-            _ => None,
-        },
+        destinations,
+        except,
+        egress_ip,
     })
 }

@@ -3,8 +3,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
 };
+
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -32,6 +34,14 @@ fn ip(s: &str) -> Ipv4Addr {
 
 fn net(s: &str) -> Ipv4Net {
     s.parse().expect("test prefix")
+}
+
+fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().expect("test IPv6")
+}
+
+fn net6(s: &str) -> Ipv6Net {
+    s.parse().expect("test IPv6 prefix")
 }
 
 const GW: (&str, &str) = ("egress.dev/gateway", "true");
@@ -194,7 +204,7 @@ fn status<'a>(c: &'a Compiled, policy: &str, type_: &str) -> &'a PolicyCondition
 }
 
 fn holder_of(c: &Compiled, egress_ip: &str) -> Option<String> {
-    let ip = ip(egress_ip);
+    let ip: IpAddr = egress_ip.parse().expect("test egress IP");
     let holders: BTreeSet<_> = c
         .holders
         .iter()
@@ -324,6 +334,269 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
         interface: "ens224".to_owned()
     }));
     assert_eq!(st.egress_ips.len(), 3, "one dedicated, two shared: {st:?}");
+}
+
+/// Gateways of the base view get IPv6 too: ens224 2001:db8:a::/64 (gw-1 ::2, gw-2 ::3),
+/// ens256 2001:db8:b::/64, each after a link-local address.
+fn dual_stack_gateways(view: &mut ClusterView) {
+    for en in &mut view.egress_nodes {
+        let host = if en.metadata.name.as_deref() == Some("gw-1") {
+            2
+        } else {
+            3
+        };
+        if let Some(st) = en.status.as_mut() {
+            for i in &mut st.interfaces {
+                let net = if i.name == "ens224" { "a" } else { "b" };
+                i.addresses.push("fe80::1/64".to_owned());
+                i.addresses.push(format!("2001:db8:{net}::{host}/64"));
+            }
+        }
+    }
+}
+
+/// Pods of the base view get an IPv6 address after their IPv4 one (`fd00:244:<node>::<n>`).
+fn dual_stack_pods(view: &mut ClusterView) {
+    for p in &mut view.pods {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let n = node.trim_start_matches("worker-");
+        if let Some(st) = p.status.as_mut()
+            && let Some(ips) = st.pod_ips.as_mut()
+        {
+            let last = ips[0].ip.rsplit('.').next().unwrap_or("1").to_owned();
+            ips.push(PodIP {
+                ip: format!("fd00:244:{n}::{last}"),
+            });
+        }
+    }
+}
+
+/// PAYMENTS with IPv6 rules next to the IPv4 ones: one policy, both families.
+const PAYMENTS_DUAL: &str = r#"
+namespaceSelector: {matchLabels: {team: payments}}
+podSelector: {matchLabels: {app: api}}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["192.0.2.0/24"]
+  except: ["192.0.2.128/25"]
+  egressIP: 198.51.100.10
+- destinations: ["203.0.113.0/24"]
+  interface: ens256
+- destinations: ["2001:db8:100::/48"]
+  except: ["2001:db8:100:ff::/64"]
+  egressIP: "2001:db8:a::10"
+- destinations: ["2001:db8:200::/48"]
+  interface: ens256
+"#;
+
+/// Only the IPv6 rules of PAYMENTS_DUAL.
+const PAYMENTS_V6: &str = r#"
+namespaceSelector: {matchLabels: {team: payments}}
+podSelector: {matchLabels: {app: api}}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
+rules:
+- destinations: ["2001:db8:100::/48"]
+  egressIP: "2001:db8:a::10"
+"#;
+
+#[test]
+fn dual_stack_pods_use_each_familys_egress_ip() {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS_DUAL)]);
+    dual_stack_gateways(&mut view);
+    dual_stack_pods(&mut view);
+    let w1 = compile(&view, "worker-1");
+    assert_eq!(w1.problems, [], "{:#?}", w1.statuses);
+    assert_eq!(status(&w1, "payments", "Ready").status, "True");
+    assert_eq!(w1.desired.pod_owner_v4.len(), 5);
+    assert_eq!(w1.desired.pod_owner_v6.len(), 5);
+    assert_eq!(
+        w1.desired.pod_owner_v6[&ip6("fd00:244:2::13")],
+        ip("10.0.0.2"),
+        "IPv6 pods are owned by their node's IPv4 underlay address"
+    );
+    let holder4 = holder_of(&w1, "198.51.100.10").expect("an IPv4 holder");
+    let holder6 = holder_of(&w1, "2001:db8:a::10").expect("an IPv6 holder");
+    let underlay = |n: &str| {
+        if n == "gw-1" {
+            ip("10.0.0.11")
+        } else {
+            ip("10.0.0.12")
+        }
+    };
+    let (r0, r1, r2, r3) = (
+        rule_id("payments", 0),
+        rule_id("payments", 1),
+        rule_id("payments", 2),
+        rule_id("payments", 3),
+    );
+    for (v4, v6) in [
+        ("10.244.1.11", "fd00:244:1::11"),
+        ("10.244.1.12", "fd00:244:1::12"),
+    ] {
+        let (v4, v6) = (ip(v4), ip6(v6));
+        // IPv4 rules only in the IPv4 maps, IPv6 rules only in the IPv6 maps.
+        assert_eq!(w1.desired.selected_v4[&v4], 3);
+        assert_eq!(w1.desired.selected_v6[&v6], 3);
+        assert_eq!(w1.desired.policy_v4[&(v4, net("192.0.2.0/24"))].rule_id, r0);
+        assert_eq!(
+            w1.desired.policy_v6[&(v6, net6("2001:db8:100::/48"))],
+            PolicyEntryV6 {
+                action: PolicyAction::Forward,
+                gateway: Some(underlay(&holder6)),
+                egress_ip: Some(ip6("2001:db8:a::10")),
+                rule_id: r2,
+            }
+        );
+        assert_eq!(
+            w1.desired.policy_v6[&(v6, net6("2001:db8:100:ff::/64"))].action,
+            PolicyAction::Exclude
+        );
+        let e = w1.desired.policy_v6[&(v6, net6("2001:db8:200::/48"))];
+        assert_eq!(e.rule_id, r3);
+        let expected_src = match e.gateway {
+            Some(g) if g == ip("10.0.0.11") => ip6("2001:db8:b::2"),
+            Some(g) if g == ip("10.0.0.12") => ip6("2001:db8:b::3"),
+            other => panic!("unexpected gateway {other:?}"),
+        };
+        assert_eq!(
+            e.egress_ip,
+            Some(expected_src),
+            "global address, not fe80::1"
+        );
+    }
+    assert_eq!(w1.desired.policy_v4.len(), 6);
+    assert_eq!(w1.desired.policy_v6.len(), 6);
+    assert!(w1.desired.rules_v6.is_empty() && w1.desired.egress_ips_v6.is_empty());
+
+    // The IPv6 holder serves the IPv6 rule and holds the address with the /64 of ens224.
+    let h6 = compile(&view, &holder6);
+    assert_eq!(
+        h6.desired.rules_v6[&r2],
+        GatewayRuleV6 {
+            egress_ip: ip6("2001:db8:a::10"),
+            interface: "ens224".to_owned()
+        }
+    );
+    assert_eq!(
+        h6.desired.egress_ips_v6[&ip6("2001:db8:a::10")],
+        HeldIpV4 {
+            interface: "ens224".to_owned(),
+            prefix_len: 64,
+            shared: false
+        }
+    );
+    assert!(h6.desired.rules_v6.contains_key(&r3));
+    assert!(h6.desired.egress_interfaces.contains("ens224"));
+    let h4 = compile(&view, &holder4);
+    assert!(h4.desired.rules_v4.contains_key(&r0));
+    assert!(h4.desired.rules_v4.contains_key(&r1));
+    // Rule ids share one space: no id is both an IPv4 and an IPv6 rule.
+    for c in [&h4, &h6] {
+        for id in c.desired.rules_v6.keys() {
+            assert!(!c.desired.rules_v4.contains_key(id));
+        }
+    }
+    let st = &w1.statuses["payments"];
+    assert!(st.egress_ips.contains(&EgressIpStatus {
+        ip: "2001:db8:a::10".to_owned(),
+        node: holder6.clone(),
+        interface: "ens224".to_owned()
+    }));
+    assert_eq!(st.egress_ips.len(), 6, "two dedicated, four shared: {st:?}");
+}
+
+#[test]
+fn ipv6_only_pods_get_only_ipv6_entries() {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS_DUAL)]);
+    dual_stack_gateways(&mut view);
+    for p in &mut view.pods {
+        if let Some(st) = p.status.as_mut() {
+            let v4 = st
+                .pod_ips
+                .as_ref()
+                .map(|l| l[0].ip.clone())
+                .unwrap_or_default();
+            let last = v4.rsplit('.').next().unwrap_or("1").to_owned();
+            st.pod_ips = Some(vec![PodIP {
+                ip: format!("fd00:244:1::{last}"),
+            }]);
+        }
+    }
+    let w1 = compile(&view, "worker-1");
+    assert_eq!(w1.problems, []);
+    assert!(w1.desired.policy_v4.is_empty() && w1.desired.pod_owner_v4.is_empty());
+    assert_eq!(
+        w1.desired.selected_v6.keys().copied().collect::<Vec<_>>(),
+        [ip6("fd00:244:1::11"), ip6("fd00:244:1::12")]
+    );
+    // IPv4 rules still get their holders (statuses do not depend on which pods exist).
+    assert!(holder_of(&w1, "198.51.100.10").is_some());
+}
+
+#[test]
+fn ipv6_egress_ip_fails_over_and_conflicts_like_ipv4() {
+    let mut view = with_policies(
+        base(),
+        vec![policy("a", PAYMENTS_DUAL), policy("b", PAYMENTS_V6)],
+    );
+    dual_stack_gateways(&mut view);
+    dual_stack_pods(&mut view);
+    let c = compile(&view, "worker-1");
+    let first = holder_of(&c, "2001:db8:a::10").expect("holder");
+    // Policy b loses the IPv6 pairs to a, and says so.
+    let conflict = status(&c, "b", "Conflict");
+    assert!(
+        conflict
+            .message
+            .contains("destination 2001:db8:100::/48 is claimed by policy a"),
+        "{conflict:?}"
+    );
+    // The holder goes NotReady: the other gateway takes the address.
+    for n in &mut view.nodes {
+        if n.metadata.name.as_deref() == Some(first.as_str()) {
+            *n = node(
+                &first,
+                if first == "gw-1" {
+                    "10.0.0.11"
+                } else {
+                    "10.0.0.12"
+                },
+                true,
+                false,
+            );
+        }
+    }
+    let c = compile(&view, "worker-1");
+    let second = holder_of(&c, "2001:db8:a::10").expect("a new holder");
+    assert_ne!(first, second);
+    // failurePolicy applies per family when no gateway is left.
+    for n in &mut view.nodes {
+        if n.metadata.name.as_deref() == Some(second.as_str()) {
+            *n = node(
+                &second,
+                if second == "gw-1" {
+                    "10.0.0.11"
+                } else {
+                    "10.0.0.12"
+                },
+                true,
+                false,
+            );
+        }
+    }
+    let c = compile(&view, "worker-1");
+    assert_eq!(
+        c.desired.policy_v6[&(ip6("fd00:244:1::11"), net6("2001:db8:100::/48"))].action,
+        PolicyAction::NoGatewayDrop
+    );
+    assert_eq!(
+        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
+        PolicyAction::NoGatewayDrop
+    );
 }
 
 /// One guardrail scenario: a policy spec, optional changes to the base view, and the
@@ -547,7 +820,7 @@ rules:
             message: "spec.podSelector.matchExpressions[0].operator: \"Like\" is not one of In, NotIn, Exists, DoesNotExist",
         },
         Guardrail {
-            name: "IPv6 rule",
+            name: "IPv6 egress IP on IPv4-only gateways",
             spec: r#"
 gatewaySelector: {}
 rules:
@@ -556,8 +829,42 @@ rules:
 "#,
             tweak: no_tweak,
             condition: "Ready",
-            reason: "IPv6NotSupported",
-            message: "rules[0]: IPv6 rules are accepted but not yet served",
+            reason: "EgressIPNotHostable",
+            message: "rules[0].egressIP: 2001:db8:1::10 is in no subnet of an up interface of any eligible gateway (gw-1, gw-2)",
+        },
+        Guardrail {
+            name: "IPv6 interface rule, interface with only a link-local IPv6",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["2001:db8::/32"]
+  interface: ens256
+"#,
+            tweak: |v| {
+                for en in &mut v.egress_nodes {
+                    if let Some(st) = en.status.as_mut() {
+                        for i in &mut st.interfaces {
+                            i.addresses.push("fe80::1/64".to_owned());
+                        }
+                    }
+                }
+            },
+            condition: "Ready",
+            reason: "InterfaceNotFound",
+            message: "rules[0].interface: no eligible gateway (gw-1, gw-2) has an up interface ens256 with a global IPv6 address",
+        },
+        Guardrail {
+            name: "IPv6 egress IP that is a gateway's own address",
+            spec: r#"
+gatewaySelector: {}
+rules:
+- destinations: ["2001:db8::/32"]
+  egressIP: "2001:db8:a::2"
+"#,
+            tweak: dual_stack_gateways,
+            condition: "Ready",
+            reason: "EgressIPIsNodeAddress",
+            message: "rules[0].egressIP: 2001:db8:a::2 is an address of node gw-1 (interface ens224)",
         },
     ];
     for case in cases {
@@ -966,10 +1273,14 @@ struct GenNode {
 
 #[derive(Clone, Debug)]
 struct GenRule {
+    /// IPv6 destinations (`PREFIXES_V6`) instead of IPv4 ones (`PREFIXES`).
+    v6: bool,
     destinations: Vec<usize>,
     except: bool,
     /// 0..3: egress IPs 198.51.100.10, .11, 203.0.113.10, 100.64.0.1; 4: interface ens224,
-    /// 5: interface ens256.
+    /// 5: interface ens256; 6, 7: egress IPs 2001:db8:a::10, 2001:db8:c::10 (the first on
+    /// ens224's IPv6 subnet, the second nowhere). A family other than the destinations'
+    /// makes the rule invalid.
     target: usize,
 }
 
@@ -982,12 +1293,63 @@ struct GenPolicy {
 }
 
 const PREFIXES: [&str; 4] = ["192.0.2.0/24", "192.0.3.0/24", "10.99.0.0/16", "0.0.0.0/0"];
-const TARGET_IPS: [&str; 4] = [
+const PREFIXES_V6: [&str; 4] = ["2001:db8:1::/48", "2001:db8:2::/48", "fd99::/16", "::/0"];
+const TARGET_IPS: [&str; 8] = [
     "198.51.100.10",
     "198.51.100.11",
     "203.0.113.10",
     "100.64.0.1",
+    "",
+    "",
+    "2001:db8:a::10",
+    "2001:db8:c::10",
 ];
+
+fn prefix_of(r: &GenRule, d: usize) -> IpNet {
+    let text = if r.v6 { PREFIXES_V6[d] } else { PREFIXES[d] };
+    text.parse().expect("test prefix")
+}
+
+/// Addresses of generated pod `i`: family 0 IPv4, 1 IPv6, 2 both.
+fn gen_pod_ips(i: usize, family: usize) -> Vec<IpAddr> {
+    let v4 = IpAddr::V4(ip(&format!("10.244.{}.{}", i / 200, i % 200 + 1)));
+    let v6 = IpAddr::V6(ip6(&format!("fd00:244::{}", i + 1)));
+    match family % 3 {
+        0 => vec![v4],
+        1 => vec![v6],
+        _ => vec![v4, v6],
+    }
+}
+
+/// A policy entry of either family, for the model checks.
+struct AnyEntry {
+    pod: IpAddr,
+    prefix: IpNet,
+    action: PolicyAction,
+    gateway: Option<Ipv4Addr>,
+    egress_ip: Option<IpAddr>,
+    rule_id: u32,
+}
+
+fn all_entries(d: &Desired) -> Vec<AnyEntry> {
+    let v4 = d.policy_v4.iter().map(|((pod, prefix), e)| AnyEntry {
+        pod: IpAddr::V4(*pod),
+        prefix: IpNet::V4(*prefix),
+        action: e.action,
+        gateway: e.gateway,
+        egress_ip: e.egress_ip.map(IpAddr::V4),
+        rule_id: e.rule_id,
+    });
+    let v6 = d.policy_v6.iter().map(|((pod, prefix), e)| AnyEntry {
+        pod: IpAddr::V6(*pod),
+        prefix: IpNet::V6(*prefix),
+        action: e.action,
+        gateway: e.gateway,
+        egress_ip: e.egress_ip.map(IpAddr::V6),
+        rule_id: e.rule_id,
+    });
+    v4.chain(v6).collect()
+}
 
 fn gen_node() -> impl Strategy<Value = GenNode> {
     (
@@ -1006,11 +1368,13 @@ fn gen_node() -> impl Strategy<Value = GenNode> {
 
 fn gen_rule() -> impl Strategy<Value = GenRule> {
     (
+        any::<bool>(),
         proptest::collection::vec(0..PREFIXES.len(), 1..3),
         any::<bool>(),
-        0..6usize,
+        0..8usize,
     )
-        .prop_map(|(destinations, except, target)| GenRule {
+        .prop_map(|(v6, destinations, except, target)| GenRule {
+            v6,
             destinations,
             except,
             target,
@@ -1034,7 +1398,7 @@ fn gen_policy() -> impl Strategy<Value = GenPolicy> {
 
 fn build_view(
     nodes: &[GenNode],
-    pods: &[(usize, usize, bool)],
+    pods: &[(usize, usize, bool, usize)],
     policies: &[GenPolicy],
 ) -> ClusterView {
     let mut view = ClusterView::default();
@@ -1048,11 +1412,22 @@ fn build_view(
         ));
         if n.egress {
             let mut ifaces: Vec<(&str, Vec<String>)> = Vec::new();
+            // ens224 is dual stack; ens256 has IPv4 and only a link-local IPv6.
             if n.subnets.0 {
-                ifaces.push(("ens224", vec![format!("198.51.100.{}/24", 100 + i)]));
+                ifaces.push((
+                    "ens224",
+                    vec![
+                        format!("198.51.100.{}/24", 100 + i),
+                        "fe80::1/64".to_owned(),
+                        format!("2001:db8:a::{}/64", 100 + i),
+                    ],
+                ));
             }
             if n.subnets.1 {
-                ifaces.push(("ens256", vec![format!("203.0.113.{}/24", 100 + i)]));
+                ifaces.push((
+                    "ens256",
+                    vec![format!("203.0.113.{}/24", 100 + i), "fe80::1/64".to_owned()],
+                ));
             }
             let refs: Vec<(&str, Vec<&str>)> = ifaces
                 .iter()
@@ -1063,16 +1438,24 @@ fn build_view(
             view.egress_nodes.push(egress_node(&name, &refs2, &[]));
         }
     }
-    for (i, (node_idx, app, running)) in pods.iter().enumerate() {
+    for (i, (node_idx, app, running, family)) in pods.iter().enumerate() {
         let mut p = pod(
             "default",
             &format!("p{i}"),
             &format!("app{app}"),
             &format!("n{}", node_idx % nodes.len().max(1)),
-            &format!("10.244.{}.{}", i / 200, i % 200 + 1),
+            "0.0.0.0",
         );
-        if !running && let Some(st) = p.status.as_mut() {
-            st.phase = Some("Pending".to_owned());
+        if let Some(st) = p.status.as_mut() {
+            st.pod_ips = Some(
+                gen_pod_ips(i, *family)
+                    .into_iter()
+                    .map(|a| PodIP { ip: a.to_string() })
+                    .collect(),
+            );
+            if !running {
+                st.phase = Some("Pending".to_owned());
+            }
         }
         view.pods.push(p);
     }
@@ -1082,13 +1465,13 @@ fn build_view(
             let destinations: Vec<String> = r
                 .destinations
                 .iter()
-                .map(|d| PREFIXES[*d].to_owned())
+                .map(|d| prefix_of(r, *d).to_string())
                 .collect();
             let except: Vec<String> = except_of(r).into_iter().collect();
             let (egress_ip, interface) = match r.target {
-                t @ 0..4 => (Some(TARGET_IPS[t].to_owned()), None),
                 4 => (None, Some("ens224".to_owned())),
-                _ => (None, Some("ens256".to_owned())),
+                5 => (None, Some("ens256".to_owned())),
+                t => (Some(TARGET_IPS[t].to_owned()), None),
             };
             rules.push(EgressRule {
                 destinations,
@@ -1121,8 +1504,10 @@ fn build_view(
 /// The except prefix of a generated rule: the first half of its first destination.
 fn except_of(r: &GenRule) -> Option<String> {
     r.except.then(|| {
-        PREFIXES[r.destinations[0]]
+        prefix_of(r, r.destinations[0])
+            .to_string()
             .replace("/24", "/25")
+            .replace("/48", "/49")
             .replace("/16", "/17")
             .replace("/0", "/1")
     })
@@ -1152,7 +1537,10 @@ proptest! {
     #[test]
     fn compile_agrees_with_the_reference_model(
         nodes in proptest::collection::vec(gen_node(), 1..6),
-        pods in proptest::collection::vec((0..6usize, 0..3usize, any::<bool>()), 0..24),
+        pods in proptest::collection::vec(
+            (0..6usize, 0..3usize, any::<bool>(), 0..3usize),
+            0..24,
+        ),
         policies in proptest::collection::vec(gen_policy(), 0..4),
     ) {
         let view = build_view(&nodes, &pods, &policies);
@@ -1168,7 +1556,7 @@ proptest! {
         }
         let underlay = |i: usize| ip(&format!("10.0.0.{}", i + 1));
         let node_of_underlay = |u: Ipv4Addr| (0..nodes.len()).find(|i| underlay(*i) == u);
-        let mut dedicated_holders: BTreeMap<Ipv4Addr, BTreeSet<String>> = BTreeMap::new();
+        let mut dedicated_holders: BTreeMap<IpAddr, BTreeSet<String>> = BTreeMap::new();
 
         for (me, c) in &compiled {
             let me_idx: usize = me[1..].parse().expect("node index");
@@ -1181,25 +1569,31 @@ proptest! {
                 prop_assert!(st.conditions.iter().any(|c| c.type_ == "Accepted"));
                 prop_assert!(st.conditions.iter().any(|c| c.type_ == "Ready"));
             }
-            let mut counts: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
-            for ((pod_ip, prefix), e) in &c.desired.policy_v4 {
+            let mut counts: BTreeMap<IpAddr, u32> = BTreeMap::new();
+            for e in all_entries(&c.desired) {
+                let (pod_ip, prefix) = (&e.pod, &e.prefix);
                 *counts.entry(*pod_ip).or_insert(0) += 1;
                 // The pod is local, running and selected by the entry's policy.
-                let pi = pods.iter().enumerate().position(|(i, _)| {
-                    ip(&format!("10.244.{}.{}", i / 200, i % 200 + 1)) == *pod_ip
+                let pi = pods.iter().enumerate().position(|(i, p)| {
+                    gen_pod_ips(i, p.3).contains(pod_ip)
                 });
                 let pi = pi.expect("entry for a known pod");
-                let (pnode, papp, prunning) = pods[pi];
+                let (pnode, papp, prunning, _) = pods[pi];
+                // Pod and destination are of one family.
+                prop_assert_eq!(pod_ip.is_ipv6(), prefix.addr().is_ipv6());
                 prop_assert_eq!(pnode % nodes.len(), me_idx);
                 prop_assert!(prunning);
                 let (pol, r) = by_id[&e.rule_id];
                 let gp = &policies[pol];
                 prop_assert!(gp.app.is_none_or(|a| a == papp));
                 let rule = &gp.rules[r];
-                let in_rule = rule.destinations.iter().any(|d| net(PREFIXES[*d]) == *prefix);
+                let in_rule = rule.destinations.iter().any(|d| prefix_of(rule, *d) == *prefix);
                 match e.action {
                     PolicyAction::Exclude => {
-                        prop_assert_eq!(except_of(rule).map(|p| net(&p)), Some(*prefix));
+                        prop_assert_eq!(
+                            except_of(rule).map(|p| p.parse::<IpNet>().expect("prefix")),
+                            Some(*prefix)
+                        );
                     }
                     _ => prop_assert!(in_rule),
                 }
@@ -1211,23 +1605,47 @@ proptest! {
                         prop_assert!(gn.ready && gn.egress);
                         prop_assert!(gp.gateway_all || gn.gateway);
                         // ... and serves the rule with the same egress address.
+                        // (Each family's traffic with an egress address of its family.)
                         let gc = &compiled[names[g].as_str()];
-                        let served = gc.desired.rules_v4.get(&e.rule_id);
-                        prop_assert_eq!(served.map(|s| s.egress_ip), e.egress_ip);
-                        if rule.target < 4 {
-                            prop_assert_eq!(e.egress_ip, Some(ip(TARGET_IPS[rule.target])));
+                        let served = if rule.v6 {
+                            gc.desired.rules_v6.get(&e.rule_id).map(|s| IpAddr::V6(s.egress_ip))
+                        } else {
+                            gc.desired.rules_v4.get(&e.rule_id).map(|s| IpAddr::V4(s.egress_ip))
+                        };
+                        prop_assert_eq!(served, e.egress_ip);
+                        prop_assert_eq!(e.egress_ip.map(|a| a.is_ipv6()), Some(rule.v6));
+                        if !matches!(rule.target, 4 | 5) {
+                            prop_assert_eq!(
+                                e.egress_ip,
+                                Some(TARGET_IPS[rule.target].parse::<IpAddr>().expect("ip"))
+                            );
                         }
+                        // ens256 has no global IPv6: IPv6 rules never leave through it.
+                        prop_assert!(!(rule.v6 && rule.target == 5));
                     }
                     PolicyAction::NoGatewayDrop => prop_assert!(!gp.fallthrough),
                     PolicyAction::NoGatewayPass => prop_assert!(gp.fallthrough),
                     PolicyAction::Exclude => {}
                 }
             }
-            prop_assert_eq!(&counts, &c.desired.selected_v4);
-            for (egress_ip, held) in &c.desired.egress_ips_v4 {
+            let selected: BTreeMap<IpAddr, u32> = c
+                .desired
+                .selected_v4
+                .iter()
+                .map(|(a, n)| (IpAddr::V4(*a), *n))
+                .chain(c.desired.selected_v6.iter().map(|(a, n)| (IpAddr::V6(*a), *n)))
+                .collect();
+            prop_assert_eq!(&counts, &selected);
+            let held_ips = c
+                .desired
+                .egress_ips_v4
+                .iter()
+                .map(|(a, h)| (IpAddr::V4(*a), h))
+                .chain(c.desired.egress_ips_v6.iter().map(|(a, h)| (IpAddr::V6(*a), h)));
+            for (egress_ip, held) in held_ips {
                 prop_assert!(c.desired.egress_interfaces.contains(&held.interface));
                 if !held.shared {
-                    dedicated_holders.entry(*egress_ip).or_default().insert((*me).to_owned());
+                    dedicated_holders.entry(egress_ip).or_default().insert((*me).to_owned());
                 }
             }
             // Deterministic.

@@ -1,16 +1,20 @@
 //! `egress-agent maps`: the pinned maps of an agent, in human terms.
 
-use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
+use std::{
+    fmt::Write as _,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray};
 use egress_common::{
     config::Config,
-    conntrack::{CtEntryV4, CtKeyV4, dir},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir},
     counters::{self, Counter},
     maps as names,
     policy::{
-        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4, action,
-        egress_ip_flags,
+        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue,
+        PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, action, egress_ip_flags,
     },
 };
 
@@ -24,6 +28,25 @@ fn open(pin_dir: &Path, name: &'static str) -> Result<Map> {
 
 fn ip(a: [u8; 4]) -> Ipv4Addr {
     Ipv4Addr::from(a)
+}
+
+fn ip6(a: [u8; 16]) -> Ipv6Addr {
+    Ipv6Addr::from(a)
+}
+
+/// Is the (optional) map pinned? The IPv6 maps exist only with an object that has them.
+fn pinned(pin_dir: &Path, name: &str) -> bool {
+    pin_dir.join(name).exists()
+}
+
+fn action_name(a: u8) -> &'static str {
+    match a {
+        action::FORWARD => "forward",
+        action::EXCLUDE => "except: pass",
+        action::NO_GATEWAY_DROP => "no gateway: drop",
+        action::NO_GATEWAY_PASS => "no gateway: pass",
+        _ => "unknown: drop",
+    }
 }
 
 /// Counters summed over CPUs, by reason number; reasons never hit are left out.
@@ -61,7 +84,7 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
     }
     out.push((
         names::SELECTED_V4,
-        count::<[u8; 4], egress_common::policy::SelectedValue>(pin_dir, names::SELECTED_V4)?,
+        count::<[u8; 4], SelectedValue>(pin_dir, names::SELECTED_V4)?,
     ));
     out.push((
         names::RULES_V4,
@@ -83,6 +106,27 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
         names::EGRESS_IPS_V4,
         count::<[u8; 4], EgressIpValue>(pin_dir, names::EGRESS_IPS_V4)?,
     ));
+    if pinned(pin_dir, names::POLICY_V6) {
+        let name = names::POLICY_V6;
+        let t: LpmTrie<MapData, PolicyKeyV6, PolicyValueV6> =
+            LpmTrie::try_from(open(pin_dir, name)?)
+                .map_err(|source| Error::Map { name, source })?;
+        out.push((name, t.keys().count()));
+    }
+    for (name, n) in [
+        (
+            names::SELECTED_V6,
+            count::<[u8; 16], SelectedValue> as fn(_, _) -> _,
+        ),
+        (names::RULES_V6, count::<u32, RuleValueV6>),
+        (names::POD_OWNER_V6, count::<[u8; 16], PodOwnerValue>),
+        (names::CT_V6, count::<CtKeyV6, CtEntryV6>),
+        (names::EGRESS_IPS_V6, count::<[u8; 16], EgressIpValue>),
+    ] {
+        if pinned(pin_dir, name) {
+            out.push((name, n(pin_dir, name)?));
+        }
+    }
     Ok(out)
 }
 
@@ -122,13 +166,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     );
     for (k, v) in rows {
         let d = k.data();
-        let act = match v.action {
-            action::FORWARD => "forward",
-            action::EXCLUDE => "except: pass",
-            action::NO_GATEWAY_DROP => "no gateway: drop",
-            action::NO_GATEWAY_PASS => "no gateway: pass",
-            _ => "unknown: drop",
-        };
+        let act = action_name(v.action);
         let _ = writeln!(
             s,
             "  {:<15} {:>18} -> {:<17} gw {:<15} egress {:<15} rule {}",
@@ -219,6 +257,10 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         let _ = writeln!(s, "  ... {} more", rows.len() - 50);
     }
 
+    if pinned(pin_dir, names::POLICY_V6) {
+        render_v6(pin_dir, &mut s)?;
+    }
+
     let _ = writeln!(s, "\ncounters (packets, bytes):");
     for (reason, c) in counters(pin_dir)? {
         let (_, n, desc) = counters::ALL
@@ -235,11 +277,118 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     Ok(s)
 }
 
+/// The IPv6 maps (pods and egress IPs are IPv6, gateways and pod nodes IPv4).
+fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
+    let name = names::POLICY_V6;
+    let t: LpmTrie<MapData, PolicyKeyV6, PolicyValueV6> =
+        LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let mut rows: Vec<_> = t.iter().flatten().collect();
+    rows.sort_by_key(|(k, _)| (k.data(), k.prefix_len()));
+    let _ = writeln!(
+        s,
+        "\nIPv6 policy (pod, destination -> action, gateway, egress IP, rule): {}",
+        rows.len()
+    );
+    for (k, v) in rows {
+        let d = k.data();
+        let _ = writeln!(
+            s,
+            "  {:<24} {:>30} -> {:<17} gw {:<15} egress {:<24} rule {}",
+            ip6(d.pod).to_string(),
+            format!("{}/{}", ip6(d.dst), k.prefix_len().saturating_sub(128)),
+            action_name(v.action),
+            ip(v.gateway).to_string(),
+            ip6(v.egress_ip).to_string(),
+            v.rule_id
+        );
+    }
+    if pinned(pin_dir, names::RULES_V6) {
+        let name = names::RULES_V6;
+        let r: HashMap<MapData, u32, RuleValueV6> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        let mut rows: Vec<_> = r.iter().flatten().collect();
+        rows.sort_by_key(|(k, _)| *k);
+        let _ = writeln!(
+            s,
+            "\nIPv6 rules served here (rule -> egress IP, ifindex): {}",
+            rows.len()
+        );
+        for (k, v) in rows {
+            let _ = writeln!(
+                s,
+                "  rule {k:<8} -> {:<24} ifindex {}",
+                ip6(v.egress_ip).to_string(),
+                v.ifindex
+            );
+        }
+    }
+    if pinned(pin_dir, names::EGRESS_IPS_V6) {
+        let name = names::EGRESS_IPS_V6;
+        let e: HashMap<MapData, [u8; 16], EgressIpValue> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        let mut rows: Vec<_> = e.iter().flatten().collect();
+        rows.sort_by_key(|(k, _)| *k);
+        let _ = writeln!(s, "\nIPv6 egress IPs on this node: {}", rows.len());
+        for (k, v) in rows {
+            let kind = if v.flags & egress_ip_flags::SHARED != 0 {
+                "interface address (shared)"
+            } else {
+                "dedicated"
+            };
+            let _ = writeln!(
+                s,
+                "  {:<24} ifindex {:<4} {kind}",
+                ip6(k).to_string(),
+                v.ifindex
+            );
+        }
+    }
+    if pinned(pin_dir, names::POD_OWNER_V6) {
+        let name = names::POD_OWNER_V6;
+        let p: HashMap<MapData, [u8; 16], PodOwnerValue> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        let _ = writeln!(s, "known IPv6 pods: {}", p.keys().count());
+    }
+    if pinned(pin_dir, names::CT_V6) {
+        let name = names::CT_V6;
+        let ct: HashMap<MapData, CtKeyV6, CtEntryV6> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        let mut rows: Vec<_> = ct
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.dir == dir::ORIGINAL)
+            .collect();
+        rows.sort_by_key(|(k, _)| (k.src, k.dst, k.src_port_be, k.dst_port_be));
+        let _ = writeln!(s, "\nIPv6 conntrack (original direction): {}", rows.len());
+        for (k, v) in rows.iter().take(50) {
+            let _ = writeln!(
+                s,
+                "  {:<6} [{}]:{} -> [{}]:{}  as [{}]:{}  rule {} ifindex {} from node {}",
+                proto(k.proto),
+                ip6(k.src),
+                u16::from_be(k.src_port_be),
+                ip6(k.dst),
+                u16::from_be(k.dst_port_be),
+                ip6(v.xlate_addr),
+                u16::from_be(v.xlate_port_be),
+                v.rule_id,
+                v.ifindex,
+                ip(v.pod_node)
+            );
+        }
+        if rows.len() > 50 {
+            let _ = writeln!(s, "  ... {} more", rows.len() - 50);
+        }
+    }
+    Ok(())
+}
+
 fn proto(p: u8) -> &'static str {
     match p {
         6 => "tcp",
         17 => "udp",
         1 => "icmp",
+        58 => "icmpv6",
         _ => "?",
     }
 }

@@ -27,7 +27,7 @@ use aya::{
 use egress_common::{
     config::Config,
     maps as names,
-    policy::{PolicyKeyV4, PolicyValue},
+    policy::{PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6},
 };
 pub use state::MapState;
 
@@ -156,27 +156,55 @@ impl Datapath {
     }
 
     fn read_state(&mut self) -> Result<MapState> {
-        let mut s = MapState::default();
-        for (k, v) in self
-            .lpm::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?
-            .iter()
-            .flatten()
-        {
-            s.policy_v4.insert((k.prefix_len(), k.data()), v);
-        }
-        s.selected_v4 = self.read_hash(names::SELECTED_V4)?;
-        s.rules_v4 = self.read_hash(names::RULES_V4)?;
-        s.nodes = self.read_hash(names::NODES)?;
-        s.pod_owner_v4 = self.read_hash(names::POD_OWNER_V4)?;
-        s.egress_ips_v4 = self.read_hash(names::EGRESS_IPS_V4)?;
+        let s = MapState {
+            policy_v4: self.read_lpm::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?,
+            selected_v4: self.read_hash(names::SELECTED_V4)?,
+            rules_v4: self.read_hash(names::RULES_V4)?,
+            nodes: self.read_hash(names::NODES)?,
+            pod_owner_v4: self.read_hash(names::POD_OWNER_V4)?,
+            egress_ips_v4: self.read_hash(names::EGRESS_IPS_V4)?,
+            policy_v6: self.read_lpm::<PolicyKeyV6, PolicyValueV6>(names::POLICY_V6)?,
+            selected_v6: self.read_hash(names::SELECTED_V6)?,
+            rules_v6: self.read_hash(names::RULES_V6)?,
+            pod_owner_v6: self.read_hash(names::POD_OWNER_V6)?,
+            egress_ips_v6: self.read_hash(names::EGRESS_IPS_V6)?,
+        };
         Ok(s)
+    }
+
+    /// Is `name` an optional map that this object lacks? The IPv6 maps are optional: an
+    /// object built before the IPv6 datapath has none, and the agent then syncs IPv4 only.
+    fn skip_missing(&self, name: &'static str) -> bool {
+        let skip = OPTIONAL_MAPS.contains(&name) && self.ebpf.map(name).is_none();
+        if skip {
+            tracing::debug!("map {name} is not in the eBPF object: not synced");
+        }
+        skip
     }
 
     fn read_hash<K: aya::Pod + Ord, V: aya::Pod>(
         &mut self,
         name: &'static str,
     ) -> Result<BTreeMap<K, V>> {
+        if self.skip_missing(name) {
+            return Ok(BTreeMap::new());
+        }
         Ok(self.hash::<K, V>(name)?.iter().flatten().collect())
+    }
+
+    fn read_lpm<K: aya::Pod + Ord, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<BTreeMap<(u32, K), V>> {
+        if self.skip_missing(name) {
+            return Ok(BTreeMap::new());
+        }
+        Ok(self
+            .lpm::<K, V>(name)?
+            .iter()
+            .flatten()
+            .map(|(k, v)| ((k.prefix_len(), k.data()), v))
+            .collect())
     }
 
     fn map_data(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
@@ -220,92 +248,142 @@ impl Datapath {
     pub fn apply(&mut self, want: &MapState) -> Result<ApplyStats> {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
-        // Removals first for the source-side maps (stop selecting before forgetting).
-        self.sync_hash(
-            names::SELECTED_V4,
-            &mut held.selected_v4,
-            &want.selected_v4,
-            Phase::Remove,
-            &mut stats,
-        )?;
-        self.sync_lpm(
-            &mut held.policy_v4,
-            &want.policy_v4,
-            Phase::Remove,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::EGRESS_IPS_V4,
-            &mut held.egress_ips_v4,
-            &want.egress_ips_v4,
-            Phase::Remove,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::RULES_V4,
-            &mut held.rules_v4,
-            &want.rules_v4,
-            Phase::Remove,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::POD_OWNER_V4,
-            &mut held.pod_owner_v4,
-            &want.pod_owner_v4,
-            Phase::Remove,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::NODES,
-            &mut held.nodes,
-            &want.nodes,
-            Phase::Remove,
-            &mut stats,
-        )?;
-        // Then additions and changes, in dependency order.
-        self.sync_hash(
-            names::NODES,
-            &mut held.nodes,
-            &want.nodes,
-            Phase::Upsert,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::POD_OWNER_V4,
-            &mut held.pod_owner_v4,
-            &want.pod_owner_v4,
-            Phase::Upsert,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::RULES_V4,
-            &mut held.rules_v4,
-            &want.rules_v4,
-            Phase::Upsert,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::EGRESS_IPS_V4,
-            &mut held.egress_ips_v4,
-            &want.egress_ips_v4,
-            Phase::Upsert,
-            &mut stats,
-        )?;
-        self.sync_lpm(
-            &mut held.policy_v4,
-            &want.policy_v4,
-            Phase::Upsert,
-            &mut stats,
-        )?;
-        self.sync_hash(
-            names::SELECTED_V4,
-            &mut held.selected_v4,
-            &want.selected_v4,
-            Phase::Upsert,
-            &mut stats,
-        )?;
+        // Removals first, source side first (stop selecting before forgetting).
+        let result = self
+            .sync_source_side(&mut held, want, Phase::Remove, &mut stats)
+            .and_then(|()| self.sync_gateway_side(&mut held, want, Phase::Remove, &mut stats))
+            // Then additions and changes, in dependency order.
+            .and_then(|()| self.sync_gateway_side(&mut held, want, Phase::Upsert, &mut stats))
+            .and_then(|()| self.sync_source_side(&mut held, want, Phase::Upsert, &mut stats));
         self.held = held;
+        result?;
         Ok(stats)
+    }
+
+    /// The trie and the selected set of both families (selected set first on removal,
+    /// last on insertion).
+    fn sync_source_side(
+        &mut self,
+        held: &mut MapState,
+        want: &MapState,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        if phase == Phase::Remove {
+            self.sync_selected(held, want, phase, stats)?;
+        }
+        self.sync_lpm(
+            names::POLICY_V4,
+            &mut held.policy_v4,
+            &want.policy_v4,
+            phase,
+            stats,
+        )?;
+        self.sync_lpm(
+            names::POLICY_V6,
+            &mut held.policy_v6,
+            &want.policy_v6,
+            phase,
+            stats,
+        )?;
+        if phase == Phase::Upsert {
+            self.sync_selected(held, want, phase, stats)?;
+        }
+        Ok(())
+    }
+
+    fn sync_selected(
+        &mut self,
+        held: &mut MapState,
+        want: &MapState,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        self.sync_hash(
+            names::SELECTED_V4,
+            &mut held.selected_v4,
+            &want.selected_v4,
+            phase,
+            stats,
+        )?;
+        self.sync_hash(
+            names::SELECTED_V6,
+            &mut held.selected_v6,
+            &want.selected_v6,
+            phase,
+            stats,
+        )
+    }
+
+    /// Nodes, pod owners, rules and egress IPs of both families: removed egress IPs ->
+    /// rules -> owners -> nodes, added in the reverse order.
+    fn sync_gateway_side(
+        &mut self,
+        held: &mut MapState,
+        want: &MapState,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        let mut steps: Vec<Step> = vec![Step::EgressIps, Step::Rules, Step::PodOwners, Step::Nodes];
+        if phase == Phase::Upsert {
+            steps.reverse();
+        }
+        for step in steps {
+            match step {
+                Step::EgressIps => {
+                    self.sync_hash(
+                        names::EGRESS_IPS_V4,
+                        &mut held.egress_ips_v4,
+                        &want.egress_ips_v4,
+                        phase,
+                        stats,
+                    )?;
+                    self.sync_hash(
+                        names::EGRESS_IPS_V6,
+                        &mut held.egress_ips_v6,
+                        &want.egress_ips_v6,
+                        phase,
+                        stats,
+                    )?;
+                }
+                Step::Rules => {
+                    self.sync_hash(
+                        names::RULES_V4,
+                        &mut held.rules_v4,
+                        &want.rules_v4,
+                        phase,
+                        stats,
+                    )?;
+                    self.sync_hash(
+                        names::RULES_V6,
+                        &mut held.rules_v6,
+                        &want.rules_v6,
+                        phase,
+                        stats,
+                    )?;
+                }
+                Step::PodOwners => {
+                    self.sync_hash(
+                        names::POD_OWNER_V4,
+                        &mut held.pod_owner_v4,
+                        &want.pod_owner_v4,
+                        phase,
+                        stats,
+                    )?;
+                    self.sync_hash(
+                        names::POD_OWNER_V6,
+                        &mut held.pod_owner_v6,
+                        &want.pod_owner_v6,
+                        phase,
+                        stats,
+                    )?;
+                }
+                Step::Nodes => {
+                    self.sync_hash(names::NODES, &mut held.nodes, &want.nodes, phase, stats)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn sync_hash<K: aya::Pod + Ord + std::fmt::Debug, V: aya::Pod + PartialEq>(
@@ -316,6 +394,9 @@ impl Datapath {
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
+        if self.skip_missing(name) {
+            return Ok(());
+        }
         let mut map = self.hash::<K, V>(name)?;
         sync(name, held, want, phase, stats, |k, v| match v {
             Some(v) => map.insert(k, v, 0),
@@ -324,15 +405,18 @@ impl Datapath {
         Ok(())
     }
 
-    fn sync_lpm(
+    fn sync_lpm<K: aya::Pod + Ord + std::fmt::Debug, V: aya::Pod + PartialEq>(
         &mut self,
-        held: &mut BTreeMap<state::LpmKeyV4, PolicyValue>,
-        want: &BTreeMap<state::LpmKeyV4, PolicyValue>,
+        name: &'static str,
+        held: &mut BTreeMap<(u32, K), V>,
+        want: &BTreeMap<(u32, K), V>,
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
-        let name = names::POLICY_V4;
-        let mut map = self.lpm::<PolicyKeyV4, PolicyValue>(name)?;
+        if self.skip_missing(name) {
+            return Ok(());
+        }
+        let mut map = self.lpm::<K, V>(name)?;
         sync(name, held, want, phase, stats, |(len, data), v| match v {
             Some(v) => map.insert(&Key::new(*len, *data), v, 0),
             None => map.remove(&Key::new(*len, *data)),
@@ -468,6 +552,24 @@ enum Phase {
     Remove,
     Upsert,
 }
+
+/// Groups of gateway-side maps, in removal order.
+#[derive(Clone, Copy)]
+enum Step {
+    EgressIps,
+    Rules,
+    PodOwners,
+    Nodes,
+}
+
+/// Maps the agent syncs only when the object has them (see `Datapath::skip_missing`).
+const OPTIONAL_MAPS: &[&str] = &[
+    names::POLICY_V6,
+    names::SELECTED_V6,
+    names::RULES_V6,
+    names::POD_OWNER_V6,
+    names::EGRESS_IPS_V6,
+];
 
 /// One phase of a map diff: `held` tracks what the map holds after each write;
 /// `write(k, Some(v))` inserts, `write(k, None)` removes.

@@ -1,19 +1,24 @@
 //! The desired contents of every map in ABI form, derived from `Desired` (pure).
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use egress_common::{
     config::Config,
     policy::{
-        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
-        RuleValueV4, SelectedValue, action, egress_ip_flags,
+        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PodOwnerValue,
+        PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
+        SelectedValue, action, egress_ip_flags,
     },
 };
 
-use crate::desired::{Desired, PolicyAction};
+use crate::desired::{Desired, HeldIpV4, PolicyAction};
 
 /// An LPM key as (prefix length, data), ordered, so it can live in a `BTreeMap`.
 pub type LpmKeyV4 = (u32, PolicyKeyV4);
+pub type LpmKeyV6 = (u32, PolicyKeyV6);
 
 /// What every map should hold. Keys and values are the ABI types of `egress-common`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +29,11 @@ pub struct MapState {
     pub nodes: BTreeMap<[u8; 4], NodeValue>,
     pub pod_owner_v4: BTreeMap<[u8; 4], PodOwnerValue>,
     pub egress_ips_v4: BTreeMap<[u8; 4], EgressIpValue>,
+    pub policy_v6: BTreeMap<LpmKeyV6, PolicyValueV6>,
+    pub selected_v6: BTreeMap<[u8; 16], SelectedValue>,
+    pub rules_v6: BTreeMap<u32, RuleValueV6>,
+    pub pod_owner_v6: BTreeMap<[u8; 16], PodOwnerValue>,
+    pub egress_ips_v6: BTreeMap<[u8; 16], EgressIpValue>,
 }
 
 /// Something in the desired state that cannot be put in the maps yet.
@@ -50,6 +60,28 @@ fn octets(ip: Option<Ipv4Addr>) -> [u8; 4] {
     ip.map_or([0; 4], |ip| ip.octets())
 }
 
+fn octets_v6(ip: Option<Ipv6Addr>) -> [u8; 16] {
+    ip.map_or([0; 16], |ip| ip.octets())
+}
+
+fn action_code(a: PolicyAction) -> u8 {
+    match a {
+        PolicyAction::Forward => action::FORWARD,
+        PolicyAction::Exclude => action::EXCLUDE,
+        PolicyAction::NoGatewayDrop => action::NO_GATEWAY_DROP,
+        PolicyAction::NoGatewayPass => action::NO_GATEWAY_PASS,
+    }
+}
+
+fn egress_ip_value(held: &HeldIpV4, ifindex: u32) -> EgressIpValue {
+    let flags = if held.shared {
+        egress_ip_flags::SHARED
+    } else {
+        0
+    };
+    EgressIpValue { ifindex, flags }
+}
+
 impl MapState {
     /// Convert `desired`, resolving interface names with `ifindex`. Entries whose
     /// interface is missing are left out and reported.
@@ -64,12 +96,7 @@ impl MapState {
                 pod: pod.octets(),
                 dst: dst.network().octets(),
             };
-            let action = match e.action {
-                PolicyAction::Forward => action::FORWARD,
-                PolicyAction::Exclude => action::EXCLUDE,
-                PolicyAction::NoGatewayDrop => action::NO_GATEWAY_DROP,
-                PolicyAction::NoGatewayPass => action::NO_GATEWAY_PASS,
-            };
+            let action = action_code(e.action);
             s.policy_v4.insert(
                 (POD_PREFIX_BITS_V4 + u32::from(dst.prefix_len()), key),
                 PolicyValue {
@@ -116,13 +143,8 @@ impl MapState {
         for (ip, held) in &desired.egress_ips_v4 {
             match ifindex(&held.interface) {
                 Some(ifindex) => {
-                    let flags = if held.shared {
-                        egress_ip_flags::SHARED
-                    } else {
-                        0
-                    };
                     s.egress_ips_v4
-                        .insert(ip.octets(), EgressIpValue { ifindex, flags });
+                        .insert(ip.octets(), egress_ip_value(held, ifindex));
                 }
                 None => unresolved.push(Unresolved::MissingInterface {
                     what: format!("egress IP {ip}"),
@@ -130,11 +152,78 @@ impl MapState {
                 }),
             }
         }
+        s.add_v6(desired, &ifindex, &mut unresolved);
         (s, unresolved)
     }
 
+    /// The IPv6 maps (pods and egress IPs of IPv6; gateways and owners stay IPv4).
+    fn add_v6(
+        &mut self,
+        desired: &Desired,
+        ifindex: &impl Fn(&str) -> Option<u32>,
+        unresolved: &mut Vec<Unresolved>,
+    ) {
+        for ((pod, dst), e) in &desired.policy_v6 {
+            let key = PolicyKeyV6 {
+                pod: pod.octets(),
+                dst: dst.network().octets(),
+            };
+            self.policy_v6.insert(
+                (POD_PREFIX_BITS_V6 + u32::from(dst.prefix_len()), key),
+                PolicyValueV6 {
+                    gateway: octets(e.gateway),
+                    rule_id: e.rule_id,
+                    action: action_code(e.action),
+                    _pad: [0; 3],
+                    egress_ip: octets_v6(e.egress_ip),
+                },
+            );
+        }
+        for (pod, n) in &desired.selected_v6 {
+            self.selected_v6
+                .insert(pod.octets(), SelectedValue { entries: *n });
+        }
+        for (id, r) in &desired.rules_v6 {
+            match ifindex(&r.interface) {
+                Some(ifindex) => {
+                    self.rules_v6.insert(
+                        *id,
+                        RuleValueV6 {
+                            egress_ip: r.egress_ip.octets(),
+                            ifindex,
+                        },
+                    );
+                }
+                None => unresolved.push(Unresolved::MissingInterface {
+                    what: format!("rule {id} (egress IP {})", r.egress_ip),
+                    interface: r.interface.clone(),
+                }),
+            }
+        }
+        for (pod, node) in &desired.pod_owner_v6 {
+            self.pod_owner_v6.insert(
+                pod.octets(),
+                PodOwnerValue {
+                    node: node.octets(),
+                },
+            );
+        }
+        for (ip, held) in &desired.egress_ips_v6 {
+            match ifindex(&held.interface) {
+                Some(ifindex) => {
+                    self.egress_ips_v6
+                        .insert(ip.octets(), egress_ip_value(held, ifindex));
+                }
+                None => unresolved.push(Unresolved::MissingInterface {
+                    what: format!("egress IP {ip}"),
+                    interface: held.interface.clone(),
+                }),
+            }
+        }
+    }
+
     /// Number of entries per map, by map name.
-    pub fn sizes(&self) -> [(&'static str, usize); 6] {
+    pub fn sizes(&self) -> [(&'static str, usize); 11] {
         use egress_common::maps::*;
         [
             (POLICY_V4, self.policy_v4.len()),
@@ -143,6 +232,11 @@ impl MapState {
             (NODES, self.nodes.len()),
             (POD_OWNER_V4, self.pod_owner_v4.len()),
             (EGRESS_IPS_V4, self.egress_ips_v4.len()),
+            (POLICY_V6, self.policy_v6.len()),
+            (SELECTED_V6, self.selected_v6.len()),
+            (RULES_V6, self.rules_v6.len()),
+            (POD_OWNER_V6, self.pod_owner_v6.len()),
+            (EGRESS_IPS_V6, self.egress_ips_v6.len()),
         ]
     }
 }
@@ -218,5 +312,76 @@ mod tests {
         assert_eq!(s.egress_ips_v4[&[192, 0, 2, 50]].flags, 0);
         assert_eq!(unresolved.len(), 1);
         assert!(unresolved[0].to_string().contains("\"nope\""));
+        assert!(s.policy_v6.is_empty() && s.egress_ips_v6.is_empty());
+    }
+
+    #[test]
+    fn converts_ipv6_entries_with_the_ipv4_underlay_gateway() {
+        use crate::desired::{GatewayRuleV6, PolicyEntryV6};
+        let mut d = Desired::default();
+        let pod: Ipv6Addr = "fd00:244:1::5".parse().unwrap();
+        let egress: Ipv6Addr = "fd00:101::50".parse().unwrap();
+        d.policy_v6.insert(
+            (pod, "fd00:101::/64".parse().unwrap()),
+            PolicyEntryV6 {
+                action: PolicyAction::Forward,
+                gateway: Some("10.200.0.21".parse().unwrap()),
+                egress_ip: Some(egress),
+                rule_id: 9,
+            },
+        );
+        d.policy_v6.insert(
+            (pod, "fd00:101::/120".parse().unwrap()),
+            PolicyEntryV6 {
+                action: PolicyAction::Exclude,
+                gateway: None,
+                egress_ip: None,
+                rule_id: 9,
+            },
+        );
+        d.selected_v6.insert(pod, 2);
+        d.rules_v6.insert(
+            9,
+            GatewayRuleV6 {
+                egress_ip: egress,
+                interface: "sec-a".into(),
+            },
+        );
+        d.pod_owner_v6.insert(pod, "10.200.0.1".parse().unwrap());
+        d.egress_ips_v6.insert(
+            egress,
+            HeldIpV4 {
+                interface: "sec-a".into(),
+                prefix_len: 64,
+                shared: true,
+            },
+        );
+        let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
+        assert!(unresolved.is_empty());
+        let forward = s
+            .policy_v6
+            .iter()
+            .find(|((len, _), _)| *len == 128 + 64)
+            .unwrap();
+        assert_eq!(forward.0.1.pod, pod.octets());
+        assert_eq!(forward.1.gateway, [10, 200, 0, 21]);
+        assert_eq!(forward.1.egress_ip, egress.octets());
+        assert_eq!(forward.1.action, action::FORWARD);
+        let except = s
+            .policy_v6
+            .iter()
+            .find(|((len, _), _)| *len == 128 + 120)
+            .unwrap();
+        assert_eq!(except.1.action, action::EXCLUDE);
+        assert_eq!(except.1.egress_ip, [0; 16]);
+        assert_eq!(s.selected_v6[&pod.octets()].entries, 2);
+        assert_eq!(s.rules_v6[&9].ifindex, 4);
+        assert_eq!(s.rules_v6[&9].egress_ip, egress.octets());
+        assert_eq!(s.pod_owner_v6[&pod.octets()].node, [10, 200, 0, 1]);
+        assert_eq!(
+            s.egress_ips_v6[&egress.octets()].flags,
+            egress_ip_flags::SHARED
+        );
+        assert!(s.policy_v4.is_empty());
     }
 }
