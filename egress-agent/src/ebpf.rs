@@ -11,3 +11,7 @@ pub const FROM_SECONDARY: &str = "from_secondary";
 /// Global that makes `from_tunnel` read (sender, VNI) from `__sk_buff.cb[0..2]`:
 /// for `BPF_PROG_TEST_RUN` only, never set by the agent.
 pub const TEST_TUNNEL_FROM_CB: &str = "TEST_TUNNEL_FROM_CB";
+
+/// Default pin directory of an agent: one directory per agent, maps by name, links as
+/// `link-<program>@<ifname>@<ifindex>`.
+pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/egress";

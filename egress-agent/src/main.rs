@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use egress_agent::{agent, api, check, datapath};
+use egress_agent::{agent, api, check, datapath, ebpf};
 use egress_common::config::{DEFAULT_PORT_MAX, DEFAULT_PORT_MIN, DEFAULT_TUNNEL_PORT};
 
 #[derive(Parser)]
@@ -44,7 +44,7 @@ enum Command {
         #[arg(long, requires = "kube")]
         kubeconfig: Option<PathBuf>,
         /// Where this agent pins its maps and links (one directory per agent).
-        #[arg(long, default_value = "/sys/fs/bpf/egress")]
+        #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
         /// Name of the VXLAN device the agent owns.
         #[arg(long, default_value = "egress0")]
@@ -70,7 +70,7 @@ enum Command {
     },
     /// Print an agent's maps, conntrack and counters in human terms.
     Maps {
-        #[arg(long, default_value = "/sys/fs/bpf/egress")]
+        #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
     },
     /// Validate a state directory offline: one line per problem, non-zero exit if any.
@@ -82,7 +82,7 @@ enum Command {
     Crd,
     /// Detach everything an agent attached and remove its pinned maps.
     Cleanup {
-        #[arg(long, default_value = "/sys/fs/bpf/egress")]
+        #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
     },
 }
