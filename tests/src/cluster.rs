@@ -2,14 +2,14 @@
 //! reading which gateway holds an egress IP. Shared by the demo and the end-to-end tests.
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::lab::{Lab, LabSpec, Proto, Query, addr, locate_echo_bin};
+use crate::lab::{Family, Lab, LabSpec, Proto, Query, addr, addr6, locate_echo_bin};
 
 /// The `egress-agent` binary next to the running executable (or one directory up, for
 /// test binaries in `deps/`), or `$EGRESS_AGENT_BIN`.
@@ -31,15 +31,24 @@ pub fn agent_bin() -> Result<PathBuf> {
     )
 }
 
-/// Bring up a lab and one agent per node, and wait until both egress IPs are held and a
-/// selected pod gets through.
+/// Bring up a lab and one agent per node, and wait until the sample policy's egress IPs
+/// (of the lab's families) are held and a selected pod gets through with each.
 pub fn up_with_agents(spec: LabSpec) -> Result<Lab> {
+    let family = spec.family;
     let mut lab = Lab::up(spec)?;
     lab.start_agents(&agent_bin()?)?;
     wait_until(Duration::from_secs(20), || {
-        holder(&lab, addr::EGRESS_IP_A).is_some()
-            && holder(&lab, addr::EGRESS_IP_B).is_some()
-            && seen(&lab, "w1-p1", Proto::Tcp, addr::HOST_A) == Some(IpAddr::V4(addr::EGRESS_IP_A))
+        let v4 = !family.has_v4()
+            || holder(&lab, addr::EGRESS_IP_A).is_some()
+                && holder(&lab, addr::EGRESS_IP_B).is_some()
+                && seen(&lab, "w1-p1", Proto::Tcp, addr::HOST_A)
+                    == Some(IpAddr::V4(addr::EGRESS_IP_A));
+        let v6 = !family.has_v6()
+            || holder(&lab, addr6::EGRESS_IP_A).is_some()
+                && holder(&lab, addr6::EGRESS_IP_B).is_some()
+                && seen(&lab, "w1-p1", Proto::Tcp, addr6::HOST_A)
+                    == Some(IpAddr::V6(addr6::EGRESS_IP_A));
+        v4 && v6
     })
     .with_context(|| {
         format!(
@@ -55,11 +64,20 @@ pub fn default_spec() -> Result<LabSpec> {
     Ok(LabSpec::new(locate_echo_bin()?))
 }
 
+/// The default lab spec with pods of `family` (and the sample policy's rules for it).
+pub fn spec_for(family: Family) -> Result<LabSpec> {
+    let mut spec = default_spec()?;
+    spec.family = family;
+    Ok(spec)
+}
+
 /// Which gateway and interface hold `ip` (read from the gateways' interfaces that are up).
-pub fn holder(lab: &Lab, ip: Ipv4Addr) -> Option<(String, String)> {
+pub fn holder(lab: &Lab, ip: impl Into<IpAddr>) -> Option<(String, String)> {
+    let ip: IpAddr = ip.into();
+    let fam = if ip.is_ipv6() { "-6" } else { "-4" };
     for gw in ["gw1", "gw2"] {
         for ifc in ["sec-a", "sec-b"] {
-            if let Ok(o) = lab.exec(gw, "ip", &["-4", "-o", "addr", "show", "up", "dev", ifc])
+            if let Ok(o) = lab.exec(gw, "ip", &[fam, "-o", "addr", "show", "up", "dev", ifc])
                 && String::from_utf8_lossy(&o.stdout).contains(&format!(" {ip}/"))
             {
                 return Some((gw.to_owned(), ifc.to_owned()));
@@ -70,7 +88,7 @@ pub fn holder(lab: &Lab, ip: Ipv4Addr) -> Option<(String, String)> {
 }
 
 /// The source address `host` saw for a short query from `pod`, or `None` if it failed.
-pub fn seen(lab: &Lab, pod: &str, proto: Proto, host: Ipv4Addr) -> Option<IpAddr> {
+pub fn seen(lab: &Lab, pod: &str, proto: Proto, host: impl Into<IpAddr>) -> Option<IpAddr> {
     let q = Query::new(proto, host, addr::ECHO_PORT)
         .timeout(Duration::from_millis(700))
         .attempts(2);

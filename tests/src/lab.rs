@@ -23,11 +23,18 @@
 //! * `egress-echo serve` runs on every host at [`addr::ECHO_PORT`] (TCP and UDP).
 //! * The YAML state directory holds Namespaces, Nodes, Pods (`cluster.yaml`) and a sample
 //!   EgressGatewayPolicy (`policy.yaml`, rewritable with [`Lab::write_policy`]).
+//! * [`LabSpec::family`] `V6` or `Dual` adds IPv6 everywhere but the tunnel, which stays on
+//!   the IPv4 underlay: underlay `fd00:200::/64` (router `::1`, nodes `::<octet>`), networks
+//!   `fd00:10{1,2,3}::/64` (gateways `::11`/`::12`, hosts `::100`, router `fd00:103::1`),
+//!   pods `fd00:244:<node octet>::<n>/128` with a default route via `fe80::1` (an address of
+//!   the node's `cali-<pod>` veth), other nodes' `fd00:244:<octet>::/64` via the underlay.
+//!   Pods of `V6` have no IPv4 address; those of `Dual` have both, and `status.podIPs` lists
+//!   what they have. IPv6 addresses go without DAD (`accept_dad=0`, `nodad`).
 
 use std::{
     collections::BTreeMap,
     fmt,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::Output,
     str::FromStr,
@@ -78,6 +85,56 @@ pub mod addr {
     pub const GW1_P1: Ipv4Addr = Ipv4Addr::new(10, 244, 21, 11);
 }
 
+/// The IPv6 addresses of the lab (family `V6` or `Dual`), by name.
+pub mod addr6 {
+    use std::net::Ipv6Addr;
+
+    const fn a(s: [u16; 8]) -> Ipv6Addr {
+        Ipv6Addr::new(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7])
+    }
+
+    pub const UNDERLAY: &str = "fd00:200::/64";
+    pub const ROUTER: Ipv6Addr = a([0xfd00, 0x200, 0, 0, 0, 0, 0, 0x1]);
+    pub const NET_A: &str = "fd00:101::/64";
+    pub const NET_B: &str = "fd00:102::/64";
+    pub const NET_C: &str = "fd00:103::/64";
+    pub const GW1_SEC_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x11]);
+    pub const GW2_SEC_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x12]);
+    pub const GW1_SEC_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x11]);
+    pub const GW2_SEC_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x12]);
+    pub const ROUTER_NET_C: Ipv6Addr = a([0xfd00, 0x103, 0, 0, 0, 0, 0, 0x1]);
+    pub const HOST_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x100]);
+    pub const HOST_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x100]);
+    pub const HOST_C: Ipv6Addr = a([0xfd00, 0x103, 0, 0, 0, 0, 0, 0x100]);
+    /// The sample policy's IPv6 egress IPs.
+    pub const EGRESS_IP_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x50]);
+    pub const EGRESS_IP_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x50]);
+    /// Pods' default gateway: a link-local address of every node-side pod veth.
+    pub const POD_GATEWAY: Ipv6Addr = a([0xfe80, 0, 0, 0, 0, 0, 0, 0x1]);
+}
+
+/// Address families of the lab's pods (the infrastructure is dual stack unless `V4`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// IPv4 only: the lab as it always was.
+    #[default]
+    V4,
+    /// IPv6-only pods (the tunnel stays on the IPv4 underlay).
+    V6,
+    /// Dual-stack pods: one address of each family.
+    Dual,
+}
+
+impl Family {
+    pub fn has_v4(self) -> bool {
+        self != Self::V6
+    }
+
+    pub fn has_v6(self) -> bool {
+        self != Self::V4
+    }
+}
+
 /// Name of the policy file in the state directory.
 pub const POLICY_FILE: &str = "policy.yaml";
 /// Name of the Namespaces/Nodes/Pods file in the state directory.
@@ -101,6 +158,22 @@ impl Node {
     pub fn pod_cidr(&self) -> String {
         format!("10.244.{}.0/24", self.ip.octets()[3])
     }
+
+    /// `fd00:244:<last octet of the underlay address>::/64`.
+    pub fn pod_cidr_v6(&self) -> String {
+        format!("fd00:244:{}::/64", self.ip.octets()[3])
+    }
+
+    /// Underlay IPv6 address (families `V6`, `Dual`): `fd00:200::<last octet>`.
+    pub fn ip6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, hex_like(self.ip.octets()[3]))
+    }
+}
+
+/// `11` -> `0x11`: IPv6 addresses that read like their IPv4 counterparts.
+const fn hex_like(n: u8) -> u16 {
+    let n = n as u16;
+    (n / 100) * 0x100 + ((n / 10) % 10) * 0x10 + n % 10
 }
 
 /// The four nodes: two workers, two gateways.
@@ -134,6 +207,9 @@ pub struct Network {
     pub id: char,
     pub cidr: &'static str,
     pub host: Ipv4Addr,
+    /// IPv6 subnet and host address (families `V6`, `Dual`).
+    pub cidr_v6: &'static str,
+    pub host_v6: Ipv6Addr,
     /// Reached only through the gateways (A, B), or through the router (C).
     pub secondary: bool,
 }
@@ -143,18 +219,24 @@ pub const NETWORKS: [Network; 3] = [
         id: 'a',
         cidr: addr::NET_A,
         host: addr::HOST_A,
+        cidr_v6: addr6::NET_A,
+        host_v6: addr6::HOST_A,
         secondary: true,
     },
     Network {
         id: 'b',
         cidr: addr::NET_B,
         host: addr::HOST_B,
+        cidr_v6: addr6::NET_B,
+        host_v6: addr6::HOST_B,
         secondary: true,
     },
     Network {
         id: 'c',
         cidr: addr::NET_C,
         host: addr::HOST_C,
+        cidr_v6: addr6::NET_C,
+        host_v6: addr6::HOST_C,
         secondary: false,
     },
 ];
@@ -198,6 +280,21 @@ pub struct Pod {
     pub ip: Ipv4Addr,
     /// Name of the node-side veth.
     pub veth: String,
+    /// `fd00:244:<node octet>::<last octet of ip>` (families `V6`, `Dual`, else `None`).
+    /// With `V6`, `ip` is only the pod's number: the pod has no IPv4 address.
+    pub ipv6: Option<Ipv6Addr>,
+}
+
+impl Pod {
+    /// The addresses the pod has, IPv4 first (its `status.podIPs`).
+    pub fn addresses(&self, family: Family) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        if family.has_v4() {
+            out.push(IpAddr::V4(self.ip));
+        }
+        out.extend(self.ipv6.map(IpAddr::V6));
+        out
+    }
 }
 
 /// What to build.
@@ -215,6 +312,8 @@ pub struct LabSpec {
     pub sample_policy: bool,
     /// `RUST_LOG` for the agents.
     pub agent_log: String,
+    /// Pod address families (IPv4 by default).
+    pub family: Family,
 }
 
 impl LabSpec {
@@ -240,6 +339,7 @@ impl LabSpec {
             prefix: None,
             sample_policy: true,
             agent_log: "info".to_owned(),
+            family: Family::V4,
         }
     }
 
@@ -453,7 +553,8 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(self.state_dir())
             .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
-        self.pods = assign_pod_ips(&self.spec.pods)?;
+        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family)?;
+        let v6 = self.spec.family.has_v6();
 
         // Namespaces first, with rp_filter off before any interface exists (new namespaces
         // may inherit the host's rp_filter).
@@ -473,8 +574,20 @@ impl Lab {
                 ("net.ipv4.conf.all.rp_filter", "0"),
                 ("net.ipv4.conf.default.rp_filter", "0"),
             ];
-            if m == "rtr" || NODES.iter().any(|n| n.name == m) {
+            let router = m == "rtr" || NODES.iter().any(|n| n.name == m);
+            if router {
                 kv.push(("net.ipv4.ip_forward", "1"));
+            }
+            if v6 {
+                kv.extend([
+                    ("net.ipv6.conf.all.disable_ipv6", "0"),
+                    ("net.ipv6.conf.default.disable_ipv6", "0"),
+                    ("net.ipv6.conf.all.accept_dad", "0"),
+                    ("net.ipv6.conf.default.accept_dad", "0"),
+                ]);
+                if router {
+                    kv.push(("net.ipv6.conf.all.forwarding", "1"));
+                }
             }
             ns.sysctls(&kv)?;
         }
@@ -500,6 +613,17 @@ impl Lab {
             for other in NODES.iter().filter(|o| o.name != node.name) {
                 cmds.push(format!("route add {} via {}", other.pod_cidr(), other.ip));
             }
+            if v6 {
+                cmds.push(format!("addr add {}/64 dev eth0 nodad", node.ip6()));
+                cmds.push(format!("route add ::/0 via {}", addr6::ROUTER));
+                for other in NODES.iter().filter(|o| o.name != node.name) {
+                    cmds.push(format!(
+                        "route add {} via {}",
+                        other.pod_cidr_v6(),
+                        other.ip6()
+                    ));
+                }
+            }
             self.ns(node.name)?.ip_batch(&cmds)?;
             ul_ports.push(node.name.to_owned());
         }
@@ -515,6 +639,20 @@ impl Lab {
         for node in &NODES {
             rtr.push(format!("route add {} via {}", node.pod_cidr(), node.ip));
         }
+        if v6 {
+            rtr.push(format!("addr add {}/64 dev eth0 nodad", addr6::ROUTER));
+            rtr.push(format!(
+                "addr add {}/64 dev net-c nodad",
+                addr6::ROUTER_NET_C
+            ));
+            for node in &NODES {
+                rtr.push(format!(
+                    "route add {} via {}",
+                    node.pod_cidr_v6(),
+                    node.ip6()
+                ));
+            }
+        }
         self.ns("rtr")?.ip_batch(&rtr)?;
         ul_ports.push("rtr".to_owned());
         let ul_cmds: Vec<String> = ul_ports
@@ -526,18 +664,33 @@ impl Lab {
             .ip_batch(&["link set rtr master br0 up"])?;
 
         // Secondary networks: only the gateways have a leg on them.
-        for (gw, a, b) in [
-            ("gw1", addr::GW1_SEC_A, addr::GW1_SEC_B),
-            ("gw2", addr::GW2_SEC_A, addr::GW2_SEC_B),
+        for (gw, a, b, a6, b6) in [
+            (
+                "gw1",
+                addr::GW1_SEC_A,
+                addr::GW1_SEC_B,
+                addr6::GW1_SEC_A,
+                addr6::GW1_SEC_B,
+            ),
+            (
+                "gw2",
+                addr::GW2_SEC_A,
+                addr::GW2_SEC_B,
+                addr6::GW2_SEC_A,
+                addr6::GW2_SEC_B,
+            ),
         ] {
             let mut cmds = Vec::new();
-            for (id, ip) in [('a', a), ('b', b)] {
+            for (id, ip, ip6) in [('a', a, a6), ('b', b, b6)] {
                 let bridge_ns = self.ns_name(&format!("net-{id}"));
                 cmds.extend([
                     format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}"),
                     format!("addr add {ip}/24 dev sec-{id}"),
                     format!("link set sec-{id} up"),
                 ]);
+                if v6 {
+                    cmds.push(format!("addr add {ip6}/64 dev sec-{id} nodad"));
+                }
             }
             self.ns(gw)?.ip_batch(&cmds)?;
             for id in ['a', 'b'] {
@@ -558,45 +711,82 @@ impl Lab {
             if !net.secondary {
                 cmds.push(format!("route add default via {}", addr::ROUTER_NET_C));
             }
+            if v6 {
+                cmds.push(format!("addr add {}/64 dev eth0 nodad", net.host_v6));
+                if !net.secondary {
+                    cmds.push(format!("route add ::/0 via {}", addr6::ROUTER_NET_C));
+                }
+            }
             self.ns(&host)?.ip_batch(&cmds)?;
             self.ns(&format!("net-{}", net.id))?
                 .ip_batch(&[format!("link set {host} master br0 up")])?;
         }
 
         // Pods, Calico style.
+        let v4 = self.spec.family.has_v4();
         for pod in self.pods.clone() {
             let node_ns = self.ns_name(&pod.node);
-            self.ns(&pod.name)?.ip_batch(&[
-                format!(
-                    "link add eth0 type veth peer name {} netns {node_ns}",
-                    pod.veth
-                ),
-                format!("addr add {}/32 dev eth0", pod.ip),
-                "link set eth0 up".to_owned(),
-                format!("route add {} dev eth0 scope link", addr::POD_GATEWAY),
-                format!("route add default via {} dev eth0", addr::POD_GATEWAY),
-            ])?;
+            let mut cmds = vec![format!(
+                "link add eth0 type veth peer name {} netns {node_ns}",
+                pod.veth
+            )];
+            if v4 {
+                cmds.push(format!("addr add {}/32 dev eth0", pod.ip));
+            }
+            if let Some(ip6) = pod.ipv6 {
+                cmds.push(format!("addr add {ip6}/128 dev eth0 nodad"));
+            }
+            cmds.push("link set eth0 up".to_owned());
+            if v4 {
+                cmds.push(format!(
+                    "route add {} dev eth0 scope link",
+                    addr::POD_GATEWAY
+                ));
+                cmds.push(format!(
+                    "route add default via {} dev eth0",
+                    addr::POD_GATEWAY
+                ));
+            }
+            if pod.ipv6.is_some() {
+                cmds.push(format!(
+                    "route add ::/0 via {} dev eth0",
+                    addr6::POD_GATEWAY
+                ));
+            }
+            self.ns(&pod.name)?.ip_batch(&cmds)?;
             let node = self.ns(&pod.node)?;
             node.sysctls(&[
                 (&format!("net.ipv4.conf.{}.proxy_arp", pod.veth), "1"),
                 (&format!("net.ipv4.neigh.{}.proxy_delay", pod.veth), "0"),
                 (&format!("net.ipv4.conf.{}.rp_filter", pod.veth), "0"),
             ])?;
-            node.ip_batch(&[
-                format!("link set {} up", pod.veth),
-                format!("route add {}/32 dev {}", pod.ip, pod.veth),
-            ])?;
+            let mut cmds = vec![format!("link set {} up", pod.veth)];
+            if v4 {
+                cmds.push(format!("route add {}/32 dev {}", pod.ip, pod.veth));
+            }
+            if let Some(ip6) = pod.ipv6 {
+                cmds.push(format!(
+                    "addr add {}/64 dev {} nodad",
+                    addr6::POD_GATEWAY,
+                    pod.veth
+                ));
+                cmds.push(format!("route add {ip6}/128 dev {}", pod.veth));
+            }
+            node.ip_batch(&cmds)?;
         }
 
         self.write_cluster()?;
         if self.spec.sample_policy {
-            self.write_policy(&sample_policy())?;
+            self.write_policy(&sample_policy_for(self.spec.family))?;
         }
         self.start_servers()
     }
 
     fn start_servers(&mut self) -> Result<()> {
         let port = addr::ECHO_PORT.to_string();
+        // One server on 0.0.0.0 and, with IPv6, one on the host's IPv6 address (a socket on
+        // [::] would also take IPv4 and report it as ::ffff:a.b.c.d).
+        let mut logs = Vec::new();
         for net in NETWORKS {
             let host = format!("host-{}", net.id);
             let log = self.dir.join(format!("{host}.log"));
@@ -606,23 +796,34 @@ impl Lab {
                 &log,
             )?;
             self.servers.push(child);
+            logs.push((net.id, log));
+            if self.spec.family.has_v6() {
+                let log = self.dir.join(format!("{host}-v6.log"));
+                let bind = net.host_v6.to_string();
+                let child = self.ns(&host)?.spawn(
+                    &self.spec.echo_bin,
+                    &["serve", "--bind", &bind, "--tcp", &port, "--udp", &port],
+                    &log,
+                )?;
+                self.servers.push(child);
+                logs.push((net.id, log));
+            }
         }
         // Each server prints one "ready" line once both sockets are bound.
         let deadline = Instant::now() + Duration::from_secs(5);
-        for (i, net) in NETWORKS.iter().enumerate() {
-            let log = self.dir.join(format!("host-{}.log", net.id));
+        for (i, (id, log)) in logs.iter().enumerate() {
             loop {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let text = std::fs::read_to_string(log).unwrap_or_default();
                 if text.lines().any(|l| l.starts_with("ready ")) {
                     break;
                 }
                 if let Some(server) = self.servers.get_mut(i)
                     && let Some(status) = server.try_wait()?
                 {
-                    bail!("egress-echo on host-{} exited ({status}): {text}", net.id);
+                    bail!("egress-echo on host-{id} exited ({status}): {text}");
                 }
                 if Instant::now() > deadline {
-                    bail!("egress-echo on host-{} not ready after 5 s: {text}", net.id);
+                    bail!("egress-echo on host-{id} not ready after 5 s: {text}");
                 }
                 thread::sleep(Duration::from_millis(10));
             }
@@ -636,6 +837,11 @@ impl Lab {
     /// The lab's unique prefix, e.g. `eg4270`.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The pods' address families.
+    pub fn family(&self) -> Family {
+        self.spec.family
     }
 
     /// The namespace name of a member: `<prefix>-<member>`.
@@ -824,6 +1030,11 @@ impl Lab {
                 .find(|n| n.name == pod.node)
                 .map(|n| n.ip.to_string())
                 .unwrap_or_default();
+            let pod_ips: Vec<String> = pod
+                .addresses(self.spec.family)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
             docs.push(json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -835,8 +1046,8 @@ impl Lab {
                 "status": {
                     "phase": "Running",
                     "hostIP": host_ip,
-                    "podIP": pod.ip.to_string(),
-                    "podIPs": [{"ip": pod.ip.to_string()}],
+                    "podIP": pod_ips.first().cloned().unwrap_or_default(),
+                    "podIPs": pod_ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
                     "conditions": [{"type": "Ready", "status": "True"}],
                 },
             }));
@@ -1056,6 +1267,30 @@ impl Drop for Lab {
 /// The sample policy: pods app=api in namespaces team=payments, gateways
 /// egress.dev/gateway=true; A via 192.168.101.50, B via 192.168.102.50.
 pub fn sample_policy() -> String {
+    sample_policy_for(Family::V4)
+}
+
+/// The sample policy for a family: IPv4 rules (A via 192.168.101.50, B via
+/// 192.168.102.50), IPv6 rules (fd00:101::/64 via fd00:101::50, fd00:102::/64 via
+/// fd00:102::50), or both in one policy.
+pub fn sample_policy_for(family: Family) -> String {
+    let mut rules = Vec::new();
+    if family.has_v4() {
+        rules.push(
+            json!({"destinations": [addr::NET_A], "egressIP": addr::EGRESS_IP_A.to_string()}),
+        );
+        rules.push(
+            json!({"destinations": [addr::NET_B], "egressIP": addr::EGRESS_IP_B.to_string()}),
+        );
+    }
+    if family.has_v6() {
+        rules.push(
+            json!({"destinations": [addr6::NET_A], "egressIP": addr6::EGRESS_IP_A.to_string()}),
+        );
+        rules.push(
+            json!({"destinations": [addr6::NET_B], "egressIP": addr6::EGRESS_IP_B.to_string()}),
+        );
+    }
     to_yaml_doc(&json!({
         "apiVersion": "egress.dev/v1alpha1",
         "kind": "EgressGatewayPolicy",
@@ -1065,10 +1300,7 @@ pub fn sample_policy() -> String {
             "podSelector": {"matchLabels": {"app": "api"}},
             "gatewaySelector": {"matchLabels": {GATEWAY_LABEL: "true"}},
             "failurePolicy": "Drop",
-            "rules": [
-                {"destinations": [addr::NET_A], "egressIP": addr::EGRESS_IP_A.to_string()},
-                {"destinations": [addr::NET_B], "egressIP": addr::EGRESS_IP_B.to_string()},
-            ],
+            "rules": rules,
         },
     }))
 }
@@ -1114,7 +1346,7 @@ fn validate(spec: &LabSpec) -> Result<()> {
     Ok(())
 }
 
-fn assign_pod_ips(specs: &[PodSpec]) -> Result<Vec<Pod>> {
+fn assign_pod_ips(specs: &[PodSpec], family: Family) -> Result<Vec<Pod>> {
     let mut used: std::collections::BTreeSet<Ipv4Addr> =
         specs.iter().filter_map(|p| p.ip).collect();
     let mut pods = Vec::new();
@@ -1142,6 +1374,10 @@ fn assign_pod_ips(specs: &[PodSpec]) -> Result<Vec<Pod>> {
             labels: spec.labels.clone(),
             ip,
             veth: format!("cali-{}", spec.name),
+            ipv6: family.has_v6().then(|| {
+                let [_, _, node, n] = ip.octets();
+                Ipv6Addr::new(0xfd00, 0x244, hex_like(node), 0, 0, 0, 0, hex_like(n))
+            }),
         });
     }
     Ok(pods)
@@ -1316,7 +1552,7 @@ mod tests {
     fn default_pod_ips_are_fixed_and_free_ones_assigned() {
         let mut specs = LabSpec::default_pods();
         specs.push(PodSpec::new("w1-p3", PAYMENTS, "w1", &[]));
-        let pods = assign_pod_ips(&specs).unwrap();
+        let pods = assign_pod_ips(&specs, Family::V4).unwrap();
         assert_eq!(pods[0].ip, addr::W1_P1);
         assert_eq!(pods[5].ip, Ipv4Addr::new(10, 244, 11, 13));
         assert_eq!(pods[5].veth, "cali-w1-p3");

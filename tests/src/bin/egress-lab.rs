@@ -1,5 +1,6 @@
 //! `cargo xtask lab`: bring up the lab, run one agent per node, show per-destination
 //! egress as a table, show a gateway's maps, tear down. Exits non-zero if a row fails.
+//! `--ipv6`: IPv6-only pods (the table's IPv6 rows); `--dual-stack`: both families' rows.
 
 use std::{
     net::IpAddr,
@@ -11,24 +12,62 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use egress_tests::{
     cluster,
-    lab::{self, Lab, LabSpec, Proto, Query, addr},
+    lab::{self, Family, Lab, LabSpec, Proto, Query, addr, addr6},
     netns,
 };
 
 struct Row {
     pod: &'static str,
     proto: Proto,
-    host: (&'static str, std::net::Ipv4Addr),
+    host: (&'static str, IpAddr),
     /// `None`: the destination must be unreachable for this pod.
     expect: Option<IpAddr>,
     why: &'static str,
 }
 
-fn rows() -> Vec<Row> {
+/// The table for the lab's families: the IPv4 rows, and the same rows over IPv6.
+fn rows(lab: &Lab) -> Vec<Row> {
+    let family = lab.family();
+    let mut out = Vec::new();
+    if family.has_v4() {
+        out.extend(rows_v4());
+    }
+    if family.has_v6() {
+        // Each IPv4 address of a row -> its IPv6 counterpart in the lab.
+        let to_v6 = |ip: IpAddr| -> IpAddr {
+            let pairs = [
+                (addr::HOST_A, addr6::HOST_A),
+                (addr::HOST_B, addr6::HOST_B),
+                (addr::HOST_C, addr6::HOST_C),
+                (addr::EGRESS_IP_A, addr6::EGRESS_IP_A),
+                (addr::EGRESS_IP_B, addr6::EGRESS_IP_B),
+            ];
+            let v6 = pairs
+                .iter()
+                .find(|(a, _)| IpAddr::V4(*a) == ip)
+                .map(|(_, b)| *b)
+                .or_else(|| {
+                    lab.pods()
+                        .iter()
+                        .find(|p| IpAddr::V4(p.ip) == ip)
+                        .and_then(|p| p.ipv6)
+                });
+            v6.map_or(ip, IpAddr::V6)
+        };
+        out.extend(rows_v4().into_iter().map(|r| Row {
+            host: (r.host.0, to_v6(r.host.1)),
+            expect: r.expect.map(to_v6),
+            ..r
+        }));
+    }
+    out
+}
+
+fn rows_v4() -> Vec<Row> {
     use addr::*;
-    let a = ("host-a", HOST_A);
-    let b = ("host-b", HOST_B);
-    let c = ("host-c", HOST_C);
+    let a = ("host-a", IpAddr::V4(HOST_A));
+    let b = ("host-b", IpAddr::V4(HOST_B));
+    let c = ("host-c", IpAddr::V4(HOST_C));
     let ea = Some(IpAddr::V4(EGRESS_IP_A));
     let eb = Some(IpAddr::V4(EGRESS_IP_B));
     vec![
@@ -142,9 +181,12 @@ fn real_main() -> Result<bool> {
         println!("lab {prefix} removed");
         return Ok(true);
     }
-    if arg("--ipv6") || arg("--dual-stack") {
-        bail!("--ipv6 and --dual-stack labs are not implemented yet (IPv4 only)");
-    }
+    let family = match (arg("--ipv6"), arg("--dual-stack")) {
+        (false, false) => Family::V4,
+        (true, false) => Family::V6,
+        (false, true) => Family::Dual,
+        (true, true) => bail!("--ipv6 and --dual-stack exclude each other"),
+    };
     let keep = arg("--keep");
     netns::install_signal_teardown()?;
     let bin_dir = std::env::current_exe()?
@@ -160,17 +202,29 @@ fn real_main() -> Result<bool> {
     }
     let echo = lab::locate_echo_bin()?;
     let t0 = Instant::now();
-    let mut lab = Lab::up(LabSpec::new(echo))?;
+    let mut spec = LabSpec::new(echo);
+    spec.family = family;
+    let mut lab = Lab::up(spec)?;
     println!(
-        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, C routed",
+        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, C routed; pods {}",
         lab.prefix(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        match family {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6 (over the IPv4 underlay)",
+            Family::Dual => "dual stack (over the IPv4 underlay)",
+        }
     );
     lab.start_agents(&agent)?;
+    let probe = if family.has_v4() {
+        (IpAddr::V4(addr::HOST_A), IpAddr::V4(addr::EGRESS_IP_A))
+    } else {
+        (IpAddr::V6(addr6::HOST_A), IpAddr::V6(addr6::EGRESS_IP_A))
+    };
+    let want_holders = if family == Family::Dual { 4 } else { 2 };
     let ready = cluster::wait_until(Duration::from_secs(30), || {
-        holders(&lab).len() == 2
-            && cluster::seen(&lab, "w1-p1", Proto::Tcp, addr::HOST_A)
-                == Some(IpAddr::V4(addr::EGRESS_IP_A))
+        holders(&lab).len() == want_holders
+            && cluster::seen(&lab, "w1-p1", Proto::Tcp, probe.0) == Some(probe.1)
     });
     match ready {
         Ok(_) => println!(
@@ -182,13 +236,13 @@ fn real_main() -> Result<bool> {
     println!(
         "policy {}:\n{}",
         lab::POLICY_FILE,
-        indent(&lab::sample_policy())
+        indent(&lab::sample_policy_for(family))
     );
 
     let holders = holders(&lab);
     let mut ok_all = true;
     println!(
-        "{:<7} {:<4} {:<22} {:<16} {:<16} {:<8} {:<10} {:<3}  why",
+        "{:<7} {:<4} {:<30} {:<16} {:<16} {:<8} {:<10} {:<3}  why",
         "pod",
         "",
         "destination",
@@ -198,7 +252,7 @@ fn real_main() -> Result<bool> {
         "interface",
         "ok",
     );
-    for r in rows() {
+    for r in rows(&lab) {
         let q = Query::new(r.proto, r.host.1, addr::ECHO_PORT).timeout(Duration::from_millis(1500));
         let seen = lab.query_with(r.pod, &q);
         let observed = match &seen {
@@ -215,10 +269,14 @@ fn real_main() -> Result<bool> {
                 (h.1.clone(), h.2.clone())
             });
         println!(
-            "{:<7} {:<4} {:<22} {:<16} {:<16} {:<8} {:<10} {:<3}  {}",
+            "{:<7} {:<4} {:<30} {:<16} {:<16} {:<8} {:<10} {:<3}  {}",
             r.pod,
             r.proto.to_string(),
-            format!("{} {}:{}", r.host.0, r.host.1, addr::ECHO_PORT),
+            format!(
+                "{} {}",
+                r.host.0,
+                std::net::SocketAddr::new(r.host.1, addr::ECHO_PORT)
+            ),
             expected,
             observed,
             gw,
@@ -272,11 +330,17 @@ fn real_main() -> Result<bool> {
     Ok(ok_all)
 }
 
-/// Which gateway and interface hold each egress IP.
+/// Which gateway and interface hold each egress IP of the lab's families.
 fn holders(lab: &Lab) -> Vec<(IpAddr, String, String)> {
-    [addr::EGRESS_IP_A, addr::EGRESS_IP_B]
-        .into_iter()
-        .filter_map(|ip| cluster::holder(lab, ip).map(|(gw, ifc)| (IpAddr::V4(ip), gw, ifc)))
+    let mut ips = Vec::new();
+    if lab.family().has_v4() {
+        ips.extend([addr::EGRESS_IP_A, addr::EGRESS_IP_B].map(IpAddr::V4));
+    }
+    if lab.family().has_v6() {
+        ips.extend([addr6::EGRESS_IP_A, addr6::EGRESS_IP_B].map(IpAddr::V6));
+    }
+    ips.into_iter()
+        .filter_map(|ip| cluster::holder(lab, ip).map(|(gw, ifc)| (ip, gw, ifc)))
         .collect()
 }
 
