@@ -1,22 +1,309 @@
 //! Lab sections of the report: throughput, new flows per second and control-plane
-//! numbers, ours next to the kernel baseline (issue 7). Each section is a function of a
-//! running [`Lab`] (`None`: no lab in this run); until the measurements are written,
-//! every row says [`NOT_MEASURED`].
+//! numbers, ours next to the kernel baseline (issue 7), all measured in one run of one
+//! lab ([`run`]), then formatted by [`throughput`], [`new_flows`] and [`control_plane`]
+//! (`None`: no lab in this run, every row says [`NOT_MEASURED`]).
 //!
 //! The baseline (what OVN-Kubernetes does for EgressIP on secondary host networks):
 //! traffic steered to the gateway node, one `ip rule from <pod IP> lookup <table>` per
-//! served pod on the gateway, SNAT by an nftables map keyed by (source, output interface).
+//! served pod on the gateway, SNAT by an nftables map keyed by (source, output interface);
+//! see [`baseline`].
+//!
+//! Order of one run: lab and agents up; ours at 1 served pod (TCP, UDP, new flows, per
+//! round); change-to-map latency; the 10k-pod state file and its apply; ours at 10k;
+//! agent memory; the compiler in process; agents stopped and their pins removed (checked:
+//! no TC program of ours left in any node); the baseline at 1, then at 10k served pods.
 
-use anyhow::Result;
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Plan,
+    Plan, Spread,
     report::{NOT_MEASURED, Table, thousands},
 };
-use crate::lab::Lab;
+use crate::{
+    cluster::{self, holder, seen, wait_until},
+    lab::{Lab, Proto, addr, locate_echo_bin},
+};
+
+pub mod baseline;
+pub mod control;
+pub mod traffic;
 
 /// Served-pod counts the throughput and new-flow sections compare.
 pub const SERVED_PODS: [u32; 2] = [1, 10_000];
+
+/// Whose datapath carried the traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Side {
+    Ours,
+    Baseline,
+}
+
+/// Durations and repetitions of the lab sections.
+#[derive(Clone, Copy, Debug)]
+pub struct LabPlan {
+    /// Rounds of (TCP, UDP, new flows) per side and served-pod count.
+    pub rounds: usize,
+    /// Seconds per iperf3 run.
+    pub iperf_secs: u32,
+    /// Seconds per new-flow run.
+    pub flood_secs: f64,
+    /// Client threads of a new-flow run.
+    pub flood_parallel: u32,
+    /// Policy edits timed for the change-to-map latency.
+    pub edits: usize,
+    /// In-process compiles per node.
+    pub compiles: usize,
+}
+
+impl LabPlan {
+    pub fn of(plan: &Plan) -> Self {
+        if plan.quick {
+            Self {
+                rounds: 2,
+                iperf_secs: 2,
+                flood_secs: 1.5,
+                flood_parallel: 2,
+                edits: 15,
+                compiles: 3,
+            }
+        } else {
+            Self {
+                rounds: 3,
+                iperf_secs: 4,
+                flood_secs: 3.0,
+                flood_parallel: 2,
+                edits: 40,
+                compiles: 5,
+            }
+        }
+    }
+}
+
+/// Everything one lab run measured.
+#[derive(Debug, Default)]
+pub struct LabRun {
+    pub plan: Option<LabPlan>,
+    pub tcp_gbps: BTreeMap<(Side, u32), Vec<f64>>,
+    pub udp_pps: BTreeMap<(Side, u32), Vec<f64>>,
+    pub udp_sent_pps: BTreeMap<(Side, u32), Vec<f64>>,
+    pub flows: BTreeMap<(Side, u32), Vec<f64>>,
+    pub flow_failures: BTreeMap<(Side, u32), u64>,
+    pub latency_ms: Vec<f64>,
+    pub apply: Option<control::Apply>,
+    /// In-process compile at 10k pods x 10 prefixes: ms for w2, ms for gw1, w2's entries.
+    pub compile: Option<(Vec<f64>, Vec<f64>, usize)>,
+    /// (node, VmHWM KiB, VmRSS KiB) at 1 served pod and after the 10k-pod state.
+    pub memory_1: Vec<(String, u64, u64)>,
+    pub memory_10k: Vec<(String, u64, u64)>,
+    /// Facts of the setup worth printing (holder, rule counts, detach check).
+    pub facts: Vec<String>,
+    /// Steps that failed; their rows say not measured.
+    pub errors: Vec<String>,
+    pub took: Duration,
+}
+
+impl LabRun {
+    fn step<T>(&mut self, what: &str, f: impl FnOnce(&mut Self) -> Result<T>) -> Option<T> {
+        let t = Instant::now();
+        eprintln!("egress-bench: lab: {what}");
+        match f(self) {
+            Ok(v) => {
+                eprintln!(
+                    "egress-bench: lab: {what}: ok ({:.1} s)",
+                    t.elapsed().as_secs_f64()
+                );
+                Some(v)
+            }
+            Err(e) => {
+                eprintln!("egress-bench: lab: {what}: FAILED: {e:#}");
+                self.errors.push(format!("{what}: {e:#}"));
+                None
+            }
+        }
+    }
+}
+
+/// Run every lab measurement on one fresh lab (torn down at the end).
+pub fn run(plan: &Plan) -> Result<LabRun> {
+    let lp = LabPlan::of(plan);
+    let start = Instant::now();
+    let mut r = LabRun {
+        plan: Some(lp),
+        ..LabRun::default()
+    };
+    let echo = locate_echo_bin()?;
+    let echo = echo.to_string_lossy().into_owned();
+    let mut lab = cluster::up_with_agents(cluster::default_spec()?)
+        .context("failed to bring up the lab with agents")?;
+    let iperf_log = lab.dir().join("iperf3-host-a.log");
+    let iperf_server = lab.ns("host-a")?.spawn(
+        "iperf3",
+        &["-s", "-p", &traffic::IPERF_PORT.to_string()],
+        &iperf_log,
+    )?;
+    // Sequential short connections from one pod: more source ports than the default.
+    lab.ns("w1-p1")?
+        .sysctl("net.ipv4.ip_local_port_range", "10000 65000")?;
+    thread::sleep(Duration::from_millis(300));
+    let h = holder(&lab, addr::EGRESS_IP_A);
+    r.facts.push(format!(
+        "Ours: {} holds {} ({}); w1-p1's packets to host-a are tunneled (VXLAN) from w1 \
+         to it and SNATed there.",
+        h.as_ref().map_or("nobody", |h| h.0.as_str()),
+        addr::EGRESS_IP_A,
+        h.as_ref().map_or("-", |h| h.1.as_str()),
+    ));
+
+    measure(&mut r, &lab, &echo, Side::Ours, 1, &lp);
+    r.step("change-to-map latency", |r| {
+        r.latency_ms = control::change_latency(&lab, lp.edits)?;
+        Ok(())
+    });
+    r.memory_1 = control::agent_memory(&lab).unwrap_or_default();
+    let pods = SERVED_PODS[1];
+    let applied = r
+        .step("apply of the 10k-pod state", |r| {
+            r.apply = Some(control::apply_pods(&lab, pods)?);
+            converged(&lab, addr::EGRESS_IP_A)
+        })
+        .is_some();
+    if applied {
+        measure(&mut r, &lab, &echo, Side::Ours, pods, &lp);
+    }
+    r.memory_10k = control::agent_memory(&lab).unwrap_or_default();
+    r.step("compile 10k pods x 10 prefixes in process", |r| {
+        r.compile = Some(control::compile_10_prefixes(&lab.state_dir(), lp.compiles)?);
+        Ok(())
+    });
+
+    let clean = r
+        .step("remove our datapath", |r| {
+            let fact = remove_ours(&mut lab)?;
+            r.facts.push(fact);
+            Ok(())
+        })
+        .is_some();
+    if clean {
+        let up = r
+            .step("baseline at 1 served pod", |_| {
+                baseline::up(&lab)?;
+                converged(&lab, addr::EGRESS_IP_A)
+            })
+            .is_some();
+        if up {
+            measure(&mut r, &lab, &echo, Side::Baseline, 1, &lp);
+            let scaled = r
+                .step("baseline at 10k served pods", |r| {
+                    baseline::scale(&lab, pods)?;
+                    let elems = baseline::map_elements(&lab)?;
+                    r.facts.push(format!(
+                        "Baseline at {} served pods: {} `ip rule`s at priority 6000 on gw1 \
+                         (the measured pod's last) and {} SNAT map elements.",
+                        thousands(u64::from(pods)),
+                        thousands(u64::from(pods)),
+                        thousands(elems as u64),
+                    ));
+                    converged(&lab, addr::EGRESS_IP_A)
+                })
+                .is_some();
+            if scaled {
+                measure(&mut r, &lab, &echo, Side::Baseline, pods, &lp);
+            }
+        }
+    }
+    drop(iperf_server);
+    r.took = start.elapsed();
+    if let Err(e) = lab.down() {
+        r.errors.push(format!("teardown: {e:#}"));
+    }
+    Ok(r)
+}
+
+/// w1-p1's traffic reaches host-a with `egress` as its source.
+fn converged(lab: &Lab, egress: Ipv4Addr) -> Result<()> {
+    wait_until(Duration::from_secs(30), || {
+        seen(lab, "w1-p1", Proto::Tcp, addr::HOST_A) == Some(IpAddr::V4(egress))
+    })
+    .map(|_| ())
+    .with_context(|| format!("w1-p1 -> host-a did not leave as {egress}"))
+}
+
+fn measure(r: &mut LabRun, lab: &Lab, echo: &str, side: Side, pods: u32, lp: &LabPlan) {
+    let k = (side, pods);
+    for round in 0..lp.rounds {
+        let name = format!("{side:?} at {pods} served pods, round {}", round + 1);
+        r.step(&format!("{name}: TCP"), |r| {
+            let t = traffic::iperf(lab, "w1-p1", false, lp.iperf_secs)?;
+            r.tcp_gbps.entry(k).or_default().push(t.received);
+            Ok(())
+        });
+        r.step(&format!("{name}: UDP 64 bytes"), |r| {
+            let t = traffic::iperf(lab, "w1-p1", true, lp.iperf_secs)?;
+            r.udp_pps.entry(k).or_default().push(t.received);
+            r.udp_sent_pps.entry(k).or_default().push(t.sent);
+            Ok(())
+        });
+        r.step(&format!("{name}: new flows"), |r| {
+            let (rate, failed) =
+                traffic::flood(lab, echo, "w1-p1", lp.flood_secs, lp.flood_parallel)?;
+            r.flows.entry(k).or_default().push(rate);
+            *r.flow_failures.entry(k).or_default() += failed;
+            Ok(())
+        });
+    }
+}
+
+/// Stop the agents, remove their pin directories (the TC links go with them) and the
+/// egress IPs, and check that no node has a TC program left. Returns what was checked.
+fn remove_ours(lab: &mut Lab) -> Result<String> {
+    lab.stop_agents();
+    let nodes: Vec<&str> = lab.nodes().iter().map(|n| n.name).collect();
+    for node in &nodes {
+        let dir = lab.bpffs_dir(node);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("failed to remove {}", dir.display()))?;
+        }
+    }
+    // Unpinned links are released asynchronously (RCU): wait until bpftool shows none.
+    let mut left = Vec::new();
+    let ok = wait_until(Duration::from_secs(10), || {
+        left.clear();
+        for node in &nodes {
+            let out = lab
+                .exec(node, "bpftool", &["net", "show"])
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_else(|e| format!("{e:#}"));
+            if ["from_pod", "from_tunnel", "from_secondary"]
+                .iter()
+                .any(|p| out.contains(p))
+            {
+                left.push(format!("{node}: {}", out.trim()));
+            }
+        }
+        left.is_empty()
+    });
+    if ok.is_err() {
+        bail!("programs of ours still attached: {left:?}");
+    }
+    Ok(format!(
+        "Baseline: the agents were stopped and their pin directories removed; `bpftool net \
+         show` in {} then listed none of our programs. The agents' VXLAN devices stay, \
+         idle. No tunnel: w1 routes the pod's packets to gw1 over the underlay (the real \
+         OVN-K encapsulates them in Geneve, which costs more).",
+        nodes.join(", ")
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// tables
 
 fn header(cols: &[&str]) -> Vec<String> {
     cols.iter().map(|c| (*c).to_owned()).collect()
@@ -28,48 +315,163 @@ fn not_measured_row(metric: String, cols: usize) -> Vec<String> {
     row
 }
 
-fn why(lab: Option<&Lab>) -> String {
-    match lab {
-        None => "No lab was started in this run.".to_owned(),
-        Some(_) => "The lab measurement is not implemented yet.".to_owned(),
+fn why(run: Option<&LabRun>) -> Vec<String> {
+    match run {
+        None => vec!["No lab was started in this run.".to_owned()],
+        Some(r) => {
+            let mut v = Vec::new();
+            if let Some(p) = r.plan {
+                v.push(format!(
+                    "One lab (`tests/src/lab.rs`), everything in the same run on the same \
+                     machine: pod w1-p1 (10.244.11.11, on worker w1) to host-a \
+                     (192.168.101.100, network A, behind the gateways only). {} rounds per \
+                     side and served-pod count, each round one TCP run, one UDP run and one \
+                     new-flow run ({} s iperf3 runs, {} s new-flow runs); cells give the \
+                     median and, in brackets, the min-max over rounds. The lab section took \
+                     {:.0} s.",
+                    p.rounds,
+                    p.iperf_secs,
+                    p.flood_secs,
+                    r.took.as_secs_f64()
+                ));
+            }
+            v
+        }
+    }
+}
+
+fn spread_text(s: Option<Spread>, digits: usize) -> String {
+    match s {
+        None => NOT_MEASURED.to_owned(),
+        Some(s) if s.n == 1 => format!("{:.digits$}", s.median),
+        Some(s) => format!(
+            "**{:.digits$}** ({:.digits$}-{:.digits$})",
+            s.median, s.min, s.max
+        ),
+    }
+}
+
+fn big(x: f64) -> String {
+    thousands(x.round().max(0.0) as u64)
+}
+
+fn spread_big(s: Option<Spread>) -> String {
+    match s {
+        None => NOT_MEASURED.to_owned(),
+        Some(s) if s.n == 1 => big(s.median),
+        Some(s) => format!("**{}** ({}-{})", big(s.median), big(s.min), big(s.max)),
+    }
+}
+
+fn get(m: &BTreeMap<(Side, u32), Vec<f64>>, side: Side, pods: u32) -> Option<Spread> {
+    Spread::of(m.get(&(side, pods))?)
+}
+
+fn ratio(a: Option<Spread>, b: Option<Spread>) -> Option<f64> {
+    Some(a?.median / b?.median).filter(|x| x.is_finite())
+}
+
+fn met(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
     }
 }
 
 /// TCP (iperf3, Gbit/s) and 64-byte UDP (packets/s) from a pod on a worker to a host
 /// behind a gateway, ours and the baseline, at 1 and 10k served pods.
-pub fn throughput(lab: Option<&Lab>, _plan: &Plan) -> Result<Table> {
+pub fn throughput(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
     let cols = header(&[
         "traffic",
         "served pods",
         "ours",
         "baseline (ip rule + nftables)",
         "ours / baseline",
+        "ours / our 1-pod figure",
         "target (issue 7)",
     ]);
     let mut rows = Vec::new();
-    for (traffic, unit) in [("TCP, iperf3", "Gbit/s"), ("UDP, 64-byte", "packets/s")] {
+    let empty = BTreeMap::new();
+    for (traffic, unit, tcp) in [
+        ("TCP, iperf3", "Gbit/s", true),
+        ("UDP, 64-byte", "packets/s received", false),
+    ] {
+        let m = match run {
+            Some(r) if tcp => &r.tcp_gbps,
+            Some(r) => &r.udp_pps,
+            None => &empty,
+        };
         for pods in SERVED_PODS {
-            let mut row = not_measured_row(format!("{traffic} ({unit})"), cols.len());
-            row[1] = thousands(u64::from(pods));
-            row[5] = if pods == 1 {
-                ">= 1.0x baseline".to_owned()
-            } else {
-                ">= 8x baseline, within 10% of our 1-pod figure".to_owned()
+            let (ours, base) = (get(m, Side::Ours, pods), get(m, Side::Baseline, pods));
+            let own = ratio(ours, get(m, Side::Ours, 1));
+            let r = ratio(ours, base);
+            let fmt = |s| {
+                if tcp {
+                    spread_text(s, 2)
+                } else {
+                    spread_big(s)
+                }
             };
-            rows.push(row);
+            let target = if pods == 1 {
+                format!(">= 1.0x baseline: {}", met(r.map(|x| x >= 1.0)))
+            } else {
+                format!(
+                    ">= 8x baseline: {}; within 10% of our 1-pod figure: {}",
+                    met(r.map(|x| x >= 8.0)),
+                    met(own.map(|x| x >= 0.9)),
+                )
+            };
+            rows.push(vec![
+                format!("{traffic} ({unit})"),
+                thousands(u64::from(pods)),
+                fmt(ours),
+                fmt(base),
+                r.map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
+                if pods == 1 {
+                    "-".to_owned()
+                } else {
+                    own.map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}"))
+                },
+                target,
+            ]);
         }
+    }
+    let mut notes = Vec::new();
+    if let Some(r) = run {
+        notes.extend(r.facts.iter().cloned());
+        notes.push(
+            "Ours at 10k served pods: 10,000 extra Pod objects (bench-N, payments, app=api, \
+             10.245.x.y) on w2 in `bench-pods.yaml`, routed on w2 to a dummy device; \
+             measured after every agent applied them (see the control-plane section)."
+                .to_owned(),
+        );
+        for pods in SERVED_PODS {
+            for side in [Side::Ours, Side::Baseline] {
+                if let Some(s) = get(&r.udp_sent_pps, side, pods) {
+                    notes.push(format!(
+                        "UDP {side:?} at {} served pods: the client sent {} packets/s \
+                         (median), {} arrived.",
+                        thousands(u64::from(pods)),
+                        big(s.median),
+                        get(&r.udp_pps, side, pods).map_or("-".to_owned(), |x| big(x.median)),
+                    ));
+                }
+            }
+        }
+        notes.extend(r.errors.iter().map(|e| format!("Failed step: {e}")));
     }
     Ok(Table {
         title: "Throughput in the lab".to_owned(),
-        intro: vec![why(lab)],
+        intro: why(run),
         header: cols,
         rows,
-        notes: vec![],
+        notes,
     })
 }
 
 /// New flows per second through the gateway, ours and the baseline.
-pub fn new_flows(lab: Option<&Lab>, _plan: &Plan) -> Result<Table> {
+pub fn new_flows(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
     let cols = header(&[
         "metric",
         "served pods",
@@ -77,41 +479,194 @@ pub fn new_flows(lab: Option<&Lab>, _plan: &Plan) -> Result<Table> {
         "baseline",
         "ours / baseline",
     ]);
+    let empty = BTreeMap::new();
+    let m = run.map_or(&empty, |r| &r.flows);
     let rows = SERVED_PODS
         .iter()
         .map(|pods| {
-            let mut row = not_measured_row("new flows/s through the gateway".into(), cols.len());
-            row[1] = thousands(u64::from(*pods));
-            row
+            let (ours, base) = (get(m, Side::Ours, *pods), get(m, Side::Baseline, *pods));
+            vec![
+                "new TCP flows/s through the gateway".to_owned(),
+                thousands(u64::from(*pods)),
+                spread_big(ours),
+                spread_big(base),
+                ratio(ours, base).map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
+            ]
         })
         .collect();
+    let mut notes = Vec::new();
+    if let Some(r) = run {
+        let p = r.plan.map_or(0, |p| p.flood_parallel);
+        notes.push(format!(
+            "`egress-echo flood`: {p} threads in w1-p1, each opening TCP connections one \
+             after another to host-a's echo server (connect, one request line, read the \
+             reply until the server closes): every flow is a SYN through the gateway, a \
+             conntrack entry, SNAT, and a teardown. Failed connections are not counted \
+             (failures: {}).",
+            r.flow_failures
+                .iter()
+                .map(|((s, p), n)| format!("{s:?} at {p}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     Ok(Table {
         title: "New flows per second".to_owned(),
-        intro: vec![why(lab)],
+        intro: why(run).into_iter().take(0).collect(),
         header: cols,
         rows,
-        notes: vec![],
+        notes,
     })
+}
+
+/// Nearest-rank percentile.
+fn percentile(samples: &[f64], p: f64) -> Option<f64> {
+    let mut s: Vec<f64> = samples.to_vec();
+    if s.is_empty() {
+        return None;
+    }
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s.get(rank.clamp(1, s.len()) - 1).copied()
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
 /// Change-to-map latency (p50, p99), full compile and apply at 10k pods x 10 prefixes,
 /// agent peak RSS.
-pub fn control_plane(lab: Option<&Lab>, _plan: &Plan) -> Result<Table> {
-    let cols = header(&["metric", "value"]);
-    let rows = [
-        "change-to-map latency, p50",
-        "change-to-map latency, p99",
-        "full compile + apply, 10k pods x 10 prefixes",
-        "agent peak RSS",
-    ]
-    .iter()
-    .map(|m| not_measured_row((*m).to_owned(), cols.len()))
-    .collect();
+pub fn control_plane(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
+    let cols = header(&["metric", "value", "notes"]);
+    let Some(r) = run else {
+        let rows = [
+            "change-to-map latency, p50",
+            "change-to-map latency, p99",
+            "full compile + apply, 10k pods x 10 prefixes",
+            "agent peak RSS",
+        ]
+        .iter()
+        .map(|m| not_measured_row((*m).to_owned(), cols.len()))
+        .collect();
+        return Ok(Table {
+            title: "Control plane".to_owned(),
+            intro: why(None),
+            header: cols,
+            rows,
+            notes: vec![],
+        });
+    };
+    let mut rows = Vec::new();
+    let n = r.latency_ms.len();
+    for p in [50.0, 99.0] {
+        rows.push(vec![
+            format!("change-to-map latency, p{p}"),
+            percentile(&r.latency_ms, p)
+                .map_or(NOT_MEASURED.to_owned(), |x| format!("**{x:.0} ms**")),
+            format!(
+                "{n} edits of policy.yaml (an `except` prefix added or removed), timed from \
+                 the file's rename to w1's pinned POLICY_V4 showing it (read by this process \
+                 every 0.5 ms){}",
+                if n > 0 {
+                    format!(
+                        "; min {:.0} ms, max {:.0} ms",
+                        percentile(&r.latency_ms, 0.0).unwrap_or(0.0),
+                        percentile(&r.latency_ms, 100.0).unwrap_or(0.0)
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        ]);
+    }
+    match &r.compile {
+        Some((w2, gw1, entries)) => {
+            for (node, ms, what) in [
+                (
+                    "w2",
+                    w2,
+                    format!("{} policy entries", thousands(*entries as u64)),
+                ),
+                ("gw1", gw1, "the gateway's rules and pod owners".to_owned()),
+            ] {
+                rows.push(vec![
+                    format!("full compile, 10k pods x 10 prefixes, for {node}"),
+                    spread_text(Spread::of(ms), 1) + " ms",
+                    format!(
+                        "`egress_agent::compiler::compile` in this process (release), on the \
+                         lab's state with the 10k pods and a policy whose rule A has 10 \
+                         destination prefixes; {what}; {} runs",
+                        ms.len()
+                    ),
+                ]);
+            }
+        }
+        None => rows.push(not_measured_row(
+            "full compile, 10k pods x 10 prefixes".into(),
+            3,
+        )),
+    }
+    match &r.apply {
+        Some(a) => {
+            for (node, what, ms) in &a.nodes {
+                let took = a
+                    .reconcile_ms
+                    .iter()
+                    .find(|(n, _)| n == node)
+                    .map_or(String::new(), |(_, t)| {
+                        format!("; the agent's own reconcile took {t:.0} ms")
+                    });
+                let size =
+                    a.sizes
+                        .iter()
+                        .find(|(n, ..)| n == node)
+                        .map_or(String::new(), |(_, p, o)| {
+                            format!(
+                                "; maps after: {} policy entries, {} pod owners",
+                                thousands(*p as u64),
+                                thousands(*o as u64)
+                            )
+                        });
+                rows.push(vec![
+                    format!("apply of 10k new pods (2 prefixes each), {node}"),
+                    format!("**{ms:.0} ms**"),
+                    format!("from the file's rename to {what}{took}{size}"),
+                ]);
+            }
+        }
+        None => rows.push(not_measured_row("apply of 10k new pods".into(), 3)),
+    }
+    let before: BTreeMap<&str, u64> = r
+        .memory_1
+        .iter()
+        .map(|(n, h, _)| (n.as_str(), *h))
+        .collect();
+    for (node, hwm, rss) in &r.memory_10k {
+        rows.push(vec![
+            format!("agent peak RSS (VmHWM), {node}"),
+            format!("**{}**", mib(*hwm)),
+            format!(
+                "after the 10k-pod state; {} at 1 served pod; VmRSS now {}",
+                before
+                    .get(node.as_str())
+                    .map_or("-".to_owned(), |k| mib(*k)),
+                mib(*rss)
+            ),
+        ]);
+    }
+    if r.memory_10k.is_empty() {
+        rows.push(not_measured_row("agent peak RSS".into(), 3));
+    }
     Ok(Table {
         title: "Control plane".to_owned(),
-        intro: vec![why(lab)],
+        intro: vec![],
         header: cols,
         rows,
-        notes: vec![],
+        notes: vec![
+            "The YAML source polls the state directory every 200 ms (file name, mtime, \
+             length), so the latency includes 0-200 ms of waiting for the next poll; the \
+             rest is reading every state file, compiling and the map diff."
+                .to_owned(),
+        ],
     })
 }

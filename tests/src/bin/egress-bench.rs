@@ -10,15 +10,20 @@ use egress_tests::bench::{
     report::{Machine, Report, datapath_source, per_packet_table},
 };
 
-const USAGE: &str = "usage: egress-bench [--quick] [--out PATH | --no-write]
+const USAGE: &str =
+    "usage: egress-bench [--quick] [--no-lab | --lab-only] [--out PATH | --no-write]
 
-  --quick      3 rounds x 200k runs instead of 5 x 1M (a few minutes at most)
+  --quick      3 rounds x 200k runs instead of 5 x 1M, shorter lab runs (a few minutes)
+  --no-lab     per-packet timings only (no lab: throughput, new flows, control plane)
+  --lab-only   the lab sections only (no per-packet timings)
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
   --no-write   print the report only";
 
 struct Args {
     plan: Plan,
     out: Option<PathBuf>,
+    lab: bool,
+    per_packet: bool,
 }
 
 /// The workspace this binary was built from.
@@ -29,10 +34,13 @@ fn workspace() -> PathBuf {
 fn args() -> Result<Args> {
     let mut plan = Plan::FULL;
     let mut out = Some(workspace().join("docs").join("benchmarks.md"));
+    let (mut lab, mut per_packet) = (true, true);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => plan = Plan::QUICK,
+            "--no-lab" => lab = false,
+            "--lab-only" => per_packet = false,
             "--out" => out = Some(it.next().context("--out needs a path")?.into()),
             "--no-write" => out = None,
             "-h" | "--help" => {
@@ -42,7 +50,15 @@ fn args() -> Result<Args> {
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
-    Ok(Args { plan, out })
+    if !lab && !per_packet {
+        bail!("--no-lab and --lab-only exclude each other\n{USAGE}");
+    }
+    Ok(Args {
+        plan,
+        out,
+        lab,
+        per_packet,
+    })
 }
 
 fn main() -> Result<()> {
@@ -56,13 +72,32 @@ fn main() -> Result<()> {
         machine.cpu,
         machine.kernel
     );
-    let timings = per_packet::run(plan).context("failed to run the per-packet benchmarks")?;
-    let tables = vec![
-        per_packet_table(&timings, &plan),
-        lab::throughput(None, &plan)?,
-        lab::new_flows(None, &plan)?,
-        lab::control_plane(None, &plan)?,
-    ];
+    let mut tables = Vec::new();
+    if args.per_packet {
+        let timings = per_packet::run(plan).context("failed to run the per-packet benchmarks")?;
+        tables.push(per_packet_table(&timings, &plan));
+    }
+    // A lab that cannot start costs its three sections, not the per-packet report.
+    let (run, lab_error) = if args.lab {
+        egress_tests::netns::install_signal_teardown()?;
+        match lab::run(&plan) {
+            Ok(r) => (Some(r), None),
+            Err(e) => {
+                eprintln!("egress-bench: the lab failed: {e:#}");
+                (None, Some(format!("The lab failed: {e:#}")))
+            }
+        }
+    } else {
+        (None, None)
+    };
+    for mut t in [
+        lab::throughput(run.as_ref(), &plan)?,
+        lab::new_flows(run.as_ref(), &plan)?,
+        lab::control_plane(run.as_ref(), &plan)?,
+    ] {
+        t.intro.extend(lab_error.clone());
+        tables.push(t);
+    }
     let report = Report {
         machine,
         source: datapath_source(&workspace()),

@@ -44,6 +44,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("query") => query(&args[1..]),
+        Some("flood") => flood(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
             Ok(())
@@ -409,4 +410,82 @@ fn query_udp(q: &Query) -> Result<Vec<u8>> {
         q.attempts,
         q.timeout
     )
+}
+
+// ---------------------------------------------------------------------------------------
+// flood (benchmarks)
+
+/// `egress-echo flood tcp HOST:PORT --seconds S [--parallel P]`: for S seconds, P threads
+/// each open short TCP connections one after another (connect, an empty request line, read
+/// the seen line until the server closes). Prints `connections N failures F elapsed_ms T`.
+fn flood(args: &[String]) -> Result<()> {
+    let mut it = args.iter();
+    if it.next().map(String::as_str) != Some("tcp") {
+        bail!("usage: egress-echo flood tcp HOST:PORT [--seconds S] [--parallel P]");
+    }
+    let target: SocketAddr = value(&mut it, "flood")?
+        .parse()
+        .context("bad HOST:PORT (an IP address and a port)")?;
+    let (mut seconds, mut parallel) = (3.0_f64, 1_usize);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seconds" => seconds = value(&mut it, a)?.parse().context("bad --seconds")?,
+            "--parallel" => parallel = value(&mut it, a)?.parse().context("bad --parallel")?,
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    if !(seconds > 0.0 && seconds <= 600.0) || parallel == 0 {
+        bail!("--seconds must be in (0, 600] and --parallel positive");
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    let workers: Vec<_> = (0..parallel)
+        .map(|_| {
+            thread::spawn(move || {
+                let (mut ok, mut failed) = (0_u64, 0_u64);
+                while Instant::now() < end {
+                    match one_flow(target) {
+                        Ok(()) => ok += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, 0);
+    for w in workers {
+        let (o, f) = w
+            .join()
+            .map_err(|_| anyhow::anyhow!("flood thread panicked"))?;
+        ok += o;
+        failed += f;
+    }
+    println!(
+        "connections {ok} failures {failed} elapsed_ms {}",
+        start.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+fn one_flow(target: SocketAddr) -> Result<()> {
+    let timeout = Duration::from_secs(1);
+    let mut stream = TcpStream::connect_timeout(&target, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    stream.write_all(b"\n")?;
+    let mut buf = [0; 256];
+    let mut got = 0;
+    // Until the server closes: the server ends the flow, so TIME_WAIT stays on its side.
+    loop {
+        match stream.read(&mut buf)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got == 0 {
+        bail!("empty reply");
+    }
+    Ok(())
 }

@@ -1,0 +1,334 @@
+//! Control-plane measurements in the lab: change-to-map latency (read from the pinned map
+//! by this process), apply of the 10k-pod state, agent peak RSS, and the compiler's time at
+//! 10k pods x 10 prefixes in this process.
+
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use aya::maps::{
+    HashMap as BpfHash, Map, MapData,
+    lpm_trie::{Key, LpmTrie},
+};
+use egress_common::{
+    maps as names,
+    policy::{POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue, action},
+};
+
+use super::baseline::decoy_ip;
+use crate::{
+    lab::{Lab, addr},
+    netns,
+};
+
+/// The extra state file with the bench's served pods.
+pub const PODS_FILE: &str = "bench-pods.yaml";
+/// The `except` prefix the latency test toggles (inside network A, clear of host-a).
+const EXCEPT: (Ipv4Addr, u8) = (Ipv4Addr::new(192, 168, 101, 192), 26);
+
+fn policy_yaml(except: bool, extra_a: &[String]) -> String {
+    let mut dests = vec![addr::NET_A.to_owned()];
+    dests.extend(extra_a.iter().cloned());
+    let except = if except {
+        format!("\n      except: [{}/{}]", EXCEPT.0, EXCEPT.1)
+    } else {
+        String::new()
+    };
+    format!(
+        "---
+apiVersion: egress.dev/v1alpha1
+kind: EgressGatewayPolicy
+metadata:
+  name: payments
+spec:
+  namespaceSelector:
+    matchLabels:
+      team: payments
+  podSelector:
+    matchLabels:
+      app: api
+  gatewaySelector:
+    matchLabels:
+      egress.dev/gateway: \"true\"
+  failurePolicy: Drop
+  rules:
+    - destinations: [{dests}]
+      egressIP: {a}{except}
+    - destinations: [{b}]
+      egressIP: {eb}
+",
+        dests = dests.join(", "),
+        a = addr::EGRESS_IP_A,
+        b = addr::NET_B,
+        eb = addr::EGRESS_IP_B,
+    )
+}
+
+/// The sample policy's two rules, optionally with the toggled `except`.
+pub fn lab_policy(except: bool) -> String {
+    policy_yaml(except, &[])
+}
+
+/// `n` Pods on w2, `bench-<i>` in `payments`, app=api, IPs from [`decoy_ip`].
+pub fn pods_yaml(n: u32) -> String {
+    let mut s = String::with_capacity(n as usize * 420);
+    for i in 0..n {
+        let ip = decoy_ip(i);
+        let _ = write!(
+            s,
+            "---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: bench-{i}
+  namespace: payments
+  labels:
+    app: api
+spec:
+  nodeName: w2
+  containers:
+    - name: app
+      image: egress-echo
+status:
+  phase: Running
+  hostIP: {w2}
+  podIP: {ip}
+  podIPs:
+    - ip: {ip}
+  conditions:
+    - type: Ready
+      status: \"True\"
+",
+            w2 = addr::W2
+        );
+    }
+    s
+}
+
+fn open_pinned(lab: &Lab, node: &str, map: &str) -> Result<MapData> {
+    let path = lab.bpffs_dir(node).join(map);
+    MapData::from_pin(&path).with_context(|| format!("failed to open {}", path.display()))
+}
+
+fn policy_trie(lab: &Lab, node: &str) -> Result<LpmTrie<MapData, PolicyKeyV4, PolicyValue>> {
+    let data = open_pinned(lab, node, names::POLICY_V4)?;
+    LpmTrie::try_from(Map::LpmTrie(data)).context("POLICY_V4 is not an LPM trie")
+}
+
+fn pod_owner(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], PodOwnerValue>> {
+    let data = open_pinned(lab, node, names::POD_OWNER_V4)?;
+    BpfHash::try_from(Map::HashMap(data)).context("POD_OWNER_V4 is not a hash")
+}
+
+/// Is the except entry of w1-p1 in w1's policy trie?
+fn except_present(trie: &LpmTrie<MapData, PolicyKeyV4, PolicyValue>) -> bool {
+    let key = Key::new(
+        POD_PREFIX_BITS_V4 + u32::from(EXCEPT.1),
+        PolicyKeyV4 {
+            pod: addr::W1_P1.octets(),
+            dst: EXCEPT.0.octets(),
+        },
+    );
+    // An exact-prefix lookup finds the longest match: check it is the except entry.
+    matches!(trie.get(&key, 0), Ok(v) if v.action == action::EXCLUDE)
+}
+
+/// Toggle the `except` prefix `n` times; each sample is the time from the policy file's
+/// rename to the entry appearing in (or leaving) w1's pinned POLICY_V4, polled every
+/// 0.5 ms. Leaves the policy without the except.
+pub fn change_latency(lab: &Lab, n: usize) -> Result<Vec<f64>> {
+    let trie = policy_trie(lab, "w1")?;
+    let mut samples = Vec::new();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut want = !except_present(&trie);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        lab.write_policy(&lab_policy(want))?;
+        loop {
+            if except_present(&trie) == want {
+                samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("w1's POLICY_V4 did not follow the policy within 10 s");
+            }
+            thread::sleep(Duration::from_micros(500));
+        }
+        want = !want;
+        // A pseudo-random pause, so samples do not lock onto the watcher's 200 ms poll.
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        thread::sleep(Duration::from_millis(30 + (seed >> 33) % 200));
+    }
+    if !want {
+        // The last write added the except: put the sample back.
+        lab.write_policy(&lab_policy(false))?;
+    }
+    Ok(samples)
+}
+
+/// How long each node took to apply the 10k-pod file.
+#[derive(Clone, Debug, Default)]
+pub struct Apply {
+    /// (node, what was checked, ms from the file's rename until it showed).
+    pub nodes: Vec<(String, String, f64)>,
+    /// (node, `took_ms` of the agent's own reconcile that applied it), from the logs.
+    pub reconcile_ms: Vec<(String, f64)>,
+    /// (node, policy entries, pod owners) after the apply.
+    pub sizes: Vec<(String, usize, usize)>,
+}
+
+fn count<T>(it: impl Iterator<Item = T>) -> usize {
+    it.count()
+}
+
+/// Write the 10k-pod file and time until each node's maps (w2: the policy entries of
+/// the last pod; gateways: its pod-owner entry) or, for w1 (which none of them
+/// concern), the agent's next `reconciled` log line show it.
+pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
+    // The pods are routed on w2 to a dummy device, as real pods are to their veths: the
+    // agent finds the device each selected local pod is routed to.
+    lab.ns("w2")?.ip_batch(&[
+        "link add bench0 type dummy",
+        "link set bench0 up",
+        "route add 10.245.0.0/16 dev bench0",
+    ])?;
+    let last = decoy_ip(pods - 1);
+    let nodes = ["w1", "w2", "gw1", "gw2"];
+    let offsets: Vec<usize> = nodes.iter().map(|n| lab.agent_log(n).len()).collect();
+    let text = pods_yaml(pods);
+    let t0 = Instant::now();
+    lab.write_state_file(PODS_FILE, &text)?;
+    let mut out = Apply::default();
+    let w2 = policy_trie(lab, "w2")?;
+    let owners: Vec<_> = ["gw1", "gw2"]
+        .iter()
+        .map(|g| pod_owner(lab, g))
+        .collect::<Result<_>>()?;
+    let last_key = Key::new(
+        POD_PREFIX_BITS_V4 + 24,
+        PolicyKeyV4 {
+            pod: last.octets(),
+            dst: addr::HOST_A.octets(),
+        },
+    );
+    let mut done = [false; 4];
+    while !done.iter().all(|d| *d) {
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if !done[0] {
+            let log = lab.agent_log("w1");
+            if log
+                .get(offsets[0]..)
+                .is_some_and(|l| l.contains("reconciled"))
+            {
+                done[0] = true;
+                out.nodes
+                    .push(("w1".into(), "next `reconciled` log line".into(), ms));
+            }
+        }
+        if !done[1] && w2.get(&last_key, 0).is_ok() {
+            done[1] = true;
+            out.nodes
+                .push(("w2".into(), "last pod's POLICY_V4 entry".into(), ms));
+        }
+        for (i, o) in owners.iter().enumerate() {
+            if !done[2 + i] && o.get(&last.octets(), 0).is_ok() {
+                done[2 + i] = true;
+                out.nodes.push((
+                    nodes[2 + i].into(),
+                    "last pod's POD_OWNER_V4 entry".into(),
+                    ms,
+                ));
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("the 10k-pod state was not applied everywhere within 60 s: {out:?}");
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    // Let the agents finish (their log lines come after the maps).
+    thread::sleep(Duration::from_millis(1500));
+    for (node, off) in nodes.iter().zip(&offsets) {
+        let log = lab.agent_log(node);
+        let took = log
+            .get(*off..)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("reconciled"))
+            .filter_map(|l| {
+                let changed: u64 = field(l, "changed=")?.parse().ok()?;
+                let took: f64 = field(l, "took_ms=")?.parse().ok()?;
+                Some((changed, took))
+            })
+            .max_by_key(|(c, _)| *c);
+        if let Some((_, ms)) = took {
+            out.reconcile_ms.push(((*node).to_owned(), ms));
+        }
+        let policy = count(policy_trie(lab, node)?.keys());
+        let owners = count(pod_owner(lab, node)?.keys());
+        out.sizes.push(((*node).to_owned(), policy, owners));
+    }
+    Ok(out)
+}
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let rest = &line[line.find(name)? + name.len()..];
+    rest.split_whitespace().next()
+}
+
+/// (node, VmHWM KiB, VmRSS KiB) of each running agent.
+pub fn agent_memory(lab: &Lab) -> Result<Vec<(String, u64, u64)>> {
+    let mut out = Vec::new();
+    for node in ["w1", "w2", "gw1", "gw2"] {
+        for pid in netns::netns_pids(&lab.ns_name(node))? {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() != "egress-agent" {
+                continue;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let kib = |key: &str| {
+                status
+                    .lines()
+                    .find(|l| l.starts_with(key))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            out.push((node.to_owned(), kib("VmHWM:"), kib("VmRSS:")));
+        }
+    }
+    Ok(out)
+}
+
+/// The compiler in this process at `pods` pods x 10 prefixes: the lab's state directory
+/// (Nodes, Namespaces, EgressNodes, the pods file) with a policy whose rule A has ten
+/// destination prefixes. Returns (ms per compile for w2, the pods' node, and for gw1;
+/// policy entries for w2).
+pub fn compile_10_prefixes(state_dir: &Path, rounds: usize) -> Result<(Vec<f64>, Vec<f64>, usize)> {
+    use egress_agent::{compiler::compile, source::yaml};
+    let mut snap = yaml::load_dir(state_dir);
+    let extra: Vec<String> = (0..9).map(|i| format!("198.18.{i}.0/24")).collect();
+    let policy = yaml::load_str("bench-policy.yaml", &policy_yaml(false, &extra));
+    if !policy.errors.is_empty() || policy.view.policies.len() != 1 {
+        bail!("bench policy did not parse: {:?}", policy.errors);
+    }
+    snap.view.policies = policy.view.policies;
+    let (mut w2, mut gw1, mut entries) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let c = compile(&snap.view, "w2");
+        w2.push(t.elapsed().as_secs_f64() * 1e3);
+        entries = c.desired.policy_v4.len();
+        let t = Instant::now();
+        let c = compile(&snap.view, "gw1");
+        gw1.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(c);
+    }
+    Ok((w2, gw1, entries))
+}
