@@ -54,15 +54,52 @@ pub fn redirect6(
     proto: u8,
     src: &[u8; 16],
     dst: &[u8; 16],
-    from: From,
+    from: &From,
 ) -> Result<i32, ()> {
+    let q = Lookup6 {
+        proto,
+        output: u8::from(matches!(from, From::Output(_))),
+        _pad: [0; 2],
+        ifindex: match from {
+            From::Output(i) | From::Input(i) => *i,
+        },
+    };
+    match redirect6_call(ctx, &q, src, dst) {
+        NO_ROUTE => Err(()),
+        v => Ok(v),
+    }
+}
+
+/// [`redirect6`]'s question, as plain integers (it crosses a BPF call, so BTF describes
+/// it, and BTF has no Rust enums with data).
+#[repr(C)]
+struct Lookup6 {
+    proto: u8,
+    output: u8,
+    _pad: [u8; 2],
+    ifindex: u32,
+}
+
+/// What [`redirect6_call`] returns instead of `Err`: not a TC verdict.
+const NO_ROUTE: i32 = i32::MIN;
+
+/// Out of line, a leaf of the IPv6 paths' call chains. A BPF call takes five arguments
+/// in registers and nothing on the stack, so the result is a plain integer (a `Result`
+/// would be returned through a hidden pointer argument).
+#[inline(never)]
+fn redirect6_call(ctx: &TcContext, q: &Lookup6, src: &[u8; 16], dst: &[u8; 16]) -> i32 {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
     let mut p: FibParams = unsafe { zeroed() };
     p.family = AF_INET6;
-    p.l4_protocol = proto;
+    p.l4_protocol = q.proto;
     p.__bindgen_anon_3.ipv6_src = words(src);
     p.__bindgen_anon_4.ipv6_dst = words(dst);
-    lookup_and_redirect(ctx, &mut p, from)
+    let from = if q.output != 0 {
+        From::Output(q.ifindex)
+    } else {
+        From::Input(q.ifindex)
+    };
+    lookup_and_redirect(ctx, &mut p, from).unwrap_or(NO_ROUTE)
 }
 
 /// An IPv6 address as the four network-order words of `bpf_fib_lookup`.

@@ -29,6 +29,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         }
         return selected(ctx);
     }
+    if !parse6::IPV6_DATAPATH {
+        return OK;
+    }
     if let Some(src) = parse6::ipv6_src(ctx) {
         if unsafe { SELECTED_V6.get(src) }.is_none() {
             return OK;

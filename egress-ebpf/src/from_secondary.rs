@@ -25,9 +25,19 @@ const TCP_IP6_HDRS: u16 = 60;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
+    match parse::ethertype(ctx) {
+        Some(parse::ETH_P_IP_BE) => run4(ctx),
+        Some(parse6::ETH_P_IPV6_BE) if parse6::IPV6_DATAPATH => run6(ctx),
+        _ => OK,
+    }
+}
+
+/// An IPv4 packet (out of line: see `from_tunnel::run4`).
+#[inline(never)]
+fn run4(ctx: &TcContext) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(Some(ip)) => ip,
-        Ok(None) => return run6(ctx),
+        Ok(None) => return OK,
         // Not parseable, so not known to be ours: the host decides.
         Err(_) => return OK,
     };
@@ -123,7 +133,7 @@ fn run6(ctx: &TcContext) -> i32 {
             ip.proto,
             &ip.src,
             &e.xlate_addr,
-            fib::From::Input(fib::ingress_ifindex(ctx)),
+            &fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
             Ok(v) => verdict(ctx, reason::FORWARDED, v),
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),

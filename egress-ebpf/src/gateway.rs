@@ -82,51 +82,36 @@ pub struct Origin {
     pub pod_node: [u8; 4],
 }
 
+/// The translation of an IPv6 flow: in, who sent it; out, its egress IP, port and
+/// interface.
+struct Xlate6 {
+    origin: Origin,
+    egress_ip: [u8; 16],
+    port_be: u16,
+    ifindex: u32,
+}
+
 /// [`forward`] for IPv6: NAT66 to the rule's egress IPv6, hop limit, FIB lookup (IPv6)
-/// restricted to the rule's interface. Out of line (a BPF call takes at most five
-/// arguments, hence [`Origin`]): its conntrack keys and entries are 40 bytes each, and
-/// inlined into its callers they would not fit their 512-byte stack frames.
+/// restricted to the rule's interface. Out of line, and in out-of-line steps
+/// ([`translate6`], [`fib::redirect6`]) called one after the other: BPF calls nest their
+/// stack frames into one 512-byte budget, and 40-byte conntrack keys and entries add up.
+/// (A BPF call takes at most five arguments, hence [`Origin`].)
 #[inline(never)]
 pub fn forward6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, origin: Origin) -> i32 {
-    let Origin { rule_id, pod_node } = origin;
     if ip.hop_limit <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
-    let now = conntrack::now();
-    let (egress_ip, port_be, ifindex) =
-        match v6::lookup(&v6::original_key(ip, l4), l4.tcp_flags, now) {
-            Some(e) => {
-                count(ctx, reason::SNAT_HIT);
-                (e.xlate_addr, e.xlate_port_be, e.ifindex)
-            }
-            None => {
-                let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
-                    return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
-                };
-                match v6::create(
-                    cfg,
-                    ip,
-                    l4,
-                    rule.egress_ip,
-                    rule.ifindex,
-                    rule_id,
-                    pod_node,
-                    now,
-                ) {
-                    Ok(port_be) => {
-                        count(ctx, reason::SNAT_NEW);
-                        (rule.egress_ip, port_be, rule.ifindex)
-                    }
-                    Err(AllocError::PortsExhausted) => {
-                        return verdict(ctx, reason::DROP_PORT_EXHAUSTED, SHOT);
-                    }
-                    Err(AllocError::InsertFailed) => {
-                        return verdict(ctx, reason::DROP_CT_INSERT, SHOT);
-                    }
-                }
-            }
-        };
-    if rewrite::snat6(ctx, ip, l4, &egress_ip, port_be).is_err()
+    let mut x = Xlate6 {
+        origin,
+        egress_ip: [0; 16],
+        port_be: 0,
+        ifindex: 0,
+    };
+    let v = translate6(ctx, cfg, ip, l4, &mut x);
+    if v != TRANSLATED {
+        return v;
+    }
+    if rewrite::snat6(ctx, ip, l4, &x.egress_ip, x.port_be).is_err()
         || rewrite::dec_hop_limit(ctx, ip).is_err()
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
@@ -134,11 +119,54 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, origin: Origi
     match fib::redirect6(
         ctx,
         ip.proto,
-        &egress_ip,
+        &x.egress_ip,
         &ip.dst,
-        fib::From::Output(ifindex),
+        &fib::From::Output(x.ifindex),
     ) {
         Ok(v) => verdict(ctx, reason::FORWARDED, v),
         Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+    }
+}
+
+/// What [`translate6`] returns when `x` is filled in: not a TC verdict.
+const TRANSLATED: i32 = i32::MIN;
+
+/// The flow's translation: its conntrack entry, or a new one from its rule. An
+/// established flow keeps what it started with. Returns [`TRANSLATED`], or the verdict
+/// of a refused packet (a plain integer: a `Result` would travel through a hidden sixth
+/// argument, and BPF calls take five).
+#[inline(never)]
+fn translate6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> i32 {
+    let now = conntrack::now();
+    if let Some(e) = v6::lookup(&v6::original_key(ip, l4), l4.tcp_flags, now) {
+        count(ctx, reason::SNAT_HIT);
+        x.egress_ip = e.xlate_addr;
+        x.port_be = e.xlate_port_be;
+        x.ifindex = e.ifindex;
+        return TRANSLATED;
+    }
+    let Origin { rule_id, pod_node } = x.origin;
+    let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
+        return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
+    };
+    match v6::create(
+        cfg,
+        ip,
+        l4,
+        rule.egress_ip,
+        rule.ifindex,
+        rule_id,
+        pod_node,
+        now,
+    ) {
+        Ok(port_be) => {
+            count(ctx, reason::SNAT_NEW);
+            x.egress_ip = rule.egress_ip;
+            x.port_be = port_be;
+            x.ifindex = rule.ifindex;
+            TRANSLATED
+        }
+        Err(AllocError::PortsExhausted) => verdict(ctx, reason::DROP_PORT_EXHAUSTED, SHOT),
+        Err(AllocError::InsertFailed) => verdict(ctx, reason::DROP_CT_INSERT, SHOT),
     }
 }

@@ -8,7 +8,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 pub const ETH_LEN: usize = EthHdr::LEN;
 /// Offset of the ethertype in the Ethernet header.
 pub const ETH_TYPE_OFF: usize = 12;
-const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
+pub const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
 
 pub const IP_TTL_OFF: usize = ETH_LEN + 8;
 pub const IP_CSUM_OFF: usize = ETH_LEN + 10;
@@ -80,6 +80,12 @@ pub struct L4 {
     pub tcp_flags: u8,
     /// TCP data offset in bytes (0 for other protocols).
     pub tcp_hdr_len: usize,
+}
+
+/// The ethertype (network order), `None` for a frame too short to have one.
+#[inline(always)]
+pub fn ethertype(ctx: &TcContext) -> Option<u16> {
+    ctx.load(ETH_TYPE_OFF).ok()
 }
 
 /// The source address of an IPv4 packet, or `None` for anything else. The cheapest read

@@ -5,7 +5,7 @@ use aya_ebpf::programs::TcContext;
 
 use crate::parse::{Bad, ETH_LEN, ETH_TYPE_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport};
 
-const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
+pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
 
 pub const IP6_HDR_LEN: usize = 40;
 pub const IP6_HOP_LIMIT_OFF: usize = ETH_LEN + 7;
@@ -36,9 +36,21 @@ pub struct Ipv6 {
     pub l4: usize,
     /// Offset of the end of the IP payload (from `payload_len`).
     pub end: usize,
-    /// A fragment header, or extension headers that were not walked.
-    pub stop: Option<Bad>,
+    /// Why the transport header is out of reach: [`STOP_NONE`], [`STOP_FRAGMENT`] or
+    /// [`STOP_EXT_HDR`] (an integer, not an `Option<Bad>`: this struct crosses BPF calls,
+    /// so it appears in BTF, which has no Rust enums with data).
+    pub stop: u8,
 }
+
+/// Whether the programs take the IPv6 paths. Off until their call chains fit the
+/// verifier's 512-byte combined stack (conntrack keys and entries of 40 bytes nest too
+/// deep as they are): with it off, IPv6 passes untouched as before, and LLVM drops the
+/// IPv6 code from the object.
+pub const IPV6_DATAPATH: bool = false;
+
+pub const STOP_NONE: u8 = 0;
+pub const STOP_FRAGMENT: u8 = 1;
+pub const STOP_EXT_HDR: u8 = 2;
 
 /// The source address of an IPv6 packet, or `None` for anything else.
 #[inline(always)]
@@ -53,6 +65,42 @@ pub fn ipv6_src(ctx: &TcContext) -> Option<[u8; 16]> {
 /// The IPv6 header, `Ok(None)` when the frame is not IPv6.
 #[inline(always)]
 pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
+    let mut ip = Ipv6 {
+        src: [0; 16],
+        dst: [0; 16],
+        proto: 0,
+        hop_limit: 0,
+        l4: 0,
+        end: 0,
+        stop: STOP_NONE,
+    };
+    match parse_into(ctx, &mut ip) {
+        PARSED => Ok(Some(ip)),
+        NOT_IPV6 => Ok(None),
+        _ => Err(Bad::Malformed),
+    }
+}
+
+const PARSED: i32 = 1;
+const NOT_IPV6: i32 = 0;
+const MALFORMED: i32 = -1;
+
+/// Out of line: the walk's temporaries then stay off the stack frames of the callers
+/// (BPF calls nest their frames into one 512-byte budget).
+#[inline(never)]
+fn parse_into(ctx: &TcContext, out: &mut Ipv6) -> i32 {
+    match parse(ctx) {
+        Ok(Some(ip)) => {
+            *out = ip;
+            PARSED
+        }
+        Ok(None) => NOT_IPV6,
+        Err(_) => MALFORMED,
+    }
+}
+
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
     let ethertype: u16 = ctx.load(ETH_TYPE_OFF).map_err(|_| Bad::Malformed)?;
     if ethertype != ETH_P_IPV6_BE {
         return Ok(None);
@@ -71,7 +119,7 @@ pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
     let dst: [u8; 16] = ctx.load(IP6_DST_OFF).map_err(|_| Bad::Malformed)?;
     let mut next = fixed[6];
     let mut off = ETH_LEN + IP6_HDR_LEN;
-    let mut stop = None;
+    let mut stop = STOP_NONE;
     for _ in 0..MAX_EXT_HDRS {
         if next != NEXTHDR_HOP && next != NEXTHDR_ROUTING && next != NEXTHDR_DEST {
             break;
@@ -82,7 +130,7 @@ pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
         if next == NEXTHDR_ROUTING && e[3] != 0 {
             // The final destination is in the routing header: the pseudo-header and the
             // policy would both see the wrong address.
-            stop = Some(Bad::ExtHeader);
+            stop = STOP_EXT_HDR;
             break;
         }
         next = e[0];
@@ -91,11 +139,11 @@ pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
             return Err(Bad::Malformed);
         }
     }
-    if stop.is_none() {
+    if stop == STOP_NONE {
         if next == NEXTHDR_HOP || next == NEXTHDR_ROUTING || next == NEXTHDR_DEST {
-            stop = Some(Bad::ExtHeader);
+            stop = STOP_EXT_HDR;
         } else if next == NEXTHDR_FRAGMENT {
-            stop = Some(Bad::Fragment);
+            stop = STOP_FRAGMENT;
         }
     }
     Ok(Some(Ipv6 {
@@ -113,8 +161,10 @@ pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
 /// malformed in IPv6 (RFC 8200 8.1).
 #[inline(always)]
 pub fn l4(ctx: &TcContext, ip: &Ipv6) -> Result<L4, Bad> {
-    if let Some(b) = ip.stop {
-        return Err(b);
+    match ip.stop {
+        STOP_NONE => {}
+        STOP_FRAGMENT => return Err(Bad::Fragment),
+        _ => return Err(Bad::ExtHeader),
     }
     let l4 = transport(ctx, ip.proto, ip.l4, ip.end - ip.l4)?;
     if ip.proto == PROTO_UDP {
@@ -129,7 +179,7 @@ pub fn l4(ctx: &TcContext, ip: &Ipv6) -> Result<L4, Bad> {
 /// Whether the packet is ICMPv6 neighbour discovery: the kernel's business, always.
 #[inline(always)]
 pub fn is_ndp(ctx: &TcContext, ip: &Ipv6) -> bool {
-    if ip.stop.is_some() || ip.proto != PROTO_ICMPV6 {
+    if ip.stop != STOP_NONE || ip.proto != PROTO_ICMPV6 {
         return false;
     }
     match ctx.load::<u8>(ip.l4) {

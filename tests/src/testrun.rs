@@ -180,7 +180,8 @@ impl Datapath {
         }
     }
 
-    fn map(&mut self, name: &str) -> &mut aya::maps::Map {
+    /// The map `name`, for setters that live with their tests (the IPv6 tables).
+    pub fn map(&mut self, name: &str) -> &mut aya::maps::Map {
         self.ebpf
             .map_mut(name)
             .unwrap_or_else(|| panic!("no map {name}"))
