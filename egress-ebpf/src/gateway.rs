@@ -133,18 +133,35 @@ const TRANSLATED: i32 = i32::MIN;
 
 /// The flow's translation: its conntrack entry, or a new one from its rule. An
 /// established flow keeps what it started with. Returns [`TRANSLATED`], or the verdict
-/// of a refused packet (a plain integer: a `Result` would travel through a hidden sixth
-/// argument, and BPF calls take five).
-#[inline(never)]
+/// of a refused packet (a plain integer: a `Result` would travel through a hidden
+/// argument, and BPF calls take five). Lookup and creation are sibling calls, so their
+/// 40-byte keys and entries never sit on the stack at the same time.
+#[inline(always)]
 fn translate6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> i32 {
-    let now = conntrack::now();
-    if let Some(e) = v6::lookup(&v6::original_key(ip, l4), l4.tcp_flags, now) {
+    if lookup6(ip, l4, x) {
         count(ctx, reason::SNAT_HIT);
-        x.egress_ip = e.xlate_addr;
-        x.port_be = e.xlate_port_be;
-        x.ifindex = e.ifindex;
         return TRANSLATED;
     }
+    create6(ctx, cfg, ip, l4, x)
+}
+
+/// Whether the flow has a live entry; fills in `x` from it.
+#[inline(never)]
+fn lookup6(ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> bool {
+    match v6::lookup(&v6::original_key(ip, l4), l4.tcp_flags, conntrack::now()) {
+        Some(e) => {
+            x.egress_ip = e.xlate_addr;
+            x.port_be = e.xlate_port_be;
+            x.ifindex = e.ifindex;
+            true
+        }
+        None => false,
+    }
+}
+
+/// A new flow: its rule's egress IP and a port, both conntrack entries.
+#[inline(never)]
+fn create6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> i32 {
     let Origin { rule_id, pod_node } = x.origin;
     let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
         return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
@@ -157,7 +174,7 @@ fn translate6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, x: &mut Xlate6)
         rule.ifindex,
         rule_id,
         pod_node,
-        now,
+        conntrack::now(),
     ) {
         Ok(port_be) => {
             count(ctx, reason::SNAT_NEW);

@@ -86,37 +86,33 @@ const NOT_IPV6: i32 = 0;
 const MALFORMED: i32 = -1;
 
 /// Out of line: the walk's temporaries then stay off the stack frames of the callers
-/// (BPF calls nest their frames into one 512-byte budget).
+/// (BPF calls nest their frames into one 512-byte budget). The addresses are loaded
+/// straight into `out`.
 #[inline(never)]
 fn parse_into(ctx: &TcContext, out: &mut Ipv6) -> i32 {
-    match parse(ctx) {
-        Ok(Some(ip)) => {
-            *out = ip;
-            PARSED
-        }
-        Ok(None) => NOT_IPV6,
-        Err(_) => MALFORMED,
-    }
-}
-
-#[inline(always)]
-fn parse(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
-    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).map_err(|_| Bad::Malformed)?;
+    let Ok(ethertype) = ctx.load::<u16>(ETH_TYPE_OFF) else {
+        return MALFORMED;
+    };
     if ethertype != ETH_P_IPV6_BE {
-        return Ok(None);
+        return NOT_IPV6;
     }
     // version/class/flow (4), payload length (2), next header, hop limit.
-    let fixed: [u8; 8] = ctx.load(ETH_LEN).map_err(|_| Bad::Malformed)?;
+    let Ok(fixed) = ctx.load::<[u8; 8]>(ETH_LEN) else {
+        return MALFORMED;
+    };
     if fixed[0] >> 4 != 6 {
-        return Err(Bad::Malformed);
+        return MALFORMED;
     }
     let payload_len = usize::from(u16::from_be_bytes([fixed[4], fixed[5]]));
     let end = ETH_LEN + IP6_HDR_LEN + payload_len;
     if end > ctx.len() as usize {
-        return Err(Bad::Malformed);
+        return MALFORMED;
     }
-    let src: [u8; 16] = ctx.load(IP6_SRC_OFF).map_err(|_| Bad::Malformed)?;
-    let dst: [u8; 16] = ctx.load(IP6_DST_OFF).map_err(|_| Bad::Malformed)?;
+    if ctx.load_bytes(IP6_SRC_OFF, &mut out.src) != Ok(16)
+        || ctx.load_bytes(IP6_DST_OFF, &mut out.dst) != Ok(16)
+    {
+        return MALFORMED;
+    }
     let mut next = fixed[6];
     let mut off = ETH_LEN + IP6_HDR_LEN;
     let mut stop = STOP_NONE;
@@ -126,7 +122,9 @@ fn parse(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
         }
         // Next header, length in 8-octet units beyond the first; for a routing header
         // also its type and the segments left.
-        let e: [u8; 4] = ctx.load(off).map_err(|_| Bad::Malformed)?;
+        let Ok(e) = ctx.load::<[u8; 4]>(off) else {
+            return MALFORMED;
+        };
         if next == NEXTHDR_ROUTING && e[3] != 0 {
             // The final destination is in the routing header: the pseudo-header and the
             // policy would both see the wrong address.
@@ -136,7 +134,7 @@ fn parse(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
         next = e[0];
         off += (usize::from(e[1]) + 1) * 8;
         if off > end {
-            return Err(Bad::Malformed);
+            return MALFORMED;
         }
     }
     if stop == STOP_NONE {
@@ -146,15 +144,12 @@ fn parse(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
             stop = STOP_FRAGMENT;
         }
     }
-    Ok(Some(Ipv6 {
-        src,
-        dst,
-        proto: next,
-        hop_limit: fixed[7],
-        l4: off,
-        end,
-        stop,
-    }))
+    out.proto = next;
+    out.hop_limit = fixed[7];
+    out.l4 = off;
+    out.end = end;
+    out.stop = stop;
+    PARSED
 }
 
 /// The transport header of a TCP, UDP or ICMPv6 echo packet. A zero UDP checksum is

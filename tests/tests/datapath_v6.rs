@@ -1,0 +1,1371 @@
+//! The IPv6 datapath (IPv6 pods over the IPv4 underlay), program by program, as tables of
+//! `BPF_PROG_TEST_RUN` cases against the real object, in the style of `datapath_v4.rs`:
+//! maps set up, frames in, verdict, frames out (built from scratch by `packet6`, with
+//! checksums over the IPv6 pseudo-header computed by the test) and counters by reason.
+//!
+//! Every case runs on a thread of its own, in a fresh network namespace:
+//!
+//! ```text
+//!   pod0  veth 02:00:00:00:bb:01 -- pod fd00:244:1::5 (02:00:00:00:aa:01), route /128
+//!   tun0  veth: stands in for the collect-metadata VXLAN device
+//!   ul0   veth: 192.168.0.10/24, the (IPv4) underlay: this node
+//!   sec0  veth 02:00:00:00:0a:02, fd00:100::2/64: egress IP fd00:100::50 (rule 1)
+//!         neighbours fd00:100::7 (destination), fd00:100::1 (router to fd00:172:16::/48)
+//!   sec1  veth 02:00:00:00:0b:02, fd00:200::2/64: egress IP fd00:200::50 (rule 2)
+//!         neighbour fd00:200::9
+//! ```
+//!
+//! Addresses carry `nodad` (usable at once) and IPv6 forwarding is on (the FIB helper
+//! refuses to forward otherwise).
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    panic::{AssertUnwindSafe, catch_unwind},
+};
+
+use aya::maps::{HashMap, LpmTrie, MapData, lpm_trie::Key};
+use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
+use egress_common::{
+    config::{Config, flags},
+    conntrack::{CtEntryV6, CtKeyV6, dir, state},
+    counters::{self, reason::*},
+    maps,
+    policy::{
+        EgressIpValue, POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV6, PolicyValueV6, RETURN_VNI,
+        RuleValueV6, SelectedValue, action, egress_ip_flags,
+    },
+};
+use egress_tests::{
+    packet::{HOST_MAC, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
+    packet6::{
+        ICMPV6_NEIGHBOUR_ADVERT, ICMPV6_NEIGHBOUR_SOLICIT, ICMPV6_ROUTER_SOLICIT, Ipv6Packet,
+        NEXTHDR_DEST, NEXTHDR_HOP, icmp6, l4_offset, ndp, solicited_node,
+    },
+    testrun::{Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, ifindex, in_netns, ip, sysctl},
+};
+
+// ---- the cluster, as seen from this node ----
+
+const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
+    Ipv4Addr::new(a, b, c, d)
+}
+
+const fn v6(a: u16, b: u16, c: u16, h: u16) -> Ipv6Addr {
+    Ipv6Addr::new(a, b, c, 0, 0, 0, 0, h)
+}
+
+/// This node (source node and gateway), on the IPv4 underlay.
+const NODE: Ipv4Addr = a(192, 168, 0, 10);
+/// Another known node.
+const PEER: Ipv4Addr = a(192, 168, 0, 20);
+/// Not a node.
+const STRANGER: Ipv4Addr = a(192, 168, 0, 99);
+
+const LOCAL_POD: Ipv6Addr = v6(0xfd00, 0x244, 1, 5);
+const UNSELECTED_POD: Ipv6Addr = v6(0xfd00, 0x244, 1, 9);
+const REMOTE_POD: Ipv6Addr = v6(0xfd00, 0x244, 2, 5);
+const REMOTE_POD2: Ipv6Addr = v6(0xfd00, 0x244, 2, 6);
+const REMOTE_POD3: Ipv6Addr = v6(0xfd00, 0x244, 2, 7);
+
+/// Network A (sec0): fd00:100::/64.
+const NET_A: Ipv6Addr = v6(0xfd00, 0x100, 0, 0);
+const DEST_A: Ipv6Addr = v6(0xfd00, 0x100, 0, 7);
+const DEST_A_NO_NEIGH: Ipv6Addr = v6(0xfd00, 0x100, 0, 8);
+const ROUTER_A: Ipv6Addr = v6(0xfd00, 0x100, 0, 1);
+const DEST_FAR: Ipv6Addr = v6(0xfd00, 0x172, 0x16, 5);
+const DEST_B: Ipv6Addr = v6(0xfd00, 0x200, 0, 9);
+const INTERNET: Ipv6Addr = v6(0x2001, 0xdb8, 0, 8);
+
+const EGRESS_A: Ipv6Addr = v6(0xfd00, 0x100, 0, 0x50);
+const EGRESS_B: Ipv6Addr = v6(0xfd00, 0x200, 0, 0x50);
+/// sec0's own address, used by an `interface:` rule (shared with the host).
+const SHARED_A: Ipv6Addr = v6(0xfd00, 0x100, 0, 2);
+
+const RULE_A: u32 = 1;
+const RULE_B: u32 = 2;
+/// A rule id the gateway serves for IPv4 only.
+const RULE_V4_ONLY: u32 = 3;
+
+const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
+const SEC0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
+const SEC1_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x02];
+const DEST_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x07];
+const ROUTER_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
+const DEST_B_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x09];
+
+const PORT_MIN: u16 = 20_000;
+const PORT_MAX: u16 = 29_999;
+const TUNNEL_MTU: u16 = 1450;
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+struct Net {
+    pod0: u32,
+    tun0: u32,
+    sec0: u32,
+    sec1: u32,
+}
+
+fn topology() -> Net {
+    for (dev, m, addr) in [
+        ("ul0", [0x02, 0, 0, 0, 0xcc, 0x01], Some("192.168.0.10/24")),
+        ("tun0", [0x02, 0, 0, 0, 0xdd, 0x01], None),
+        ("pod0", POD0_MAC, None),
+        ("sec0", SEC0_MAC, Some("fd00:100::2/64 nodad")),
+        ("sec1", SEC1_MAC, Some("fd00:200::2/64 nodad")),
+    ] {
+        ip(&format!(
+            "link add {dev} address {} type veth peer name {dev}p",
+            mac(m)
+        ));
+        if let Some(addr) = addr {
+            ip(&format!("addr add {addr} dev {dev}"));
+        }
+        ip(&format!("link set {dev} up"));
+        ip(&format!("link set {dev}p up"));
+    }
+    ip(&format!("-6 route add {LOCAL_POD}/128 dev pod0"));
+    ip(&format!(
+        "-6 route add fd00:172:16::/48 via {ROUTER_A} dev sec0"
+    ));
+    for (addr, m, dev) in [
+        (LOCAL_POD, POD_MAC, "pod0"),
+        (DEST_A, DEST_A_MAC, "sec0"),
+        (ROUTER_A, ROUTER_A_MAC, "sec0"),
+        (DEST_B, DEST_B_MAC, "sec1"),
+    ] {
+        ip(&format!(
+            "-6 neigh replace {addr} lladdr {} dev {dev} nud permanent",
+            mac(m)
+        ));
+    }
+    sysctl("net/ipv4/conf/all/forwarding", "1");
+    sysctl("net/ipv6/conf/all/forwarding", "1");
+    Net {
+        pod0: ifindex("pod0"),
+        tun0: ifindex("tun0"),
+        sec0: ifindex("sec0"),
+        sec1: ifindex("sec1"),
+    }
+}
+
+fn config(net: &Net) -> Config {
+    Config {
+        node_ip: NODE.octets(),
+        tunnel_ifindex: net.tun0,
+        port_min: PORT_MIN,
+        port_max: PORT_MAX,
+        tunnel_mtu: TUNNEL_MTU,
+        flags: flags::READY,
+    }
+}
+
+// ---- IPv6 map setters ----
+
+fn policy6(dp: &mut Datapath, pod: Ipv6Addr, dst: Ipv6Addr, len: u32, value: PolicyValueV6) {
+    let mut t: LpmTrie<&mut MapData, PolicyKeyV6, PolicyValueV6> =
+        LpmTrie::try_from(dp.map(maps::POLICY_V6)).unwrap();
+    let key = Key::new(
+        POD_PREFIX_BITS_V6 + len,
+        PolicyKeyV6 {
+            pod: pod.octets(),
+            dst: dst.octets(),
+        },
+    );
+    t.insert(&key, value, 0).unwrap();
+}
+
+fn selected6(dp: &mut Datapath, pod: Ipv6Addr) {
+    let mut m: HashMap<&mut MapData, [u8; 16], SelectedValue> =
+        HashMap::try_from(dp.map(maps::SELECTED_V6)).unwrap();
+    m.insert(pod.octets(), SelectedValue { entries: 1 }, 0)
+        .unwrap();
+}
+
+fn rule6(dp: &mut Datapath, id: u32, egress_ip: Ipv6Addr, ifindex: u32) {
+    let mut m: HashMap<&mut MapData, u32, RuleValueV6> =
+        HashMap::try_from(dp.map(maps::RULES_V6)).unwrap();
+    m.insert(
+        id,
+        RuleValueV6 {
+            egress_ip: egress_ip.octets(),
+            ifindex,
+        },
+        0,
+    )
+    .unwrap();
+}
+
+fn pod_owner6(dp: &mut Datapath, pod: Ipv6Addr, node: Ipv4Addr) {
+    let mut m: HashMap<&mut MapData, [u8; 16], PodOwnerValue> =
+        HashMap::try_from(dp.map(maps::POD_OWNER_V6)).unwrap();
+    m.insert(
+        pod.octets(),
+        PodOwnerValue {
+            node: node.octets(),
+        },
+        0,
+    )
+    .unwrap();
+}
+
+fn egress_ip6(dp: &mut Datapath, addr: Ipv6Addr, ifindex: u32, flags: u32) {
+    let mut m: HashMap<&mut MapData, [u8; 16], EgressIpValue> =
+        HashMap::try_from(dp.map(maps::EGRESS_IPS_V6)).unwrap();
+    m.insert(addr.octets(), EgressIpValue { ifindex, flags }, 0)
+        .unwrap();
+}
+
+fn ct6(dp: &mut Datapath) -> Vec<(CtKeyV6, CtEntryV6)> {
+    let m: HashMap<&mut MapData, CtKeyV6, CtEntryV6> =
+        HashMap::try_from(dp.map(maps::CT_V6)).unwrap();
+    m.iter().map(|r| r.unwrap()).collect()
+}
+
+/// What every case starts from: configuration, nodes, pod owners, the gateway's rules
+/// (IPv6, and one IPv4-only rule id) and egress IPs.
+fn base(dp: &mut Datapath, net: &Net) {
+    dp.config(config(net));
+    dp.node(NODE, 1);
+    dp.node(PEER, 2);
+    pod_owner6(dp, LOCAL_POD, NODE);
+    pod_owner6(dp, UNSELECTED_POD, NODE);
+    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
+        pod_owner6(dp, pod, PEER);
+    }
+    rule6(dp, RULE_A, EGRESS_A, net.sec0);
+    rule6(dp, RULE_B, EGRESS_B, net.sec1);
+    dp.rule(RULE_V4_ONLY, a(10, 100, 0, 50), net.sec0);
+    egress_ip6(dp, EGRESS_A, net.sec0, 0);
+    egress_ip6(dp, EGRESS_B, net.sec1, 0);
+    egress_ip6(dp, SHARED_A, net.sec0, egress_ip_flags::SHARED);
+}
+
+fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValueV6 {
+    PolicyValueV6 {
+        gateway: gateway.octets(),
+        rule_id,
+        action: action::FORWARD,
+        _pad: [0; 3],
+        egress_ip: EGRESS_A.octets(),
+    }
+}
+
+fn sentinel(act: u8) -> PolicyValueV6 {
+    PolicyValueV6 {
+        gateway: [0; 4],
+        rule_id: 0,
+        action: act,
+        _pad: [0; 3],
+        egress_ip: [0; 16],
+    }
+}
+
+/// `LOCAL_POD` selected, network A (fd00:100::/64) through rule A at `gateway`.
+fn local_pod_to_a(dp: &mut Datapath, gateway: Ipv4Addr) {
+    selected6(dp, LOCAL_POD);
+    policy6(dp, LOCAL_POD, NET_A, 64, forward(gateway, RULE_A));
+}
+
+// ---- the table machinery (as in datapath_v4.rs) ----
+
+#[derive(Clone, Copy)]
+enum Dev {
+    Pod,
+    Tunnel,
+    Secondary,
+}
+
+type Check = Box<dyn Fn(&[u8]) -> Result<(), String> + Send>;
+type Derive = Box<dyn Fn(&[u8]) -> Vec<u8> + Send>;
+
+enum Input {
+    Frame(Vec<u8>),
+    FromPrevious(Derive),
+}
+
+enum Out {
+    Unchanged,
+    Frame(Vec<u8>),
+    Check(Check),
+    Any,
+}
+
+struct Step {
+    prog: &'static str,
+    dev: Dev,
+    tunnel: Option<(Ipv4Addr, u32)>,
+    input: Input,
+    verdict: u32,
+    out: Out,
+}
+
+fn step(prog: &'static str, dev: Dev, tunnel: Option<(Ipv4Addr, u32)>, p: &Ipv6Packet) -> Step {
+    Step {
+        prog,
+        dev,
+        tunnel,
+        input: Input::Frame(p.build()),
+        verdict: TC_ACT_OK,
+        out: Out::Unchanged,
+    }
+}
+
+fn from_pod(p: &Ipv6Packet) -> Step {
+    step(FROM_POD, Dev::Pod, None, p)
+}
+
+fn from_tunnel(sender: Ipv4Addr, vni: u32, p: &Ipv6Packet) -> Step {
+    step(FROM_TUNNEL, Dev::Tunnel, Some((sender, vni)), p)
+}
+
+fn from_secondary(p: &Ipv6Packet) -> Step {
+    step(FROM_SECONDARY, Dev::Secondary, None, p)
+}
+
+impl Step {
+    fn raw(mut self, frame: Vec<u8>) -> Self {
+        self.input = Input::Frame(frame);
+        self
+    }
+
+    fn derive(mut self, f: impl Fn(&[u8]) -> Vec<u8> + Send + 'static) -> Self {
+        self.input = Input::FromPrevious(Box::new(f));
+        self
+    }
+
+    fn passes(self) -> Self {
+        self.expect(TC_ACT_OK, Out::Unchanged)
+    }
+
+    fn dropped(self) -> Self {
+        self.expect(TC_ACT_SHOT, Out::Any)
+    }
+
+    fn redirected(self, out: &Ipv6Packet) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Frame(out.build()))
+    }
+
+    fn tunneled(self) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Unchanged)
+    }
+
+    fn redirected_if(self, f: impl Fn(&[u8]) -> Result<(), String> + Send + 'static) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Check(Box::new(f)))
+    }
+
+    fn forwarded_any(self) -> Self {
+        self.expect(TC_ACT_REDIRECT, Out::Any)
+    }
+
+    fn expect(mut self, verdict: u32, out: Out) -> Self {
+        self.verdict = verdict;
+        self.out = out;
+        self
+    }
+}
+
+type Setup = Box<dyn Fn(&mut Datapath, &Net) + Send>;
+
+struct Case {
+    name: &'static str,
+    setup: Setup,
+    steps: Vec<Step>,
+    counters: Vec<(u32, u64)>,
+}
+
+fn case(
+    name: &'static str,
+    setup: impl Fn(&mut Datapath, &Net) + Send + 'static,
+    steps: Vec<Step>,
+    counters: &[(u32, u64)],
+) -> Case {
+    Case {
+        name,
+        setup: Box::new(setup),
+        steps,
+        counters: counters.to_vec(),
+    }
+}
+
+fn no_setup(_: &mut Datapath, _: &Net) {}
+
+fn reason_name(r: u32) -> String {
+    counters::name(r).map_or_else(|| format!("#{r}"), str::to_owned)
+}
+
+fn verdict_name(v: u32) -> &'static str {
+    match v {
+        TC_ACT_OK => "OK",
+        TC_ACT_SHOT => "SHOT",
+        TC_ACT_REDIRECT => "REDIRECT",
+        _ => "?",
+    }
+}
+
+fn frame_diff(got: &[u8], want: &[u8]) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "frame differs: {}",
+            egress_tests::packet::diff(got, want)
+        ))
+    }
+}
+
+fn named(c: &[(u32, u64)]) -> Vec<(String, u64)> {
+    c.iter().map(|&(r, n)| (reason_name(r), n)).collect()
+}
+
+fn run_case(c: Case) -> Result<(), String> {
+    let Case {
+        name: _,
+        setup,
+        steps,
+        counters,
+    } = c;
+    in_netns(move || {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        setup(&mut dp, &net);
+        let mut prev: Vec<u8> = Vec::new();
+        for (i, s) in steps.into_iter().enumerate() {
+            let input = match &s.input {
+                Input::Frame(f) => f.clone(),
+                Input::FromPrevious(f) => f(&prev),
+            };
+            let dev = match s.dev {
+                Dev::Pod => net.pod0,
+                Dev::Tunnel => net.tun0,
+                Dev::Secondary => net.sec0,
+            };
+            let o = dp.run(s.prog, &input, dev, s.tunnel);
+            let step = format!("step {} ({})", i + 1, s.prog);
+            if o.verdict != s.verdict {
+                return Err(format!(
+                    "{step}: verdict {} ({}), expected {} ({}); counters {:?}",
+                    o.verdict,
+                    verdict_name(o.verdict),
+                    s.verdict,
+                    verdict_name(s.verdict),
+                    named(&dp.counters().into_iter().collect::<Vec<_>>()),
+                ));
+            }
+            let r = match &s.out {
+                Out::Unchanged => frame_diff(&o.frame, &input),
+                Out::Frame(want) => frame_diff(&o.frame, want),
+                Out::Check(f) => f(&o.frame),
+                Out::Any => Ok(()),
+            };
+            r.map_err(|e| format!("{step}: {e}"))?;
+            prev = o.frame;
+        }
+        let got: Vec<(u32, u64)> = dp.counters().into_iter().collect();
+        let mut want = counters;
+        want.sort_unstable();
+        if got != want {
+            return Err(format!(
+                "counters {:?}, expected {:?}",
+                named(&got),
+                named(&want)
+            ));
+        }
+        Ok(())
+    })
+}
+
+fn run_table(cases: Vec<Case>) {
+    let handles: Vec<_> = cases
+        .into_iter()
+        .map(|c| {
+            let name = c.name;
+            (
+                name,
+                std::thread::spawn(move || {
+                    catch_unwind(AssertUnwindSafe(|| run_case(c)))
+                        .unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(&p))))
+                }),
+            )
+        })
+        .collect();
+    let mut failures = Vec::new();
+    let total = handles.len();
+    for (name, h) in handles {
+        if let Err(e) = h.join().expect("case thread") {
+            failures.push(format!("  {name}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+// ---- packets ----
+
+fn tcp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16, flags: u8) -> Ipv6Packet {
+    Ipv6Packet::new(src, dst, L4::tcp(sport, dport, flags))
+}
+
+fn syn(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16, mss: u16) -> Ipv6Packet {
+    Ipv6Packet::new(src, dst, L4::syn(sport, dport, mss))
+}
+
+fn udp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Ipv6Packet {
+    Ipv6Packet::new(src, dst, L4::udp(sport, dport, b"hello, gateway!"))
+}
+
+fn big_udp(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Ipv6Packet {
+    let payload: Vec<u8> = (0..1380u32).map(|i| (i * 7 + 3) as u8).collect();
+    Ipv6Packet::new(src, dst, L4::udp(sport, dport, &payload))
+}
+
+fn echo(src: Ipv6Addr, dst: Ipv6Addr, id: u16) -> Ipv6Packet {
+    Ipv6Packet::new(src, dst, L4::echo_request(id, 1))
+}
+
+fn echo_reply(src: Ipv6Addr, dst: Ipv6Addr, id: u16) -> Ipv6Packet {
+    Ipv6Packet::new(src, dst, L4::echo_reply(id, 1))
+}
+
+/// Five destination options headers: one more than the datapath walks.
+fn too_many_ext(p: &Ipv6Packet) -> Ipv6Packet {
+    (0..5).fold(p.clone(), |p, _| p.pad_options(NEXTHDR_DEST))
+}
+
+/// `p` after NAT66 to `src:sport` on the gateway, out of an interface with MAC `smac`
+/// towards `dmac`.
+fn snatted(p: &Ipv6Packet, src: Ipv6Addr, sport: u16, smac: [u8; 6], dmac: [u8; 6]) -> Ipv6Packet {
+    p.clone()
+        .src(src)
+        .l4(p.l4.clone().with_sport(sport))
+        .hop_limit(p.hop_limit - 1)
+        .macs(dmac, smac)
+}
+
+/// `p` (a reply) after reverse NAT66 to `dst:dport`, MACs untouched (tunnel).
+fn unnatted(p: &Ipv6Packet, dst: Ipv6Addr, dport: u16) -> Ipv6Packet {
+    p.clone()
+        .dst(dst)
+        .l4(p.l4.clone().with_dport(dport))
+        .hop_limit(p.hop_limit - 1)
+}
+
+/// Source port (or ICMPv6 echo identifier) of an output frame.
+fn sport_of(f: &[u8]) -> u16 {
+    let off = l4_offset(f);
+    let off = if f[20] == 58 { off + 4 } else { off };
+    u16::from_be_bytes([f[off], f[off + 1]])
+}
+
+/// `p` NAT66ed to `EGRESS_A` on a port of the configured range other than `not`.
+fn snatted_in_range(p: &Ipv6Packet, not: u16) -> impl Fn(&[u8]) -> Result<(), String> + use<> {
+    let p = p.clone();
+    move |out: &[u8]| {
+        let port = sport_of(out);
+        if port == not || !(PORT_MIN..=PORT_MAX).contains(&port) {
+            return Err(format!(
+                "translated port {port}: not a fresh port of the range"
+            ));
+        }
+        frame_diff(
+            out,
+            &snatted(&p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC).build(),
+        )
+    }
+}
+
+// ---- from_pod ----
+
+#[test]
+#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
+fn from_pod_table() {
+    let to_a = tcp(LOCAL_POD, 40_000, DEST_A, 80, TCP_ACK);
+    let local_gw_out = snatted(&to_a, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC);
+    let with_ext = |p: &Ipv6Packet| p.clone().pad_options(NEXTHDR_HOP).pad_options(NEXTHDR_DEST);
+    let syn_1440 = syn(LOCAL_POD, 40_000, DEST_A, 80, 1440);
+    let syn_clamped = syn(LOCAL_POD, 40_000, DEST_A, 80, TUNNEL_MTU - 60);
+    let udp_a = udp(LOCAL_POD, 5353, DEST_A, 53);
+    let echo_a = echo(LOCAL_POD, DEST_A, 7);
+    let mut short_frame = to_a.build();
+    short_frame.truncate(14 + 40 + 10);
+    // Everything the pod sends goes through rule A at PEER.
+    let everything = |dp: &mut Datapath, _: &Net| {
+        selected6(dp, LOCAL_POD);
+        policy6(
+            dp,
+            LOCAL_POD,
+            Ipv6Addr::UNSPECIFIED,
+            0,
+            forward(PEER, RULE_A),
+        );
+    };
+
+    run_table(vec![
+        case(
+            "unselected pod passes untouched, uncounted",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
+            &[],
+        ),
+        case(
+            "ARP of a pod passes",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).raw(arp_frame()).passes()],
+            &[],
+        ),
+        case(
+            "selected pod, destination outside every rule, passes uncounted",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
+            &[],
+        ),
+        case(
+            "remote gateway: tunneled untouched",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).tunneled()],
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "neighbour discovery passes untouched under a ::/0 rule",
+            everything,
+            vec![
+                from_pod(&Ipv6Packet::new(
+                    LOCAL_POD,
+                    solicited_node(DEST_A),
+                    ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
+                ))
+                .passes(),
+                // Unicast solicitation (reachability confirmation) to a rule's destination.
+                from_pod(&Ipv6Packet::new(
+                    LOCAL_POD,
+                    DEST_A,
+                    ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
+                ))
+                .passes(),
+                from_pod(&Ipv6Packet::new(
+                    LOCAL_POD,
+                    DEST_A,
+                    ndp(ICMPV6_NEIGHBOUR_ADVERT, LOCAL_POD),
+                ))
+                .passes(),
+                from_pod(&Ipv6Packet::new(
+                    LOCAL_POD,
+                    "ff02::2".parse().unwrap(),
+                    icmp6(ICMPV6_ROUTER_SOLICIT, &[0; 4]),
+                ))
+                .passes(),
+                from_pod(&to_a).tunneled(),
+            ],
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "link-local and multicast destinations pass under a ::/0 rule",
+            everything,
+            vec![
+                from_pod(&to_a.clone().dst("fe80::1".parse().unwrap())).passes(),
+                from_pod(&udp_a.clone().dst("ff02::fb".parse().unwrap())).passes(),
+            ],
+            &[],
+        ),
+        case(
+            "longest prefix wins: /128 inside the /64 goes to its own (local) gateway",
+            |dp, _| {
+                local_pod_to_a(dp, PEER);
+                policy6(dp, LOCAL_POD, DEST_A, 128, forward(NODE, RULE_A));
+            },
+            vec![
+                from_pod(&to_a).redirected(&local_gw_out),
+                from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 6))).tunneled(),
+            ],
+            &[
+                (LOCAL_GATEWAY, 1),
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (TUNNELED, 1),
+            ],
+        ),
+        case(
+            "except prefix passes untouched, counted EXCLUDED",
+            |dp, _| {
+                local_pod_to_a(dp, PEER);
+                policy6(dp, LOCAL_POD, NET_A, 125, sentinel(action::EXCLUDE));
+            },
+            vec![
+                from_pod(&to_a).passes(),
+                from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 9))).tunneled(),
+            ],
+            &[(EXCLUDED, 1), (TUNNELED, 1)],
+        ),
+        case(
+            "no gateway, failurePolicy Drop: dropped",
+            |dp, _| {
+                selected6(dp, LOCAL_POD);
+                policy6(dp, LOCAL_POD, NET_A, 64, sentinel(action::NO_GATEWAY_DROP));
+            },
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_NO_GATEWAY, 1)],
+        ),
+        case(
+            "no gateway, failurePolicy Fallthrough: passes",
+            |dp, _| {
+                selected6(dp, LOCAL_POD);
+                policy6(dp, LOCAL_POD, NET_A, 64, sentinel(action::NO_GATEWAY_PASS));
+            },
+            vec![from_pod(&to_a).passes()],
+            &[(FALLTHROUGH, 1)],
+        ),
+        case(
+            "SYN MSS 1440 clamped to tunnel_mtu - 60, checksum valid",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&syn_1440).expect(TC_ACT_REDIRECT, Out::Frame(syn_clamped.build()))],
+            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
+        ),
+        case(
+            "SYN behind extension headers: MSS clamped at the right offset",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![
+                from_pod(&with_ext(&syn_1440))
+                    .expect(TC_ACT_REDIRECT, Out::Frame(with_ext(&syn_clamped).build())),
+            ],
+            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
+        ),
+        case(
+            "local gateway: NAT66 to the egress IP, hop limit decremented, out of sec0",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![from_pod(&to_a).redirected(&local_gw_out)],
+            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "local gateway behind hop-by-hop and destination options: NAT66 checksums correct",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![from_pod(&with_ext(&to_a)).redirected(&with_ext(&local_gw_out))],
+            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "routing header with no segments left: walked",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![from_pod(&to_a.clone().routing(0)).redirected(&local_gw_out.clone().routing(0))],
+            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "local gateway, UDP and ICMPv6 echo: NAT66",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![
+                from_pod(&udp_a).redirected(&snatted(&udp_a, EGRESS_A, 5353, SEC0_MAC, DEST_A_MAC)),
+                from_pod(&echo_a).redirected(&snatted(&echo_a, EGRESS_A, 7, SEC0_MAC, DEST_A_MAC)),
+            ],
+            &[(LOCAL_GATEWAY, 2), (SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "local gateway, hop limit 1 dropped",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![from_pod(&to_a.clone().hop_limit(1)).dropped()],
+            &[(LOCAL_GATEWAY, 1), (DROP_TTL_EXCEEDED, 1)],
+        ),
+        case(
+            "five extension headers (more than walked) dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&too_many_ext(&to_a)).dropped()],
+            &[(DROP_IPV6_EXT_HDR, 1)],
+        ),
+        case(
+            "routing header with segments left dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a.clone().routing(1)).dropped()],
+            &[(DROP_IPV6_EXT_HDR, 1)],
+        ),
+        case(
+            "fragments (first, and later) of a selected flow dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![
+                from_pod(&to_a.clone().fragment(0, true)).dropped(),
+                from_pod(&with_ext(&to_a).fragment(185, false)).dropped(),
+            ],
+            &[(DROP_FRAGMENT, 2)],
+        ),
+        case(
+            "zero UDP checksum (forbidden in IPv6) dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&udp_a.clone().l4(L4::udp_no_checksum(5353, 53, b"q"))).dropped()],
+            &[(DROP_MALFORMED, 1)],
+        ),
+        case(
+            "GRE and ICMPv6 errors in a selected flow dropped",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![
+                from_pod(&to_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
+                from_pod(&to_a.clone().l4(icmp6(1, &[0; 12]))).dropped(),
+            ],
+            &[(DROP_UNSUPPORTED_PROTO, 2)],
+        ),
+        case(
+            "frame shorter than its payload length passes, counted",
+            |dp, _| local_pod_to_a(dp, PEER),
+            vec![from_pod(&to_a).raw(short_frame).passes()],
+            &[(MALFORMED_PASSED, 1)],
+        ),
+        case(
+            "agent not ready: selected packet dropped",
+            |dp, net| {
+                local_pod_to_a(dp, PEER);
+                dp.config(Config {
+                    flags: 0,
+                    ..config(net)
+                });
+            },
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_NOT_READY, 1)],
+        ),
+    ]);
+}
+
+// ---- from_tunnel ----
+
+#[test]
+#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
+fn from_tunnel_table() {
+    let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
+    let ack_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
+    let out = |p: &Ipv6Packet, port| snatted(p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC);
+    let echo1 = echo(REMOTE_POD, DEST_A, 7);
+    let echo2 = echo1.clone().src(REMOTE_POD2);
+    let udp_a = udp(REMOTE_POD, 5000, DEST_A, 53);
+    let reply_in = tcp(DEST_A, 443, LOCAL_POD, 40_000, TCP_ACK).hop_limit(63);
+    let with_ext = syn_a
+        .clone()
+        .pad_options(NEXTHDR_HOP)
+        .pad_options(NEXTHDR_DEST);
+
+    run_table(vec![
+        case(
+            "unknown sender dropped",
+            no_setup,
+            vec![from_tunnel(STRANGER, RULE_A, &syn_a).dropped()],
+            &[(DROP_UNKNOWN_SENDER, 1)],
+        ),
+        case(
+            "inner source not a pod of the sender dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(LOCAL_POD)).dropped(),
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(v6(0xfd00, 0x244, 9, 9))).dropped(),
+            ],
+            &[(DROP_SPOOFED_SOURCE, 2)],
+        ),
+        case(
+            "unknown rule, and a rule id served for IPv4 only, dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, 77, &syn_a).dropped(),
+                from_tunnel(PEER, RULE_V4_ONLY, &syn_a).dropped(),
+            ],
+            &[(DROP_UNKNOWN_RULE, 2)],
+        ),
+        case(
+            "new flow: NAT66 keeps the free pod port, hop limit decremented; then conntrack hit",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                from_tunnel(PEER, RULE_A, &ack_a).redirected(&out(&ack_a, 40_000)),
+            ],
+            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
+        ),
+        case(
+            "rule B leaves by sec1 with its own egress IP",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_B, &syn_a.clone().dst(DEST_B)).redirected(&snatted(
+                    &syn_a.clone().dst(DEST_B),
+                    EGRESS_B,
+                    40_000,
+                    SEC1_MAC,
+                    DEST_B_MAC,
+                )),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "destination behind a router: next hop's MAC",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_FAR)).redirected(&snatted(
+                    &syn_a.clone().dst(DEST_FAR),
+                    EGRESS_A,
+                    40_000,
+                    SEC0_MAC,
+                    ROUTER_A_MAC,
+                )),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "no neighbour yet: redirect_neigh (NAT66ed, MACs left to the kernel)",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_A_NO_NEIGH)).redirected(
+                    &snatted(
+                        &syn_a.clone().dst(DEST_A_NO_NEIGH),
+                        EGRESS_A,
+                        40_000,
+                        SEC0_MAC,
+                        DEST_A_MAC,
+                    )
+                    .macs(HOST_MAC, POD_MAC),
+                ),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "destination not reachable through the rule's interface: dropped",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_B)).dropped()],
+            &[(SNAT_NEW, 1), (DROP_FIB, 1)],
+        ),
+        case(
+            "two pods, same source port, same destination: distinct translations",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_POD2))
+                    .redirected_if(snatted_in_range(&syn_a.clone().src(REMOTE_POD2), 40_000)),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "ICMPv6 echo: identifier kept when free, translated when taken",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &echo1).redirected(&out(&echo1, 7)),
+                from_tunnel(PEER, RULE_A, &echo2).redirected_if(snatted_in_range(&echo2, 7)),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "UDP: NAT66, port translated on collision",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &udp_a).redirected(&out(&udp_a, 5000)),
+                from_tunnel(PEER, RULE_A, &udp_a.clone().src(REMOTE_POD2))
+                    .redirected_if(snatted_in_range(&udp_a.clone().src(REMOTE_POD2), 5000)),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2)],
+        ),
+        case(
+            "zero UDP checksum dropped as malformed",
+            no_setup,
+            vec![
+                from_tunnel(
+                    PEER,
+                    RULE_A,
+                    &udp_a.clone().l4(L4::udp_no_checksum(5000, 53, b"q")),
+                )
+                .dropped(),
+            ],
+            &[(DROP_MALFORMED, 1)],
+        ),
+        case(
+            "extension headers walked: NAT66 checksums correct",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &with_ext).redirected(&out(&with_ext, 40_000))],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "1380-byte UDP payload: NAT66 checksum over the whole payload",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
+                    .redirected(&out(&big_udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "hop limit 1 dropped",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().hop_limit(1)).dropped()],
+            &[(DROP_TTL_EXCEEDED, 1)],
+        ),
+        case(
+            "fragment, too many extension headers, GRE: dropped by reason",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().fragment(0, true)).dropped(),
+                from_tunnel(PEER, RULE_A, &too_many_ext(&syn_a)).dropped(),
+                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
+            ],
+            &[
+                (DROP_FRAGMENT, 1),
+                (DROP_IPV6_EXT_HDR, 1),
+                (DROP_UNSUPPORTED_PROTO, 1),
+            ],
+        ),
+        case(
+            "port exhaustion (range of two ports) counted",
+            |dp, net| {
+                dp.config(Config {
+                    port_min: 30_000,
+                    port_max: 30_001,
+                    ..config(net)
+                });
+            },
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)))
+                    .redirected(&out(&syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)), 30_000)),
+                from_tunnel(
+                    PEER,
+                    RULE_A,
+                    &syn_a
+                        .clone()
+                        .src(REMOTE_POD2)
+                        .l4(L4::tcp(30_001, 443, 0x02)),
+                )
+                .redirected(&out(
+                    &syn_a
+                        .clone()
+                        .src(REMOTE_POD2)
+                        .l4(L4::tcp(30_001, 443, 0x02)),
+                    30_001,
+                )),
+                from_tunnel(
+                    PEER,
+                    RULE_A,
+                    &syn_a
+                        .clone()
+                        .src(REMOTE_POD3)
+                        .l4(L4::tcp(30_000, 443, 0x02)),
+                )
+                .dropped(),
+            ],
+            &[(SNAT_NEW, 2), (FORWARDED, 2), (DROP_PORT_EXHAUSTED, 1)],
+        ),
+        case(
+            "agent not ready: tunneled packet dropped",
+            |dp, net| {
+                dp.config(Config {
+                    flags: 0,
+                    ..config(net)
+                })
+            },
+            vec![from_tunnel(PEER, RULE_A, &syn_a).dropped()],
+            &[(DROP_NOT_READY, 1)],
+        ),
+        case(
+            "RETURN_VNI for a local pod: delivered to its device",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RETURN_VNI, &reply_in)
+                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
+            ],
+            &[(RETURN_DELIVERED, 1)],
+        ),
+        case(
+            "RETURN_VNI for a pod of another node, or from an unknown sender, dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RETURN_VNI, &reply_in.clone().dst(REMOTE_POD)).dropped(),
+                from_tunnel(STRANGER, RETURN_VNI, &reply_in).dropped(),
+            ],
+            &[(DROP_NOT_LOCAL_POD, 1), (DROP_UNKNOWN_SENDER, 1)],
+        ),
+    ]);
+}
+
+/// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
+#[test]
+#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
+fn from_tunnel_conntrack_entries() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
+        let o = dp.run(FROM_TUNNEL, &syn_a.build(), net.tun0, Some((PEER, RULE_A)));
+        assert_eq!(o.verdict, TC_ACT_REDIRECT);
+        let mut ct = ct6(&mut dp);
+        ct.sort_by_key(|(k, _)| k.dir);
+        let strip = |mut e: CtEntryV6| {
+            assert_ne!(e.last_seen_ns, 0);
+            e.last_seen_ns = 0;
+            e
+        };
+        let got: Vec<_> = ct.into_iter().map(|(k, e)| (k, strip(e))).collect();
+        let common = CtEntryV6 {
+            xlate_addr: EGRESS_A.octets(),
+            xlate_port_be: 40_000u16.to_be(),
+            state: state::NEW,
+            _pad0: 0,
+            pod_node: PEER.octets(),
+            ifindex: net.sec0,
+            rule_id: RULE_A,
+            last_seen_ns: 0,
+        };
+        assert_eq!(
+            got,
+            vec![
+                (
+                    CtKeyV6 {
+                        src: REMOTE_POD.octets(),
+                        dst: DEST_A.octets(),
+                        src_port_be: 40_000u16.to_be(),
+                        dst_port_be: 443u16.to_be(),
+                        proto: 6,
+                        dir: dir::ORIGINAL,
+                        _pad: [0; 2],
+                    },
+                    common
+                ),
+                (
+                    CtKeyV6 {
+                        src: DEST_A.octets(),
+                        dst: EGRESS_A.octets(),
+                        src_port_be: 443u16.to_be(),
+                        dst_port_be: 40_000u16.to_be(),
+                        proto: 6,
+                        dir: dir::REPLY,
+                        _pad: [0; 2],
+                    },
+                    CtEntryV6 {
+                        xlate_addr: REMOTE_POD.octets(),
+                        ..common
+                    }
+                ),
+            ]
+        );
+    });
+}
+
+// ---- from_secondary ----
+
+#[test]
+#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
+fn from_secondary_table() {
+    let fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
+    let synack_l4 = |mss: u16| {
+        let [hi, lo] = mss.to_be_bytes();
+        L4::Tcp {
+            sport: 443,
+            dport: 40_000,
+            flags: 0x12,
+            seq: 9,
+            ack: 0x0102_0305,
+            options: vec![2, 4, hi, lo],
+            payload: Vec::new(),
+        }
+    };
+    let synack = Ipv6Packet::new(DEST_A, EGRESS_A, synack_l4(1440));
+    let synack_clamped = synack.clone().l4(synack_l4(TUNNEL_MTU - 60));
+    let reply = tcp(DEST_A, 443, EGRESS_A, 40_000, TCP_ACK);
+    let local_fwd = tcp(LOCAL_POD, 40_000, DEST_A, 443, 0x02);
+    let echo_out = echo(REMOTE_POD, DEST_A, 7);
+    let echo_back = echo_reply(DEST_A, EGRESS_A, 7);
+    let udp_out = udp(REMOTE_POD, 5000, DEST_A, 53);
+    let udp_back = udp(DEST_A, 53, EGRESS_A, 5000);
+    let to_second = |prev: &[u8]| tcp(DEST_A, 443, EGRESS_A, sport_of(prev), TCP_ACK).build();
+    let ns_for = |target: Ipv6Addr| {
+        Ipv6Packet::new(ROUTER_A, target, ndp(ICMPV6_NEIGHBOUR_SOLICIT, target))
+            .hop_limit(255)
+            .macs(SEC0_MAC, ROUTER_A_MAC)
+    };
+
+    run_table(vec![
+        case(
+            "reply with an entry: reverse NAT66, tunneled back to the pod's node",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
+                from_secondary(&reply).redirected(&unnatted(&reply, REMOTE_POD, 40_000)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "SYN-ACK into the tunnel: MSS clamped to tunnel_mtu - 60",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
+                from_secondary(&synack).redirected(&unnatted(&synack_clamped, REMOTE_POD, 40_000)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (MSS_CLAMPED, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "reply to the second of two colliding flows restores its pod and port",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
+                from_tunnel(PEER, RULE_A, &fwd.clone().src(REMOTE_POD2)).forwarded_any(),
+                from_secondary(&reply)
+                    .derive(to_second)
+                    .redirected(&unnatted(&reply, REMOTE_POD2, 40_000)),
+            ],
+            &[
+                (SNAT_NEW, 2),
+                (FORWARDED, 2),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "reply for a pod on this gateway: delivered to its device",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![
+                from_pod(&local_fwd).forwarded_any(),
+                from_secondary(&reply)
+                    .redirected(&unnatted(&reply, LOCAL_POD, 40_000).macs(POD_MAC, POD0_MAC)),
+            ],
+            &[
+                (LOCAL_GATEWAY, 1),
+                (SNAT_NEW, 1),
+                (FORWARDED, 2),
+                (REVERSE_NAT, 1),
+            ],
+        ),
+        case(
+            "ICMPv6 echo reply: identifier restored, checksum over the pseudo-header",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &echo_out).forwarded_any(),
+                from_secondary(&echo_back).redirected(&unnatted(&echo_back, REMOTE_POD, 7)),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "UDP reply: reverse NAT66; with a zero checksum: dropped as malformed",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &udp_out).forwarded_any(),
+                from_secondary(&udp_back).redirected(&unnatted(&udp_back, REMOTE_POD, 5000)),
+                from_secondary(&udp_back.clone().l4(L4::udp_no_checksum(53, 5000, b"a"))).dropped(),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+                (DROP_MALFORMED, 1),
+            ],
+        ),
+        case(
+            "1380-byte UDP reply: reverse NAT66 checksum over the whole payload",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53)).forwarded_any(),
+                from_secondary(&big_udp(DEST_A, 53, EGRESS_A, 5000)).redirected(&unnatted(
+                    &big_udp(DEST_A, 53, EGRESS_A, 5000),
+                    REMOTE_POD,
+                    5000,
+                )),
+            ],
+            &[
+                (SNAT_NEW, 1),
+                (FORWARDED, 1),
+                (REVERSE_NAT, 1),
+                (RETURN_TUNNELED, 1),
+            ],
+        ),
+        case(
+            "dedicated egress IP, no entry: TCP, UDP, echo request dropped",
+            no_setup,
+            vec![
+                from_secondary(&reply).dropped(),
+                from_secondary(&udp_back).dropped(),
+                from_secondary(&echo(DEST_A, EGRESS_A, 9)).dropped(),
+            ],
+            &[(DROP_NO_CONNTRACK, 3)],
+        ),
+        case(
+            "dedicated egress IP, GRE or a fragment: dropped by reason",
+            no_setup,
+            vec![
+                from_secondary(&reply.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
+                from_secondary(&reply.clone().fragment(0, true)).dropped(),
+            ],
+            &[(DROP_UNSUPPORTED_PROTO, 1), (DROP_FRAGMENT, 1)],
+        ),
+        case(
+            "neighbour discovery for an egress IP passes to the kernel",
+            no_setup,
+            vec![
+                // Unicast solicitation (reachability) straight to the dedicated egress IP.
+                from_secondary(&ns_for(EGRESS_A)).passes(),
+                from_secondary(&ns_for(SHARED_A)).passes(),
+                // Multicast solicitation: not an egress IP at all.
+                from_secondary(&ns_for(EGRESS_A).dst(solicited_node(EGRESS_A))).passes(),
+                from_secondary(
+                    &Ipv6Packet::new(DEST_A, EGRESS_A, ndp(ICMPV6_NEIGHBOUR_ADVERT, DEST_A))
+                        .hop_limit(255),
+                )
+                .passes(),
+            ],
+            &[],
+        ),
+        case(
+            "reply with hop limit 1 dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
+                from_secondary(&reply.clone().hop_limit(1)).dropped(),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_TTL_EXCEEDED, 1)],
+        ),
+        case(
+            "agent not ready: dedicated egress IP dropped, shared address passes",
+            |dp, net| {
+                dp.config(Config {
+                    flags: 0,
+                    ..config(net)
+                })
+            },
+            vec![
+                from_secondary(&reply).dropped(),
+                from_secondary(&reply.clone().dst(SHARED_A)).passes(),
+            ],
+            &[(DROP_NOT_READY, 1)],
+        ),
+        case(
+            "shared address (the interface's own), no entry: passes to the host",
+            no_setup,
+            vec![from_secondary(&reply.clone().dst(SHARED_A)).passes()],
+            &[],
+        ),
+        case(
+            "unrelated traffic passes untouched",
+            no_setup,
+            vec![
+                from_secondary(&reply.clone().dst(v6(0xfd00, 0x100, 0, 0x99))).passes(),
+                from_secondary(&reply).raw(arp_frame()).passes(),
+            ],
+            &[],
+        ),
+    ]);
+}
