@@ -152,6 +152,12 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     lab.ns("w1-p1")?
         .sysctl("net.ipv4.ip_local_port_range", "10000 65000")?;
     thread::sleep(Duration::from_millis(300));
+    if let Some(bin) = std::env::var_os("EGRESS_AGENT_BIN") {
+        r.facts.push(format!(
+            "Agents: `{}` (from `EGRESS_AGENT_BIN`, not necessarily this workspace's build).",
+            bin.to_string_lossy()
+        ));
+    }
     let h = holder(&lab, addr::EGRESS_IP_A);
     r.facts.push(format!(
         "Ours: {} holds {} ({}); w1-p1's packets to host-a are tunneled (VXLAN) from w1 \
@@ -442,7 +448,7 @@ pub fn throughput(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
         notes.extend(r.facts.iter().cloned());
         notes.push(
             "Ours at 10k served pods: 10,000 extra Pod objects (bench-N, payments, app=api, \
-             10.245.x.y) on w2 in `bench-pods.yaml`, routed on w2 to a dummy device; \
+             10.245.x.y) on w2 in `bench-pods.yaml`, routed on w2 to a veth; \
              measured after every agent applied them (see the control-plane section)."
                 .to_owned(),
         );

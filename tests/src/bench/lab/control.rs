@@ -192,10 +192,11 @@ fn count<T>(it: impl Iterator<Item = T>) -> usize {
 /// the last pod; gateways: its pod-owner entry) or, for w1 (which none of them
 /// concern), the agent's next `reconciled` log line show it.
 pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
-    // The pods are routed on w2 to a dummy device, as real pods are to their veths: the
+    // The pods are routed on w2 to a veth (no dummy driver here), as real pods are to their veths: the
     // agent finds the device each selected local pod is routed to.
     lab.ns("w2")?.ip_batch(&[
-        "link add bench0 type dummy",
+        "link add bench0 type veth peer name bench1",
+        "link set bench1 up",
         "link set bench0 up",
         "route add 10.245.0.0/16 dev bench0",
     ])?;
