@@ -97,11 +97,24 @@ macro_rules! family {
                 now.saturating_sub(e.last_seen_ns) > idle_timeout(proto, e.state)
             }
 
+            /// The 40-byte (IPv6) temporaries of [`lookup_in`] and [`create_in`]: on the
+            /// stack for IPv4, in the per-CPU scratch map for IPv6 (BPF calls nest their
+            /// frames into one 512-byte budget).
+            #[repr(C)]
+            pub struct Slots {
+                /// The reply key of a new flow.
+                pub key: $Key,
+                /// The partner key of an entry that looks idle; the original key of a new flow.
+                pub peer: $Key,
+                /// The entries of a new flow.
+                pub entry: $Entry,
+            }
+
             /// The key of the other direction's entry of the flow that (`key`, `e`) belongs to.
             #[inline(always)]
-            fn partner_key(key: &$Key, e: &$Entry) -> $Key {
+            fn partner_key(key: &$Key, e: &$Entry, out: &mut $Key) {
                 if key.dir == dir::ORIGINAL {
-                    $Key {
+                    *out = $Key {
                         src: key.dst,
                         dst: e.xlate_addr,
                         src_port_be: key.dst_port_be,
@@ -109,9 +122,9 @@ macro_rules! family {
                         proto: key.proto,
                         dir: dir::REPLY,
                         _pad: [0; 2],
-                    }
+                    };
                 } else {
-                    $Key {
+                    *out = $Key {
                         src: e.xlate_addr,
                         dst: key.src,
                         src_port_be: e.xlate_port_be,
@@ -119,49 +132,86 @@ macro_rules! family {
                         proto: key.proto,
                         dir: dir::ORIGINAL,
                         _pad: [0; 2],
-                    }
+                    };
+                }
+            }
+
+            /// Whether `p` (the entry at `pk`) is the partner of (`key`, `e`): the
+            /// partner's own partner key is `key`, compared field by field.
+            #[inline(always)]
+            fn partners(key: &$Key, pk: &$Key, p: &$Entry) -> bool {
+                if pk.dir == dir::ORIGINAL {
+                    key.src == pk.dst
+                        && key.dst == p.xlate_addr
+                        && key.src_port_be == pk.dst_port_be
+                        && key.dst_port_be == p.xlate_port_be
+                        && key.proto == pk.proto
+                        && key.dir == dir::REPLY
+                } else {
+                    key.src == p.xlate_addr
+                        && key.dst == pk.src
+                        && key.src_port_be == p.xlate_port_be
+                        && key.dst_port_be == pk.src_port_be
+                        && key.proto == pk.proto
+                        && key.dir == dir::ORIGINAL
                 }
             }
 
             /// Whether the flow of (`key`, `e`) has seen a packet within its timeout in either
             /// direction. Each direction refreshes only its own entry (one lookup per packet), so
-            /// an entry that looks idle asks its partner before the flow counts as over: a one-way
-            /// stream must keep both its translation and its claim on the reply tuple. Only paid
-            /// on the expired path.
+            /// an entry that looks idle asks its partner (its key built in `pk`) before the flow
+            /// counts as over: a one-way stream must keep both its translation and its claim on
+            /// the reply tuple. Only paid on the expired path.
             #[inline(always)]
-            fn flow_live(key: &$Key, e: &$Entry, now: u64) -> bool {
+            fn flow_live(key: &$Key, e: &$Entry, now: u64, pk: &mut $Key) -> bool {
                 if !expired(key.proto, e, now) {
                     return true;
                 }
-                let pk = partner_key(key, e);
-                let Some(p) = $MAP.get_ptr(pk) else {
+                partner_key(key, e, pk);
+                let Some(p) = $MAP.get_ptr(&*pk) else {
                     return false;
                 };
                 // SAFETY: valid map value pointer, read only.
                 let p = unsafe { &*p };
                 // The partner must still belong to this flow (its slot may have been reused).
-                !expired(key.proto, p, now) && partner_key(&pk, p) == *key
+                !expired(key.proto, p, now) && partners(key, pk, p)
             }
 
             /// A live entry for `key`: refreshes its last-seen time and TCP state, and returns a copy.
             /// Entries of flows idle in both directions count as absent.
+            #[allow(dead_code, reason = "IPv4 only")]
             #[inline(always)]
             pub fn lookup(key: &$Key, tcp_flags: u8, now: u64) -> Option<$Entry> {
+                // SAFETY: all-zero is a valid key.
+                let mut pk: $Key = unsafe { core::mem::zeroed() };
+                lookup_in(key, tcp_flags, now, &mut pk).map(|e| *e)
+            }
+
+            /// [`lookup`] with the partner key's room given by the caller; returns the entry
+            /// in the map.
+            #[inline(always)]
+            pub fn lookup_in(
+                key: &$Key,
+                tcp_flags: u8,
+                now: u64,
+                pk: &mut $Key,
+            ) -> Option<&'static $Entry> {
                 let e = $MAP.get_ptr_mut(key)?;
                 // SAFETY: valid map value pointer; concurrent updates of these fields only race on
                 // timestamps and state, which are advisory.
                 let e = unsafe { &mut *e };
-                if !flow_live(key, e, now) {
+                if !flow_live(key, e, now, pk) {
                     return None;
                 }
                 e.last_seen_ns = now;
                 e.state = next_state(key.proto, e.state, tcp_flags);
-                Some(*e)
+                Some(e)
             }
 
             /// Create both entries of a new flow. Keeps the pod's port when it is free for
             /// (destination, egress IP), else tries random ports of the configured range.
             /// Returns the chosen port (network order).
+            #[allow(dead_code, reason = "IPv4 only")]
             #[expect(
                 clippy::too_many_arguments,
                 reason = "the flow (ip, l4), its rule's decision and the clock; one caller"
@@ -177,22 +227,44 @@ macro_rules! family {
                 pod_node: [u8; 4],
                 now: u64,
             ) -> Result<u16, AllocError> {
+                // SAFETY: all-zero keys and entries are valid.
+                let mut slots: Slots = unsafe { core::mem::zeroed() };
+                create_in(cfg, ip, l4, &egress_ip, ifindex, rule_id, pod_node, now, &mut slots)
+            }
+
+            /// [`create`] with its keys and entry in `s`.
+            #[expect(
+                clippy::too_many_arguments,
+                reason = "the flow (ip, l4), its rule's decision, the clock and the room"
+            )]
+            #[inline(always)]
+            pub fn create_in(
+                cfg: &Config,
+                ip: &$Ip,
+                l4: &L4,
+                egress_ip: &$Addr,
+                ifindex: u32,
+                rule_id: u32,
+                pod_node: [u8; 4],
+                now: u64,
+                s: &mut Slots,
+            ) -> Result<u16, AllocError> {
                 let st = if ip.proto == PROTO_TCP {
                     state::NEW
                 } else {
                     state::ESTABLISHED
                 };
                 // For ICMP echo the "ports" are (identifier, 0) one way and (0, identifier) back.
-                let mut reply = $Key {
+                s.key = $Key {
                     src: ip.dst,
-                    dst: egress_ip,
+                    dst: *egress_ip,
                     src_port_be: l4.dport_be,
                     dst_port_be: l4.sport_be,
                     proto: ip.proto,
                     dir: dir::REPLY,
                     _pad: [0; 2],
                 };
-                let reply_val = $Entry {
+                s.entry = $Entry {
                     xlate_addr: ip.src,
                     xlate_port_be: l4.sport_be,
                     state: st,
@@ -209,21 +281,21 @@ macro_rules! family {
                 for i in 0..PORT_ALLOC_TRIES {
                     if i > 0 {
                         let r = unsafe { bpf_get_prandom_u32() };
-                        reply.dst_port_be = ((lo + r % span) as u16).to_be();
+                        s.key.dst_port_be = ((lo + r % span) as u16).to_be();
                     }
                     if $MAP
-                        .insert(reply, reply_val, u64::from(BPF_NOEXIST))
+                        .insert(&s.key, &s.entry, u64::from(BPF_NOEXIST))
                         .is_ok()
                     {
                         claimed = true;
                         break;
                     }
                     // Taken: reuse the slot if the flow that held it has gone idle both ways.
-                    if let Some(old) = $MAP.get_ptr(reply) {
+                    if let Some(old) = $MAP.get_ptr(&s.key) {
                         // SAFETY: valid map value pointer, read only.
                         let old = unsafe { &*old };
-                        if !flow_live(&reply, old, now)
-                            && $MAP.insert(reply, reply_val, u64::from(BPF_ANY)).is_ok()
+                        if !flow_live(&s.key, old, now, &mut s.peer)
+                            && $MAP.insert(&s.key, &s.entry, u64::from(BPF_ANY)).is_ok()
                         {
                             claimed = true;
                             break;
@@ -233,17 +305,14 @@ macro_rules! family {
                 if !claimed {
                     return Err(AllocError::PortsExhausted);
                 }
-                let orig = original_key(ip, l4);
-                let orig_val = $Entry {
-                    xlate_addr: egress_ip,
-                    xlate_port_be: reply.dst_port_be,
-                    ..reply_val
-                };
-                if $MAP.insert(orig, orig_val, u64::from(BPF_ANY)).is_err() {
-                    let _ = $MAP.remove(reply);
+                s.peer = original_key(ip, l4);
+                s.entry.xlate_addr = *egress_ip;
+                s.entry.xlate_port_be = s.key.dst_port_be;
+                if $MAP.insert(&s.peer, &s.entry, u64::from(BPF_ANY)).is_err() {
+                    let _ = $MAP.remove(&s.key);
                     return Err(AllocError::InsertFailed);
                 }
-                Ok(reply.dst_port_be)
+                Ok(s.key.dst_port_be)
             }
         }
     };

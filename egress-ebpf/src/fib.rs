@@ -47,10 +47,12 @@ pub fn redirect(
     lookup_and_redirect(ctx, &mut p, from)
 }
 
-/// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason).
+/// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason). The lookup's
+/// parameters live in `p` (the per-CPU scratch slot), not on the stack.
 #[inline(always)]
 pub fn redirect6(
     ctx: &TcContext,
+    p: &mut FibParams,
     proto: u8,
     src: &[u8; 16],
     dst: &[u8; 16],
@@ -64,7 +66,7 @@ pub fn redirect6(
             From::Output(i) | From::Input(i) => *i,
         },
     };
-    match redirect6_call(ctx, &q, src, dst) {
+    match redirect6_call(ctx, p, &q, src, dst) {
         NO_ROUTE => Err(()),
         v => Ok(v),
     }
@@ -87,9 +89,15 @@ const NO_ROUTE: i32 = i32::MIN;
 /// in registers and nothing on the stack, so the result is a plain integer (a `Result`
 /// would be returned through a hidden pointer argument).
 #[inline(never)]
-fn redirect6_call(ctx: &TcContext, q: &Lookup6, src: &[u8; 16], dst: &[u8; 16]) -> i32 {
+fn redirect6_call(
+    ctx: &TcContext,
+    p: &mut FibParams,
+    q: &Lookup6,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+) -> i32 {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut p: FibParams = unsafe { zeroed() };
+    *p = unsafe { zeroed() };
     p.family = AF_INET6;
     p.l4_protocol = q.proto;
     p.__bindgen_anon_3.ipv6_src = words(src);
@@ -99,7 +107,7 @@ fn redirect6_call(ctx: &TcContext, q: &Lookup6, src: &[u8; 16], dst: &[u8; 16]) 
     } else {
         From::Input(q.ifindex)
     };
-    lookup_and_redirect(ctx, &mut p, from).unwrap_or(NO_ROUTE)
+    lookup_and_redirect(ctx, p, from).unwrap_or(NO_ROUTE)
 }
 
 /// An IPv6 address as the four network-order words of `bpf_fib_lookup`.

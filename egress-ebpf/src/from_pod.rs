@@ -55,25 +55,29 @@ fn non_forward(ctx: &TcContext, act: u8) -> Option<i32> {
 
 /// A packet of a selected IPv6 pod. Neighbour discovery and link-scoped destinations
 /// (link-local, multicast) are the kernel's whatever the policy says: a `::/0` rule must
-/// not tunnel a neighbour solicitation.
+/// not tunnel a neighbour solicitation. The parsed headers and the policy key live in the
+/// per-CPU scratch slot, which the gateway path then reads.
 #[inline(never)]
 fn selected6(ctx: &TcContext) -> i32 {
-    let ip = match parse6::ipv6(ctx) {
-        Ok(Some(ip)) => ip,
-        Ok(None) => return OK,
-        Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
+    let Some(s) = maps::scratch() else {
+        return OK;
     };
-    if parse6::link_scoped(&ip.dst) || parse6::is_ndp(ctx, &ip) {
+    match parse6::parse(ctx, &mut s.ip6) {
+        parse6::PARSED => {}
+        parse6::NOT_IPV6 => return OK,
+        _ => return verdict(ctx, reason::MALFORMED_PASSED, OK),
+    }
+    if parse6::link_scoped(&s.ip6.dst) || parse6::is_ndp(ctx, &s.ip6) {
         return OK;
     }
-    let key = Key::new(
+    s.policy6 = Key::new(
         POD_PREFIX_BITS_V6 + 128,
         PolicyKeyV6 {
-            pod: ip.src,
-            dst: ip.dst,
+            pod: s.ip6.src,
+            dst: s.ip6.dst,
         },
     );
-    let Some(entry) = POLICY_V6.get(&key) else {
+    let Some(entry) = POLICY_V6.get(&s.policy6) else {
         return OK;
     };
     if let Some(v) = non_forward(ctx, entry.action) {
@@ -82,33 +86,39 @@ fn selected6(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return verdict(ctx, reason::DROP_NOT_READY, SHOT);
     };
-    let l4 = match parse6::l4(ctx, &ip) {
+    s.l4 = match parse6::l4(ctx, &s.ip6) {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
     if entry.gateway == cfg.node_ip {
         count(ctx, reason::LOCAL_GATEWAY);
-        return gateway::forward6(
-            ctx,
-            cfg,
-            &ip,
-            &l4,
-            gateway::Origin {
-                rule_id: entry.rule_id,
-                pod_node: cfg.node_ip,
-            },
-        );
+        s.x6.origin = gateway::Origin {
+            rule_id: entry.rule_id,
+            pod_node: cfg.node_ip,
+        };
+        return gateway::forward6(ctx, cfg, s);
     }
-    if ip.proto == PROTO_TCP
-        && l4.tcp_flags & TCP_SYN != 0
+    if s.ip6.proto == PROTO_TCP
+        && s.l4.tcp_flags & TCP_SYN != 0
         && matches!(
-            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)),
+            rewrite::clamp_mss(
+                ctx,
+                s.ip6.l4,
+                &s.l4,
+                cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)
+            ),
             Ok(true)
         )
     {
         count(ctx, reason::MSS_CLAMPED);
     }
-    match tunnel::send(ctx, cfg.tunnel_ifindex, entry.gateway, entry.rule_id) {
+    match tunnel::send_with(
+        ctx,
+        &mut s.tunnel,
+        cfg.tunnel_ifindex,
+        entry.gateway,
+        entry.rule_id,
+    ) {
         Ok(v) => verdict(ctx, reason::TUNNELED, v),
         Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
     }

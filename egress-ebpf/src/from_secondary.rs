@@ -93,17 +93,21 @@ fn run4(ctx: &TcContext) -> i32 {
     }
 }
 
-/// The same for IPv6: NAT66 reversed, hop limit, back through the tunnel or to a local pod.
+/// The same for IPv6: NAT66 reversed, hop limit, back through the tunnel or to a local
+/// pod. The parsed headers, the conntrack key, the FIB parameters and the tunnel key live
+/// in the per-CPU scratch slot.
 #[inline(never)]
 fn run6(ctx: &TcContext) -> i32 {
-    let ip = match parse6::ipv6(ctx) {
-        Ok(Some(ip)) => ip,
-        Ok(None) | Err(_) => return OK,
-    };
-    let Some(eip) = (unsafe { EGRESS_IPS_V6.get(ip.dst) }) else {
+    let Some(s) = maps::scratch() else {
         return OK;
     };
-    if parse6::is_ndp(ctx, &ip) {
+    if parse6::parse(ctx, &mut s.ip6) != parse6::PARSED {
+        return OK;
+    }
+    let Some(eip) = (unsafe { EGRESS_IPS_V6.get(s.ip6.dst) }) else {
+        return OK;
+    };
+    if parse6::is_ndp(ctx, &s.ip6) {
         return OK;
     }
     let shared = eip.flags & egress_ip_flags::SHARED != 0;
@@ -111,18 +115,24 @@ fn run6(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return miss(reason::DROP_NOT_READY);
     };
-    let l4 = match parse6::l4(ctx, &ip) {
+    s.l4 = match parse6::l4(ctx, &s.ip6) {
         Ok(l4) => l4,
         Err(b) => return miss(b.drop_reason()),
     };
-    let Some(e) = v6::lookup(&v6::reply_key(&ip, &l4), l4.tcp_flags, conntrack::now()) else {
+    s.ct6.key = v6::reply_key(&s.ip6, &s.l4);
+    let Some(e) = v6::lookup_in(
+        &s.ct6.key,
+        s.l4.tcp_flags,
+        conntrack::now(),
+        &mut s.ct6.peer,
+    ) else {
         return miss(reason::DROP_NO_CONNTRACK);
     };
-    if ip.hop_limit <= 1 {
+    if s.ip6.hop_limit <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
-    if rewrite::dnat6(ctx, &ip, &l4, &e.xlate_addr, e.xlate_port_be).is_err()
-        || rewrite::dec_hop_limit(ctx, &ip).is_err()
+    if rewrite::dnat6(ctx, &s.ip6, &s.l4, &e.xlate_addr, e.xlate_port_be).is_err()
+        || rewrite::dec_hop_limit(ctx, &s.ip6).is_err()
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
@@ -130,8 +140,9 @@ fn run6(ctx: &TcContext) -> i32 {
     if e.pod_node == cfg.node_ip {
         return match fib::redirect6(
             ctx,
-            ip.proto,
-            &ip.src,
+            &mut s.fib,
+            s.ip6.proto,
+            &s.ip6.src,
             &e.xlate_addr,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
@@ -139,16 +150,27 @@ fn run6(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    if ip.proto == PROTO_TCP
-        && l4.tcp_flags & TCP_SYN != 0
+    if s.ip6.proto == PROTO_TCP
+        && s.l4.tcp_flags & TCP_SYN != 0
         && matches!(
-            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)),
+            rewrite::clamp_mss(
+                ctx,
+                s.ip6.l4,
+                &s.l4,
+                cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)
+            ),
             Ok(true)
         )
     {
         count(ctx, reason::MSS_CLAMPED);
     }
-    match tunnel::send(ctx, cfg.tunnel_ifindex, e.pod_node, RETURN_VNI) {
+    match tunnel::send_with(
+        ctx,
+        &mut s.tunnel,
+        cfg.tunnel_ifindex,
+        e.pod_node,
+        RETURN_VNI,
+    ) {
         Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
         Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
     }

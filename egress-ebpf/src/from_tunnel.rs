@@ -83,50 +83,49 @@ fn sender(ctx: &TcContext) -> Result<(&'static Config, Received), i32> {
 }
 
 /// The same for an inner IPv6 packet (kept out of line: the verifier sees each family's
-/// path once).
+/// path once). Its parsed headers live in the per-CPU scratch slot.
 #[inline(never)]
 fn run6(ctx: &TcContext) -> i32 {
-    let ip = match parse6::ipv6(ctx) {
-        Ok(Some(ip)) => ip,
-        Ok(None) => return OK,
-        Err(_) => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
+    let Some(s) = maps::scratch() else {
+        return OK;
     };
+    match parse6::parse(ctx, &mut s.ip6) {
+        parse6::PARSED => {}
+        parse6::NOT_IPV6 => return OK,
+        _ => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
+    }
     let (cfg, meta) = match sender(ctx) {
         Ok(s) => s,
         Err(v) => return v,
     };
     if meta.vni == RETURN_VNI {
-        match unsafe { POD_OWNER_V6.get(ip.dst) } {
+        match unsafe { POD_OWNER_V6.get(s.ip6.dst) } {
             Some(o) if o.node == cfg.node_ip => {}
             _ => return verdict(ctx, reason::DROP_NOT_LOCAL_POD, SHOT),
         }
         return match fib::redirect6(
             ctx,
-            ip.proto,
-            &ip.src,
-            &ip.dst,
+            &mut s.fib,
+            s.ip6.proto,
+            &s.ip6.src,
+            &s.ip6.dst,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
             Ok(v) => verdict(ctx, reason::RETURN_DELIVERED, v),
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    match unsafe { POD_OWNER_V6.get(ip.src) } {
+    match unsafe { POD_OWNER_V6.get(s.ip6.src) } {
         Some(o) if o.node == meta.sender => {}
         _ => return verdict(ctx, reason::DROP_SPOOFED_SOURCE, SHOT),
     }
-    let l4 = match parse6::l4(ctx, &ip) {
+    s.l4 = match parse6::l4(ctx, &s.ip6) {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
-    gateway::forward6(
-        ctx,
-        cfg,
-        &ip,
-        &l4,
-        gateway::Origin {
-            rule_id: meta.vni,
-            pod_node: meta.sender,
-        },
-    )
+    s.x6.origin = gateway::Origin {
+        rule_id: meta.vni,
+        pod_node: meta.sender,
+    };
+    gateway::forward6(ctx, cfg, s)
 }

@@ -10,9 +10,8 @@ use crate::{
     conntrack::{self, AllocError, v4, v6},
     counters::{SHOT, count, verdict},
     fib,
-    maps::{RULES_V4, RULES_V6},
+    maps::{RULES_V4, RULES_V6, Scratch},
     parse::{Ipv4, L4},
-    parse6::Ipv6,
     rewrite,
 };
 
@@ -76,6 +75,7 @@ pub fn forward(
 }
 
 /// Who sent a packet into the gateway path: its rule and the pod's node.
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Origin {
     pub rule_id: u32,
@@ -83,104 +83,101 @@ pub struct Origin {
 }
 
 /// The translation of an IPv6 flow: in, who sent it; out, its egress IP, port and
-/// interface.
-struct Xlate6 {
-    origin: Origin,
-    egress_ip: [u8; 16],
-    port_be: u16,
-    ifindex: u32,
+/// interface. Lives in the per-CPU scratch slot.
+#[repr(C)]
+pub struct Xlate6 {
+    pub origin: Origin,
+    pub egress_ip: [u8; 16],
+    pub port_be: u16,
+    pub ifindex: u32,
 }
 
 /// [`forward`] for IPv6: NAT66 to the rule's egress IPv6, hop limit, FIB lookup (IPv6)
-/// restricted to the rule's interface. Out of line, and in out-of-line steps
-/// ([`translate6`], [`fib::redirect6`]) called one after the other: BPF calls nest their
-/// stack frames into one 512-byte budget, and 40-byte conntrack keys and entries add up.
-/// (A BPF call takes at most five arguments, hence [`Origin`].)
+/// restricted to the rule's interface. The packet's parsed headers (`s.ip6`, `s.l4`) and
+/// its origin (`s.x6.origin`) are in the per-CPU scratch slot `s`, and so are the
+/// conntrack keys and entries and the FIB parameters: BPF calls nest their stack frames
+/// into one 512-byte budget. Out of line, and in out-of-line steps ([`lookup6`],
+/// [`create6`], the FIB call) called one after the other.
 #[inline(never)]
-pub fn forward6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, origin: Origin) -> i32 {
-    if ip.hop_limit <= 1 {
+pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
+    if s.ip6.hop_limit <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
-    let mut x = Xlate6 {
-        origin,
-        egress_ip: [0; 16],
-        port_be: 0,
-        ifindex: 0,
-    };
-    let v = translate6(ctx, cfg, ip, l4, &mut x);
-    if v != TRANSLATED {
-        return v;
+    if lookup6(s) {
+        count(ctx, reason::SNAT_HIT);
+    } else {
+        let v = create6(ctx, cfg, s);
+        if v != TRANSLATED {
+            return v;
+        }
     }
-    if rewrite::snat6(ctx, ip, l4, &x.egress_ip, x.port_be).is_err()
-        || rewrite::dec_hop_limit(ctx, ip).is_err()
+    if rewrite::snat6(ctx, &s.ip6, &s.l4, &s.x6.egress_ip, s.x6.port_be).is_err()
+        || rewrite::dec_hop_limit(ctx, &s.ip6).is_err()
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     match fib::redirect6(
         ctx,
-        ip.proto,
-        &x.egress_ip,
-        &ip.dst,
-        &fib::From::Output(x.ifindex),
+        &mut s.fib,
+        s.ip6.proto,
+        &s.x6.egress_ip,
+        &s.ip6.dst,
+        &fib::From::Output(s.x6.ifindex),
     ) {
         Ok(v) => verdict(ctx, reason::FORWARDED, v),
         Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
     }
 }
 
-/// What [`translate6`] returns when `x` is filled in: not a TC verdict.
+/// What [`create6`] returns when `s.x6` is filled in: not a TC verdict (a plain integer:
+/// a `Result` would travel through a hidden argument, and BPF calls take five).
 const TRANSLATED: i32 = i32::MIN;
 
-/// The flow's translation: its conntrack entry, or a new one from its rule. An
-/// established flow keeps what it started with. Returns [`TRANSLATED`], or the verdict
-/// of a refused packet (a plain integer: a `Result` would travel through a hidden
-/// argument, and BPF calls take five). Lookup and creation are sibling calls, so their
-/// 40-byte keys and entries never sit on the stack at the same time.
-#[inline(always)]
-fn translate6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> i32 {
-    if lookup6(ip, l4, x) {
-        count(ctx, reason::SNAT_HIT);
-        return TRANSLATED;
-    }
-    create6(ctx, cfg, ip, l4, x)
-}
-
-/// Whether the flow has a live entry; fills in `x` from it.
+/// Whether the flow has a live entry (an established flow keeps the egress IP and
+/// interface it started with); fills in `s.x6` from it.
 #[inline(never)]
-fn lookup6(ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> bool {
-    match v6::lookup(&v6::original_key(ip, l4), l4.tcp_flags, conntrack::now()) {
+fn lookup6(s: &mut Scratch) -> bool {
+    s.ct6.key = v6::original_key(&s.ip6, &s.l4);
+    match v6::lookup_in(
+        &s.ct6.key,
+        s.l4.tcp_flags,
+        conntrack::now(),
+        &mut s.ct6.peer,
+    ) {
         Some(e) => {
-            x.egress_ip = e.xlate_addr;
-            x.port_be = e.xlate_port_be;
-            x.ifindex = e.ifindex;
+            s.x6.egress_ip = e.xlate_addr;
+            s.x6.port_be = e.xlate_port_be;
+            s.x6.ifindex = e.ifindex;
             true
         }
         None => false,
     }
 }
 
-/// A new flow: its rule's egress IP and a port, both conntrack entries.
+/// A new flow: its rule's egress IP and a port, both conntrack entries. Returns
+/// [`TRANSLATED`] or the verdict of a refused packet.
 #[inline(never)]
-fn create6(ctx: &TcContext, cfg: &Config, ip: &Ipv6, l4: &L4, x: &mut Xlate6) -> i32 {
-    let Origin { rule_id, pod_node } = x.origin;
+fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
+    let Origin { rule_id, pod_node } = s.x6.origin;
     let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
         return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
     };
-    match v6::create(
+    match v6::create_in(
         cfg,
-        ip,
-        l4,
-        rule.egress_ip,
+        &s.ip6,
+        &s.l4,
+        &rule.egress_ip,
         rule.ifindex,
         rule_id,
         pod_node,
         conntrack::now(),
+        &mut s.ct6,
     ) {
         Ok(port_be) => {
             count(ctx, reason::SNAT_NEW);
-            x.egress_ip = rule.egress_ip;
-            x.port_be = port_be;
-            x.ifindex = rule.ifindex;
+            s.x6.egress_ip = rule.egress_ip;
+            s.x6.port_be = port_be;
+            s.x6.ifindex = rule.ifindex;
             TRANSLATED
         }
         Err(AllocError::PortsExhausted) => verdict(ctx, reason::DROP_PORT_EXHAUSTED, SHOT),

@@ -1,7 +1,8 @@
 //! Every map of the datapath. BTF-defined, so that `bpftool map dump` prints field names.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    bindings::{bpf_fib_lookup, bpf_tunnel_key},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
 use egress_common::{
@@ -14,6 +15,8 @@ use egress_common::{
         PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue,
     },
 };
+
+use crate::{conntrack, gateway::Xlate6, parse::L4, parse6::Ipv6};
 
 #[btf_map]
 pub static POLICY_V4: LpmTrie<PolicyKeyV4, PolicyValue, { POLICY_MAX_ENTRIES as usize }> =
@@ -63,6 +66,31 @@ pub static CT_V6: LruHashMap<CtKeyV6, CtEntryV6, { CT_MAX_ENTRIES as usize }> = 
 #[btf_map]
 pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
     HashMap::new();
+
+/// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
+/// key, conntrack keys and entries, the FIB lookup and the tunnel key): looked up once
+/// per IPv6 packet, so that no call chain's stack frames exceed the verifier's 512 bytes.
+/// A program runs to completion on its CPU, so one slot per CPU is enough.
+#[repr(C)]
+pub struct Scratch {
+    pub ip6: Ipv6,
+    pub l4: L4,
+    pub ct6: conntrack::v6::Slots,
+    pub x6: Xlate6,
+    pub fib: bpf_fib_lookup,
+    pub tunnel: bpf_tunnel_key,
+    pub policy6: Key<PolicyKeyV6>,
+}
+
+#[btf_map]
+pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// This CPU's scratch slot (never `None` in practice: the array has its one entry).
+#[inline(always)]
+pub fn scratch() -> Option<&'static mut Scratch> {
+    // SAFETY: per-CPU slot, used by one program run at a time.
+    SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
 
 #[btf_map]
 pub static COUNTERS: PerCpuArray<Counter, { MAX_REASONS as usize }> = PerCpuArray::new();

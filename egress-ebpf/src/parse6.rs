@@ -1,7 +1,7 @@
 //! Bounds-checked reads of IPv6 headers: the fixed header, a bounded walk over the
 //! extension headers whose layout we know, and the transport header behind them.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 
 use crate::parse::{Bad, ETH_LEN, ETH_TYPE_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport};
 
@@ -42,11 +42,11 @@ pub struct Ipv6 {
     pub stop: u8,
 }
 
-/// Whether the programs take the IPv6 paths. Off until their call chains fit the
-/// verifier's 512-byte combined stack (conntrack keys and entries of 40 bytes nest too
-/// deep as they are): with it off, IPv6 passes untouched as before, and LLVM drops the
-/// IPv6 code from the object.
-pub const IPV6_DATAPATH: bool = false;
+/// Whether the programs take the IPv6 paths. Their call chains fit the verifier's
+/// 512-byte combined stack because their large temporaries (headers, conntrack keys and
+/// entries, FIB and tunnel parameters) live in the per-CPU `maps::SCRATCH` slot. Turned
+/// off, IPv6 passes untouched and LLVM drops the IPv6 code from the object.
+pub const IPV6_DATAPATH: bool = true;
 
 pub const STOP_NONE: u8 = 0;
 pub const STOP_FRAGMENT: u8 = 1;
@@ -62,34 +62,35 @@ pub fn ipv6_src(ctx: &TcContext) -> Option<[u8; 16]> {
     ctx.load::<[u8; 16]>(IP6_SRC_OFF).ok()
 }
 
-/// The IPv6 header, `Ok(None)` when the frame is not IPv6.
-#[inline(always)]
-pub fn ipv6(ctx: &TcContext) -> Result<Option<Ipv6>, Bad> {
-    let mut ip = Ipv6 {
-        src: [0; 16],
-        dst: [0; 16],
-        proto: 0,
-        hop_limit: 0,
-        l4: 0,
-        end: 0,
-        stop: STOP_NONE,
-    };
-    match parse_into(ctx, &mut ip) {
-        PARSED => Ok(Some(ip)),
-        NOT_IPV6 => Ok(None),
-        _ => Err(Bad::Malformed),
-    }
-}
+/// What [`parse`] returns: the header is in `out`.
+pub const PARSED: i32 = 1;
+/// What [`parse`] returns: the frame is not IPv6.
+pub const NOT_IPV6: i32 = 0;
+/// What [`parse`] returns: a truncated or inconsistent header.
+pub const MALFORMED: i32 = -1;
 
-const PARSED: i32 = 1;
-const NOT_IPV6: i32 = 0;
-const MALFORMED: i32 = -1;
+/// 16 bytes of the packet at `off` into `out` (a fixed length: `TcContext::load_bytes`
+/// clamps its length to the packet, which the verifier sees as a possibly empty read).
+#[inline(always)]
+fn load16(ctx: &TcContext, off: usize, out: &mut [u8; 16]) -> bool {
+    // SAFETY: `out` is 16 writable bytes.
+    let ret = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            off as u32,
+            out.as_mut_ptr() as *mut _,
+            16,
+        )
+    };
+    ret == 0
+}
 
 /// Out of line: the walk's temporaries then stay off the stack frames of the callers
 /// (BPF calls nest their frames into one 512-byte budget). The addresses are loaded
 /// straight into `out`.
+/// Returns [`PARSED`], [`NOT_IPV6`] or [`MALFORMED`] (a plain integer across the call).
 #[inline(never)]
-fn parse_into(ctx: &TcContext, out: &mut Ipv6) -> i32 {
+pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
     let Ok(ethertype) = ctx.load::<u16>(ETH_TYPE_OFF) else {
         return MALFORMED;
     };
@@ -108,9 +109,7 @@ fn parse_into(ctx: &TcContext, out: &mut Ipv6) -> i32 {
     if end > ctx.len() as usize {
         return MALFORMED;
     }
-    if ctx.load_bytes(IP6_SRC_OFF, &mut out.src) != Ok(16)
-        || ctx.load_bytes(IP6_DST_OFF, &mut out.dst) != Ok(16)
-    {
+    if !load16(ctx, IP6_SRC_OFF, &mut out.src) || !load16(ctx, IP6_DST_OFF, &mut out.dst) {
         return MALFORMED;
     }
     let mut next = fixed[6];

@@ -52,12 +52,25 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
 pub fn send(ctx: &TcContext, tunnel_ifindex: u32, remote: [u8; 4], vni: u32) -> Result<i32, ()> {
     // SAFETY: as above.
     let mut key: bpf_tunnel_key = unsafe { zeroed() };
+    send_with(ctx, &mut key, tunnel_ifindex, remote, vni)
+}
+
+/// [`send`] with the key built in `key` (the per-CPU scratch slot on the IPv6 paths).
+#[inline(always)]
+pub fn send_with(
+    ctx: &TcContext,
+    key: &mut bpf_tunnel_key,
+    tunnel_ifindex: u32,
+    remote: [u8; 4],
+    vni: u32,
+) -> Result<i32, ()> {
+    // SAFETY: as above.
+    *key = unsafe { zeroed() };
     key.tunnel_id = vni;
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(remote);
     key.tunnel_ttl = 64;
-    let ret = unsafe {
-        bpf_skb_set_tunnel_key(ctx.skb.skb, &mut key, size_of::<bpf_tunnel_key>() as u32, 0)
-    };
+    let ret =
+        unsafe { bpf_skb_set_tunnel_key(ctx.skb.skb, key, size_of::<bpf_tunnel_key>() as u32, 0) };
     if ret != 0 {
         return Err(());
     }

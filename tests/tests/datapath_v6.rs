@@ -594,7 +594,6 @@ fn snatted_in_range(p: &Ipv6Packet, not: u16) -> impl Fn(&[u8]) -> Result<(), St
 // ---- from_pod ----
 
 #[test]
-#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
 fn from_pod_table() {
     let to_a = tcp(LOCAL_POD, 40_000, DEST_A, 80, TCP_ACK);
     let local_gw_out = snatted(&to_a, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC);
@@ -839,7 +838,6 @@ fn from_pod_table() {
 // ---- from_tunnel ----
 
 #[test]
-#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
 fn from_tunnel_table() {
     let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
     let ack_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
@@ -1088,7 +1086,6 @@ fn from_tunnel_table() {
 
 /// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
 #[test]
-#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
 fn from_tunnel_conntrack_entries() {
     in_netns(|| {
         let net = topology();
@@ -1153,7 +1150,6 @@ fn from_tunnel_conntrack_entries() {
 // ---- from_secondary ----
 
 #[test]
-#[ignore = "IPv6 paths are off (egress-ebpf parse6::IPV6_DATAPATH) until their BPF call chains fit the verifier's 512-byte combined stack"]
 fn from_secondary_table() {
     let fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
     let synack_l4 = |mss: u16| {
