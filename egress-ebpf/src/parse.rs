@@ -89,14 +89,25 @@ pub fn ethertype(ctx: &TcContext) -> Option<u16> {
 }
 
 /// The source address of an IPv4 packet, or `None` for anything else. The cheapest read
-/// of the miss path: one ethertype and one address.
+/// of the miss path: one ethertype and one address, by direct packet access when the
+/// headers are in the linear part of the skb (always, for frames from a pod's veth),
+/// else through `bpf_skb_load_bytes`.
 #[inline(always)]
 pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
-    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).ok()?;
+    let start = ctx.data();
+    if start + IP_SRC_OFF + 4 > ctx.data_end() {
+        let ethertype: u16 = ctx.load(ETH_TYPE_OFF).ok()?;
+        if ethertype != ETH_P_IP_BE {
+            return None;
+        }
+        return ctx.load::<[u8; 4]>(IP_SRC_OFF).ok();
+    }
+    // SAFETY: both reads are within [data, data_end), checked just above.
+    let ethertype = unsafe { core::ptr::read_unaligned((start + ETH_TYPE_OFF) as *const u16) };
     if ethertype != ETH_P_IP_BE {
         return None;
     }
-    ctx.load::<[u8; 4]>(IP_SRC_OFF).ok()
+    Some(unsafe { core::ptr::read_unaligned((start + IP_SRC_OFF) as *const [u8; 4]) })
 }
 
 /// The IPv4 header, `Ok(None)` when the frame is not IPv4.
