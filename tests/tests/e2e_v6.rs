@@ -72,7 +72,6 @@ fn check(lab: &Lab, table: &[(&str, Proto, IpAddr, Option<IpAddr>)]) {
 }
 
 #[test]
-#[ignore = "needs the IPv6 datapath"]
 fn ipv6_pods_leave_through_each_network_with_that_networks_egress_ip() {
     let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
     check(&lab, &v6_table(&lab));
@@ -83,7 +82,6 @@ fn ipv6_pods_leave_through_each_network_with_that_networks_egress_ip() {
 }
 
 #[test]
-#[ignore = "needs the IPv6 datapath"]
 fn dual_stack_pods_leave_with_each_familys_egress_ip() {
     let lab = up_with_agents(spec_for(Family::Dual).unwrap()).unwrap();
     let mut table = v6_table(&lab);
@@ -106,7 +104,6 @@ fn dual_stack_pods_leave_with_each_familys_egress_ip() {
 }
 
 #[test]
-#[ignore = "needs the IPv6 datapath"]
 fn when_the_ipv6_holder_fails_another_gateway_takes_the_egress_ip() {
     let mut lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
     let (old, _) = holder(&lab, addr6::EGRESS_IP_A).unwrap();
