@@ -104,7 +104,9 @@ fn payloads_of_1400_bytes_cross_the_tunnel_both_ways() {
     let s = lab
         .query_with(
             "w2-p1",
-            &Query::new(Proto::Tcp, HOST_B, ECHO_PORT).size(200_000),
+            &Query::new(Proto::Tcp, HOST_B, ECHO_PORT)
+                .size(200_000)
+                .timeout(Duration::from_secs(10)),
         )
         .unwrap();
     assert_eq!(s.ip, IpAddr::V4(EGRESS_IP_B));
