@@ -37,17 +37,36 @@ pub fn up_with_agents(spec: LabSpec) -> Result<Lab> {
     let family = spec.family;
     let mut lab = Lab::up(spec)?;
     lab.start_agents(&agent_bin()?)?;
-    wait_until(Duration::from_secs(20), || {
+    // Converged when every agent has it: both egress IPs held, and every selected pod (on
+    // both workers and on a gateway) gets through to both networks with the right address.
+    let through = |lab: &Lab, host_a: IpAddr, ea: IpAddr, host_b: IpAddr, eb: IpAddr| {
+        ["w1-p1", "w2-p1", "gw1-p1"].iter().all(|pod| {
+            [(host_a, ea), (host_b, eb)]
+                .iter()
+                .all(|(host, egress)| seen(lab, pod, Proto::Tcp, *host) == Some(*egress))
+        })
+    };
+    wait_until(Duration::from_secs(30), || {
         let v4 = !family.has_v4()
             || holder(&lab, addr::EGRESS_IP_A).is_some()
                 && holder(&lab, addr::EGRESS_IP_B).is_some()
-                && seen(&lab, "w1-p1", Proto::Tcp, addr::HOST_A)
-                    == Some(IpAddr::V4(addr::EGRESS_IP_A));
+                && through(
+                    &lab,
+                    IpAddr::V4(addr::HOST_A),
+                    IpAddr::V4(addr::EGRESS_IP_A),
+                    IpAddr::V4(addr::HOST_B),
+                    IpAddr::V4(addr::EGRESS_IP_B),
+                );
         let v6 = !family.has_v6()
             || holder(&lab, addr6::EGRESS_IP_A).is_some()
                 && holder(&lab, addr6::EGRESS_IP_B).is_some()
-                && seen(&lab, "w1-p1", Proto::Tcp, addr6::HOST_A)
-                    == Some(IpAddr::V6(addr6::EGRESS_IP_A));
+                && through(
+                    &lab,
+                    IpAddr::V6(addr6::HOST_A),
+                    IpAddr::V6(addr6::EGRESS_IP_A),
+                    IpAddr::V6(addr6::HOST_B),
+                    IpAddr::V6(addr6::EGRESS_IP_B),
+                );
         v4 && v6
     })
     .with_context(|| {
