@@ -12,14 +12,8 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
     maps::{self, POLICY_V4, POLICY_V6, SELECTED_V4, SELECTED_V6},
-    parse::{self, PROTO_TCP, TCP_SYN},
-    parse6, rewrite, tunnel,
+    parse, parse6, tunnel,
 };
-
-/// IPv4 + TCP headers without options.
-const TCP_IP_HDRS: u16 = 40;
-/// IPv6 + TCP headers without options.
-const TCP_IP6_HDRS: u16 = 60;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
@@ -98,20 +92,14 @@ fn selected6(ctx: &TcContext) -> i32 {
         };
         return gateway::forward6(ctx, cfg, s);
     }
-    if s.ip6.proto == PROTO_TCP
-        && s.l4.tcp_flags & TCP_SYN != 0
-        && matches!(
-            rewrite::clamp_mss(
-                ctx,
-                s.ip6.l4,
-                &s.l4,
-                cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)
-            ),
-            Ok(true)
-        )
-    {
-        count(ctx, reason::MSS_CLAMPED);
-    }
+    tunnel::clamp_syn(
+        ctx,
+        s.ip6.proto,
+        s.ip6.l4,
+        &s.l4,
+        cfg.tunnel_mtu,
+        tunnel::IP6_HDR_LEN,
+    );
     match tunnel::send_with(
         ctx,
         &mut s.tunnel,
@@ -156,15 +144,14 @@ fn selected(ctx: &TcContext) -> i32 {
         count(ctx, reason::LOCAL_GATEWAY);
         return gateway::forward(ctx, cfg, &ip, &l4, entry.rule_id, cfg.node_ip);
     }
-    if ip.proto == PROTO_TCP
-        && l4.tcp_flags & TCP_SYN != 0
-        && matches!(
-            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
-            Ok(true)
-        )
-    {
-        count(ctx, reason::MSS_CLAMPED);
-    }
+    tunnel::clamp_syn(
+        ctx,
+        ip.proto,
+        ip.l4,
+        &l4,
+        cfg.tunnel_mtu,
+        tunnel::IP4_HDR_LEN,
+    );
     match tunnel::send(ctx, cfg.tunnel_ifindex, entry.gateway, entry.rule_id) {
         Ok(v) => verdict(ctx, reason::TUNNELED, v),
         Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),

@@ -16,12 +16,8 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     fib,
     maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6},
-    parse::{self, PROTO_TCP, TCP_SYN},
-    parse6, rewrite, tunnel,
+    parse, parse6, rewrite, tunnel,
 };
-
-const TCP_IP_HDRS: u16 = 40;
-const TCP_IP6_HDRS: u16 = 60;
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
@@ -78,15 +74,14 @@ fn run4(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    if ip.proto == PROTO_TCP
-        && l4.tcp_flags & TCP_SYN != 0
-        && matches!(
-            rewrite::clamp_mss(ctx, ip.l4, &l4, cfg.tunnel_mtu.saturating_sub(TCP_IP_HDRS)),
-            Ok(true)
-        )
-    {
-        count(ctx, reason::MSS_CLAMPED);
-    }
+    tunnel::clamp_syn(
+        ctx,
+        ip.proto,
+        ip.l4,
+        &l4,
+        cfg.tunnel_mtu,
+        tunnel::IP4_HDR_LEN,
+    );
     match tunnel::send(ctx, cfg.tunnel_ifindex, e.pod_node, RETURN_VNI) {
         Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
         Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
@@ -150,20 +145,14 @@ fn run6(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    if s.ip6.proto == PROTO_TCP
-        && s.l4.tcp_flags & TCP_SYN != 0
-        && matches!(
-            rewrite::clamp_mss(
-                ctx,
-                s.ip6.l4,
-                &s.l4,
-                cfg.tunnel_mtu.saturating_sub(TCP_IP6_HDRS)
-            ),
-            Ok(true)
-        )
-    {
-        count(ctx, reason::MSS_CLAMPED);
-    }
+    tunnel::clamp_syn(
+        ctx,
+        s.ip6.proto,
+        s.ip6.l4,
+        &s.l4,
+        cfg.tunnel_mtu,
+        tunnel::IP6_HDR_LEN,
+    );
     match tunnel::send_with(
         ctx,
         &mut s.tunnel,

@@ -76,3 +76,30 @@ pub fn send_with(
     }
     Ok(unsafe { bpf_redirect(tunnel_ifindex, 0) } as i32)
 }
+
+/// IP header lengths without options, for [`clamp_syn`].
+pub const IP4_HDR_LEN: u16 = 20;
+pub const IP6_HDR_LEN: u16 = 40;
+
+/// Before a TCP SYN or SYN-ACK enters the tunnel: lower its MSS option so that full-size
+/// segments still fit the tunnel MTU (`tunnel_mtu - IP header - 20`), counted as
+/// `MSS_CLAMPED`. Anything else is left alone.
+#[inline(always)]
+pub fn clamp_syn(
+    ctx: &TcContext,
+    proto: u8,
+    l4_off: usize,
+    l4: &crate::parse::L4,
+    tunnel_mtu: u16,
+    ip_hdr_len: u16,
+) {
+    if proto == crate::parse::PROTO_TCP
+        && l4.tcp_flags & crate::parse::TCP_SYN != 0
+        && matches!(
+            crate::rewrite::clamp_mss(ctx, l4_off, l4, tunnel_mtu.saturating_sub(ip_hdr_len + 20)),
+            Ok(true)
+        )
+    {
+        crate::counters::count(ctx, egress_common::counters::reason::MSS_CLAMPED);
+    }
+}
