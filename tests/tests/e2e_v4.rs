@@ -159,8 +159,10 @@ fn editing_the_policy_file_moves_new_traffic_quickly() {
     eprintln!("policy edit -> new egress IP on the wire: {took:?}");
     // Each gateway's agent notices the edit on its own: the new holder may already serve
     // while the old one has not yet reconciled, so the release is awaited, not sampled.
-    wait_until(Duration::from_secs(5), || holder(&lab, EGRESS_IP_A).is_none())
-        .expect("the old egress IP is released");
+    wait_until(Duration::from_secs(5), || {
+        holder(&lab, EGRESS_IP_A).is_none()
+    })
+    .expect("the old egress IP is released");
     // Network B is untouched.
     assert_eq!(seen(&lab, "w1-p1", Proto::Udp, HOST_B), ip(EGRESS_IP_B));
 }
