@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -54,6 +54,17 @@ pub struct RunConfig {
 
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 const VXLAN_OVERHEAD: u32 = 50;
+/// VXLAN over IPv6: the outer header is 40 bytes instead of 20.
+const VXLAN_OVERHEAD_V6: u32 = 70;
+
+/// MTU inside the tunnel for an underlay of `node_ip`'s family.
+fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
+    let overhead = match node_ip {
+        IpAddr::V4(_) => VXLAN_OVERHEAD,
+        IpAddr::V6(_) => VXLAN_OVERHEAD_V6,
+    };
+    underlay_mtu.saturating_sub(overhead)
+}
 
 pub async fn run(cfg: RunConfig) -> Result<()> {
     // Containers often see /proc/sys read-only: then the node must already forward
@@ -74,6 +85,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .map(|i| i.mtu)
         .max()
         .unwrap_or(1500);
+    // Until the first pass knows this node's underlay family, assume IPv4; the pass lowers
+    // it for an IPv6 underlay.
     let tunnel_mtu = cfg.tunnel_mtu.unwrap_or(underlay_mtu - VXLAN_OVERHEAD);
     let tunnel_ifindex = nl
         .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
@@ -115,6 +128,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         nl,
         tunnel_ifindex,
         tunnel_mtu,
+        underlay_mtu,
         sink,
         last_node_doc: None,
         last_holders: BTreeMap::new(),
@@ -191,6 +205,8 @@ struct Reconciler<'a> {
     nl: iface::Netlink,
     tunnel_ifindex: u32,
     tunnel_mtu: u32,
+    /// The largest MTU of the node's up interfaces, for the default `tunnel_mtu`.
+    underlay_mtu: u32,
     sink: Sink,
     last_node_doc: Option<EgressNode>,
     /// Egress IP -> (node, interface) as of the last pass, to report moves.
@@ -210,6 +226,15 @@ impl Reconciler<'_> {
 
         // 1. This node's configuration.
         if let Some(node_ip) = desired.node_ip {
+            let mtu =
+                (self.cfg.tunnel_mtu).unwrap_or_else(|| tunnel_mtu_for(self.underlay_mtu, node_ip));
+            if mtu != self.tunnel_mtu {
+                self.nl
+                    .ensure_vxlan(&self.cfg.tunnel_device, self.cfg.tunnel_port, mtu)
+                    .await?;
+                info!(tunnel_mtu = mtu, underlay = %node_ip, "tunnel MTU set for the underlay");
+                self.tunnel_mtu = mtu;
+            }
             let want = datapath::state::config(
                 node_ip,
                 self.tunnel_ifindex,
@@ -223,7 +248,7 @@ impl Reconciler<'_> {
             }
         } else {
             problems.push(format!(
-                "node {}: no Node object with an InternalIP IPv4 address: not configured",
+                "node {}: no Node object with an InternalIP address: not configured",
                 self.cfg.node_name
             ));
         }
@@ -481,7 +506,7 @@ fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
 
 fn egress_node_doc(
     name: &str,
-    underlay: Option<Ipv4Addr>,
+    underlay: Option<IpAddr>,
     ifaces: &[iface::Interface],
     tunnel: &str,
     held: Vec<HeldEgressIp>,

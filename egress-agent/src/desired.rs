@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -27,8 +27,8 @@ pub enum PolicyAction {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyEntryV4 {
     pub action: PolicyAction,
-    /// Underlay address of the gateway node (`Some` iff `action == Forward`).
-    pub gateway: Option<Ipv4Addr>,
+    /// Underlay address (either family) of the gateway node (`Some` iff `action == Forward`).
+    pub gateway: Option<IpAddr>,
     /// The egress address the gateway will use (observability; `None` when unknown).
     pub egress_ip: Option<Ipv4Addr>,
     /// Cluster-wide rule id (1..=`egress_common::policy::MAX_RULE_ID`); every node derives
@@ -57,11 +57,11 @@ pub struct HeldIpV4 {
 }
 
 /// IPv6 counterpart of [`PolicyEntryV4`]: the pod and egress IP are IPv6, the gateway is
-/// the (IPv4) underlay address of the gateway node.
+/// the underlay address of the gateway node (either family, like every underlay address).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyEntryV6 {
     pub action: PolicyAction,
-    pub gateway: Option<Ipv4Addr>,
+    pub gateway: Option<IpAddr>,
     pub egress_ip: Option<Ipv6Addr>,
     pub rule_id: u32,
 }
@@ -75,8 +75,8 @@ pub struct GatewayRuleV6 {
 /// The desired datapath state of one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// This node's underlay address, when the view knows it.
-    pub node_ip: Option<Ipv4Addr>,
+    /// This node's underlay address (IPv4 or IPv6), when the view knows it.
+    pub node_ip: Option<IpAddr>,
     /// Source side: (local pod, destination prefix) -> entry. Only pods of this node.
     pub policy_v4: BTreeMap<(Ipv4Addr, Ipv4Net), PolicyEntryV4>,
     /// Source side: local pods with at least one entry -> number of entries.
@@ -85,21 +85,20 @@ pub struct Desired {
     /// may serve.
     pub rules_v4: BTreeMap<u32, GatewayRuleV4>,
     /// Every node's underlay address -> small stable id (tunnel sender check).
-    pub nodes: BTreeMap<Ipv4Addr, u32>,
+    pub nodes: BTreeMap<IpAddr, u32>,
     /// Every pod IPv4 in the cluster -> underlay address of its node (spoofing check and
     /// return path).
-    pub pod_owner_v4: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    pub pod_owner_v4: BTreeMap<Ipv4Addr, IpAddr>,
     /// Egress addresses this node holds (dedicated) or uses (shared), by address.
     pub egress_ips_v4: BTreeMap<Ipv4Addr, HeldIpV4>,
     /// Interfaces that need `from_secondary` (those of the rules and egress IPs of both
     /// families).
     pub egress_interfaces: BTreeSet<String>,
-    /// IPv6 counterparts of the maps above (dual-stack and IPv6-only pods; the underlay
-    /// stays IPv4).
+    /// IPv6 counterparts of the maps above (dual-stack and IPv6-only pods).
     pub policy_v6: BTreeMap<(Ipv6Addr, Ipv6Net), PolicyEntryV6>,
     pub selected_v6: BTreeMap<Ipv6Addr, u32>,
     pub rules_v6: BTreeMap<u32, GatewayRuleV6>,
-    pub pod_owner_v6: BTreeMap<Ipv6Addr, Ipv4Addr>,
+    pub pod_owner_v6: BTreeMap<Ipv6Addr, IpAddr>,
     /// `HeldIpV4` carries what an IPv6 address needs too (interface, prefix, shared).
     pub egress_ips_v6: BTreeMap<Ipv6Addr, HeldIpV4>,
 }

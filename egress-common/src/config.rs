@@ -3,21 +3,21 @@
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Config {
-    /// This node's underlay IPv4 address.
-    pub node_ip: [u8; 4],
+    /// This node's underlay address (see [`crate::underlay`]).
+    pub node_ip: crate::underlay::Underlay,
     /// Ifindex of the agent's collect-metadata VXLAN device.
     pub tunnel_ifindex: u32,
     /// SNAT port range, inclusive, host order.
     pub port_min: u16,
     pub port_max: u16,
-    /// MTU of the path inside the tunnel (underlay MTU - 50): TCP SYNs entering the tunnel
+    /// MTU of the path inside the tunnel (underlay MTU - 50, or - 70 over IPv6): TCP SYNs entering the tunnel
     /// get their MSS clamped to `tunnel_mtu - 40`, larger DF packets are refused with an
     /// ICMP "fragmentation needed".
     pub tunnel_mtu: u16,
     /// Bit set of [`flags`].
     pub flags: u16,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 16);
+const _: () = assert!(core::mem::size_of::<Config>() == 28);
 
 pub mod flags {
     /// The agent has written this entry; until then every program passes everything.

@@ -44,15 +44,14 @@ pub struct CtEntryV4 {
     pub state: u8,
     pub _pad0: u8,
     /// Underlay address of the pod's node; equal to this node's when the pod is local.
-    pub pod_node: [u8; 4],
+    pub pod_node: crate::underlay::Underlay,
     /// Egress interface.
     pub ifindex: u32,
     pub rule_id: u32,
-    pub _pad1: u32,
     /// `bpf_ktime_get_ns` of the last packet, either direction.
     pub last_seen_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 32);
+const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 40);
 
 /// Idle timeouts in nanoseconds.
 pub mod timeout {
@@ -90,10 +89,11 @@ pub struct CtEntryV6 {
     pub xlate_port_be: u16,
     pub state: u8,
     pub _pad0: u8,
-    /// Underlay (IPv4) address of the pod's node.
-    pub pod_node: [u8; 4],
+    /// Underlay address of the pod's node.
+    pub pod_node: crate::underlay::Underlay,
     pub ifindex: u32,
     pub rule_id: u32,
+    pub _pad1: u32,
     pub last_seen_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 40);
+const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 56);

@@ -11,6 +11,7 @@ pub mod conntrack;
 pub mod counters;
 pub mod maps;
 pub mod policy;
+pub mod underlay;
 
 #[cfg(feature = "user")]
 mod user;

@@ -45,3 +45,33 @@ pub const NODES_MAX_ENTRIES: u32 = 16_384;
 pub const POD_OWNER_MAX_ENTRIES: u32 = 262_144;
 pub const CT_MAX_ENTRIES: u32 = 262_144;
 pub const EGRESS_IPS_MAX_ENTRIES: u32 = 4_096;
+
+/// Key and value sizes of every pinned map, in bytes: the layout of this build's ABI. The
+/// agent replaces a pinned map of another layout (left by an agent of another version)
+/// instead of adopting it. LPM trie keys carry a 4-byte prefix length before the data.
+pub const LAYOUT: &[(&str, u32, u32)] = {
+    use core::mem::size_of;
+
+    use crate::{config::Config, conntrack::*, counters::Counter, policy::*, underlay::Underlay};
+    const fn sz<T>() -> u32 {
+        size_of::<T>() as u32
+    }
+    &[
+        (POLICY_V4, 4 + sz::<PolicyKeyV4>(), sz::<PolicyValue>()),
+        (SELECTED_V4, 4, sz::<SelectedValue>()),
+        (RULES_V4, 4, sz::<RuleValueV4>()),
+        (NODES, sz::<Underlay>(), sz::<NodeValue>()),
+        (POD_OWNER_V4, 4, sz::<PodOwnerValue>()),
+        (CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>()),
+        (EGRESS_IPS_V4, 4, sz::<EgressIpValue>()),
+        (POLICY_V6, 4 + sz::<PolicyKeyV6>(), sz::<PolicyValueV6>()),
+        (SELECTED_V6, 16, sz::<SelectedValue>()),
+        (RULES_V6, 4, sz::<RuleValueV6>()),
+        (POD_OWNER_V6, 16, sz::<PodOwnerValue>()),
+        (CT_V6, sz::<CtKeyV6>(), sz::<CtEntryV6>()),
+        (EGRESS_IPS_V6, 16, sz::<EgressIpValue>()),
+        (COUNTERS, 4, sz::<Counter>()),
+        (CONFIG, 4, sz::<Config>()),
+    ]
+};
+const _: () = assert!(LAYOUT.len() == ALL.len());

@@ -1,5 +1,10 @@
 //! The policy trie (source side), the rule table (gateway side) and the tables used to
 //! check who sent a tunneled packet.
+//!
+//! Node addresses (`gateway`, `node`, the `NODES` key) are [`Underlay`] addresses: 16
+//! bytes, IPv4 underlays IPv4-mapped.
+
+use crate::underlay::Underlay;
 
 /// Data part of an LPM key for the IPv4 policy trie. The trie key's prefix length is
 /// `POD_PREFIX_BITS_V4 + destination prefix length`: the pod address always matches in
@@ -31,8 +36,8 @@ pub mod action {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PolicyValue {
-    /// Underlay IPv4 address of the gateway node (zero unless `action == FORWARD`).
-    pub gateway: [u8; 4],
+    /// Underlay address of the gateway node (zero unless `action == FORWARD`).
+    pub gateway: Underlay,
     /// The egress address the gateway will use, for observability (the gateway decides
     /// from its own `RULES_*` entry).
     pub egress_ip: [u8; 4],
@@ -42,7 +47,7 @@ pub struct PolicyValue {
     pub action: u8,
     pub _pad: [u8; 3],
 }
-const _: () = assert!(core::mem::size_of::<PolicyValue>() == 16);
+const _: () = assert!(core::mem::size_of::<PolicyValue>() == 28);
 
 /// Rule ids fit in a 24-bit VNI; `RETURN_VNI` is reserved for replies travelling back from
 /// a gateway to the pod's node.
@@ -60,7 +65,7 @@ pub struct RuleValueV4 {
 }
 const _: () = assert!(core::mem::size_of::<RuleValueV4>() == 8);
 
-/// Known nodes: underlay IPv4 -> node.
+/// Known nodes: [`Underlay`] address -> node.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NodeValue {
@@ -69,13 +74,13 @@ pub struct NodeValue {
 }
 const _: () = assert!(core::mem::size_of::<NodeValue>() == 4);
 
-/// Pod IPv4 -> underlay address of the node it runs on.
+/// Pod address -> underlay address of the node it runs on.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PodOwnerValue {
-    pub node: [u8; 4],
+    pub node: Underlay,
 }
-const _: () = assert!(core::mem::size_of::<PodOwnerValue>() == 4);
+const _: () = assert!(core::mem::size_of::<PodOwnerValue>() == 16);
 
 /// Egress IPv4 held by this node -> interface it lives on.
 #[repr(C)]
@@ -103,7 +108,7 @@ pub struct SelectedValue {
 }
 const _: () = assert!(core::mem::size_of::<SelectedValue>() == 4);
 
-// ---- IPv6 (pods and egress IPs; the underlay, and so `gateway`/`node`, stays IPv4) ----
+// ---- IPv6 pods and egress IPs (the underlay is either family, see above) ----
 
 /// Data part of an LPM key for the IPv6 policy trie: prefix length is
 /// `POD_PREFIX_BITS_V6 + destination prefix length`.
@@ -121,8 +126,8 @@ pub const POD_PREFIX_BITS_V6: u32 = 128;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PolicyValueV6 {
-    /// Underlay IPv4 address of the gateway node.
-    pub gateway: [u8; 4],
+    /// Underlay address of the gateway node.
+    pub gateway: Underlay,
     pub rule_id: u32,
     /// One of [`action`].
     pub action: u8,
@@ -130,7 +135,7 @@ pub struct PolicyValueV6 {
     /// The egress address the gateway will use (observability).
     pub egress_ip: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<PolicyValueV6>() == 28);
+const _: () = assert!(core::mem::size_of::<PolicyValueV6>() == 40);
 
 /// Gateway side, IPv6 rules: rule id -> egress IPv6 and interface.
 #[repr(C)]

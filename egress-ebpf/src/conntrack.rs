@@ -224,7 +224,7 @@ macro_rules! family {
                 egress_ip: $Addr,
                 ifindex: u32,
                 rule_id: u32,
-                pod_node: [u8; 4],
+                pod_node: egress_common::underlay::Underlay,
                 now: u64,
             ) -> Result<u16, AllocError> {
                 // SAFETY: all-zero keys and entries are valid.
@@ -245,7 +245,7 @@ macro_rules! family {
                 egress_ip: &$Addr,
                 ifindex: u32,
                 rule_id: u32,
-                pod_node: [u8; 4],
+                pod_node: egress_common::underlay::Underlay,
                 now: u64,
                 s: &mut Slots,
             ) -> Result<u16, AllocError> {
@@ -325,8 +325,7 @@ family!(
     [u8; 4],
     CtKeyV4,
     CtEntryV4,
-    CT_V4,
-    _pad1
+    CT_V4
 );
 family!(
     /// IPv6 flows (`CT_V6`, NAT66).
@@ -335,5 +334,6 @@ family!(
     [u8; 16],
     CtKeyV6,
     CtEntryV6,
-    CT_V6
+    CT_V6,
+    _pad1
 );

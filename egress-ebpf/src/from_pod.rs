@@ -104,7 +104,7 @@ fn selected6(ctx: &TcContext) -> i32 {
         ctx,
         &mut s.tunnel,
         cfg.tunnel_ifindex,
-        entry.gateway,
+        &entry.gateway,
         entry.rule_id,
     ) {
         Ok(v) => verdict(ctx, reason::TUNNELED, v),
@@ -152,7 +152,7 @@ fn selected(ctx: &TcContext) -> i32 {
         cfg.tunnel_mtu,
         tunnel::IP4_HDR_LEN,
     );
-    match tunnel::send(ctx, cfg.tunnel_ifindex, entry.gateway, entry.rule_id) {
+    match tunnel::send(ctx, cfg.tunnel_ifindex, &entry.gateway, entry.rule_id) {
         Ok(v) => verdict(ctx, reason::TUNNELED, v),
         Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
     }

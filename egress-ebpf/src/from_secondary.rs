@@ -82,7 +82,7 @@ fn run4(ctx: &TcContext) -> i32 {
         cfg.tunnel_mtu,
         tunnel::IP4_HDR_LEN,
     );
-    match tunnel::send(ctx, cfg.tunnel_ifindex, e.pod_node, RETURN_VNI) {
+    match tunnel::send(ctx, cfg.tunnel_ifindex, &e.pod_node, RETURN_VNI) {
         Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
         Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
     }
@@ -157,7 +157,7 @@ fn run6(ctx: &TcContext) -> i32 {
         ctx,
         &mut s.tunnel,
         cfg.tunnel_ifindex,
-        e.pod_node,
+        &e.pod_node,
         RETURN_VNI,
     ) {
         Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),

@@ -1,7 +1,7 @@
 //! `from_tunnel`: packets arriving on our VXLAN device. A rule id in the VNI means "egress
 //! this for me" (gateway role); `RETURN_VNI` means "a reply for one of your pods".
 //! Either way the sender must be a known node, and the inner address must belong to it
-//! (forward) or to us (return). The inner packet is IPv4 or IPv6; the underlay is IPv4.
+//! (forward) or to us (return). The inner packet is IPv4 or IPv6, and so is the underlay.
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{config::Config, counters::reason, policy::RETURN_VNI};

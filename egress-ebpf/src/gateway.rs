@@ -23,7 +23,7 @@ pub fn forward(
     ip: &Ipv4,
     l4: &L4,
     rule_id: u32,
-    pod_node: [u8; 4],
+    pod_node: egress_common::underlay::Underlay,
 ) -> i32 {
     if ip.ttl <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
@@ -79,7 +79,7 @@ pub fn forward(
 #[derive(Clone, Copy)]
 pub struct Origin {
     pub rule_id: u32,
-    pub pod_node: [u8; 4],
+    pub pod_node: egress_common::underlay::Underlay,
 }
 
 /// The translation of an IPv6 flow: in, who sent it; out, its egress IP, port and

@@ -14,6 +14,7 @@ use egress_common::{
         EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue,
         PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue,
     },
+    underlay::Underlay,
 };
 
 use crate::{conntrack, gateway::Xlate6, parse::L4, parse6::Ipv6};
@@ -30,7 +31,7 @@ pub static SELECTED_V4: HashMap<[u8; 4], SelectedValue, { POD_OWNER_MAX_ENTRIES 
 pub static RULES_V4: HashMap<u32, RuleValueV4, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
 
 #[btf_map]
-pub static NODES: HashMap<[u8; 4], NodeValue, { NODES_MAX_ENTRIES as usize }> = HashMap::new();
+pub static NODES: HashMap<Underlay, NodeValue, { NODES_MAX_ENTRIES as usize }> = HashMap::new();
 
 #[btf_map]
 pub static POD_OWNER_V4: HashMap<[u8; 4], PodOwnerValue, { POD_OWNER_MAX_ENTRIES as usize }> =

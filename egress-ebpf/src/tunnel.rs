@@ -1,24 +1,48 @@
 //! The collect-metadata VXLAN tunnel between nodes: the VNI carries the rule id (or
-//! `RETURN_VNI` for replies), the outer source tells who sent the packet.
+//! `RETURN_VNI` for replies), the outer source tells who sent the packet. The underlay is
+//! IPv4 or IPv6, per peer: an IPv4-mapped [`Underlay`] address goes over IPv4.
 
 use core::mem::{size_of, zeroed};
 
 use aya_ebpf::{
-    bindings::bpf_tunnel_key,
+    bindings::{BPF_F_TUNINFO_IPV6, bpf_tunnel_key},
     helpers::generated::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     programs::TcContext,
 };
+use egress_common::underlay::{self, Underlay};
 
 /// Set by tests only (`EbpfLoader::set_global`): `BPF_PROG_TEST_RUN` has no tunnel
-/// metadata, so the sender and VNI are read from `__sk_buff.cb[0..2]` instead. The agent
-/// never sets it; the verifier then removes the branch (the value sits in `.rodata`).
+/// metadata, so the sender is read from `__sk_buff.cb[0..4]` (its 16 underlay bytes as
+/// they sit in memory) and the VNI from `cb[4]`. The agent never sets it; the verifier
+/// then removes the branch (the value sits in `.rodata`).
 #[unsafe(no_mangle)]
 static TEST_TUNNEL_FROM_CB: u8 = 0;
 
 /// Tunnel metadata of a received packet.
 pub struct Received {
-    pub sender: [u8; 4],
+    /// The outer source: an IPv4 underlay sender IPv4-mapped.
+    pub sender: Underlay,
     pub vni: u32,
+}
+
+#[inline(always)]
+fn bytes(w: [u32; 4]) -> Underlay {
+    let mut u = [0u8; 16];
+    u[0..4].copy_from_slice(&w[0].to_ne_bytes());
+    u[4..8].copy_from_slice(&w[1].to_ne_bytes());
+    u[8..12].copy_from_slice(&w[2].to_ne_bytes());
+    u[12..16].copy_from_slice(&w[3].to_ne_bytes());
+    u
+}
+
+#[inline(always)]
+fn words(u: &Underlay) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([u[0], u[1], u[2], u[3]]),
+        u32::from_ne_bytes([u[4], u[5], u[6], u[7]]),
+        u32::from_ne_bytes([u[8], u[9], u[10], u[11]]),
+        u32::from_ne_bytes([u[12], u[13], u[14], u[15]]),
+    ]
 }
 
 #[inline(always)]
@@ -27,21 +51,32 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
     if unsafe { core::ptr::read_volatile(&TEST_TUNNEL_FROM_CB) } != 0 {
         let cb = ctx.cb();
         return Some(Received {
-            sender: cb[0].to_be_bytes(),
-            vni: cb[1],
+            sender: bytes([cb[0], cb[1], cb[2], cb[3]]),
+            vni: cb[4],
         });
     }
     // SAFETY: zeroed is a valid bpf_tunnel_key; the helper writes at most `size_of` bytes.
     let mut key: bpf_tunnel_key = unsafe { zeroed() };
+    let size = size_of::<bpf_tunnel_key>() as u32;
+    // IPv4 underlay first (the common case); the helper refuses a family mismatch
+    // (-EPROTO), and then the packet came over IPv6. Without metadata both calls fail.
+    let ret = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, 0) };
+    if ret == 0 {
+        return Some(Received {
+            // remote_ipv4 is in host order.
+            sender: underlay::from_v4(unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes()),
+            vni: key.tunnel_id,
+        });
+    }
     let ret = unsafe {
-        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size_of::<bpf_tunnel_key>() as u32, 0)
+        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, u64::from(BPF_F_TUNINFO_IPV6))
     };
     if ret != 0 {
         return None;
     }
     Some(Received {
-        // remote_ipv4 is in host order.
-        sender: unsafe { key.__bindgen_anon_1.remote_ipv4 }.to_be_bytes(),
+        // remote_ipv6 holds the address bytes as they sit in the packet.
+        sender: bytes(unsafe { key.__bindgen_anon_1.remote_ipv6 }),
         vni: key.tunnel_id,
     })
 }
@@ -49,28 +84,39 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
 /// Encapsulate towards `remote` with `vni` and redirect to the tunnel device.
 /// `Err` when the key could not be set.
 #[inline(always)]
-pub fn send(ctx: &TcContext, tunnel_ifindex: u32, remote: [u8; 4], vni: u32) -> Result<i32, ()> {
+pub fn send(ctx: &TcContext, tunnel_ifindex: u32, remote: &Underlay, vni: u32) -> Result<i32, ()> {
     // SAFETY: as above.
     let mut key: bpf_tunnel_key = unsafe { zeroed() };
     send_with(ctx, &mut key, tunnel_ifindex, remote, vni)
 }
 
 /// [`send`] with the key built in `key` (the per-CPU scratch slot on the IPv6 paths).
+/// An IPv4-mapped `remote` goes over the IPv4 underlay, anything else over IPv6.
 #[inline(always)]
 pub fn send_with(
     ctx: &TcContext,
     key: &mut bpf_tunnel_key,
     tunnel_ifindex: u32,
-    remote: [u8; 4],
+    remote: &Underlay,
     vni: u32,
 ) -> Result<i32, ()> {
     // SAFETY: as above.
     *key = unsafe { zeroed() };
     key.tunnel_id = vni;
-    key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(remote);
     key.tunnel_ttl = 64;
-    let ret =
-        unsafe { bpf_skb_set_tunnel_key(ctx.skb.skb, key, size_of::<bpf_tunnel_key>() as u32, 0) };
+    let flags = match underlay::as_v4(remote) {
+        Some(v4) => {
+            key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(v4);
+            0
+        }
+        None => {
+            key.__bindgen_anon_1.remote_ipv6 = words(remote);
+            u64::from(BPF_F_TUNINFO_IPV6)
+        }
+    };
+    let ret = unsafe {
+        bpf_skb_set_tunnel_key(ctx.skb.skb, key, size_of::<bpf_tunnel_key>() as u32, flags)
+    };
     if ret != 0 {
         return Err(());
     }

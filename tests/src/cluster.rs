@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::lab::{Family, Lab, LabSpec, Proto, Query, addr, addr6, locate_echo_bin};
+use crate::lab::{Family, Lab, LabSpec, Proto, Query, Underlay, addr, addr6, locate_echo_bin};
 
 /// The `egress-agent` binary next to the running executable (or one directory up, for
 /// test binaries in `deps/`), or `$EGRESS_AGENT_BIN`.
@@ -83,10 +83,15 @@ pub fn default_spec() -> Result<LabSpec> {
     Ok(LabSpec::new(locate_echo_bin()?))
 }
 
-/// The default lab spec with pods of `family` (and the sample policy's rules for it).
+/// The default lab spec with pods of `family` on its usual underlay ([`LabSpec::with_family`]).
 pub fn spec_for(family: Family) -> Result<LabSpec> {
-    let mut spec = default_spec()?;
-    spec.family = family;
+    Ok(default_spec()?.with_family(family))
+}
+
+/// [`spec_for`] on an explicit underlay family.
+pub fn spec_on(family: Family, underlay: Underlay) -> Result<LabSpec> {
+    let mut spec = spec_for(family)?;
+    spec.underlay = underlay;
     Ok(spec)
 }
 

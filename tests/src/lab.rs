@@ -23,13 +23,16 @@
 //! * `egress-echo serve` runs on every host at [`addr::ECHO_PORT`] (TCP and UDP).
 //! * The YAML state directory holds Namespaces, Nodes, Pods (`cluster.yaml`) and a sample
 //!   EgressGatewayPolicy (`policy.yaml`, rewritable with [`Lab::write_policy`]).
-//! * [`LabSpec::family`] `V6` or `Dual` adds IPv6 everywhere but the tunnel, which stays on
-//!   the IPv4 underlay: underlay `fd00:200::/64` (router `::1`, nodes `::<octet>`), networks
+//! * [`LabSpec::family`] `V6` or `Dual` adds IPv6 everywhere: underlay `fd00:200::/64`
+//!   (router `::1`, nodes `::<octet>`), networks
 //!   `fd00:10{1,2,3}::/64` (gateways `::11`/`::12`, hosts `::100`, router `fd00:103::1`),
 //!   pods `fd00:244:<node octet>::<n>/128` with a default route via `fe80::1` (an address of
 //!   the node's `cali-<pod>` veth), other nodes' `fd00:244:<octet>::/64` via the underlay.
 //!   Pods of `V6` have no IPv4 address; those of `Dual` have both, and `status.podIPs` lists
 //!   what they have. IPv6 addresses go without DAD (`accept_dad=0`, `nodad`).
+//! * [`LabSpec::underlay`] says which of a node's addresses its Node lists first as
+//!   InternalIP, and so which family the tunnel between nodes runs on (IPv6 needs `V6` or
+//!   `Dual`; [`LabSpec::with_family`] picks IPv6 for `V6`, IPv4 otherwise).
 
 use std::{
     collections::BTreeMap,
@@ -314,6 +317,25 @@ pub struct LabSpec {
     pub agent_log: String,
     /// Pod address families (IPv4 by default).
     pub family: Family,
+    /// Family of the underlay, the tunnel between nodes (IPv4 by default).
+    pub underlay: Underlay,
+}
+
+/// Family of the lab's underlay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Underlay {
+    #[default]
+    V4,
+    V6,
+}
+
+impl fmt::Display for Underlay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        })
+    }
 }
 
 impl LabSpec {
@@ -340,7 +362,20 @@ impl LabSpec {
             sample_policy: true,
             agent_log: "info".to_owned(),
             family: Family::V4,
+            underlay: Underlay::V4,
         }
+    }
+
+    /// Pods of `family`, on the underlay such a cluster has: IPv6 for IPv6-only pods,
+    /// IPv4 for IPv4 and dual-stack ones (their primary family).
+    pub fn with_family(mut self, family: Family) -> Self {
+        self.family = family;
+        self.underlay = if family == Family::V6 {
+            Underlay::V6
+        } else {
+            Underlay::V4
+        };
+        self
     }
 
     /// `w1-p1` app=api (payments), `w1-p2` app=web (payments, unselected), `w2-p1` app=api
@@ -844,6 +879,11 @@ impl Lab {
         self.spec.family
     }
 
+    /// What the lab was built from.
+    pub fn spec(&self) -> &LabSpec {
+        &self.spec
+    }
+
     /// The namespace name of a member: `<prefix>-<member>`.
     pub fn ns_name(&self, member: &str) -> String {
         format!("{}-{member}", self.prefix)
@@ -985,6 +1025,20 @@ impl Lab {
         self.write_cluster()
     }
 
+    /// A Node's `status.addresses`: InternalIPs, the underlay's family first (the agents
+    /// tunnel to the first one), then the hostname.
+    fn node_addresses(&self, node: &Node) -> Value {
+        let v4 = json!({"type": "InternalIP", "address": node.ip.to_string()});
+        let v6 = json!({"type": "InternalIP", "address": node.ip6().to_string()});
+        let mut out = match (self.spec.underlay, self.spec.family) {
+            (Underlay::V4, Family::V4) => vec![v4],
+            (Underlay::V4, _) => vec![v4, v6],
+            (Underlay::V6, _) => vec![v6, v4],
+        };
+        out.push(json!({"type": "Hostname", "address": node.name}));
+        Value::Array(out)
+    }
+
     /// The Namespace, Node and Pod documents, as written to `cluster.yaml`.
     pub fn cluster_yaml(&self) -> String {
         let mut docs = Vec::new();
@@ -1012,10 +1066,7 @@ impl Lab {
                 "metadata": {"name": node.name, "labels": labels},
                 "spec": {"podCIDR": node.pod_cidr(), "podCIDRs": [node.pod_cidr()]},
                 "status": {
-                    "addresses": [
-                        {"type": "InternalIP", "address": node.ip.to_string()},
-                        {"type": "Hostname", "address": node.name},
-                    ],
+                    "addresses": self.node_addresses(node),
                     "conditions": [{
                         "type": "Ready",
                         "status": if ready { "True" } else { "False" },
@@ -1306,6 +1357,9 @@ pub fn sample_policy_for(family: Family) -> String {
 }
 
 fn validate(spec: &LabSpec) -> Result<()> {
+    if spec.underlay == Underlay::V6 && !spec.family.has_v6() {
+        bail!("invalid lab spec: an IPv6 underlay needs IPv6 in the lab (family V6 or Dual)");
+    }
     let mut seen = std::collections::BTreeSet::new();
     for pod in &spec.pods {
         if pod.name.is_empty()

@@ -6,7 +6,13 @@
 //! namespace belongs to that thread alone (and to the `ip` commands it starts), and it
 //! disappears with the thread, so there is nothing to clean up.
 
-use std::{collections::BTreeMap, ffi::CString, net::Ipv4Addr, process::Command, thread};
+use std::{
+    collections::BTreeMap,
+    ffi::CString,
+    net::{IpAddr, Ipv4Addr},
+    process::Command,
+    thread,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -23,6 +29,7 @@ use egress_common::{
         EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
         RuleValueV4, SelectedValue,
     },
+    underlay::{self, Underlay},
 };
 
 pub const TC_ACT_OK: u32 = 0;
@@ -88,13 +95,26 @@ pub fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The `__sk_buff` passed as `ctx_in`: `ifindex` (0: loopback) and, when given, the
+/// tunnel sender in `cb[0..4]` (its 16 underlay bytes) and the VNI in `cb[4]`, where
+/// `from_tunnel` reads them when loaded with `TEST_TUNNEL_FROM_CB`.
+pub fn skb_ctx(ifindex: u32, tunnel: Option<(IpAddr, u32)>) -> [u8; SKB_CTX_LEN] {
+    let mut ctx = [0u8; SKB_CTX_LEN];
+    ctx[SKB_IFINDEX_OFF..SKB_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    if let Some((sender, vni)) = tunnel {
+        ctx[SKB_CB_OFF..SKB_CB_OFF + 16].copy_from_slice(&underlay::from_ip(sender));
+        ctx[SKB_CB_OFF + 16..SKB_CB_OFF + 20].copy_from_slice(&vni.to_ne_bytes());
+    }
+    ctx
+}
+
 /// Offsets in `struct __sk_buff` (uapi/linux/bpf.h).
 const SKB_IFINDEX_OFF: usize = 40;
 const SKB_CB_OFF: usize = 48;
 /// `ctx_in` up to the end of `cb[5]`: the kernel accepts a prefix of `__sk_buff`, and of
 /// the fields in it only `mark`, `priority`, `ingress_ifindex`, `ifindex` and `cb` may be
 /// non-zero.
-const SKB_CTX_LEN: usize = SKB_CB_OFF + 5 * 4;
+pub const SKB_CTX_LEN: usize = SKB_CB_OFF + 5 * 4;
 
 /// What a program did with one packet.
 #[derive(Debug)]
@@ -149,20 +169,15 @@ impl Datapath {
     }
 
     /// Run program `name` on `frame`, as if it arrived on `ifindex` (0: loopback), with
-    /// `cb[0..2]` = (tunnel sender, VNI) when given.
+    /// `cb[0..4]` = tunnel sender (its 16 underlay bytes) and `cb[4]` = VNI when given.
     pub fn run(
         &mut self,
         name: &str,
         frame: &[u8],
         ifindex: u32,
-        tunnel: Option<(Ipv4Addr, u32)>,
+        tunnel: Option<(IpAddr, u32)>,
     ) -> Outcome {
-        let mut ctx = [0u8; SKB_CTX_LEN];
-        ctx[SKB_IFINDEX_OFF..SKB_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
-        if let Some((sender, vni)) = tunnel {
-            ctx[SKB_CB_OFF..SKB_CB_OFF + 4].copy_from_slice(&u32::from(sender).to_ne_bytes());
-            ctx[SKB_CB_OFF + 4..SKB_CB_OFF + 8].copy_from_slice(&vni.to_ne_bytes());
-        }
+        let ctx = skb_ctx(ifindex, tunnel);
         let mut out = vec![0u8; frame.len() + 256];
         let r = self
             .program(name)
@@ -228,17 +243,18 @@ impl Datapath {
         .unwrap();
     }
 
-    pub fn node(&mut self, ip: Ipv4Addr, node_id: u32) {
-        let mut m: HashMap<&mut MapData, [u8; 4], NodeValue> =
+    pub fn node(&mut self, ip: impl Into<IpAddr>, node_id: u32) {
+        let mut m: HashMap<&mut MapData, Underlay, NodeValue> =
             HashMap::try_from(self.map(maps::NODES)).unwrap();
-        m.insert(v4(ip), NodeValue { node_id }, 0).unwrap();
+        m.insert(underlay::from_ip(ip.into()), NodeValue { node_id }, 0)
+            .unwrap();
     }
 
-    pub fn pod_owner(&mut self, pod: Ipv4Addr, node: Ipv4Addr) {
+    pub fn pod_owner(&mut self, pod: Ipv4Addr, node: impl Into<IpAddr>) {
         let mut m: HashMap<&mut MapData, [u8; 4], PodOwnerValue> =
             HashMap::try_from(self.map(maps::POD_OWNER_V4)).unwrap();
-        m.insert(v4(pod), PodOwnerValue { node: v4(node) }, 0)
-            .unwrap();
+        let node = underlay::from_ip(node.into());
+        m.insert(v4(pod), PodOwnerValue { node }, 0).unwrap();
     }
 
     pub fn egress_ip(&mut self, ip: Ipv4Addr, ifindex: u32, flags: u32) {

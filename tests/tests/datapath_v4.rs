@@ -19,7 +19,7 @@
 //! ```
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     panic::{AssertUnwindSafe, catch_unwind},
 };
 
@@ -28,7 +28,9 @@ use egress_common::{
     config::{Config, flags},
     conntrack::{CtEntryV4, CtKeyV4, dir, state},
     counters::{self, reason::*},
+    maps,
     policy::{PolicyValue, RETURN_VNI, action, egress_ip_flags},
+    underlay,
 };
 use egress_tests::{
     packet::{HOST_MAC, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
@@ -143,7 +145,7 @@ fn topology() -> Net {
 
 fn config(net: &Net) -> Config {
     Config {
-        node_ip: NODE.octets(),
+        node_ip: underlay::from_v4(NODE.octets()),
         tunnel_ifindex: net.tun0,
         port_min: PORT_MIN,
         port_max: PORT_MAX,
@@ -172,7 +174,7 @@ fn base(dp: &mut Datapath, net: &Net) {
 
 fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValue {
     PolicyValue {
-        gateway: gateway.octets(),
+        gateway: underlay::from_v4(gateway.octets()),
         egress_ip: EGRESS_A.octets(),
         rule_id,
         action: action::FORWARD,
@@ -182,7 +184,7 @@ fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValue {
 
 fn sentinel(act: u8) -> PolicyValue {
     PolicyValue {
-        gateway: [0; 4],
+        gateway: [0; 16],
         egress_ip: [0; 4],
         rule_id: 0,
         action: act,
@@ -227,7 +229,7 @@ enum Out {
 struct Step {
     prog: &'static str,
     dev: Dev,
-    tunnel: Option<(Ipv4Addr, u32)>,
+    tunnel: Option<(IpAddr, u32)>,
     input: Input,
     verdict: u32,
     out: Out,
@@ -248,7 +250,7 @@ fn from_tunnel(sender: Ipv4Addr, vni: u32, p: &Ipv4Packet) -> Step {
     Step {
         prog: FROM_TUNNEL,
         dev: Dev::Tunnel,
-        tunnel: Some((sender, vni)),
+        tunnel: Some((sender.into(), vni)),
         input: Input::Frame(p.build()),
         verdict: TC_ACT_OK,
         out: Out::Unchanged,
@@ -738,10 +740,9 @@ fn udp_flow_entries(dp: &mut Datapath, net: &Net, orig_age_s: u64, reply_age_s: 
         xlate_port_be: 5000u16.to_be(),
         state: state::ESTABLISHED,
         _pad0: 0,
-        pod_node: PEER.octets(),
+        pod_node: underlay::from_v4(PEER.octets()),
         ifindex: net.sec0,
         rule_id: RULE_A,
-        _pad1: 0,
         last_seen_ns: now.saturating_sub(age_s * 1_000_000_000),
     };
     dp.ct_insert(
@@ -1046,7 +1047,12 @@ fn from_tunnel_conntrack_entries() {
         let mut dp = Datapath::load();
         base(&mut dp, &net);
         let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
-        let o = dp.run(FROM_TUNNEL, &syn_a.build(), net.tun0, Some((PEER, RULE_A)));
+        let o = dp.run(
+            FROM_TUNNEL,
+            &syn_a.build(),
+            net.tun0,
+            Some((PEER.into(), RULE_A)),
+        );
         assert_eq!(o.verdict, TC_ACT_REDIRECT);
         let mut ct = dp.ct();
         ct.sort_by_key(|(k, _)| k.dir);
@@ -1061,10 +1067,9 @@ fn from_tunnel_conntrack_entries() {
             xlate_port_be: 40_000u16.to_be(),
             state: state::NEW,
             _pad0: 0,
-            pod_node: PEER.octets(),
+            pod_node: underlay::from_v4(PEER.octets()),
             ifindex: net.sec0,
             rule_id: RULE_A,
-            _pad1: 0,
             last_seen_ns: 0,
         };
         assert_eq!(
@@ -1257,10 +1262,9 @@ fn from_secondary_table() {
                         xlate_port_be: 5000u16.to_be(),
                         state: state::ESTABLISHED,
                         _pad0: 0,
-                        pod_node: PEER.octets(),
+                        pod_node: underlay::from_v4(PEER.octets()),
                         ifindex: net.sec0,
                         rule_id: RULE_A,
-                        _pad1: 0,
                         last_seen_ns: old,
                     },
                 );
@@ -1360,4 +1364,38 @@ fn from_tunnel_loads_and_attaches() {
 #[test]
 fn from_secondary_loads_and_attaches() {
     attach(FROM_SECONDARY);
+}
+
+/// An agent of another version left pinned maps of another layout: the agent replaces
+/// them (rather than feed the programs entries they would misread), and every map it
+/// pins has the layout `egress_common::maps::LAYOUT` gives, which is the object's.
+#[test]
+fn pinned_maps_of_another_layout_are_replaced() {
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-layout-{}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    // The layouts of the first release: 4-byte underlay addresses, a 16-byte Config.
+    for (name, kind, key, value) in [(maps::CONFIG, "array", 4, 16), (maps::NODES, "hash", 4, 4)] {
+        let path = dir.join(name);
+        let o = std::process::Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&path)
+            .args(["type", kind, "key", &key.to_string(), "value"])
+            .args([&value.to_string(), "entries", "16", "name", name])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let dp = egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
+    for &(name, key, value) in maps::LAYOUT {
+        let info = aya::maps::MapInfo::from_pin(dir.join(name)).unwrap();
+        assert_eq!(
+            (info.key_size(), info.value_size()),
+            (key, value),
+            "map {name}"
+        );
+    }
+    drop(dp);
 }

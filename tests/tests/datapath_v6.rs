@@ -1,4 +1,4 @@
-//! The IPv6 datapath (IPv6 pods over the IPv4 underlay), program by program, as tables of
+//! The IPv6 datapath (IPv6 pods, over an IPv4 and over an IPv6 underlay), program by program, as tables of
 //! `BPF_PROG_TEST_RUN` cases against the real object, in the style of `datapath_v4.rs`:
 //! maps set up, frames in, verdict, frames out (built from scratch by `packet6`, with
 //! checksums over the IPv6 pseudo-header computed by the test) and counters by reason.
@@ -8,7 +8,7 @@
 //! ```text
 //!   pod0  veth 02:00:00:00:bb:01 -- pod fd00:244:1::5 (02:00:00:00:aa:01), route /128
 //!   tun0  veth: stands in for the collect-metadata VXLAN device
-//!   ul0   veth: 192.168.0.10/24, the (IPv4) underlay: this node
+//!   ul0   veth: 192.168.0.10/24 or fd00:ff::10/64, the underlay: this node
 //!   sec0  veth 02:00:00:00:0a:02, fd00:100::2/64: egress IP fd00:100::50 (rule 1)
 //!         neighbours fd00:100::7 (destination), fd00:100::1 (router to fd00:172:16::/48)
 //!   sec1  veth 02:00:00:00:0b:02, fd00:200::2/64: egress IP fd00:200::50 (rule 2)
@@ -19,7 +19,7 @@
 //! refuses to forward otherwise).
 
 use std::{
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     panic::{AssertUnwindSafe, catch_unwind},
 };
 
@@ -34,6 +34,7 @@ use egress_common::{
         EgressIpValue, POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV6, PolicyValueV6, RETURN_VNI,
         RuleValueV6, SelectedValue, action, egress_ip_flags,
     },
+    underlay,
 };
 use egress_tests::{
     packet::{HOST_MAC, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
@@ -54,12 +55,33 @@ const fn v6(a: u16, b: u16, c: u16, h: u16) -> Ipv6Addr {
     Ipv6Addr::new(a, b, c, 0, 0, 0, 0, h)
 }
 
-/// This node (source node and gateway), on the IPv4 underlay.
-const NODE: Ipv4Addr = a(192, 168, 0, 10);
-/// Another known node.
-const PEER: Ipv4Addr = a(192, 168, 0, 20);
-/// Not a node.
-const STRANGER: Ipv4Addr = a(192, 168, 0, 99);
+/// The underlay as this node sees it. Every table runs twice: over an IPv4 underlay and
+/// over an IPv6 one.
+#[derive(Clone, Copy, Debug)]
+struct UnderlayNet {
+    /// This node (source node and gateway).
+    node: IpAddr,
+    /// Another known node.
+    peer: IpAddr,
+    /// Not a node.
+    stranger: IpAddr,
+    /// `ul0`'s address.
+    cidr: &'static str,
+}
+
+const UL4: UnderlayNet = UnderlayNet {
+    node: IpAddr::V4(a(192, 168, 0, 10)),
+    peer: IpAddr::V4(a(192, 168, 0, 20)),
+    stranger: IpAddr::V4(a(192, 168, 0, 99)),
+    cidr: "192.168.0.10/24",
+};
+
+const UL6: UnderlayNet = UnderlayNet {
+    node: IpAddr::V6(v6(0xfd00, 0xff, 0, 0x10)),
+    peer: IpAddr::V6(v6(0xfd00, 0xff, 0, 0x20)),
+    stranger: IpAddr::V6(v6(0xfd00, 0xff, 0, 0x99)),
+    cidr: "fd00:ff::10/64 nodad",
+};
 
 const LOCAL_POD: Ipv6Addr = v6(0xfd00, 0x244, 1, 5);
 const UNSELECTED_POD: Ipv6Addr = v6(0xfd00, 0x244, 1, 9);
@@ -105,15 +127,16 @@ fn mac(m: [u8; 6]) -> String {
 }
 
 struct Net {
+    ul: UnderlayNet,
     pod0: u32,
     tun0: u32,
     sec0: u32,
     sec1: u32,
 }
 
-fn topology() -> Net {
+fn topology(ul: UnderlayNet) -> Net {
     for (dev, m, addr) in [
-        ("ul0", [0x02, 0, 0, 0, 0xcc, 0x01], Some("192.168.0.10/24")),
+        ("ul0", [0x02, 0, 0, 0, 0xcc, 0x01], Some(ul.cidr)),
         ("tun0", [0x02, 0, 0, 0, 0xdd, 0x01], None),
         ("pod0", POD0_MAC, None),
         ("sec0", SEC0_MAC, Some("fd00:100::2/64 nodad")),
@@ -147,6 +170,7 @@ fn topology() -> Net {
     sysctl("net/ipv4/conf/all/forwarding", "1");
     sysctl("net/ipv6/conf/all/forwarding", "1");
     Net {
+        ul,
         pod0: ifindex("pod0"),
         tun0: ifindex("tun0"),
         sec0: ifindex("sec0"),
@@ -156,7 +180,7 @@ fn topology() -> Net {
 
 fn config(net: &Net) -> Config {
     Config {
-        node_ip: NODE.octets(),
+        node_ip: underlay::from_ip(net.ul.node),
         tunnel_ifindex: net.tun0,
         port_min: PORT_MIN,
         port_max: PORT_MAX,
@@ -201,13 +225,13 @@ fn rule6(dp: &mut Datapath, id: u32, egress_ip: Ipv6Addr, ifindex: u32) {
     .unwrap();
 }
 
-fn pod_owner6(dp: &mut Datapath, pod: Ipv6Addr, node: Ipv4Addr) {
+fn pod_owner6(dp: &mut Datapath, pod: Ipv6Addr, node: IpAddr) {
     let mut m: HashMap<&mut MapData, [u8; 16], PodOwnerValue> =
         HashMap::try_from(dp.map(maps::POD_OWNER_V6)).unwrap();
     m.insert(
         pod.octets(),
         PodOwnerValue {
-            node: node.octets(),
+            node: underlay::from_ip(node),
         },
         0,
     )
@@ -231,12 +255,13 @@ fn ct6(dp: &mut Datapath) -> Vec<(CtKeyV6, CtEntryV6)> {
 /// (IPv6, and one IPv4-only rule id) and egress IPs.
 fn base(dp: &mut Datapath, net: &Net) {
     dp.config(config(net));
-    dp.node(NODE, 1);
-    dp.node(PEER, 2);
-    pod_owner6(dp, LOCAL_POD, NODE);
-    pod_owner6(dp, UNSELECTED_POD, NODE);
+    let ul = net.ul;
+    dp.node(ul.node, 1);
+    dp.node(ul.peer, 2);
+    pod_owner6(dp, LOCAL_POD, ul.node);
+    pod_owner6(dp, UNSELECTED_POD, ul.node);
     for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
-        pod_owner6(dp, pod, PEER);
+        pod_owner6(dp, pod, ul.peer);
     }
     rule6(dp, RULE_A, EGRESS_A, net.sec0);
     rule6(dp, RULE_B, EGRESS_B, net.sec1);
@@ -246,9 +271,9 @@ fn base(dp: &mut Datapath, net: &Net) {
     egress_ip6(dp, SHARED_A, net.sec0, egress_ip_flags::SHARED);
 }
 
-fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValueV6 {
+fn forward(gateway: IpAddr, rule_id: u32) -> PolicyValueV6 {
     PolicyValueV6 {
-        gateway: gateway.octets(),
+        gateway: underlay::from_ip(gateway),
         rule_id,
         action: action::FORWARD,
         _pad: [0; 3],
@@ -258,7 +283,7 @@ fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValueV6 {
 
 fn sentinel(act: u8) -> PolicyValueV6 {
     PolicyValueV6 {
-        gateway: [0; 4],
+        gateway: [0; 16],
         rule_id: 0,
         action: act,
         _pad: [0; 3],
@@ -267,7 +292,7 @@ fn sentinel(act: u8) -> PolicyValueV6 {
 }
 
 /// `LOCAL_POD` selected, network A (fd00:100::/64) through rule A at `gateway`.
-fn local_pod_to_a(dp: &mut Datapath, gateway: Ipv4Addr) {
+fn local_pod_to_a(dp: &mut Datapath, gateway: IpAddr) {
     selected6(dp, LOCAL_POD);
     policy6(dp, LOCAL_POD, NET_A, 64, forward(gateway, RULE_A));
 }
@@ -299,13 +324,13 @@ enum Out {
 struct Step {
     prog: &'static str,
     dev: Dev,
-    tunnel: Option<(Ipv4Addr, u32)>,
+    tunnel: Option<(IpAddr, u32)>,
     input: Input,
     verdict: u32,
     out: Out,
 }
 
-fn step(prog: &'static str, dev: Dev, tunnel: Option<(Ipv4Addr, u32)>, p: &Ipv6Packet) -> Step {
+fn step(prog: &'static str, dev: Dev, tunnel: Option<(IpAddr, u32)>, p: &Ipv6Packet) -> Step {
     Step {
         prog,
         dev,
@@ -320,7 +345,7 @@ fn from_pod(p: &Ipv6Packet) -> Step {
     step(FROM_POD, Dev::Pod, None, p)
 }
 
-fn from_tunnel(sender: Ipv4Addr, vni: u32, p: &Ipv6Packet) -> Step {
+fn from_tunnel(sender: IpAddr, vni: u32, p: &Ipv6Packet) -> Step {
     step(FROM_TUNNEL, Dev::Tunnel, Some((sender, vni)), p)
 }
 
@@ -423,7 +448,7 @@ fn named(c: &[(u32, u64)]) -> Vec<(String, u64)> {
     c.iter().map(|&(r, n)| (reason_name(r), n)).collect()
 }
 
-fn run_case(c: Case) -> Result<(), String> {
+fn run_case(c: Case, ul: UnderlayNet) -> Result<(), String> {
     let Case {
         name: _,
         setup,
@@ -431,7 +456,7 @@ fn run_case(c: Case) -> Result<(), String> {
         counters,
     } = c;
     in_netns(move || {
-        let net = topology();
+        let net = topology(ul);
         let mut dp = Datapath::load();
         base(&mut dp, &net);
         setup(&mut dp, &net);
@@ -481,7 +506,7 @@ fn run_case(c: Case) -> Result<(), String> {
     })
 }
 
-fn run_table(cases: Vec<Case>) {
+fn run_table(ul: UnderlayNet, cases: Vec<Case>) {
     let handles: Vec<_> = cases
         .into_iter()
         .map(|c| {
@@ -489,7 +514,7 @@ fn run_table(cases: Vec<Case>) {
             (
                 name,
                 std::thread::spawn(move || {
-                    catch_unwind(AssertUnwindSafe(|| run_case(c)))
+                    catch_unwind(AssertUnwindSafe(|| run_case(c, ul)))
                         .unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(&p))))
                 }),
             )
@@ -504,7 +529,7 @@ fn run_table(cases: Vec<Case>) {
     }
     assert!(
         failures.is_empty(),
-        "{} of {total} cases failed:\n{}",
+        "{} of {total} cases failed over the {ul:?}:\n{}",
         failures.len(),
         failures.join("\n")
     );
@@ -593,8 +618,7 @@ fn snatted_in_range(p: &Ipv6Packet, not: u16) -> impl Fn(&[u8]) -> Result<(), St
 
 // ---- from_pod ----
 
-#[test]
-fn from_pod_table() {
+fn from_pod_table(u: UnderlayNet) {
     let to_a = tcp(LOCAL_POD, 40_000, DEST_A, 80, TCP_ACK);
     let local_gw_out = snatted(&to_a, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC);
     let with_ext = |p: &Ipv6Packet| p.clone().pad_options(NEXTHDR_HOP).pad_options(NEXTHDR_DEST);
@@ -604,241 +628,247 @@ fn from_pod_table() {
     let echo_a = echo(LOCAL_POD, DEST_A, 7);
     let mut short_frame = to_a.build();
     short_frame.truncate(14 + 40 + 10);
-    // Everything the pod sends goes through rule A at PEER.
-    let everything = |dp: &mut Datapath, _: &Net| {
+    // Everything the pod sends goes through rule A at u.peer.
+    let everything = move |dp: &mut Datapath, _: &Net| {
         selected6(dp, LOCAL_POD);
         policy6(
             dp,
             LOCAL_POD,
             Ipv6Addr::UNSPECIFIED,
             0,
-            forward(PEER, RULE_A),
+            forward(u.peer, RULE_A),
         );
     };
 
-    run_table(vec![
-        case(
-            "unselected pod passes untouched, uncounted",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
-            &[],
-        ),
-        case(
-            "ARP of a pod passes",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a).raw(arp_frame()).passes()],
-            &[],
-        ),
-        case(
-            "selected pod, destination outside every rule, passes uncounted",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
-            &[],
-        ),
-        case(
-            "remote gateway: tunneled untouched",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a).tunneled()],
-            &[(TUNNELED, 1)],
-        ),
-        case(
-            "neighbour discovery passes untouched under a ::/0 rule",
-            everything,
-            vec![
-                from_pod(&Ipv6Packet::new(
-                    LOCAL_POD,
-                    solicited_node(DEST_A),
-                    ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
-                ))
-                .passes(),
-                // Unicast solicitation (reachability confirmation) to a rule's destination.
-                from_pod(&Ipv6Packet::new(
-                    LOCAL_POD,
-                    DEST_A,
-                    ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
-                ))
-                .passes(),
-                from_pod(&Ipv6Packet::new(
-                    LOCAL_POD,
-                    DEST_A,
-                    ndp(ICMPV6_NEIGHBOUR_ADVERT, LOCAL_POD),
-                ))
-                .passes(),
-                from_pod(&Ipv6Packet::new(
-                    LOCAL_POD,
-                    "ff02::2".parse().unwrap(),
-                    icmp6(ICMPV6_ROUTER_SOLICIT, &[0; 4]),
-                ))
-                .passes(),
-                from_pod(&to_a).tunneled(),
-            ],
-            &[(TUNNELED, 1)],
-        ),
-        case(
-            "link-local and multicast destinations pass under a ::/0 rule",
-            everything,
-            vec![
-                from_pod(&to_a.clone().dst("fe80::1".parse().unwrap())).passes(),
-                from_pod(&udp_a.clone().dst("ff02::fb".parse().unwrap())).passes(),
-            ],
-            &[],
-        ),
-        case(
-            "longest prefix wins: /128 inside the /64 goes to its own (local) gateway",
-            |dp, _| {
-                local_pod_to_a(dp, PEER);
-                policy6(dp, LOCAL_POD, DEST_A, 128, forward(NODE, RULE_A));
-            },
-            vec![
-                from_pod(&to_a).redirected(&local_gw_out),
-                from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 6))).tunneled(),
-            ],
-            &[
-                (LOCAL_GATEWAY, 1),
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (TUNNELED, 1),
-            ],
-        ),
-        case(
-            "except prefix passes untouched, counted EXCLUDED",
-            |dp, _| {
-                local_pod_to_a(dp, PEER);
-                policy6(dp, LOCAL_POD, NET_A, 125, sentinel(action::EXCLUDE));
-            },
-            vec![
-                from_pod(&to_a).passes(),
-                from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 9))).tunneled(),
-            ],
-            &[(EXCLUDED, 1), (TUNNELED, 1)],
-        ),
-        case(
-            "no gateway, failurePolicy Drop: dropped",
-            |dp, _| {
-                selected6(dp, LOCAL_POD);
-                policy6(dp, LOCAL_POD, NET_A, 64, sentinel(action::NO_GATEWAY_DROP));
-            },
-            vec![from_pod(&to_a).dropped()],
-            &[(DROP_NO_GATEWAY, 1)],
-        ),
-        case(
-            "no gateway, failurePolicy Fallthrough: passes",
-            |dp, _| {
-                selected6(dp, LOCAL_POD);
-                policy6(dp, LOCAL_POD, NET_A, 64, sentinel(action::NO_GATEWAY_PASS));
-            },
-            vec![from_pod(&to_a).passes()],
-            &[(FALLTHROUGH, 1)],
-        ),
-        case(
-            "SYN MSS 1440 clamped to tunnel_mtu - 60, checksum valid",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&syn_1440).expect(TC_ACT_REDIRECT, Out::Frame(syn_clamped.build()))],
-            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
-        ),
-        case(
-            "SYN behind extension headers: MSS clamped at the right offset",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![
-                from_pod(&with_ext(&syn_1440))
-                    .expect(TC_ACT_REDIRECT, Out::Frame(with_ext(&syn_clamped).build())),
-            ],
-            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
-        ),
-        case(
-            "local gateway: NAT66 to the egress IP, hop limit decremented, out of sec0",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![from_pod(&to_a).redirected(&local_gw_out)],
-            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "local gateway behind hop-by-hop and destination options: NAT66 checksums correct",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![from_pod(&with_ext(&to_a)).redirected(&with_ext(&local_gw_out))],
-            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "routing header with no segments left: walked",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![from_pod(&to_a.clone().routing(0)).redirected(&local_gw_out.clone().routing(0))],
-            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "local gateway, UDP and ICMPv6 echo: NAT66",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![
-                from_pod(&udp_a).redirected(&snatted(&udp_a, EGRESS_A, 5353, SEC0_MAC, DEST_A_MAC)),
-                from_pod(&echo_a).redirected(&snatted(&echo_a, EGRESS_A, 7, SEC0_MAC, DEST_A_MAC)),
-            ],
-            &[(LOCAL_GATEWAY, 2), (SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
-            "local gateway, hop limit 1 dropped",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![from_pod(&to_a.clone().hop_limit(1)).dropped()],
-            &[(LOCAL_GATEWAY, 1), (DROP_TTL_EXCEEDED, 1)],
-        ),
-        case(
-            "five extension headers (more than walked) dropped",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&too_many_ext(&to_a)).dropped()],
-            &[(DROP_IPV6_EXT_HDR, 1)],
-        ),
-        case(
-            "routing header with segments left dropped",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a.clone().routing(1)).dropped()],
-            &[(DROP_IPV6_EXT_HDR, 1)],
-        ),
-        case(
-            "fragments (first, and later) of a selected flow dropped",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![
-                from_pod(&to_a.clone().fragment(0, true)).dropped(),
-                from_pod(&with_ext(&to_a).fragment(185, false)).dropped(),
-            ],
-            &[(DROP_FRAGMENT, 2)],
-        ),
-        case(
-            "zero UDP checksum (forbidden in IPv6) dropped",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&udp_a.clone().l4(L4::udp_no_checksum(5353, 53, b"q"))).dropped()],
-            &[(DROP_MALFORMED, 1)],
-        ),
-        case(
-            "GRE and ICMPv6 errors in a selected flow dropped",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![
-                from_pod(&to_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
-                from_pod(&to_a.clone().l4(icmp6(1, &[0; 12]))).dropped(),
-            ],
-            &[(DROP_UNSUPPORTED_PROTO, 2)],
-        ),
-        case(
-            "frame shorter than its payload length passes, counted",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a).raw(short_frame).passes()],
-            &[(MALFORMED_PASSED, 1)],
-        ),
-        case(
-            "agent not ready: selected packet dropped",
-            |dp, net| {
-                local_pod_to_a(dp, PEER);
-                dp.config(Config {
-                    flags: 0,
-                    ..config(net)
-                });
-            },
-            vec![from_pod(&to_a).dropped()],
-            &[(DROP_NOT_READY, 1)],
-        ),
-    ]);
+    run_table(
+        u,
+        vec![
+            case(
+                "unselected pod passes untouched, uncounted",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
+                &[],
+            ),
+            case(
+                "ARP of a pod passes",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&to_a).raw(arp_frame()).passes()],
+                &[],
+            ),
+            case(
+                "selected pod, destination outside every rule, passes uncounted",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
+                &[],
+            ),
+            case(
+                "remote gateway: tunneled untouched",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&to_a).tunneled()],
+                &[(TUNNELED, 1)],
+            ),
+            case(
+                "neighbour discovery passes untouched under a ::/0 rule",
+                everything,
+                vec![
+                    from_pod(&Ipv6Packet::new(
+                        LOCAL_POD,
+                        solicited_node(DEST_A),
+                        ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
+                    ))
+                    .passes(),
+                    // Unicast solicitation (reachability confirmation) to a rule's destination.
+                    from_pod(&Ipv6Packet::new(
+                        LOCAL_POD,
+                        DEST_A,
+                        ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
+                    ))
+                    .passes(),
+                    from_pod(&Ipv6Packet::new(
+                        LOCAL_POD,
+                        DEST_A,
+                        ndp(ICMPV6_NEIGHBOUR_ADVERT, LOCAL_POD),
+                    ))
+                    .passes(),
+                    from_pod(&Ipv6Packet::new(
+                        LOCAL_POD,
+                        "ff02::2".parse().unwrap(),
+                        icmp6(ICMPV6_ROUTER_SOLICIT, &[0; 4]),
+                    ))
+                    .passes(),
+                    from_pod(&to_a).tunneled(),
+                ],
+                &[(TUNNELED, 1)],
+            ),
+            case(
+                "link-local and multicast destinations pass under a ::/0 rule",
+                everything,
+                vec![
+                    from_pod(&to_a.clone().dst("fe80::1".parse().unwrap())).passes(),
+                    from_pod(&udp_a.clone().dst("ff02::fb".parse().unwrap())).passes(),
+                ],
+                &[],
+            ),
+            case(
+                "longest prefix wins: /128 inside the /64 goes to its own (local) gateway",
+                move |dp, _| {
+                    local_pod_to_a(dp, u.peer);
+                    policy6(dp, LOCAL_POD, DEST_A, 128, forward(u.node, RULE_A));
+                },
+                vec![
+                    from_pod(&to_a).redirected(&local_gw_out),
+                    from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 6))).tunneled(),
+                ],
+                &[
+                    (LOCAL_GATEWAY, 1),
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 1),
+                    (TUNNELED, 1),
+                ],
+            ),
+            case(
+                "except prefix passes untouched, counted EXCLUDED",
+                move |dp, _| {
+                    local_pod_to_a(dp, u.peer);
+                    policy6(dp, LOCAL_POD, NET_A, 125, sentinel(action::EXCLUDE));
+                },
+                vec![
+                    from_pod(&to_a).passes(),
+                    from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 9))).tunneled(),
+                ],
+                &[(EXCLUDED, 1), (TUNNELED, 1)],
+            ),
+            case(
+                "no gateway, failurePolicy Drop: dropped",
+                move |dp, _| {
+                    selected6(dp, LOCAL_POD);
+                    policy6(dp, LOCAL_POD, NET_A, 64, sentinel(action::NO_GATEWAY_DROP));
+                },
+                vec![from_pod(&to_a).dropped()],
+                &[(DROP_NO_GATEWAY, 1)],
+            ),
+            case(
+                "no gateway, failurePolicy Fallthrough: passes",
+                move |dp, _| {
+                    selected6(dp, LOCAL_POD);
+                    policy6(dp, LOCAL_POD, NET_A, 64, sentinel(action::NO_GATEWAY_PASS));
+                },
+                vec![from_pod(&to_a).passes()],
+                &[(FALLTHROUGH, 1)],
+            ),
+            case(
+                "SYN MSS 1440 clamped to tunnel_mtu - 60, checksum valid",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&syn_1440).expect(TC_ACT_REDIRECT, Out::Frame(syn_clamped.build()))],
+                &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
+            ),
+            case(
+                "SYN behind extension headers: MSS clamped at the right offset",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![
+                    from_pod(&with_ext(&syn_1440))
+                        .expect(TC_ACT_REDIRECT, Out::Frame(with_ext(&syn_clamped).build())),
+                ],
+                &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
+            ),
+            case(
+                "local gateway: NAT66 to the egress IP, hop limit decremented, out of sec0",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![from_pod(&to_a).redirected(&local_gw_out)],
+                &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "local gateway behind hop-by-hop and destination options: NAT66 checksums correct",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![from_pod(&with_ext(&to_a)).redirected(&with_ext(&local_gw_out))],
+                &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "routing header with no segments left: walked",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![
+                    from_pod(&to_a.clone().routing(0)).redirected(&local_gw_out.clone().routing(0)),
+                ],
+                &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "local gateway, UDP and ICMPv6 echo: NAT66",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![
+                    from_pod(&udp_a)
+                        .redirected(&snatted(&udp_a, EGRESS_A, 5353, SEC0_MAC, DEST_A_MAC)),
+                    from_pod(&echo_a)
+                        .redirected(&snatted(&echo_a, EGRESS_A, 7, SEC0_MAC, DEST_A_MAC)),
+                ],
+                &[(LOCAL_GATEWAY, 2), (SNAT_NEW, 2), (FORWARDED, 2)],
+            ),
+            case(
+                "local gateway, hop limit 1 dropped",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![from_pod(&to_a.clone().hop_limit(1)).dropped()],
+                &[(LOCAL_GATEWAY, 1), (DROP_TTL_EXCEEDED, 1)],
+            ),
+            case(
+                "five extension headers (more than walked) dropped",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&too_many_ext(&to_a)).dropped()],
+                &[(DROP_IPV6_EXT_HDR, 1)],
+            ),
+            case(
+                "routing header with segments left dropped",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&to_a.clone().routing(1)).dropped()],
+                &[(DROP_IPV6_EXT_HDR, 1)],
+            ),
+            case(
+                "fragments (first, and later) of a selected flow dropped",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![
+                    from_pod(&to_a.clone().fragment(0, true)).dropped(),
+                    from_pod(&with_ext(&to_a).fragment(185, false)).dropped(),
+                ],
+                &[(DROP_FRAGMENT, 2)],
+            ),
+            case(
+                "zero UDP checksum (forbidden in IPv6) dropped",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&udp_a.clone().l4(L4::udp_no_checksum(5353, 53, b"q"))).dropped()],
+                &[(DROP_MALFORMED, 1)],
+            ),
+            case(
+                "GRE and ICMPv6 errors in a selected flow dropped",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![
+                    from_pod(&to_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
+                    from_pod(&to_a.clone().l4(icmp6(1, &[0; 12]))).dropped(),
+                ],
+                &[(DROP_UNSUPPORTED_PROTO, 2)],
+            ),
+            case(
+                "frame shorter than its payload length passes, counted",
+                move |dp, _| local_pod_to_a(dp, u.peer),
+                vec![from_pod(&to_a).raw(short_frame).passes()],
+                &[(MALFORMED_PASSED, 1)],
+            ),
+            case(
+                "agent not ready: selected packet dropped",
+                move |dp, net| {
+                    local_pod_to_a(dp, u.peer);
+                    dp.config(Config {
+                        flags: 0,
+                        ..config(net)
+                    });
+                },
+                vec![from_pod(&to_a).dropped()],
+                &[(DROP_NOT_READY, 1)],
+            ),
+        ],
+    );
 }
 
 // ---- from_tunnel ----
 
-#[test]
-fn from_tunnel_table() {
+fn from_tunnel_table(u: UnderlayNet) {
     let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
     let ack_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
     let out = |p: &Ipv6Packet, port| snatted(p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC);
@@ -851,248 +881,265 @@ fn from_tunnel_table() {
         .pad_options(NEXTHDR_HOP)
         .pad_options(NEXTHDR_DEST);
 
-    run_table(vec![
-        case(
-            "unknown sender dropped",
-            no_setup,
-            vec![from_tunnel(STRANGER, RULE_A, &syn_a).dropped()],
-            &[(DROP_UNKNOWN_SENDER, 1)],
-        ),
-        case(
-            "inner source not a pod of the sender dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(LOCAL_POD)).dropped(),
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(v6(0xfd00, 0x244, 9, 9))).dropped(),
-            ],
-            &[(DROP_SPOOFED_SOURCE, 2)],
-        ),
-        case(
-            "unknown rule, and a rule id served for IPv4 only, dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, 77, &syn_a).dropped(),
-                from_tunnel(PEER, RULE_V4_ONLY, &syn_a).dropped(),
-            ],
-            &[(DROP_UNKNOWN_RULE, 2)],
-        ),
-        case(
-            "new flow: NAT66 keeps the free pod port, hop limit decremented; then conntrack hit",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
-                from_tunnel(PEER, RULE_A, &ack_a).redirected(&out(&ack_a, 40_000)),
-            ],
-            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
-        ),
-        case(
-            "rule B leaves by sec1 with its own egress IP",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_B, &syn_a.clone().dst(DEST_B)).redirected(&snatted(
-                    &syn_a.clone().dst(DEST_B),
-                    EGRESS_B,
-                    40_000,
-                    SEC1_MAC,
-                    DEST_B_MAC,
-                )),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "destination behind a router: next hop's MAC",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_FAR)).redirected(&snatted(
-                    &syn_a.clone().dst(DEST_FAR),
-                    EGRESS_A,
-                    40_000,
-                    SEC0_MAC,
-                    ROUTER_A_MAC,
-                )),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "no neighbour yet: redirect_neigh (NAT66ed, MACs left to the kernel)",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_A_NO_NEIGH)).redirected(
-                    &snatted(
-                        &syn_a.clone().dst(DEST_A_NO_NEIGH),
+    run_table(
+        u,
+        vec![
+            case(
+                "unknown sender dropped",
+                no_setup,
+                vec![from_tunnel(u.stranger, RULE_A, &syn_a).dropped()],
+                &[(DROP_UNKNOWN_SENDER, 1)],
+            ),
+            case(
+                "inner source not a pod of the sender dropped",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().src(LOCAL_POD)).dropped(),
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().src(v6(0xfd00, 0x244, 9, 9)))
+                        .dropped(),
+                ],
+                &[(DROP_SPOOFED_SOURCE, 2)],
+            ),
+            case(
+                "unknown rule, and a rule id served for IPv4 only, dropped",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, 77, &syn_a).dropped(),
+                    from_tunnel(u.peer, RULE_V4_ONLY, &syn_a).dropped(),
+                ],
+                &[(DROP_UNKNOWN_RULE, 2)],
+            ),
+            case(
+                "new flow: NAT66 keeps the free pod port, hop limit decremented; then conntrack hit",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                    from_tunnel(u.peer, RULE_A, &ack_a).redirected(&out(&ack_a, 40_000)),
+                ],
+                &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
+            ),
+            case(
+                "rule B leaves by sec1 with its own egress IP",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_B, &syn_a.clone().dst(DEST_B)).redirected(&snatted(
+                        &syn_a.clone().dst(DEST_B),
+                        EGRESS_B,
+                        40_000,
+                        SEC1_MAC,
+                        DEST_B_MAC,
+                    )),
+                ],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "destination behind a router: next hop's MAC",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().dst(DEST_FAR)).redirected(&snatted(
+                        &syn_a.clone().dst(DEST_FAR),
                         EGRESS_A,
                         40_000,
                         SEC0_MAC,
-                        DEST_A_MAC,
+                        ROUTER_A_MAC,
+                    )),
+                ],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "no neighbour yet: redirect_neigh (NAT66ed, MACs left to the kernel)",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().dst(DEST_A_NO_NEIGH)).redirected(
+                        &snatted(
+                            &syn_a.clone().dst(DEST_A_NO_NEIGH),
+                            EGRESS_A,
+                            40_000,
+                            SEC0_MAC,
+                            DEST_A_MAC,
+                        )
+                        .macs(HOST_MAC, POD_MAC),
+                    ),
+                ],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "destination not reachable through the rule's interface: dropped",
+                no_setup,
+                vec![from_tunnel(u.peer, RULE_A, &syn_a.clone().dst(DEST_B)).dropped()],
+                &[(SNAT_NEW, 1), (DROP_FIB, 1)],
+            ),
+            case(
+                "two pods, same source port, same destination: distinct translations",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().src(REMOTE_POD2))
+                        .redirected_if(snatted_in_range(&syn_a.clone().src(REMOTE_POD2), 40_000)),
+                ],
+                &[(SNAT_NEW, 2), (FORWARDED, 2)],
+            ),
+            case(
+                "ICMPv6 echo: identifier kept when free, translated when taken",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &echo1).redirected(&out(&echo1, 7)),
+                    from_tunnel(u.peer, RULE_A, &echo2).redirected_if(snatted_in_range(&echo2, 7)),
+                ],
+                &[(SNAT_NEW, 2), (FORWARDED, 2)],
+            ),
+            case(
+                "UDP: NAT66, port translated on collision",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &udp_a).redirected(&out(&udp_a, 5000)),
+                    from_tunnel(u.peer, RULE_A, &udp_a.clone().src(REMOTE_POD2))
+                        .redirected_if(snatted_in_range(&udp_a.clone().src(REMOTE_POD2), 5000)),
+                ],
+                &[(SNAT_NEW, 2), (FORWARDED, 2)],
+            ),
+            case(
+                "zero UDP checksum dropped as malformed",
+                no_setup,
+                vec![
+                    from_tunnel(
+                        u.peer,
+                        RULE_A,
+                        &udp_a.clone().l4(L4::udp_no_checksum(5000, 53, b"q")),
                     )
-                    .macs(HOST_MAC, POD_MAC),
-                ),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "destination not reachable through the rule's interface: dropped",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_B)).dropped()],
-            &[(SNAT_NEW, 1), (DROP_FIB, 1)],
-        ),
-        case(
-            "two pods, same source port, same destination: distinct translations",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_POD2))
-                    .redirected_if(snatted_in_range(&syn_a.clone().src(REMOTE_POD2), 40_000)),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
-            "ICMPv6 echo: identifier kept when free, translated when taken",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &echo1).redirected(&out(&echo1, 7)),
-                from_tunnel(PEER, RULE_A, &echo2).redirected_if(snatted_in_range(&echo2, 7)),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
-            "UDP: NAT66, port translated on collision",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &udp_a).redirected(&out(&udp_a, 5000)),
-                from_tunnel(PEER, RULE_A, &udp_a.clone().src(REMOTE_POD2))
-                    .redirected_if(snatted_in_range(&udp_a.clone().src(REMOTE_POD2), 5000)),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
-            "zero UDP checksum dropped as malformed",
-            no_setup,
-            vec![
-                from_tunnel(
-                    PEER,
-                    RULE_A,
-                    &udp_a.clone().l4(L4::udp_no_checksum(5000, 53, b"q")),
-                )
-                .dropped(),
-            ],
-            &[(DROP_MALFORMED, 1)],
-        ),
-        case(
-            "extension headers walked: NAT66 checksums correct",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_A, &with_ext).redirected(&out(&with_ext, 40_000))],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "1380-byte UDP payload: NAT66 checksum over the whole payload",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
-                    .redirected(&out(&big_udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "hop limit 1 dropped",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().hop_limit(1)).dropped()],
-            &[(DROP_TTL_EXCEEDED, 1)],
-        ),
-        case(
-            "fragment, too many extension headers, GRE: dropped by reason",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().fragment(0, true)).dropped(),
-                from_tunnel(PEER, RULE_A, &too_many_ext(&syn_a)).dropped(),
-                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
-            ],
-            &[
-                (DROP_FRAGMENT, 1),
-                (DROP_IPV6_EXT_HDR, 1),
-                (DROP_UNSUPPORTED_PROTO, 1),
-            ],
-        ),
-        case(
-            "port exhaustion (range of two ports) counted",
-            |dp, net| {
-                dp.config(Config {
-                    port_min: 30_000,
-                    port_max: 30_001,
-                    ..config(net)
-                });
-            },
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)))
+                    .dropped(),
+                ],
+                &[(DROP_MALFORMED, 1)],
+            ),
+            case(
+                "extension headers walked: NAT66 checksums correct",
+                no_setup,
+                vec![from_tunnel(u.peer, RULE_A, &with_ext).redirected(&out(&with_ext, 40_000))],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "1380-byte UDP payload: NAT66 checksum over the whole payload",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
+                        .redirected(&out(&big_udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
+                ],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "hop limit 1 dropped",
+                no_setup,
+                vec![from_tunnel(u.peer, RULE_A, &syn_a.clone().hop_limit(1)).dropped()],
+                &[(DROP_TTL_EXCEEDED, 1)],
+            ),
+            case(
+                "fragment, too many extension headers, GRE: dropped by reason",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().fragment(0, true)).dropped(),
+                    from_tunnel(u.peer, RULE_A, &too_many_ext(&syn_a)).dropped(),
+                    from_tunnel(
+                        u.peer,
+                        RULE_A,
+                        &syn_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8])),
+                    )
+                    .dropped(),
+                ],
+                &[
+                    (DROP_FRAGMENT, 1),
+                    (DROP_IPV6_EXT_HDR, 1),
+                    (DROP_UNSUPPORTED_PROTO, 1),
+                ],
+            ),
+            case(
+                "port exhaustion (range of two ports) counted",
+                move |dp, net| {
+                    dp.config(Config {
+                        port_min: 30_000,
+                        port_max: 30_001,
+                        ..config(net)
+                    });
+                },
+                vec![
+                    from_tunnel(
+                        u.peer,
+                        RULE_A,
+                        &syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)),
+                    )
                     .redirected(&out(&syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)), 30_000)),
-                from_tunnel(
-                    PEER,
-                    RULE_A,
-                    &syn_a
-                        .clone()
-                        .src(REMOTE_POD2)
-                        .l4(L4::tcp(30_001, 443, 0x02)),
-                )
-                .redirected(&out(
-                    &syn_a
-                        .clone()
-                        .src(REMOTE_POD2)
-                        .l4(L4::tcp(30_001, 443, 0x02)),
-                    30_001,
-                )),
-                from_tunnel(
-                    PEER,
-                    RULE_A,
-                    &syn_a
-                        .clone()
-                        .src(REMOTE_POD3)
-                        .l4(L4::tcp(30_000, 443, 0x02)),
-                )
-                .dropped(),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2), (DROP_PORT_EXHAUSTED, 1)],
-        ),
-        case(
-            "agent not ready: tunneled packet dropped",
-            |dp, net| {
-                dp.config(Config {
-                    flags: 0,
-                    ..config(net)
-                })
-            },
-            vec![from_tunnel(PEER, RULE_A, &syn_a).dropped()],
-            &[(DROP_NOT_READY, 1)],
-        ),
-        case(
-            "RETURN_VNI for a local pod: delivered to its device",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RETURN_VNI, &reply_in)
-                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
-            ],
-            &[(RETURN_DELIVERED, 1)],
-        ),
-        case(
-            "RETURN_VNI for a pod of another node, or from an unknown sender, dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RETURN_VNI, &reply_in.clone().dst(REMOTE_POD)).dropped(),
-                from_tunnel(STRANGER, RETURN_VNI, &reply_in).dropped(),
-            ],
-            &[(DROP_NOT_LOCAL_POD, 1), (DROP_UNKNOWN_SENDER, 1)],
-        ),
-    ]);
+                    from_tunnel(
+                        u.peer,
+                        RULE_A,
+                        &syn_a
+                            .clone()
+                            .src(REMOTE_POD2)
+                            .l4(L4::tcp(30_001, 443, 0x02)),
+                    )
+                    .redirected(&out(
+                        &syn_a
+                            .clone()
+                            .src(REMOTE_POD2)
+                            .l4(L4::tcp(30_001, 443, 0x02)),
+                        30_001,
+                    )),
+                    from_tunnel(
+                        u.peer,
+                        RULE_A,
+                        &syn_a
+                            .clone()
+                            .src(REMOTE_POD3)
+                            .l4(L4::tcp(30_000, 443, 0x02)),
+                    )
+                    .dropped(),
+                ],
+                &[(SNAT_NEW, 2), (FORWARDED, 2), (DROP_PORT_EXHAUSTED, 1)],
+            ),
+            case(
+                "agent not ready: tunneled packet dropped",
+                move |dp, net| {
+                    dp.config(Config {
+                        flags: 0,
+                        ..config(net)
+                    })
+                },
+                vec![from_tunnel(u.peer, RULE_A, &syn_a).dropped()],
+                &[(DROP_NOT_READY, 1)],
+            ),
+            case(
+                "RETURN_VNI for a local pod: delivered to its device",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RETURN_VNI, &reply_in)
+                        .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
+                ],
+                &[(RETURN_DELIVERED, 1)],
+            ),
+            case(
+                "RETURN_VNI for a pod of another node, or from an unknown sender, dropped",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RETURN_VNI, &reply_in.clone().dst(REMOTE_POD)).dropped(),
+                    from_tunnel(u.stranger, RETURN_VNI, &reply_in).dropped(),
+                ],
+                &[(DROP_NOT_LOCAL_POD, 1), (DROP_UNKNOWN_SENDER, 1)],
+            ),
+        ],
+    );
 }
 
 /// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
-#[test]
-fn from_tunnel_conntrack_entries() {
-    in_netns(|| {
-        let net = topology();
+fn from_tunnel_conntrack_entries(u: UnderlayNet) {
+    in_netns(move || {
+        let net = topology(u);
         let mut dp = Datapath::load();
         base(&mut dp, &net);
         let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
-        let o = dp.run(FROM_TUNNEL, &syn_a.build(), net.tun0, Some((PEER, RULE_A)));
+        let o = dp.run(
+            FROM_TUNNEL,
+            &syn_a.build(),
+            net.tun0,
+            Some((u.peer, RULE_A)),
+        );
         assert_eq!(o.verdict, TC_ACT_REDIRECT);
         let mut ct = ct6(&mut dp);
         ct.sort_by_key(|(k, _)| k.dir);
@@ -1107,9 +1154,10 @@ fn from_tunnel_conntrack_entries() {
             xlate_port_be: 40_000u16.to_be(),
             state: state::NEW,
             _pad0: 0,
-            pod_node: PEER.octets(),
+            pod_node: underlay::from_ip(u.peer),
             ifindex: net.sec0,
             rule_id: RULE_A,
+            _pad1: 0,
             last_seen_ns: 0,
         };
         assert_eq!(
@@ -1149,8 +1197,7 @@ fn from_tunnel_conntrack_entries() {
 
 // ---- from_secondary ----
 
-#[test]
-fn from_secondary_table() {
+fn from_secondary_table(u: UnderlayNet) {
     let fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
     let synack_l4 = |mss: u16| {
         let [hi, lo] = mss.to_be_bytes();
@@ -1179,189 +1226,240 @@ fn from_secondary_table() {
             .macs(SEC0_MAC, ROUTER_A_MAC)
     };
 
-    run_table(vec![
-        case(
-            "reply with an entry: reverse NAT66, tunneled back to the pod's node",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
-                from_secondary(&reply).redirected(&unnatted(&reply, REMOTE_POD, 40_000)),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "SYN-ACK into the tunnel: MSS clamped to tunnel_mtu - 60",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
-                from_secondary(&synack).redirected(&unnatted(&synack_clamped, REMOTE_POD, 40_000)),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (MSS_CLAMPED, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "reply to the second of two colliding flows restores its pod and port",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
-                from_tunnel(PEER, RULE_A, &fwd.clone().src(REMOTE_POD2)).forwarded_any(),
-                from_secondary(&reply)
-                    .derive(to_second)
-                    .redirected(&unnatted(&reply, REMOTE_POD2, 40_000)),
-            ],
-            &[
-                (SNAT_NEW, 2),
-                (FORWARDED, 2),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "reply for a pod on this gateway: delivered to its device",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![
-                from_pod(&local_fwd).forwarded_any(),
-                from_secondary(&reply)
-                    .redirected(&unnatted(&reply, LOCAL_POD, 40_000).macs(POD_MAC, POD0_MAC)),
-            ],
-            &[
-                (LOCAL_GATEWAY, 1),
-                (SNAT_NEW, 1),
-                (FORWARDED, 2),
-                (REVERSE_NAT, 1),
-            ],
-        ),
-        case(
-            "ICMPv6 echo reply: identifier restored, checksum over the pseudo-header",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &echo_out).forwarded_any(),
-                from_secondary(&echo_back).redirected(&unnatted(&echo_back, REMOTE_POD, 7)),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "UDP reply: reverse NAT66; with a zero checksum: dropped as malformed",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &udp_out).forwarded_any(),
-                from_secondary(&udp_back).redirected(&unnatted(&udp_back, REMOTE_POD, 5000)),
-                from_secondary(&udp_back.clone().l4(L4::udp_no_checksum(53, 5000, b"a"))).dropped(),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-                (DROP_MALFORMED, 1),
-            ],
-        ),
-        case(
-            "1380-byte UDP reply: reverse NAT66 checksum over the whole payload",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53)).forwarded_any(),
-                from_secondary(&big_udp(DEST_A, 53, EGRESS_A, 5000)).redirected(&unnatted(
-                    &big_udp(DEST_A, 53, EGRESS_A, 5000),
-                    REMOTE_POD,
-                    5000,
-                )),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "dedicated egress IP, no entry: TCP, UDP, echo request dropped",
-            no_setup,
-            vec![
-                from_secondary(&reply).dropped(),
-                from_secondary(&udp_back).dropped(),
-                from_secondary(&echo(DEST_A, EGRESS_A, 9)).dropped(),
-            ],
-            &[(DROP_NO_CONNTRACK, 3)],
-        ),
-        case(
-            "dedicated egress IP, GRE or a fragment: dropped by reason",
-            no_setup,
-            vec![
-                from_secondary(&reply.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
-                from_secondary(&reply.clone().fragment(0, true)).dropped(),
-            ],
-            &[(DROP_UNSUPPORTED_PROTO, 1), (DROP_FRAGMENT, 1)],
-        ),
-        case(
-            "neighbour discovery for an egress IP passes to the kernel",
-            no_setup,
-            vec![
-                // Unicast solicitation (reachability) straight to the dedicated egress IP.
-                from_secondary(&ns_for(EGRESS_A)).passes(),
-                from_secondary(&ns_for(SHARED_A)).passes(),
-                // Multicast solicitation: not an egress IP at all.
-                from_secondary(&ns_for(EGRESS_A).dst(solicited_node(EGRESS_A))).passes(),
-                from_secondary(
-                    &Ipv6Packet::new(DEST_A, EGRESS_A, ndp(ICMPV6_NEIGHBOUR_ADVERT, DEST_A))
-                        .hop_limit(255),
-                )
-                .passes(),
-            ],
-            &[],
-        ),
-        case(
-            "reply with hop limit 1 dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).forwarded_any(),
-                from_secondary(&reply.clone().hop_limit(1)).dropped(),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_TTL_EXCEEDED, 1)],
-        ),
-        case(
-            "agent not ready: dedicated egress IP dropped, shared address passes",
-            |dp, net| {
-                dp.config(Config {
-                    flags: 0,
-                    ..config(net)
-                })
-            },
-            vec![
-                from_secondary(&reply).dropped(),
-                from_secondary(&reply.clone().dst(SHARED_A)).passes(),
-            ],
-            &[(DROP_NOT_READY, 1)],
-        ),
-        case(
-            "shared address (the interface's own), no entry: passes to the host",
-            no_setup,
-            vec![from_secondary(&reply.clone().dst(SHARED_A)).passes()],
-            &[],
-        ),
-        case(
-            "unrelated traffic passes untouched",
-            no_setup,
-            vec![
-                from_secondary(&reply.clone().dst(v6(0xfd00, 0x100, 0, 0x99))).passes(),
-                from_secondary(&reply).raw(arp_frame()).passes(),
-            ],
-            &[],
-        ),
-    ]);
+    run_table(
+        u,
+        vec![
+            case(
+                "reply with an entry: reverse NAT66, tunneled back to the pod's node",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &fwd).forwarded_any(),
+                    from_secondary(&reply).redirected(&unnatted(&reply, REMOTE_POD, 40_000)),
+                ],
+                &[
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 1),
+                    (REVERSE_NAT, 1),
+                    (RETURN_TUNNELED, 1),
+                ],
+            ),
+            case(
+                "SYN-ACK into the tunnel: MSS clamped to tunnel_mtu - 60",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &fwd).forwarded_any(),
+                    from_secondary(&synack).redirected(&unnatted(
+                        &synack_clamped,
+                        REMOTE_POD,
+                        40_000,
+                    )),
+                ],
+                &[
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 1),
+                    (REVERSE_NAT, 1),
+                    (MSS_CLAMPED, 1),
+                    (RETURN_TUNNELED, 1),
+                ],
+            ),
+            case(
+                "reply to the second of two colliding flows restores its pod and port",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &fwd).forwarded_any(),
+                    from_tunnel(u.peer, RULE_A, &fwd.clone().src(REMOTE_POD2)).forwarded_any(),
+                    from_secondary(&reply)
+                        .derive(to_second)
+                        .redirected(&unnatted(&reply, REMOTE_POD2, 40_000)),
+                ],
+                &[
+                    (SNAT_NEW, 2),
+                    (FORWARDED, 2),
+                    (REVERSE_NAT, 1),
+                    (RETURN_TUNNELED, 1),
+                ],
+            ),
+            case(
+                "reply for a pod on this gateway: delivered to its device",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![
+                    from_pod(&local_fwd).forwarded_any(),
+                    from_secondary(&reply)
+                        .redirected(&unnatted(&reply, LOCAL_POD, 40_000).macs(POD_MAC, POD0_MAC)),
+                ],
+                &[
+                    (LOCAL_GATEWAY, 1),
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 2),
+                    (REVERSE_NAT, 1),
+                ],
+            ),
+            case(
+                "ICMPv6 echo reply: identifier restored, checksum over the pseudo-header",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &echo_out).forwarded_any(),
+                    from_secondary(&echo_back).redirected(&unnatted(&echo_back, REMOTE_POD, 7)),
+                ],
+                &[
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 1),
+                    (REVERSE_NAT, 1),
+                    (RETURN_TUNNELED, 1),
+                ],
+            ),
+            case(
+                "UDP reply: reverse NAT66; with a zero checksum: dropped as malformed",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &udp_out).forwarded_any(),
+                    from_secondary(&udp_back).redirected(&unnatted(&udp_back, REMOTE_POD, 5000)),
+                    from_secondary(&udp_back.clone().l4(L4::udp_no_checksum(53, 5000, b"a")))
+                        .dropped(),
+                ],
+                &[
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 1),
+                    (REVERSE_NAT, 1),
+                    (RETURN_TUNNELED, 1),
+                    (DROP_MALFORMED, 1),
+                ],
+            ),
+            case(
+                "1380-byte UDP reply: reverse NAT66 checksum over the whole payload",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
+                        .forwarded_any(),
+                    from_secondary(&big_udp(DEST_A, 53, EGRESS_A, 5000)).redirected(&unnatted(
+                        &big_udp(DEST_A, 53, EGRESS_A, 5000),
+                        REMOTE_POD,
+                        5000,
+                    )),
+                ],
+                &[
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 1),
+                    (REVERSE_NAT, 1),
+                    (RETURN_TUNNELED, 1),
+                ],
+            ),
+            case(
+                "dedicated egress IP, no entry: TCP, UDP, echo request dropped",
+                no_setup,
+                vec![
+                    from_secondary(&reply).dropped(),
+                    from_secondary(&udp_back).dropped(),
+                    from_secondary(&echo(DEST_A, EGRESS_A, 9)).dropped(),
+                ],
+                &[(DROP_NO_CONNTRACK, 3)],
+            ),
+            case(
+                "dedicated egress IP, GRE or a fragment: dropped by reason",
+                no_setup,
+                vec![
+                    from_secondary(&reply.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
+                    from_secondary(&reply.clone().fragment(0, true)).dropped(),
+                ],
+                &[(DROP_UNSUPPORTED_PROTO, 1), (DROP_FRAGMENT, 1)],
+            ),
+            case(
+                "neighbour discovery for an egress IP passes to the kernel",
+                no_setup,
+                vec![
+                    // Unicast solicitation (reachability) straight to the dedicated egress IP.
+                    from_secondary(&ns_for(EGRESS_A)).passes(),
+                    from_secondary(&ns_for(SHARED_A)).passes(),
+                    // Multicast solicitation: not an egress IP at all.
+                    from_secondary(&ns_for(EGRESS_A).dst(solicited_node(EGRESS_A))).passes(),
+                    from_secondary(
+                        &Ipv6Packet::new(DEST_A, EGRESS_A, ndp(ICMPV6_NEIGHBOUR_ADVERT, DEST_A))
+                            .hop_limit(255),
+                    )
+                    .passes(),
+                ],
+                &[],
+            ),
+            case(
+                "reply with hop limit 1 dropped",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &fwd).forwarded_any(),
+                    from_secondary(&reply.clone().hop_limit(1)).dropped(),
+                ],
+                &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_TTL_EXCEEDED, 1)],
+            ),
+            case(
+                "agent not ready: dedicated egress IP dropped, shared address passes",
+                move |dp, net| {
+                    dp.config(Config {
+                        flags: 0,
+                        ..config(net)
+                    })
+                },
+                vec![
+                    from_secondary(&reply).dropped(),
+                    from_secondary(&reply.clone().dst(SHARED_A)).passes(),
+                ],
+                &[(DROP_NOT_READY, 1)],
+            ),
+            case(
+                "shared address (the interface's own), no entry: passes to the host",
+                no_setup,
+                vec![from_secondary(&reply.clone().dst(SHARED_A)).passes()],
+                &[],
+            ),
+            case(
+                "unrelated traffic passes untouched",
+                no_setup,
+                vec![
+                    from_secondary(&reply.clone().dst(v6(0xfd00, 0x100, 0, 0x99))).passes(),
+                    from_secondary(&reply).raw(arp_frame()).passes(),
+                ],
+                &[],
+            ),
+        ],
+    );
+}
+
+// ---- every table over both underlay families ----
+
+#[test]
+fn from_pod_table_ipv4_underlay() {
+    from_pod_table(UL4);
+}
+
+#[test]
+fn from_pod_table_ipv6_underlay() {
+    from_pod_table(UL6);
+}
+
+#[test]
+fn from_tunnel_table_ipv4_underlay() {
+    from_tunnel_table(UL4);
+}
+
+#[test]
+fn from_tunnel_table_ipv6_underlay() {
+    from_tunnel_table(UL6);
+}
+
+#[test]
+fn from_tunnel_conntrack_entries_ipv4_underlay() {
+    from_tunnel_conntrack_entries(UL4);
+}
+
+#[test]
+fn from_tunnel_conntrack_entries_ipv6_underlay() {
+    from_tunnel_conntrack_entries(UL6);
+}
+
+#[test]
+fn from_secondary_table_ipv4_underlay() {
+    from_secondary_table(UL4);
+}
+
+#[test]
+fn from_secondary_table_ipv6_underlay() {
+    from_secondary_table(UL6);
 }

@@ -1,13 +1,81 @@
-//! End to end for IPv6 pods (over the IPv4 underlay): the first cases of `e2e_v4`, for
-//! IPv6-only pods and for dual-stack pods, whose traffic of each family must leave with
-//! that family's egress IP.
+//! End to end for IPv6 pods: the first cases of `e2e_v4`, for IPv6-only pods and for
+//! dual-stack pods, whose traffic of each family must leave with that family's egress IP,
+//! over an IPv6 and over an IPv4 underlay. Each case proves the underlay it claims: the
+//! nodes drop tunnel packets of the other family, and count those of this one.
 
 use std::{net::IpAddr, time::Duration};
 
+use egress_common::config::DEFAULT_TUNNEL_PORT;
 use egress_tests::{
-    cluster::{holder, seen, spec_for, up_with_agents, wait_until},
-    lab::{Family, Lab, Proto, addr, addr6},
+    cluster::{holder, seen, spec_for, spec_on, up_with_agents, wait_until},
+    lab::{Family, Lab, Proto, Query, Underlay, addr, addr6},
 };
+
+const NODES: [&str; 4] = ["w1", "w2", "gw1", "gw2"];
+
+/// On every node: drop tunnel packets sent over the other family, count those sent over
+/// `underlay` (table `egress_test`, removed with the node's namespace).
+fn only_underlay(lab: &Lab, underlay: Underlay) {
+    let (this, other) = match underlay {
+        Underlay::V4 => ("ip", "ip6"),
+        Underlay::V6 => ("ip6", "ip"),
+    };
+    let port = DEFAULT_TUNNEL_PORT;
+    let rules = format!(
+        "table {this} egress_test {{
+           chain out {{
+             type filter hook output priority 0;
+             udp dport {port} counter
+           }}
+         }}
+         table {other} egress_test {{
+           chain out {{
+             type filter hook output priority 0;
+             udp dport {port} counter drop
+           }}
+         }}
+"
+    );
+    let file = std::env::temp_dir().join(format!("{}-underlay.nft", lab.prefix()));
+    std::fs::write(&file, rules).unwrap();
+    for node in NODES {
+        let o = lab
+            .exec(node, "nft", &["-f", &file.to_string_lossy()])
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "nft on {node}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+/// Tunnel packets `node` sent over (`this`) and dropped on (`other`) each family, as
+/// counted by the rules of [`only_underlay`].
+fn tunnel_packets(lab: &Lab, node: &str, family: &str) -> u64 {
+    let o = lab
+        .exec(node, "nft", &["list", "table", family, "egress_test"])
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in {family} egress_test on {node}: {out}"))
+}
+
+/// Every node's tunnel traffic went over `underlay`, and some did.
+fn assert_underlay(lab: &Lab, underlay: Underlay) {
+    let (this, other) = match underlay {
+        Underlay::V4 => ("ip", "ip6"),
+        Underlay::V6 => ("ip6", "ip"),
+    };
+    let sent: u64 = NODES.iter().map(|n| tunnel_packets(lab, n, this)).sum();
+    let dropped: u64 = NODES.iter().map(|n| tunnel_packets(lab, n, other)).sum();
+    assert!(sent > 0, "no tunnel packet crossed the {underlay} underlay");
+    assert_eq!(dropped, 0, "tunnel packets sent over the wrong family");
+}
 
 fn v4(a: std::net::Ipv4Addr) -> Option<IpAddr> {
     Some(IpAddr::V4(a))
@@ -73,8 +141,11 @@ fn check(lab: &Lab, table: &[(&str, Proto, IpAddr, Option<IpAddr>)]) {
 
 #[test]
 fn ipv6_pods_leave_through_each_network_with_that_networks_egress_ip() {
+    // An IPv6-only cluster: IPv6 pods over the IPv6 underlay.
     let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
+    only_underlay(&lab, Underlay::V6);
     check(&lab, &v6_table(&lab));
+    assert_underlay(&lab, Underlay::V6);
     // The IPv6 egress IPs live on the secondary interfaces of one gateway each.
     for ip in [addr6::EGRESS_IP_A, addr6::EGRESS_IP_B] {
         assert!(holder(&lab, ip).is_some(), "{ip} has a holder");
@@ -82,9 +153,43 @@ fn ipv6_pods_leave_through_each_network_with_that_networks_egress_ip() {
 }
 
 #[test]
-fn dual_stack_pods_leave_with_each_familys_egress_ip() {
-    let lab = up_with_agents(spec_for(Family::Dual).unwrap()).unwrap();
-    let mut table = v6_table(&lab);
+fn ipv6_pods_over_an_ipv4_underlay() {
+    let lab = up_with_agents(spec_on(Family::V6, Underlay::V4).unwrap()).unwrap();
+    only_underlay(&lab, Underlay::V4);
+    check(&lab, &v6_table(&lab));
+    assert_underlay(&lab, Underlay::V4);
+}
+
+#[test]
+fn full_size_segments_cross_the_ipv6_underlay() {
+    // The IPv6 underlay costs 70 bytes: the agent sets the tunnel MTU to 1430, and SYNs
+    // entering the tunnel get their MSS clamped to 1430 - 60.
+    let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
+    only_underlay(&lab, Underlay::V6);
+    let s = lab
+        .query_with(
+            "w2-p1",
+            &Query::new(Proto::Tcp, addr6::HOST_B, addr::ECHO_PORT)
+                .size(200_000)
+                .timeout(Duration::from_secs(10)),
+        )
+        .unwrap();
+    assert_eq!(s.ip, IpAddr::V6(addr6::EGRESS_IP_B));
+    let s = lab
+        .query_with(
+            "w1-p1",
+            &Query::new(Proto::Udp, addr6::HOST_A, addr::ECHO_PORT)
+                .size(1300)
+                .attempts(3),
+        )
+        .unwrap();
+    assert_eq!(s.ip, IpAddr::V6(addr6::EGRESS_IP_A));
+    assert_underlay(&lab, Underlay::V6);
+}
+
+/// The dual-stack table: both families' rows.
+fn dual_table(lab: &Lab) -> Vec<(&'static str, Proto, IpAddr, Option<IpAddr>)> {
+    let mut table = v6_table(lab);
     let (a, b, c) = (
         IpAddr::V4(addr::HOST_A),
         IpAddr::V4(addr::HOST_B),
@@ -100,7 +205,24 @@ fn dual_stack_pods_leave_with_each_familys_egress_ip() {
         ("w1-p2", Proto::Udp, c, v4(addr::W1_P2)),
         ("w1-p2", Proto::Tcp, a, None),
     ]);
-    check(&lab, &table);
+    table
+}
+
+#[test]
+fn dual_stack_pods_leave_with_each_familys_egress_ip() {
+    let lab = up_with_agents(spec_for(Family::Dual).unwrap()).unwrap();
+    only_underlay(&lab, Underlay::V4);
+    check(&lab, &dual_table(&lab));
+    assert_underlay(&lab, Underlay::V4);
+}
+
+#[test]
+fn dual_stack_pods_over_an_ipv6_underlay() {
+    // IPv4 pods' packets in IPv6 tunnel packets, too.
+    let lab = up_with_agents(spec_on(Family::Dual, Underlay::V6).unwrap()).unwrap();
+    only_underlay(&lab, Underlay::V6);
+    check(&lab, &dual_table(&lab));
+    assert_underlay(&lab, Underlay::V6);
 }
 
 #[test]

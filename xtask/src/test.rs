@@ -24,10 +24,15 @@ pub struct LabArgs {
     /// Remove a lab left up with --keep (by its prefix) and exit.
     #[arg(long, value_name = "PREFIX")]
     down: Option<String>,
+    /// IPv6-only pods, over an IPv6 underlay.
     #[arg(long)]
     ipv6: bool,
+    /// Dual-stack pods, over an IPv4 underlay.
     #[arg(long)]
     dual_stack: bool,
+    /// The underlay's family (the tunnel between nodes): ipv4 or ipv6.
+    #[arg(long, value_name = "FAMILY", value_parser = ["ipv4", "ipv6"])]
+    underlay: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -131,6 +136,9 @@ pub fn lab(args: LabArgs) -> Result<()> {
     }
     if args.dual_stack {
         a.push("--dual-stack");
+    }
+    if let Some(u) = &args.underlay {
+        a.extend(["--underlay", u]);
     }
     let down;
     if let Some(p) = &args.down {

@@ -87,7 +87,7 @@ pub struct Compiled {
 /// gateway's own interface address serving an `interface:` rule.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Holder {
-    /// The egress address (IPv4 or IPv6; the node is always reached over the IPv4 underlay).
+    /// The egress address (IPv4 or IPv6; the node is reached over the underlay, of either family).
     pub ip: IpAddr,
     pub node: String,
     pub interface: String,
@@ -131,15 +131,17 @@ impl fmt::Display for Problem {
     }
 }
 
-/// Underlay address of a node: its first IPv4 InternalIP.
-pub fn node_underlay(node: &Node) -> Option<Ipv4Addr> {
+/// Underlay address of a node: its first InternalIP, of either family (Kubernetes lists
+/// the cluster's primary family first). Tunnels between nodes use this address, so every
+/// node of a cluster must have one of the same family.
+pub fn node_underlay(node: &Node) -> Option<IpAddr> {
     node.status
         .as_ref()?
         .addresses
         .as_ref()?
         .iter()
         .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+        .find_map(|a| a.address.parse::<IpAddr>().ok())
 }
 
 /// Is the node's `Ready` condition `True`?
@@ -183,7 +185,7 @@ pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
 struct NodeInfo<'a> {
     name: &'a str,
     labels: BTreeMap<String, String>,
-    underlay: Option<Ipv4Addr>,
+    underlay: Option<IpAddr>,
     ready: bool,
     /// Every address the node has (Node addresses, EgressNode underlay and interface
     /// addresses, minus the egress IPs it holds), with where it was seen.
@@ -305,7 +307,7 @@ enum Target {
 #[derive(Clone, Debug)]
 struct GatewayAddr {
     node: String,
-    underlay: Ipv4Addr,
+    underlay: IpAddr,
     interface: String,
     ip: IpAddr,
     prefix_len: u8,
@@ -398,7 +400,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
             None => problems.push(Problem {
                 object: Object::Node(node.name.to_owned()),
                 reason: reason::NO_UNDERLAY_ADDRESS.to_owned(),
-                message: "status.addresses: no InternalIP IPv4 address: the node can be \
+                message: "status.addresses: no InternalIP address: the node can be \
                           neither a source nor a gateway"
                     .to_owned(),
             }),
@@ -407,7 +409,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
             out.desired.node_ip = node.underlay;
         }
     }
-    let underlay_of: BTreeMap<&str, Ipv4Addr> = nodes
+    let underlay_of: BTreeMap<&str, IpAddr> = nodes
         .iter()
         .filter_map(|n| Some((n.name, n.underlay?)))
         .collect();
@@ -530,7 +532,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                         node.name
                     ));
                 } else if node.underlay.is_none() {
-                    why_not.push(format!("{} has no InternalIP IPv4 address", node.name));
+                    why_not.push(format!("{} has no InternalIP address", node.name));
                 } else {
                     eligible.push(node);
                 }
@@ -966,7 +968,7 @@ fn condition(type_: &str, ok: bool, reason: &str, message: String) -> PolicyCond
 /// A policy entry of either family, before it goes to `policy_v4` or `policy_v6`.
 struct Entry {
     action: PolicyAction,
-    gateway: Option<Ipv4Addr>,
+    gateway: Option<IpAddr>,
     egress_ip: Option<IpAddr>,
     rule_id: u32,
 }

@@ -32,6 +32,11 @@ fn ip(s: &str) -> Ipv4Addr {
     s.parse().expect("test IP")
 }
 
+/// A node (underlay) address, which may be of either family.
+fn node_ip(s: &str) -> IpAddr {
+    s.parse().expect("test node IP")
+}
+
 fn net(s: &str) -> Ipv4Net {
     s.parse().expect("test prefix")
 }
@@ -220,29 +225,73 @@ fn rule_id(policy: &str, index: usize) -> u32 {
 }
 
 #[test]
+fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
+    // A dual-stack cluster whose primary family is IPv6: every node lists an IPv6
+    // InternalIP first, then its IPv4 one.
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    for n in &mut view.nodes {
+        let addrs = n.status.as_mut().unwrap().addresses.as_mut().unwrap();
+        let v4: Ipv4Addr = addrs[1].address.parse().unwrap();
+        addrs.insert(
+            1,
+            NodeAddress {
+                type_: "InternalIP".to_owned(),
+                address: format!("fd00::{}", v4.octets()[3]),
+            },
+        );
+    }
+    let w1 = compile(&view, "worker-1");
+    assert_eq!(w1.problems, [], "{:#?}", w1.statuses);
+    assert_eq!(w1.desired.node_ip, Some(node_ip("fd00::1")));
+    let nodes: BTreeSet<IpAddr> = w1.desired.nodes.keys().copied().collect();
+    assert_eq!(
+        nodes,
+        ["fd00::1", "fd00::2", "fd00::11", "fd00::12"]
+            .into_iter()
+            .map(node_ip)
+            .collect()
+    );
+    assert_eq!(
+        w1.desired.pod_owner_v4[&ip("10.244.2.13")],
+        node_ip("fd00::2")
+    );
+    let holder = holder_of(&w1, "198.51.100.10").expect("a holder");
+    let want = if holder == "gw-1" {
+        "fd00::11"
+    } else {
+        "fd00::12"
+    };
+    let e = w1.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
+    assert_eq!(e.gateway, Some(node_ip(want)));
+}
+
+#[test]
 fn payments_example_compiles_on_source_and_gateway_nodes() {
     let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
     let w1 = compile(&view, "worker-1");
     assert_eq!(w1.problems, [], "{:#?}", w1.statuses);
-    assert_eq!(w1.desired.node_ip, Some(ip("10.0.0.1")));
+    assert_eq!(w1.desired.node_ip, Some(node_ip("10.0.0.1")));
     // Node ids in name order, from 1.
     assert_eq!(
         w1.desired.nodes,
         BTreeMap::from([
-            (ip("10.0.0.11"), 1),
-            (ip("10.0.0.12"), 2),
-            (ip("10.0.0.1"), 3),
-            (ip("10.0.0.2"), 4)
+            (node_ip("10.0.0.11"), 1),
+            (node_ip("10.0.0.12"), 2),
+            (node_ip("10.0.0.1"), 3),
+            (node_ip("10.0.0.2"), 4)
         ])
     );
     assert_eq!(w1.desired.pod_owner_v4.len(), 5);
-    assert_eq!(w1.desired.pod_owner_v4[&ip("10.244.2.13")], ip("10.0.0.2"));
+    assert_eq!(
+        w1.desired.pod_owner_v4[&ip("10.244.2.13")],
+        node_ip("10.0.0.2")
+    );
 
     let holder = holder_of(&w1, "198.51.100.10").expect("a holder");
     let holder_ip = if holder == "gw-1" {
-        ip("10.0.0.11")
+        node_ip("10.0.0.11")
     } else {
-        ip("10.0.0.12")
+        node_ip("10.0.0.12")
     };
     let r0 = rule_id("payments", 0);
     let r1 = rule_id("payments", 1);
@@ -422,9 +471,9 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
     let holder6 = holder_of(&w1, "2001:db8:a::10").expect("an IPv6 holder");
     let underlay = |n: &str| {
         if n == "gw-1" {
-            ip("10.0.0.11")
+            node_ip("10.0.0.11")
         } else {
-            ip("10.0.0.12")
+            node_ip("10.0.0.12")
         }
     };
     let (r0, r1, r2, r3) = (
@@ -1013,7 +1062,7 @@ fn failover_when_the_holder_becomes_not_ready() {
     );
 }
 
-fn underlay_of(view: &ClusterView, name: &str) -> Ipv4Addr {
+fn underlay_of(view: &ClusterView, name: &str) -> IpAddr {
     view.nodes
         .iter()
         .find(|n| n.metadata.name.as_deref() == Some(name))
@@ -1130,7 +1179,7 @@ rules:
         ));
     }
     let c = compile(&view, "worker-1");
-    let mut per_gateway: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+    let mut per_gateway: BTreeMap<IpAddr, usize> = BTreeMap::new();
     for ((_, _), e) in &c.desired.policy_v4 {
         assert_eq!(e.action, PolicyAction::Forward);
         let gw = e.gateway.expect("gateway");
@@ -1138,10 +1187,10 @@ rules:
         // The egress address is the chosen gateway's own ens256 address.
         assert_eq!(
             (gw, src),
-            if gw == ip("10.0.0.11") {
+            if gw == node_ip("10.0.0.11") {
                 (gw, ip("203.0.113.2"))
             } else {
-                (ip("10.0.0.12"), ip("203.0.113.3"))
+                (node_ip("10.0.0.12"), ip("203.0.113.3"))
             }
         );
         *per_gateway.entry(gw).or_insert(0) += 1;
@@ -1326,7 +1375,7 @@ struct AnyEntry {
     pod: IpAddr,
     prefix: IpNet,
     action: PolicyAction,
-    gateway: Option<Ipv4Addr>,
+    gateway: Option<IpAddr>,
     egress_ip: Option<IpAddr>,
     rule_id: u32,
 }
@@ -1554,8 +1603,8 @@ proptest! {
                 by_id.insert(rule_id(&format!("pol{i}"), r), (i, r));
             }
         }
-        let underlay = |i: usize| ip(&format!("10.0.0.{}", i + 1));
-        let node_of_underlay = |u: Ipv4Addr| (0..nodes.len()).find(|i| underlay(*i) == u);
+        let underlay = |i: usize| node_ip(&format!("10.0.0.{}", i + 1));
+        let node_of_underlay = |u: IpAddr| (0..nodes.len()).find(|i| underlay(*i) == u);
         let mut dedicated_holders: BTreeMap<IpAddr, BTreeSet<String>> = BTreeMap::new();
 
         for (me, c) in &compiled {

@@ -2,7 +2,7 @@
 
 use std::{
     fmt::Write as _,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
 
@@ -16,6 +16,7 @@ use egress_common::{
         EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue,
         PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, action, egress_ip_flags,
     },
+    underlay::{self, Underlay},
 };
 
 use super::{Error, Result};
@@ -28,6 +29,11 @@ fn open(pin_dir: &Path, name: &'static str) -> Result<Map> {
 
 fn ip(a: [u8; 4]) -> Ipv4Addr {
     Ipv4Addr::from(a)
+}
+
+/// An underlay address as written (IPv4-mapped ones as IPv4).
+fn node(a: Underlay) -> IpAddr {
+    underlay::to_ip(&a)
 }
 
 fn ip6(a: [u8; 16]) -> Ipv6Addr {
@@ -92,7 +98,7 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
     ));
     out.push((
         names::NODES,
-        count::<[u8; 4], NodeValue>(pin_dir, names::NODES)?,
+        count::<Underlay, NodeValue>(pin_dir, names::NODES)?,
     ));
     out.push((
         names::POD_OWNER_V4,
@@ -142,7 +148,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     let _ = writeln!(
         s,
         "node {}  tunnel ifindex {}  SNAT ports {}-{}  tunnel MTU {}  {}",
-        ip(c.node_ip),
+        node(c.node_ip),
         c.tunnel_ifindex,
         c.port_min,
         c.port_max,
@@ -173,7 +179,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             ip(d.pod).to_string(),
             format!("{}/{}", ip(d.dst), k.prefix_len().saturating_sub(32)),
             act,
-            ip(v.gateway).to_string(),
+            node(v.gateway).to_string(),
             ip(v.egress_ip).to_string(),
             v.rule_id
         );
@@ -219,7 +225,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     }
 
     let name = names::NODES;
-    let n: HashMap<MapData, [u8; 4], NodeValue> =
+    let n: HashMap<MapData, Underlay, NodeValue> =
         HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     let _ = writeln!(s, "\nknown nodes: {}", n.keys().count());
     let name = names::POD_OWNER_V4;
@@ -250,7 +256,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             u16::from_be(v.xlate_port_be),
             v.rule_id,
             v.ifindex,
-            ip(v.pod_node)
+            node(v.pod_node)
         );
     }
     if rows.len() > 50 {
@@ -277,7 +283,8 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     Ok(s)
 }
 
-/// The IPv6 maps (pods and egress IPs are IPv6, gateways and pod nodes IPv4).
+/// The IPv6 maps (pods and egress IPs are IPv6; gateways and pod nodes are underlay
+/// addresses of either family).
 fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
     let name = names::POLICY_V6;
     let t: LpmTrie<MapData, PolicyKeyV6, PolicyValueV6> =
@@ -297,7 +304,7 @@ fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
             ip6(d.pod).to_string(),
             format!("{}/{}", ip6(d.dst), k.prefix_len().saturating_sub(128)),
             action_name(v.action),
-            ip(v.gateway).to_string(),
+            node(v.gateway).to_string(),
             ip6(v.egress_ip).to_string(),
             v.rule_id
         );
@@ -373,7 +380,7 @@ fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
                 u16::from_be(v.xlate_port_be),
                 v.rule_id,
                 v.ifindex,
-                ip(v.pod_node)
+                node(v.pod_node)
             );
         }
         if rows.len() > 50 {

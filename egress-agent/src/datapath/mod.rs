@@ -17,7 +17,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, LpmTrie, MapData, MapError, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, MapData, MapError, MapInfo, lpm_trie::Key},
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         links::{FdLink, PinnedLink},
@@ -99,6 +99,36 @@ pub struct Datapath {
     attached: BTreeSet<Attachment>,
 }
 
+/// Unpin every map under `pin_dir` whose key or value size is not this build's (an agent
+/// of another version left it): adopting it would feed the programs entries of another
+/// layout. The loader then creates it afresh; the next pass refills it from cluster state
+/// (a replaced conntrack map loses its flows, which is why this is logged as a warning).
+fn replace_foreign_pins(pin_dir: &Path) -> Result<()> {
+    for &(name, key_size, value_size) in names::LAYOUT {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = MapInfo::from_pin(&path).map_err(|source| Error::Map { name, source })?;
+        if (info.key_size(), info.value_size()) == (key_size, value_size) {
+            continue;
+        }
+        tracing::warn!(
+            map = name,
+            path = %path.display(),
+            pinned = %format!("{}/{}", info.key_size(), info.value_size()),
+            ours = %format!("{key_size}/{value_size}"),
+            "pinned map has another layout (key/value bytes): replacing it"
+        );
+        fs::remove_file(&path).map_err(|source| Error::Io {
+            verb: "unpin the map of another layout at",
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
 impl Datapath {
     /// Load the programs, open or create the pinned maps under `pin_dir`, and read what
     /// they hold.
@@ -108,6 +138,7 @@ impl Datapath {
             path: pin_dir.to_owned(),
             source,
         })?;
+        replace_foreign_pins(pin_dir)?;
         let mut loader = EbpfLoader::new();
         for name in names::ALL {
             loader.map_pin_path(name, pin_dir.join(name));

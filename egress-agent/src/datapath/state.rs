@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use egress_common::{
@@ -12,6 +12,7 @@ use egress_common::{
         PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
         SelectedValue, action, egress_ip_flags,
     },
+    underlay::{self, Underlay},
 };
 
 use crate::desired::{Desired, HeldIpV4, PolicyAction};
@@ -26,7 +27,7 @@ pub struct MapState {
     pub policy_v4: BTreeMap<LpmKeyV4, PolicyValue>,
     pub selected_v4: BTreeMap<[u8; 4], SelectedValue>,
     pub rules_v4: BTreeMap<u32, RuleValueV4>,
-    pub nodes: BTreeMap<[u8; 4], NodeValue>,
+    pub nodes: BTreeMap<Underlay, NodeValue>,
     pub pod_owner_v4: BTreeMap<[u8; 4], PodOwnerValue>,
     pub egress_ips_v4: BTreeMap<[u8; 4], EgressIpValue>,
     pub policy_v6: BTreeMap<LpmKeyV6, PolicyValueV6>,
@@ -54,6 +55,11 @@ impl std::fmt::Display for Unresolved {
             }
         }
     }
+}
+
+/// An optional underlay address as the maps hold it (zero for none).
+fn underlay_of(ip: Option<IpAddr>) -> Underlay {
+    ip.map_or([0; 16], underlay::from_ip)
 }
 
 fn octets(ip: Option<Ipv4Addr>) -> [u8; 4] {
@@ -100,7 +106,7 @@ impl MapState {
             s.policy_v4.insert(
                 (POD_PREFIX_BITS_V4 + u32::from(dst.prefix_len()), key),
                 PolicyValue {
-                    gateway: octets(e.gateway),
+                    gateway: underlay_of(e.gateway),
                     egress_ip: octets(e.egress_ip),
                     rule_id: e.rule_id,
                     action,
@@ -130,13 +136,14 @@ impl MapState {
             }
         }
         for (ip, id) in &desired.nodes {
-            s.nodes.insert(ip.octets(), NodeValue { node_id: *id });
+            s.nodes
+                .insert(underlay::from_ip(*ip), NodeValue { node_id: *id });
         }
         for (pod, node) in &desired.pod_owner_v4 {
             s.pod_owner_v4.insert(
                 pod.octets(),
                 PodOwnerValue {
-                    node: node.octets(),
+                    node: underlay::from_ip(*node),
                 },
             );
         }
@@ -171,7 +178,7 @@ impl MapState {
             self.policy_v6.insert(
                 (POD_PREFIX_BITS_V6 + u32::from(dst.prefix_len()), key),
                 PolicyValueV6 {
-                    gateway: octets(e.gateway),
+                    gateway: underlay_of(e.gateway),
                     rule_id: e.rule_id,
                     action: action_code(e.action),
                     _pad: [0; 3],
@@ -204,7 +211,7 @@ impl MapState {
             self.pod_owner_v6.insert(
                 pod.octets(),
                 PodOwnerValue {
-                    node: node.octets(),
+                    node: underlay::from_ip(*node),
                 },
             );
         }
@@ -243,14 +250,14 @@ impl MapState {
 
 /// The `CONFIG` entry for this node.
 pub fn config(
-    node_ip: Ipv4Addr,
+    node_ip: IpAddr,
     tunnel_ifindex: u32,
     port_min: u16,
     port_max: u16,
     tunnel_mtu: u16,
 ) -> Config {
     Config {
-        node_ip: node_ip.octets(),
+        node_ip: underlay::from_ip(node_ip),
         tunnel_ifindex,
         port_min,
         port_max,
@@ -305,7 +312,7 @@ mod tests {
         assert_eq!(key.0, 32 + 24);
         assert_eq!(key.1.pod, [10, 244, 1, 5]);
         assert_eq!(key.1.dst, [192, 0, 2, 0]);
-        assert_eq!(v.gateway, [10, 200, 0, 21]);
+        assert_eq!(v.gateway, underlay::from_v4([10, 200, 0, 21]));
         assert_eq!(v.action, action::FORWARD);
         assert_eq!(s.rules_v4[&7].ifindex, 4);
         assert!(!s.rules_v4.contains_key(&8));
@@ -364,7 +371,7 @@ mod tests {
             .find(|((len, _), _)| *len == 128 + 64)
             .unwrap();
         assert_eq!(forward.0.1.pod, pod.octets());
-        assert_eq!(forward.1.gateway, [10, 200, 0, 21]);
+        assert_eq!(forward.1.gateway, underlay::from_v4([10, 200, 0, 21]));
         assert_eq!(forward.1.egress_ip, egress.octets());
         assert_eq!(forward.1.action, action::FORWARD);
         let except = s
@@ -377,7 +384,10 @@ mod tests {
         assert_eq!(s.selected_v6[&pod.octets()].entries, 2);
         assert_eq!(s.rules_v6[&9].ifindex, 4);
         assert_eq!(s.rules_v6[&9].egress_ip, egress.octets());
-        assert_eq!(s.pod_owner_v6[&pod.octets()].node, [10, 200, 0, 1]);
+        assert_eq!(
+            s.pod_owner_v6[&pod.octets()].node,
+            underlay::from_v4([10, 200, 0, 1])
+        );
         assert_eq!(
             s.egress_ips_v6[&egress.octets()].flags,
             egress_ip_flags::SHARED

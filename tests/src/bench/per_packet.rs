@@ -38,6 +38,7 @@ use egress_common::{
         EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
         RuleValueV4, SelectedValue, action,
     },
+    underlay::{self, Underlay},
 };
 
 use super::{
@@ -56,11 +57,6 @@ pub const TTL_CHUNK: u32 = 250;
 /// entries (its own pods only); 100k entries need more. LPM tries are never
 /// preallocated, so the limit does not change the cost of a lookup.
 pub const POLICY_BENCH_MAX_ENTRIES: u32 = 131_072;
-
-/// Offsets in `struct __sk_buff` (include/uapi/linux/bpf.h): `ifindex` at 40, `tc_index`
-/// at 44, `cb[5]` at 48. `ctx_in` is a zeroed prefix up to the end of `cb`.
-const SKB_CB_OFF: usize = 48;
-const SKB_CTX_LEN: usize = SKB_CB_OFF + 5 * 4;
 
 const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, d)
@@ -212,7 +208,7 @@ struct Bed {
     policy: LpmTrie<MapData, PolicyKeyV4, PolicyValue>,
     selected: HashMap<MapData, [u8; 4], SelectedValue>,
     rules: HashMap<MapData, u32, RuleValueV4>,
-    nodes: HashMap<MapData, [u8; 4], NodeValue>,
+    nodes: HashMap<MapData, Underlay, NodeValue>,
     pod_owner: HashMap<MapData, [u8; 4], PodOwnerValue>,
     ct: HashMap<MapData, CtKeyV4, CtEntryV4>,
     egress_ips: HashMap<MapData, [u8; 4], EgressIpValue>,
@@ -268,7 +264,7 @@ impl Bed {
         bed.config.set(
             0,
             Config {
-                node_ip: NODE.octets(),
+                node_ip: underlay::from_v4(NODE.octets()),
                 tunnel_ifindex: net.tun0,
                 port_min: 1024,
                 port_max: 65_535,
@@ -277,10 +273,16 @@ impl Bed {
             },
             0,
         )?;
-        bed.nodes
-            .insert(NODE.octets(), NodeValue { node_id: 1 }, 0)?;
-        bed.nodes
-            .insert(PEER.octets(), NodeValue { node_id: 2 }, 0)?;
+        bed.nodes.insert(
+            underlay::from_v4(NODE.octets()),
+            NodeValue { node_id: 1 },
+            0,
+        )?;
+        bed.nodes.insert(
+            underlay::from_v4(PEER.octets()),
+            NodeValue { node_id: 2 },
+            0,
+        )?;
         bed.rules.insert(
             RULE,
             RuleValueV4 {
@@ -313,7 +315,7 @@ impl Bed {
                     },
                 );
                 let value = PolicyValue {
-                    gateway: PEER.octets(),
+                    gateway: underlay::from_v4(PEER.octets()),
                     egress_ip: EGRESS.octets(),
                     rule_id: RULE + j as u32,
                     action: action::FORWARD,
@@ -354,10 +356,9 @@ impl Bed {
             xlate_port_be: xport.to_be(),
             state: state::ESTABLISHED,
             _pad0: 0,
-            pod_node: PEER.octets(),
+            pod_node: underlay::from_v4(PEER.octets()),
             ifindex,
             rule_id: RULE,
-            _pad1: 0,
             last_seen_ns: now,
         };
         self.ct.insert(orig, entry, 0)?;
@@ -481,12 +482,7 @@ fn ct_keys(
 }
 
 fn ctx(tunnel: Option<(Ipv4Addr, u32)>) -> Vec<u8> {
-    let mut c = vec![0u8; SKB_CTX_LEN];
-    if let Some((sender, vni)) = tunnel {
-        c[SKB_CB_OFF..SKB_CB_OFF + 4].copy_from_slice(&u32::from(sender).to_ne_bytes());
-        c[SKB_CB_OFF + 4..SKB_CB_OFF + 8].copy_from_slice(&vni.to_ne_bytes());
-    }
-    c
+    crate::testrun::skb_ctx(0, tunnel.map(|(sender, vni)| (sender.into(), vni))).to_vec()
 }
 
 // ---- cases ----
@@ -1060,7 +1056,7 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
                 bed.policy.insert(
                     &key,
                     PolicyValue {
-                        gateway: PEER.octets(),
+                        gateway: underlay::from_v4(PEER.octets()),
                         egress_ip: EGRESS.octets(),
                         rule_id: RULE,
                         action: action::FORWARD,
@@ -1085,14 +1081,14 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
         bed.pod_owner.insert(
             FLOW_POD.octets(),
             PodOwnerValue {
-                node: PEER.octets(),
+                node: underlay::from_v4(PEER.octets()),
             },
             0,
         )?;
         bed.pod_owner.insert(
             NEW_POD.octets(),
             PodOwnerValue {
-                node: PEER.octets(),
+                node: underlay::from_v4(PEER.octets()),
             },
             0,
         )?;
@@ -1109,7 +1105,7 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
         bed.pod_owner.insert(
             EGRESS.octets(),
             PodOwnerValue {
-                node: PEER.octets(),
+                node: underlay::from_v4(PEER.octets()),
             },
             0,
         )?;

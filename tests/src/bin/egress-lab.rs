@@ -1,6 +1,8 @@
 //! `cargo xtask lab`: bring up the lab, run one agent per node, show per-destination
 //! egress as a table, show a gateway's maps, tear down. Exits non-zero if a row fails.
-//! `--ipv6`: IPv6-only pods (the table's IPv6 rows); `--dual-stack`: both families' rows.
+//! `--ipv6`: IPv6-only pods (the table's IPv6 rows) over an IPv6 underlay; `--dual-stack`:
+//! both families' rows, over an IPv4 underlay; `--underlay ipv4|ipv6` overrides the
+//! underlay's family.
 
 use std::{
     net::IpAddr,
@@ -12,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use egress_tests::{
     cluster,
-    lab::{self, Family, Lab, LabSpec, Proto, Query, addr, addr6},
+    lab::{self, Family, Lab, LabSpec, Proto, Query, Underlay, addr, addr6},
     netns,
 };
 
@@ -173,6 +175,13 @@ fn arg(name: &str) -> bool {
     std::env::args().any(|a| a == name)
 }
 
+/// The word after `name` on the command line.
+fn value(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
+
 fn real_main() -> Result<bool> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--down") {
@@ -186,6 +195,12 @@ fn real_main() -> Result<bool> {
         (true, false) => Family::V6,
         (false, true) => Family::Dual,
         (true, true) => bail!("--ipv6 and --dual-stack exclude each other"),
+    };
+    let underlay = match value("--underlay").as_deref() {
+        None => None,
+        Some("ipv4") => Some(Underlay::V4),
+        Some("ipv6") => Some(Underlay::V6),
+        Some(other) => bail!("--underlay {other:?}: expected ipv4 or ipv6"),
     };
     let keep = arg("--keep");
     netns::install_signal_teardown()?;
@@ -202,18 +217,21 @@ fn real_main() -> Result<bool> {
     }
     let echo = lab::locate_echo_bin()?;
     let t0 = Instant::now();
-    let mut spec = LabSpec::new(echo);
-    spec.family = family;
+    let mut spec = LabSpec::new(echo).with_family(family);
+    if let Some(u) = underlay {
+        spec.underlay = u;
+    }
     let mut lab = Lab::up(spec)?;
     println!(
-        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, C routed; pods {}",
+        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, C routed; pods {}, over the {} underlay",
         lab.prefix(),
         t0.elapsed().as_secs_f64(),
         match family {
             Family::V4 => "IPv4",
-            Family::V6 => "IPv6 (over the IPv4 underlay)",
-            Family::Dual => "dual stack (over the IPv4 underlay)",
-        }
+            Family::V6 => "IPv6",
+            Family::Dual => "dual stack",
+        },
+        lab.spec().underlay,
     );
     lab.start_agents(&agent)?;
     let probe = if family.has_v4() {
