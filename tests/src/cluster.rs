@@ -9,7 +9,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::lab::{Family, Lab, LabSpec, Proto, Query, Underlay, addr, addr6, locate_echo_bin};
+use crate::lab::{
+    Family, Lab, LabSpec, Proto, Query, Seen, Underlay, addr, addr6, locate_echo_bin,
+};
 
 /// The `egress-agent` binary next to the running executable (or one directory up, for
 /// test binaries in `deps/`), or `$EGRESS_AGENT_BIN`.
@@ -131,4 +133,63 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<Dura
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Two pods on two nodes (`w1-p1`, `w2-p1`) open 25 TCP connections each to `host` at
+/// once, from the same 25 source ports: what the host saw of each. After SNAT to one
+/// egress IP the tuples would collide unless the translations differ.
+pub fn colliding_connections(lab: &Lab, host: IpAddr) -> Vec<Result<Seen>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ["w1-p1", "w2-p1"]
+            .iter()
+            .flat_map(|pod| (0..25u16).map(move |i| (*pod, 41000 + i)))
+            .map(|(pod, sport)| {
+                s.spawn(move || {
+                    lab.query_with(
+                        pod,
+                        &Query::new(Proto::Tcp, host, addr::ECHO_PORT)
+                            .sport(sport)
+                            .timeout(Duration::from_secs(5)),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `pod` pings `host` twice (both must be answered) while `host_ns` captures the first
+/// packet matching the tcpdump `filter`: what tcpdump printed.
+pub fn ping_captured(
+    lab: &Lab,
+    pod: &str,
+    host_ns: &str,
+    host: IpAddr,
+    filter: &str,
+) -> Result<String> {
+    let log = lab.dir().join(format!("tcpdump-{pod}-{host_ns}.log"));
+    let mut dump = lab.ns(host_ns)?.spawn(
+        "tcpdump",
+        &["-n", "-l", "-i", "eth0", "-c", "1", filter],
+        &log,
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let family = if host.is_ipv6() { "-6" } else { "-4" };
+    let ping = lab.exec(
+        pod,
+        "ping",
+        &[family, "-c", "2", "-W", "2", &host.to_string()],
+    )?;
+    if !ping.status.success() {
+        bail!(
+            "{pod} pinging {host}: {}",
+            String::from_utf8_lossy(&ping.stdout)
+        );
+    }
+    let captured = wait_until(Duration::from_secs(3), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("echo request"))
+    });
+    let _ = dump.terminate(Duration::from_secs(1));
+    captured.with_context(|| format!("{host_ns} captured no echo request"))?;
+    Ok(std::fs::read_to_string(&log)?)
 }

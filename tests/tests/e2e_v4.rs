@@ -1,10 +1,12 @@
 //! End to end on the real kernel: the lab (namespaces, a real VXLAN underlay), one agent
 //! per node on the YAML state directory, traffic from pods, and what the far side saw.
 
-use std::{collections::BTreeSet, net::IpAddr, thread, time::Duration};
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use egress_tests::{
-    cluster::{self, holder, seen, up_with_agents, wait_until},
+    cluster::{
+        self, colliding_connections, holder, ping_captured, seen, up_with_agents, wait_until,
+    },
     lab::{Proto, Query, addr::*, sample_policy},
 };
 
@@ -51,35 +53,8 @@ fn ping_leaves_with_the_egress_ip_and_the_reply_comes_back() {
         ("host-a", HOST_A, EGRESS_IP_A),
         ("host-b", HOST_B, EGRESS_IP_B),
     ] {
-        let log = lab.dir().join(format!("tcpdump-{host_ns}.log"));
-        let mut dump = lab
-            .ns(host_ns)
-            .unwrap()
-            .spawn(
-                "tcpdump",
-                &[
-                    "-n",
-                    "-l",
-                    "-i",
-                    "eth0",
-                    "-c",
-                    "1",
-                    "icmp[icmptype] == icmp-echo",
-                ],
-                &log,
-            )
-            .unwrap();
-        thread::sleep(Duration::from_millis(500));
-        let ping = lab
-            .exec("w1-p1", "ping", &["-c", "2", "-W", "2", &host.to_string()])
-            .expect("ping through the gateway must get replies");
-        assert!(ping.status.success());
-        wait_until(Duration::from_secs(3), || {
-            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ICMP echo request"))
-        })
-        .unwrap();
-        let _ = dump.terminate(Duration::from_secs(1));
-        let text = std::fs::read_to_string(&log).unwrap();
+        let filter = "icmp[icmptype] == icmp-echo";
+        let text = ping_captured(&lab, "w1-p1", host_ns, host.into(), filter).unwrap();
         assert!(
             text.contains(&format!("IP {egress} > {host}: ICMP echo request")),
             "{host_ns} saw: {text}"
@@ -115,26 +90,7 @@ fn payloads_of_1400_bytes_cross_the_tunnel_both_ways() {
 #[test]
 fn fifty_concurrent_connections_with_colliding_source_ports_get_distinct_translations() {
     let lab = up_with_agents(cluster::default_spec().unwrap()).unwrap();
-    // Two pods on two nodes use the same 25 source ports to the same destination: after
-    // SNAT to one egress IP the tuples would collide unless translations differ.
-    let seen: Vec<_> = thread::scope(|s| {
-        let handles: Vec<_> = ["w1-p1", "w2-p1"]
-            .iter()
-            .flat_map(|pod| (0..25u16).map(move |i| (*pod, 41000 + i)))
-            .map(|(pod, sport)| {
-                let lab = &lab;
-                s.spawn(move || {
-                    lab.query_with(
-                        pod,
-                        &Query::new(Proto::Tcp, HOST_A, ECHO_PORT)
-                            .sport(sport)
-                            .timeout(Duration::from_secs(5)),
-                    )
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let seen = colliding_connections(&lab, HOST_A.into());
     let mut ports = BTreeSet::new();
     for r in seen {
         let s = r.expect("every connection works");

@@ -1,13 +1,17 @@
-//! End to end for IPv6 pods: the first cases of `e2e_v4`, for IPv6-only pods and for
-//! dual-stack pods, whose traffic of each family must leave with that family's egress IP,
-//! over an IPv6 and over an IPv4 underlay. Each case proves the underlay it claims: the
+//! End to end for IPv6 pods: the family-dependent cases of `e2e_v4` (each network, ping,
+//! colliding source ports, failover, full-size segments) for IPv6-only pods, and the
+//! dual-stack case, whose traffic of each family must leave with that family's egress IP;
+//! over an IPv6 and over an IPv4 underlay. Each case that names an underlay proves it: the
 //! nodes drop tunnel packets of the other family, and count those of this one.
 
 use std::{net::IpAddr, time::Duration};
 
 use egress_common::config::DEFAULT_TUNNEL_PORT;
 use egress_tests::{
-    cluster::{holder, seen, spec_for, spec_on, up_with_agents, wait_until},
+    cluster::{
+        colliding_connections, holder, ping_captured, seen, spec_for, spec_on, up_with_agents,
+        wait_until,
+    },
     lab::{Family, Lab, Proto, Query, Underlay, addr, addr6},
 };
 
@@ -246,4 +250,32 @@ fn when_the_ipv6_holder_fails_another_gateway_takes_the_egress_ip() {
         "failover of {} from {old} to {other}: {took:?}",
         addr6::EGRESS_IP_A
     );
+}
+
+#[test]
+fn ping6_leaves_with_the_egress_ip_and_the_reply_comes_back() {
+    let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
+    for (host_ns, host, egress) in [
+        ("host-a", addr6::HOST_A, addr6::EGRESS_IP_A),
+        ("host-b", addr6::HOST_B, addr6::EGRESS_IP_B),
+    ] {
+        let filter = "icmp6 and ip6[40] == 128";
+        let text = ping_captured(&lab, "w1-p1", host_ns, host.into(), filter).unwrap();
+        assert!(
+            text.contains(&format!("IP6 {egress} > {host}: ICMP6, echo request")),
+            "{host_ns} saw: {text}"
+        );
+    }
+}
+
+#[test]
+fn fifty_concurrent_ipv6_connections_with_colliding_source_ports_get_distinct_translations() {
+    let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
+    let mut ports = std::collections::BTreeSet::new();
+    for r in colliding_connections(&lab, addr6::HOST_A.into()) {
+        let s = r.expect("every connection works");
+        assert_eq!(s.ip, IpAddr::V6(addr6::EGRESS_IP_A));
+        ports.insert(s.port);
+    }
+    assert_eq!(ports.len(), 50, "translations must be distinct: {ports:?}");
 }
