@@ -183,8 +183,9 @@ macro_rules! family {
             #[inline(always)]
             pub fn lookup(key: &$Key, tcp_flags: u8, now: u64) -> Option<$Entry> {
                 // SAFETY: all-zero is a valid key.
-                let mut pk: $Key = unsafe { core::mem::zeroed() };
-                lookup_in(key, tcp_flags, now, &mut pk).map(|e| *e)
+                let mut slot = core::mem::MaybeUninit::<$Key>::uninit();
+                let pk = unsafe { crate::mem::zeroed_in(&mut slot) };
+                lookup_in(key, tcp_flags, now, pk).map(|e| *e)
             }
 
             /// [`lookup`] with the partner key's room given by the caller; returns the entry
@@ -228,8 +229,9 @@ macro_rules! family {
                 now: u64,
             ) -> Result<u16, AllocError> {
                 // SAFETY: all-zero keys and entries are valid.
-                let mut slots: Slots = unsafe { core::mem::zeroed() };
-                create_in(cfg, ip, l4, &egress_ip, ifindex, rule_id, pod_node, now, &mut slots)
+                let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
+                let slots = unsafe { crate::mem::zeroed_in(&mut slot) };
+                create_in(cfg, ip, l4, &egress_ip, ifindex, rule_id, pod_node, now, slots)
             }
 
             /// [`create`] with its keys and entry in `s`.

@@ -1,6 +1,6 @@
 //! Next hop selection: a FIB lookup, then a redirect with the right MAC addresses.
 
-use core::mem::{size_of, zeroed};
+use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{
@@ -36,7 +36,8 @@ pub fn redirect(
     from: From,
 ) -> Result<i32, ()> {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut p: FibParams = unsafe { zeroed() };
+    let mut slot = core::mem::MaybeUninit::<FibParams>::uninit();
+    let p = unsafe { crate::mem::zeroed_in(&mut slot) };
     p.family = AF_INET;
     p.l4_protocol = ip.proto;
     // tot_len stays 0: the kernel then checks the MTU with is_skb_forwardable(), which
@@ -44,7 +45,7 @@ pub fn redirect(
     // TCP packet as "fragmentation needed").
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
-    lookup_and_redirect(ctx, &mut p, from)
+    lookup_and_redirect(ctx, p, from)
 }
 
 /// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason). The lookup's
@@ -97,7 +98,7 @@ fn redirect6_call(
     dst: &[u8; 16],
 ) -> i32 {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
-    *p = unsafe { zeroed() };
+    unsafe { crate::mem::zero(p) };
     p.family = AF_INET6;
     p.l4_protocol = q.proto;
     p.__bindgen_anon_3.ipv6_src = words(src);
@@ -151,7 +152,8 @@ fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result
         // The kernel resolves the neighbour (ARP / ND) and fills in the MACs. The lookup
         // left the next hop in the destination field.
         // SAFETY: all-zero is a valid bpf_redir_neigh.
-        let mut nh: bpf_redir_neigh = unsafe { zeroed() };
+        let mut slot = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
+        let nh = unsafe { crate::mem::zeroed_in(&mut slot) };
         if p.family == AF_INET6 {
             nh.nh_family = u32::from(AF_INET6);
             nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
@@ -160,9 +162,8 @@ fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result
             nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
         }
         Ok(
-            unsafe {
-                bpf_redirect_neigh(p.ifindex, &mut nh, size_of::<bpf_redir_neigh>() as i32, 0)
-            } as i32,
+            unsafe { bpf_redirect_neigh(p.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0) }
+                as i32,
         )
     } else {
         Err(())

@@ -11,6 +11,7 @@ mod from_secondary;
 mod from_tunnel;
 mod gateway;
 mod maps;
+mod mem;
 mod parse;
 mod parse6;
 mod rewrite;

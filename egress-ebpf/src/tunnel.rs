@@ -2,7 +2,7 @@
 //! `RETURN_VNI` for replies), the outer source tells who sent the packet. The underlay is
 //! IPv4 or IPv6, per peer: an IPv4-mapped [`Underlay`] address goes over IPv4.
 
-use core::mem::{size_of, zeroed};
+use core::mem::{MaybeUninit, size_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_TUNINFO_IPV6, bpf_tunnel_key},
@@ -55,12 +55,13 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
             vni: cb[4],
         });
     }
-    // SAFETY: zeroed is a valid bpf_tunnel_key; the helper writes at most `size_of` bytes.
-    let mut key: bpf_tunnel_key = unsafe { zeroed() };
+    // SAFETY: all-zero is a valid bpf_tunnel_key; the helper writes at most `size_of` bytes.
+    let mut slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    let key = unsafe { crate::mem::zeroed_in(&mut slot) };
     let size = size_of::<bpf_tunnel_key>() as u32;
     // IPv4 underlay first (the common case); the helper refuses a family mismatch
     // (-EPROTO), and then the packet came over IPv6. Without metadata both calls fail.
-    let ret = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, 0) };
+    let ret = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut *key, size, 0) };
     if ret == 0 {
         return Some(Received {
             // remote_ipv4 is in host order.
@@ -69,7 +70,7 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
         });
     }
     let ret = unsafe {
-        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size, u64::from(BPF_F_TUNINFO_IPV6))
+        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut *key, size, u64::from(BPF_F_TUNINFO_IPV6))
     };
     if ret != 0 {
         return None;
@@ -85,9 +86,15 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
 /// `Err` when the key could not be set.
 #[inline(always)]
 pub fn send(ctx: &TcContext, tunnel_ifindex: u32, remote: &Underlay, vni: u32) -> Result<i32, ()> {
+    let mut slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     // SAFETY: as above.
-    let mut key: bpf_tunnel_key = unsafe { zeroed() };
-    send_with(ctx, &mut key, tunnel_ifindex, remote, vni)
+    fill_and_send(
+        ctx,
+        unsafe { crate::mem::zeroed_in(&mut slot) },
+        tunnel_ifindex,
+        remote,
+        vni,
+    )
 }
 
 /// [`send`] with the key built in `key` (the per-CPU scratch slot on the IPv6 paths).
@@ -101,7 +108,19 @@ pub fn send_with(
     vni: u32,
 ) -> Result<i32, ()> {
     // SAFETY: as above.
-    *key = unsafe { zeroed() };
+    unsafe { crate::mem::zero(key) };
+    fill_and_send(ctx, key, tunnel_ifindex, remote, vni)
+}
+
+/// [`send`] with `key` already zeroed.
+#[inline(always)]
+fn fill_and_send(
+    ctx: &TcContext,
+    key: &mut bpf_tunnel_key,
+    tunnel_ifindex: u32,
+    remote: &Underlay,
+    vni: u32,
+) -> Result<i32, ()> {
     key.tunnel_id = vni;
     key.tunnel_ttl = 64;
     let flags = match underlay::as_v4(remote) {

@@ -1399,3 +1399,32 @@ fn pinned_maps_of_another_layout_are_replaced() {
     }
     drop(dp);
 }
+
+/// LLVM lowers some zeroing and copying to calls of compiler-builtins' `memset`,
+/// `memcpy`, `memmove` or `bcmp`, which on BPF are byte-at-a-time loops (the 64-byte FIB
+/// parameters alone cost more than a map lookup). The hot paths avoid them
+/// (`egress-ebpf/src/mem.rs`, non-overlapping copies); this keeps it so.
+#[test]
+fn the_object_calls_no_byte_loop_mem_function() {
+    use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+    let file = object::File::parse(egress_agent::ebpf::OBJECT).unwrap();
+    let mut calls = Vec::new();
+    for section in file.sections() {
+        for (offset, rel) in section.relocations() {
+            if let RelocationTarget::Symbol(i) = rel.target()
+                && let Ok(sym) = file.symbol_by_index(i)
+                && let Ok(name) = sym.name()
+                && ["memset", "memcpy", "memmove", "memcmp", "bcmp"].contains(&name)
+            {
+                calls.push(format!(
+                    "{} +{offset:#x}: {name}",
+                    section.name().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    assert!(
+        calls.is_empty(),
+        "byte-loop calls in the object: {calls:#?}"
+    );
+}
