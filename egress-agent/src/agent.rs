@@ -109,7 +109,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     }
     let (mut views, sink) = match &cfg.source {
         Source::Yaml(dir) => (
-            yaml::watch(dir.clone(), Duration::from_millis(200)).await,
+            // inotify tells of edits at once; the poll is a safety net.
+            yaml::watch(dir.clone(), Duration::from_secs(1)).await,
             Sink::Yaml(dir.clone()),
         ),
         Source::Kube { kubeconfig } => {
@@ -150,18 +151,11 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         };
         // Coalesce bursts of netlink events (our own address changes cause some).
         while changes.try_recv().is_ok() {}
-        let (view, source_errors) = {
-            let snap = views.borrow_and_update();
-            (
-                snap.view.clone(),
-                snap.errors
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-            )
-        };
+        // Shared with the source, not copied (a copy of 10k Pods is tens of MiB).
+        let snap = Arc::clone(&views.borrow_and_update());
+        let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
         let t0 = Instant::now();
-        let outcome = r.reconcile(&mut dp, &view).await;
+        let outcome = r.reconcile(&mut dp, &snap.view).await;
         let took = t0.elapsed();
         let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
         s.reconciles += 1;

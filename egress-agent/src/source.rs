@@ -1,7 +1,9 @@
 //! Sources of cluster state: a YAML directory ([`yaml`]), or Kubernetes ([`kube`]).
 //!
 //! Every source produces the same [`ClusterView`]: the objects the compiler needs, in the
-//! types Kubernetes serves them as.
+//! types Kubernetes serves them as, except Pods, of which it keeps a [`PodSummary`].
+
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
@@ -16,7 +18,123 @@ pub mod yaml;
 pub struct ClusterView {
     pub policies: Vec<EgressGatewayPolicy>,
     pub namespaces: Vec<Namespace>,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<PodSummary>,
     pub nodes: Vec<Node>,
     pub egress_nodes: Vec<EgressNode>,
+}
+
+/// What the compiler reads of a Pod. Every agent holds every pod of the cluster, and a
+/// whole `Pod` takes over 1.6 KiB before its first container or label (its `spec` and
+/// `status` are wide structs of optional fields): this takes a tenth of that.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSummary {
+    /// `metadata.namespace`, `default` when unset.
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+    /// `status.phase` is `Running`.
+    pub running: bool,
+    /// `status.podIPs`, else `status.podIP`, in listed order; invalid ones left out.
+    pub ips: Vec<IpAddr>,
+}
+
+impl From<&Pod> for PodSummary {
+    fn from(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        Self {
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_owned()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            node_name: spec.and_then(|s| s.node_name.clone()),
+            host_network: spec.and_then(|s| s.host_network) == Some(true),
+            running: pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+            ips: crate::compiler::pod_ips(pod),
+        }
+    }
+}
+
+impl From<Pod> for PodSummary {
+    fn from(pod: Pod) -> Self {
+        Self::from(&pod)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{PodIP, PodSpec, PodStatus},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    use super::*;
+
+    #[test]
+    fn a_pod_summary_keeps_what_the_compiler_reads() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("api-0".to_owned()),
+                labels: Some(BTreeMap::from([("app".to_owned(), "api".to_owned())])),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("worker-1".to_owned()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".to_owned()),
+                pod_ip: Some("10.244.1.9".to_owned()),
+                pod_ips: Some(vec![
+                    PodIP {
+                        ip: "10.244.1.5".to_owned(),
+                    },
+                    PodIP {
+                        ip: "not an IP".to_owned(),
+                    },
+                    PodIP {
+                        ip: "fd00::5".to_owned(),
+                    },
+                ]),
+                ..Default::default()
+            }),
+        };
+        let summary = PodSummary::from(&pod);
+        assert_eq!(
+            summary,
+            PodSummary {
+                namespace: "default".to_owned(),
+                name: "api-0".to_owned(),
+                labels: BTreeMap::from([("app".to_owned(), "api".to_owned())]),
+                node_name: Some("worker-1".to_owned()),
+                host_network: false,
+                running: true,
+                ips: vec![
+                    "10.244.1.5".parse().expect("ip"),
+                    "fd00::5".parse().expect("ip")
+                ],
+            }
+        );
+        let pending_on_host = Pod {
+            spec: Some(PodSpec {
+                host_network: Some(true),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Pending".to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let summary = PodSummary::from(pending_on_host);
+        assert!(summary.host_network && !summary.running);
+        let bare = PodSummary::from(Pod::default());
+        assert!(!bare.running && bare.ips.is_empty() && bare.node_name.is_none());
+    }
 }

@@ -8,7 +8,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -550,12 +550,7 @@ async fn start_watch(fake: &Fake) -> watch::Receiver<Arc<Snapshot>> {
 }
 
 fn pod_names(snapshot: &Snapshot) -> Vec<String> {
-    let mut names: Vec<String> = snapshot
-        .view
-        .pods
-        .iter()
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
+    let mut names: Vec<String> = snapshot.view.pods.iter().map(|p| p.name.clone()).collect();
     names.sort();
     names
 }
@@ -627,19 +622,10 @@ async fn initial_list_produces_the_view() {
     let view = &snapshot.view;
     assert_eq!(pod_names(&snapshot), ["a", "b"]);
     assert_eq!(
-        view.pods[0]
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_deref()),
-        Some("10.0.0.1")
+        view.pods[0].ips,
+        ["10.0.0.1".parse::<IpAddr>().expect("ip")]
     );
-    assert_eq!(
-        view.pods[0]
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref()),
-        Some("node-1")
-    );
+    assert_eq!(view.pods[0].node_name.as_deref(), Some("node-1"));
     assert_eq!(view.namespaces.len(), 1);
     assert_eq!(view.nodes.len(), 1);
     assert_eq!(view.policies.len(), 1);
@@ -687,10 +673,10 @@ async fn watch_events_update_the_view() {
     moved["metadata"]["labels"]["app"] = json!("web");
     fake.apply(PODS, moved);
     wait_for(&mut rx, "MODIFIED pod c", |s| {
-        s.view.pods.iter().any(|p| {
-            p.metadata.name.as_deref() == Some("c")
-                && p.metadata.labels.as_ref().and_then(|l| l.get("app")) == Some(&"web".to_owned())
-        })
+        s.view
+            .pods
+            .iter()
+            .any(|p| p.name == "c" && p.labels.get("app").map(String::as_str) == Some("web"))
     })
     .await;
 

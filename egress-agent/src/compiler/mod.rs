@@ -264,7 +264,7 @@ fn usable(net: &IpNet) -> bool {
 struct PodInfo<'a> {
     namespace: &'a str,
     name: &'a str,
-    labels: BTreeMap<String, String>,
+    labels: &'a BTreeMap<String, String>,
     node: &'a str,
     /// Both families (dual-stack pods have one of each).
     ips: Vec<IpAddr>,
@@ -429,24 +429,15 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
         .pods
         .iter()
         .filter_map(|pod| {
-            let spec = pod.spec.as_ref()?;
-            if spec.host_network == Some(true) {
-                return None;
-            }
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if !running {
-                return None;
-            }
-            let ips = pod_ips(pod);
-            if ips.is_empty() {
+            if pod.host_network || !pod.running || pod.ips.is_empty() || pod.name.is_empty() {
                 return None;
             }
             Some(PodInfo {
-                namespace: pod.metadata.namespace.as_deref().unwrap_or("default"),
-                name: pod.metadata.name.as_deref()?,
-                labels: pod.metadata.labels.clone().unwrap_or_default(),
-                node: spec.node_name.as_deref()?,
-                ips,
+                namespace: &pod.namespace,
+                name: &pod.name,
+                labels: &pod.labels,
+                node: pod.node_name.as_deref()?,
+                ips: pod.ips.clone(),
             })
         })
         .collect();
@@ -796,7 +787,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                 } else {
                     ns_sel.matches(ns_labels)
                 };
-                matches_ns && pod_sel.matches(&pod.labels)
+                matches_ns && pod_sel.matches(pod.labels)
             })
             .collect();
         let mut report_conflicts = Vec::new();

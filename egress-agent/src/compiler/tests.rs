@@ -17,7 +17,10 @@ use k8s_openapi::{
 use proptest::prelude::*;
 
 use super::*;
-use crate::api::{EgressNodeSpec, EgressNodeStatus, HeldEgressIp, NodeInterface};
+use crate::{
+    api::{EgressNodeSpec, EgressNodeStatus, HeldEgressIp, NodeInterface},
+    source::PodSummary,
+};
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
     Some(
@@ -103,8 +106,8 @@ fn egress_node(name: &str, interfaces: &[(&str, &[&str])], held: &[(&str, &str)]
     en
 }
 
-fn pod(ns: &str, name: &str, app: &str, node: &str, ip: &str) -> Pod {
-    Pod {
+fn pod(ns: &str, name: &str, app: &str, node: &str, ip: &str) -> PodSummary {
+    let pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(ns.to_owned()),
@@ -120,7 +123,8 @@ fn pod(ns: &str, name: &str, app: &str, node: &str, ip: &str) -> Pod {
             pod_ips: Some(vec![PodIP { ip: ip.to_owned() }]),
             ..Default::default()
         }),
-    }
+    };
+    PodSummary::from(pod)
 }
 
 fn namespace(name: &str, team: &str) -> Namespace {
@@ -407,19 +411,12 @@ fn dual_stack_gateways(view: &mut ClusterView) {
 /// Pods of the base view get an IPv6 address after their IPv4 one (`fd00:244:<node>::<n>`).
 fn dual_stack_pods(view: &mut ClusterView) {
     for p in &mut view.pods {
-        let node = p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+        let node = p.node_name.clone().unwrap_or_default();
         let n = node.trim_start_matches("worker-");
-        if let Some(st) = p.status.as_mut()
-            && let Some(ips) = st.pod_ips.as_mut()
-        {
-            let last = ips[0].ip.rsplit('.').next().unwrap_or("1").to_owned();
-            ips.push(PodIP {
-                ip: format!("fd00:244:{n}::{last}"),
-            });
+        if let Some(IpAddr::V4(v4)) = p.ips.first() {
+            let last = v4.octets()[3];
+            p.ips
+                .push(format!("fd00:244:{n}::{last}").parse().expect("test IP"));
         }
     }
 }
@@ -563,16 +560,9 @@ fn ipv6_only_pods_get_only_ipv6_entries() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS_DUAL)]);
     dual_stack_gateways(&mut view);
     for p in &mut view.pods {
-        if let Some(st) = p.status.as_mut() {
-            let v4 = st
-                .pod_ips
-                .as_ref()
-                .map(|l| l[0].ip.clone())
-                .unwrap_or_default();
-            let last = v4.rsplit('.').next().unwrap_or("1").to_owned();
-            st.pod_ips = Some(vec![PodIP {
-                ip: format!("fd00:244:1::{last}"),
-            }]);
+        if let Some(IpAddr::V4(v4)) = p.ips.first() {
+            let last = v4.octets()[3];
+            p.ips = vec![format!("fd00:244:1::{last}").parse().expect("test IP")];
         }
     }
     let w1 = compile(&view, "worker-1");
@@ -1281,12 +1271,8 @@ fn only_local_pods_get_source_entries() {
 #[test]
 fn pods_that_are_not_running_or_use_host_network_are_skipped() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
-    if let Some(st) = view.pods[0].status.as_mut() {
-        st.phase = Some("Pending".to_owned());
-    }
-    if let Some(spec) = view.pods[1].spec.as_mut() {
-        spec.host_network = Some(true);
-    }
+    view.pods[0].running = false;
+    view.pods[1].host_network = true;
     let c = compile(&view, "worker-1");
     assert!(c.desired.selected_v4.is_empty());
     assert!(!c.desired.pod_owner_v4.contains_key(&ip("10.244.1.11")));
@@ -1495,17 +1481,8 @@ fn build_view(
             &format!("n{}", node_idx % nodes.len().max(1)),
             "0.0.0.0",
         );
-        if let Some(st) = p.status.as_mut() {
-            st.pod_ips = Some(
-                gen_pod_ips(i, *family)
-                    .into_iter()
-                    .map(|a| PodIP { ip: a.to_string() })
-                    .collect(),
-            );
-            if !running {
-                st.phase = Some("Pending".to_owned());
-            }
-        }
+        p.ips = gen_pod_ips(i, *family);
+        p.running = *running;
         view.pods.push(p);
     }
     for (i, gp) in policies.iter().enumerate() {

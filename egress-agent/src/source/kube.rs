@@ -50,7 +50,7 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView,
+    ClusterView, PodSummary,
     yaml::{DocumentError, LoadError, Snapshot},
 };
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus};
@@ -378,11 +378,11 @@ impl Stores {
     fn snapshot(&self) -> Snapshot {
         let mut errors = Vec::new();
         let view = ClusterView {
-            policies: collect(&self.policies, &mut errors),
-            namespaces: collect(&self.namespaces, &mut errors),
-            pods: collect(&self.pods, &mut errors),
-            nodes: collect(&self.nodes, &mut errors),
-            egress_nodes: collect(&self.egress_nodes, &mut errors),
+            policies: collect(&self.policies, &mut errors, Clone::clone),
+            namespaces: collect(&self.namespaces, &mut errors, Clone::clone),
+            pods: collect(&self.pods, &mut errors, |p: &Pod| PodSummary::from(p)),
+            nodes: collect(&self.nodes, &mut errors, Clone::clone),
+            egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
         };
         Snapshot { view, errors }
     }
@@ -400,9 +400,13 @@ fn static_kind(kind: &str) -> &'static str {
     }
 }
 
-/// The decoded objects of `store`, sorted by namespace and name (so that equal stores give
-/// equal views), and an error for each object that did not decode.
-fn collect<K>(store: &Store<Decoded<K>>, errors: &mut Vec<LoadError>) -> Vec<K>
+/// The decoded objects of `store` as `convert` makes them, sorted by namespace and name (so
+/// that equal stores give equal views), and an error for each object that did not decode.
+fn collect<K, T>(
+    store: &Store<Decoded<K>>,
+    errors: &mut Vec<LoadError>,
+    convert: impl Fn(&K) -> T,
+) -> Vec<T>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
@@ -413,7 +417,7 @@ where
     let mut out = Vec::with_capacity(entries.len());
     for entry in entries {
         match &entry.object {
-            Ok(object) => out.push(object.clone()),
+            Ok(object) => out.push(convert(object)),
             Err(failure) => errors.push(decode_error::<K>(&entry.metadata, failure)),
         }
     }

@@ -12,7 +12,10 @@ use std::{
     io::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, SystemTime},
 };
 
@@ -21,7 +24,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch as tokio_watch;
 
-use super::ClusterView;
+use super::{ClusterView, PodSummary};
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode};
 
 /// One document that could not be used, and why.
@@ -312,7 +315,9 @@ impl Loader {
         };
 
         let result = match (api_version.as_str(), kind.as_str()) {
-            ("v1", "Pod") => typed::<Pod>(value, check_pod).map(|p| Added::Pod(Box::new(p))),
+            ("v1", "Pod") => {
+                typed::<Pod>(value, check_pod).map(|p| Added::Pod(PodSummary::from(&p)))
+            }
             ("v1", "Node") => typed::<Node>(value, check_node).map(|n| Added::Node(Box::new(n))),
             ("v1", "Namespace") => {
                 typed::<Namespace>(value, |_| Vec::new()).map(|n| Added::Namespace(Box::new(n)))
@@ -355,7 +360,7 @@ impl Loader {
         }
         self.seen.insert(key, (file.to_owned(), doc));
         match added {
-            Added::Pod(p) => self.view.pods.push(*p),
+            Added::Pod(p) => self.view.pods.push(p),
             Added::Node(n) => self.view.nodes.push(*n),
             Added::Namespace(n) => self.view.namespaces.push(*n),
             Added::Policy(p) => self.view.policies.push(*p),
@@ -365,7 +370,8 @@ impl Loader {
 }
 
 enum Added {
-    Pod(Box<Pod>),
+    /// Only what the compiler reads: the whole `Pod` is dropped at once.
+    Pod(PodSummary),
     Node(Box<Node>),
     Namespace(Box<Namespace>),
     Policy(Box<EgressGatewayPolicy>),
@@ -466,41 +472,205 @@ fn fingerprint(dir: &Path) -> Fingerprint {
         .map_err(|e| e.to_string())
 }
 
+/// How long the directory must stay quiet after a change notification before it is read:
+/// an editor's write-rename sequence, or a file written in several chunks, gives one read.
+pub const QUIET: Duration = Duration::from_millis(15);
+/// The longest a read waits for the directory to become quiet (a file written for longer
+/// is read as it is, and again once written).
+pub const MAX_DELAY: Duration = Duration::from_millis(250);
+
+/// What the inotify thread tells the watcher task.
+#[derive(Default)]
+struct Pending {
+    /// Something in the directory changed.
+    wake: tokio::sync::Notify,
+    /// A state file itself was named (written, created, renamed, removed): read even if
+    /// its (name, mtime, length) looks unchanged (a same-length rewrite within the
+    /// filesystem's timestamp granularity).
+    state_file: AtomicBool,
+}
+
+/// An inotify watch (through `notify`) on the directory itself, not recursive.
+struct DirWatch {
+    _watcher: notify::RecommendedWatcher,
+    /// (device, inode) of the directory watched: a directory replaced under the watch
+    /// (removed and created again) has a new one.
+    identity: (u64, u64),
+}
+
+/// (device, inode) of `dir`, following symlinks.
+fn dir_identity(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir)
+        .ok()
+        .filter(std::fs::Metadata::is_dir)
+        .map(|m| (m.dev(), m.ino()))
+}
+
+impl DirWatch {
+    /// Watch `dir`, waking `pending` on every change. Fails when the directory cannot be
+    /// watched (no inotify on this filesystem, the per-user inotify limits reached, the
+    /// directory missing): then polling alone notices changes.
+    fn new(dir: &Path, pending: &Arc<Pending>) -> Result<Self, String> {
+        use notify::{
+            EventKind, Watcher as _,
+            event::{AccessKind, AccessMode},
+        };
+        let identity = dir_identity(dir).ok_or("not a directory")?;
+        let sink = Arc::clone(pending);
+        let handler = move |event: notify::Result<notify::Event>| {
+            let state_file = match &event {
+                // Opening, reading and closing unwritten change nothing.
+                Ok(e)
+                    if e.kind.is_access()
+                        && e.kind != EventKind::Access(AccessKind::Close(AccessMode::Write)) =>
+                {
+                    return;
+                }
+                Ok(e) => {
+                    e.need_rescan()
+                        || e.paths.iter().any(|p| {
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(is_state_file)
+                        })
+                }
+                // Events were lost (queue overflow): read.
+                Err(_) => true,
+            };
+            if state_file {
+                sink.state_file.store(true, Ordering::Relaxed);
+            }
+            sink.wake.notify_one();
+        };
+        let mut watcher = notify::recommended_watcher(handler).map_err(|e| e.to_string())?;
+        watcher
+            .watch(dir, notify::RecursiveMode::NonRecursive)
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            _watcher: watcher,
+            identity,
+        })
+    }
+
+    /// Is the watch still on `dir` as it is now?
+    fn current(&self, dir: &Path) -> bool {
+        dir_identity(dir) == Some(self.identity)
+    }
+}
+
 /// Watch `dir`: the receiver holds the latest [`Snapshot`] (read once before this returns)
-/// and changes whenever a state file's (name, mtime, length) changes, checked every
-/// `interval` (200 ms notices an edit well within a second). The polling task ends when
-/// every receiver is dropped. Must be called inside a Tokio runtime.
+/// and changes whenever the directory's contents change (an unchanged view is not sent
+/// again).
+///
+/// Changes are noticed through inotify, read once the directory has been quiet for
+/// [`QUIET`] (at most [`MAX_DELAY`] after the first event). As a safety net (filesystems
+/// without inotify, a directory replaced under the watch, symlinked files changed outside
+/// it), the (name, mtime, length) of every state file is also compared every `poll`; the
+/// inotify watch is set up again then if it was lost. The watcher ends when every
+/// receiver is dropped. Must be called inside a Tokio runtime.
 pub async fn watch(
     dir: impl Into<PathBuf>,
-    interval: Duration,
+    poll: Duration,
 ) -> tokio_watch::Receiver<Arc<Snapshot>> {
-    let dir: PathBuf = dir.into();
+    watch_with(dir.into(), poll, Notifications::Inotify).await
+}
+
+/// How the watcher learns of changes besides polling.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Notifications {
+    Inotify,
+    /// Polling only (tests of the safety net).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "tests of the polling safety net")
+    )]
+    None,
+}
+
+async fn watch_with(
+    dir: PathBuf,
+    poll: Duration,
+    notifications: Notifications,
+) -> tokio_watch::Receiver<Arc<Snapshot>> {
+    let pending = Arc::new(Pending::default());
+    // Watch first, then read: a change racing the first read is noticed.
+    let mut inotify = match notifications {
+        Notifications::None => None,
+        Notifications::Inotify => DirWatch::new(&dir, &pending)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "failed to watch state directory {} with inotify: {e}; edits are \
+                     noticed by polling every {poll:?} only",
+                    dir.display()
+                );
+            })
+            .ok(),
+    };
     let first = read_with_fingerprint(dir.clone()).await;
     let (tx, rx) = tokio_watch::channel(Arc::new(first.1));
     let mut last = first.0;
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.reset(); // no tick now: the directory was just read
         loop {
-            tokio::select! {
+            let notified = tokio::select! {
                 () = tx.closed() => break,
-                _ = ticker.tick() => {}
-            }
-            let d = dir.clone();
-            let Ok(now) = tokio::task::spawn_blocking(move || fingerprint(&d)).await else {
-                continue;
+                () = pending.wake.notified() => true,
+                _ = ticker.tick() => false,
             };
-            if now == last {
-                continue;
+            if notified {
+                debounce(&pending).await;
+            } else if notifications == Notifications::Inotify
+                && !inotify.as_ref().is_some_and(|w| w.current(&dir))
+            {
+                // Never set up, or the directory was replaced: watch it (again).
+                inotify = DirWatch::new(&dir, &pending)
+                    .inspect_err(|e| tracing::debug!("state directory not watched: {e}"))
+                    .ok();
+                if inotify.is_some() {
+                    tracing::info!("watching state directory {} with inotify", dir.display());
+                }
+            }
+            let forced = pending.state_file.swap(false, Ordering::Relaxed);
+            if !forced {
+                let d = dir.clone();
+                let Ok(now) = tokio::task::spawn_blocking(move || fingerprint(&d)).await else {
+                    continue;
+                };
+                if now == last {
+                    continue;
+                }
             }
             let (seen, snapshot) = read_with_fingerprint(dir.clone()).await;
             last = seen;
-            if tx.send(Arc::new(snapshot)).is_err() {
-                break;
-            }
+            tx.send_if_modified(|current| {
+                if **current == snapshot {
+                    false
+                } else {
+                    *current = Arc::new(snapshot);
+                    true
+                }
+            });
         }
     });
     rx
+}
+
+/// Wait until no change was notified for [`QUIET`], or [`MAX_DELAY`] at most.
+async fn debounce(pending: &Pending) {
+    let deadline = tokio::time::Instant::now() + MAX_DELAY;
+    loop {
+        let quiet = (tokio::time::Instant::now() + QUIET).min(deadline);
+        tokio::select! {
+            () = pending.wake.notified() => {}
+            () = tokio::time::sleep_until(quiet) => return,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+    }
 }
 
 /// Fingerprint, then read: a change racing the read shows up as a new fingerprint on the
@@ -639,10 +809,7 @@ status:
         assert_eq!(snap.view.policies.len(), 1);
         assert_eq!(snap.view.egress_nodes.len(), 1);
         let pod = &snap.view.pods[0];
-        assert_eq!(
-            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-            Some("worker-1")
-        );
+        assert_eq!(pod.node_name.as_deref(), Some("worker-1"));
         assert_eq!(snap.view.policies[0].metadata.generation, Some(3));
         let en = &snap.view.egress_nodes[0];
         assert_eq!(en.spec.underlay_ip.as_deref(), Some("10.0.0.11"));
@@ -813,7 +980,7 @@ metadata: {name: two}
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn watcher_notices_an_edit_within_a_second() {
+    async fn polling_alone_notices_an_edit_within_a_second() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("ns.yaml");
         std::fs::write(
@@ -821,7 +988,12 @@ metadata: {name: two}
             "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
         )
         .expect("write");
-        let mut rx = watch(dir.path(), Duration::from_millis(200)).await;
+        let mut rx = watch_with(
+            dir.path().to_owned(),
+            Duration::from_millis(200),
+            Notifications::None,
+        )
+        .await;
         assert_eq!(rx.borrow_and_update().view.namespaces.len(), 1);
 
         // Same length, different content: only the mtime tells (past coarse timestamp
@@ -864,5 +1036,105 @@ metadata: {name: two}
             .expect("no change within 1 s")
             .expect("watcher alive");
         assert_eq!(rx.borrow().view.namespaces.len(), 1);
+    }
+
+    /// The receiver's first snapshot (the current one included) for which `until` holds.
+    /// Waits 10 s at most: the tests that use it poll once an hour, so whatever comes
+    /// sooner came through inotify. (Not a timing assertion: a loaded machine takes
+    /// milliseconds.)
+    async fn wait_for(
+        rx: &mut tokio_watch::Receiver<Arc<Snapshot>>,
+        until: impl Fn(&Snapshot) -> bool,
+    ) -> Arc<Snapshot> {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let snap = rx.borrow_and_update().clone();
+                if until(&snap) {
+                    return snap;
+                }
+                rx.changed().await.expect("watcher alive");
+            }
+        })
+        .await
+        .expect("no matching snapshot within 10 s (inotify)")
+    }
+
+    fn names(snap: &Snapshot) -> Vec<&str> {
+        snap.view
+            .namespaces
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect()
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inotify_notices_an_editors_write_and_rename() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ns.yaml");
+        let ns =
+            |name: &str| format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n");
+        std::fs::write(&file, ns("a")).expect("write");
+        let mut rx = watch(dir.path(), HOUR).await;
+        assert_eq!(names(&rx.borrow_and_update()), ["a"]);
+
+        // An editor's save: a backup, a temporary file renamed over the original.
+        std::fs::write(dir.path().join("ns.yaml~"), ns("a")).expect("write backup");
+        let tmp = dir.path().join(".ns.yaml.swp");
+        std::fs::write(&tmp, ns("b")).expect("write temporary");
+        std::fs::rename(&tmp, &file).expect("rename");
+        let snap = wait_for(&mut rx, |s| names(s) != ["a"]).await;
+        assert_eq!(names(&snap), ["b"]);
+        assert_eq!(snap.errors, []);
+
+        // Rewritten in place with the same length: named by inotify, so read even if the
+        // mtime did not move.
+        std::fs::write(&file, ns("c")).expect("write");
+        let snap = wait_for(&mut rx, |s| names(s) != ["b"]).await;
+        assert_eq!(names(&snap), ["c"]);
+
+        // Removed.
+        std::fs::remove_file(&file).expect("remove");
+        let snap = wait_for(&mut rx, |s| names(s).is_empty()).await;
+        assert_eq!(snap.errors, []);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_half_written_file_is_reported_and_read_again_once_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
+        )
+        .expect("write");
+        let mut rx = watch(dir.path(), HOUR).await;
+        assert_eq!(names(&rx.borrow_and_update()), ["a"]);
+
+        // Written in place, cut in the middle of its second document.
+        let whole = "apiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n---\n\
+                     apiVersion: v1\nkind: Namespace\nmetadata: {name: c, labels: {x: y}}\n";
+        let half = &whole[..whole.len() - 12];
+        let file = dir.path().join("b.yaml");
+        std::fs::write(&file, half).expect("write half");
+        let snap = wait_for(&mut rx, |s| !s.errors.is_empty()).await;
+        assert_eq!(names(&snap), ["a", "b"], "good documents are kept");
+        assert_eq!(snap.errors.len(), 1);
+        assert!(
+            snap.errors[0]
+                .to_string()
+                .starts_with("file b.yaml doc 2: failed to parse YAML"),
+            "{}",
+            snap.errors[0]
+        );
+
+        // The rest of the file.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .and_then(|mut f| f.write_all(&whole.as_bytes()[half.len()..]))
+            .expect("append");
+        let snap = wait_for(&mut rx, |s| s.errors.is_empty()).await;
+        assert_eq!(names(&snap), ["a", "b", "c"]);
     }
 }

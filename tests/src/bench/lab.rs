@@ -669,9 +669,11 @@ pub fn control_plane(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
         header: cols,
         rows,
         notes: vec![
-            "The YAML source polls the state directory every 200 ms (file name, mtime, \
-             length), so the latency includes 0-200 ms of waiting for the next poll; the \
-             rest is reading every state file, compiling and the map diff."
+            "The YAML source learns of an edit from inotify and reads the directory once \
+             it has been quiet for 15 ms (`egress_agent::source::yaml::QUIET`), so the \
+             latency includes that wait; the rest is reading every state file, compiling \
+             and the map diff. A poll every second (file name, mtime, length) is only the \
+             safety net."
                 .to_owned(),
         ],
     })

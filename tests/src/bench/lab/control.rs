@@ -160,7 +160,7 @@ pub fn change_latency(lab: &Lab, n: usize) -> Result<Vec<f64>> {
             thread::sleep(Duration::from_micros(500));
         }
         want = !want;
-        // A pseudo-random pause, so samples do not lock onto the watcher's 200 ms poll.
+        // A pseudo-random pause, so samples do not lock onto the watcher's safety-net poll.
         seed = seed
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
