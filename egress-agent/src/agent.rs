@@ -382,9 +382,17 @@ impl Reconciler<'_> {
         }
         let by_index: BTreeMap<u32, &iface::Interface> =
             ifaces.iter().map(|i| (i.ifindex, i)).collect();
+        let routes = match self.nl.routes().await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                problems.push(format!("pod devices: {e}"));
+                None
+            }
+        };
         for pod in desired.local_selected_pods() {
-            match self.nl.route_oif(pod).await {
-                Ok(Some(oif)) if oif != self.tunnel_ifindex => {
+            let Some(routes) = &routes else { break };
+            match routes.oif(pod) {
+                Some(oif) if oif != self.tunnel_ifindex => {
                     if let Some(i) = by_index.get(&oif) {
                         attach.insert(Attachment {
                             program: ebpf::FROM_POD,
@@ -393,8 +401,7 @@ impl Reconciler<'_> {
                         });
                     }
                 }
-                Ok(_) => problems.push(format!("pod {pod}: no route to its device on this node")),
-                Err(e) => problems.push(format!("pod {pod}: {e}")),
+                _ => problems.push(format!("pod {pod}: no route to its device on this node")),
             }
         }
         for e in dp.sync_attachments(&attach) {

@@ -23,6 +23,7 @@ use ipnet::IpNet;
 use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, LinkVxlan, MulticastGroup, RouteMessageBuilder,
     packet_route::{
+        AddressFamily,
         address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
         link::{
             InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, State,
@@ -351,19 +352,29 @@ impl Netlink {
     /// interface do the gateway's own (installer or NMState) routes pick", not how a given
     /// packet would be routed.
     pub async fn route_oif(&self, ip: IpAddr) -> Result<Option<u32>> {
-        let query = match ip {
-            IpAddr::V4(_) => RouteMessageBuilder::<Ipv4Addr>::new().build(),
-            IpAddr::V6(_) => RouteMessageBuilder::<Ipv6Addr>::new().build(),
-        };
-        let routes: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(query)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| netlink_error("list", format!("routes to look up {ip}"), e))?;
-        Ok(best_route_oif(&routes, ip))
+        Ok(self.routes().await?.oif(ip))
+    }
+
+    /// One dump of the main table's routes of both families, for [`Routes::oif`] on many
+    /// addresses (the agent resolves every local selected pod on each pass: a dump per
+    /// pod made a pass at 10k pods cost 10k dumps of 10k routes).
+    pub async fn routes(&self) -> Result<Routes> {
+        let mut dump: Vec<RouteMessage> = Vec::new();
+        for query in [
+            RouteMessageBuilder::<Ipv4Addr>::new().build(),
+            RouteMessageBuilder::<Ipv6Addr>::new().build(),
+        ] {
+            let part: Vec<RouteMessage> = self
+                .handle
+                .route()
+                .get(query)
+                .execute()
+                .try_collect()
+                .await
+                .map_err(|e| netlink_error("list", "routes".to_owned(), e))?;
+            dump.extend(part);
+        }
+        Ok(Routes::from_dump(&dump))
     }
 
     /// Subscribe to link, IPv4/IPv6 address and IPv4/IPv6 route changes on a second
@@ -512,39 +523,80 @@ fn address_of(message: &AddressMessage) -> Option<(IpAddr, u8)> {
     Some((local.or(address)?, message.header.prefix_len))
 }
 
-/// Longest-prefix match of `ip` over the main-table routes of a dump, ties to the lowest
-/// metric, then to the first dumped; the output interface of the winner if it forwards.
-fn best_route_oif(routes: &[RouteMessage], ip: IpAddr) -> Option<u32> {
-    let unspecified = match ip {
-        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    };
-    let best = routes
-        .iter()
+/// The main routing table's decision for each prefix, from one dump: longest-prefix
+/// match by probing each prefix length present, ties to the lowest metric, then to the
+/// first dumped; the output interface of the winner if it forwards.
+#[derive(Clone, Debug, Default)]
+pub struct Routes {
+    /// Prefix -> (metric, output interface; `None` when that route does not forward).
+    best: HashMap<IpNet, (u32, Option<u32>)>,
+    /// Prefix lengths present, longest first, per family.
+    lens_v4: Vec<u8>,
+    lens_v6: Vec<u8>,
+}
+
+impl Routes {
+    fn from_dump(routes: &[RouteMessage]) -> Self {
+        let mut out = Self::default();
         // TOS-specific routes only serve packets with that TOS.
-        .filter(|r| route_table(r) == u32::from(RouteHeader::RT_TABLE_MAIN) && r.header.tos == 0)
-        .filter_map(|r| {
-            let destination = r
-                .attributes
-                .iter()
-                .find_map(|a| match a {
-                    RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
-                    RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
-                    _ => None,
-                })
-                .unwrap_or(unspecified);
-            let prefix_len = r.header.destination_prefix_length;
-            IpNet::new(destination, prefix_len)
-                .ok()
-                .filter(|net| net.contains(&ip))
-                .map(|_| (r, prefix_len))
-        })
-        .min_by_key(|&(r, prefix_len)| (std::cmp::Reverse(prefix_len), route_metric(r)))?
-        .0;
-    if best.header.kind != RouteType::Unicast {
+        let main = routes.iter().filter(|r| {
+            route_table(r) == u32::from(RouteHeader::RT_TABLE_MAIN) && r.header.tos == 0
+        });
+        for r in main {
+            let destination = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+                RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+                _ => None,
+            });
+            let destination = match (destination, r.header.address_family) {
+                (Some(d), _) => d,
+                (None, AddressFamily::Inet6) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                (None, _) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            };
+            let Ok(net) = IpNet::new(destination, r.header.destination_prefix_length) else {
+                continue;
+            };
+            let metric = route_metric(r);
+            match out.best.get(&net.trunc()) {
+                Some(&(m, _)) if m <= metric => {}
+                _ => {
+                    out.best.insert(net.trunc(), (metric, route_oif_of(r)));
+                }
+            }
+        }
+        for net in out.best.keys() {
+            match net {
+                IpNet::V4(n) => out.lens_v4.push(n.prefix_len()),
+                IpNet::V6(n) => out.lens_v6.push(n.prefix_len()),
+            }
+        }
+        for lens in [&mut out.lens_v4, &mut out.lens_v6] {
+            lens.sort_unstable_by(|a, b| b.cmp(a));
+            lens.dedup();
+        }
+        out
+    }
+
+    /// The output interface the main table sends `ip` to; `None` when no route matches or
+    /// the best match does not forward (blackhole, unreachable, ...).
+    pub fn oif(&self, ip: IpAddr) -> Option<u32> {
+        let lens = match ip {
+            IpAddr::V4(_) => &self.lens_v4,
+            IpAddr::V6(_) => &self.lens_v6,
+        };
+        lens.iter().find_map(|len| {
+            let net = IpNet::new(ip, *len).ok()?.trunc();
+            self.best.get(&net).map(|&(_, oif)| oif)
+        })?
+    }
+}
+
+/// The output interface of a route if it forwards (unicast).
+fn route_oif_of(r: &RouteMessage) -> Option<u32> {
+    if r.header.kind != RouteType::Unicast {
         return None;
     }
-    best.attributes.iter().find_map(|a| match a {
+    r.attributes.iter().find_map(|a| match a {
         RouteAttribute::Oif(index) => Some(*index),
         // Multipath: the first live next hop stands for the route.
         RouteAttribute::MultiPath(hops) => hops
