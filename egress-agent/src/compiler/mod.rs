@@ -68,6 +68,7 @@ pub mod reason {
     pub const DESTINATION_CLAIMED: &str = "DestinationClaimed";
     // Problems about other objects.
     pub const NO_UNDERLAY_ADDRESS: &str = "NoUnderlayAddress";
+    pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";
 }
 
 /// What the compiler derived for this node and for the cluster.
@@ -407,6 +408,37 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
         }
         if node.name == node_name {
             out.desired.node_ip = node.underlay;
+        }
+    }
+    // One tunnel family per cluster: nodes of the minority family (IPv4 on a tie) cannot
+    // reach the others, which is worth saying on every node, in the same words.
+    let v6_nodes = nodes
+        .iter()
+        .filter(|n| n.underlay.is_some_and(|u| u.is_ipv6()))
+        .count();
+    let v4_nodes = nodes
+        .iter()
+        .filter(|n| n.underlay.is_some_and(|u| u.is_ipv4()))
+        .count();
+    if v4_nodes > 0 && v6_nodes > 0 {
+        let (odd_v6, majority, count) = if v6_nodes > v4_nodes {
+            (false, "IPv6", v6_nodes)
+        } else {
+            (true, "IPv4", v4_nodes)
+        };
+        for node in &nodes {
+            let Some(ip) = node.underlay.filter(|u| u.is_ipv6() == odd_v6) else {
+                continue;
+            };
+            problems.push(Problem {
+                object: Object::Node(node.name.to_owned()),
+                reason: reason::UNDERLAY_FAMILY_MISMATCH.to_owned(),
+                message: format!(
+                    "status.addresses: the first InternalIP, {ip}, is not {majority} like \
+                     that of {count} other nodes: no tunnel between this node and those; \
+                     list an {majority} InternalIP first"
+                ),
+            });
         }
     }
     let underlay_of: BTreeMap<&str, IpAddr> = nodes

@@ -270,6 +270,43 @@ fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
 }
 
 #[test]
+fn a_node_whose_underlay_is_of_the_other_family_is_reported_the_same_on_every_node() {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    // worker-2 lists an IPv6 InternalIP first; the three others tunnel over IPv4.
+    let w2 = view
+        .nodes
+        .iter_mut()
+        .find(|n| n.metadata.name.as_deref() == Some("worker-2"))
+        .unwrap();
+    w2.status
+        .as_mut()
+        .unwrap()
+        .addresses
+        .as_mut()
+        .unwrap()
+        .insert(
+            0,
+            NodeAddress {
+                type_: "InternalIP".to_owned(),
+                address: "fd00::2".to_owned(),
+            },
+        );
+    let w1 = compile(&view, "worker-1");
+    let w2 = compile(&view, "worker-2");
+    assert_eq!(w1.problems, w2.problems);
+    assert_eq!(w1.problems.len(), 1, "{:?}", w1.problems);
+    let p = &w1.problems[0];
+    assert_eq!(p.object, Object::Node("worker-2".to_owned()));
+    assert_eq!(p.reason, reason::UNDERLAY_FAMILY_MISMATCH);
+    assert!(
+        p.message.contains("fd00::2") && p.message.contains("IPv4"),
+        "{p}"
+    );
+    // Everything else still compiles.
+    assert_eq!(status(&w1, "payments", "Ready").status, "True");
+}
+
+#[test]
 fn payments_example_compiles_on_source_and_gateway_nodes() {
     let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
     let w1 = compile(&view, "worker-1");
