@@ -868,6 +868,26 @@ fn from_pod_table(u: UnderlayNet) {
 
 // ---- from_tunnel ----
 
+/// The IPv4 side of a dual-stack pod (`REMOTE_POD` has `REMOTE_POD_V4` too): rule
+/// `RULE_V4_ONLY` leaves sec0 with `EGRESS_V4`.
+const REMOTE_POD_V4: Ipv4Addr = a(10, 244, 2, 5);
+const DEST_V4: Ipv4Addr = a(10, 100, 0, 7);
+const EGRESS_V4: Ipv4Addr = a(10, 100, 0, 50);
+
+fn syn4(src: Ipv4Addr, dst: Ipv4Addr) -> egress_tests::packet::Ipv4Packet {
+    egress_tests::packet::Ipv4Packet::new(src, dst, L4::tcp(40_000, 443, 0x02))
+}
+
+/// sec0 gets its IPv4 subnet and destination, the peer owns the pod's IPv4 address.
+fn dual_stack_setup(dp: &mut Datapath, net: &Net) {
+    ip("addr add 10.100.0.2/24 dev sec0");
+    ip(&format!(
+        "neigh replace {DEST_V4} lladdr {} dev sec0 nud permanent",
+        mac(DEST_A_MAC)
+    ));
+    dp.pod_owner(REMOTE_POD_V4, net.ul.peer);
+}
+
 fn from_tunnel_table(u: UnderlayNet) {
     let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
     let ack_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
@@ -899,6 +919,25 @@ fn from_tunnel_table(u: UnderlayNet) {
                         .dropped(),
                 ],
                 &[(DROP_SPOOFED_SOURCE, 2)],
+            ),
+            case(
+                "dual-stack pod: each family through its own rule, to its own egress IP",
+                dual_stack_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
+                    from_tunnel(u.peer, RULE_V4_ONLY, &syn_a)
+                        .raw(syn4(REMOTE_POD_V4, DEST_V4).build())
+                        .expect(
+                            TC_ACT_REDIRECT,
+                            Out::Frame(
+                                syn4(EGRESS_V4, DEST_V4)
+                                    .ttl(63)
+                                    .macs(DEST_A_MAC, SEC0_MAC)
+                                    .build(),
+                            ),
+                        ),
+                ],
+                &[(SNAT_NEW, 2), (FORWARDED, 2)],
             ),
             case(
                 "unknown rule, and a rule id served for IPv4 only, dropped",
