@@ -7,4 +7,5 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod packet6;
+pub mod table;
 pub mod testrun;

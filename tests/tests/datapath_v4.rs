@@ -18,25 +18,21 @@
 //!         neighbour 10.200.0.9
 //! ```
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    panic::{AssertUnwindSafe, catch_unwind},
-};
+use std::net::Ipv4Addr;
 
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
 use egress_common::{
     config::{Config, flags},
     conntrack::{CtEntryV4, CtKeyV4, dir, state},
-    counters::{self, reason::*},
+    counters::reason::*,
     maps,
     policy::{PolicyValue, RETURN_VNI, action, egress_ip_flags},
     underlay,
 };
 use egress_tests::{
     packet::{HOST_MAC, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
-    testrun::{
-        Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, ifindex, in_netns, ip, ktime_ns, sysctl,
-    },
+    table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
+    testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, ktime_ns, sysctl},
 };
 
 // ---- the cluster, as seen from this node ----
@@ -198,262 +194,39 @@ fn local_pod_to_a(dp: &mut Datapath, gateway: Ipv4Addr) {
     dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, forward(gateway, RULE_A));
 }
 
-// ---- the table machinery ----
+// ---- the table machinery (`egress_tests::table`) ----
 
-#[derive(Clone, Copy)]
-enum Dev {
-    Pod,
-    Tunnel,
-    Secondary,
-}
-
-type Check = Box<dyn Fn(&[u8]) -> Result<(), String> + Send>;
-type Derive = Box<dyn Fn(&[u8]) -> Vec<u8> + Send>;
-
-enum Input {
-    Frame(Vec<u8>),
-    /// Built from the previous step's output frame (e.g. a reply to a translated port).
-    FromPrevious(Derive),
-}
-
-enum Out {
-    /// The frame must come out exactly as it went in.
-    Unchanged,
-    /// The frame must come out exactly like this.
-    Frame(Vec<u8>),
-    Check(Check),
-    /// Not checked (dropped packets).
-    Any,
-}
-
-struct Step {
-    prog: &'static str,
-    dev: Dev,
-    tunnel: Option<(IpAddr, u32)>,
-    input: Input,
-    verdict: u32,
-    out: Out,
+impl Bed for Net {
+    fn ifindex(&self, dev: Dev) -> u32 {
+        match dev {
+            Dev::Pod => self.pod0,
+            Dev::Tunnel => self.tun0,
+            Dev::Secondary => self.sec0,
+        }
+    }
 }
 
 fn from_pod(p: &Ipv4Packet) -> Step {
-    Step {
-        prog: FROM_POD,
-        dev: Dev::Pod,
-        tunnel: None,
-        input: Input::Frame(p.build()),
-        verdict: TC_ACT_OK,
-        out: Out::Unchanged,
-    }
+    step(FROM_POD, Dev::Pod, None, p)
 }
 
 fn from_tunnel(sender: Ipv4Addr, vni: u32, p: &Ipv4Packet) -> Step {
-    Step {
-        prog: FROM_TUNNEL,
-        dev: Dev::Tunnel,
-        tunnel: Some((sender.into(), vni)),
-        input: Input::Frame(p.build()),
-        verdict: TC_ACT_OK,
-        out: Out::Unchanged,
-    }
+    step(FROM_TUNNEL, Dev::Tunnel, Some((sender.into(), vni)), p)
 }
 
 fn from_secondary(p: &Ipv4Packet) -> Step {
-    Step {
-        prog: FROM_SECONDARY,
-        dev: Dev::Secondary,
-        tunnel: None,
-        input: Input::Frame(p.build()),
-        verdict: TC_ACT_OK,
-        out: Out::Unchanged,
-    }
+    step(FROM_SECONDARY, Dev::Secondary, None, p)
 }
 
-impl Step {
-    fn raw(mut self, frame: Vec<u8>) -> Self {
-        self.input = Input::Frame(frame);
-        self
-    }
-
-    fn derive(mut self, f: impl Fn(&[u8]) -> Vec<u8> + Send + 'static) -> Self {
-        self.input = Input::FromPrevious(Box::new(f));
-        self
-    }
-
-    fn passes(self) -> Self {
-        self.expect(TC_ACT_OK, Out::Unchanged)
-    }
-
-    fn dropped(self) -> Self {
-        self.expect(TC_ACT_SHOT, Out::Any)
-    }
-
-    fn redirected(self, out: &Ipv4Packet) -> Self {
-        self.expect(TC_ACT_REDIRECT, Out::Frame(out.build()))
-    }
-
-    /// Redirected unchanged (into the tunnel: the key is metadata, not bytes).
-    fn tunneled(self) -> Self {
-        self.expect(TC_ACT_REDIRECT, Out::Unchanged)
-    }
-
-    fn redirected_if(self, f: impl Fn(&[u8]) -> Result<(), String> + Send + 'static) -> Self {
-        self.expect(TC_ACT_REDIRECT, Out::Check(Box::new(f)))
-    }
-
-    fn expect(mut self, verdict: u32, out: Out) -> Self {
-        self.verdict = verdict;
-        self.out = out;
-        self
-    }
-}
-
-type Setup = Box<dyn Fn(&mut Datapath, &Net) + Send>;
-
-struct Case {
-    name: &'static str,
-    setup: Setup,
-    steps: Vec<Step>,
-    /// Every non-zero counter after the last step: (reason, packets).
-    counters: Vec<(u32, u64)>,
-}
-
-fn case(
-    name: &'static str,
-    setup: impl Fn(&mut Datapath, &Net) + Send + 'static,
-    steps: Vec<Step>,
-    counters: &[(u32, u64)],
-) -> Case {
-    Case {
-        name,
-        setup: Box::new(setup),
-        steps,
-        counters: counters.to_vec(),
-    }
-}
-
-fn no_setup(_: &mut Datapath, _: &Net) {}
-
-fn reason_name(r: u32) -> String {
-    counters::name(r).map_or_else(|| format!("#{r}"), str::to_owned)
-}
-
-fn verdict_name(v: u32) -> &'static str {
-    match v {
-        TC_ACT_OK => "OK",
-        TC_ACT_SHOT => "SHOT",
-        TC_ACT_REDIRECT => "REDIRECT",
-        _ => "?",
-    }
-}
-
-fn frame_diff(got: &[u8], want: &[u8]) -> Result<(), String> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(format!(
-            "frame differs: {}",
-            egress_tests::packet::diff(got, want)
-        ))
-    }
-}
-
-fn run_case(c: Case) -> Result<(), String> {
-    let Case {
-        name: _,
-        setup,
-        steps,
-        counters,
-    } = c;
-    in_netns(move || {
+/// Run every case (each in its own namespace, in parallel) from the topology and the
+/// base maps, and report all failures.
+fn run_table(cases: Vec<Case<Net>>) {
+    table::run_table("the IPv4 table", cases, || {
         let net = topology();
         let mut dp = Datapath::load();
         base(&mut dp, &net);
-        setup(&mut dp, &net);
-        let mut prev: Vec<u8> = Vec::new();
-        for (i, s) in steps.into_iter().enumerate() {
-            let input = match &s.input {
-                Input::Frame(f) => f.clone(),
-                Input::FromPrevious(f) => f(&prev),
-            };
-            let dev = match s.dev {
-                Dev::Pod => net.pod0,
-                Dev::Tunnel => net.tun0,
-                Dev::Secondary => net.sec0,
-            };
-            let o = dp.run(s.prog, &input, dev, s.tunnel);
-            let step = format!("step {} ({})", i + 1, s.prog);
-            if o.verdict != s.verdict {
-                return Err(format!(
-                    "{step}: verdict {} ({}), expected {} ({}); counters {:?}",
-                    o.verdict,
-                    verdict_name(o.verdict),
-                    s.verdict,
-                    verdict_name(s.verdict),
-                    named(&dp.counters().into_iter().collect::<Vec<_>>()),
-                ));
-            }
-            let r = match &s.out {
-                Out::Unchanged => frame_diff(&o.frame, &input),
-                Out::Frame(want) => frame_diff(&o.frame, want),
-                Out::Check(f) => f(&o.frame),
-                Out::Any => Ok(()),
-            };
-            r.map_err(|e| format!("{step}: {e}"))?;
-            prev = o.frame;
-        }
-        let got: Vec<(u32, u64)> = dp.counters().into_iter().collect();
-        let mut want = counters;
-        want.sort_unstable();
-        if got != want {
-            return Err(format!(
-                "counters {:?}, expected {:?}",
-                named(&got),
-                named(&want)
-            ));
-        }
-        Ok(())
-    })
-}
-
-fn named(c: &[(u32, u64)]) -> Vec<(String, u64)> {
-    c.iter().map(|&(r, n)| (reason_name(r), n)).collect()
-}
-
-/// Run every case (each in its own namespace, in parallel) and report all failures.
-fn run_table(cases: Vec<Case>) {
-    let handles: Vec<_> = cases
-        .into_iter()
-        .map(|c| {
-            let name = c.name;
-            (
-                name,
-                std::thread::spawn(move || {
-                    catch_unwind(AssertUnwindSafe(|| run_case(c)))
-                        .unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(&p))))
-                }),
-            )
-        })
-        .collect();
-    let mut failures = Vec::new();
-    let total = handles.len();
-    for (name, h) in handles {
-        if let Err(e) = h.join().expect("case thread") {
-            failures.push(format!("  {name}: {e}"));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {total} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default()
+        (net, dp)
+    });
 }
 
 // ---- packets ----
@@ -1245,7 +1018,7 @@ fn from_secondary_table() {
         ),
         case(
             "dedicated egress IP, entry idle past its timeout: dropped",
-            |dp, net| {
+            |dp: &mut Datapath, net: &Net| {
                 let old = ktime_ns().saturating_sub(121 * 1_000_000_000);
                 dp.ct_insert(
                     CtKeyV4 {
