@@ -92,24 +92,21 @@ fn selected6(ctx: &TcContext) -> i32 {
         };
         return gateway::forward6(ctx, cfg, s);
     }
-    tunnel::clamp_syn(
+    let inner = tunnel::Inner {
+        proto: s.ip6.proto,
+        l4_off: s.ip6.l4,
+        l4: &s.l4,
+        ip_hdr_len: tunnel::IP6_HDR_LEN,
+    };
+    tunnel::enter_with(
         ctx,
-        s.ip6.proto,
-        s.ip6.l4,
-        &s.l4,
-        cfg.tunnel_mtu,
-        tunnel::IP6_HDR_LEN,
-    );
-    match tunnel::send_with(
-        ctx,
+        cfg,
+        &inner,
         &mut s.tunnel,
-        cfg.tunnel_ifindex,
         &entry.gateway,
         entry.rule_id,
-    ) {
-        Ok(v) => verdict(ctx, reason::TUNNELED, v),
-        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
-    }
+        reason::TUNNELED,
+    )
 }
 
 #[inline(never)]
@@ -144,16 +141,18 @@ fn selected(ctx: &TcContext) -> i32 {
         count(ctx, reason::LOCAL_GATEWAY);
         return gateway::forward(ctx, cfg, &ip, &l4, entry.rule_id, cfg.node_ip);
     }
-    tunnel::clamp_syn(
+    let inner = tunnel::Inner {
+        proto: ip.proto,
+        l4_off: ip.l4,
+        l4: &l4,
+        ip_hdr_len: tunnel::IP4_HDR_LEN,
+    };
+    tunnel::enter(
         ctx,
-        ip.proto,
-        ip.l4,
-        &l4,
-        cfg.tunnel_mtu,
-        tunnel::IP4_HDR_LEN,
-    );
-    match tunnel::send(ctx, cfg.tunnel_ifindex, &entry.gateway, entry.rule_id) {
-        Ok(v) => verdict(ctx, reason::TUNNELED, v),
-        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
-    }
+        cfg,
+        &inner,
+        &entry.gateway,
+        entry.rule_id,
+        reason::TUNNELED,
+    )
 }

@@ -74,18 +74,20 @@ fn run4(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    tunnel::clamp_syn(
+    let inner = tunnel::Inner {
+        proto: ip.proto,
+        l4_off: ip.l4,
+        l4: &l4,
+        ip_hdr_len: tunnel::IP4_HDR_LEN,
+    };
+    tunnel::enter(
         ctx,
-        ip.proto,
-        ip.l4,
-        &l4,
-        cfg.tunnel_mtu,
-        tunnel::IP4_HDR_LEN,
-    );
-    match tunnel::send(ctx, cfg.tunnel_ifindex, &e.pod_node, RETURN_VNI) {
-        Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
-        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
-    }
+        cfg,
+        &inner,
+        &e.pod_node,
+        RETURN_VNI,
+        reason::RETURN_TUNNELED,
+    )
 }
 
 /// The same for IPv6: NAT66 reversed, hop limit, back through the tunnel or to a local
@@ -145,22 +147,19 @@ fn run6(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    tunnel::clamp_syn(
+    let inner = tunnel::Inner {
+        proto: s.ip6.proto,
+        l4_off: s.ip6.l4,
+        l4: &s.l4,
+        ip_hdr_len: tunnel::IP6_HDR_LEN,
+    };
+    tunnel::enter_with(
         ctx,
-        s.ip6.proto,
-        s.ip6.l4,
-        &s.l4,
-        cfg.tunnel_mtu,
-        tunnel::IP6_HDR_LEN,
-    );
-    match tunnel::send_with(
-        ctx,
+        cfg,
+        &inner,
         &mut s.tunnel,
-        cfg.tunnel_ifindex,
         &e.pod_node,
         RETURN_VNI,
-    ) {
-        Ok(v) => verdict(ctx, reason::RETURN_TUNNELED, v),
-        Err(()) => verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT),
-    }
+        reason::RETURN_TUNNELED,
+    )
 }

@@ -9,7 +9,13 @@ use aya_ebpf::{
     helpers::generated::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     programs::TcContext,
 };
-use egress_common::underlay::{self, Underlay};
+use egress_common::{
+    config::Config,
+    counters::reason,
+    underlay::{self, Underlay},
+};
+
+use crate::counters::{SHOT, verdict};
 
 /// Set by tests only (`EbpfLoader::set_global`): `BPF_PROG_TEST_RUN` has no tunnel
 /// metadata, so the sender is read from `__sk_buff.cb[0..4]` (its 16 underlay bytes as
@@ -82,45 +88,64 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
     })
 }
 
-/// Encapsulate towards `remote` with `vni` and redirect to the tunnel device.
-/// `Err` when the key could not be set.
-#[inline(always)]
-pub fn send(ctx: &TcContext, tunnel_ifindex: u32, remote: &Underlay, vni: u32) -> Result<i32, ()> {
-    let mut slot = MaybeUninit::<bpf_tunnel_key>::uninit();
-    // SAFETY: as above.
-    fill_and_send(
-        ctx,
-        unsafe { crate::mem::zeroed_in(&mut slot) },
-        tunnel_ifindex,
-        remote,
-        vni,
-    )
+/// The packet about to enter the tunnel: where its transport header is, for the MSS clamp.
+pub struct Inner<'a> {
+    pub proto: u8,
+    pub l4_off: usize,
+    pub l4: &'a crate::parse::L4,
+    /// [`IP4_HDR_LEN`] or [`IP6_HDR_LEN`].
+    pub ip_hdr_len: u16,
 }
 
-/// [`send`] with the key built in `key` (the per-CPU scratch slot on the IPv6 paths).
-/// An IPv4-mapped `remote` goes over the IPv4 underlay, anything else over IPv6.
+/// Send the packet into the tunnel towards `remote`, tagged `vni`: clamp a SYN's MSS to
+/// the tunnel, set the key, redirect to the tunnel device. Counted as `sent`, or as
+/// `DROP_TUNNEL_KEY` (and dropped) when the key could not be set. The key is built on the
+/// stack; see [`enter_with`] for the IPv6 paths.
 #[inline(always)]
-pub fn send_with(
+pub fn enter(
     ctx: &TcContext,
-    key: &mut bpf_tunnel_key,
-    tunnel_ifindex: u32,
+    cfg: &Config,
+    inner: &Inner,
     remote: &Underlay,
     vni: u32,
-) -> Result<i32, ()> {
+    sent: u32,
+) -> i32 {
+    let mut slot = MaybeUninit::<bpf_tunnel_key>::uninit();
+    // SAFETY: all-zero is a valid bpf_tunnel_key.
+    let key = unsafe { crate::mem::zeroed_in(&mut slot) };
+    finish(ctx, cfg, inner, key, remote, vni, sent)
+}
+
+/// [`enter`] with the key built in `key` (the per-CPU scratch slot: the IPv6 paths keep
+/// their stack small).
+#[inline(always)]
+pub fn enter_with(
+    ctx: &TcContext,
+    cfg: &Config,
+    inner: &Inner,
+    key: &mut bpf_tunnel_key,
+    remote: &Underlay,
+    vni: u32,
+    sent: u32,
+) -> i32 {
     // SAFETY: as above.
     unsafe { crate::mem::zero(key) };
-    fill_and_send(ctx, key, tunnel_ifindex, remote, vni)
+    finish(ctx, cfg, inner, key, remote, vni, sent)
 }
 
-/// [`send`] with `key` already zeroed.
+/// [`enter`] with `key` zeroed. An IPv4-mapped `remote` goes over the IPv4 underlay,
+/// anything else over IPv6.
 #[inline(always)]
-fn fill_and_send(
+fn finish(
     ctx: &TcContext,
+    cfg: &Config,
+    inner: &Inner,
     key: &mut bpf_tunnel_key,
-    tunnel_ifindex: u32,
     remote: &Underlay,
     vni: u32,
-) -> Result<i32, ()> {
+    sent: u32,
+) -> i32 {
+    clamp_syn(ctx, inner, cfg.tunnel_mtu);
     key.tunnel_id = vni;
     key.tunnel_ttl = 64;
     let flags = match underlay::as_v4(remote) {
@@ -137,9 +162,10 @@ fn fill_and_send(
         bpf_skb_set_tunnel_key(ctx.skb.skb, key, size_of::<bpf_tunnel_key>() as u32, flags)
     };
     if ret != 0 {
-        return Err(());
+        return verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT);
     }
-    Ok(unsafe { bpf_redirect(tunnel_ifindex, 0) } as i32)
+    verdict(ctx, sent, unsafe { bpf_redirect(cfg.tunnel_ifindex, 0) }
+        as i32)
 }
 
 /// IP header lengths without options, for [`clamp_syn`].
@@ -150,21 +176,15 @@ pub const IP6_HDR_LEN: u16 = 40;
 /// segments still fit the tunnel MTU (`tunnel_mtu - IP header - 20`), counted as
 /// `MSS_CLAMPED`. Anything else is left alone.
 #[inline(always)]
-pub fn clamp_syn(
-    ctx: &TcContext,
-    proto: u8,
-    l4_off: usize,
-    l4: &crate::parse::L4,
-    tunnel_mtu: u16,
-    ip_hdr_len: u16,
-) {
-    if proto == crate::parse::PROTO_TCP
-        && l4.tcp_flags & crate::parse::TCP_SYN != 0
+fn clamp_syn(ctx: &TcContext, inner: &Inner, tunnel_mtu: u16) {
+    let mss = tunnel_mtu.saturating_sub(inner.ip_hdr_len + 20);
+    if inner.proto == crate::parse::PROTO_TCP
+        && inner.l4.tcp_flags & crate::parse::TCP_SYN != 0
         && matches!(
-            crate::rewrite::clamp_mss(ctx, l4_off, l4, tunnel_mtu.saturating_sub(ip_hdr_len + 20)),
+            crate::rewrite::clamp_mss(ctx, inner.l4_off, inner.l4, mss),
             Ok(true)
         )
     {
-        crate::counters::count(ctx, egress_common::counters::reason::MSS_CLAMPED);
+        crate::counters::count(ctx, reason::MSS_CLAMPED);
     }
 }
