@@ -2,7 +2,7 @@
 
 use std::{
     fmt::Write as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
 };
 
@@ -236,32 +236,20 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     let name = names::CT_V4;
     let ct: HashMap<MapData, CtKeyV4, CtEntryV4> =
         HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let mut rows: Vec<_> = ct
+    let flows = ct
         .iter()
         .flatten()
         .filter(|(k, _)| k.dir == dir::ORIGINAL)
-        .collect();
-    rows.sort_by_key(|(k, _)| (k.src, k.dst, k.src_port_be, k.dst_port_be));
-    let _ = writeln!(s, "\nconntrack (original direction): {}", rows.len());
-    for (k, v) in rows.iter().take(50) {
-        let _ = writeln!(
-            s,
-            "  {:<4} {}:{} -> {}:{}  as {}:{}  rule {} ifindex {} from node {}",
-            proto(k.proto),
-            ip(k.src),
-            u16::from_be(k.src_port_be),
-            ip(k.dst),
-            u16::from_be(k.dst_port_be),
-            ip(v.xlate_addr),
-            u16::from_be(v.xlate_port_be),
-            v.rule_id,
-            v.ifindex,
-            node(v.pod_node)
-        );
-    }
-    if rows.len() > 50 {
-        let _ = writeln!(s, "  ... {} more", rows.len() - 50);
-    }
+        .map(|(k, v)| Flow {
+            proto: k.proto,
+            src: (IpAddr::from(k.src), k.src_port_be),
+            dst: (IpAddr::from(k.dst), k.dst_port_be),
+            xlate: (IpAddr::from(v.xlate_addr), v.xlate_port_be),
+            rule_id: v.rule_id,
+            ifindex: v.ifindex,
+            pod_node: v.pod_node,
+        });
+    write_flows(&mut s, "conntrack", flows.collect());
 
     if pinned(pin_dir, names::POLICY_V6) {
         render_v6(pin_dir, &mut s)?;
@@ -360,34 +348,57 @@ fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
         let name = names::CT_V6;
         let ct: HashMap<MapData, CtKeyV6, CtEntryV6> = HashMap::try_from(open(pin_dir, name)?)
             .map_err(|source| Error::Map { name, source })?;
-        let mut rows: Vec<_> = ct
+        let flows = ct
             .iter()
             .flatten()
             .filter(|(k, _)| k.dir == dir::ORIGINAL)
-            .collect();
-        rows.sort_by_key(|(k, _)| (k.src, k.dst, k.src_port_be, k.dst_port_be));
-        let _ = writeln!(s, "\nIPv6 conntrack (original direction): {}", rows.len());
-        for (k, v) in rows.iter().take(50) {
-            let _ = writeln!(
-                s,
-                "  {:<6} [{}]:{} -> [{}]:{}  as [{}]:{}  rule {} ifindex {} from node {}",
-                proto(k.proto),
-                ip6(k.src),
-                u16::from_be(k.src_port_be),
-                ip6(k.dst),
-                u16::from_be(k.dst_port_be),
-                ip6(v.xlate_addr),
-                u16::from_be(v.xlate_port_be),
-                v.rule_id,
-                v.ifindex,
-                node(v.pod_node)
-            );
-        }
-        if rows.len() > 50 {
-            let _ = writeln!(s, "  ... {} more", rows.len() - 50);
-        }
+            .map(|(k, v)| Flow {
+                proto: k.proto,
+                src: (IpAddr::from(k.src), k.src_port_be),
+                dst: (IpAddr::from(k.dst), k.dst_port_be),
+                xlate: (IpAddr::from(v.xlate_addr), v.xlate_port_be),
+                rule_id: v.rule_id,
+                ifindex: v.ifindex,
+                pod_node: v.pod_node,
+            });
+        write_flows(s, "IPv6 conntrack", flows.collect());
     }
     Ok(())
+}
+
+/// A conntrack flow (its original-direction entry), of either family. Ports in network
+/// order, as in the map.
+struct Flow {
+    proto: u8,
+    src: (IpAddr, u16),
+    dst: (IpAddr, u16),
+    xlate: (IpAddr, u16),
+    rule_id: u32,
+    ifindex: u32,
+    pod_node: Underlay,
+}
+
+/// The first 50 flows, ordered by addresses and ports, under `title`.
+fn write_flows(s: &mut String, title: &str, mut flows: Vec<Flow>) {
+    let addr = |(ip, port_be): (IpAddr, u16)| SocketAddr::new(ip, u16::from_be(port_be));
+    flows.sort_by_key(|f| (addr(f.src), addr(f.dst)));
+    let _ = writeln!(s, "\n{title} (original direction): {}", flows.len());
+    for f in flows.iter().take(50) {
+        let _ = writeln!(
+            s,
+            "  {:<6} {} -> {}  as {}  rule {} ifindex {} from node {}",
+            proto(f.proto),
+            addr(f.src),
+            addr(f.dst),
+            addr(f.xlate),
+            f.rule_id,
+            f.ifindex,
+            node(f.pod_node)
+        );
+    }
+    if flows.len() > 50 {
+        let _ = writeln!(s, "  ... {} more", flows.len() - 50);
+    }
 }
 
 fn proto(p: u8) -> &'static str {
