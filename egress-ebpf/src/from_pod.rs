@@ -112,8 +112,7 @@ fn selected6(ctx: &TcContext) -> i32 {
 #[inline(never)]
 fn selected(ctx: &TcContext) -> i32 {
     let ip = match parse::ipv4(ctx) {
-        Ok(Some(ip)) => ip,
-        Ok(None) => return OK,
+        Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
     };
     let key = Key::new(

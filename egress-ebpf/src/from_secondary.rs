@@ -32,8 +32,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 #[inline(never)]
 fn run4(ctx: &TcContext) -> i32 {
     let ip = match parse::ipv4(ctx) {
-        Ok(Some(ip)) => ip,
-        Ok(None) => return OK,
+        Ok(ip) => ip,
         // Not parseable, so not known to be ours: the host decides.
         Err(_) => return OK,
     };

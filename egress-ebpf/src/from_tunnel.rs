@@ -29,8 +29,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 #[inline(never)]
 fn run4(ctx: &TcContext) -> i32 {
     let ip = match parse::ipv4(ctx) {
-        Ok(Some(ip)) => ip,
-        Ok(None) => return OK,
+        Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
     };
     let (cfg, meta) = match sender(ctx) {

@@ -110,13 +110,10 @@ pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
     Some(unsafe { core::ptr::read_unaligned((start + IP_SRC_OFF) as *const [u8; 4]) })
 }
 
-/// The IPv4 header, `Ok(None)` when the frame is not IPv4.
+/// The IPv4 header of a frame whose ethertype the caller has already found to be IPv4
+/// ([`ethertype`], [`ipv4_src`]): it is not read again.
 #[inline(always)]
-pub fn ipv4(ctx: &TcContext) -> Result<Option<Ipv4>, Bad> {
-    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).map_err(|_| Bad::Malformed)?;
-    if ethertype != ETH_P_IP_BE {
-        return Ok(None);
-    }
+pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
     let h: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Bad::Malformed)?;
     // network-types' `ihl()` is already in bytes (the field times four).
     let ihl = usize::from(h.ihl());
@@ -129,7 +126,7 @@ pub fn ipv4(ctx: &TcContext) -> Result<Option<Ipv4>, Bad> {
     }
     // More-fragments flag or a non-zero offset.
     let fragment = (h.frag_flags() & 0x1) != 0 || h.frag_offset() != 0;
-    Ok(Some(Ipv4 {
+    Ok(Ipv4 {
         src: h.src_addr,
         dst: h.dst_addr,
         proto: h.proto,
@@ -137,7 +134,7 @@ pub fn ipv4(ctx: &TcContext) -> Result<Option<Ipv4>, Bad> {
         fragment,
         l4: ETH_LEN + ihl,
         tot_len,
-    }))
+    })
 }
 
 /// The transport header of a TCP, UDP or ICMP echo packet.
