@@ -170,6 +170,13 @@ fn full_size_segments_cross_the_ipv6_underlay() {
     // entering the tunnel get their MSS clamped to 1430 - 60.
     let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
     only_underlay(&lab, Underlay::V6);
+    for node in NODES {
+        let o = lab
+            .exec(node, "ip", &["-o", "link", "show", "egress0"])
+            .unwrap();
+        let link = String::from_utf8_lossy(&o.stdout);
+        assert!(link.contains(" mtu 1430 "), "{node}: {link}");
+    }
     let s = lab
         .query_with(
             "w2-p1",
