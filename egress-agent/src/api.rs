@@ -176,6 +176,14 @@ pub struct EgressIpStatus {
     pub ip: String,
     pub node: String,
     pub interface: String,
+    /// RFC 3339 time the holder took the address (as it published it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// Why the address is where it is: `Assigned`, or why the previous holder lost it
+    /// (`HolderUnreachable`, `HolderNotReady`, `HolderDrained`, `HolderInterfaceDown`,
+    /// `HolderNotSelected`, `Reassigned`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The network inventory of one node, published by the agent on that node (name = node
@@ -220,6 +228,23 @@ pub struct EgressNodeStatus {
     #[serde(default, rename = "egressIPs")]
     #[schemars(length(max = 1024))]
     pub egress_ips: Vec<HeldEgressIp>,
+    /// The peers this node's agent probes, and whether it hears them (directly or through
+    /// others). Updated when one dies or comes back, not on every probe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub peers: Vec<PeerLiveness>,
+    /// The agent hears fewer than a majority of its peers and holds nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_off: bool,
+}
+
+/// One peer as a node's agent sees it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerLiveness {
+    #[schemars(length(max = 253))]
+    pub name: String,
+    pub alive: bool,
 }
 
 /// One network interface of a node.
@@ -244,6 +269,20 @@ pub struct HeldEgressIp {
     pub ip: String,
     #[schemars(schema_with = "interface_schema")]
     pub interface: String,
+    /// Ownership generation: each new holder takes the largest it knows + 1, so a stale
+    /// claim (a holder back from the dead) loses to the current one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+    /// RFC 3339 time this node took the address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// Why it moved here (see `EgressIpStatus.reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn ip_schema(_: &mut SchemaGenerator) -> Schema {

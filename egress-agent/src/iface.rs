@@ -660,17 +660,11 @@ const ND_NA_FLAG_OVERRIDE: u8 = 0x20;
 /// The target link-layer address option.
 const ND_OPT_TARGET_LINKADDR: u8 = 2;
 
-/// Announce `ip`, held on `ifindex` whose MAC is `mac`, `count` times `interval` apart:
+/// Announce `ip`, held on `ifindex` whose MAC is `mac`, once at each offset of `at`:
 /// IPv4 with a gratuitous ARP request (sender = target = `ip`, broadcast), IPv6 with an
 /// unsolicited neighbour advertisement to ff02::1 (override flag, target link-layer
 /// address option), both sent raw through an AF_PACKET socket.
-pub async fn announce(
-    ifindex: u32,
-    mac: [u8; 6],
-    ip: IpAddr,
-    count: u32,
-    interval: Duration,
-) -> Result<()> {
+pub async fn announce(ifindex: u32, mac: [u8; 6], ip: IpAddr, at: &[Duration]) -> Result<()> {
     let (what, destination, ethertype, frame) = match ip {
         IpAddr::V4(v4) => (
             "gratuitous ARP",
@@ -691,10 +685,9 @@ pub async fn announce(
         object: object(),
         error,
     })?;
-    for n in 0..count {
-        if n > 0 {
-            tokio::time::sleep(interval).await;
-        }
+    let start = tokio::time::Instant::now();
+    for offset in at {
+        tokio::time::sleep_until(start + *offset).await;
         socket
             .send(ifindex, destination, ethertype, &frame)
             .map_err(|error| Error::Os {
@@ -1269,9 +1262,18 @@ mod tests {
             let receiver = Receiver::open(peer, ETH_P_ARP);
 
             let held = Ipv4Addr::new(192, 0, 2, 77);
-            announce(index, mac, IpAddr::V4(held), 3, Duration::from_millis(20))
-                .await
-                .expect("announce");
+            announce(
+                index,
+                mac,
+                IpAddr::V4(held),
+                &[
+                    Duration::ZERO,
+                    Duration::from_millis(20),
+                    Duration::from_millis(40),
+                ],
+            )
+            .await
+            .expect("announce");
 
             let frames = receiver.frames(Duration::from_millis(600), |_| true);
             assert_eq!(frames.len(), 3, "{frames:02x?}");
@@ -1301,9 +1303,14 @@ mod tests {
             let receiver = Receiver::open(peer, ETH_P_IPV6);
 
             let held = Ipv6Addr::from_str("2001:db8::77").expect("literal");
-            announce(index, mac, IpAddr::V6(held), 2, Duration::from_millis(20))
-                .await
-                .expect("announce");
+            announce(
+                index,
+                mac,
+                IpAddr::V6(held),
+                &[Duration::ZERO, Duration::from_millis(20)],
+            )
+            .await
+            .expect("announce");
 
             // The veth ends send their own router solicitations and DAD probes: keep NAs.
             let frames = receiver.frames(Duration::from_millis(600), |f| {

@@ -10,5 +10,6 @@ pub mod datapath;
 pub mod desired;
 pub mod ebpf;
 pub mod iface;
+pub mod liveness;
 pub mod metrics;
 pub mod source;

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use egress_agent::{agent, api, check, datapath, ebpf};
+use egress_agent::{agent, api, check, datapath, ebpf, liveness};
 use egress_common::config::{DEFAULT_PORT_MAX, DEFAULT_PORT_MIN, DEFAULT_TUNNEL_PORT};
 
 #[derive(Parser)]
@@ -67,6 +67,24 @@ enum Command {
         /// Full resync interval in seconds, on top of change notifications.
         #[arg(long, default_value_t = 10)]
         resync_secs: u64,
+        /// Milliseconds between two liveness probes (hellos) to each peer.
+        #[arg(long, env = "EGRESS_PROBE_INTERVAL_MS", default_value_t = 100,
+              value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        probe_interval_ms: u64,
+        /// Probes missed in a row before a peer counts as unreachable (detection time =
+        /// interval x misses, plus one interval for what other nodes relay).
+        #[arg(long, env = "EGRESS_PROBE_MISSES", default_value_t = 3,
+              value_parser = clap::value_parser!(u32).range(1..=100))]
+        probe_misses: u32,
+        /// UDP port of the liveness probes on the underlay; default: the tunnel port + 1.
+        #[arg(long, env = "EGRESS_PROBE_PORT")]
+        probe_port: Option<u16>,
+    },
+    /// Print a running agent's view: the egress IPs it holds, its peers (alive, round
+    /// trip), every holder and why (from its --metrics-addr).
+    Status {
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        metrics_addr: SocketAddr,
     },
     /// Print an agent's maps, conntrack and counters in human terms.
     Maps {
@@ -120,6 +138,9 @@ fn real_main() -> Result<ExitCode> {
             port_max,
             metrics_addr,
             resync_secs,
+            probe_interval_ms,
+            probe_misses,
+            probe_port,
         } => {
             anyhow::ensure!(
                 port_min <= port_max,
@@ -140,6 +161,11 @@ fn real_main() -> Result<ExitCode> {
                 port_max,
                 metrics_addr,
                 resync: Duration::from_secs(resync_secs.max(1)),
+                probe: liveness::Settings {
+                    interval: Duration::from_millis(probe_interval_ms),
+                    misses: probe_misses,
+                },
+                probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -147,6 +173,10 @@ fn real_main() -> Result<ExitCode> {
                 .build()
                 .context("failed to start the runtime")?
                 .block_on(agent::run(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { metrics_addr } => {
+            print!("{}", fetch_status(metrics_addr)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Maps { bpffs_dir } => {
@@ -175,4 +205,23 @@ fn real_main() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// GET /status from a running agent's metrics endpoint.
+fn fetch_status(addr: SocketAddr) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let timeout = Duration::from_secs(5);
+    let mut sock = std::net::TcpStream::connect_timeout(&addr, timeout).with_context(|| {
+        format!("failed to reach the agent at {addr}: is it running with --metrics-addr {addr}?")
+    })?;
+    sock.set_read_timeout(Some(timeout))?;
+    sock.write_all(b"GET /status HTTP/1.0\r\n\r\n")?;
+    let mut resp = String::new();
+    sock.read_to_string(&mut resp)
+        .with_context(|| format!("failed to read the status from {addr}"))?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .with_context(|| format!("failed to read the status from {addr}: not HTTP"))?;
+    Ok(body)
 }

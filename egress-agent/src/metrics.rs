@@ -9,6 +9,8 @@ use std::{
     time::Duration,
 };
 
+use std::{collections::BTreeMap, sync::atomic::AtomicU64};
+
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -19,7 +21,7 @@ use tokio::{
     net::TcpListener,
 };
 
-use crate::datapath::dump;
+use crate::{datapath::dump, liveness::PeerStatus};
 
 /// What the reconcile loop reports.
 #[derive(Clone, Debug, Default)]
@@ -30,8 +32,45 @@ pub struct Stats {
     pub problems: usize,
     pub source_errors: usize,
     pub last_reconcile: Duration,
-    /// (egress IP, node, interface)
-    pub holders: Vec<(String, String, String)>,
+    /// Every egress address in use, cluster-wide, as this node computes it.
+    pub holders: Vec<HolderStat>,
+    pub liveness: LivenessStats,
+}
+
+/// One egress address and where it lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HolderStat {
+    pub ip: String,
+    pub node: String,
+    pub interface: String,
+    /// Why it is there (`compiler::move_reason`).
+    pub reason: String,
+}
+
+/// An egress IP this node holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldStat {
+    pub ip: String,
+    pub interface: String,
+    pub epoch: u64,
+    pub since: String,
+    pub reason: String,
+}
+
+/// What the probes and the holder election did on this node.
+#[derive(Clone, Debug, Default)]
+pub struct LivenessStats {
+    pub peers: Vec<PeerStatus>,
+    /// This node hears too few peers and holds nothing.
+    pub cut_off: bool,
+    /// Hellos refused (unknown sender, wrong address, stale, malformed).
+    pub refused: u64,
+    /// Peers declared dead so far, and the silence before the last one.
+    pub detections: u64,
+    pub last_detection: Option<Duration>,
+    /// Egress IPs this node took, by reason.
+    pub acquired: BTreeMap<String, u64>,
+    pub held: Vec<HeldStat>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,6 +82,16 @@ struct ReasonLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     map: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MoveLabels {
+    reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,12 +129,12 @@ pub fn render(pin_dir: &std::path::Path, stats: &Stats) -> String {
     }
     reg.register("map_entries", "Entries per BPF map", entries);
     let holders = Family::<HolderLabels, Gauge>::default();
-    for (ip, node, interface) in &stats.holders {
+    for h in &stats.holders {
         holders
             .get_or_create(&HolderLabels {
-                ip: ip.clone(),
-                node: node.clone(),
-                interface: interface.clone(),
+                ip: h.ip.clone(),
+                node: h.node.clone(),
+                interface: h.interface.clone(),
             })
             .set(1);
     }
@@ -120,9 +169,127 @@ pub fn render(pin_dir: &std::path::Path, stats: &Stats) -> String {
         "Duration of the last reconcile",
         g(u64::try_from(stats.last_reconcile.as_micros()).unwrap_or(u64::MAX)),
     );
+    register_liveness(&mut reg, &stats.liveness);
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         let _ = writeln!(out, "# failed to encode metrics");
+    }
+    out
+}
+
+fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
+    let alive = Family::<PeerLabels, Gauge>::default();
+    let rtt = Family::<PeerLabels, Gauge<f64, AtomicU64>>::default();
+    for p in &l.peers {
+        let labels = PeerLabels {
+            peer: p.name.clone(),
+        };
+        alive.get_or_create(&labels).set(i64::from(p.alive));
+        if let Some(r) = p.rtt {
+            rtt.get_or_create(&labels).set(r.as_secs_f64());
+        }
+    }
+    reg.register(
+        "peer_alive",
+        "1 if the peer is heard (directly or through others), else 0",
+        alive,
+    );
+    reg.register(
+        "probe_rtt_seconds",
+        "Round trip of the last probe answered by each peer",
+        rtt,
+    );
+    let g = Gauge::<i64>::default();
+    g.set(l.peers.iter().filter(|p| p.alive).count() as i64);
+    reg.register("peers_alive", "Peers heard", g);
+    let g = Gauge::<i64>::default();
+    g.set(i64::from(l.cut_off));
+    reg.register(
+        "cut_off",
+        "1 if this node hears fewer than a majority of its peers (it holds nothing)",
+        g,
+    );
+    let c = Counter::<u64>::default();
+    c.inc_by(l.refused);
+    reg.register("probes_refused", "Hellos refused", c);
+    let c = Counter::<u64>::default();
+    c.inc_by(l.detections);
+    reg.register("peer_deaths", "Peers declared unreachable", c);
+    let g = Gauge::<f64, AtomicU64>::default();
+    g.set(l.last_detection.map_or(0.0, |d| d.as_secs_f64()));
+    reg.register(
+        "detection_seconds",
+        "Silence before the last peer was declared unreachable",
+        g,
+    );
+    let moves = Family::<MoveLabels, Counter>::default();
+    for (reason, n) in &l.acquired {
+        moves
+            .get_or_create(&MoveLabels {
+                reason: reason.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "failovers",
+        "Egress IPs this node took, by reason (Assigned: first holder)",
+        moves,
+    );
+}
+
+/// `egress-agent status`: holders, peers and why, in human terms.
+pub fn status_text(stats: &Stats) -> String {
+    let mut out = String::new();
+    let l = &stats.liveness;
+    let _ = writeln!(
+        out,
+        "this node: {}",
+        if l.cut_off {
+            "CUT OFF (hears fewer than a majority of its peers; holds nothing)"
+        } else {
+            "connected"
+        }
+    );
+    let _ = writeln!(out, "\nheld here:");
+    if l.held.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for h in &l.held {
+        let _ = writeln!(
+            out,
+            "  {:<40} {:<10} epoch {:<4} since {}  {}",
+            h.ip, h.interface, h.epoch, h.since, h.reason
+        );
+    }
+    let _ = writeln!(out, "\npeers:");
+    for p in &l.peers {
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<6} {:<9} last heard {:>8}  rtt {:>8}",
+            p.name,
+            if p.alive { "alive" } else { "DEAD" },
+            if p.direct { "direct" } else { "indirect" },
+            p.last_heard
+                .map_or("never".to_owned(), |d| format!("{} ms", d.as_millis())),
+            p.rtt
+                .map_or("-".to_owned(), |d| format!("{} us", d.as_micros())),
+        );
+    }
+    let _ = writeln!(out, "\nholders (cluster-wide, as this node computes them):");
+    for h in &stats.holders {
+        let _ = writeln!(
+            out,
+            "  {:<40} {:<20} {:<10} {}",
+            h.ip, h.node, h.interface, h.reason
+        );
+    }
+    if let Some(d) = l.last_detection {
+        let _ = writeln!(
+            out,
+            "\npeers declared unreachable: {} (last after {} ms of silence)",
+            l.detections,
+            d.as_millis()
+        );
     }
     out
 }
@@ -154,6 +321,7 @@ pub async fn serve(
                 let (status, body) = match path {
                     "/metrics" => ("200 OK", render(&pin_dir, &snapshot)),
                     "/healthz" => ("200 OK", "ok\n".to_owned()),
+                    "/status" => ("200 OK", status_text(&snapshot)),
                     "/readyz" if snapshot.ready => ("200 OK", "ready\n".to_owned()),
                     "/readyz" => ("503 Service Unavailable", "not ready\n".to_owned()),
                     _ => ("404 Not Found", "not found\n".to_owned()),

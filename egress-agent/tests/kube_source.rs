@@ -808,6 +808,7 @@ fn status(ready: &str) -> PolicyStatus {
             ip: "198.51.100.10".to_owned(),
             node: "gw-1".to_owned(),
             interface: "ens224".to_owned(),
+            ..Default::default()
         }],
     }
 }

@@ -23,6 +23,7 @@ use crate::{
     desired::{
         Desired, GatewayRuleV4, GatewayRuleV6, HeldIpV4, PolicyAction, PolicyEntryV4, PolicyEntryV6,
     },
+    liveness::{PeerView, Report},
     source::ClusterView,
 };
 
@@ -71,6 +72,43 @@ pub mod reason {
     pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";
 }
 
+/// Why an egress IP is held where it is (stable: `EgressIpStatus.reason`, Events and the
+/// `egress_failovers_total` metric use them).
+pub mod move_reason {
+    /// No node held it before.
+    pub const ASSIGNED: &str = "Assigned";
+    /// The previous holder stopped answering probes (dead, or cut off from the others).
+    pub const HOLDER_UNREACHABLE: &str = "HolderUnreachable";
+    pub const HOLDER_NOT_READY: &str = "HolderNotReady";
+    /// The previous holder is drained (`egress.dev/drain: "true"`) or cordoned.
+    pub const HOLDER_DRAINED: &str = "HolderDrained";
+    /// The previous holder's interface for the address is down or gone.
+    pub const HOLDER_INTERFACE_DOWN: &str = "HolderInterfaceDown";
+    /// The previous holder is no longer selected by the policy's gatewaySelector.
+    pub const HOLDER_NOT_SELECTED: &str = "HolderNotSelected";
+    /// Anything else (the policy changed, several nodes claimed it).
+    pub const REASSIGNED: &str = "Reassigned";
+
+    pub const ALL: [&str; 7] = [
+        ASSIGNED,
+        HOLDER_UNREACHABLE,
+        HOLDER_NOT_READY,
+        HOLDER_DRAINED,
+        HOLDER_INTERFACE_DOWN,
+        HOLDER_NOT_SELECTED,
+        REASSIGNED,
+    ];
+
+    /// The constant spelled `text`, if any.
+    pub fn parse(text: &str) -> Option<&'static str> {
+        ALL.into_iter().find(|r| *r == text)
+    }
+}
+
+/// The annotation that drains a gateway: its egress IPs move away (a planned move), as
+/// they do when the node is cordoned.
+pub const DRAIN_ANNOTATION: &str = "egress.dev/drain";
+
 /// What the compiler derived for this node and for the cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Compiled {
@@ -98,6 +136,10 @@ pub struct Holder {
     pub rule_id: u32,
     /// The gateway's own address (an `interface:` rule), not a dedicated egress IP.
     pub shared: bool,
+    /// Ownership generation of a dedicated egress IP (0 for a shared address).
+    pub epoch: u64,
+    /// Why it is held there (see [`move_reason`]).
+    pub reason: &'static str,
 }
 
 /// The object a [`Problem`] is about.
@@ -145,12 +187,47 @@ pub fn node_underlay(node: &Node) -> Option<IpAddr> {
         .find_map(|a| a.address.parse::<IpAddr>().ok())
 }
 
+/// Is the node drained (the [`DRAIN_ANNOTATION`] is `"true"`) or cordoned?
+pub fn node_drained(node: &Node) -> bool {
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DRAIN_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    annotated || cordoned
+}
+
 /// Is the node's `Ready` condition `True`?
 pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Nodes that some policy's gatewaySelector matches (invalid selectors match nothing):
+/// the gateways every agent probes.
+pub fn gateway_candidates(view: &ClusterView) -> BTreeSet<String> {
+    let selectors: Vec<Selector> = view
+        .policies
+        .iter()
+        .filter_map(|p| Selector::new(&p.spec.gateway_selector, "spec.gatewaySelector").ok())
+        .collect();
+    view.nodes
+        .iter()
+        .filter(|n| {
+            let empty = BTreeMap::new();
+            let labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+            selectors.iter().any(|s| s.matches(labels))
+        })
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
 }
 
 /// Pod IPv4 addresses (`status.podIPs`, else `status.podIP`), invalid ones left out.
@@ -188,6 +265,10 @@ struct NodeInfo<'a> {
     labels: BTreeMap<String, String>,
     underlay: Option<IpAddr>,
     ready: bool,
+    /// Drained or cordoned: holds nothing new and gives up what it holds.
+    drained: bool,
+    /// Not heard by this node's probes (or this node itself, cut off).
+    dead: bool,
     /// Every address the node has (Node addresses, EgressNode underlay and interface
     /// addresses, minus the egress IPs it holds), with where it was seen.
     own_addresses: Vec<(IpAddr, String)>,
@@ -198,21 +279,28 @@ struct NodeInfo<'a> {
 struct EgressInfo {
     /// Up interfaces, by name: (address, network) in listed order.
     interfaces: BTreeMap<String, Vec<IpNet>>,
-    /// Egress IPs it holds now.
-    held: BTreeSet<IpAddr>,
+    /// Egress IPs it holds now, with their epochs.
+    held: BTreeMap<IpAddr, u64>,
+    /// When and why it took them, as it published in its EgressNode: by address.
+    held_meta: BTreeMap<IpAddr, (u64, Option<String>, Option<String>)>,
 }
 
 impl EgressInfo {
-    fn new(en: &EgressNode) -> Self {
+    /// What the EgressNode says, corrected by the node's latest hello (`report`): the
+    /// interfaces it reports down are down, and it holds what it claims.
+    fn new(en: &EgressNode, report: Option<&Report>) -> Self {
         let mut interfaces = BTreeMap::new();
-        let mut held = BTreeSet::new();
+        let mut held = BTreeMap::new();
+        let mut held_meta = BTreeMap::new();
         if let Some(status) = &en.status {
-            held = status
-                .egress_ips
-                .iter()
-                .filter_map(|h| h.ip.parse::<IpAddr>().ok())
-                .collect();
-            for iface in status.interfaces.iter().filter(|i| i.up) {
+            for h in &status.egress_ips {
+                if let Ok(ip) = h.ip.parse::<IpAddr>() {
+                    held.insert(ip, h.epoch);
+                    held_meta.insert(ip, (h.epoch, h.since.clone(), h.reason.clone()));
+                }
+            }
+            let down = |name: &str| report.is_some_and(|r| r.down.contains(name));
+            for iface in status.interfaces.iter().filter(|i| i.up && !down(&i.name)) {
                 let nets: Vec<IpNet> = iface
                     .addresses
                     .iter()
@@ -224,7 +312,14 @@ impl EgressInfo {
                     .extend(nets);
             }
         }
-        Self { interfaces, held }
+        if let Some(r) = report {
+            held = r.claims.iter().map(|(ip, c)| (*ip, c.epoch)).collect();
+        }
+        Self {
+            interfaces,
+            held,
+            held_meta,
+        }
     }
 
     /// The interface whose subnet contains `ip` (first by name) and that subnet's prefix
@@ -244,7 +339,7 @@ impl EgressInfo {
             .get(interface)?
             .iter()
             .find(|net| {
-                net.addr().is_ipv6() == v6 && usable(net) && !self.held.contains(&net.addr())
+                net.addr().is_ipv6() == v6 && usable(net) && !self.held.contains_key(&net.addr())
             })
             .map(|net| (net.addr(), net.prefix_len()))
     }
@@ -312,6 +407,25 @@ struct GatewayAddr {
     interface: String,
     ip: IpAddr,
     prefix_len: u8,
+    /// The holding (dedicated addresses): its epoch, why, and since when (as published).
+    epoch: u64,
+    reason: &'static str,
+    since: Option<String>,
+}
+
+impl GatewayAddr {
+    fn new(node: &NodeInfo<'_>, underlay: IpAddr, interface: &str, ip: IpAddr, len: u8) -> Self {
+        Self {
+            node: node.name.to_owned(),
+            underlay,
+            interface: interface.to_owned(),
+            ip,
+            prefix_len: len,
+            epoch: 0,
+            reason: move_reason::ASSIGNED,
+            since: None,
+        }
+    }
 }
 
 /// Conditions being built for one policy.
@@ -333,8 +447,16 @@ fn family_name(v6: bool) -> &'static str {
     if v6 { "IPv6" } else { "IPv4" }
 }
 
-/// Compile `view` for the node named `node_name`.
+/// Compile `view` for the node named `node_name`, without liveness probes (every node
+/// with an EgressNode counts as alive): what `egress-agent check` and tests see.
 pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
+    compile_with(view, &PeerView::default(), node_name)
+}
+
+/// Compile `view` for the node named `node_name`, with what its probes tell (`peers`):
+/// dead gateways are not eligible, hellos correct the EgressNodes (interfaces down, IPs
+/// held).
+pub fn compile_with(view: &ClusterView, peers: &PeerView, node_name: &str) -> Compiled {
     let mut out = Compiled::default();
     let mut problems: Vec<Problem> = Vec::new();
 
@@ -350,7 +472,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
         .filter_map(|node| {
             let name = node.metadata.name.as_deref()?;
             let en = egress_by_name.get(name).copied();
-            let egress = en.map(EgressInfo::new);
+            let egress = en.map(|en| EgressInfo::new(en, peers.reports.get(name)));
             let mut own_addresses = Vec::new();
             for a in node
                 .status
@@ -368,7 +490,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                 if let Some(info) = &egress {
                     for (iface, nets) in &info.interfaces {
                         for net in nets {
-                            if !info.held.contains(&net.addr()) {
+                            if !info.held.contains_key(&net.addr()) {
                                 own_addresses.push((net.addr(), format!("interface {iface}")));
                             }
                         }
@@ -380,6 +502,8 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                 labels: node.metadata.labels.clone().unwrap_or_default(),
                 underlay: node_underlay(node),
                 ready: node_ready(node),
+                drained: node_drained(node),
+                dead: peers.dead.contains(name),
                 own_addresses,
                 egress,
             })
@@ -542,13 +666,25 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
 
         // Eligible gateways.
         let mut eligible: Vec<&NodeInfo<'_>> = Vec::new();
+        let mut candidate_names: BTreeSet<&str> = BTreeSet::new();
         if let Some(gw_sel) = &gw_sel {
             let candidates: Vec<&NodeInfo<'_>> =
                 nodes.iter().filter(|n| gw_sel.matches(&n.labels)).collect();
+            candidate_names = candidates.iter().map(|n| n.name).collect();
             let mut why_not = Vec::new();
             for node in &candidates {
                 if !node.ready {
                     why_not.push(format!("{} is not Ready", node.name));
+                } else if node.dead {
+                    why_not.push(format!(
+                        "{} is unreachable (no probe heard within the detection time)",
+                        node.name
+                    ));
+                } else if node.drained {
+                    why_not.push(format!(
+                        "{} is drained ({DRAIN_ANNOTATION} or cordoned)",
+                        node.name
+                    ));
                 } else if node.egress.is_none() {
                     why_not.push(format!(
                         "{} has no EgressNode (is its agent running?)",
@@ -637,17 +773,14 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                         .iter()
                         .filter_map(|n| {
                             let (iface, prefix_len) = n.egress.as_ref()?.hosting_interface(ip)?;
-                            Some(GatewayAddr {
-                                node: n.name.to_owned(),
-                                underlay: n.underlay?,
-                                interface: iface.to_owned(),
-                                ip,
-                                prefix_len,
-                            })
+                            Some(GatewayAddr::new(n, n.underlay?, iface, ip, prefix_len))
                         })
                         .collect();
                     let holder = if let Some((placed_at, decider)) = placed.get(&ip) {
-                        let agreed = hosts.iter().find(|h| h.node == placed_at.node).cloned();
+                        let agreed = hosts
+                            .iter()
+                            .any(|h| h.node == placed_at.node)
+                            .then(|| placed_at.clone());
                         if agreed.is_none() {
                             report.unready.push((
                                 reason::EGRESS_IP_IN_USE.to_owned(),
@@ -670,7 +803,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                         ));
                         None
                     } else {
-                        let chosen = choose_holder(ip, &hosts, &nodes);
+                        let chosen = choose_holder(ip, &hosts, &nodes, &candidate_names);
                         if let Some(h) = &chosen {
                             placed.insert(ip, (h.clone(), name.clone()));
                         }
@@ -686,13 +819,7 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                                 n.egress.as_ref()?.own_address(interface, checked.v6)?;
                             Some((
                                 n.name.to_owned(),
-                                GatewayAddr {
-                                    node: n.name.to_owned(),
-                                    underlay: n.underlay?,
-                                    interface: interface.clone(),
-                                    ip,
-                                    prefix_len,
-                                },
+                                GatewayAddr::new(n, n.underlay?, interface, ip, prefix_len),
                             ))
                         })
                         .collect();
@@ -745,11 +872,15 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
                     rule: plan.index,
                     rule_id: plan.rule_id,
                     shared,
+                    epoch: g.epoch,
+                    reason: g.reason,
                 });
                 ips.insert(EgressIpStatus {
                     ip: g.ip.to_string(),
                     node: g.node.clone(),
                     interface: g.interface.clone(),
+                    since: (!shared).then(|| g.since.clone()).flatten(),
+                    reason: (!shared).then(|| g.reason.to_owned()),
                 });
                 if g.node == node_name {
                     let held = HeldIpV4 {
@@ -1080,23 +1211,76 @@ fn entry_for(plan: &RulePlan, ip: IpAddr, failure_policy: FailurePolicy) -> Entr
     }
 }
 
-/// The holder of dedicated egress IP `ip` among `hosts` (all eligible): a node that holds
-/// it now stays; otherwise the rendezvous winner.
-fn choose_holder(ip: IpAddr, hosts: &[GatewayAddr], nodes: &[NodeInfo<'_>]) -> Option<GatewayAddr> {
-    let holds = |h: &&GatewayAddr| {
+/// The holder of dedicated egress IP `ip` among `hosts` (all eligible; `selected`: the
+/// nodes the policy's gatewaySelector matches). Sticky: of the hosts that claim it, the
+/// newest claim (largest epoch; a holder back from the dead has an older one) keeps it.
+/// Otherwise the rendezvous winner takes it with the largest epoch anyone claimed + 1,
+/// and the reason says why the last claimant lost it.
+fn choose_holder(
+    ip: IpAddr,
+    hosts: &[GatewayAddr],
+    nodes: &[NodeInfo<'_>],
+    selected: &BTreeSet<&str>,
+) -> Option<GatewayAddr> {
+    let octets = ip_bytes(ip);
+    let claim = |name: &str| {
         nodes
             .iter()
-            .any(|n| n.name == h.node && n.egress.as_ref().is_some_and(|e| e.held.contains(&ip)))
+            .find(|n| n.name == name)
+            .and_then(|n| n.egress.as_ref()?.held.get(&ip).copied())
     };
-    let current: Vec<&GatewayAddr> = hosts.iter().filter(holds).collect();
-    let pool: Vec<&GatewayAddr> = if current.is_empty() {
-        hosts.iter().collect()
-    } else {
-        current
+    let claimants: Vec<(&GatewayAddr, u64)> = hosts
+        .iter()
+        .filter_map(|h| Some((h, claim(&h.node)?)))
+        .collect();
+    if let Some(newest) = claimants.iter().map(|(_, e)| *e).max() {
+        let pool: Vec<&GatewayAddr> = claimants
+            .iter()
+            .filter(|(_, e)| *e == newest)
+            .map(|(h, _)| *h)
+            .collect();
+        let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
+        let mut g = pool.into_iter().find(|h| h.node == node)?.clone();
+        g.epoch = newest;
+        let published = nodes
+            .iter()
+            .find(|n| n.name == node)
+            .and_then(|n| n.egress.as_ref()?.held_meta.get(&ip).cloned());
+        if let Some((epoch, since, why)) = published
+            && epoch == newest
+        {
+            g.since = since;
+            g.reason = why
+                .as_deref()
+                .and_then(move_reason::parse)
+                .unwrap_or(move_reason::ASSIGNED);
+        }
+        return Some(g);
+    }
+    // The last claimant, wherever it is: the one with the newest claim.
+    let last = nodes
+        .iter()
+        .filter_map(|n| Some((n.egress.as_ref()?.held.get(&ip).copied()?, n)))
+        .max_by(|(a, na), (b, nb)| a.cmp(b).then(nb.name.cmp(na.name)));
+    let node = hash::rendezvous(&[&octets], hosts.iter().map(|h| h.node.as_str()))?;
+    let mut g = hosts.iter().find(|h| h.node == node)?.clone();
+    g.epoch = last.map_or(1, |(e, _)| e + 1);
+    g.reason = match last {
+        None => move_reason::ASSIGNED,
+        Some((_, n)) if n.dead => move_reason::HOLDER_UNREACHABLE,
+        Some((_, n)) if !n.ready => move_reason::HOLDER_NOT_READY,
+        Some((_, n)) if n.drained => move_reason::HOLDER_DRAINED,
+        Some((_, n)) if !selected.contains(n.name) => move_reason::HOLDER_NOT_SELECTED,
+        Some((_, n))
+            if n.egress
+                .as_ref()
+                .is_none_or(|e| e.hosting_interface(ip).is_none()) =>
+        {
+            move_reason::HOLDER_INTERFACE_DOWN
+        }
+        Some(_) => move_reason::REASSIGNED,
     };
-    let octets = ip_bytes(ip);
-    let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
-    pool.into_iter().find(|h| h.node == node).cloned()
+    Some(g)
 }
 
 /// A rule after static checks.

@@ -100,8 +100,10 @@ fn egress_node(name: &str, interfaces: &[(&str, &[&str])], held: &[(&str, &str)]
             .map(|(ip, iface)| HeldEgressIp {
                 ip: (*ip).to_owned(),
                 interface: (*iface).to_owned(),
+                ..Default::default()
             })
             .collect(),
+        ..Default::default()
     });
     en
 }
@@ -421,7 +423,9 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
     assert!(st.egress_ips.contains(&EgressIpStatus {
         ip: "198.51.100.10".to_owned(),
         node: holder.clone(),
-        interface: "ens224".to_owned()
+        interface: "ens224".to_owned(),
+        since: None,
+        reason: Some("Assigned".to_owned()),
     }));
     assert_eq!(st.egress_ips.len(), 3, "one dedicated, two shared: {st:?}");
 }
@@ -587,7 +591,9 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
     assert!(st.egress_ips.contains(&EgressIpStatus {
         ip: "2001:db8:a::10".to_owned(),
         node: holder6.clone(),
-        interface: "ens224".to_owned()
+        interface: "ens224".to_owned(),
+        since: None,
+        reason: Some("Assigned".to_owned()),
     }));
     assert_eq!(st.egress_ips.len(), 6, "two dedicated, four shared: {st:?}");
 }
@@ -1157,6 +1163,8 @@ rules:
             .map(|h| HeldEgressIp {
                 ip: h.ip.to_string(),
                 interface: h.interface.clone(),
+                epoch: h.epoch,
+                ..Default::default()
             })
             .collect();
         if let Some(st) = &mut en.status {

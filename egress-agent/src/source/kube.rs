@@ -601,7 +601,7 @@ fn with_transition_times(
 }
 
 /// RFC 3339 UTC, to the second, as Kubernetes writes times.
-fn now_rfc3339() -> String {
+pub fn now_rfc3339() -> String {
     Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 

@@ -925,7 +925,9 @@ metadata: {name: two}
             egress_ips: vec![HeldEgressIp {
                 ip: "198.51.100.10".to_owned(),
                 interface: "ens224".to_owned(),
+                ..Default::default()
             }],
+            ..Default::default()
         });
         node
     }

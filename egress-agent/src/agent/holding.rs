@@ -1,0 +1,259 @@
+//! Holding egress IPs on this node, ordered so that no kernel ever sees a packet to an
+//! egress IP that the datapath does not claim (the kernel would answer it with a RST):
+//!
+//! * **acquire**: maps first (the rule, and the egress IP in `EGRESS_IPS_*`, so that
+//!   `from_secondary` drops replies without conntrack instead of handing them to the
+//!   stack), then `from_secondary` attached, then the address, then announcements;
+//! * **release**: the address first, then the maps, after a linger: for [`LINGER`] the
+//!   released IP's rules and `EGRESS_IPS` entry stay, so packets still reaching this node
+//!   (source nodes that have not moved yet, neighbours with a stale cache) are translated
+//!   with the flow's conntrack entry or dropped, never answered by the host;
+//! * **handover**: an address another live node still claims (a planned move, where the
+//!   old holder releases on its own) is added only once that claim is gone, or after the
+//!   detection time at most, so two nodes do not answer ARP for it at once.
+//!
+//! Decisions here are pure functions over plain data; `agent::Reconciler` acts on them.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIpV4},
+    liveness::{Claim, PeerView},
+};
+
+/// How long a released egress IP keeps serving what still reaches this node.
+pub const LINGER: Duration = Duration::from_secs(10);
+
+/// When a new holder announces an address (gratuitous ARP, unsolicited neighbour
+/// advertisement), after adding it: at once, then again for neighbours that missed it or
+/// keep long ARP timers.
+pub const ANNOUNCE_AT: [Duration; 5] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+/// An egress IP this node holds: on which interface, its epoch, since when and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    pub interface: String,
+    pub epoch: u64,
+    /// RFC 3339.
+    pub since: String,
+    pub reason: String,
+}
+
+/// What a dedicated egress IP needs in the gateway-side maps of this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GatewayPart {
+    pub held: Option<HeldIpV4>,
+    pub rules_v4: BTreeMap<u32, GatewayRuleV4>,
+    pub rules_v6: BTreeMap<u32, GatewayRuleV6>,
+}
+
+/// A released egress IP still served from the maps until `until`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lingering {
+    pub until: Instant,
+    pub part: GatewayPart,
+}
+
+/// The gateway-side map contents of every dedicated egress IP in `desired`, by address.
+pub fn gateway_parts(desired: &Desired) -> BTreeMap<IpAddr, GatewayPart> {
+    let mut out: BTreeMap<IpAddr, GatewayPart> = BTreeMap::new();
+    for (ip, h) in &desired.egress_ips_v4 {
+        if !h.shared {
+            out.entry(IpAddr::V4(*ip)).or_default().held = Some(h.clone());
+        }
+    }
+    for (ip, h) in &desired.egress_ips_v6 {
+        if !h.shared {
+            out.entry(IpAddr::V6(*ip)).or_default().held = Some(h.clone());
+        }
+    }
+    for (id, r) in &desired.rules_v4 {
+        if let Some(p) = out.get_mut(&IpAddr::V4(r.egress_ip)) {
+            p.rules_v4.insert(*id, r.clone());
+        }
+    }
+    for (id, r) in &desired.rules_v6 {
+        if let Some(p) = out.get_mut(&IpAddr::V6(r.egress_ip)) {
+            p.rules_v6.insert(*id, r.clone());
+        }
+    }
+    out
+}
+
+/// `desired` with the lingering IPs' entries added where nothing current takes their
+/// place (an address or rule id in use now wins).
+pub fn with_lingering(desired: &Desired, lingering: &BTreeMap<IpAddr, Lingering>) -> Desired {
+    let mut out = desired.clone();
+    for (ip, l) in lingering {
+        let Some(held) = &l.part.held else { continue };
+        let fresh = match ip {
+            IpAddr::V4(a) => !out.egress_ips_v4.contains_key(a),
+            IpAddr::V6(a) => !out.egress_ips_v6.contains_key(a),
+        };
+        if !fresh {
+            continue;
+        }
+        match ip {
+            IpAddr::V4(a) => {
+                out.egress_ips_v4.insert(*a, held.clone());
+            }
+            IpAddr::V6(a) => {
+                out.egress_ips_v6.insert(*a, held.clone());
+            }
+        }
+        out.egress_interfaces.insert(held.interface.clone());
+        for (id, r) in &l.part.rules_v4 {
+            out.rules_v4.entry(*id).or_insert_with(|| r.clone());
+        }
+        for (id, r) in &l.part.rules_v6 {
+            out.rules_v6.entry(*id).or_insert_with(|| r.clone());
+        }
+    }
+    out
+}
+
+/// Another live node that still claims `ip` in its hellos (it is on its way out: the
+/// compiler chose this node), if any.
+pub fn other_claimant<'a>(ip: IpAddr, me: &str, peers: &'a PeerView) -> Option<&'a str> {
+    peers
+        .reports
+        .iter()
+        .filter(|(n, r)| n.as_str() != me && !r.cut_off && !peers.dead.contains(n.as_str()))
+        .find(|(_, r)| r.claims.contains_key(&ip))
+        .map(|(n, _)| n.as_str())
+}
+
+/// What this node says it holds, for its hellos.
+pub fn claims(holdings: &BTreeMap<IpAddr, Holding>) -> BTreeMap<IpAddr, Claim> {
+    holdings
+        .iter()
+        .map(|(ip, h)| {
+            (
+                *ip,
+                Claim {
+                    interface: h.interface.clone(),
+                    epoch: h.epoch,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Names of the interfaces that are down, of those a node publishes.
+pub fn down_interfaces<'a>(ifaces: impl IntoIterator<Item = (&'a str, bool)>) -> BTreeSet<String> {
+    ifaces
+        .into_iter()
+        .filter(|(_, up)| !up)
+        .map(|(n, _)| n.to_owned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::liveness::Report;
+
+    fn desired_holding(ip: Ipv4Addr, rule: u32) -> Desired {
+        let mut d = Desired::default();
+        d.egress_ips_v4.insert(
+            ip,
+            HeldIpV4 {
+                interface: "sec-a".into(),
+                prefix_len: 24,
+                shared: false,
+            },
+        );
+        d.rules_v4.insert(
+            rule,
+            GatewayRuleV4 {
+                egress_ip: ip,
+                interface: "sec-a".into(),
+            },
+        );
+        d.egress_interfaces.insert("sec-a".into());
+        d
+    }
+
+    #[test]
+    fn a_released_ip_keeps_its_rules_and_egress_ip_entry_while_it_lingers() {
+        let a = Ipv4Addr::new(192, 168, 101, 50);
+        let before = desired_holding(a, 7);
+        let parts = gateway_parts(&before);
+        let lingering = BTreeMap::from([(
+            IpAddr::V4(a),
+            Lingering {
+                until: Instant::now() + LINGER,
+                part: parts[&IpAddr::V4(a)].clone(),
+            },
+        )]);
+        let after = with_lingering(&Desired::default(), &lingering);
+        assert_eq!(after.egress_ips_v4, before.egress_ips_v4);
+        assert_eq!(after.rules_v4, before.rules_v4);
+        assert!(after.egress_interfaces.contains("sec-a"));
+    }
+
+    #[test]
+    fn what_is_current_wins_over_what_lingers() {
+        let a = Ipv4Addr::new(192, 168, 101, 50);
+        let b = Ipv4Addr::new(192, 168, 101, 60);
+        let parts = gateway_parts(&desired_holding(a, 7));
+        let lingering = BTreeMap::from([(
+            IpAddr::V4(a),
+            Lingering {
+                until: Instant::now(),
+                part: parts[&IpAddr::V4(a)].clone(),
+            },
+        )]);
+        // Rule 7 now serves another egress IP: it keeps it.
+        let now = desired_holding(b, 7);
+        let merged = with_lingering(&now, &lingering);
+        assert_eq!(merged.rules_v4[&7].egress_ip, b);
+        assert!(merged.egress_ips_v4.contains_key(&a));
+    }
+
+    #[test]
+    fn a_handover_waits_for_a_live_claimant_only() {
+        let ip: IpAddr = "192.168.101.50".parse().expect("ip");
+        let claim = Report {
+            claims: BTreeMap::from([(
+                ip,
+                Claim {
+                    interface: "sec-a".into(),
+                    epoch: 1,
+                },
+            )]),
+            ..Report::default()
+        };
+        let mut peers = PeerView::default();
+        peers.reports.insert("gw1".into(), claim.clone());
+        assert_eq!(other_claimant(ip, "gw2", &peers), Some("gw1"));
+        assert_eq!(other_claimant(ip, "gw1", &peers), None, "not myself");
+        peers.dead.insert("gw1".into());
+        assert_eq!(
+            other_claimant(ip, "gw2", &peers),
+            None,
+            "the dead hold nothing"
+        );
+        peers.dead.clear();
+        peers.reports.insert(
+            "gw1".into(),
+            Report {
+                cut_off: true,
+                ..claim
+            },
+        );
+        assert_eq!(other_claimant(ip, "gw2", &peers), None, "nor the cut off");
+    }
+}

@@ -1,0 +1,790 @@
+//! `egress-agent run`: the reconcile loop. Cluster view and peer liveness in, desired
+//! state out (pure compiler), then maps, attachments and egress addresses brought in
+//! line, in the order [`holding`] explains. Every step logs and counts its own failures;
+//! one bad object or interface never stops the rest.
+//!
+//! * [`holding`]: which egress IPs this node holds, and the order of acquire and release.
+//! * [`publish`]: the EgressNode, policy statuses and Events.
+
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use tracing::{debug, info, warn};
+
+use crate::{
+    api::EgressNode,
+    compiler::{self, Compiled},
+    datapath::{self, Attachment, Datapath, MapState},
+    desired::Desired,
+    ebpf, iface,
+    liveness::{self, Membership, PeerView, Transition, service::Handle},
+    metrics::{self, Stats},
+    source::{ClusterView, kube as kube_source, yaml},
+};
+
+pub mod holding;
+pub mod publish;
+
+use holding::{Holding, Lingering};
+use publish::{Event, KubeWriter, Sink};
+
+/// Where cluster state comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A directory of Kubernetes-shaped YAML documents; our EgressNode is written there.
+    Yaml(PathBuf),
+    /// The Kubernetes API (in cluster, or this kubeconfig).
+    Kube { kubeconfig: Option<PathBuf> },
+}
+
+/// Settings of `egress-agent run`.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub node_name: String,
+    pub source: Source,
+    pub bpffs_dir: PathBuf,
+    pub tunnel_device: String,
+    pub tunnel_port: u16,
+    pub tunnel_mtu: Option<u32>,
+    pub port_min: u16,
+    pub port_max: u16,
+    pub metrics_addr: Option<SocketAddr>,
+    pub resync: Duration,
+    /// Liveness probes between agents.
+    pub probe: liveness::Settings,
+    pub probe_port: u16,
+}
+
+/// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+const VXLAN_OVERHEAD: u32 = 50;
+/// VXLAN over IPv6: the outer header is 40 bytes instead of 20.
+const VXLAN_OVERHEAD_V6: u32 = 70;
+
+/// MTU inside the tunnel for an underlay of `node_ip`'s family.
+fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
+    let overhead = match node_ip {
+        IpAddr::V4(_) => VXLAN_OVERHEAD,
+        IpAddr::V6(_) => VXLAN_OVERHEAD_V6,
+    };
+    underlay_mtu.saturating_sub(overhead)
+}
+
+pub async fn run(cfg: RunConfig) -> Result<()> {
+    // Containers often see /proc/sys read-only: then the node must already forward
+    // (every CNI that routes pods enables it).
+    if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
+        warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
+    }
+    // IPv6 pods: best effort, as hosts without IPv6 have no such sysctl.
+    if let Err(e) = iface::sysctl("net/ipv6/conf/all/forwarding", "1") {
+        debug!("failed to enable IPv6 forwarding (IPv6 pods need it on): {e}");
+    }
+    let nl = iface::Netlink::new().context("failed to open netlink")?;
+    let underlay_mtu = nl
+        .interfaces()
+        .await?
+        .iter()
+        .filter(|i| i.up && i.name != "lo")
+        .map(|i| i.mtu)
+        .max()
+        .unwrap_or(1500);
+    // Until the first pass knows this node's underlay family, assume IPv4; the pass lowers
+    // it for an IPv6 underlay.
+    let tunnel_mtu = cfg.tunnel_mtu.unwrap_or(underlay_mtu - VXLAN_OVERHEAD);
+    let tunnel_ifindex = nl
+        .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
+        .await
+        .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
+    let mut dp = Datapath::open(&cfg.bpffs_dir)
+        .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)
+        .await
+        .with_context(|| {
+            format!(
+                "failed to open the probe port (UDP {}; --probe-port)",
+                cfg.probe_port
+            )
+        })?;
+    info!(
+        node = %cfg.node_name,
+        tunnel = %cfg.tunnel_device,
+        tunnel_ifindex,
+        tunnel_mtu,
+        pins = %cfg.bpffs_dir.display(),
+        adopted = dp.held().policy_v4.len() + dp.held().pod_owner_v4.len(),
+        probe_port = probes.port,
+        probe_interval_ms = cfg.probe.interval.as_millis(),
+        probe_misses = cfg.probe.misses,
+        "agent started"
+    );
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    if let Some(addr) = cfg.metrics_addr {
+        metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone()).await?;
+    }
+    let (mut views, sink) = match &cfg.source {
+        Source::Yaml(dir) => (
+            // inotify tells of edits at once; the poll is a safety net.
+            yaml::watch(dir.clone(), Duration::from_secs(1)).await,
+            Sink::Yaml(dir.clone()),
+        ),
+        Source::Kube { kubeconfig } => {
+            let client = kube_source::client(kubeconfig.clone()).await?;
+            (
+                kube_source::watch(client.clone()).await?,
+                Sink::Kube(KubeWriter::start(client, &cfg.node_name)),
+            )
+        }
+    };
+    let mut changes = iface::Netlink::subscribe_changes().await?;
+    let mut tick = tokio::time::interval(cfg.resync);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut peer_views = probes.views;
+    let mut transitions = probes.transitions;
+    let mut r = Reconciler {
+        cfg: &cfg,
+        nl,
+        tunnel_ifindex,
+        tunnel_mtu,
+        underlay_mtu,
+        sink,
+        probes: probes.handle,
+        last_node_doc: None,
+        last_holders: BTreeMap::new(),
+        holdings: BTreeMap::new(),
+        parts: BTreeMap::new(),
+        lingering: BTreeMap::new(),
+        handover_since: BTreeMap::new(),
+        wake_at: None,
+        stats: stats.clone(),
+    };
+    loop {
+        let wake = r.wake_at;
+        let trigger = tokio::select! {
+            res = views.changed() => {
+                if res.is_err() {
+                    anyhow::bail!("the state source stopped");
+                }
+                "state"
+            }
+            res = peer_views.changed() => {
+                if res.is_err() {
+                    anyhow::bail!("the probe service stopped");
+                }
+                "probe"
+            }
+            Some(t) = transitions.recv() => {
+                r.note(&t);
+                continue;
+            }
+            _ = changes.recv() => "netlink",
+            _ = tick.tick() => "resync",
+            () = sleep_until(wake) => "timer",
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+        };
+        // Coalesce bursts of netlink events (our own address changes cause some).
+        while changes.try_recv().is_ok() {}
+        while let Ok(t) = transitions.try_recv() {
+            r.note(&t);
+        }
+        let peers = peer_views.borrow_and_update().clone();
+        // Shared with the source, not copied (a copy of 10k Pods is tens of MiB).
+        let snap = Arc::clone(&views.borrow_and_update());
+        let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
+        let t0 = Instant::now();
+        let outcome = r.reconcile(&mut dp, &snap.view, peers).await;
+        let took = t0.elapsed();
+        let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.reconciles += 1;
+        s.last_reconcile = took;
+        s.source_errors = source_errors.len();
+        for e in &source_errors {
+            debug!("state: {e}");
+        }
+        match outcome {
+            Ok(o) => {
+                s.ready = true;
+                s.holders = o.holders;
+                s.problems = o.problems.len();
+                if o.changed > 0 || trigger == "state" {
+                    info!(
+                        trigger,
+                        changed = o.changed,
+                        took_ms = took.as_secs_f64() * 1e3,
+                        "reconciled"
+                    );
+                }
+            }
+            Err(e) => {
+                s.errors += 1;
+                warn!("failed to reconcile: {e:#}");
+            }
+        }
+    }
+    info!("agent stopping; maps, links and egress IPs stay for the next agent");
+    Ok(())
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+struct Outcome {
+    changed: usize,
+    holders: Vec<metrics::HolderStat>,
+    problems: Vec<String>,
+}
+
+struct Reconciler<'a> {
+    cfg: &'a RunConfig,
+    nl: iface::Netlink,
+    tunnel_ifindex: u32,
+    tunnel_mtu: u32,
+    /// The largest MTU of the node's up interfaces, for the default `tunnel_mtu`.
+    underlay_mtu: u32,
+    sink: Sink,
+    probes: Handle,
+    last_node_doc: Option<EgressNode>,
+    /// Egress IP -> (node, interface) as of the last pass, to report moves.
+    last_holders: BTreeMap<IpAddr, (String, String)>,
+    /// Dedicated egress IPs on this node's interfaces, as this agent took them.
+    holdings: BTreeMap<IpAddr, Holding>,
+    /// The gateway-side map contents of every dedicated egress IP of the last pass.
+    parts: BTreeMap<IpAddr, holding::GatewayPart>,
+    lingering: BTreeMap<IpAddr, Lingering>,
+    /// Addresses to acquire that another live node still claims, since when.
+    handover_since: BTreeMap<IpAddr, Instant>,
+    /// The next time a pass is due (a handover or a linger ending).
+    wake_at: Option<Instant>,
+    stats: Arc<Mutex<Stats>>,
+}
+
+impl Reconciler<'_> {
+    /// Log and count a liveness transition.
+    fn note(&mut self, t: &Transition) {
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        match t {
+            Transition::Died { name, silent_for } => {
+                warn!(
+                    peer = %name,
+                    silent_ms = silent_for.as_millis(),
+                    "peer unreachable: no probe heard within the detection time"
+                );
+                s.liveness.detections += 1;
+                s.liveness.last_detection = Some(*silent_for);
+            }
+            Transition::Revived { name } => info!(peer = %name, "peer reachable again"),
+            Transition::CutOff => warn!(
+                "this node hears fewer than a majority of its peers: giving up its egress IPs"
+            ),
+            Transition::Reconnected => info!("this node hears a majority of its peers again"),
+        }
+    }
+
+    async fn reconcile(
+        &mut self,
+        dp: &mut Datapath,
+        view: &ClusterView,
+        mut peers: PeerView,
+    ) -> Result<Outcome> {
+        let now = Instant::now();
+        let ifaces = self.nl.interfaces().await?;
+        let me = self.cfg.node_name.clone();
+        // This node's own report is as fresh as this pass: its links now, what it holds.
+        let down = holding::down_interfaces(
+            ifaces
+                .iter()
+                .filter(|i| i.name != "lo" && i.name != self.cfg.tunnel_device)
+                .map(|i| (i.name.as_str(), i.up)),
+        );
+        {
+            let own = peers.reports.entry(me.clone()).or_default();
+            own.down = down.clone();
+            own.claims = holding::claims(&self.holdings);
+        }
+        let compiled = compiler::compile_with(view, &peers, &me);
+        let desired = &compiled.desired;
+        let mut problems: Vec<String> = compiled.problems.iter().map(|p| p.to_string()).collect();
+        let mut changed = 0;
+
+        changed += self.configure(dp, desired, &mut problems).await?;
+        changed += self
+            .release(view, desired, &ifaces, now, &mut problems)
+            .await;
+        let merged = if self.lingering.is_empty() {
+            Cow::Borrowed(desired)
+        } else {
+            Cow::Owned(holding::with_lingering(desired, &self.lingering))
+        };
+        changed += self.sync_maps(dp, &merged, &ifaces, &mut problems)?;
+        self.sync_attachments(dp, &merged, &ifaces, &mut problems)
+            .await;
+        changed += self
+            .acquire(&compiled, &peers, &ifaces, now, &mut problems)
+            .await;
+        self.parts = holding::gateway_parts(desired);
+        self.schedule(now);
+
+        // Tell the peers and the cluster.
+        self.probes
+            .update(membership(view, &me), down, holding::claims(&self.holdings));
+        self.publish_node(desired.node_ip, &ifaces, &peers)?;
+        self.report(view, &compiled);
+
+        for p in &problems {
+            debug!("problem: {p}");
+        }
+        let holders = compiled
+            .holders
+            .iter()
+            .map(|h| metrics::HolderStat {
+                ip: h.ip.to_string(),
+                node: h.node.clone(),
+                interface: h.interface.clone(),
+                reason: h.reason.to_owned(),
+            })
+            .collect();
+        Ok(Outcome {
+            changed,
+            holders,
+            problems,
+        })
+    }
+
+    /// This node's configuration: tunnel MTU and the config map.
+    async fn configure(
+        &mut self,
+        dp: &mut Datapath,
+        desired: &Desired,
+        problems: &mut Vec<String>,
+    ) -> Result<usize> {
+        let Some(node_ip) = desired.node_ip else {
+            problems.push(format!(
+                "node {}: no Node object with an InternalIP address: not configured",
+                self.cfg.node_name
+            ));
+            return Ok(0);
+        };
+        let mtu =
+            (self.cfg.tunnel_mtu).unwrap_or_else(|| tunnel_mtu_for(self.underlay_mtu, node_ip));
+        if mtu != self.tunnel_mtu {
+            self.nl
+                .ensure_vxlan(&self.cfg.tunnel_device, self.cfg.tunnel_port, mtu)
+                .await?;
+            info!(tunnel_mtu = mtu, underlay = %node_ip, "tunnel MTU set for the underlay");
+            self.tunnel_mtu = mtu;
+        }
+        let want = datapath::state::config(
+            node_ip,
+            self.tunnel_ifindex,
+            self.cfg.port_min,
+            self.cfg.port_max,
+            u16::try_from(self.tunnel_mtu).unwrap_or(u16::MAX),
+        );
+        if dp.config().ok() == Some(want) {
+            return Ok(0);
+        }
+        dp.set_config(&want)?;
+        Ok(1)
+    }
+
+    /// Remove egress addresses this node must no longer hold (before the maps change),
+    /// and keep their map entries lingering.
+    async fn release(
+        &mut self,
+        view: &ClusterView,
+        desired: &Desired,
+        ifaces: &[iface::Interface],
+        now: Instant,
+        problems: &mut Vec<String>,
+    ) -> usize {
+        // Addresses this agent may remove: egress IPs that a policy names now, that this
+        // node published as held (also by an earlier agent), or that it holds.
+        let mut removable = all_policy_egress_ips(view);
+        removable.extend(self.holdings.keys().copied());
+        removable.extend(
+            view.egress_nodes
+                .iter()
+                .filter(|n| n.metadata.name.as_deref() == Some(self.cfg.node_name.as_str()))
+                .filter_map(|n| n.status.as_ref())
+                .flat_map(|s| s.egress_ips.iter())
+                .filter_map(|h| h.ip.parse::<IpAddr>().ok()),
+        );
+        let mut changed = 0;
+        for i in ifaces {
+            for (a, len) in &i.addresses {
+                let ours = match a {
+                    IpAddr::V4(a) => desired.egress_ips_v4.get(a),
+                    IpAddr::V6(a) => desired.egress_ips_v6.get(a),
+                }
+                .is_some_and(|h| !h.shared && h.interface == i.name);
+                if !removable.contains(a) || ours {
+                    continue;
+                }
+                match self.nl.del_address(i.ifindex, *a, *len).await {
+                    Ok(()) => {
+                        changed += 1;
+                        let why = self.holdings.remove(a).map(|h| h.epoch);
+                        if let Some(part) = self.parts.get(a) {
+                            self.lingering.insert(
+                                *a,
+                                Lingering {
+                                    until: now + holding::LINGER,
+                                    part: part.clone(),
+                                },
+                            );
+                        }
+                        info!(ip = %a, interface = %i.name, epoch = ?why, "released egress IP");
+                    }
+                    Err(e) => problems.push(format!("egress IP {a}: {e}")),
+                }
+            }
+        }
+        // Held IPs whose address vanished (the interface went away): not held any more.
+        self.holdings.retain(|ip, h| {
+            ifaces
+                .iter()
+                .any(|i| i.name == h.interface && i.addresses.iter().any(|(a, _)| a == ip))
+        });
+        self.lingering.retain(|_, l| l.until > now);
+        changed
+    }
+
+    fn sync_maps(
+        &mut self,
+        dp: &mut Datapath,
+        desired: &Desired,
+        ifaces: &[iface::Interface],
+        problems: &mut Vec<String>,
+    ) -> Result<usize> {
+        let ifindex = |n: &str| ifaces.iter().find(|i| i.name == n).map(|i| i.ifindex);
+        let (want, unresolved) = MapState::from_desired(desired, ifindex);
+        problems.extend(unresolved.iter().map(ToString::to_string));
+        let st = dp.apply(&want)?;
+        if st.failed > 0 {
+            problems.push(format!("{} map writes failed (see log)", st.failed));
+        }
+        Ok(st.changed())
+    }
+
+    /// The tunnel, egress interfaces, and the device each selected local pod is routed to.
+    async fn sync_attachments(
+        &mut self,
+        dp: &mut Datapath,
+        desired: &Desired,
+        ifaces: &[iface::Interface],
+        problems: &mut Vec<String>,
+    ) {
+        let mut attach = BTreeSet::new();
+        attach.insert(Attachment {
+            program: ebpf::FROM_TUNNEL,
+            ifname: self.cfg.tunnel_device.clone(),
+            ifindex: self.tunnel_ifindex,
+        });
+        for name in &desired.egress_interfaces {
+            if let Some(i) = ifaces.iter().find(|i| &i.name == name) {
+                attach.insert(Attachment {
+                    program: ebpf::FROM_SECONDARY,
+                    ifname: name.clone(),
+                    ifindex: i.ifindex,
+                });
+            }
+        }
+        let by_index: BTreeMap<u32, &iface::Interface> =
+            ifaces.iter().map(|i| (i.ifindex, i)).collect();
+        let routes = match self.nl.routes().await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                problems.push(format!("pod devices: {e}"));
+                None
+            }
+        };
+        for pod in desired.local_selected_pods() {
+            let Some(routes) = &routes else { break };
+            match routes.oif(pod) {
+                Some(oif) if oif != self.tunnel_ifindex => {
+                    if let Some(i) = by_index.get(&oif) {
+                        attach.insert(Attachment {
+                            program: ebpf::FROM_POD,
+                            ifname: i.name.clone(),
+                            ifindex: oif,
+                        });
+                    }
+                }
+                _ => problems.push(format!("pod {pod}: no route to its device on this node")),
+            }
+        }
+        for e in dp.sync_attachments(&attach) {
+            problems.push(e.to_string());
+        }
+    }
+
+    /// Add the egress addresses this node holds now (after the maps and attachments),
+    /// waiting for a live previous holder to let go, and announce them.
+    async fn acquire(
+        &mut self,
+        compiled: &Compiled,
+        peers: &PeerView,
+        ifaces: &[iface::Interface],
+        now: Instant,
+        problems: &mut Vec<String>,
+    ) -> usize {
+        let me = self.cfg.node_name.as_str();
+        let mine = compiled
+            .holders
+            .iter()
+            .filter(|h| h.node == me && !h.shared);
+        let mut wanted = BTreeSet::new();
+        let mut changed = 0;
+        let detection = self.probes.settings().detection();
+        for h in mine {
+            let Some(i) = ifaces.iter().find(|i| i.name == h.interface) else {
+                continue;
+            };
+            wanted.insert(h.ip);
+            let prefix_len = match h.ip {
+                IpAddr::V4(a) => compiled.desired.egress_ips_v4.get(&a),
+                IpAddr::V6(a) => compiled.desired.egress_ips_v6.get(&a),
+            }
+            .map_or(32, |held| held.prefix_len);
+            if i.addresses.iter().any(|(a, _)| *a == h.ip) {
+                // Already there (held before, or by the agent before this one).
+                self.holdings
+                    .entry(h.ip)
+                    .or_insert_with(|| Holding {
+                        interface: h.interface.clone(),
+                        epoch: h.epoch,
+                        since: published_since(self.last_node_doc.as_ref(), h.ip, h.epoch)
+                            .unwrap_or_else(kube_source::now_rfc3339),
+                        reason: h.reason.to_owned(),
+                    })
+                    .epoch = h.epoch;
+                continue;
+            }
+            if let Some(other) = holding::other_claimant(h.ip, me, peers) {
+                let since = *self.handover_since.entry(h.ip).or_insert(now);
+                if now.duration_since(since) < detection {
+                    debug!(ip = %h.ip, holder = %other, "waiting for the previous holder to release");
+                    continue;
+                }
+                warn!(
+                    ip = %h.ip,
+                    holder = %other,
+                    "the previous holder still claims the address after the detection time; taking it"
+                );
+            }
+            self.handover_since.remove(&h.ip);
+            // IPv6 goes without DAD (the address moves between gateways).
+            match self.nl.add_address(i.ifindex, h.ip, prefix_len).await {
+                Ok(()) => {
+                    changed += 1;
+                    self.lingering.remove(&h.ip);
+                    self.holdings.insert(
+                        h.ip,
+                        Holding {
+                            interface: h.interface.clone(),
+                            epoch: h.epoch,
+                            since: kube_source::now_rfc3339(),
+                            reason: h.reason.to_owned(),
+                        },
+                    );
+                    info!(
+                        ip = %h.ip,
+                        interface = %h.interface,
+                        epoch = h.epoch,
+                        reason = h.reason,
+                        "holding egress IP"
+                    );
+                    let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                    *s.liveness.acquired.entry(h.reason.to_owned()).or_default() += 1;
+                    drop(s);
+                    if let Some(mac) = i.mac {
+                        announce(i.ifindex, mac, h.ip);
+                    }
+                }
+                Err(e) => problems.push(format!("egress IP {}: {e}", h.ip)),
+            }
+        }
+        self.handover_since.retain(|ip, _| wanted.contains(ip));
+        changed
+    }
+
+    /// When the next pass is due without an event: a pending handover's deadline, or the
+    /// end of a linger.
+    fn schedule(&mut self, now: Instant) {
+        let detection = self.probes.settings().detection();
+        let handovers = self.handover_since.values().map(|s| *s + detection);
+        let lingers = self.lingering.values().map(|l| l.until);
+        self.wake_at = handovers.chain(lingers).filter(|t| *t > now).min();
+        if !self.handover_since.is_empty() && self.wake_at.is_none() {
+            self.wake_at = Some(now);
+        }
+    }
+
+    fn publish_node(
+        &mut self,
+        underlay: Option<IpAddr>,
+        ifaces: &[iface::Interface],
+        peers: &PeerView,
+    ) -> Result<()> {
+        let statuses = self.probes.status();
+        {
+            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.liveness.peers.clone_from(&statuses);
+            s.liveness.cut_off = peers.dead.contains(&self.cfg.node_name);
+            s.liveness.refused = self.probes.refused();
+            s.liveness.held = self
+                .holdings
+                .iter()
+                .map(|(ip, h)| metrics::HeldStat {
+                    ip: ip.to_string(),
+                    interface: h.interface.clone(),
+                    epoch: h.epoch,
+                    since: h.since.clone(),
+                    reason: h.reason.clone(),
+                })
+                .collect();
+        }
+        let doc = publish::egress_node_doc(
+            &self.cfg.node_name,
+            underlay,
+            ifaces,
+            &self.cfg.tunnel_device,
+            &self.holdings,
+            &statuses,
+            peers.dead.contains(&self.cfg.node_name),
+        );
+        if self.last_node_doc.as_ref() != Some(&doc) {
+            self.sink.egress_node(&doc)?;
+            self.last_node_doc = Some(doc);
+        }
+        Ok(())
+    }
+
+    /// Policy status and holder moves: logged always; written to the API (statuses,
+    /// Events) by one agent only, the one on the first Ready node by name, so that
+    /// agents whose views differ for a moment do not fight over the status.
+    fn report(&mut self, view: &ClusterView, compiled: &Compiled) {
+        let writer = view
+            .nodes
+            .iter()
+            .filter(|n| compiler::node_ready(n))
+            .filter_map(|n| n.metadata.name.as_deref())
+            .min()
+            == Some(self.cfg.node_name.as_str());
+        let now: BTreeMap<IpAddr, (String, String)> = compiled
+            .holders
+            .iter()
+            .filter(|h| !h.shared)
+            .map(|h| (h.ip, (h.node.clone(), h.interface.clone())))
+            .collect();
+        let mut moves = Vec::new();
+        for h in compiled.holders.iter().filter(|h| !h.shared) {
+            match self.last_holders.get(&h.ip) {
+                Some((old, _)) if *old != h.node => moves.push((
+                    h.ip,
+                    format!(
+                        "egress IP {} moved from {old} to {} ({}): {}",
+                        h.ip, h.node, h.interface, h.reason
+                    ),
+                )),
+                None if !self.last_holders.is_empty() => moves.push((
+                    h.ip,
+                    format!(
+                        "egress IP {} assigned to {} ({})",
+                        h.ip, h.node, h.interface
+                    ),
+                )),
+                _ => {}
+            }
+        }
+        for ip in self.last_holders.keys().filter(|ip| !now.contains_key(ip)) {
+            moves.push((*ip, format!("egress IP {ip} has no holder")));
+        }
+        self.last_holders = now;
+        for (_, m) in &moves {
+            info!("{m}");
+        }
+        let Sink::Kube(w) = &self.sink else {
+            return;
+        };
+        if !writer {
+            return;
+        }
+        w.statuses(&compiled.statuses);
+        for (ip, message) in moves {
+            if let Some(h) = compiled.holders.iter().find(|h| h.ip == ip) {
+                w.event(Event {
+                    policy: h.policy.clone(),
+                    reason: "EgressIPMoved",
+                    message,
+                });
+            }
+        }
+    }
+}
+
+/// Send the announcements of a newly held address on their schedule, in the background.
+fn announce(ifindex: u32, mac: [u8; 6], ip: IpAddr) {
+    tokio::spawn(async move {
+        if let Err(e) = iface::announce(ifindex, mac, ip, &holding::ANNOUNCE_AT).await {
+            warn!("failed to announce {ip}: {e}");
+        }
+    });
+}
+
+/// The `since` this node published for `ip` at `epoch`, if any.
+fn published_since(doc: Option<&EgressNode>, ip: IpAddr, epoch: u64) -> Option<String> {
+    doc?.status
+        .as_ref()?
+        .egress_ips
+        .iter()
+        .find(|h| h.ip == ip.to_string() && h.epoch == epoch)?
+        .since
+        .clone()
+}
+
+/// Who this node probes and counts (see [`liveness::tracker`]).
+fn membership(view: &ClusterView, me: &str) -> Membership {
+    let agents: BTreeSet<&str> = view
+        .egress_nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    Membership {
+        nodes: view
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, compiler::node_underlay(n)?)))
+            .collect(),
+        gateways: compiler::gateway_candidates(view),
+        expected: view
+            .nodes
+            .iter()
+            .filter(|n| compiler::node_ready(n))
+            .filter_map(|n| n.metadata.name.as_deref())
+            .filter(|n| *n != me && agents.contains(n))
+            .map(str::to_owned)
+            .collect(),
+    }
+}
+
+/// Every egress IP (both families) any policy names: the only addresses this agent may
+/// remove.
+fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
+    view.policies
+        .iter()
+        .flat_map(|p| p.spec.rules.iter())
+        .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
+        .collect()
+}

@@ -1,0 +1,15 @@
+//! Gateway liveness without the Kubernetes API: agents greet each other over the underlay
+//! (a small UDP hello protocol next to the tunnel's port), and every agent derives from
+//! what it hears which gateways are alive, whether it is itself cut off, and what each
+//! peer holds. The compiler elects egress IP holders with that view ([`PeerView`]).
+//!
+//! * [`hello`]: the datagram (encode, strict decode).
+//! * [`tracker`]: the pure state machine (hellos and the clock in, the view out).
+//! * [`service`]: the socket and the tasks around the tracker.
+
+pub mod hello;
+pub mod service;
+pub mod tracker;
+
+pub use hello::Claim;
+pub use tracker::{Membership, PeerStatus, PeerView, Report, Settings, Transition};

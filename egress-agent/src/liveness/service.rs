@@ -1,0 +1,237 @@
+//! The probe service: one UDP socket on the underlay, a sender that greets every target
+//! each interval (and at once when this node's report changes), a receiver that feeds the
+//! [`Tracker`]. The reconcile loop reads the [`PeerView`] from a watch channel and tells
+//! the service who the peers are and what this node holds through a [`Handle`].
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Instant,
+};
+
+use tokio::{
+    net::UdpSocket,
+    sync::{Notify, mpsc, watch},
+};
+use tracing::{debug, warn};
+
+use super::{
+    hello::{Claim, Hello},
+    tracker::{Membership, PeerStatus, PeerView, Report, Settings, Tracker, Transition},
+};
+
+/// The reconcile loop's side of the service.
+#[derive(Clone)]
+pub struct Handle {
+    tracker: Arc<Mutex<Tracker>>,
+    kick: Arc<Notify>,
+    refused: Arc<Mutex<u64>>,
+}
+
+/// What the service gives the reconcile loop.
+pub struct Started {
+    pub handle: Handle,
+    pub views: watch::Receiver<PeerView>,
+    pub transitions: mpsc::UnboundedReceiver<Transition>,
+    pub port: u16,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Handle {
+    /// Set who the peers are and what this node reports; greets everyone at once if the
+    /// report changed, so peers learn of a release or an interface going down without
+    /// waiting for the next interval.
+    pub fn update(
+        &self,
+        members: Membership,
+        down: BTreeSet<String>,
+        claims: BTreeMap<IpAddr, Claim>,
+    ) {
+        let mut t = lock(&self.tracker);
+        let changed = t.local().down != down || t.local().claims != claims;
+        t.set_members(members);
+        t.set_local(down, claims);
+        drop(t);
+        if changed {
+            self.kick.notify_one();
+        }
+    }
+
+    pub fn status(&self) -> Vec<PeerStatus> {
+        lock(&self.tracker).status(Instant::now())
+    }
+
+    pub fn view(&self) -> PeerView {
+        lock(&self.tracker).view(Instant::now())
+    }
+
+    pub fn settings(&self) -> Settings {
+        lock(&self.tracker).settings()
+    }
+
+    /// Hellos refused so far (unknown sender, wrong address, stale, malformed).
+    pub fn refused(&self) -> u64 {
+        *lock(&self.refused)
+    }
+}
+
+/// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only) and start the tasks.
+pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<Started> {
+    let socket = match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)).await {
+        Ok(s) => s,
+        Err(e) => {
+            debug!("failed to bind the probe port over IPv6 ({e}); trying IPv4");
+            UdpSocket::bind(("0.0.0.0", port)).await?
+        }
+    };
+    let v6_socket = socket.local_addr()?.is_ipv6();
+    let socket = Arc::new(socket);
+    let incarnation = rand_u32();
+    let tracker = Arc::new(Mutex::new(Tracker::new(
+        me,
+        settings,
+        incarnation,
+        Instant::now(),
+    )));
+    let kick = Arc::new(Notify::new());
+    let refused = Arc::new(Mutex::new(0));
+    let (view_tx, views) = watch::channel(PeerView::default());
+    let view_tx = Arc::new(view_tx);
+    let (tx, transitions) = mpsc::unbounded_channel();
+
+    // Receiver.
+    {
+        let (socket, tracker, view_tx, tx, refused) = (
+            socket.clone(),
+            tracker.clone(),
+            view_tx.clone(),
+            tx.clone(),
+            refused.clone(),
+        );
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
+            loop {
+                let (n, from) = match socket.recv_from(&mut buf).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        warn!("failed to receive a hello: {e}");
+                        tokio::time::sleep(settings.interval).await;
+                        continue;
+                    }
+                };
+                let result = Hello::decode(&buf[..n])
+                    .map_err(|e| e.to_string())
+                    .and_then(|h| {
+                        let now = Instant::now();
+                        let mut t = lock(&tracker);
+                        if t.on_hello(h, from.ip(), now).map_err(|e| e.to_string())? {
+                            publish(&mut t, now, &view_tx, &tx);
+                        }
+                        Ok(())
+                    });
+                if let Err(e) = result {
+                    *lock(&refused) += 1;
+                    debug!("refused a hello from {from}: {e}");
+                }
+            }
+        });
+    }
+    // Sender.
+    {
+        let (tracker, kick) = (tracker.clone(), kick.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(settings.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = kick.notified() => {}
+                }
+                let now = Instant::now();
+                let hellos: Vec<(SocketAddr, Result<_, _>)> = {
+                    let mut t = lock(&tracker);
+                    publish(&mut t, now, &view_tx, &tx);
+                    t.targets()
+                        .into_iter()
+                        .map(|(name, ip)| {
+                            let to = SocketAddr::new(mapped(ip, v6_socket), port);
+                            (to, t.hello_for(&name, now).encode())
+                        })
+                        .collect()
+                };
+                for (to, bytes) in hellos {
+                    match bytes {
+                        Ok(b) => {
+                            if let Err(e) = socket.send_to(&b, to).await {
+                                debug!("failed to send a hello to {to}: {e}");
+                            }
+                        }
+                        Err(e) => warn!("{e}"),
+                    }
+                }
+            }
+        });
+    }
+    Ok(Started {
+        handle: Handle {
+            tracker,
+            kick,
+            refused,
+        },
+        views,
+        transitions,
+        port,
+    })
+}
+
+/// Note transitions and publish the view if it changed.
+fn publish(
+    t: &mut Tracker,
+    now: Instant,
+    view_tx: &watch::Sender<PeerView>,
+    tx: &mpsc::UnboundedSender<Transition>,
+) {
+    let (view, transitions) = t.observe(now);
+    for tr in transitions {
+        let _ = tx.send(tr);
+    }
+    view_tx.send_if_modified(|v| {
+        if *v == view {
+            false
+        } else {
+            *v = view;
+            true
+        }
+    });
+}
+
+/// IPv4 destinations through an IPv6 socket are IPv4-mapped.
+fn mapped(ip: IpAddr, v6_socket: bool) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) if v6_socket => IpAddr::V6(a.to_ipv6_mapped()),
+        other => other,
+    }
+}
+
+fn rand_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        // Good enough to tell two starts apart.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos() ^ d.as_secs() as u32)
+    }
+}
+
+/// This node's report as the service last knew it (for status pages).
+pub fn local_report(h: &Handle) -> Report {
+    lock(&h.tracker).local().clone()
+}

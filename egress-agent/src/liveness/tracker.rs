@@ -1,0 +1,713 @@
+//! What one agent knows of its peers' liveness: a pure state machine fed with hellos and
+//! the clock (passed in, never read), giving the [`PeerView`] the compiler elects with.
+//!
+//! The rules (documented for users in docs/failover.md):
+//!
+//! * **Direct**: a peer is heard directly if one of its hellos arrived within the
+//!   detection time (`interval x misses`).
+//! * **Alive**: heard directly, or listed in the `seen` of a peer heard directly (SWIM's
+//!   indirect probe, one hop only: `seen` carries direct observations, never relayed
+//!   ones). Two gateways that cannot reach each other but both reach the workers stay
+//!   alive to each other, so neither takes the other's egress IPs.
+//! * **Dead**: a watched gateway that is not alive, once the warm-up (one detection time
+//!   and one interval after start) is over.
+//! * **Cut off**: a gateway that hears fewer than a majority of the agents it expects (those
+//!   on Ready nodes with an EgressNode, itself included; on a tie, the side with the
+//!   smallest node name wins) counts itself dead: it holds nothing, so a holder whose
+//!   underlay is cut gives its egress IPs up within the detection time, as its peers take
+//!   them over.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use super::hello::{Claim, Hello, flags};
+
+/// Probe settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Time between two hellos to one peer.
+    pub interval: Duration,
+    /// Hellos missed in a row before a peer counts as unheard.
+    pub misses: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(100),
+            misses: 3,
+        }
+    }
+}
+
+impl Settings {
+    /// How long after its last hello a peer stops being heard directly.
+    pub fn detection(&self) -> Duration {
+        self.interval * self.misses
+    }
+
+    /// No peer is declared dead, and this node not cut off, before this much time after
+    /// start: every live peer has had time to be heard.
+    pub fn warm_up(&self) -> Duration {
+        self.detection() + self.interval
+    }
+}
+
+/// What a node says of itself in its hellos.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// It hears too few peers and holds nothing.
+    pub cut_off: bool,
+    /// Its interfaces that are down (fresher than its EgressNode).
+    pub down: BTreeSet<String>,
+    /// The egress IPs it holds, with their epochs.
+    pub claims: BTreeMap<IpAddr, Claim>,
+}
+
+/// The liveness input of the compiler. The default (nobody dead, no reports) is what a
+/// node without probes sees: the EgressNodes and the Node conditions decide alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerView {
+    /// Gateways that are not alive (this node too, when it is cut off).
+    pub dead: BTreeSet<String>,
+    /// The latest report of every node heard since this agent started (dead ones
+    /// included: their last claims carry the epochs a new holder must exceed), and of
+    /// this node itself.
+    pub reports: BTreeMap<String, Report>,
+}
+
+/// Who the agent probes and counts, set after every reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Every node with an underlay address: hellos from anywhere else are refused.
+    pub nodes: BTreeMap<String, IpAddr>,
+    /// Nodes that some policy may use as a gateway: watched for liveness.
+    pub gateways: BTreeSet<String>,
+    /// Agents whose hellos count for the quorum (Ready nodes with an EgressNode).
+    pub expected: BTreeSet<String>,
+}
+
+/// A peer's liveness as `egress-agent status` and the EgressNode show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerStatus {
+    pub name: String,
+    pub alive: bool,
+    /// Heard directly (else only through others, or not at all).
+    pub direct: bool,
+    /// Since its last hello.
+    pub last_heard: Option<Duration>,
+    pub rtt: Option<Duration>,
+}
+
+/// Why a hello was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("hello from {from} names unknown node {name:?}")]
+    UnknownNode { name: String, from: IpAddr },
+    #[error("hello naming node {name} came from {from}, not its underlay address {want}")]
+    WrongAddress {
+        name: String,
+        from: IpAddr,
+        want: IpAddr,
+    },
+    #[error("hello names this node ({0}) as its sender")]
+    FromMyself(String),
+    #[error("stale hello from {name} (sequence {seq}, last {last})")]
+    Stale { name: String, seq: u64, last: u64 },
+}
+
+/// A change the tracker noticed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// A watched gateway died; `silent_for` is the time since it was last heard (the
+    /// detection time actually taken).
+    Died {
+        name: String,
+        silent_for: Duration,
+    },
+    Revived {
+        name: String,
+    },
+    CutOff,
+    Reconnected,
+}
+
+struct Peer {
+    incarnation: u32,
+    seq: u64,
+    last_heard: Instant,
+    hello: Hello,
+    rtt: Option<Duration>,
+    /// Its `sent_us` and when it arrived, echoed in our next hello to it.
+    echo: (u64, Instant),
+}
+
+pub struct Tracker {
+    me: String,
+    settings: Settings,
+    started: Instant,
+    incarnation: u32,
+    seq: u64,
+    members: Membership,
+    local: Report,
+    peers: BTreeMap<String, Peer>,
+    last_dead: BTreeSet<String>,
+    last_cut_off: bool,
+}
+
+impl Tracker {
+    pub fn new(me: &str, settings: Settings, incarnation: u32, now: Instant) -> Self {
+        Self {
+            me: me.to_owned(),
+            settings,
+            started: now,
+            incarnation,
+            seq: 0,
+            members: Membership::default(),
+            local: Report::default(),
+            peers: BTreeMap::new(),
+            last_dead: BTreeSet::new(),
+            last_cut_off: false,
+        }
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    pub fn set_members(&mut self, members: Membership) {
+        self.members = members;
+    }
+
+    /// This node's own report (its down interfaces and the IPs it holds); `cut_off` is the
+    /// tracker's to set.
+    pub fn set_local(&mut self, down: BTreeSet<String>, claims: BTreeMap<IpAddr, Claim>) {
+        self.local.down = down;
+        self.local.claims = claims;
+    }
+
+    pub fn local(&self) -> &Report {
+        &self.local
+    }
+
+    /// Whom to send hellos to: a gateway probes every node (so that it can count its
+    /// quorum and every node hears it), any other node only the gateways.
+    pub fn targets(&self) -> Vec<(String, IpAddr)> {
+        let gateway = self.members.gateways.contains(&self.me);
+        self.members
+            .nodes
+            .iter()
+            .filter(|(n, _)| **n != self.me && (gateway || self.members.gateways.contains(*n)))
+            .map(|(n, a)| (n.clone(), *a))
+            .collect()
+    }
+
+    fn micros(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.started).as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Take a hello from `from` (its source address) at `now`. Returns whether it may
+    /// change the view (a peer heard again, or a report that differs from its last one).
+    pub fn on_hello(&mut self, h: Hello, from: IpAddr, now: Instant) -> Result<bool, Refused> {
+        let from = from.to_canonical();
+        if h.name == self.me {
+            return Err(Refused::FromMyself(h.name));
+        }
+        let Some(want) = self.members.nodes.get(&h.name) else {
+            return Err(Refused::UnknownNode { name: h.name, from });
+        };
+        if *want != from {
+            return Err(Refused::WrongAddress {
+                name: h.name,
+                from,
+                want: *want,
+            });
+        }
+        if let Some(p) = self.peers.get(&h.name)
+            && p.incarnation == h.incarnation
+            && h.seq <= p.seq
+        {
+            return Err(Refused::Stale {
+                name: h.name,
+                seq: h.seq,
+                last: p.seq,
+            });
+        }
+        let mine = self.micros(now);
+        let rtt = (h.echo_us != 0 && h.echo_us <= mine).then(|| {
+            Duration::from_micros((mine - h.echo_us).saturating_sub(u64::from(h.echo_held_us)))
+        });
+        let prev = self.peers.get(&h.name);
+        let prev_rtt = prev.and_then(|p| p.rtt);
+        let changed = prev.is_none_or(|p| {
+            !self.direct(p, now)
+                || p.hello.flags != h.flags
+                || p.hello.seen != h.seen
+                || p.hello.down != h.down
+                || p.hello.claims != h.claims
+        });
+        self.peers.insert(
+            h.name.clone(),
+            Peer {
+                incarnation: h.incarnation,
+                seq: h.seq,
+                last_heard: now,
+                echo: (h.sent_us, now),
+                rtt: rtt.or(prev_rtt),
+                hello: h,
+            },
+        );
+        Ok(changed)
+    }
+
+    /// The next hello to `to`.
+    pub fn hello_for(&mut self, to: &str, now: Instant) -> Hello {
+        self.seq += 1;
+        let (echo_us, echo_held_us) = match self.peers.get(to) {
+            Some(p) if self.direct(p, now) => (
+                p.echo.0,
+                u32::try_from(now.saturating_duration_since(p.echo.1).as_micros())
+                    .unwrap_or(u32::MAX),
+            ),
+            _ => (0, 0),
+        };
+        Hello {
+            flags: if self.last_cut_off { flags::CUT_OFF } else { 0 },
+            incarnation: self.incarnation,
+            seq: self.seq,
+            sent_us: self.micros(now),
+            echo_us,
+            echo_held_us,
+            name: self.me.clone(),
+            seen: self.heard_gateways(now),
+            down: self.local.down.clone(),
+            claims: if self.last_cut_off {
+                BTreeMap::new()
+            } else {
+                self.local.claims.clone()
+            },
+        }
+    }
+
+    fn direct(&self, p: &Peer, now: Instant) -> bool {
+        now.saturating_duration_since(p.last_heard) < self.settings.detection()
+    }
+
+    fn heard(&self, now: Instant) -> BTreeSet<&str> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| self.direct(p, now))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+
+    fn heard_gateways(&self, now: Instant) -> BTreeSet<String> {
+        self.heard(now)
+            .into_iter()
+            .filter(|n| self.members.gateways.contains(*n))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn warm(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.started) >= self.settings.warm_up()
+    }
+
+    fn alive(&self, name: &str, heard: &BTreeSet<&str>) -> bool {
+        heard.contains(name)
+            || heard.iter().any(|p| {
+                self.peers
+                    .get(*p)
+                    .is_some_and(|peer| peer.hello.seen.contains(name))
+            })
+    }
+
+    fn cut_off(&self, heard: &BTreeSet<&str>) -> bool {
+        self.members.gateways.contains(&self.me)
+            && !has_quorum(&self.me, heard, &self.members.expected)
+    }
+
+    /// The view at `now`, without noting transitions.
+    pub fn view(&self, now: Instant) -> PeerView {
+        let heard = self.heard(now);
+        let warm = self.warm(now);
+        let cut_off = warm && self.cut_off(&heard);
+        let mut dead: BTreeSet<String> = if warm {
+            self.members
+                .gateways
+                .iter()
+                .filter(|g| **g != self.me && !self.alive(g, &heard))
+                .cloned()
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        if cut_off {
+            dead.insert(self.me.clone());
+        }
+        let mut reports: BTreeMap<String, Report> = self
+            .peers
+            .iter()
+            .map(|(n, p)| {
+                (
+                    n.clone(),
+                    Report {
+                        cut_off: p.hello.flags & flags::CUT_OFF != 0,
+                        down: p.hello.down.clone(),
+                        claims: p.hello.claims.clone(),
+                    },
+                )
+            })
+            .collect();
+        let mut local = self.local.clone();
+        local.cut_off = cut_off;
+        reports.insert(self.me.clone(), local);
+        PeerView { dead, reports }
+    }
+
+    /// The view at `now`, and what changed since the last call.
+    pub fn observe(&mut self, now: Instant) -> (PeerView, Vec<Transition>) {
+        let view = self.view(now);
+        let mut out = Vec::new();
+        let cut_off = view.dead.contains(&self.me);
+        if cut_off != self.last_cut_off {
+            out.push(if cut_off {
+                Transition::CutOff
+            } else {
+                Transition::Reconnected
+            });
+        }
+        for name in view.dead.difference(&self.last_dead) {
+            if *name == self.me {
+                continue;
+            }
+            let silent_for = self.peers.get(name).map_or(self.settings.detection(), |p| {
+                now.saturating_duration_since(p.last_heard)
+            });
+            out.push(Transition::Died {
+                name: name.clone(),
+                silent_for,
+            });
+        }
+        for name in self.last_dead.difference(&view.dead) {
+            if *name != self.me {
+                out.push(Transition::Revived { name: name.clone() });
+            }
+        }
+        self.last_dead = view.dead.clone();
+        self.last_cut_off = cut_off;
+        (view, out)
+    }
+
+    /// Every peer this node probes or watches, for status pages.
+    pub fn status(&self, now: Instant) -> Vec<PeerStatus> {
+        let heard = self.heard(now);
+        let warm = self.warm(now);
+        let mut names: BTreeSet<String> = self.targets().into_iter().map(|(n, _)| n).collect();
+        names.extend(
+            self.members
+                .gateways
+                .iter()
+                .filter(|g| **g != self.me)
+                .cloned(),
+        );
+        names
+            .into_iter()
+            .map(|name| {
+                let p = self.peers.get(&name);
+                PeerStatus {
+                    alive: !warm || self.alive(&name, &heard),
+                    direct: heard.contains(name.as_str()),
+                    last_heard: p.map(|p| now.saturating_duration_since(p.last_heard)),
+                    rtt: p.and_then(|p| p.rtt),
+                    name,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether `me`, hearing `heard` directly, sees a strict majority of `expected` plus
+/// itself; on an exact tie, the side holding the smallest name wins. With nobody
+/// expected, a node is its own majority.
+pub fn has_quorum(me: &str, heard: &BTreeSet<&str>, expected: &BTreeSet<String>) -> bool {
+    let others: BTreeSet<&str> = expected
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != me)
+        .collect();
+    let total = others.len() + 1;
+    let side = others.iter().filter(|n| heard.contains(*n)).count() + 1;
+    if 2 * side != total {
+        return 2 * side > total;
+    }
+    let smallest = others.iter().copied().chain([me]).min().unwrap_or(me);
+    smallest == me || heard.contains(smallest)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const NODES: [(&str, &str); 4] = [
+        ("gw1", "10.0.0.1"),
+        ("gw2", "10.0.0.2"),
+        ("w1", "10.0.0.11"),
+        ("w2", "10.0.0.12"),
+    ];
+
+    fn members() -> Membership {
+        Membership {
+            nodes: NODES
+                .iter()
+                .map(|(n, a)| ((*n).to_owned(), a.parse().expect("ip")))
+                .collect(),
+            gateways: ["gw1".to_owned(), "gw2".to_owned()].into(),
+            expected: NODES.iter().map(|(n, _)| (*n).to_owned()).collect(),
+        }
+    }
+
+    fn addr(name: &str) -> IpAddr {
+        NODES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("node")
+            .1
+            .parse()
+            .expect("ip")
+    }
+
+    /// Trackers of the four lab nodes, started at `t0`.
+    struct Cluster {
+        t0: Instant,
+        trackers: BTreeMap<&'static str, Tracker>,
+    }
+
+    impl Cluster {
+        fn new() -> Self {
+            let t0 = Instant::now();
+            let trackers = NODES
+                .iter()
+                .enumerate()
+                .map(|(i, (n, _))| {
+                    let mut t = Tracker::new(n, Settings::default(), i as u32 + 1, t0);
+                    t.set_members(members());
+                    (*n, t)
+                })
+                .collect();
+            Self { t0, trackers }
+        }
+
+        /// Run hellos every interval from `from_ms` to `to_ms`; `link(a, b)` says whether a
+        /// hello from a reaches b.
+        fn run(&mut self, from_ms: u64, to_ms: u64, link: impl Fn(&str, &str) -> bool) {
+            let mut t = from_ms;
+            while t < to_ms {
+                let now = self.t0 + Duration::from_millis(t);
+                let mut sent = Vec::new();
+                for (name, tr) in &mut self.trackers {
+                    for (to, _) in tr.targets() {
+                        sent.push((*name, to.clone(), tr.hello_for(&to, now)));
+                    }
+                }
+                for (from, to, h) in sent {
+                    if link(from, &to)
+                        && let Some(tr) = self.trackers.get_mut(to.as_str())
+                    {
+                        tr.on_hello(h, addr(from), now).expect("accepted");
+                    }
+                }
+                for tr in self.trackers.values_mut() {
+                    tr.observe(now);
+                }
+                t += 100;
+            }
+        }
+
+        fn dead(&self, node: &str, at_ms: u64) -> BTreeSet<String> {
+            self.trackers[node]
+                .view(self.t0 + Duration::from_millis(at_ms))
+                .dead
+        }
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn everyone_alive_when_every_hello_arrives() {
+        let mut c = Cluster::new();
+        c.run(0, 2000, |_, _| true);
+        for n in ["gw1", "gw2", "w1", "w2"] {
+            assert_eq!(c.dead(n, 2000), set(&[]), "{n}");
+        }
+    }
+
+    #[test]
+    fn nobody_is_dead_during_the_warm_up() {
+        let c = Cluster::new();
+        assert_eq!(c.dead("w1", 300), set(&[]));
+        assert_eq!(c.dead("w1", 500), set(&["gw1", "gw2"]));
+    }
+
+    #[test]
+    fn a_silent_gateway_is_dead_to_everyone_within_detection_plus_one_interval() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        c.run(1000, 1500, |from, _| from != "gw1");
+        // Last hello from gw1 at 900 ms; direct views expire at 1200, relayed ones by 1300.
+        for n in ["gw2", "w1", "w2"] {
+            assert_eq!(c.dead(n, 1500), set(&["gw1"]), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_holder_whose_underlay_is_cut_counts_itself_dead_as_its_peers_do() {
+        let mut c = Cluster::new();
+        let a: IpAddr = "192.168.101.50".parse().expect("ip");
+        let claim = Claim {
+            interface: "sec-a".into(),
+            epoch: 1,
+        };
+        let gw1 = c.trackers.get_mut("gw1").expect("gw1");
+        gw1.set_local(BTreeSet::new(), BTreeMap::from([(a, claim)]));
+        c.run(0, 1000, |_, _| true);
+        assert_eq!(
+            c.trackers["w1"]
+                .view(c.t0 + Duration::from_millis(1000))
+                .reports["gw1"]
+                .claims
+                .len(),
+            1
+        );
+        let cut = |a: &str, b: &str| a != "gw1" && b != "gw1";
+        c.run(1000, 1500, cut);
+        assert!(c.dead("gw1", 1500).contains("gw1"), "gw1 must fence itself");
+        let t = c.t0 + Duration::from_millis(1500);
+        let gw1 = c.trackers.get_mut("gw1").expect("gw1");
+        assert!(
+            gw1.hello_for("gw2", t).claims.is_empty(),
+            "a cut-off node claims nothing"
+        );
+        assert!(gw1.hello_for("gw2", t).flags & flags::CUT_OFF != 0);
+        for n in ["gw2", "w1", "w2"] {
+            assert_eq!(c.dead(n, 1500), set(&["gw1"]), "{n}");
+        }
+    }
+
+    #[test]
+    fn gateways_that_cannot_reach_each_other_stay_alive_through_the_workers() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        let partition = |a: &str, b: &str| !(a.starts_with("gw") && b.starts_with("gw"));
+        c.run(1000, 3000, partition);
+        for n in ["gw1", "gw2", "w1", "w2"] {
+            assert_eq!(c.dead(n, 3000), set(&[]), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_dead_gateway_comes_back_when_heard_again() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        c.run(1000, 1600, |from, _| from != "gw1");
+        assert_eq!(c.dead("w1", 1600), set(&["gw1"]));
+        c.run(1600, 1800, |_, _| true);
+        assert_eq!(c.dead("w1", 1800), set(&[]));
+    }
+
+    #[test]
+    fn hellos_from_the_wrong_address_or_replayed_are_refused() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new("w1", Settings::default(), 1, t0);
+        t.set_members(members());
+        let mut gw = Tracker::new("gw1", Settings::default(), 9, t0);
+        gw.set_members(members());
+        let h = gw.hello_for("w1", t0);
+        assert!(matches!(
+            t.on_hello(h.clone(), addr("gw2"), t0),
+            Err(Refused::WrongAddress { .. })
+        ));
+        // A v4-mapped source is the same address.
+        let mapped = match addr("gw1") {
+            IpAddr::V4(a) => IpAddr::V6(a.to_ipv6_mapped()),
+            other => other,
+        };
+        t.on_hello(h.clone(), mapped, t0).expect("accepted");
+        assert!(matches!(
+            t.on_hello(h, addr("gw1"), t0),
+            Err(Refused::Stale { .. })
+        ));
+        let mut stranger = gw.hello_for("w1", t0);
+        stranger.name = "mallory".into();
+        assert!(matches!(
+            t.on_hello(stranger, addr("gw1"), t0),
+            Err(Refused::UnknownNode { .. })
+        ));
+        // A restarted sender (new incarnation) starts its sequence anew.
+        let mut again = Tracker::new("gw1", Settings::default(), 10, t0);
+        again.set_members(members());
+        t.on_hello(again.hello_for("w1", t0), addr("gw1"), t0)
+            .expect("a new incarnation is accepted");
+    }
+
+    #[test]
+    fn the_round_trip_time_comes_from_the_echo() {
+        let t0 = Instant::now();
+        let mut a = Tracker::new("w1", Settings::default(), 1, t0);
+        let mut b = Tracker::new("gw1", Settings::default(), 2, t0);
+        a.set_members(members());
+        b.set_members(members());
+        let ms = |n| t0 + Duration::from_millis(n);
+        b.on_hello(a.hello_for("gw1", ms(10)), addr("w1"), ms(12))
+            .expect("ok");
+        // gw1 answers 5 ms later; w1 gets it 2 ms after that: RTT 4 ms.
+        a.on_hello(b.hello_for("w1", ms(17)), addr("gw1"), ms(19))
+            .expect("ok");
+        let st = a.status(ms(19));
+        let gw1 = st.iter().find(|p| p.name == "gw1").expect("gw1");
+        assert_eq!(gw1.rtt, Some(Duration::from_millis(4)));
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority_and_a_tie_goes_to_the_smallest_name() {
+        let expected = set(&["a", "b", "c", "d"]);
+        let h =
+            |names: &[&'static str]| -> BTreeSet<&'static str> { names.iter().copied().collect() };
+        assert!(has_quorum("a", &h(&["b", "c"]), &expected));
+        assert!(!has_quorum("d", &h(&[]), &expected));
+        // 2 of 4: the side with "a" wins.
+        assert!(has_quorum("a", &h(&["b"]), &expected));
+        assert!(has_quorum("c", &h(&["a"]), &expected));
+        assert!(!has_quorum("c", &h(&["d"]), &expected));
+        assert!(has_quorum("solo", &h(&[]), &BTreeSet::new()));
+    }
+
+    proptest! {
+        /// Under any split of four nodes into two sides, at most one side has a quorum.
+        #[test]
+        fn two_sides_of_a_partition_never_both_have_a_quorum(mask in 0u8..16) {
+            let names = ["a", "b", "c", "d"];
+            let expected: BTreeSet<String> = names.iter().map(|n| (*n).to_owned()).collect();
+            let side = |bit: bool| -> Vec<&str> {
+                names.iter().enumerate().filter(|(i, _)| (mask >> i & 1 == 1) == bit).map(|(_, n)| *n).collect()
+            };
+            let (left, right) = (side(true), side(false));
+            let quorum = |members: &[&str]| {
+                members.first().is_some_and(|me| {
+                    let heard: BTreeSet<&str> = members.iter().copied().filter(|n| n != me).collect();
+                    has_quorum(me, &heard, &expected)
+                })
+            };
+            prop_assert!(!(quorum(&left) && quorum(&right)));
+        }
+    }
+}
