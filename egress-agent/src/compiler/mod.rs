@@ -803,7 +803,13 @@ pub fn compile_with(view: &ClusterView, peers: &PeerView, node_name: &str) -> Co
                         ));
                         None
                     } else {
-                        let chosen = choose_holder(ip, &hosts, &nodes, &candidate_names);
+                        let chosen = choose_holder(
+                            ip,
+                            &hosts,
+                            &nodes,
+                            &candidate_names,
+                            peers.last_claims.get(&ip),
+                        );
                         if let Some(h) = &chosen {
                             placed.insert(ip, (h.clone(), name.clone()));
                         }
@@ -1212,42 +1218,56 @@ fn entry_for(plan: &RulePlan, ip: IpAddr, failure_policy: FailurePolicy) -> Entr
 }
 
 /// The holder of dedicated egress IP `ip` among `hosts` (all eligible; `selected`: the
-/// nodes the policy's gatewaySelector matches). Sticky: of the hosts that claim it, the
-/// newest claim (largest epoch; a holder back from the dead has an older one) keeps it.
-/// Otherwise the rendezvous winner takes it with the largest epoch anyone claimed + 1,
-/// and the reason says why the last claimant lost it.
+/// nodes the policy's gatewaySelector matches; `heard`: the newest claim heard in a
+/// hello, perhaps released since). Sticky: a host holding the newest claim keeps it (a
+/// holder back from the dead has an older one). Otherwise a host that claims it anyway
+/// (the largest epoch first), else the rendezvous winner, takes it with the newest epoch
+/// + 1, and the reason says why the last claimant lost it.
 fn choose_holder(
     ip: IpAddr,
     hosts: &[GatewayAddr],
     nodes: &[NodeInfo<'_>],
     selected: &BTreeSet<&str>,
+    heard: Option<&(String, u64)>,
 ) -> Option<GatewayAddr> {
     let octets = ip_bytes(ip);
-    let claim = |name: &str| {
-        nodes
-            .iter()
-            .find(|n| n.name == name)
-            .and_then(|n| n.egress.as_ref()?.held.get(&ip).copied())
+    let node_info = |name: &str| nodes.iter().find(|n| n.name == name);
+    let claim =
+        |name: &str| node_info(name).and_then(|n| n.egress.as_ref()?.held.get(&ip).copied());
+    // The last claimant, wherever it is: the newest claim published, or heard.
+    let published = nodes
+        .iter()
+        .filter_map(|n| Some((n.egress.as_ref()?.held.get(&ip).copied()?, n)))
+        .max_by(|(a, na), (b, nb)| a.cmp(b).then(nb.name.cmp(na.name)));
+    let heard = heard.and_then(|(name, e)| Some((*e, node_info(name)?)));
+    let last = match (published, heard) {
+        (Some(p), Some(h)) if h.0 > p.0 => Some(h),
+        (p @ Some(_), _) => p,
+        (None, h) => h,
     };
+    let newest = last.map(|(e, _)| e);
     let claimants: Vec<(&GatewayAddr, u64)> = hosts
         .iter()
         .filter_map(|h| Some((h, claim(&h.node)?)))
         .collect();
-    if let Some(newest) = claimants.iter().map(|(_, e)| *e).max() {
-        let pool: Vec<&GatewayAddr> = claimants
+    let pool: Vec<&GatewayAddr> = match claimants.iter().map(|(_, e)| *e).max() {
+        Some(top) => claimants
             .iter()
-            .filter(|(_, e)| *e == newest)
+            .filter(|(_, e)| *e == top)
             .map(|(h, _)| *h)
-            .collect();
-        let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
-        let mut g = pool.into_iter().find(|h| h.node == node)?.clone();
-        g.epoch = newest;
-        let published = nodes
-            .iter()
-            .find(|n| n.name == node)
-            .and_then(|n| n.egress.as_ref()?.held_meta.get(&ip).cloned());
+            .collect(),
+        None => hosts.iter().collect(),
+    };
+    let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
+    let mut g = pool.into_iter().find(|h| h.node == node)?.clone();
+    let kept = claim(&node);
+    if kept.is_some() && kept == newest {
+        // Sticky: it holds the newest claim.
+        g.epoch = kept.unwrap_or_default();
+        let published =
+            node_info(&node).and_then(|n| n.egress.as_ref()?.held_meta.get(&ip).cloned());
         if let Some((epoch, since, why)) = published
-            && epoch == newest
+            && Some(epoch) == kept
         {
             g.since = since;
             g.reason = why
@@ -1257,14 +1277,7 @@ fn choose_holder(
         }
         return Some(g);
     }
-    // The last claimant, wherever it is: the one with the newest claim.
-    let last = nodes
-        .iter()
-        .filter_map(|n| Some((n.egress.as_ref()?.held.get(&ip).copied()?, n)))
-        .max_by(|(a, na), (b, nb)| a.cmp(b).then(nb.name.cmp(na.name)));
-    let node = hash::rendezvous(&[&octets], hosts.iter().map(|h| h.node.as_str()))?;
-    let mut g = hosts.iter().find(|h| h.node == node)?.clone();
-    g.epoch = last.map_or(1, |(e, _)| e + 1);
+    g.epoch = newest.map_or(1, |e| e + 1);
     g.reason = match last {
         None => move_reason::ASSIGNED,
         Some((_, n)) if n.dead => move_reason::HOLDER_UNREACHABLE,

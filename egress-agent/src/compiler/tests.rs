@@ -1798,3 +1798,249 @@ fn compiles_10k_pods_times_10_prefixes_quickly() {
     );
     eprintln!("compiled 10k pods x 10 prefixes in {took:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Holder election with liveness (issue 10)
+
+const A: &str = "198.51.100.10";
+const NODE_NAMES: [&str; 4] = ["worker-1", "worker-2", "gw-1", "gw-2"];
+
+/// The payments view where `holder` publishes `A` at `epoch` (and, if given, the other
+/// gateway publishes a stale claim at `stale`).
+fn held_view(holder: &str, epoch: u64, stale: Option<u64>) -> ClusterView {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    for en in &mut view.egress_nodes {
+        let name = en.metadata.name.clone().unwrap_or_default();
+        let claim = if name == holder { Some(epoch) } else { stale };
+        if let (Some(e), Some(st)) = (claim, &mut en.status) {
+            st.egress_ips = vec![HeldEgressIp {
+                ip: A.to_owned(),
+                interface: "ens224".to_owned(),
+                epoch: e,
+                since: Some("2026-11-30T10:00:00Z".to_owned()),
+                reason: Some("Assigned".to_owned()),
+            }];
+        }
+    }
+    view
+}
+
+fn holder_record<'a>(c: &'a Compiled) -> &'a Holder {
+    let ip: IpAddr = A.parse().expect("ip");
+    c.holders
+        .iter()
+        .find(|h| h.ip == ip)
+        .expect("a holder of A")
+}
+
+fn dead(names: &[&str]) -> PeerView {
+    PeerView {
+        dead: names.iter().map(|n| (*n).to_owned()).collect(),
+        ..PeerView::default()
+    }
+}
+
+#[test]
+fn a_dead_holder_loses_its_ip_to_a_newer_epoch_with_reason_unreachable() {
+    let view = held_view("gw-1", 3, None);
+    let alive = compile_with(&view, &PeerView::default(), "worker-1");
+    assert_eq!(holder_record(&alive).node, "gw-1", "sticky while alive");
+    assert_eq!(holder_record(&alive).epoch, 3);
+    let peers = dead(&["gw-1"]);
+    for me in NODE_NAMES {
+        let c = compile_with(&view, &peers, me);
+        let h = holder_record(&c);
+        assert_eq!(
+            (h.node.as_str(), h.epoch, h.reason),
+            ("gw-2", 4, move_reason::HOLDER_UNREACHABLE),
+            "on {me}"
+        );
+    }
+    let st = &compile_with(&view, &peers, "worker-1").statuses["payments"];
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{st:?}"
+    );
+    // The dead node itself, cut off (it counts itself dead): holds nothing.
+    let c = compile_with(&view, &dead(&["gw-1"]), "gw-1");
+    assert!(c.desired.egress_ips_v4.is_empty());
+}
+
+#[test]
+fn a_holder_back_from_the_dead_does_not_take_its_ip_back() {
+    // gw-1 held A at epoch 3, died, gw-2 took it at 4; gw-1 is back with its stale claim.
+    let view = held_view("gw-2", 4, Some(3));
+    for me in NODE_NAMES {
+        let c = compile_with(&view, &PeerView::default(), me);
+        assert_eq!(holder_record(&c).node, "gw-2", "on {me}");
+        assert_eq!(holder_record(&c).epoch, 4);
+    }
+    assert!(
+        !compile_with(&view, &PeerView::default(), "gw-1")
+            .desired
+            .egress_ips_v4
+            .contains_key(&Ipv4Addr::new(198, 51, 100, 10))
+    );
+}
+
+#[test]
+fn a_drained_or_cordoned_holder_hands_its_ip_over() {
+    for how in ["annotation", "cordon"] {
+        let mut view = held_view("gw-1", 1, None);
+        let n = view
+            .nodes
+            .iter_mut()
+            .find(|n| n.metadata.name.as_deref() == Some("gw-1"))
+            .expect("gw-1");
+        match how {
+            "annotation" => {
+                n.metadata.annotations = Some(BTreeMap::from([(
+                    DRAIN_ANNOTATION.to_owned(),
+                    "true".to_owned(),
+                )]));
+            }
+            _ => {
+                n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                    unschedulable: Some(true),
+                    ..Default::default()
+                });
+            }
+        }
+        let c = compile_with(&view, &PeerView::default(), "worker-1");
+        let h = holder_record(&c);
+        assert_eq!(
+            (h.node.as_str(), h.epoch, h.reason),
+            ("gw-2", 2, move_reason::HOLDER_DRAINED),
+            "{how}"
+        );
+    }
+}
+
+#[test]
+fn an_interface_reported_down_in_a_hello_moves_its_ips_even_once_released() {
+    let view = held_view("gw-1", 5, None);
+    let mut peers = PeerView::default();
+    // gw-1's hello: ens224 is down, and it has already let A go.
+    peers.reports.insert(
+        "gw-1".to_owned(),
+        Report {
+            down: BTreeSet::from(["ens224".to_owned()]),
+            ..Report::default()
+        },
+    );
+    peers
+        .last_claims
+        .insert(A.parse().expect("ip"), ("gw-1".to_owned(), 5));
+    let c = compile_with(&view, &peers, "worker-2");
+    let h = holder_record(&c);
+    assert_eq!(
+        (h.node.as_str(), h.epoch, h.reason),
+        ("gw-2", 6, move_reason::HOLDER_INTERFACE_DOWN)
+    );
+}
+
+#[derive(Clone, Debug)]
+struct GwState {
+    ready: bool,
+    dead: bool,
+    drained: bool,
+    /// The epoch of its claim on A, if it claims it.
+    claim: Option<u64>,
+}
+
+fn gen_gw() -> impl Strategy<Value = GwState> {
+    (
+        prop::bool::weighted(0.8),
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.15),
+        prop::option::weighted(0.5, 0u64..4),
+    )
+        .prop_map(|(ready, dead, drained, claim)| GwState {
+            ready,
+            dead,
+            drained,
+            claim,
+        })
+}
+
+/// Three gateways in the given states, as every node sees them.
+fn election_view(gws: &[GwState]) -> (ClusterView, PeerView) {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    view.nodes.retain(|n| {
+        !n.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("gw-"))
+    });
+    view.egress_nodes.clear();
+    let mut peers = PeerView::default();
+    for (i, g) in gws.iter().enumerate() {
+        let name = format!("gw-{}", i + 1);
+        let mut n = node(&name, &format!("10.0.0.{}", 11 + i), true, g.ready);
+        if g.drained {
+            n.metadata.annotations = Some(BTreeMap::from([(
+                DRAIN_ANNOTATION.to_owned(),
+                "true".to_owned(),
+            )]));
+        }
+        view.nodes.push(n);
+        let own = format!("198.51.100.{}/24", 2 + i);
+        let held: Vec<(&str, &str)> = g.claim.map(|_| (A, "ens224")).into_iter().collect();
+        let mut en = egress_node(&name, &[("ens224", &[own.as_str()])], &held);
+        if let (Some(e), Some(st)) = (g.claim, &mut en.status) {
+            st.egress_ips[0].epoch = e;
+        }
+        view.egress_nodes.push(en);
+        if g.dead {
+            peers.dead.insert(name);
+        }
+    }
+    (view, peers)
+}
+
+proptest! {
+    /// Whatever the gateways' states: every node elects the same holder (or none), one
+    /// at most, an eligible one; a live eligible claimant with the newest claim keeps
+    /// the address (sticky); a new holder's epoch exceeds every claim.
+    #[test]
+    fn every_node_elects_the_same_single_eligible_holder(gws in prop::collection::vec(gen_gw(), 3)) {
+        let (view, peers) = election_view(&gws);
+        let ip: IpAddr = A.parse().expect("ip");
+        let mut names: Vec<String> = NODE_NAMES[..2].iter().map(|n| (*n).to_owned()).collect();
+        names.extend((1..=3).map(|i| format!("gw-{i}")));
+        let results: Vec<Vec<Holder>> = names
+            .iter()
+            .map(|me| compile_with(&view, &peers, me).holders.into_iter().filter(|h| h.ip == ip).collect())
+            .collect();
+        for r in &results {
+            prop_assert_eq!(r, &results[0]);
+        }
+        prop_assert!(results[0].len() <= 1);
+        let eligible = |i: usize| gws[i].ready && !gws[i].dead && !gws[i].drained;
+        let newest = gws.iter().filter_map(|g| g.claim).max();
+        let live_newest: Vec<usize> = (0..3)
+            .filter(|i| eligible(*i) && gws[*i].claim.is_some() && gws[*i].claim == newest)
+            .collect();
+        match results[0].first() {
+            None => prop_assert!((0..3).all(|i| !eligible(i))),
+            Some(h) => {
+                let i: usize = h.node.trim_start_matches("gw-").parse::<usize>().expect("gw") - 1;
+                prop_assert!(eligible(i), "{} is not eligible: {:?}", h.node, gws[i]);
+                if !live_newest.is_empty() {
+                    prop_assert!(live_newest.contains(&i), "sticky: {:?} -> {}", gws, h.node);
+                    prop_assert_eq!(Some(h.epoch), newest);
+                } else {
+                    prop_assert_eq!(h.epoch, newest.map_or(1, |e| e + 1));
+                }
+                // Exactly the holder's own compile puts A on an interface.
+                for (me, _) in names.iter().zip(&results) {
+                    let c = compile_with(&view, &peers, me);
+                    let holds = c.desired.egress_ips_v4.contains_key(&Ipv4Addr::new(198, 51, 100, 10));
+                    prop_assert_eq!(holds, *me == h.node, "on {}", me);
+                }
+            }
+        }
+    }
+}

@@ -77,6 +77,10 @@ pub struct PeerView {
     /// included: their last claims carry the epochs a new holder must exceed), and of
     /// this node itself.
     pub reports: BTreeMap<String, Report>,
+    /// The newest claim ever heard of each egress IP, (node, epoch), released ones
+    /// included: a new holder's epoch exceeds it, and its reason names why that node
+    /// let go.
+    pub last_claims: BTreeMap<IpAddr, (String, u64)>,
 }
 
 /// Who the agent probes and counts, set after every reconcile.
@@ -156,6 +160,7 @@ pub struct Tracker {
     peers: BTreeMap<String, Peer>,
     last_dead: BTreeSet<String>,
     last_cut_off: bool,
+    last_claims: BTreeMap<IpAddr, (String, u64)>,
 }
 
 impl Tracker {
@@ -171,6 +176,7 @@ impl Tracker {
             peers: BTreeMap::new(),
             last_dead: BTreeSet::new(),
             last_cut_off: false,
+            last_claims: BTreeMap::new(),
         }
     }
 
@@ -185,6 +191,7 @@ impl Tracker {
     /// This node's own report (its down interfaces and the IPs it holds); `cut_off` is the
     /// tracker's to set.
     pub fn set_local(&mut self, down: BTreeSet<String>, claims: BTreeMap<IpAddr, Claim>) {
+        remember(&mut self.last_claims, &self.me, &claims);
         self.local.down = down;
         self.local.claims = claims;
     }
@@ -242,6 +249,7 @@ impl Tracker {
         let rtt = (h.echo_us != 0 && h.echo_us <= mine).then(|| {
             Duration::from_micros((mine - h.echo_us).saturating_sub(u64::from(h.echo_held_us)))
         });
+        remember(&mut self.last_claims, &h.name, &h.claims);
         let prev = self.peers.get(&h.name);
         let prev_rtt = prev.and_then(|p| p.rtt);
         let changed = prev.is_none_or(|p| {
@@ -367,7 +375,11 @@ impl Tracker {
         let mut local = self.local.clone();
         local.cut_off = cut_off;
         reports.insert(self.me.clone(), local);
-        PeerView { dead, reports }
+        PeerView {
+            dead,
+            reports,
+            last_claims: self.last_claims.clone(),
+        }
     }
 
     /// The view at `now`, and what changed since the last call.
@@ -429,6 +441,22 @@ impl Tracker {
                 }
             })
             .collect()
+    }
+}
+
+/// Note `node`'s claims where they are at least as new as what was heard before.
+fn remember(
+    last: &mut BTreeMap<IpAddr, (String, u64)>,
+    node: &str,
+    claims: &BTreeMap<IpAddr, Claim>,
+) {
+    for (ip, c) in claims {
+        match last.get(ip) {
+            Some((_, e)) if *e > c.epoch => {}
+            _ => {
+                last.insert(*ip, (node.to_owned(), c.epoch));
+            }
+        }
     }
 }
 
