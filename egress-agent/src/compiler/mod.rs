@@ -1260,12 +1260,12 @@ fn choose_holder(
     };
     let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
     let mut g = pool.into_iter().find(|h| h.node == node)?.clone();
-    let kept = claim(&node);
+    let kept = claim(node);
     if kept.is_some() && kept == newest {
         // Sticky: it holds the newest claim.
         g.epoch = kept.unwrap_or_default();
         let published =
-            node_info(&node).and_then(|n| n.egress.as_ref()?.held_meta.get(&ip).cloned());
+            node_info(node).and_then(|n| n.egress.as_ref()?.held_meta.get(&ip).cloned());
         if let Some((epoch, since, why)) = published
             && Some(epoch) == kept
         {

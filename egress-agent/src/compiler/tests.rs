@@ -1825,7 +1825,7 @@ fn held_view(holder: &str, epoch: u64, stale: Option<u64>) -> ClusterView {
     view
 }
 
-fn holder_record<'a>(c: &'a Compiled) -> &'a Holder {
+fn holder_record(c: &Compiled) -> &Holder {
     let ip: IpAddr = A.parse().expect("ip");
     c.holders
         .iter()
