@@ -339,7 +339,7 @@ impl Reconciler<'_> {
         self.probes
             .update(membership(view, &me), down, holding::claims(&self.holdings));
         self.publish_node(desired.node_ip, &ifaces, &peers)?;
-        self.report(view, &compiled);
+        self.report(view, &peers, &compiled);
 
         for p in &problems {
             debug!("problem: {p}");
@@ -672,13 +672,20 @@ impl Reconciler<'_> {
     }
 
     /// Policy status and holder moves: logged always; written to the API (statuses,
-    /// Events) by one agent only, the one on the first Ready node by name, so that
+    /// Events) by one agent only, the one on the first Ready, live node by name, so that
     /// agents whose views differ for a moment do not fight over the status.
-    fn report(&mut self, view: &ClusterView, compiled: &Compiled) {
+    fn report(&mut self, view: &ClusterView, peers: &PeerView, compiled: &Compiled) {
+        // A silently dead node may still look Ready: the next one writes.
         let writer = view
             .nodes
             .iter()
             .filter(|n| compiler::node_ready(n))
+            .filter(|n| {
+                n.metadata
+                    .name
+                    .as_deref()
+                    .is_none_or(|name| !peers.dead.contains(name))
+            })
             .filter_map(|n| n.metadata.name.as_deref())
             .min()
             == Some(self.cfg.node_name.as_str());
@@ -766,6 +773,18 @@ fn membership(view: &ClusterView, me: &str) -> Membership {
             .nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.clone()?, compiler::node_underlay(n)?)))
+            .collect(),
+        aliases: view
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let addrs = n.status.as_ref()?.addresses.as_ref()?;
+                let ips = addrs
+                    .iter()
+                    .filter_map(|a| a.address.parse().ok())
+                    .collect();
+                Some((n.metadata.name.clone()?, ips))
+            })
             .collect(),
         gateways: compiler::gateway_candidates(view),
         expected: view

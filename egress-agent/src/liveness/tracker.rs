@@ -86,8 +86,11 @@ pub struct PeerView {
 /// Who the agent probes and counts, set after every reconcile.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Membership {
-    /// Every node with an underlay address: hellos from anywhere else are refused.
+    /// Every node with an underlay address (where its hellos go).
     pub nodes: BTreeMap<String, IpAddr>,
+    /// Other addresses a node's hellos may come from (its Node's other addresses, when
+    /// its routes pick one of those as the source); hellos from anywhere else are refused.
+    pub aliases: BTreeMap<String, BTreeSet<IpAddr>>,
     /// Nodes that some policy may use as a gateway: watched for liveness.
     pub gateways: BTreeSet<String>,
     /// Agents whose hellos count for the quorum (Ready nodes with an EgressNode).
@@ -228,7 +231,12 @@ impl Tracker {
         let Some(want) = self.members.nodes.get(&h.name) else {
             return Err(Refused::UnknownNode { name: h.name, from });
         };
-        if *want != from {
+        let alias = self
+            .members
+            .aliases
+            .get(&h.name)
+            .is_some_and(|a| a.contains(&from));
+        if *want != from && !alias {
             return Err(Refused::WrongAddress {
                 name: h.name,
                 from,
@@ -497,6 +505,7 @@ mod tests {
                 .iter()
                 .map(|(n, a)| ((*n).to_owned(), a.parse().expect("ip")))
                 .collect(),
+            aliases: BTreeMap::new(),
             gateways: ["gw1".to_owned(), "gw2".to_owned()].into(),
             expected: NODES.iter().map(|(n, _)| (*n).to_owned()).collect(),
         }
