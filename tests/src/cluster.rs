@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::lab::{
-    Family, Lab, LabSpec, Proto, Query, Seen, Underlay, addr, addr6, locate_echo_bin,
+    Family, Lab, LabSpec, NODES, Proto, Query, Seen, Underlay, addr, addr6, locate_echo_bin,
 };
 
 /// The `egress-agent` binary next to the running executable (or one directory up, for
@@ -97,20 +97,27 @@ pub fn spec_on(family: Family, underlay: Underlay) -> Result<LabSpec> {
     Ok(spec)
 }
 
-/// Which gateway and interface hold `ip` (read from the gateways' interfaces that are up).
+/// Which gateway and interface hold `ip` (read from the gateways' interfaces that are up);
+/// the first of [`holders`].
 pub fn holder(lab: &Lab, ip: impl Into<IpAddr>) -> Option<(String, String)> {
+    holders(lab, ip).into_iter().next()
+}
+
+/// Every gateway that has `ip` on an interface that is up, with that interface: more than
+/// one means two gateways answer for the same egress IP.
+pub fn holders(lab: &Lab, ip: impl Into<IpAddr>) -> Vec<(String, String)> {
     let ip: IpAddr = ip.into();
-    let fam = if ip.is_ipv6() { "-6" } else { "-4" };
-    for gw in ["gw1", "gw2"] {
-        for ifc in ["sec-a", "sec-b"] {
-            if let Ok(o) = lab.exec(gw, "ip", &[fam, "-o", "addr", "show", "up", "dev", ifc])
-                && String::from_utf8_lossy(&o.stdout).contains(&format!(" {ip}/"))
-            {
-                return Some((gw.to_owned(), ifc.to_owned()));
-            }
+    let mut out = Vec::new();
+    for gw in NODES.iter().filter(|n| n.gateway).map(|n| n.name) {
+        let addrs = lab
+            .ns(gw)
+            .and_then(|ns| ns.up_addresses())
+            .unwrap_or_default();
+        if let Some((ifc, _)) = addrs.into_iter().find(|(_, a)| *a == ip) {
+            out.push((gw.to_owned(), ifc));
         }
     }
-    None
+    out
 }
 
 /// The source address `host` saw for a short query from `pod`, or `None` if it failed.

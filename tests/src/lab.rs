@@ -146,6 +146,10 @@ pub const CLUSTER_FILE: &str = "cluster.yaml";
 pub const PAYMENTS: &str = "payments";
 /// Label that marks gateway nodes, matched by the sample policy's `gatewaySelector`.
 pub const GATEWAY_LABEL: &str = "egress.dev/gateway";
+/// Node annotation (`"true"`) of a drained node: no longer eligible to hold egress IPs.
+pub const DRAIN_ANNOTATION: &str = "egress.dev/drain";
+/// nftables table (bridge family, in the underlay namespace) of [`Lab::partition_underlay`].
+const PARTITION_TABLE: &str = "lab_partition";
 
 /// A node of the lab.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +175,48 @@ impl Node {
     pub fn ip6(&self) -> Ipv6Addr {
         Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, hex_like(self.ip.octets()[3]))
     }
+
+    /// `ip` commands that configure the node's underlay link `eth0` once it exists:
+    /// addresses, up, default route, other nodes' pod ranges. Idempotent (`replace`), so
+    /// they also restore what the kernel drops when the link goes down (its static routes,
+    /// its IPv6 addresses).
+    fn underlay_config(&self, v6: bool) -> Vec<String> {
+        let mut cmds = vec![
+            format!("addr replace {}/24 dev eth0", self.ip),
+            "link set eth0 up".to_owned(),
+            format!("route replace default via {}", addr::ROUTER),
+        ];
+        for other in NODES.iter().filter(|o| o.name != self.name) {
+            cmds.push(format!(
+                "route replace {} via {}",
+                other.pod_cidr(),
+                other.ip
+            ));
+        }
+        if v6 {
+            cmds.push(format!("addr replace {}/64 dev eth0 nodad", self.ip6()));
+            cmds.push(format!("route replace ::/0 via {}", addr6::ROUTER));
+            for other in NODES.iter().filter(|o| o.name != self.name) {
+                cmds.push(format!(
+                    "route replace {} via {}",
+                    other.pod_cidr_v6(),
+                    other.ip6()
+                ));
+            }
+        }
+        cmds
+    }
+}
+
+/// A gateway's own addresses on secondary network `id` (`a` or `b`): `sec-<id>` has them.
+fn secondary_addrs(gw: &str, id: char) -> Result<(Ipv4Addr, Ipv6Addr)> {
+    Ok(match (gw, id) {
+        ("gw1", 'a') => (addr::GW1_SEC_A, addr6::GW1_SEC_A),
+        ("gw1", 'b') => (addr::GW1_SEC_B, addr6::GW1_SEC_B),
+        ("gw2", 'a') => (addr::GW2_SEC_A, addr6::GW2_SEC_A),
+        ("gw2", 'b') => (addr::GW2_SEC_B, addr6::GW2_SEC_B),
+        _ => bail!("{gw} has no link sec-{id} (gateways gw1 and gw2 have sec-a and sec-b)"),
+    })
 }
 
 /// `11` -> `0x11`: IPv6 addresses that read like their IPv4 counterparts.
@@ -550,6 +596,8 @@ pub struct Lab {
     agents: BTreeMap<String, NsChild>,
     pin_dirs: BTreeMap<String, DirGuard>,
     ready: BTreeMap<String, bool>,
+    /// Nodes annotated [`DRAIN_ANNOTATION`].
+    drained: std::collections::BTreeSet<String>,
     leaked: bool,
 }
 
@@ -576,6 +624,7 @@ impl Lab {
             agents: BTreeMap::new(),
             pin_dirs: BTreeMap::new(),
             ready: NODES.iter().map(|n| (n.name.to_owned(), true)).collect(),
+            drained: std::collections::BTreeSet::new(),
             leaked: false,
             spec,
         };
@@ -639,26 +688,11 @@ impl Lab {
         let ul = self.ns_name("ul");
         let mut ul_ports = Vec::new();
         for node in &NODES {
-            let mut cmds = vec![
-                format!("link add eth0 type veth peer name {} netns {ul}", node.name),
-                format!("addr add {}/24 dev eth0", node.ip),
-                "link set eth0 up".to_owned(),
-                format!("route add default via {}", addr::ROUTER),
-            ];
-            for other in NODES.iter().filter(|o| o.name != node.name) {
-                cmds.push(format!("route add {} via {}", other.pod_cidr(), other.ip));
-            }
-            if v6 {
-                cmds.push(format!("addr add {}/64 dev eth0 nodad", node.ip6()));
-                cmds.push(format!("route add ::/0 via {}", addr6::ROUTER));
-                for other in NODES.iter().filter(|o| o.name != node.name) {
-                    cmds.push(format!(
-                        "route add {} via {}",
-                        other.pod_cidr_v6(),
-                        other.ip6()
-                    ));
-                }
-            }
+            let mut cmds = vec![format!(
+                "link add eth0 type veth peer name {} netns {ul}",
+                node.name
+            )];
+            cmds.extend(node.underlay_config(v6));
             self.ns(node.name)?.ip_batch(&cmds)?;
             ul_ports.push(node.name.to_owned());
         }
@@ -699,24 +733,10 @@ impl Lab {
             .ip_batch(&["link set rtr master br0 up"])?;
 
         // Secondary networks: only the gateways have a leg on them.
-        for (gw, a, b, a6, b6) in [
-            (
-                "gw1",
-                addr::GW1_SEC_A,
-                addr::GW1_SEC_B,
-                addr6::GW1_SEC_A,
-                addr6::GW1_SEC_B,
-            ),
-            (
-                "gw2",
-                addr::GW2_SEC_A,
-                addr::GW2_SEC_B,
-                addr6::GW2_SEC_A,
-                addr6::GW2_SEC_B,
-            ),
-        ] {
+        for gw in ["gw1", "gw2"] {
             let mut cmds = Vec::new();
-            for (id, ip, ip6) in [('a', a, a6), ('b', b, b6)] {
+            for id in ['a', 'b'] {
+                let (ip, ip6) = secondary_addrs(gw, id)?;
                 let bridge_ns = self.ns_name(&format!("net-{id}"));
                 cmds.extend([
                     format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}"),
@@ -1025,6 +1045,18 @@ impl Lab {
         self.write_cluster()
     }
 
+    /// Drain a node (annotation `egress.dev/drain: "true"` on its Node in `cluster.yaml`)
+    /// or undrain it (no annotation). A drained node may not hold egress IPs.
+    pub fn set_node_drain(&mut self, node: &str, drain: bool) -> Result<()> {
+        self.node(node)?;
+        if drain {
+            self.drained.insert(node.to_owned());
+        } else {
+            self.drained.remove(node);
+        }
+        self.write_cluster()
+    }
+
     /// A Node's `status.addresses`: InternalIPs, the underlay's family first (the agents
     /// tunnel to the first one), then the hostname.
     fn node_addresses(&self, node: &Node) -> Value {
@@ -1060,10 +1092,14 @@ impl Lab {
                 labels.insert(GATEWAY_LABEL.to_owned(), "true".to_owned());
             }
             let ready = self.ready.get(node.name).copied().unwrap_or(true);
+            let mut metadata = json!({"name": node.name, "labels": labels});
+            if self.drained.contains(node.name) {
+                metadata["annotations"] = json!({DRAIN_ANNOTATION: "true"});
+            }
             docs.push(json!({
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": node.name, "labels": labels},
+                "metadata": metadata,
                 "spec": {"podCIDR": node.pod_cidr(), "podCIDRs": [node.pod_cidr()]},
                 "status": {
                     "addresses": self.node_addresses(node),
@@ -1108,6 +1144,87 @@ impl Lab {
 
     fn write_cluster(&self) -> Result<()> {
         self.write_state_file(CLUSTER_FILE, &self.cluster_yaml())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // failures: links and partitions
+
+    /// Take a node's underlay link (`eth0` in its namespace) down, or bring it back up with
+    /// its addresses and routes (the kernel drops static routes, and IPv6 addresses, of a
+    /// link that goes down). Down, the node reaches no other node, and nothing reaches it.
+    pub fn set_underlay_link(&self, node: &str, up: bool) -> Result<()> {
+        let n = self.node(node)?;
+        if up {
+            self.ns(node)?
+                .ip_batch(&n.underlay_config(self.spec.family.has_v6()))
+        } else {
+            self.ns(node)?.ip_batch(&["link set eth0 down"])
+        }
+    }
+
+    /// Take a gateway's link to a secondary network (`sec-a`, `sec-b`) down, or bring it
+    /// back up with the gateway's own addresses on it (egress IPs are the agent's to add).
+    pub fn set_secondary_link(&self, gw: &str, link: &str, up: bool) -> Result<()> {
+        let id = match link {
+            "sec-a" => 'a',
+            "sec-b" => 'b',
+            other => bail!("{other:?} is not a secondary link (sec-a, sec-b)"),
+        };
+        let (ip, ip6) = secondary_addrs(gw, id)?;
+        let mut cmds = vec![format!(
+            "link set {link} {}",
+            if up { "up" } else { "down" }
+        )];
+        if up {
+            cmds.push(format!("addr replace {ip}/24 dev {link}"));
+            if self.spec.family.has_v6() {
+                cmds.push(format!("addr replace {ip6}/64 dev {link} nodad"));
+            }
+        }
+        self.ns(gw)?.ip_batch(&cmds)
+    }
+
+    /// Nodes `a` and `b` can no longer reach each other over the underlay (any protocol,
+    /// either family, ARP and neighbour discovery too); every other pair still can. The
+    /// underlay bridge drops what it would forward between their ports (nftables, bridge
+    /// family, in the `ul` namespace): nothing changes inside the nodes themselves.
+    pub fn partition_underlay(&self, a: &str, b: &str) -> Result<()> {
+        self.node(a)?;
+        self.node(b)?;
+        let nft = |args: &[&str]| self.exec("ul", "nft", args).map(drop);
+        nft(&["add", "table", "bridge", PARTITION_TABLE])?;
+        nft(&[
+            "add",
+            "chain",
+            "bridge",
+            PARTITION_TABLE,
+            "forward",
+            "{ type filter hook forward priority 0 ; policy accept ; }",
+        ])?;
+        for (from, to) in [(a, b), (b, a)] {
+            nft(&[
+                "add",
+                "rule",
+                "bridge",
+                PARTITION_TABLE,
+                "forward",
+                "iifname",
+                from,
+                "oifname",
+                to,
+                "drop",
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Remove every partition of [`Lab::partition_underlay`].
+    pub fn heal_underlay(&self) -> Result<()> {
+        let out = self.ns("ul")?.exec_unchecked("nft", &["list", "tables"])?;
+        if String::from_utf8_lossy(&out.stdout).contains(PARTITION_TABLE) {
+            self.exec("ul", "nft", &["delete", "table", "bridge", PARTITION_TABLE])?;
+        }
+        Ok(())
     }
 
     // -----------------------------------------------------------------------------------
@@ -1185,12 +1302,18 @@ impl Lab {
 
     /// SIGTERM every agent at once, SIGKILL those still running after [`KILL_GRACE`].
     pub fn stop_agents(&mut self) {
-        let agents = std::mem::take(&mut self.agents);
-        agents.values().for_each(NsChild::signal_term);
+        let mut agents = std::mem::take(&mut self.agents);
+        agents.values_mut().for_each(NsChild::signal_term);
         let deadline = Instant::now() + KILL_GRACE;
         for (_, mut child) in agents {
             child.terminate(deadline.saturating_duration_since(Instant::now()));
         }
+    }
+
+    /// Whether this lab started an agent on `node` that it has not stopped or killed (it
+    /// may have exited since: [`Lab::exited_agents`]).
+    pub fn agent_running(&self, node: &str) -> bool {
+        self.agents.contains_key(node)
     }
 
     /// Nodes whose agent process has exited, with the exit status.

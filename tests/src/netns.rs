@@ -13,6 +13,7 @@ use std::{
     collections::BTreeSet,
     fs::File,
     io::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
@@ -239,8 +240,20 @@ impl Netns {
         T: Send + 'static,
         F: FnOnce() -> Result<T> + Send + 'static,
     {
+        self.spawn_in(f)?
+            .join()
+            .map_err(|_| anyhow::anyhow!("thread in namespace panicked"))?
+    }
+
+    /// [`Netns::run_in`] without waiting: the thread's handle (for samplers that run
+    /// alongside the caller).
+    pub fn spawn_in<T, F>(&self, f: F) -> Result<thread::JoinHandle<Result<T>>>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
         let file = self.open()?;
-        let handle = thread::spawn(move || -> Result<T> {
+        Ok(thread::spawn(move || -> Result<T> {
             // SAFETY: setns(2) on a valid, open namespace fd; it only changes this thread's
             // network namespace, and the thread ends with `f`.
             let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
@@ -249,10 +262,12 @@ impl Netns {
             }
             drop(file);
             f()
-        });
-        handle
-            .join()
-            .map_err(|_| anyhow::anyhow!("thread in namespace panicked"))?
+        }))
+    }
+
+    /// Addresses on the interfaces of this namespace that are up: [`up_addresses`].
+    pub fn up_addresses(&self) -> Result<Vec<(String, IpAddr)>> {
+        self.run_in(up_addresses)
     }
 
     fn open(&self) -> Result<File> {
@@ -370,9 +385,32 @@ impl NsChild {
 
     /// Send SIGTERM without waiting (to stop several children in parallel, then
     /// [`NsChild::terminate`] each).
-    pub fn signal_term(&self) {
-        if let Some(c) = &self.child {
-            signal(c.id() as i32, libc::SIGTERM);
+    pub fn signal_term(&mut self) {
+        self.send_signal(libc::SIGTERM);
+    }
+
+    /// Send a signal (e.g. SIGINT, after which `ping` prints its statistics), unless the
+    /// child has exited: once reaped (by [`NsChild::try_wait`]), its pid may be another
+    /// process's.
+    pub fn send_signal(&mut self, sig: i32) {
+        if let Some(c) = &mut self.child
+            && matches!(c.try_wait(), Ok(None))
+        {
+            signal(c.id() as i32, sig);
+        }
+    }
+
+    /// Wait up to `timeout` for the child to exit on its own: `Some(status)` if it did.
+    pub fn wait_for(&mut self, timeout: Duration) -> Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -483,6 +521,46 @@ impl Drop for DirGuard {
             let _ = std::fs::remove_dir_all(&self.path);
         }
     }
+}
+
+/// `(interface, address)` for every IPv4 and IPv6 address on an interface that is up
+/// (`IFF_UP`, what `ip addr show up` lists) in the calling thread's network namespace.
+/// One `getifaddrs(3)`: cheap enough to sample every few milliseconds.
+pub fn up_addresses() -> Result<Vec<(String, IpAddr)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list that is freed below, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        bail!("getifaddrs: {}", std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not freed yet; its name
+        // is a NUL-terminated string and its address, if any, a sockaddr of `sa_family`.
+        unsafe {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
+                continue;
+            }
+            let ip = match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            };
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name);
+            out.push((name.to_string_lossy().into_owned(), ip));
+        }
+    }
+    // SAFETY: the list from getifaddrs above, freed once; nothing points into it any more.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
 }
 
 /// Mount bpffs at `/sys/fs/bpf` unless something (bpffs) is mounted there already.

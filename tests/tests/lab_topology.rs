@@ -5,7 +5,7 @@
 use std::{net::IpAddr, path::Path, time::Duration};
 
 use egress_tests::{
-    lab::{Lab, LabSpec, NODES, Proto, Query, addr},
+    lab::{Family, Lab, LabSpec, NODES, Proto, Query, addr, addr6},
     netns,
 };
 
@@ -126,6 +126,87 @@ fn state_dir_holds_the_cluster_and_the_sample_policy() {
     lab.set_node_ready("gw1", false).unwrap();
     let cluster = std::fs::read_to_string(state.join("cluster.yaml")).unwrap();
     assert_eq!(cluster.matches("status: \"False\"").count(), 1);
+
+    // A drained node carries the annotation, until it is undrained.
+    lab.set_node_drain("gw2", true).unwrap();
+    let cluster = std::fs::read_to_string(state.join("cluster.yaml")).unwrap();
+    assert!(
+        cluster.contains("  annotations:\n    egress.dev/drain: \"true\"\n  labels:\n"),
+        "{cluster}"
+    );
+    let gw2 = cluster
+        .split("---\n")
+        .find(|d| d.contains("name: gw2\n"))
+        .unwrap();
+    assert!(gw2.contains("egress.dev/drain"), "{gw2}");
+    lab.set_node_drain("gw2", false).unwrap();
+    let cluster = std::fs::read_to_string(state.join("cluster.yaml")).unwrap();
+    assert!(!cluster.contains("egress.dev/drain"));
+}
+
+/// Addresses and routes of a namespace, both families, as `ip` prints them (sorted: the
+/// order of routes of equal prefix may change).
+fn addresses_and_routes(lab: &Lab, member: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for args in [
+        &["-o", "addr", "show"][..],
+        &["-4", "route", "show"],
+        &["-6", "route", "show"],
+    ] {
+        let o = lab.exec(member, "ip", args).unwrap();
+        out.extend(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_owned),
+        );
+    }
+    out.sort();
+    out
+}
+
+fn pings(lab: &Lab, from: &str, to: impl Into<IpAddr>) -> bool {
+    let to = to.into().to_string();
+    lab.ns(from)
+        .unwrap()
+        .exec_unchecked("ping", &["-c", "1", "-W", "1", &to])
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn links_cut_and_restored_come_back_as_they_were() {
+    // Dual stack: a link that goes down loses its IPv6 addresses and its static routes.
+    let lab = Lab::up(spec().with_family(Family::Dual)).unwrap();
+    let before = addresses_and_routes(&lab, "gw1");
+    lab.set_underlay_link("gw1", false).unwrap();
+    lab.set_secondary_link("gw1", "sec-a", false).unwrap();
+    assert!(!pings(&lab, "w1", addr::GW1));
+    assert!(!pings(&lab, "host-a", addr::GW1_SEC_A));
+    assert!(pings(&lab, "host-b", addr::GW1_SEC_B));
+    lab.set_underlay_link("gw1", true).unwrap();
+    lab.set_secondary_link("gw1", "sec-a", true).unwrap();
+    assert_eq!(addresses_and_routes(&lab, "gw1"), before);
+    assert!(pings(&lab, "w1", addr::GW1));
+    assert!(pings(&lab, "host-a", addr::GW1_SEC_A));
+    assert!(pings(&lab, "gw1-p1", addr::HOST_C));
+    assert!(pings(&lab, "gw1-p1", addr6::HOST_C));
+}
+
+#[test]
+fn a_partition_separates_only_the_two_nodes() {
+    let lab = Lab::up(spec().with_family(Family::Dual)).unwrap();
+    lab.partition_underlay("gw1", "gw2").unwrap();
+    // Not even neighbour discovery gets through (no cached entry for fd00:200::22 yet).
+    assert!(!pings(&lab, "gw1", addr::GW2));
+    assert!(!pings(&lab, "gw2", NODES[2].ip6()));
+    for gw in [addr::GW1, addr::GW2] {
+        assert!(pings(&lab, "w1", gw));
+    }
+    lab.heal_underlay().unwrap();
+    lab.heal_underlay().unwrap();
+    assert!(pings(&lab, "gw1", addr::GW2));
+    assert!(pings(&lab, "gw2", NODES[2].ip6()));
 }
 
 #[test]
