@@ -7,5 +7,6 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod packet6;
+pub mod stream;
 pub mod table;
 pub mod testrun;

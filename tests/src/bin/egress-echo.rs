@@ -3,6 +3,7 @@
 //! ```text
 //! egress-echo serve [--bind IP] --tcp PORT --udp PORT
 //! egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]
+//! egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
 //! ```
 //!
 //! Protocol (TCP stream or one UDP datagram each way):
@@ -15,6 +16,21 @@
 //! Payload byte `i` is `i % 251` (a prime, so shifted or truncated data shows). A TCP request
 //! line without `SIZE` (e.g. an empty line) means n = 0. `query` prints the seen line and
 //! exits 0 only if the reply's payload is exactly the n bytes expected; every wait is bounded.
+//!
+//! Streams, for failover measurements (one long-lived flow, a line every interval):
+//!
+//! ```text
+//! TCP:  "STREAM\n" first, then per line "<line>\n"  ->  "seen <src-ip>:<src-port> <line>\n"
+//! UDP:  datagram "STREAM <rest>"                    ->  "seen <src-ip>:<src-port> <rest>"
+//! ```
+//!
+//! `stream` sends the numbers 0, 1, 2, ... one per interval and never reconnects: a TCP
+//! connection that is reset or closed ends the stream (`"reset": true`). It stops after the
+//! duration or on SIGTERM/SIGINT and prints one JSON line: counts, the longest gap between
+//! replies, the sources the server saw, and every reply's time (unix milliseconds, so a
+//! runner can line them up with what it did). `--events FILE` also writes each send and
+//! reply as it happens: `<unix_ms> send <seq>`, `<unix_ms> reply <seq> <ip:port>`,
+//! `<unix_ms> reset|error <message>`. It exits 0 unless the stream broke.
 //!
 //! std only, except for binding the TCP source port of `--sport`, which std cannot do: that
 //! one path goes through tokio's `TcpSocket` (already a dependency of this crate).
@@ -35,15 +51,20 @@ const MAX_TCP_PAYLOAD: usize = 64 << 20;
 /// A server never waits longer than this for a client's request.
 const SERVER_IO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A stream connection may stay idle this long (its path may be failing over).
+const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
 const USAGE: &str = "usage:
   egress-echo serve [--bind IP] [--tcp PORT] [--udp PORT]
-  egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]";
+  egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]
+  egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("query") => query(&args[1..]),
+        Some("stream") => stream(&args[1..]),
         Some("flood") => flood(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
@@ -151,6 +172,9 @@ fn handle_tcp(stream: TcpStream) -> Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line).context("read request line")?;
+    if line.trim_end() == "STREAM" {
+        return stream_tcp(reader, stream, peer);
+    }
     let n = parse_size_line(&line)?;
     if n > MAX_TCP_PAYLOAD {
         bail!("SIZE {n} too large");
@@ -171,6 +195,25 @@ fn handle_tcp(stream: TcpStream) -> Result<()> {
     Ok(())
 }
 
+/// Line echo until the client closes: each line comes back as `seen <peer> <line>`.
+fn stream_tcp(
+    mut reader: BufReader<TcpStream>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+) -> Result<()> {
+    stream.set_read_timeout(Some(STREAM_IDLE_TIMEOUT))?;
+    eprintln!("tcp stream from {peer}");
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).context("read stream line")? == 0 {
+            eprintln!("tcp stream from {peer} closed");
+            return Ok(());
+        }
+        stream.write_all(format!("seen {peer} {}\n", line.trim_end()).as_bytes())?;
+    }
+}
+
 fn serve_udp(socket: UdpSocket) -> Result<()> {
     let mut buf = vec![0; 65_536];
     loop {
@@ -182,6 +225,14 @@ fn serve_udp(socket: UdpSocket) -> Result<()> {
             }
         };
         let data = &buf[..len];
+        if let Some(rest) = data.strip_prefix(b"STREAM ") {
+            let mut reply = format!("seen {peer} ").into_bytes();
+            reply.extend_from_slice(rest);
+            if let Err(e) = socket.send_to(&reply, peer) {
+                eprintln!("udp send to {peer}: {e}");
+            }
+            continue;
+        }
         let (head, body) = match data.iter().position(|&b| b == b'\n') {
             Some(i) => (&data[..i], &data[i + 1..]),
             None => (data, &data[len..]),
@@ -410,6 +461,19 @@ fn query_udp(q: &Query) -> Result<Vec<u8>> {
         q.attempts,
         q.timeout
     )
+}
+
+// ---------------------------------------------------------------------------------------
+// stream (failover measurements): the client lives in the library, next to the summary
+// the failover runner reads back.
+
+fn stream(args: &[String]) -> Result<()> {
+    let args: Vec<String> = args.to_vec();
+    match egress_tests::stream::run(&args) {
+        Ok(true) => Ok(()),
+        Ok(false) => bail!("the stream broke (see the summary)"),
+        Err(e) => Err(e.context(USAGE)),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
