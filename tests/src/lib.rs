@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod failover;
 pub mod lab;
 pub mod netns;
 pub mod packet;

@@ -33,6 +33,15 @@ pub struct LabArgs {
     /// The underlay's family (the tunnel between nodes): ipv4 or ipv6.
     #[arg(long, value_name = "FAMILY", value_parser = ["ipv4", "ipv6"])]
     underlay: Option<String>,
+    /// Instead of the table: break the gateway holding egress IP A six ways (NotReady,
+    /// silent death, underlay cut, secondary cut, gateway partition, drain) while a pod
+    /// streams TCP, UDP and ping through it; one row per case. Exits non-zero if a TCP
+    /// stream did not survive or two gateways held the IP for more than a second.
+    #[arg(long, conflicts_with_all = ["keep", "down"])]
+    failover: bool,
+    /// With --failover: run every kind N times and summarize per kind.
+    #[arg(long, value_name = "N", requires = "failover")]
+    rounds: Option<u32>,
 }
 
 #[derive(clap::Args)]
@@ -139,6 +148,13 @@ pub fn lab(args: LabArgs) -> Result<()> {
     }
     if let Some(u) = &args.underlay {
         a.extend(["--underlay", u]);
+    }
+    if args.failover {
+        a.push("--failover");
+    }
+    let rounds = args.rounds.map(|n| n.to_string());
+    if let Some(n) = &rounds {
+        a.extend(["--rounds", n]);
     }
     let down;
     if let Some(p) = &args.down {

@@ -3,6 +3,11 @@
 //! `--ipv6`: IPv6-only pods (the table's IPv6 rows) over an IPv6 underlay; `--dual-stack`:
 //! both families' rows, over an IPv4 underlay; `--underlay ipv4|ipv6` overrides the
 //! underlay's family.
+//!
+//! `--failover [--rounds N]`: instead of the table, break the holder of egress IP A in
+//! every way `egress_tests::failover` knows while a pod streams through it, one row per
+//! case; exits non-zero if a TCP stream did not survive or two gateways held the IP for
+//! more than a second.
 
 use std::{
     net::IpAddr,
@@ -13,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use egress_tests::{
-    cluster,
+    cluster, failover,
     lab::{self, Family, Lab, LabSpec, Proto, Query, Underlay, addr, addr6},
     netns,
 };
@@ -221,6 +226,13 @@ fn real_main() -> Result<bool> {
     if let Some(u) = underlay {
         spec.underlay = u;
     }
+    if arg("--failover") {
+        let rounds = match value("--rounds") {
+            Some(r) => r.parse().context("--rounds needs a positive number")?,
+            None => 1,
+        };
+        return failover_table(spec, rounds);
+    }
     let mut lab = Lab::up(spec)?;
     println!(
         "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, C routed; pods {}, over the {} underlay",
@@ -346,6 +358,32 @@ fn real_main() -> Result<bool> {
         println!("lab torn down");
     }
     Ok(ok_all)
+}
+
+/// `--failover`: the lab with agents, then every failure kind `rounds` times.
+fn failover_table(spec: LabSpec, rounds: u32) -> Result<bool> {
+    if rounds == 0 {
+        bail!("--rounds needs a positive number");
+    }
+    let t0 = Instant::now();
+    let mut lab = cluster::up_with_agents(spec)?;
+    println!(
+        "lab {} up with agents in {:.1}s (pods {}, {} underlay); logs in {}",
+        lab.prefix(),
+        t0.elapsed().as_secs_f64(),
+        match lab.family() {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+            Family::Dual => "dual stack",
+        },
+        lab.spec().underlay,
+        lab.dir().display(),
+    );
+    let ok = failover::run_table(&mut lab, rounds, &failover::Timing::default())?;
+    println!("{:.0}s in all", t0.elapsed().as_secs_f64());
+    lab.stop_agents();
+    lab.down()?;
+    Ok(ok)
 }
 
 /// Which gateway and interface hold each egress IP of the lab's families.

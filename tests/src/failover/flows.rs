@@ -1,0 +1,124 @@
+//! The pod's three flows to the host during a case, and what they saw.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, Result};
+
+use super::{POD, STALLED_AFTER_MS, Target, Timing};
+use crate::{
+    lab::{Lab, addr},
+    netns::NsChild,
+    stream::{Summary, unix_ms},
+};
+
+/// The pod's three flows to the host: `egress-echo stream tcp`, `... udp`, `ping -D`.
+pub(super) struct Flows {
+    tcp: Flow,
+    udp: Flow,
+    ping: Flow,
+    /// The TCP stream's events (`<unix ms> send|reply|reset|error ...`), read while it runs.
+    tcp_events: PathBuf,
+    start_unix_ms: u64,
+}
+
+/// A flow's process and its output (stdout and stderr).
+struct Flow {
+    child: NsChild,
+    log: PathBuf,
+}
+
+/// What the TCP stream's events file says so far.
+pub(super) struct Progress {
+    pub(super) last_reply: Option<u64>,
+    broken: bool,
+}
+
+impl Progress {
+    /// Not broken, but no reply lately.
+    pub(super) fn stalled(&self) -> bool {
+        !self.broken
+            && self
+                .last_reply
+                .is_none_or(|l| l + STALLED_AFTER_MS / 2 < unix_ms())
+    }
+}
+
+impl Flows {
+    pub(super) fn start(lab: &Lab, target: &Target, timing: &Timing, label: &str) -> Result<Self> {
+        let ns = lab.ns(POD)?;
+        let dest = SocketAddr::new(target.host, addr::ECHO_PORT).to_string();
+        let interval = timing.interval.as_millis().to_string();
+        let path = |what: &str| lab.dir().join(format!("{label}-{what}"));
+        let stream = |proto: &str| -> Result<Flow> {
+            let log = path(&format!("{proto}.log"));
+            let events = path(&format!("{proto}.events"));
+            let args = [
+                "stream",
+                proto,
+                &dest,
+                "--interval-ms",
+                &interval,
+                // A cap only: the runner stops the flows.
+                "--duration-ms",
+                "120000",
+                "--events",
+                &events.to_string_lossy(),
+            ];
+            let child = ns.spawn(&lab.spec().echo_bin, &args, &log)?;
+            Ok(Flow { child, log })
+        };
+        let start_unix_ms = unix_ms();
+        let tcp = stream("tcp")?;
+        let udp = stream("udp")?;
+        let family = if target.host.is_ipv6() { "-6" } else { "-4" };
+        let secs = format!("{:.3}", timing.interval.as_secs_f64());
+        let log = path("ping.log");
+        let args = [family, "-n", "-D", "-i", &secs, &target.host.to_string()];
+        let ping = Flow {
+            child: ns.spawn("ping", &args, &log)?,
+            log,
+        };
+        Ok(Self {
+            tcp,
+            udp,
+            ping,
+            tcp_events: path("tcp.events"),
+            start_unix_ms,
+        })
+    }
+
+    pub(super) fn tcp_progress(&self) -> Progress {
+        let text = std::fs::read_to_string(&self.tcp_events).unwrap_or_default();
+        let mut p = Progress {
+            last_reply: None,
+            broken: false,
+        };
+        for line in text.lines() {
+            let mut w = line.split_whitespace();
+            match (w.next().and_then(|t| t.parse::<u64>().ok()), w.next()) {
+                (Some(at), Some("reply")) => p.last_reply = Some(at),
+                (Some(_), Some("reset" | "error")) => p.broken = true,
+                _ => {}
+            }
+        }
+        p
+    }
+
+    /// Stop all three at once; their summaries (TCP, UDP, ping).
+    pub(super) fn stop(mut self) -> Result<(Summary, Summary, Summary)> {
+        self.tcp.child.signal_term();
+        self.udp.child.signal_term();
+        self.ping.child.send_signal(libc::SIGINT);
+        let end = unix_ms();
+        for f in [&mut self.tcp, &mut self.udp, &mut self.ping] {
+            if f.child.wait_for(Duration::from_secs(3))?.is_none() {
+                f.child.terminate(Duration::ZERO);
+            }
+        }
+        let read = |f: &Flow| std::fs::read_to_string(&f.log).unwrap_or_default();
+        let tcp = Summary::find_in(&read(&self.tcp)).context("the TCP stream")?;
+        let udp = Summary::find_in(&read(&self.udp)).context("the UDP stream")?;
+        let ping = Summary::from_ping(&read(&self.ping), self.start_unix_ms, end);
+        Ok((tcp, udp, ping))
+    }
+}
