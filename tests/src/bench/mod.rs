@@ -6,6 +6,7 @@ pub mod empty;
 pub mod frame;
 pub mod lab;
 pub mod per_packet;
+pub mod probes;
 pub mod report;
 
 /// One `BPF_PROG_TEST_RUN` call: the verdict of the last run and the kernel's own average

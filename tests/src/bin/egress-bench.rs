@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use egress_tests::bench::{
-    Plan, lab, per_packet,
+    Plan, lab, per_packet, probes,
     report::{Machine, Report, datapath_source, per_packet_table},
 };
 
@@ -17,7 +17,8 @@ const USAGE: &str =
   --no-lab     per-packet timings only (no lab: throughput, new flows, control plane)
   --lab-only   the lab sections only (no per-packet timings)
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
-  --no-write   print the report only";
+  --no-write   print the report only
+  --probes     the liveness probes' cost only, printed (not written)";
 
 struct Args {
     plan: Plan,
@@ -43,6 +44,17 @@ fn args() -> Result<Args> {
             "--lab-only" => per_packet = false,
             "--out" => out = Some(it.next().context("--out needs a path")?.into()),
             "--no-write" => out = None,
+            "--probes" => {
+                let t = probes::table(plan.quick);
+                let report = Report {
+                    machine: Machine::probe()?,
+                    source: datapath_source(&workspace()),
+                    plan,
+                    tables: vec![t],
+                };
+                println!("{}", report.markdown());
+                std::process::exit(0);
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -98,6 +110,7 @@ fn main() -> Result<()> {
         t.intro.extend(lab_error.clone());
         tables.push(t);
     }
+    tables.push(probes::table(plan.quick));
     let report = Report {
         machine,
         source: datapath_source(&workspace()),
