@@ -76,6 +76,12 @@ enum Command {
         #[arg(long, env = "EGRESS_PROBE_MISSES", default_value_t = 3,
               value_parser = clap::value_parser!(u32).range(1..=100))]
         probe_misses: u32,
+        /// Seconds peers keep this node alive after its agent stops with SIGTERM (a
+        /// restart: the pinned datapath keeps forwarding meanwhile). 0: fail over at once.
+        /// Cordon a gateway before shutting it down: its egress IPs then move first.
+        #[arg(long, env = "EGRESS_RESTART_GRACE_SECS", default_value_t = 15,
+              value_parser = clap::value_parser!(u16))]
+        restart_grace_secs: u16,
         /// UDP port of the liveness probes on the underlay; default: the tunnel port + 1.
         #[arg(long, env = "EGRESS_PROBE_PORT")]
         probe_port: Option<u16>,
@@ -141,6 +147,7 @@ fn real_main() -> Result<ExitCode> {
             probe_interval_ms,
             probe_misses,
             probe_port,
+            restart_grace_secs,
         } => {
             anyhow::ensure!(
                 port_min <= port_max,
@@ -164,6 +171,7 @@ fn real_main() -> Result<ExitCode> {
                 probe: liveness::Settings {
                     interval: Duration::from_millis(probe_interval_ms),
                     misses: probe_misses,
+                    restart_grace: Duration::from_secs(restart_grace_secs.into()),
                 },
                 probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
             };

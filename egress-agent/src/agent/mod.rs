@@ -228,6 +228,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             }
         }
     }
+    // The datapath stays: peers keep this node alive while its next agent starts.
+    r.probes.farewell().await;
     info!("agent stopping; maps, links and egress IPs stay for the next agent");
     Ok(())
 }

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! 0   "EGH1"            magic and version
-//! 4   flags u8          bit 0: the sender is cut off (holds nothing)
-//! 5   reserved [u8; 3]  zero
+//! 4   flags u8          bit 0: the sender is cut off (holds nothing); bit 1: its agent
+//!                       is restarting (SIGTERM): its datapath keeps serving meanwhile
+//! 5   grace_s u16       with bit 1: how long to count the sender alive without hellos
+//! 7   reserved u8       zero
 //! 8   incarnation u32   random per agent start: a restarted sender starts its sequence anew
 //! 12  seq u64           per sender, +1 per hello (to any peer)
 //! 20  sent_us u64       sender's monotonic clock
@@ -36,6 +38,9 @@ const HEADER_LEN: usize = 40;
 pub mod flags {
     /// The sender hears too few peers and holds nothing.
     pub const CUT_OFF: u8 = 1;
+    /// The sender's agent stops for a restart (SIGTERM); its pinned datapath keeps
+    /// forwarding, so peers count it alive for `grace_s` more seconds.
+    pub const RESTARTING: u8 = 2;
 }
 
 /// One egress IP the sender holds.
@@ -49,6 +54,8 @@ pub struct Claim {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Hello {
     pub flags: u8,
+    /// With [`flags::RESTARTING`]: seconds to count the sender alive without hellos.
+    pub grace_s: u16,
     pub incarnation: u32,
     pub seq: u64,
     pub sent_us: u64,
@@ -73,7 +80,8 @@ impl Hello {
         let mut b = BytesMut::with_capacity(256);
         b.put_slice(&MAGIC);
         b.put_u8(self.flags);
-        b.put_slice(&[0; 3]);
+        b.put_u16(self.grace_s);
+        b.put_u8(0);
         b.put_u32(self.incarnation);
         b.put_u64(self.seq);
         b.put_u64(self.sent_us);
@@ -118,12 +126,13 @@ impl Hello {
         }
         b.advance(4);
         let flags = b.get_u8();
-        if b[..3] != [0; 3] {
-            return Err(Error::Decode("reserved bytes set"));
+        let grace_s = b.get_u16();
+        if b.get_u8() != 0 {
+            return Err(Error::Decode("reserved byte set"));
         }
-        b.advance(3);
         let mut h = Hello {
             flags,
+            grace_s,
             incarnation: b.get_u32(),
             seq: b.get_u64(),
             sent_us: b.get_u64(),
@@ -219,6 +228,7 @@ mod tests {
     fn sample() -> Hello {
         Hello {
             flags: flags::CUT_OFF,
+            grace_s: 0,
             incarnation: 7,
             seq: 42,
             sent_us: 1_000_000,

@@ -27,6 +27,9 @@ pub struct Handle {
     tracker: Arc<Mutex<Tracker>>,
     kick: Arc<Notify>,
     refused: Arc<Mutex<u64>>,
+    socket: Arc<UdpSocket>,
+    v6_socket: bool,
+    port: u16,
 }
 
 /// What the service gives the reconcile loop.
@@ -71,6 +74,30 @@ impl Handle {
 
     pub fn settings(&self) -> Settings {
         lock(&self.tracker).settings()
+    }
+
+    /// Tell every peer this agent stops for a restart (its datapath stays), so that they
+    /// do not fail its egress IPs over while it is away (see `tracker::RESTART_GRACE`).
+    pub async fn farewell(&self) {
+        let now = Instant::now();
+        let hellos: Vec<(SocketAddr, Vec<u8>)> = {
+            let mut t = lock(&self.tracker);
+            t.targets()
+                .into_iter()
+                .filter_map(|(name, ip)| {
+                    let bytes = t.farewell_for(&name, now).encode().ok()?;
+                    Some((
+                        SocketAddr::new(mapped(ip, self.v6_socket), self.port),
+                        bytes.to_vec(),
+                    ))
+                })
+                .collect()
+        };
+        for (to, b) in hellos {
+            if let Err(e) = self.socket.send_to(&b, to).await {
+                debug!("failed to send a farewell to {to}: {e}");
+            }
+        }
     }
 
     /// Hellos refused so far (unknown sender, wrong address, stale, malformed).
@@ -142,7 +169,7 @@ pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<S
     }
     // Sender.
     {
-        let (tracker, kick) = (tracker.clone(), kick.clone());
+        let (tracker, kick, socket) = (tracker.clone(), kick.clone(), socket.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(settings.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -181,6 +208,9 @@ pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<S
             tracker,
             kick,
             refused,
+            socket,
+            v6_socket,
+            port,
         },
         views,
         transitions,

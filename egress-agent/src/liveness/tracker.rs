@@ -32,6 +32,10 @@ pub struct Settings {
     pub interval: Duration,
     /// Hellos missed in a row before a peer counts as unheard.
     pub misses: u32,
+    /// How long peers count this node alive after its agent stops for a restart
+    /// (SIGTERM; its pinned datapath keeps forwarding while the agent is away). An agent
+    /// killed without a word (SIGKILL, power loss) gets no grace. Zero: none.
+    pub restart_grace: Duration,
 }
 
 impl Default for Settings {
@@ -39,6 +43,7 @@ impl Default for Settings {
         Self {
             interval: Duration::from_millis(100),
             misses: 3,
+            restart_grace: Duration::from_secs(15),
         }
     }
 }
@@ -281,6 +286,17 @@ impl Tracker {
         Ok(changed)
     }
 
+    /// The last hello to `to` before this agent stops for a restart: the same, flagged.
+    pub fn farewell_for(&mut self, to: &str, now: Instant) -> Hello {
+        let mut h = self.hello_for(to, now);
+        let grace = u16::try_from(self.settings.restart_grace.as_secs()).unwrap_or(u16::MAX);
+        if grace > 0 {
+            h.flags |= flags::RESTARTING;
+            h.grace_s = grace;
+        }
+        h
+    }
+
     /// The next hello to `to`.
     pub fn hello_for(&mut self, to: &str, now: Instant) -> Hello {
         self.seq += 1;
@@ -294,6 +310,7 @@ impl Tracker {
         };
         Hello {
             flags: if self.last_cut_off { flags::CUT_OFF } else { 0 },
+            grace_s: 0,
             incarnation: self.incarnation,
             seq: self.seq,
             sent_us: self.micros(now),
@@ -311,7 +328,12 @@ impl Tracker {
     }
 
     fn direct(&self, p: &Peer, now: Instant) -> bool {
-        now.saturating_duration_since(p.last_heard) < self.settings.detection()
+        let window = if p.hello.flags & flags::RESTARTING != 0 {
+            Duration::from_secs(p.hello.grace_s.into()).max(self.settings.detection())
+        } else {
+            self.settings.detection()
+        };
+        now.saturating_duration_since(p.last_heard) < window
     }
 
     fn heard(&self, now: Instant) -> BTreeSet<&str> {
@@ -649,6 +671,29 @@ mod tests {
         for n in ["gw1", "gw2", "w1", "w2"] {
             assert_eq!(c.dead(n, 3000), set(&[]), "{n}");
         }
+    }
+
+    #[test]
+    fn a_restarting_agent_stays_alive_for_the_grace_but_a_killed_one_does_not() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        let t = c.t0 + Duration::from_millis(1000);
+        let bye: Vec<(String, Hello)> = {
+            let gw1 = c.trackers.get_mut("gw1").expect("gw1");
+            gw1.targets()
+                .into_iter()
+                .map(|(to, _)| (to.clone(), gw1.farewell_for(&to, t)))
+                .collect()
+        };
+        for (to, h) in bye {
+            if let Some(tr) = c.trackers.get_mut(to.as_str()) {
+                tr.on_hello(h, addr("gw1"), t).expect("accepted");
+            }
+        }
+        c.run(1000, 5000, |from, _| from != "gw1");
+        assert_eq!(c.dead("w1", 5000), set(&[]), "restarting: alive");
+        c.run(5000, 16_500, |from, _| from != "gw1");
+        assert_eq!(c.dead("w1", 16_500), set(&["gw1"]), "the grace has an end");
     }
 
     #[test]
