@@ -35,6 +35,7 @@ reasons! {
     MSS_CLAMPED = 11, "TCP SYN MSS lowered to fit the tunnel";
     MALFORMED_PASSED = 12, "packet from a pod that could not be parsed: passed untouched";
     FRAG_NEEDED_SENT = 13, "oversize DF packet answered with ICMP fragmentation needed";
+    RESET_MIDSTREAM = 14, "mid-stream TCP segment of an interface rule with no flow here (the gateway changed): reset so the pod fails fast";
     DROP_NO_GATEWAY = 32, "rule has no usable gateway (failurePolicy Drop)";
     DROP_UNKNOWN_SENDER = 33, "tunneled packet from an address that is not a known node";
     DROP_SPOOFED_SOURCE = 34, "tunneled packet whose inner source is not a pod of the sender";
