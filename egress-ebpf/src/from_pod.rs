@@ -1,6 +1,7 @@
 //! `from_pod`: packets leaving local pods. Unselected pods cost one hash lookup; a
 //! selected (pod, destination) goes to its gateway through the tunnel, or straight into
-//! the gateway path when this node is the gateway.
+//! the gateway path when this node is the gateway (whose RSTs are sent from `run`'s
+//! frame: `reset::deferred4`).
 
 use aya_ebpf::{btf_maps::lpm_trie::Key, programs::TcContext};
 use egress_common::{
@@ -12,7 +13,7 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
     maps::{self, POLICY_V4, POLICY_V6, SELECTED_V4, SELECTED_V6},
-    parse, parse6, tunnel,
+    parse, parse6, reset, tunnel,
 };
 
 #[inline(always)]
@@ -21,7 +22,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         if unsafe { SELECTED_V4.get(src) }.is_none() {
             return OK;
         }
-        return selected(ctx);
+        return reset::deferred4(ctx, selected(ctx));
     }
     if !parse6::IPV6_DATAPATH {
         return OK;
@@ -30,7 +31,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         if unsafe { SELECTED_V6.get(src) }.is_none() {
             return OK;
         }
-        return selected6(ctx);
+        return reset::deferred6(ctx, selected6(ctx));
     }
     OK
 }

@@ -10,15 +10,16 @@ use crate::{
     counters::{OK, SHOT, verdict},
     fib, gateway,
     maps::{self, NODES, POD_OWNER_V4, POD_OWNER_V6},
-    parse, parse6,
+    parse, parse6, reset,
     tunnel::{self, Received},
 };
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
     match parse::ethertype(ctx) {
-        Some(parse::ETH_P_IP_BE) => run4(ctx),
-        Some(parse6::ETH_P_IPV6_BE) if parse6::IPV6_DATAPATH => run6(ctx),
+        // The gateway path's RSTs are sent from this frame (`reset::deferred4`, `6`).
+        Some(parse::ETH_P_IP_BE) => reset::deferred4(ctx, run4(ctx)),
+        Some(parse6::ETH_P_IPV6_BE) if parse6::IPV6_DATAPATH => reset::deferred6(ctx, run6(ctx)),
         // ARP and anything else.
         _ => OK,
     }

@@ -2,20 +2,32 @@
 //! `from_pod` (pods on the gateway itself): SNAT with conntrack, TTL, next hop. One
 //! function per family: IPv6 (NAT66) takes its rule from `RULES_V6`, its flows from
 //! `CT_V6`, and has a hop limit without a header checksum.
+//!
+//! A flow starts its conntrack entry with any packet, so that a dedicated egress IP's new
+//! holder takes established TCP flows over mid-stream with the same translation. Not so
+//! for a rule whose egress address is the gateway's own (`egress_ip_flags::SHARED` on its
+//! `EGRESS_IPS_*` entry: an `interface:` rule): a TCP segment without SYN (or RST) and
+//! without an entry belongs to a flow that left from another gateway's address, which the
+//! far host does not know from this one. No entry is made: the segment is answered with a
+//! RST to the pod (`reset`, counted `RESET_MIDSTREAM`), so that the pod fails at once
+//! instead of waiting minutes for a RST that a stateful firewall on the way may drop.
 
 use aya_ebpf::programs::TcContext;
-use egress_common::{config::Config, counters::reason};
+use egress_common::{
+    config::Config, counters::reason, policy::egress_ip_flags, underlay::Underlay,
+};
 
 use crate::{
     conntrack::{self, AllocError, v4, v6},
     counters::{SHOT, count, verdict},
     fib,
-    maps::{RULES_V4, RULES_V6, Scratch},
-    parse::{Ipv4, L4},
-    rewrite,
+    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6, Scratch},
+    parse::{Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
+    reset, rewrite,
 };
 
-/// Translate and send out a packet of `rule_id` from a pod of `pod_node`.
+/// Translate and send out a packet of `rule_id` from a pod of `pod_node`, or return
+/// [`reset::RESET`] for a segment to answer with a RST.
 #[inline(always)]
 pub fn forward(
     ctx: &TcContext,
@@ -41,6 +53,9 @@ pub fn forward(
                 let Some(rule) = (unsafe { RULES_V4.get(rule_id) }) else {
                     return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
                 };
+                if mid_stream(ip.proto, l4.tcp_flags) && shared4(rule.egress_ip) {
+                    return defer_reset4(ctx, ip, l4, &pod_node);
+                }
                 match v4::create(
                     cfg,
                     ip,
@@ -74,6 +89,41 @@ pub fn forward(
     }
 }
 
+/// A TCP segment that only an established flow sends: neither SYN nor RST.
+#[inline(always)]
+fn mid_stream(proto: u8, tcp_flags: u8) -> bool {
+    proto == PROTO_TCP && tcp_flags & (TCP_SYN | TCP_RST) == 0
+}
+
+/// Whether `addr` is the gateway's own address (an `interface:` rule's), not a dedicated
+/// egress IP. An address without an entry counts as dedicated (as before: flows are taken
+/// over).
+#[inline(always)]
+fn shared4(addr: [u8; 4]) -> bool {
+    unsafe { EGRESS_IPS_V4.get(addr) }.is_some_and(|e| e.flags & egress_ip_flags::SHARED != 0)
+}
+
+#[inline(always)]
+fn shared6(addr: &[u8; 16]) -> bool {
+    unsafe { EGRESS_IPS_V6.get(*addr) }.is_some_and(|e| e.flags & egress_ip_flags::SHARED != 0)
+}
+
+/// Leave the segment's headers and the pod's node in the scratch slot for
+/// [`reset::deferred4`], which the entry point calls: the RST is made and sent from the
+/// entry's frame, not from under this path's large one.
+#[inline(always)]
+fn defer_reset4(ctx: &TcContext, ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> i32 {
+    let Some(s) = maps::scratch() else {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    };
+    s.reset4 = reset::Segment4 {
+        ip: *ip,
+        l4: *l4,
+        pod_node: *pod_node,
+    };
+    reset::RESET
+}
+
 /// Who sent a packet into the gateway path: its rule and the pod's node.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -93,11 +143,11 @@ pub struct Xlate6 {
 }
 
 /// [`forward`] for IPv6: NAT66 to the rule's egress IPv6, hop limit, FIB lookup (IPv6)
-/// restricted to the rule's interface. The packet's parsed headers (`s.ip6`, `s.l4`) and
-/// its origin (`s.x6.origin`) are in the per-CPU scratch slot `s`, and so are the
-/// conntrack keys and entries and the FIB parameters: BPF calls nest their stack frames
-/// into one 512-byte budget. Out of line, and in out-of-line steps ([`lookup6`],
-/// [`create6`], the FIB call) called one after the other.
+/// restricted to the rule's interface (or [`reset::RESET`]). The packet's parsed headers
+/// (`s.ip6`, `s.l4`) and its origin (`s.x6.origin`) are in the per-CPU scratch slot `s`,
+/// and so are the conntrack keys and entries and the FIB parameters: BPF calls nest their
+/// stack frames into one 512-byte budget. Out of line, and in out-of-line steps
+/// ([`lookup6`], [`create6`], the FIB call) called one after the other.
 #[inline(never)]
 pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     if s.ip6.hop_limit <= 1 {
@@ -158,13 +208,18 @@ fn lookup6(s: &mut Scratch) -> bool {
 }
 
 /// A new flow: its rule's egress IP and a port, both conntrack entries. Returns
-/// [`TRANSLATED`] or the verdict of a refused packet.
+/// [`TRANSLATED`], the verdict of a refused packet, or [`reset::RESET`] for a
+/// mid-stream segment of a shared-address rule (no entry; its headers and origin are in
+/// `s` already).
 #[inline(never)]
 fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     let Origin { rule_id, pod_node } = s.x6.origin;
     let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
         return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
     };
+    if mid_stream(s.ip6.proto, s.l4.tcp_flags) && shared6(&rule.egress_ip) {
+        return reset::RESET;
+    }
     match v6::create_in(
         cfg,
         &s.ip6,

@@ -14,6 +14,7 @@ mod maps;
 mod mem;
 mod parse;
 mod parse6;
+mod reset;
 mod rewrite;
 mod tunnel;
 

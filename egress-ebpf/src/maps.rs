@@ -17,7 +17,13 @@ use egress_common::{
     underlay::Underlay,
 };
 
-use crate::{conntrack, gateway::Xlate6, parse::L4, parse6::Ipv6};
+use crate::{
+    conntrack,
+    gateway::Xlate6,
+    parse::L4,
+    parse6::Ipv6,
+    reset::{Segment4, TcpHdr},
+};
 
 #[btf_map]
 pub static POLICY_V4: LpmTrie<PolicyKeyV4, PolicyValue, { POLICY_MAX_ENTRIES as usize }> =
@@ -69,8 +75,9 @@ pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTR
     HashMap::new();
 
 /// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
-/// key, conntrack keys and entries, the FIB lookup and the tunnel key): looked up once
-/// per IPv6 packet, so that no call chain's stack frames exceed the verifier's 512 bytes.
+/// key, conntrack keys and entries, the FIB lookup and the tunnel key), and for those of
+/// the RSTs of both families: looked up once per IPv6 packet (and per RST), so that no
+/// call chain's stack frames exceed the verifier's 512 bytes.
 /// A program runs to completion on its CPU, so one slot per CPU is enough.
 #[repr(C)]
 pub struct Scratch {
@@ -81,6 +88,8 @@ pub struct Scratch {
     pub fib: bpf_fib_lookup,
     pub tunnel: bpf_tunnel_key,
     pub policy6: Key<PolicyKeyV6>,
+    pub reset4: Segment4,
+    pub rst: TcpHdr,
 }
 
 #[btf_map]

@@ -24,9 +24,10 @@ const EINVAL: i64 = 22;
 /// Failed to write the packet (the skb could not be made writable).
 pub struct WriteFailed;
 
-type Result<T = ()> = core::result::Result<T, WriteFailed>;
+pub type Result<T = ()> = core::result::Result<T, WriteFailed>;
 
-fn ok(r: core::result::Result<(), i64>) -> Result {
+/// A helper's result as a [`Result`].
+pub fn ok(r: core::result::Result<(), i64>) -> Result {
     r.map_err(|_| WriteFailed)
 }
 

@@ -1,0 +1,315 @@
+//! The TCP RST that answers a segment, made of the segment itself, in place: what the
+//! gateway sends a pod whose flow it cannot carry (`gateway`). Formed as RFC 793 and
+//! Linux's `tcp_v4_send_reset` form it: addresses and ports swapped; a segment with ACK
+//! is answered by RST with seq = its ack number (the pod's `rcv_nxt`: accepted at once,
+//! RFC 5961), one without by RST+ACK with seq 0 and ack = its seq + length. Its options
+//! and payload are cut off (`bpf_skb_change_tail`, which also drops GSO); the IP header
+//! keeps its options, its ID and TTL (so a CHECKSUM_PARTIAL packet's checksum start stays
+//! where it was).
+//!
+//! The RST goes the way a reply goes: back through the tunnel to the pod's node
+//! (`RETURN_VNI`), or, for a pod on this node, back out of its device. It is made and
+//! sent from the entry point's frame ([`deferred4`], [`deferred6`]): the gateway path
+//! that decides on it runs a frame or three deep under large ones, and the verifier allows
+//! 512 bytes for all the frames of a call chain. The gateway path leaves what the RST
+//! needs in the per-CPU scratch slot and returns [`RESET`]; the RST's temporaries live
+//! there too.
+//!
+//! The TCP checksum must come out right in whichever checksum state the skb is, and a
+//! program cannot see that state. Two updates of the field do it: the pseudo-header's
+//! length change, which the kernel applies in every state (for CHECKSUM_PARTIAL the field
+//! holds the pseudo-header sum, which the device completes), then the step from what the
+//! field holds to the RST's full checksum, computed here from scratch, as a plain update,
+//! which the kernel skips for CHECKSUM_PARTIAL.
+
+use aya_ebpf::{
+    bindings::{BPF_F_PSEUDO_HDR, bpf_tunnel_key},
+    helpers::generated::{bpf_redirect, bpf_skb_change_tail},
+    programs::TcContext,
+};
+use egress_common::{config::Config, counters::reason, policy::RETURN_VNI, underlay::Underlay};
+
+use crate::{
+    counters::{SHOT, verdict},
+    maps,
+    parse::{ETH_LEN, IP_CSUM_OFF, IP_SRC_OFF, Ipv4, L4, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST},
+    parse6::{IP6_DST_OFF, IP6_HDR_LEN, IP6_SRC_OFF, Ipv6},
+    rewrite::{Result, WriteFailed, ok},
+    tunnel,
+};
+
+/// What a gateway path returns for a segment to answer with a RST: not a TC verdict (nor
+/// `gateway`'s `TRANSLATED`). What the RST needs is in the scratch slot: for IPv4 in
+/// `reset4`, for IPv6 in `ip6`, `l4` and `x6.origin`, where the IPv6 paths keep them
+/// anyway.
+pub const RESET: i32 = i32::MIN + 1;
+
+/// What an IPv4 RST needs of its segment (the IPv4 paths keep these on the stack).
+#[repr(C)]
+pub struct Segment4 {
+    pub ip: Ipv4,
+    pub l4: L4,
+    pub pod_node: Underlay,
+}
+
+/// The verdict of an IPv4 path that may reach the gateway path and returned `v`: `v`
+/// itself, or, for [`RESET`], that of the RST, made and sent from the caller's frame (an
+/// entry point's).
+#[inline(always)]
+pub fn deferred4(ctx: &TcContext, v: i32) -> i32 {
+    if v == RESET { reset4(ctx) } else { v }
+}
+
+/// [`deferred4`] for IPv6.
+#[inline(always)]
+pub fn deferred6(ctx: &TcContext, v: i32) -> i32 {
+    if v == RESET { reset6(ctx) } else { v }
+}
+
+#[inline(never)]
+fn reset4(ctx: &TcContext) -> i32 {
+    let Some(cfg) = maps::config() else {
+        return verdict(ctx, reason::DROP_NOT_READY, SHOT);
+    };
+    let Some(s) = maps::scratch() else {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    };
+    let seg = &s.reset4;
+    if tcp_rst4(ctx, &seg.ip, &seg.l4, &mut s.rst).is_err() {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    }
+    send(
+        ctx,
+        cfg,
+        seg.ip.l4,
+        tunnel::IP4_HDR_LEN,
+        &mut s.tunnel,
+        &seg.pod_node,
+    )
+}
+
+#[inline(never)]
+fn reset6(ctx: &TcContext) -> i32 {
+    let Some(cfg) = maps::config() else {
+        return verdict(ctx, reason::DROP_NOT_READY, SHOT);
+    };
+    let Some(s) = maps::scratch() else {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    };
+    if tcp_rst6(ctx, &s.ip6, &s.l4, &mut s.rst).is_err() {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    }
+    send(
+        ctx,
+        cfg,
+        s.ip6.l4,
+        tunnel::IP6_HDR_LEN,
+        &mut s.tunnel,
+        &s.x6.origin.pod_node,
+    )
+}
+
+/// Send the RST (its TCP header at `l4_off`) to the pod on `pod_node`, counted
+/// `RESET_MIDSTREAM`; the tunnel key is built in `key`.
+#[inline(always)]
+fn send(
+    ctx: &TcContext,
+    cfg: &Config,
+    l4_off: usize,
+    ip_hdr_len: u16,
+    key: &mut bpf_tunnel_key,
+    pod_node: &Underlay,
+) -> i32 {
+    if *pod_node == cfg.node_ip {
+        return match back_out(ctx) {
+            Ok(v) => verdict(ctx, reason::RESET_MIDSTREAM, v),
+            Err(_) => verdict(ctx, reason::DROP_MALFORMED, SHOT),
+        };
+    }
+    // What the tunnel must know of the packet: a RST, so no MSS to clamp (said with
+    // constants, the clamp is compiled out).
+    let l4 = L4 {
+        sport_be: 0,
+        dport_be: 0,
+        tcp_flags: TCP_RST,
+        tcp_hdr_len: RST_LEN,
+    };
+    let inner = tunnel::Inner {
+        proto: PROTO_TCP,
+        l4_off,
+        l4: &l4,
+        ip_hdr_len,
+    };
+    tunnel::enter_with(
+        ctx,
+        cfg,
+        &inner,
+        key,
+        pod_node,
+        RETURN_VNI,
+        reason::RESET_MIDSTREAM,
+    )
+}
+
+/// The RST's TCP header: no options.
+const RST_LEN: usize = 20;
+/// Offset of the checksum in the TCP header.
+const CHECK_OFF: usize = 16;
+const IP_TOT_LEN_OFF: usize = ETH_LEN + 2;
+const IP6_PAYLOAD_LEN_OFF: usize = ETH_LEN + 4;
+
+/// A TCP header without its options, as it sits in the packet (network order).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TcpHdr {
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    ack: u32,
+    /// Data offset (high nibble), then the flags.
+    off_flags: [u8; 2],
+    window: u16,
+    check: u16,
+    urg: u16,
+}
+
+/// Turn `h`, the header of a segment with `flags` and `payload` bytes of data, into the
+/// header of the RST that answers it. The checksum field keeps its value.
+#[inline(always)]
+fn answer(h: &mut TcpHdr, flags: u8, payload: u32) {
+    core::mem::swap(&mut h.sport, &mut h.dport);
+    if flags & TCP_ACK != 0 {
+        h.seq = h.ack;
+        h.ack = 0;
+        h.off_flags = [0x50, TCP_RST];
+    } else {
+        let fin = u32::from(flags & TCP_FIN != 0);
+        h.ack = u32::from_be(h.seq)
+            .wrapping_add(payload)
+            .wrapping_add(fin)
+            .to_be();
+        h.seq = 0;
+        h.off_flags = [0x50, TCP_RST | TCP_ACK];
+    }
+    h.window = 0;
+    h.urg = 0;
+}
+
+/// Cut the packet after the RST's header (when there is anything behind it).
+#[inline(always)]
+fn trim(ctx: &TcContext, l4_off: usize) -> Result {
+    let len = (l4_off + RST_LEN) as u32;
+    if ctx.len() == len {
+        return Ok(());
+    }
+    // SAFETY: the context's skb is valid for the program's run.
+    match unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) } {
+        0 => Ok(()),
+        _ => Err(WriteFailed),
+    }
+}
+
+/// The 16-bit words of `b` (as they sit in memory) summed, unfolded.
+#[inline(always)]
+fn sum<const N: usize>(b: &[u8; N]) -> u32 {
+    let mut s = 0u32;
+    for i in 0..N / 2 {
+        s += u32::from(u16::from_ne_bytes([b[2 * i], b[2 * i + 1]]));
+    }
+    s
+}
+
+#[inline(always)]
+fn fold(s: u32) -> u16 {
+    let s = (s & 0xffff) + (s >> 16);
+    ((s & 0xffff) + (s >> 16)) as u16
+}
+
+/// The words of a header, its checksum field counted as zero.
+#[inline(always)]
+fn header_sum(h: &TcpHdr) -> u32 {
+    u32::from(h.sport)
+        + u32::from(h.dport)
+        + (h.seq & 0xffff)
+        + (h.seq >> 16)
+        + (h.ack & 0xffff)
+        + (h.ack >> 16)
+        + u32::from(u16::from_ne_bytes(h.off_flags))
+        + u32::from(h.window)
+        + u32::from(h.urg)
+}
+
+/// Make the checksum of the RST header `h` (at `l4_off`) right in every checksum state:
+/// see the module's documentation. `old_len` is the segment's TCP length (header and
+/// data), `addrs` the sum of the addresses' words.
+#[inline(always)]
+fn set_checksum(ctx: &TcContext, l4_off: usize, old_len: u32, addrs: u32, h: &TcpHdr) -> Result {
+    let off = l4_off + CHECK_OFF;
+    ok(ctx.l4_csum_replace(
+        off,
+        u64::from(old_len.to_be()),
+        u64::from((RST_LEN as u32).to_be()),
+        u64::from(BPF_F_PSEUDO_HDR) | 4,
+    ))?;
+    let field: u16 = ctx.load(off).map_err(|_| WriteFailed)?;
+    // The pseudo-header's protocol and length words are the same for both families
+    // (IPv6 widens both to 32 bits with zeros).
+    let pseudo = u32::from(u16::from_ne_bytes([0, PROTO_TCP]))
+        + u32::from(u16::from_ne_bytes([0, RST_LEN as u8]));
+    let s = fold(addrs + pseudo + header_sum(h));
+    // The checksum is !s; the helper takes the field to it by the difference (!field
+    // removed, !s added, in ones' complement: s + field).
+    ok(ctx.l4_csum_replace(off, 0, u64::from(u32::from(s) + u32::from(field)), 0))
+}
+
+/// Read the TCP header at `off` into `h` and turn it into the RST's.
+#[inline(always)]
+fn load_answer(ctx: &TcContext, off: usize, l4: &L4, tcp_len: usize, h: &mut TcpHdr) -> Result {
+    *h = ctx.load(off).map_err(|_| WriteFailed)?;
+    answer(h, l4.tcp_flags, (tcp_len - l4.tcp_hdr_len) as u32);
+    Ok(())
+}
+
+/// Turn the IPv4 TCP segment (`ip`, `l4`) into the RST that answers it, from its
+/// destination to its source; its header is built in `h`.
+#[inline(always)]
+fn tcp_rst4(ctx: &TcContext, ip: &Ipv4, l4: &L4, h: &mut TcpHdr) -> Result {
+    let ip_hdr_len = ip.l4 - ETH_LEN;
+    let tcp_len = usize::from(ip.tot_len) - ip_hdr_len;
+    load_answer(ctx, ip.l4, l4, tcp_len, h)?;
+    trim(ctx, ip.l4)?;
+    ok(ctx.store(ip.l4, h, 0))?;
+    // Swapped addresses change neither the header checksum nor the pseudo-header's sum.
+    ok(ctx.store(IP_SRC_OFF, &ip.dst, 0))?;
+    ok(ctx.store(IP_SRC_OFF + 4, &ip.src, 0))?;
+    let old_tot = ip.tot_len.to_be();
+    let new_tot = ((ip_hdr_len + RST_LEN) as u16).to_be();
+    ok(ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old_tot), u64::from(new_tot), 2))?;
+    ok(ctx.store(IP_TOT_LEN_OFF, &new_tot, 0))?;
+    set_checksum(ctx, ip.l4, tcp_len as u32, sum(&ip.src) + sum(&ip.dst), h)
+}
+
+/// [`tcp_rst4`] for IPv6 (extension headers are kept, as IP options are).
+#[inline(always)]
+fn tcp_rst6(ctx: &TcContext, ip: &Ipv6, l4: &L4, h: &mut TcpHdr) -> Result {
+    let tcp_len = ip.end - ip.l4;
+    load_answer(ctx, ip.l4, l4, tcp_len, h)?;
+    trim(ctx, ip.l4)?;
+    ok(ctx.store(ip.l4, h, 0))?;
+    ok(ctx.store(IP6_SRC_OFF, &ip.dst, 0))?;
+    ok(ctx.store(IP6_DST_OFF, &ip.src, 0))?;
+    let payload_len = ((ip.l4 - ETH_LEN - IP6_HDR_LEN + RST_LEN) as u16).to_be();
+    ok(ctx.store(IP6_PAYLOAD_LEN_OFF, &payload_len, 0))?;
+    set_checksum(ctx, ip.l4, tcp_len as u32, sum(&ip.src) + sum(&ip.dst), h)
+}
+
+/// Send the packet back out of the device it arrived on, its Ethernet addresses swapped:
+/// the answer a pod on this gateway gets, the way its own gateway would send it (no route
+/// to look up: the pod is behind that device).
+#[inline(always)]
+fn back_out(ctx: &TcContext) -> Result<i32> {
+    let macs: [[u8; 6]; 2] = ctx.load(0).map_err(|_| WriteFailed)?;
+    ok(ctx.store(0, &[macs[1], macs[0]], 0))?;
+    // SAFETY: a plain helper call on the program's own skb.
+    Ok(unsafe { bpf_redirect(crate::fib::ingress_ifindex(ctx), 0) } as i32)
+}
