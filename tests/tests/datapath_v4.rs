@@ -12,7 +12,8 @@
 //!   tun0  veth: stands in for the collect-metadata VXLAN device
 //!   ul0   veth: 192.168.0.10/24, the underlay (this node)
 //!   (veths everywhere: the test kernel may lack the dummy driver)
-//!   sec0  veth 02:00:00:00:0a:02, 10.100.0.2/24: egress IP 10.100.0.50 (rule 1)
+//!   sec0  veth 02:00:00:00:0a:02, 10.100.0.2/24: egress IP 10.100.0.50 (rule 1); its
+//!         own address serves an `interface:` rule (rule 3)
 //!         neighbours 10.100.0.7 (destination) and 10.100.0.1 (router to 172.16/16)
 //!   sec1  veth 02:00:00:00:0b:02, 10.200.0.2/24: egress IP 10.200.0.50 (rule 2)
 //!         neighbour 10.200.0.9
@@ -30,7 +31,10 @@ use egress_common::{
     underlay,
 };
 use egress_tests::{
-    packet::{HOST_MAC, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
+    packet::{
+        HOST_MAC, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC, PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN,
+        TCP_RST, TCP_SYN, arp_frame, checksum,
+    },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
     testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, ktime_ns, sysctl},
 };
@@ -72,6 +76,8 @@ const SHARED_A: Ipv4Addr = a(10, 100, 0, 2);
 
 const RULE_A: u32 = 1;
 const RULE_B: u32 = 2;
+/// An `interface:` rule: out of sec0 with sec0's own address.
+const RULE_SHARED: u32 = 3;
 
 const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
 const SEC0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
@@ -163,6 +169,7 @@ fn base(dp: &mut Datapath, net: &Net) {
     }
     dp.rule(RULE_A, EGRESS_A, net.sec0);
     dp.rule(RULE_B, EGRESS_B, net.sec1);
+    dp.rule(RULE_SHARED, SHARED_A, net.sec0);
     dp.egress_ip(EGRESS_A, net.sec0, 0);
     dp.egress_ip(EGRESS_B, net.sec1, 0);
     dp.egress_ip(SHARED_A, net.sec0, egress_ip_flags::SHARED);
@@ -877,6 +884,198 @@ fn from_tunnel_conntrack_entries() {
                 ),
             ]
         );
+    });
+}
+
+// ---- interface rules: a TCP flow from another gateway ----
+
+const TCP_PSH: u8 = 0x08;
+
+/// A segment of an established TCP flow: timestamps and 37 bytes of data.
+fn segment(sport: u16, dport: u16, flags: u8) -> L4 {
+    L4::Tcp {
+        sport,
+        dport,
+        flags,
+        seq: 0x1111_2222,
+        ack: 0x3333_4444,
+        // NOP, NOP, timestamps.
+        options: vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2],
+        payload: b"GET /index.html HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
+    }
+}
+
+/// The RST that answers the segment `p` (MACs as in `p`): from its destination to its
+/// source, with seq = its ack number (RST+ACK, seq 0 and ack = its seq + length if it has
+/// no ACK), window 0, no options or data; the IP header as it was (options, ID, TTL) but
+/// for the addresses and the length. Checksums computed here.
+fn rst_for(p: &Ipv4Packet) -> Vec<u8> {
+    let L4::Tcp {
+        sport,
+        dport,
+        flags,
+        seq,
+        ack,
+        payload,
+        ..
+    } = &p.l4
+    else {
+        panic!("not TCP: {p:?}");
+    };
+    let (seq, ack, flags) = if flags & TCP_ACK != 0 {
+        (*ack, 0, TCP_RST)
+    } else {
+        let len = payload.len() as u32 + u32::from(flags & TCP_FIN != 0);
+        (0, seq + len, TCP_RST | TCP_ACK)
+    };
+    let mut f = p
+        .clone()
+        .src(p.dst)
+        .dst(p.src)
+        .l4(L4::Tcp {
+            sport: *dport,
+            dport: *sport,
+            flags,
+            seq,
+            ack,
+            options: Vec::new(),
+            payload: Vec::new(),
+        })
+        .build();
+    let tcp = f.len() - 20;
+    // Window 0 (the builder's is fixed), then the checksum again.
+    f[tcp + 14..tcp + 18].fill(0);
+    let c = checksum(&[
+        &p.dst.octets(),
+        &p.src.octets(),
+        &[0, PROTO_TCP, 0, 20],
+        &f[tcp..],
+    ]);
+    f[tcp + 16..tcp + 18].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+fn rst(step: Step, p: &Ipv4Packet) -> Step {
+    step.expect(TC_ACT_REDIRECT, Out::Frame(rst_for(p)))
+}
+
+/// An `interface:` rule SNATs to the gateway's own address, which a new gateway cannot
+/// keep: a mid-stream TCP segment without a flow here (the flow began at another gateway)
+/// is answered with a RST to the pod, so that it fails at once. Dedicated egress IPs take
+/// such flows over, and SYNs, RSTs and other protocols are translated as before.
+#[test]
+fn interface_rule_table() {
+    let seg = Ipv4Packet::new(REMOTE_POD, DEST_A, segment(40_000, 443, TCP_ACK | TCP_PSH));
+    let seg_opts = seg.clone().options(&[1, 1, 148, 4, 0, 0]);
+    let fin = seg.clone().l4(segment(40_000, 443, TCP_FIN));
+    let local = seg.clone().src(LOCAL_POD);
+    let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_SYN);
+    let rst_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_RST | TCP_ACK);
+    let udp_a = udp(REMOTE_POD, 5000, DEST_A, 53);
+    let shared = |p: &Ipv4Packet, port| snatted(p, SHARED_A, port, SEC0_MAC, DEST_A_MAC);
+
+    run_table(vec![
+        case(
+            "mid-stream segment, no flow here: RST back through the tunnel, and no entry made",
+            no_setup,
+            vec![
+                rst(from_tunnel(PEER, RULE_SHARED, &seg), &seg),
+                rst(from_tunnel(PEER, RULE_SHARED, &seg), &seg),
+            ],
+            &[(RESET_MIDSTREAM, 2)],
+        ),
+        case(
+            "mid-stream segment with IP options: options kept, TCP options and data cut",
+            no_setup,
+            vec![rst(from_tunnel(PEER, RULE_SHARED, &seg_opts), &seg_opts)],
+            &[(RESET_MIDSTREAM, 1)],
+        ),
+        case(
+            "segment without ACK (a bare FIN): RST+ACK acknowledging its data and FIN",
+            no_setup,
+            vec![rst(from_tunnel(PEER, RULE_SHARED, &fin), &fin)],
+            &[(RESET_MIDSTREAM, 1)],
+        ),
+        case(
+            "pod on this gateway: RST delivered to its device",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, forward(NODE, RULE_SHARED));
+            },
+            vec![rst(
+                from_pod(&local),
+                &local.clone().macs(POD_MAC, POD0_MAC),
+            )],
+            &[(LOCAL_GATEWAY, 1), (RESET_MIDSTREAM, 1)],
+        ),
+        case(
+            "SYN: translated to the interface's address as before; the flow's segments too",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_SHARED, &syn_a).redirected(&shared(&syn_a, 40_000)),
+                from_tunnel(PEER, RULE_SHARED, &seg).redirected(&shared(&seg, 40_000)),
+            ],
+            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
+        ),
+        case(
+            "RST without a flow: translated and sent on, never answered",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_SHARED, &rst_a).redirected(&shared(&rst_a, 40_000))],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "UDP without a flow: translated as before",
+            no_setup,
+            vec![from_tunnel(PEER, RULE_SHARED, &udp_a).redirected(&shared(&udp_a, 5000))],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "dedicated egress IP: the segment takes the flow over (new entry, same port)",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &seg)
+                    .redirected(&snatted(&seg, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC)),
+            ],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+    ]);
+}
+
+/// The RST leaves no conntrack entry behind, and verifies on its own: the IP header and
+/// the TCP segment (with its pseudo-header) sum to zero.
+#[test]
+fn interface_rule_reset_makes_no_entry() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        let seg = Ipv4Packet::new(REMOTE_POD, DEST_A, segment(40_000, 443, TCP_ACK | TCP_PSH));
+        let o = dp.run(
+            FROM_TUNNEL,
+            &seg.build(),
+            net.tun0,
+            Some((PEER.into(), RULE_SHARED)),
+        );
+        assert_eq!(o.verdict, TC_ACT_REDIRECT);
+        assert_eq!(dp.ct(), Vec::new(), "conntrack entries");
+        let f = &o.frame;
+        assert_eq!(f.len(), 14 + 20 + 20, "frame {f:02x?}");
+        assert_eq!(checksum(&[&f[14..34]]), 0, "IP header checksum");
+        assert_eq!(
+            checksum(&[&f[26..34], &[0, PROTO_TCP, 0, 20], &f[34..]]),
+            0,
+            "TCP checksum"
+        );
+        assert_eq!(
+            (&f[26..30], &f[30..34]),
+            (&DEST_A.octets()[..], &REMOTE_POD.octets()[..])
+        );
+        assert_eq!(
+            u32::from_be_bytes(f[38..42].try_into().unwrap()),
+            0x3333_4444
+        );
+        assert_eq!(f[47], TCP_RST);
+        assert_eq!(dp.counters().get(&RESET_MIDSTREAM), Some(&1));
     });
 }
 

@@ -9,7 +9,8 @@
 //!   pod0  veth 02:00:00:00:bb:01 -- pod fd00:244:1::5 (02:00:00:00:aa:01), route /128
 //!   tun0  veth: stands in for the collect-metadata VXLAN device
 //!   ul0   veth: 192.168.0.10/24 or fd00:ff::10/64, the underlay: this node
-//!   sec0  veth 02:00:00:00:0a:02, fd00:100::2/64: egress IP fd00:100::50 (rule 1)
+//!   sec0  veth 02:00:00:00:0a:02, fd00:100::2/64: egress IP fd00:100::50 (rule 1); its
+//!         own address serves an `interface:` rule (rule 4)
 //!         neighbours fd00:100::7 (destination), fd00:100::1 (router to fd00:172:16::/48)
 //!   sec1  veth 02:00:00:00:0b:02, fd00:200::2/64: egress IP fd00:200::50 (rule 2)
 //!         neighbour fd00:200::9
@@ -34,10 +35,13 @@ use egress_common::{
     underlay,
 };
 use egress_tests::{
-    packet::{HOST_MAC, L4, POD_MAC, PROTO_GRE, TCP_ACK, arp_frame},
+    packet::{
+        HOST_MAC, L4, POD_MAC, PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame,
+        checksum,
+    },
     packet6::{
         ICMPV6_NEIGHBOUR_ADVERT, ICMPV6_NEIGHBOUR_SOLICIT, ICMPV6_ROUTER_SOLICIT, Ipv6Packet,
-        NEXTHDR_DEST, NEXTHDR_HOP, icmp6, l4_offset, ndp, solicited_node,
+        NEXTHDR_DEST, NEXTHDR_HOP, icmp6, l4_offset, ndp, pseudo_header6, solicited_node,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
     testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, sysctl},
@@ -105,6 +109,8 @@ const RULE_A: u32 = 1;
 const RULE_B: u32 = 2;
 /// A rule id the gateway serves for IPv4 only.
 const RULE_V4_ONLY: u32 = 3;
+/// An `interface:` rule: out of sec0 with sec0's own address.
+const RULE_SHARED: u32 = 4;
 
 const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
 const SEC0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
@@ -264,6 +270,7 @@ fn base(dp: &mut Datapath, net: &Net) {
     rule6(dp, RULE_A, EGRESS_A, net.sec0);
     rule6(dp, RULE_B, EGRESS_B, net.sec1);
     dp.rule(RULE_V4_ONLY, a(10, 100, 0, 50), net.sec0);
+    rule6(dp, RULE_SHARED, SHARED_A, net.sec0);
     egress_ip6(dp, EGRESS_A, net.sec0, 0);
     egress_ip6(dp, EGRESS_B, net.sec1, 0);
     egress_ip6(dp, SHARED_A, net.sec0, egress_ip_flags::SHARED);
@@ -1250,6 +1257,196 @@ fn from_secondary_table(u: UnderlayNet) {
     );
 }
 
+// ---- interface rules: a TCP flow from another gateway ----
+
+const TCP_PSH: u8 = 0x08;
+
+/// A segment of an established TCP flow: timestamps and 37 bytes of data.
+fn segment(sport: u16, dport: u16, flags: u8) -> L4 {
+    L4::Tcp {
+        sport,
+        dport,
+        flags,
+        seq: 0x1111_2222,
+        ack: 0x3333_4444,
+        // NOP, NOP, timestamps.
+        options: vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2],
+        payload: b"GET /index.html HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
+    }
+}
+
+/// The RST that answers the segment `p` (MACs as in `p`): from its destination to its
+/// source, with seq = its ack number (RST+ACK, seq 0 and ack = its seq + length if it has
+/// no ACK), window 0, no options or data; the IPv6 header as it was (extension headers,
+/// hop limit, flow label) but for the addresses and the length. Checksum computed here.
+fn rst_for(p: &Ipv6Packet) -> Vec<u8> {
+    let L4::Tcp {
+        sport,
+        dport,
+        flags,
+        seq,
+        ack,
+        payload,
+        ..
+    } = &p.l4
+    else {
+        panic!("not TCP: {p:?}");
+    };
+    let (seq, ack, flags) = if flags & TCP_ACK != 0 {
+        (*ack, 0, TCP_RST)
+    } else {
+        let len = payload.len() as u32 + u32::from(flags & TCP_FIN != 0);
+        (0, seq + len, TCP_RST | TCP_ACK)
+    };
+    let mut f = p
+        .clone()
+        .src(p.dst)
+        .dst(p.src)
+        .l4(L4::Tcp {
+            sport: *dport,
+            dport: *sport,
+            flags,
+            seq,
+            ack,
+            options: Vec::new(),
+            payload: Vec::new(),
+        })
+        .build();
+    let tcp = f.len() - 20;
+    // Window 0 (the builder's is fixed), then the checksum again.
+    f[tcp + 14..tcp + 18].fill(0);
+    let c = checksum(&[&pseudo_header6(p.dst, p.src, PROTO_TCP, 20), &f[tcp..]]);
+    f[tcp + 16..tcp + 18].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+fn rst(step: Step, p: &Ipv6Packet) -> Step {
+    step.expect(TC_ACT_REDIRECT, Out::Frame(rst_for(p)))
+}
+
+/// The IPv6 side of `datapath_v4`'s `interface_rule_table`: a mid-stream TCP segment of an
+/// `interface:` rule without a flow here is answered with a RST to the pod; dedicated
+/// egress IPs take such flows over, and SYNs, RSTs and UDP are translated as before.
+fn interface_rule_table(u: UnderlayNet) {
+    let seg = Ipv6Packet::new(REMOTE_POD, DEST_A, segment(40_000, 443, TCP_ACK | TCP_PSH));
+    let seg_ext = seg
+        .clone()
+        .pad_options(NEXTHDR_HOP)
+        .pad_options(NEXTHDR_DEST);
+    let fin = seg.clone().l4(segment(40_000, 443, TCP_FIN));
+    let local = seg.clone().src(LOCAL_POD);
+    let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_SYN);
+    let rst_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_RST | TCP_ACK);
+    let udp_a = udp(REMOTE_POD, 5000, DEST_A, 53);
+    let shared = |p: &Ipv6Packet, port| snatted(p, SHARED_A, port, SEC0_MAC, DEST_A_MAC);
+
+    run_table(
+        u,
+        vec![
+            case(
+                "mid-stream segment, no flow here: RST back through the tunnel, and no entry made",
+                no_setup,
+                vec![
+                    rst(from_tunnel(u.peer, RULE_SHARED, &seg), &seg),
+                    rst(from_tunnel(u.peer, RULE_SHARED, &seg), &seg),
+                ],
+                &[(RESET_MIDSTREAM, 2)],
+            ),
+            case(
+                "behind extension headers: headers kept, TCP options and data cut",
+                no_setup,
+                vec![rst(from_tunnel(u.peer, RULE_SHARED, &seg_ext), &seg_ext)],
+                &[(RESET_MIDSTREAM, 1)],
+            ),
+            case(
+                "segment without ACK (a bare FIN): RST+ACK acknowledging its data and FIN",
+                no_setup,
+                vec![rst(from_tunnel(u.peer, RULE_SHARED, &fin), &fin)],
+                &[(RESET_MIDSTREAM, 1)],
+            ),
+            case(
+                "pod on this gateway: RST delivered to its device",
+                move |dp, _| {
+                    selected6(dp, LOCAL_POD);
+                    policy6(dp, LOCAL_POD, NET_A, 64, forward(u.node, RULE_SHARED));
+                },
+                vec![rst(
+                    from_pod(&local),
+                    &local.clone().macs(POD_MAC, POD0_MAC),
+                )],
+                &[(LOCAL_GATEWAY, 1), (RESET_MIDSTREAM, 1)],
+            ),
+            case(
+                "SYN: translated to the interface's address as before; the flow's segments too",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_SHARED, &syn_a).redirected(&shared(&syn_a, 40_000)),
+                    from_tunnel(u.peer, RULE_SHARED, &seg).redirected(&shared(&seg, 40_000)),
+                ],
+                &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
+            ),
+            case(
+                "RST without a flow: translated and sent on, never answered",
+                no_setup,
+                vec![from_tunnel(u.peer, RULE_SHARED, &rst_a).redirected(&shared(&rst_a, 40_000))],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "UDP without a flow: translated as before",
+                no_setup,
+                vec![from_tunnel(u.peer, RULE_SHARED, &udp_a).redirected(&shared(&udp_a, 5000))],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+            case(
+                "dedicated egress IP: the segment takes the flow over (new entry, same port)",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &seg)
+                        .redirected(&snatted(&seg, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC)),
+                ],
+                &[(SNAT_NEW, 1), (FORWARDED, 1)],
+            ),
+        ],
+    );
+}
+
+/// The RST leaves no conntrack entry behind, and verifies on its own: the TCP segment
+/// with its pseudo-header sums to zero.
+fn interface_rule_reset_makes_no_entry(u: UnderlayNet) {
+    in_netns(move || {
+        let net = topology(u);
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        let seg = Ipv6Packet::new(REMOTE_POD, DEST_A, segment(40_000, 443, TCP_ACK | TCP_PSH));
+        let o = dp.run(
+            FROM_TUNNEL,
+            &seg.build(),
+            net.tun0,
+            Some((u.peer, RULE_SHARED)),
+        );
+        assert_eq!(o.verdict, TC_ACT_REDIRECT);
+        assert_eq!(ct6(&mut dp), Vec::new(), "conntrack entries");
+        let f = &o.frame;
+        assert_eq!(f.len(), 14 + 40 + 20, "frame {f:02x?}");
+        assert_eq!(u16::from_be_bytes([f[18], f[19]]), 20, "payload length");
+        assert_eq!(
+            checksum(&[&pseudo_header6(DEST_A, REMOTE_POD, PROTO_TCP, 20), &f[54..]]),
+            0,
+            "TCP checksum"
+        );
+        assert_eq!(
+            (&f[22..38], &f[38..54]),
+            (&DEST_A.octets()[..], &REMOTE_POD.octets()[..])
+        );
+        assert_eq!(
+            u32::from_be_bytes(f[58..62].try_into().unwrap()),
+            0x3333_4444
+        );
+        assert_eq!(f[67], TCP_RST);
+        assert_eq!(dp.counters().get(&RESET_MIDSTREAM), Some(&1));
+    });
+}
+
 // ---- every table over both underlay families ----
 
 #[test]
@@ -1290,4 +1487,24 @@ fn from_secondary_table_ipv4_underlay() {
 #[test]
 fn from_secondary_table_ipv6_underlay() {
     from_secondary_table(UL6);
+}
+
+#[test]
+fn interface_rule_table_ipv4_underlay() {
+    interface_rule_table(UL4);
+}
+
+#[test]
+fn interface_rule_table_ipv6_underlay() {
+    interface_rule_table(UL6);
+}
+
+#[test]
+fn interface_rule_reset_makes_no_entry_ipv4_underlay() {
+    interface_rule_reset_makes_no_entry(UL4);
+}
+
+#[test]
+fn interface_rule_reset_makes_no_entry_ipv6_underlay() {
+    interface_rule_reset_makes_no_entry(UL6);
 }
