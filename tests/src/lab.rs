@@ -1290,13 +1290,14 @@ impl Lab {
         Ok(())
     }
 
-    /// SIGKILL one node's agent (a crash: no cleanup on its side).
+    /// SIGKILL one node's agent (a crash: no cleanup on its side, and no SIGTERM first,
+    /// which would let it say goodbye to its peers).
     pub fn kill_agent(&mut self, node: &str) -> Result<()> {
         let mut child = self
             .agents
             .remove(node)
             .with_context(|| format!("no agent running on {node}"))?;
-        child.terminate(Duration::ZERO);
+        child.kill();
         Ok(())
     }
 

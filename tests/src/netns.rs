@@ -414,6 +414,13 @@ impl NsChild {
         }
     }
 
+    /// SIGKILL at once (no SIGTERM first) and reap. Returns the exit status.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = child.kill();
+        child.wait().ok()
+    }
+
     /// SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit status.
     pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
