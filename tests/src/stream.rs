@@ -198,13 +198,14 @@ impl Summary {
     }
 
     /// How the flow came back from its worst interruption (a gap between replies longer
-    /// than `min_gap` ms) that ended after `t`. A gap still open when the stream stopped
-    /// wins: the flow was not back.
-    pub fn recovery_after(&self, t: u64, min_gap: u64) -> Recovery {
+    /// than `min_gap` ms) that ended after `t`. No reply for the last `still_out` ms before
+    /// the stream stopped wins: the flow was not back. (A shorter gap at the end is no
+    /// verdict either way: a busy machine stalls flows for a fraction of a second.)
+    pub fn recovery_after(&self, t: u64, min_gap: u64, still_out: u64) -> Recovery {
         let mut replies = self.replies_unix_ms.clone();
         replies.sort_unstable();
         let last = replies.last().copied().unwrap_or(self.epoch_unix_ms);
-        if self.end_unix_ms.saturating_sub(last) > min_gap {
+        if self.end_unix_ms.saturating_sub(last) > still_out {
             return Recovery::Never;
         }
         let mut prev = self.epoch_unix_ms;
@@ -686,7 +687,7 @@ mod tests {
             ..Summary::default()
         };
         let steady: Vec<u64> = (1..50).map(|i| i * 20).collect();
-        assert_eq!(s(&steady).recovery_after(500, 60), Recovery::Unbroken);
+        assert_eq!(s(&steady).recovery_after(500, 60, 200), Recovery::Unbroken);
         // Out from 500 to 800 (a shorter gap later does not count).
         let mut gap: Vec<u64> = steady
             .iter()
@@ -694,12 +695,15 @@ mod tests {
             .filter(|t| *t <= 500 || *t >= 800)
             .collect();
         gap.retain(|t| *t != 900);
-        assert_eq!(s(&gap).recovery_after(490, 60), Recovery::After(310));
+        assert_eq!(s(&gap).recovery_after(490, 60, 200), Recovery::After(310));
         // A gap that ended before the event is not this event's.
-        assert_eq!(s(&gap).recovery_after(850, 60), Recovery::Unbroken);
+        assert_eq!(s(&gap).recovery_after(850, 60, 200), Recovery::Unbroken);
         // Still out at the end.
         let dead: Vec<u64> = steady.iter().copied().filter(|t| *t <= 500).collect();
-        assert_eq!(s(&dead).recovery_after(490, 60), Recovery::Never);
+        assert_eq!(s(&dead).recovery_after(490, 60, 200), Recovery::Never);
+        // A short silence at the end is no verdict.
+        let late: Vec<u64> = steady.iter().copied().filter(|t| *t <= 900).collect();
+        assert_eq!(s(&late).recovery_after(490, 60, 200), Recovery::Unbroken);
     }
 
     #[test]

@@ -1,6 +1,11 @@
-//! The pod's three flows to the host during a case, and what they saw.
+//! The pod's flows during a case, and what they saw: TCP, UDP and ping through the holder,
+//! and a control flow that no gateway carries (a host stall shows there too).
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
 
@@ -11,14 +16,24 @@ use crate::{
     stream::{Summary, unix_ms},
 };
 
-/// The pod's three flows to the host: `egress-echo stream tcp`, `... udp`, `ping -D`.
+/// The running flows: `egress-echo stream tcp|udp` and `ping -D` to the target host, and
+/// `egress-echo stream udp` to the control host.
 pub(super) struct Flows {
     tcp: Flow,
     udp: Flow,
     ping: Flow,
+    control: Flow,
     /// The TCP stream's events (`<unix ms> send|reply|reset|error ...`), read while it runs.
     tcp_events: PathBuf,
     start_unix_ms: u64,
+}
+
+/// What the flows saw.
+pub(super) struct Seen {
+    pub(super) tcp: Summary,
+    pub(super) udp: Summary,
+    pub(super) ping: Summary,
+    pub(super) control: Summary,
 }
 
 /// A flow's process and its output (stdout and stderr).
@@ -46,16 +61,15 @@ impl Progress {
 impl Flows {
     pub(super) fn start(lab: &Lab, target: &Target, timing: &Timing, label: &str) -> Result<Self> {
         let ns = lab.ns(POD)?;
-        let dest = SocketAddr::new(target.host, addr::ECHO_PORT).to_string();
         let interval = timing.interval.as_millis().to_string();
         let path = |what: &str| lab.dir().join(format!("{label}-{what}"));
-        let stream = |proto: &str| -> Result<Flow> {
-            let log = path(&format!("{proto}.log"));
-            let events = path(&format!("{proto}.events"));
+        let stream = |proto: &str, host: IpAddr, name: &str| -> Result<Flow> {
+            let log = path(&format!("{name}.log"));
+            let events = path(&format!("{name}.events"));
             let args = [
                 "stream",
                 proto,
-                &dest,
+                &SocketAddr::new(host, addr::ECHO_PORT).to_string(),
                 "--interval-ms",
                 &interval,
                 // A cap only: the runner stops the flows.
@@ -68,8 +82,9 @@ impl Flows {
             Ok(Flow { child, log })
         };
         let start_unix_ms = unix_ms();
-        let tcp = stream("tcp")?;
-        let udp = stream("udp")?;
+        let tcp = stream("tcp", target.host, "tcp")?;
+        let udp = stream("udp", target.host, "udp")?;
+        let control = stream("udp", target.control_host, "control")?;
         let family = if target.host.is_ipv6() { "-6" } else { "-4" };
         let secs = format!("{:.3}", timing.interval.as_secs_f64());
         let log = path("ping.log");
@@ -82,6 +97,7 @@ impl Flows {
             tcp,
             udp,
             ping,
+            control,
             tcp_events: path("tcp.events"),
             start_unix_ms,
         })
@@ -104,21 +120,29 @@ impl Flows {
         p
     }
 
-    /// Stop all three at once; their summaries (TCP, UDP, ping).
-    pub(super) fn stop(mut self) -> Result<(Summary, Summary, Summary)> {
+    /// Stop them all at once and read what they saw.
+    pub(super) fn stop(mut self) -> Result<Seen> {
         self.tcp.child.signal_term();
         self.udp.child.signal_term();
+        self.control.child.signal_term();
         self.ping.child.send_signal(libc::SIGINT);
         let end = unix_ms();
-        for f in [&mut self.tcp, &mut self.udp, &mut self.ping] {
+        for f in [
+            &mut self.tcp,
+            &mut self.udp,
+            &mut self.control,
+            &mut self.ping,
+        ] {
             if f.child.wait_for(Duration::from_secs(3))?.is_none() {
                 f.child.terminate(Duration::ZERO);
             }
         }
         let read = |f: &Flow| std::fs::read_to_string(&f.log).unwrap_or_default();
-        let tcp = Summary::find_in(&read(&self.tcp)).context("the TCP stream")?;
-        let udp = Summary::find_in(&read(&self.udp)).context("the UDP stream")?;
-        let ping = Summary::from_ping(&read(&self.ping), self.start_unix_ms, end);
-        Ok((tcp, udp, ping))
+        Ok(Seen {
+            tcp: Summary::find_in(&read(&self.tcp)).context("the TCP stream")?,
+            udp: Summary::find_in(&read(&self.udp)).context("the UDP stream")?,
+            ping: Summary::from_ping(&read(&self.ping), self.start_unix_ms, end),
+            control: Summary::find_in(&read(&self.control)).context("the control stream")?,
+        })
     }
 }

@@ -1,6 +1,7 @@
 //! Failover, measured in the lab: the gateway that holds egress IP A fails in one of six
-//! ways while pod `w1-p1` streams TCP, UDP and ping through it to host A; what the flows and
-//! the gateways showed around the failure, one [`CaseReport`] per case.
+//! ways while pod `w1-p1` streams TCP, UDP and ping through it to host A (and UDP to host C,
+//! through no gateway, as a control); what the flows and the gateways showed around the
+//! failure, one [`CaseReport`] per case.
 //!
 //! Shared by `cargo xtask lab --failover` ([`run_table`]) and `tests/tests/failover.rs`
 //! (loose bounds on [`run_case`]).
@@ -26,7 +27,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 pub use self::table::{per_kind, run_table};
-use self::{flows::Flows, holders::Sampler};
+use self::{
+    flows::{Flows, Seen},
+    holders::Sampler,
+};
 use crate::{
     cluster,
     lab::{Family, Lab, NODES, Proto, addr, addr6},
@@ -37,7 +41,8 @@ use crate::{
 pub const POD: &str = "w1-p1";
 /// More than this with two holders fails a case.
 pub const TWO_HOLDERS_LIMIT_MS: u64 = 1000;
-/// A TCP stream whose last reply is older than this when it stops is stalled.
+/// A stream whose last reply is older than this when it stops is stalled (TCP) or not
+/// back (UDP).
 const STALLED_AFTER_MS: u64 = 500;
 
 /// How the holder of the egress IP fails.
@@ -139,6 +144,8 @@ pub struct Target {
     pub egress: IpAddr,
     pub other_egress: IpAddr,
     pub host: IpAddr,
+    /// Host C: reached without any gateway, by the control flow.
+    pub control_host: IpAddr,
 }
 
 impl Target {
@@ -148,12 +155,14 @@ impl Target {
                 egress: addr::EGRESS_IP_A.into(),
                 other_egress: addr::EGRESS_IP_B.into(),
                 host: addr::HOST_A.into(),
+                control_host: addr::HOST_C.into(),
             }
         } else {
             Self {
                 egress: addr6::EGRESS_IP_A.into(),
                 other_egress: addr6::EGRESS_IP_B.into(),
                 host: addr6::HOST_A.into(),
+                control_host: addr6::HOST_C.into(),
             }
         }
     }
@@ -203,6 +212,8 @@ pub struct CaseReport {
     pub tcp: Summary,
     pub udp: Summary,
     pub ping: Summary,
+    /// UDP to host C, through no gateway: its gaps are the machine's.
+    pub control: Summary,
     /// Time with two gateways holding the IP on an up interface.
     pub two_holders_ms: u64,
     /// Between two lines of a stream ([`Timing::interval`]).
@@ -231,7 +242,7 @@ impl CaseReport {
     /// more than two and a half intervals, i.e. two or more replies missing in a row.
     pub fn udp_back(&self) -> Recovery {
         self.udp
-            .recovery_after(self.t_unix_ms, self.interval_ms * 5 / 2)
+            .recovery_after(self.t_unix_ms, self.interval_ms * 5 / 2, STALLED_AFTER_MS)
     }
 
     /// The IP ended on exactly one gateway, another than before.
@@ -263,9 +274,7 @@ pub fn run_case(lab: &mut Lab, kind: Kind, timing: &Timing, label: &str) -> Resu
 /// What a case saw: the failure's time, the flows, who held the IP when.
 struct Observation {
     t: u64,
-    tcp: Summary,
-    udp: Summary,
-    ping: Summary,
+    seen: flows::Seen,
     timeline: holders::Timeline,
 }
 
@@ -283,12 +292,12 @@ fn observe(
     let flows = Flows::start(lab, target, timing, label)?;
     thread::sleep(timing.before);
     if flows.tcp_progress().last_reply.is_none() {
-        let (tcp, udp, _) = flows.stop()?;
+        let seen = flows.stop()?;
         sampler.stop()?;
         bail!(
             "{kind}: the flows did not get through before the failure (tcp: {:?}, udp: {} replies)",
-            tcp.error,
-            udp.received
+            seen.tcp.error,
+            seen.udp.received
         );
     }
     let t = unix_ms();
@@ -301,16 +310,10 @@ fn observe(
             thread::sleep(Duration::from_millis(100));
         }
     }
-    let (tcp, udp, ping) = flows.stop()?;
+    let seen = flows.stop()?;
     let timeline = sampler.stop()?;
     injected.with_context(|| format!("failed to inject {kind} on {}", old.0))?;
-    Ok(Observation {
-        t,
-        tcp,
-        udp,
-        ping,
-        timeline,
-    })
+    Ok(Observation { t, seen, timeline })
 }
 
 impl Observation {
@@ -329,7 +332,21 @@ impl Observation {
             .as_ref()
             .and_then(|(gw, _)| detection_ms(&lab.agent_log(gw), target.egress, t));
         let holder_path = self.timeline.path(t);
+        let Seen {
+            tcp,
+            udp,
+            ping,
+            control,
+        } = self.seen;
+        let interval_ms = timing.interval.as_millis() as u64;
         let mut notes = Vec::new();
+        // The control flow crosses no gateway: a gap there is the machine, not failover.
+        if control.longest_gap_ms > interval_ms * 5 / 2 {
+            notes.push(format!(
+                "host stall: the control flow had a {} ms gap",
+                control.longest_gap_ms
+            ));
+        }
         if self.timeline.holders_at(t) != [old.0.as_str()] {
             let at_t = self.timeline.holders_at(t);
             notes.push(format!("unsteady: holders at T {at_t:?}"));
@@ -337,10 +354,10 @@ impl Observation {
         if holder_path.len() > 2 {
             notes.push(format!("holders {}", holder_path.join(" > ")));
         }
-        if self.udp.sources.len() > 1 {
-            notes.push(format!("udp source {}", self.udp.sources.join(" > ")));
+        if udp.sources.len() > 1 {
+            notes.push(format!("udp source {}", udp.sources.join(" > ")));
         }
-        if let Some(e) = &self.tcp.error {
+        if let Some(e) = &tcp.error {
             notes.push(format!("tcp: {e}"));
         }
         for (node, status) in lab.exited_agents() {
@@ -355,10 +372,11 @@ impl Observation {
             t_unix_ms: t,
             detection_ms,
             two_holders_ms: self.timeline.two_holders_ms(),
-            tcp: self.tcp,
-            udp: self.udp,
-            ping: self.ping,
-            interval_ms: timing.interval.as_millis() as u64,
+            tcp,
+            udp,
+            ping,
+            control,
+            interval_ms,
             notes,
         }
     }

@@ -164,7 +164,7 @@ fn legend(target: &Target) -> String {
   move         holder of {ip} before T -> first other gateway seen holding it after T
   detect_ms    T -> the new holder's agent logged \"holding egress IP\" (-: no new holder)
   udp_back_ms  T -> the UDP reply that ended the worst gap after T (no gap: never two
-               replies missing in a row; never: not back when the flows stopped)
+               replies missing in a row; never: no reply in the last 0.5 s)
   udp_gap_ms   longest time without a UDP reply over the whole case (~20: no gap)
   tcp_gap_ms   the same for the TCP stream (retransmission backoff stretches outages)
   tcp          yes: never reset and delivering at the end; stalled: not reset, but nothing
@@ -174,6 +174,9 @@ fn legend(target: &Target) -> String {
   2holders_s   seconds with {ip} on an up interface of both gateways (sampled
                every 20 ms)
   end          holders when the flows stopped
+  notes        holder changes (@ ms from T), UDP source changes, TCP errors, agents that
+               exited; \"host stall\": the control flow (UDP to host C, through no gateway)
+               had a gap too: the machine, not the failover, stalled the flows
 kinds (what happens at T to the holder; how the lab recovers after the case)
 ",
         ip = target.egress,
