@@ -1184,38 +1184,40 @@ impl Lab {
         self.ns(gw)?.ip_batch(&cmds)
     }
 
-    /// Nodes `a` and `b` can no longer reach each other over the underlay (any protocol,
-    /// either family, ARP and neighbour discovery too); every other pair still can. The
-    /// underlay bridge drops what it would forward between their ports (nftables, bridge
-    /// family, in the `ul` namespace): nothing changes inside the nodes themselves.
+    /// Nodes `a` and `b` can no longer reach each other over the underlay: no IP packet of
+    /// either family passes between them, as behind a filtering router; ARP and neighbour
+    /// discovery still do (else their neighbour entries would fail and keep failing for
+    /// seconds after the repair). Every other pair is untouched. The underlay bridge
+    /// filters what it forwards between their ports (nftables, bridge family, in the `ul`
+    /// namespace): nothing changes inside the nodes themselves.
     pub fn partition_underlay(&self, a: &str, b: &str) -> Result<()> {
         self.node(a)?;
         self.node(b)?;
-        let nft = |args: &[&str]| self.exec("ul", "nft", args).map(drop);
-        nft(&["add", "table", "bridge", PARTITION_TABLE])?;
-        nft(&[
-            "add",
-            "chain",
-            "bridge",
-            PARTITION_TABLE,
-            "forward",
-            "{ type filter hook forward priority 0 ; policy accept ; }",
-        ])?;
-        for (from, to) in [(a, b), (b, a)] {
-            nft(&[
-                "add",
-                "rule",
-                "bridge",
-                PARTITION_TABLE,
-                "forward",
-                "iifname",
-                from,
-                "oifname",
-                to,
-                "drop",
-            ])?;
-        }
-        Ok(())
+        let rules: String = [(a, b), (b, a)]
+            .iter()
+            .map(|(from, to)| {
+                let ports = format!("iifname {from} oifname {to}");
+                format!(
+                    "    {ports} ether type arp accept
+    {ports} icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
+    {ports} drop
+"
+                )
+            })
+            .collect();
+        let script = format!(
+            "table bridge {PARTITION_TABLE} {{
+  chain forward {{
+    type filter hook forward priority 0; policy accept;
+{rules}  }}
+}}
+"
+        );
+        let path = self.dir.join(format!("partition-{a}-{b}.nft"));
+        std::fs::write(&path, script)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+        self.exec("ul", "nft", &["-f", &path.to_string_lossy()])
+            .map(drop)
     }
 
     /// Remove every partition of [`Lab::partition_underlay`].

@@ -164,14 +164,29 @@ fn addresses_and_routes(lab: &Lab, member: &str) -> Vec<String> {
     out
 }
 
+/// Reachable: a reply within ten seconds, pinging once a second until one comes. Right
+/// after a repair the path has been seen to take seconds to come back while another lab
+/// test builds or tears down its namespaces (a carrier change reaches the bridge through
+/// linkwatch, which needs the RTNL lock that namespace deletion holds).
 fn pings(lab: &Lab, from: &str, to: impl Into<IpAddr>) -> bool {
+    ping(lab, from, to, &["-c", "1", "-w", "10"])
+}
+
+fn ping(lab: &Lab, from: &str, to: impl Into<IpAddr>, opts: &[&str]) -> bool {
     let to = to.into().to_string();
+    let mut args = opts.to_vec();
+    args.push(&to);
     lab.ns(from)
         .unwrap()
-        .exec_unchecked("ping", &["-c", "1", "-W", "1", &to])
+        .exec_unchecked("ping", &args)
         .unwrap()
         .status
         .success()
+}
+
+/// Unreachable: no answer within a second (a working path answers in microseconds).
+fn cut_off(lab: &Lab, from: &str, to: impl Into<IpAddr>) -> bool {
+    !ping(lab, from, to, &["-c", "1", "-W", "1"])
 }
 
 #[test]
@@ -181,8 +196,8 @@ fn links_cut_and_restored_come_back_as_they_were() {
     let before = addresses_and_routes(&lab, "gw1");
     lab.set_underlay_link("gw1", false).unwrap();
     lab.set_secondary_link("gw1", "sec-a", false).unwrap();
-    assert!(!pings(&lab, "w1", addr::GW1));
-    assert!(!pings(&lab, "host-a", addr::GW1_SEC_A));
+    assert!(cut_off(&lab, "w1", addr::GW1));
+    assert!(cut_off(&lab, "host-a", addr::GW1_SEC_A));
     assert!(pings(&lab, "host-b", addr::GW1_SEC_B));
     lab.set_underlay_link("gw1", true).unwrap();
     lab.set_secondary_link("gw1", "sec-a", true).unwrap();
@@ -197,9 +212,20 @@ fn links_cut_and_restored_come_back_as_they_were() {
 fn a_partition_separates_only_the_two_nodes() {
     let lab = Lab::up(spec().with_family(Family::Dual)).unwrap();
     lab.partition_underlay("gw1", "gw2").unwrap();
-    // Not even neighbour discovery gets through (no cached entry for fd00:200::22 yet).
-    assert!(!pings(&lab, "gw1", addr::GW2));
-    assert!(!pings(&lab, "gw2", NODES[2].ip6()));
+    assert!(cut_off(&lab, "gw1", addr::GW2));
+    assert!(cut_off(&lab, "gw2", NODES[2].ip6()));
+    // UDP too (what the tunnel and the agents' probes use), to a server on gw2.
+    let log = lab.dir().join("gw2-echo.log");
+    let _server = lab
+        .ns("gw2")
+        .unwrap()
+        .spawn(&lab.spec().echo_bin, &["serve", "--udp", "7000"], &log)
+        .unwrap();
+    let udp = Query::new(Proto::Udp, addr::GW2, 7000)
+        .timeout(Duration::from_millis(600))
+        .attempts(3);
+    assert!(lab.query_with("gw1", &udp).is_err());
+    assert!(lab.query_with("w1", &udp).is_ok());
     for gw in [addr::GW1, addr::GW2] {
         assert!(pings(&lab, "w1", gw));
     }
@@ -207,6 +233,7 @@ fn a_partition_separates_only_the_two_nodes() {
     lab.heal_underlay().unwrap();
     assert!(pings(&lab, "gw1", addr::GW2));
     assert!(pings(&lab, "gw2", NODES[2].ip6()));
+    assert!(lab.query_with("gw1", &udp).is_ok());
 }
 
 #[test]
