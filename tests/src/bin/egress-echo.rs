@@ -33,7 +33,8 @@
 //! `<unix_ms> reset|error <message>`. It exits 0 unless the stream broke.
 //!
 //! std only, except for binding the TCP source port of `--sport`, which std cannot do: that
-//! one path goes through tokio's `TcpSocket` (already a dependency of this crate).
+//! one path goes through tokio's `TcpSocket` (already a dependency of this crate). The
+//! `stream` client is `egress_tests::stream`, next to the summary type its readers share.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -468,8 +469,7 @@ fn query_udp(q: &Query) -> Result<Vec<u8>> {
 // the failover runner reads back.
 
 fn stream(args: &[String]) -> Result<()> {
-    let args: Vec<String> = args.to_vec();
-    match egress_tests::stream::run(&args) {
+    match egress_tests::stream::run(args) {
         Ok(true) => Ok(()),
         Ok(false) => bail!("the stream broke (see the summary)"),
         Err(e) => Err(e.context(USAGE)),
