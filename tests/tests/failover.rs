@@ -4,9 +4,6 @@
 //! the TCP connection survives, the IP ends on exactly one gateway (another one, except
 //! when only the gateways are partitioned), two gateways never hold it for long, UDP is
 //! back within seconds, and the lab recovers afterwards.
-//!
-//! Ignored until the agents probe each other (issue 10): today only NotReady and drain
-//! move the IP, and no move keeps TCP alive yet.
 
 use egress_tests::{
     cluster,
@@ -55,38 +52,32 @@ fn case(kind: Kind) -> CaseReport {
 }
 
 #[test]
-#[ignore = "needs agent liveness probes (issue 10)"]
 fn notready_holder_hands_over_and_tcp_survives() {
     case(Kind::NotReady);
 }
 
 #[test]
-#[ignore = "needs agent liveness probes (issue 10)"]
 fn silently_dead_holder_is_replaced_and_tcp_survives() {
     case(Kind::SilentDeath);
 }
 
 #[test]
-#[ignore = "needs agent liveness probes (issue 10)"]
 fn holder_cut_from_the_underlay_is_replaced_and_tcp_survives() {
     case(Kind::UnderlayCut);
 }
 
 #[test]
-#[ignore = "needs agent liveness probes (issue 10)"]
 fn holder_whose_secondary_link_fails_is_replaced_and_tcp_survives() {
     case(Kind::SecondaryCut);
 }
 
 #[test]
-#[ignore = "needs agent liveness probes (issue 10)"]
 fn gateways_that_cannot_reach_each_other_move_nothing() {
     let r = case(Kind::GatewayPartition);
     assert_eq!(r.two_holders_ms, 0, "never two holders\n{}", r.row());
 }
 
 #[test]
-#[ignore = "needs agent liveness probes (issue 10)"]
 fn drained_holder_hands_over_and_tcp_survives() {
     case(Kind::Drain);
 }

@@ -54,6 +54,15 @@ impl Settings {
         self.interval * self.misses
     }
 
+    /// How recently a gateway must have heard a majority not to fence itself: one interval
+    /// less than the detection time, so that a cut-off holder lets its addresses go
+    /// before its peers take them over.
+    pub fn fence_window(&self) -> Duration {
+        self.detection()
+            .saturating_sub(self.interval)
+            .max(self.interval)
+    }
+
     /// No peer is declared dead, and this node not cut off, before this much time after
     /// start: every live peer has had time to be heard.
     pub fn warm_up(&self) -> Duration {
@@ -328,10 +337,15 @@ impl Tracker {
     }
 
     fn direct(&self, p: &Peer, now: Instant) -> bool {
+        self.heard_within(p, now, self.settings.detection())
+    }
+
+    /// Heard within `window` (or, for a peer whose agent is restarting, its grace).
+    fn heard_within(&self, p: &Peer, now: Instant, window: Duration) -> bool {
         let window = if p.hello.flags & flags::RESTARTING != 0 {
-            Duration::from_secs(p.hello.grace_s.into()).max(self.settings.detection())
+            Duration::from_secs(p.hello.grace_s.into()).max(window)
         } else {
-            self.settings.detection()
+            window
         };
         now.saturating_duration_since(p.last_heard) < window
     }
@@ -340,6 +354,16 @@ impl Tracker {
         self.peers
             .iter()
             .filter(|(_, p)| self.direct(p, now))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+
+    /// The peers heard within the fence window (for the quorum).
+    fn heard_for_quorum(&self, now: Instant) -> BTreeSet<&str> {
+        let window = self.settings.fence_window();
+        self.peers
+            .iter()
+            .filter(|(_, p)| self.heard_within(p, now, window))
             .map(|(n, _)| n.as_str())
             .collect()
     }
@@ -365,21 +389,32 @@ impl Tracker {
             })
     }
 
-    fn cut_off(&self, heard: &BTreeSet<&str>) -> bool {
+    fn cut_off(&self, now: Instant) -> bool {
         self.members.gateways.contains(&self.me)
-            && !has_quorum(&self.me, heard, &self.members.expected)
+            && !has_quorum(
+                &self.me,
+                &self.heard_for_quorum(now),
+                &self.members.expected,
+            )
+    }
+
+    /// A peer whose latest hello says it is cut off holds nothing and counts as dead.
+    fn says_cut_off(&self, name: &str) -> bool {
+        self.peers
+            .get(name)
+            .is_some_and(|p| p.hello.flags & flags::CUT_OFF != 0)
     }
 
     /// The view at `now`, without noting transitions.
     pub fn view(&self, now: Instant) -> PeerView {
         let heard = self.heard(now);
         let warm = self.warm(now);
-        let cut_off = warm && self.cut_off(&heard);
+        let cut_off = warm && self.cut_off(now);
         let mut dead: BTreeSet<String> = if warm {
             self.members
                 .gateways
                 .iter()
-                .filter(|g| **g != self.me && !self.alive(g, &heard))
+                .filter(|g| **g != self.me && (!self.alive(g, &heard) || self.says_cut_off(g)))
                 .cloned()
                 .collect()
         } else {
@@ -648,7 +683,15 @@ mod tests {
             1
         );
         let cut = |a: &str, b: &str| a != "gw1" && b != "gw1";
-        c.run(1000, 1500, cut);
+        c.run(1000, 1200, cut);
+        // Last exchange at 900 ms: gw1 fences itself at 1100, one interval before its
+        // peers declare it dead (1200).
+        assert!(
+            c.dead("gw1", 1150).contains("gw1"),
+            "gw1 must fence itself first"
+        );
+        assert_eq!(c.dead("w1", 1150), set(&[]), "its peers have not moved yet");
+        c.run(1200, 1500, cut);
         assert!(c.dead("gw1", 1500).contains("gw1"), "gw1 must fence itself");
         let t = c.t0 + Duration::from_millis(1500);
         let gw1 = c.trackers.get_mut("gw1").expect("gw1");
