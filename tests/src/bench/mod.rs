@@ -3,6 +3,7 @@
 //! report ([`report`]). Benchmarks are measured and reported, never asserted.
 
 pub mod empty;
+pub mod failover;
 pub mod frame;
 pub mod lab;
 pub mod per_packet;

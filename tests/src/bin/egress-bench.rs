@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use egress_tests::bench::{
-    Plan, lab, per_packet, probes,
+    Plan, failover, lab, per_packet, probes,
     report::{Machine, Report, datapath_source, per_packet_table},
 };
 
@@ -18,7 +18,8 @@ const USAGE: &str =
   --lab-only   the lab sections only (no per-packet timings)
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
   --no-write   print the report only
-  --probes     the liveness probes' cost only, printed (not written)";
+  --probes     the liveness probes' cost only, printed (not written)
+  --failover   the failover section only, printed (not written)";
 
 struct Args {
     plan: Plan,
@@ -44,6 +45,18 @@ fn args() -> Result<Args> {
             "--lab-only" => per_packet = false,
             "--out" => out = Some(it.next().context("--out needs a path")?.into()),
             "--no-write" => out = None,
+            "--failover" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let t = failover::table(egress_tests::cluster::default_spec()?, 3)?;
+                let report = Report {
+                    machine: Machine::probe()?,
+                    source: datapath_source(&workspace()),
+                    plan,
+                    tables: vec![t],
+                };
+                println!("{}", report.markdown());
+                std::process::exit(0);
+            }
             "--probes" => {
                 let t = probes::table(plan.quick);
                 let report = Report {
@@ -108,6 +121,17 @@ fn main() -> Result<()> {
         lab::control_plane(run.as_ref(), &plan)?,
     ] {
         t.intro.extend(lab_error.clone());
+        tables.push(t);
+    }
+    if args.lab {
+        let rounds = if plan.quick { 1 } else { 3 };
+        let t = egress_tests::cluster::default_spec()
+            .and_then(|spec| failover::table(spec, rounds))
+            .unwrap_or_else(|e| egress_tests::bench::report::Table {
+                title: "Failover".to_owned(),
+                intro: vec![format!("The failover lab failed: {e:#}")],
+                ..Default::default()
+            });
         tables.push(t);
     }
     tables.push(probes::table(plan.quick));
