@@ -19,7 +19,7 @@ const USAGE: &str =
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
   --no-write   print the report only
   --probes     the liveness probes' cost only, printed (not written)
-  --failover   the failover section only, printed (not written)";
+  --failover   the failover section only (3 rounds; 1 with --quick first), printed";
 
 struct Args {
     plan: Plan,
@@ -31,6 +31,18 @@ struct Args {
 /// The workspace this binary was built from.
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Print one section with the machine header, and exit.
+fn print_alone(plan: Plan, table: egress_tests::bench::report::Table) -> Result<()> {
+    let report = Report {
+        machine: Machine::probe()?,
+        source: datapath_source(&workspace()),
+        plan,
+        tables: vec![table],
+    };
+    println!("{}", report.markdown());
+    std::process::exit(0);
 }
 
 fn args() -> Result<Args> {
@@ -47,27 +59,13 @@ fn args() -> Result<Args> {
             "--no-write" => out = None,
             "--failover" => {
                 egress_tests::netns::install_signal_teardown()?;
-                let t = failover::table(egress_tests::cluster::default_spec()?, 3)?;
-                let report = Report {
-                    machine: Machine::probe()?,
-                    source: datapath_source(&workspace()),
+                let rounds = if plan.quick { 1 } else { 3 };
+                print_alone(
                     plan,
-                    tables: vec![t],
-                };
-                println!("{}", report.markdown());
-                std::process::exit(0);
+                    failover::table(egress_tests::cluster::default_spec()?, rounds)?,
+                )?;
             }
-            "--probes" => {
-                let t = probes::table(plan.quick);
-                let report = Report {
-                    machine: Machine::probe()?,
-                    source: datapath_source(&workspace()),
-                    plan,
-                    tables: vec![t],
-                };
-                println!("{}", report.markdown());
-                std::process::exit(0);
-            }
+            "--probes" => print_alone(plan, probes::table(plan.quick))?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
