@@ -133,6 +133,37 @@ pub fn other_claimant<'a>(ip: IpAddr, me: &str, peers: &'a PeerView) -> Option<&
         .map(|(n, _)| n.as_str())
 }
 
+/// Addresses this node's EgressNode says it holds (`published`: ip, interface, epoch,
+/// since, reason) that are on that interface now (`present`) but not in `holdings`: what
+/// an agent that restarted (or replaced one) still holds. Adopted with their epochs, so a
+/// restart moves nothing.
+pub fn adopt(
+    holdings: &mut BTreeMap<IpAddr, Holding>,
+    published: &[crate::api::HeldEgressIp],
+    present: impl Fn(&str, IpAddr) -> bool,
+) -> Vec<IpAddr> {
+    let mut adopted = Vec::new();
+    for h in published {
+        let Ok(ip) = h.ip.parse::<IpAddr>() else {
+            continue;
+        };
+        if holdings.contains_key(&ip) || !present(&h.interface, ip) {
+            continue;
+        }
+        holdings.insert(
+            ip,
+            Holding {
+                interface: h.interface.clone(),
+                epoch: h.epoch,
+                since: h.since.clone().unwrap_or_default(),
+                reason: h.reason.clone().unwrap_or_default(),
+            },
+        );
+        adopted.push(ip);
+    }
+    adopted
+}
+
 /// What this node says it holds, for its hellos.
 pub fn claims(holdings: &BTreeMap<IpAddr, Holding>) -> BTreeMap<IpAddr, Claim> {
     holdings
@@ -221,6 +252,33 @@ mod tests {
         let merged = with_lingering(&now, &lingering);
         assert_eq!(merged.rules_v4[&7].egress_ip, b);
         assert!(merged.egress_ips_v4.contains_key(&a));
+    }
+
+    #[test]
+    fn a_restarted_agent_adopts_what_its_egress_node_says_and_its_interfaces_show() {
+        let published = [
+            crate::api::HeldEgressIp {
+                ip: "192.168.101.50".into(),
+                interface: "sec-a".into(),
+                epoch: 4,
+                since: Some("2026-11-30T12:00:00Z".into()),
+                reason: Some("HolderUnreachable".into()),
+            },
+            // Published, but no longer on the interface (released before the restart).
+            crate::api::HeldEgressIp {
+                ip: "192.168.102.50".into(),
+                interface: "sec-b".into(),
+                epoch: 2,
+                ..Default::default()
+            },
+        ];
+        let mut holdings = BTreeMap::new();
+        let present = |ifc: &str, ip: IpAddr| ifc == "sec-a" && ip.to_string() == "192.168.101.50";
+        let adopted = adopt(&mut holdings, &published, present);
+        assert_eq!(adopted.len(), 1);
+        let h = &holdings[&"192.168.101.50".parse::<IpAddr>().expect("ip")];
+        assert_eq!((h.epoch, h.reason.as_str()), (4, "HolderUnreachable"));
+        assert!(adopt(&mut holdings, &published, present).is_empty(), "once");
     }
 
     #[test]

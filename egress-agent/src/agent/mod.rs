@@ -302,6 +302,7 @@ impl Reconciler<'_> {
         let now = Instant::now();
         let ifaces = self.nl.interfaces().await?;
         let me = self.cfg.node_name.clone();
+        self.adopt(view, &ifaces);
         // This node's own report is as fresh as this pass: its links now, what it holds.
         let down = holding::down_interfaces(
             ifaces
@@ -361,6 +362,27 @@ impl Reconciler<'_> {
             holders,
             problems,
         })
+    }
+
+    /// Take over what this node's EgressNode says it holds and its interfaces still carry
+    /// (the agent restarted), so that a restart moves nothing.
+    fn adopt(&mut self, view: &ClusterView, ifaces: &[iface::Interface]) {
+        let Some(published) = view
+            .egress_nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.cfg.node_name.as_str()))
+            .and_then(|n| n.status.as_ref())
+        else {
+            return;
+        };
+        let present = |ifc: &str, ip: IpAddr| {
+            ifaces
+                .iter()
+                .any(|i| i.name == ifc && i.addresses.iter().any(|(a, _)| *a == ip))
+        };
+        for ip in holding::adopt(&mut self.holdings, &published.egress_ips, present) {
+            info!(%ip, "adopted egress IP (held before this agent started)");
+        }
     }
 
     /// This node's configuration: tunnel MTU and the config map.

@@ -6,7 +6,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr, SocketAddr},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Instant,
 };
 
@@ -30,6 +33,9 @@ pub struct Handle {
     socket: Arc<UdpSocket>,
     v6_socket: bool,
     port: u16,
+    /// Set by the first [`Handle::update`]: no hello goes out before this node knows
+    /// what it holds (a restarted holder must not say "nothing" to its peers).
+    reporting: Arc<AtomicBool>,
 }
 
 /// What the service gives the reconcile loop.
@@ -59,7 +65,8 @@ impl Handle {
         t.set_members(members);
         t.set_local(down, claims);
         drop(t);
-        if changed {
+        let first = !self.reporting.swap(true, Ordering::Relaxed);
+        if changed || first {
             self.kick.notify_one();
         }
     }
@@ -126,6 +133,7 @@ pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<S
     )));
     let kick = Arc::new(Notify::new());
     let refused = Arc::new(Mutex::new(0));
+    let reporting = Arc::new(AtomicBool::new(false));
     let (view_tx, views) = watch::channel(PeerView::default());
     let view_tx = Arc::new(view_tx);
     let (tx, transitions) = mpsc::unbounded_channel();
@@ -169,7 +177,12 @@ pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<S
     }
     // Sender.
     {
-        let (tracker, kick, socket) = (tracker.clone(), kick.clone(), socket.clone());
+        let (tracker, kick, socket, reporting) = (
+            tracker.clone(),
+            kick.clone(),
+            socket.clone(),
+            reporting.clone(),
+        );
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(settings.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -177,6 +190,9 @@ pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<S
                 tokio::select! {
                     _ = tick.tick() => {}
                     () = kick.notified() => {}
+                }
+                if !reporting.load(Ordering::Relaxed) {
+                    continue;
                 }
                 let now = Instant::now();
                 let hellos: Vec<(SocketAddr, Result<_, _>)> = {
@@ -211,6 +227,7 @@ pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<S
             socket,
             v6_socket,
             port,
+            reporting,
         },
         views,
         transitions,
