@@ -172,3 +172,28 @@ fn a_restarted_agent_adopts_its_pinned_state_and_traffic_keeps_flowing() {
         "the restarted agent must find the pinned entries: {second_start}"
     );
 }
+
+#[test]
+fn a_restarted_holder_keeps_its_egress_ips() {
+    let mut lab = up_with_agents(cluster::default_spec().unwrap()).unwrap();
+    let (gw, _) = holder(&lab, EGRESS_IP_A).unwrap();
+    // SIGTERM (a DaemonSet update): the datapath stays, the next agent adopts what it held.
+    lab.stop_agent(&gw).unwrap();
+    lab.start_agent(&gw, &cluster::agent_bin().unwrap(), &[])
+        .unwrap();
+    wait_until(Duration::from_secs(10), || {
+        lab.agent_log(&gw).contains("adopted egress IP")
+    })
+    .expect("the restarted agent adopts its egress IPs");
+    // Past the peers' detection time and the new agent's warm-up: nothing moved.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(holder(&lab, EGRESS_IP_A).map(|(g, _)| g), Some(gw.clone()));
+    assert_eq!(seen(&lab, "w1-p1", Proto::Tcp, HOST_A), ip(EGRESS_IP_A));
+    for node in ["gw1", "gw2"] {
+        assert!(
+            !lab.agent_log(node).contains("moved from"),
+            "no egress IP moved on {node}:\n{}",
+            lab.agent_log(node)
+        );
+    }
+}
