@@ -4,12 +4,7 @@
 //! is down): a background writer takes the latest EgressNode and statuses, and a bounded
 //! queue of Events.
 
-use std::{
-    collections::BTreeMap,
-    net::IpAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
@@ -137,13 +132,6 @@ impl Sink {
                 w.node.send_replace(Some(doc.clone()));
                 Ok(())
             }
-        }
-    }
-
-    pub fn state_dir(&self) -> Option<&Path> {
-        match self {
-            Sink::Yaml(dir) => Some(dir),
-            Sink::Kube(_) => None,
         }
     }
 }

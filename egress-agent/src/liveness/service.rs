@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 
 use super::{
     hello::{Claim, Hello},
-    tracker::{Membership, PeerStatus, PeerView, Report, Settings, Tracker, Transition},
+    tracker::{Membership, PeerStatus, PeerView, Settings, Tracker, Transition},
 };
 
 /// The reconcile loop's side of the service.
@@ -73,10 +73,6 @@ impl Handle {
 
     pub fn status(&self) -> Vec<PeerStatus> {
         lock(&self.tracker).status(Instant::now())
-    }
-
-    pub fn view(&self) -> PeerView {
-        lock(&self.tracker).view(Instant::now())
     }
 
     pub fn settings(&self) -> Settings {
@@ -276,9 +272,4 @@ fn rand_u32() -> u32 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.subsec_nanos() ^ d.as_secs() as u32)
     }
-}
-
-/// This node's report as the service last knew it (for status pages).
-pub fn local_report(h: &Handle) -> Report {
-    lock(&h.tracker).local().clone()
 }
