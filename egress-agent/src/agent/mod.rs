@@ -162,6 +162,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         lingering: BTreeMap::new(),
         handover_since: BTreeMap::new(),
         wake_at: None,
+        warm_pending: false,
         stats: stats.clone(),
     };
     loop {
@@ -266,8 +267,10 @@ struct Reconciler<'a> {
     lingering: BTreeMap<IpAddr, Lingering>,
     /// Addresses to acquire that another live node still claims, since when.
     handover_since: BTreeMap<IpAddr, Instant>,
-    /// The next time a pass is due (a handover or a linger ending).
+    /// The next time a pass is due (a handover, the warm-up or a linger ending).
     wake_at: Option<Instant>,
+    /// An address waits for the end of this agent's warm-up.
+    warm_pending: bool,
     stats: Arc<Mutex<Stats>>,
 }
 
@@ -571,6 +574,8 @@ impl Reconciler<'_> {
         let mut wanted = BTreeSet::new();
         let mut changed = 0;
         let detection = self.probes.settings().detection();
+        let warm_at = self.probes.warm_at();
+        self.warm_pending = false;
         for h in mine {
             let Some(i) = ifaces.iter().find(|i| i.name == h.interface) else {
                 continue;
@@ -593,6 +598,12 @@ impl Reconciler<'_> {
                         reason: h.reason.to_owned(),
                     })
                     .epoch = h.epoch;
+                continue;
+            }
+            // Until this agent has heard its peers, it takes no new address: agents that
+            // start together would each elect from a different partial view.
+            if now < warm_at {
+                self.warm_pending = true;
                 continue;
             }
             if let Some(other) = holding::other_claimant(h.ip, me, peers) {
@@ -649,8 +660,13 @@ impl Reconciler<'_> {
         let detection = self.probes.settings().detection();
         let handovers = self.handover_since.values().map(|s| *s + detection);
         let lingers = self.lingering.values().map(|l| l.until);
-        self.wake_at = handovers.chain(lingers).filter(|t| *t > now).min();
-        if !self.handover_since.is_empty() && self.wake_at.is_none() {
+        let warm = self.warm_pending.then(|| self.probes.warm_at());
+        self.wake_at = handovers
+            .chain(lingers)
+            .chain(warm)
+            .filter(|t| *t > now)
+            .min();
+        if (self.warm_pending || !self.handover_since.is_empty()) && self.wake_at.is_none() {
             self.wake_at = Some(now);
         }
     }

@@ -75,6 +75,11 @@ impl Handle {
         lock(&self.tracker).status(Instant::now())
     }
 
+    /// When this agent's warm-up ends (see [`Tracker::warm_at`]).
+    pub fn warm_at(&self) -> Instant {
+        lock(&self.tracker).warm_at()
+    }
+
     pub fn settings(&self) -> Settings {
         lock(&self.tracker).settings()
     }

@@ -201,6 +201,11 @@ impl Tracker {
         self.settings
     }
 
+    /// When the warm-up ends: every live peer has been heard by then.
+    pub fn warm_at(&self) -> Instant {
+        self.started + self.settings.warm_up()
+    }
+
     pub fn set_members(&mut self, members: Membership) {
         self.members = members;
     }
