@@ -91,8 +91,10 @@ pub enum FailurePolicy {
     Fallthrough,
 }
 
-/// One rule: destination prefixes, the prefixes excepted from them, and either a dedicated
-/// egress IP (`egressIP`) or a gateway interface whose own address is used (`interface`).
+/// One rule: destination prefixes (listed in `destinations`, or learned from the
+/// gateways' routing tables with `destinationsFrom: Routes`), the prefixes excepted from
+/// them, and either a dedicated egress IP (`egressIP`) or a gateway interface whose own
+/// address is used (`interface`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -101,23 +103,42 @@ pub enum FailurePolicy {
         "message": "exactly one of egressIP or interface must be set"
     },
     {
-        "rule": "!has(self.egressIP) || !isIP(self.egressIP) || self.destinations.all(d, !isCIDR(d) || cidr(d).ip().family() == ip(self.egressIP).family())",
+        "rule": "has(self.destinations) != has(self.destinationsFrom)",
+        "message": "exactly one of destinations or destinationsFrom must be set"
+    },
+    {
+        "rule": "!has(self.includeDefault) || has(self.destinationsFrom)",
+        "message": "includeDefault applies only with destinationsFrom"
+    },
+    {
+        "rule": "!has(self.destinations) || !has(self.egressIP) || !isIP(self.egressIP) || self.destinations.all(d, !isCIDR(d) || cidr(d).ip().family() == ip(self.egressIP).family())",
         "message": "destinations must be of the same address family as egressIP"
     },
     {
-        "rule": "self.destinations.all(d, !isCIDR(d) || !isCIDR(self.destinations[0]) || cidr(d).ip().family() == cidr(self.destinations[0]).ip().family())",
+        "rule": "!has(self.destinations) || self.destinations.all(d, !isCIDR(d) || !isCIDR(self.destinations[0]) || cidr(d).ip().family() == cidr(self.destinations[0]).ip().family())",
         "message": "destinations must all be of one address family"
     },
     {
-        "rule": "!has(self.except) || self.except.all(e, !isCIDR(e) || self.destinations.exists(d, isCIDR(d) && cidr(d).containsCIDR(e)))",
+        "rule": "!has(self.except) || !has(self.destinations) || self.except.all(e, !isCIDR(e) || self.destinations.exists(d, isCIDR(d) && cidr(d).containsCIDR(e)))",
         "message": "every except prefix must lie inside one of the destinations"
     }
 ]))]
 pub struct EgressRule {
-    /// Destination prefixes (CIDR, without host bits), all of one address family.
+    /// Destination prefixes (CIDR, without host bits), all of one address family. Exactly
+    /// one of `destinations` and `destinationsFrom` is set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "destination_list_schema")]
     pub destinations: Vec<String>,
-    /// Prefixes inside `destinations` that are left untouched.
+    /// `Routes`: the destinations are the prefixes the serving gateway routes out of the
+    /// rule's interface (the one holding the egress IP's subnet, or the named one), as
+    /// its agent publishes them in its EgressNode; they follow route changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destinations_from: Option<DestinationsFrom>,
+    /// With `destinationsFrom`: include default routes (`0.0.0.0/0`, `::/0`) out of the
+    /// interface. Off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_default: Option<bool>,
+    /// Prefixes inside `destinations` (or the learned routes) that are left untouched.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "except_list_schema")]
     pub except: Vec<String>,
@@ -131,6 +152,13 @@ pub struct EgressRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_interface_schema")]
     pub interface: Option<String>,
+}
+
+/// Where a rule's destinations come from, when not listed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DestinationsFrom {
+    /// The serving gateway's routes out of the rule's interface.
+    Routes,
 }
 
 /// Status of an EgressGatewayPolicy, as the compiler derives it.
@@ -259,6 +287,24 @@ pub struct NodeInterface {
     #[serde(default)]
     #[schemars(schema_with = "address_list_schema")]
     pub addresses: Vec<String>,
+    /// Prefixes the node routes out of this interface (unicast routes of the tables its
+    /// agent reads, connected subnets included), sorted; what `destinationsFrom: Routes`
+    /// rules compile from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "route_list_schema")]
+    pub routes: Vec<String>,
+    /// Routes out of this interface left out of `routes` because the node has more than
+    /// the cap (`MAX_ROUTES`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub routes_omitted: u32,
+}
+
+/// Most routes a node publishes in its EgressNode, over all its interfaces (a larger
+/// object would approach etcd's object size limit).
+pub const MAX_ROUTES: usize = 16_384;
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 /// An egress IP held by a node, and the interface it is on.
@@ -340,6 +386,16 @@ fn except_list_schema(_: &mut SchemaGenerator) -> Schema {
         "type": "array",
         "maxItems": MAX_PREFIXES,
         "items": prefix_item_schema()
+    })
+}
+
+/// Routes are written by agents, not users, and can be many: no CEL rule per item (its
+/// cost estimate would be times `MAX_ROUTES`); the compiler skips what does not parse.
+fn route_list_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_ROUTES,
+        "items": {"type": "string", "maxLength": MAX_ADDRESS_LEN}
     })
 }
 

@@ -21,6 +21,10 @@ pub struct ClusterView {
     pub pods: Vec<PodSummary>,
     pub nodes: Vec<Node>,
     pub egress_nodes: Vec<EgressNode>,
+    /// The cluster's own prefixes that no route may steer to a gateway (pod and service
+    /// CIDRs, from `--cluster-cidr`); Nodes' `spec.podCIDRs`, pod and node addresses are
+    /// added by the compiler.
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// What the compiler reads of a Pod. Every agent holds every pod of the cluster, and a

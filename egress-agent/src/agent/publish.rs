@@ -160,6 +160,8 @@ pub fn egress_node_doc(
                 .filter(|(a, _)| !holdings.contains_key(a))
                 .map(|(a, l)| format!("{a}/{l}"))
                 .collect(),
+            routes: Vec::new(),
+            routes_omitted: 0,
         })
         .collect();
     let mut doc = EgressNode::new(

@@ -93,6 +93,7 @@ fn egress_node(name: &str, interfaces: &[(&str, &[&str])], held: &[(&str, &str)]
                 name: (*n).to_owned(),
                 up: true,
                 addresses: addrs.iter().map(|a| (*a).to_owned()).collect(),
+                ..Default::default()
             })
             .collect(),
         egress_ips: held
@@ -186,6 +187,7 @@ fn base() -> ClusterView {
                 &[],
             ),
         ],
+        cluster_cidrs: Vec::new(),
     }
 }
 
@@ -1549,6 +1551,7 @@ fn build_view(
                 except,
                 egress_ip,
                 interface,
+                ..Default::default()
             });
         }
         let spec = crate::api::EgressGatewayPolicySpec {

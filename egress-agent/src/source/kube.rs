@@ -383,6 +383,7 @@ impl Stores {
             pods: collect(&self.pods, &mut errors, |p: &Pod| PodSummary::from(p)),
             nodes: collect(&self.nodes, &mut errors, Clone::clone),
             egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
+            cluster_cidrs: Vec::new(),
         };
         Snapshot { view, errors }
     }

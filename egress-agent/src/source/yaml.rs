@@ -921,6 +921,7 @@ metadata: {name: two}
                 name: "ens224".to_owned(),
                 up: true,
                 addresses: vec!["198.51.100.2/24".to_owned()],
+                ..Default::default()
             }],
             egress_ips: vec![HeldEgressIp {
                 ip: "198.51.100.10".to_owned(),
