@@ -6,8 +6,7 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::{Ipv4Net, Ipv6Net};
-
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use k8s_openapi::{
     api::core::v1::{
         Namespace, Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodIP, PodSpec, PodStatus,
@@ -18,7 +17,12 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    api::{EgressNodeSpec, EgressNodeStatus, HeldEgressIp, NodeInterface},
+    api::{
+        EgressIpStatus, EgressNode, EgressNodeSpec, EgressNodeStatus, EgressRule, FailurePolicy,
+        HeldEgressIp, NodeInterface, PolicyCondition,
+    },
+    desired::{GatewayRuleV4, GatewayRuleV6, HeldIpV4, PolicyAction, PolicyEntryV4, PolicyEntryV6},
+    liveness::{PeerView, Report},
     source::PodSummary,
 };
 

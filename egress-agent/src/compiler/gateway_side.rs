@@ -1,0 +1,90 @@
+//! The gateway side: who uses which egress address (the same on every node), and what
+//! this node serves when it is a gateway (rules by id, egress addresses to hold, the
+//! interfaces that need `from_secondary`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use super::{
+    Holder,
+    placement::{GatewayAddr, PolicyPlan},
+};
+use crate::{
+    api::EgressIpStatus,
+    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIpV4},
+};
+
+/// The holders of every plan's addresses (sorted), the addresses by policy (for the
+/// statuses), and this node's gateway-side state in `desired`.
+pub(super) fn serve(
+    plans: &[PolicyPlan<'_>],
+    node_name: &str,
+    desired: &mut Desired,
+) -> (Vec<Holder>, BTreeMap<String, BTreeSet<EgressIpStatus>>) {
+    let mut holders = Vec::new();
+    let mut egress_ips: BTreeMap<String, BTreeSet<EgressIpStatus>> = BTreeMap::new();
+    for plan in plans {
+        let ips = egress_ips.entry(plan.name.clone()).or_default();
+        for rule in &plan.rules {
+            for (g, shared) in rule.served() {
+                holders.push(Holder {
+                    ip: g.ip,
+                    node: g.node.clone(),
+                    interface: g.interface.clone(),
+                    policy: plan.name.clone(),
+                    rule: rule.index,
+                    rule_id: rule.rule_id,
+                    shared,
+                    epoch: g.epoch,
+                    reason: g.reason,
+                });
+                ips.insert(EgressIpStatus {
+                    ip: g.ip.to_string(),
+                    node: g.node.clone(),
+                    interface: g.interface.clone(),
+                    since: (!shared).then(|| g.since.clone()).flatten(),
+                    reason: (!shared).then(|| g.reason.to_owned()),
+                });
+                if g.node == node_name {
+                    serve_locally(desired, rule.rule_id, g, shared);
+                }
+            }
+        }
+    }
+    holders.sort();
+    (holders, egress_ips)
+}
+
+/// This node serves rule `rule_id` with `g`'s address.
+fn serve_locally(desired: &mut Desired, rule_id: u32, g: &GatewayAddr, shared: bool) {
+    let held = HeldIpV4 {
+        interface: g.interface.clone(),
+        prefix_len: g.prefix_len,
+        shared,
+    };
+    match g.ip {
+        IpAddr::V4(egress_ip) => {
+            desired.rules_v4.insert(
+                rule_id,
+                GatewayRuleV4 {
+                    egress_ip,
+                    interface: g.interface.clone(),
+                },
+            );
+            desired.egress_ips_v4.insert(egress_ip, held);
+        }
+        IpAddr::V6(egress_ip) => {
+            desired.rules_v6.insert(
+                rule_id,
+                GatewayRuleV6 {
+                    egress_ip,
+                    interface: g.interface.clone(),
+                },
+            );
+            desired.egress_ips_v6.insert(egress_ip, held);
+        }
+    }
+    desired.egress_interfaces.insert(g.interface.clone());
+}

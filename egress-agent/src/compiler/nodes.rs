@@ -1,0 +1,293 @@
+//! Nodes as the compiler sees them: what the Node objects, the EgressNodes and the
+//! liveness probes say about each, and the node-wide facts derived from them (underlay
+//! ids, the cluster's tunnel family).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+
+use super::{DRAIN_ANNOTATION, Object, Problem, Selector, reason};
+use crate::{
+    api::EgressNode,
+    desired::Desired,
+    liveness::{PeerView, Report},
+    source::ClusterView,
+};
+
+/// Underlay address of a node: its first InternalIP, of either family (Kubernetes lists
+/// the cluster's primary family first). Tunnels between nodes use this address, so every
+/// node of a cluster must have one of the same family.
+pub fn node_underlay(node: &Node) -> Option<IpAddr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<IpAddr>().ok())
+}
+
+/// Is the node drained (the [`DRAIN_ANNOTATION`] is `"true"`) or cordoned?
+pub fn node_drained(node: &Node) -> bool {
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DRAIN_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    annotated || cordoned
+}
+
+/// Is the node's `Ready` condition `True`?
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Nodes that some policy's gatewaySelector matches (invalid selectors match nothing):
+/// the gateways every agent probes.
+pub fn gateway_candidates(view: &ClusterView) -> BTreeSet<String> {
+    let selectors: Vec<Selector> = view
+        .policies
+        .iter()
+        .filter_map(|p| Selector::new(&p.spec.gateway_selector, "spec.gatewaySelector").ok())
+        .collect();
+    view.nodes
+        .iter()
+        .filter(|n| {
+            let empty = BTreeMap::new();
+            let labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+            selectors.iter().any(|s| s.matches(labels))
+        })
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
+}
+
+/// Every Node with a name, sorted and deduplicated by name, with its EgressNode as the
+/// node's latest hello corrects it, and whether the probes hear it.
+pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo<'a>> {
+    let egress_by_name: BTreeMap<&str, &EgressNode> = view
+        .egress_nodes
+        .iter()
+        .filter_map(|en| Some((en.metadata.name.as_deref()?, en)))
+        .collect();
+    let mut nodes: Vec<NodeInfo<'_>> = view
+        .nodes
+        .iter()
+        .filter_map(|node| {
+            let name = node.metadata.name.as_deref()?;
+            let en = egress_by_name.get(name).copied();
+            let egress = en.map(|en| EgressInfo::new(en, peers.reports.get(name)));
+            let mut own_addresses = Vec::new();
+            for a in node
+                .status
+                .iter()
+                .flat_map(|s| s.addresses.iter().flatten())
+            {
+                if let Ok(ip) = a.address.parse::<IpAddr>() {
+                    own_addresses.push((ip, a.type_.clone()));
+                }
+            }
+            if let Some(en) = en {
+                if let Some(ip) = en.spec.underlay_ip.as_deref().and_then(|s| s.parse().ok()) {
+                    own_addresses.push((ip, "EgressNode underlayIP".to_owned()));
+                }
+                if let Some(info) = &egress {
+                    for (iface, nets) in &info.interfaces {
+                        for net in nets {
+                            if !info.held.contains_key(&net.addr()) {
+                                own_addresses.push((net.addr(), format!("interface {iface}")));
+                            }
+                        }
+                    }
+                }
+            }
+            Some(NodeInfo {
+                name,
+                labels: node.metadata.labels.clone().unwrap_or_default(),
+                underlay: node_underlay(node),
+                ready: node_ready(node),
+                drained: node_drained(node),
+                dead: peers.dead.contains(name),
+                own_addresses,
+                egress,
+            })
+        })
+        .collect();
+    nodes.sort_by(|a, b| a.name.cmp(b.name));
+    nodes.dedup_by(|a, b| a.name == b.name);
+    nodes
+}
+
+/// Give every node with an underlay address its small stable id and this node its own
+/// address (`node_name`); report nodes without an underlay, and those whose underlay is of
+/// the cluster's minority family.
+pub(super) fn register(
+    nodes: &[NodeInfo<'_>],
+    node_name: &str,
+    desired: &mut Desired,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut next_id = 1u32;
+    for node in nodes {
+        match node.underlay {
+            Some(ip) => {
+                desired.nodes.entry(ip).or_insert_with(|| {
+                    let id = next_id;
+                    next_id += 1;
+                    id
+                });
+            }
+            None => problems.push(Problem {
+                object: Object::Node(node.name.to_owned()),
+                reason: reason::NO_UNDERLAY_ADDRESS.to_owned(),
+                message: "status.addresses: no InternalIP address: the node can be \
+                          neither a source nor a gateway"
+                    .to_owned(),
+            }),
+        }
+        if node.name == node_name {
+            desired.node_ip = node.underlay;
+        }
+    }
+    // One tunnel family per cluster: nodes of the minority family (IPv4 on a tie) cannot
+    // reach the others, which is worth saying on every node, in the same words.
+    let v6_nodes = nodes
+        .iter()
+        .filter(|n| n.underlay.is_some_and(|u| u.is_ipv6()))
+        .count();
+    let v4_nodes = nodes
+        .iter()
+        .filter(|n| n.underlay.is_some_and(|u| u.is_ipv4()))
+        .count();
+    if v4_nodes > 0 && v6_nodes > 0 {
+        let (odd_v6, majority, count) = if v6_nodes > v4_nodes {
+            (false, "IPv6", v6_nodes)
+        } else {
+            (true, "IPv4", v4_nodes)
+        };
+        for node in nodes {
+            let Some(ip) = node.underlay.filter(|u| u.is_ipv6() == odd_v6) else {
+                continue;
+            };
+            problems.push(Problem {
+                object: Object::Node(node.name.to_owned()),
+                reason: reason::UNDERLAY_FAMILY_MISMATCH.to_owned(),
+                message: format!(
+                    "status.addresses: the first InternalIP, {ip}, is not {majority} like \
+                     that of {count} other nodes: no tunnel between this node and those; \
+                     list an {majority} InternalIP first"
+                ),
+            });
+        }
+    }
+    problems
+}
+
+/// A node as the compiler sees it.
+pub(super) struct NodeInfo<'a> {
+    pub(super) name: &'a str,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) underlay: Option<IpAddr>,
+    pub(super) ready: bool,
+    /// Drained or cordoned: holds nothing new and gives up what it holds.
+    pub(super) drained: bool,
+    /// Not heard by this node's probes (or this node itself, cut off).
+    pub(super) dead: bool,
+    /// Every address the node has (Node addresses, EgressNode underlay and interface
+    /// addresses, minus the egress IPs it holds), with where it was seen.
+    pub(super) own_addresses: Vec<(IpAddr, String)>,
+    pub(super) egress: Option<EgressInfo>,
+}
+
+/// What a node's EgressNode says.
+pub(super) struct EgressInfo {
+    /// Up interfaces, by name: (address, network) in listed order.
+    pub(super) interfaces: BTreeMap<String, Vec<IpNet>>,
+    /// Egress IPs it holds now, with their epochs.
+    pub(super) held: BTreeMap<IpAddr, u64>,
+    /// When and why it took them, as it published in its EgressNode: by address.
+    pub(super) held_meta: BTreeMap<IpAddr, (u64, Option<String>, Option<String>)>,
+}
+
+impl EgressInfo {
+    /// What the EgressNode says, corrected by the node's latest hello (`report`): the
+    /// interfaces it reports down are down, and it holds what it claims.
+    fn new(en: &EgressNode, report: Option<&Report>) -> Self {
+        let mut interfaces = BTreeMap::new();
+        let mut held = BTreeMap::new();
+        let mut held_meta = BTreeMap::new();
+        if let Some(status) = &en.status {
+            for h in &status.egress_ips {
+                if let Ok(ip) = h.ip.parse::<IpAddr>() {
+                    held.insert(ip, h.epoch);
+                    held_meta.insert(ip, (h.epoch, h.since.clone(), h.reason.clone()));
+                }
+            }
+            let down = |name: &str| report.is_some_and(|r| r.down.contains(name));
+            for iface in status.interfaces.iter().filter(|i| i.up && !down(&i.name)) {
+                let nets: Vec<IpNet> = iface
+                    .addresses
+                    .iter()
+                    .filter_map(|a| a.parse::<IpNet>().ok())
+                    .collect();
+                interfaces
+                    .entry(iface.name.clone())
+                    .or_insert_with(Vec::new)
+                    .extend(nets);
+            }
+        }
+        if let Some(r) = report {
+            held = r.claims.iter().map(|(ip, c)| (*ip, c.epoch)).collect();
+        }
+        Self {
+            interfaces,
+            held,
+            held_meta,
+        }
+    }
+
+    /// The interface whose subnet contains `ip` (first by name) and that subnet's prefix
+    /// length. IPv6 link-local subnets host nothing.
+    pub(super) fn hosting_interface(&self, ip: IpAddr) -> Option<(&str, u8)> {
+        self.interfaces.iter().find_map(|(name, nets)| {
+            nets.iter()
+                .find(|net| usable(net) && net.contains(&ip))
+                .map(|net| (name.as_str(), net.prefix_len()))
+        })
+    }
+
+    /// The node's own first address of the family (`v6`) on `interface`: held egress IPs
+    /// are not its own, and an IPv6 link-local address cannot be a source off-link.
+    pub(super) fn own_address(&self, interface: &str, v6: bool) -> Option<(IpAddr, u8)> {
+        self.interfaces
+            .get(interface)?
+            .iter()
+            .find(|net| {
+                net.addr().is_ipv6() == v6 && usable(net) && !self.held.contains_key(&net.addr())
+            })
+            .map(|net| (net.addr(), net.prefix_len()))
+    }
+}
+
+/// An interface address that can serve as (or host) an egress address: not IPv6
+/// link-local (fe80::/10), not unspecified or loopback.
+fn usable(net: &IpNet) -> bool {
+    match net.addr() {
+        IpAddr::V4(a) => !a.is_unspecified() && !a.is_loopback(),
+        IpAddr::V6(a) => {
+            !a.is_unspecified() && !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80
+        }
+    }
+}

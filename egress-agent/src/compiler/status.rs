@@ -1,0 +1,162 @@
+//! Policy status: the conditions each plan gathered, turned into `Accepted`, `Ready` and
+//! `Conflict`, and the problems every agent logs and counts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Object, Problem, condition, placement::PolicyPlan, reason};
+use crate::api::{EgressIpStatus, PolicyCondition, PolicyStatus};
+
+/// Most conflict pairs named in a condition message; the rest are counted.
+const MAX_CONFLICTS_NAMED: usize = 3;
+
+/// Conditions being built for one policy.
+#[derive(Default)]
+pub(super) struct PolicyReport {
+    /// (reason, message) of static errors.
+    invalid: Vec<(&'static str, String)>,
+    /// (reason, message) of what keeps rules from being served.
+    unready: Vec<(&'static str, String)>,
+    /// (pod, prefix) pairs lost to another policy or an earlier rule, the first few named.
+    conflicts: Vec<String>,
+    conflict_count: usize,
+}
+
+impl PolicyReport {
+    /// The spec is wrong (`Accepted=False`).
+    pub(super) fn invalid(&mut self, reason: &'static str, message: String) {
+        self.invalid.push((reason, message));
+    }
+
+    /// The spec is fine but the cluster cannot serve (all of) it (`Ready=False`).
+    pub(super) fn unready(&mut self, reason: &'static str, message: String) {
+        self.unready.push((reason, message));
+    }
+
+    pub(super) fn invalid_count(&self) -> usize {
+        self.invalid.len()
+    }
+
+    pub(super) fn accepted(&self) -> bool {
+        self.invalid.is_empty()
+    }
+
+    /// A (pod, prefix) pair this policy lost.
+    pub(super) fn conflict(&mut self, message: String) {
+        if self.conflicts.len() < MAX_CONFLICTS_NAMED {
+            self.conflicts.push(message);
+        }
+        self.conflict_count += 1;
+    }
+}
+
+/// Every policy's status, and the problems its conditions describe (appended to
+/// `problems`). `egress_ips`: the addresses in use, by policy.
+pub(super) fn statuses(
+    plans: &[PolicyPlan<'_>],
+    mut egress_ips: BTreeMap<String, BTreeSet<EgressIpStatus>>,
+    problems: &mut Vec<Problem>,
+) -> BTreeMap<String, PolicyStatus> {
+    let mut out = BTreeMap::new();
+    for plan in plans {
+        let report = &plan.report;
+        let object = Object::Policy(plan.name.clone());
+        for (reason, message) in report.invalid.iter().chain(&report.unready) {
+            problems.push(Problem {
+                object: object.clone(),
+                reason: (*reason).to_owned(),
+                message: message.clone(),
+            });
+        }
+        let mut conditions = vec![accepted(report), ready(report, plan.rules.len())];
+        if let Some(message) = conflict_message(report) {
+            problems.push(Problem {
+                object: object.clone(),
+                reason: reason::DESTINATION_CLAIMED.to_owned(),
+                message: message.clone(),
+            });
+            conditions.push(condition(
+                condition::CONFLICT,
+                true,
+                reason::DESTINATION_CLAIMED,
+                message,
+            ));
+        }
+        out.insert(
+            plan.name.clone(),
+            PolicyStatus {
+                observed_generation: plan.policy.metadata.generation,
+                conditions,
+                egress_ips: egress_ips
+                    .remove(&plan.name)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            },
+        );
+    }
+    out
+}
+
+fn joined(items: &[(&'static str, String)]) -> String {
+    items
+        .iter()
+        .map(|(_, m)| m.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn accepted(report: &PolicyReport) -> PolicyCondition {
+    match report.invalid.first() {
+        None => condition(
+            condition::ACCEPTED,
+            true,
+            reason::ACCEPTED,
+            "the policy is valid".to_owned(),
+        ),
+        Some((reason, _)) => condition(condition::ACCEPTED, false, reason, joined(&report.invalid)),
+    }
+}
+
+fn ready(report: &PolicyReport, rules: usize) -> PolicyCondition {
+    if !report.invalid.is_empty() {
+        condition(
+            condition::READY,
+            false,
+            reason::NOT_ACCEPTED,
+            "the policy is not accepted: invalid rules have no gateway and follow the \
+             failure policy"
+                .to_owned(),
+        )
+    } else if let Some((reason, _)) = report.unready.first() {
+        condition(condition::READY, false, reason, joined(&report.unready))
+    } else {
+        condition(
+            condition::READY,
+            true,
+            reason::READY,
+            format!("every rule ({rules}) has a gateway"),
+        )
+    }
+}
+
+fn conflict_message(report: &PolicyReport) -> Option<String> {
+    if report.conflict_count == 0 {
+        return None;
+    }
+    let mut message = report.conflicts.join("; ");
+    let more = report.conflict_count.saturating_sub(report.conflicts.len());
+    if more > 0 {
+        message.push_str(&format!(" (and {more} more)"));
+    }
+    Some(message)
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: String) -> PolicyCondition {
+    PolicyCondition {
+        type_: type_.to_owned(),
+        status: if ok { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: None,
+    }
+}
