@@ -8,7 +8,7 @@
 //! so this only matters to tests, which give each case a private namespace.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, BTreeSet, HashMap},
     fs::OpenOptions,
     io::{self, Write as _},
     mem,
@@ -352,13 +352,14 @@ impl Netlink {
     /// interface do the gateway's own (installer or NMState) routes pick", not how a given
     /// packet would be routed.
     pub async fn route_oif(&self, ip: IpAddr) -> Result<Option<u32>> {
-        Ok(self.routes().await?.oif(ip))
+        Ok(self.routes(&[]).await?.oif(ip))
     }
 
-    /// One dump of the main table's routes of both families, for [`Routes::oif`] on many
-    /// addresses (the agent resolves every local selected pod on each pass: a dump per
-    /// pod made a pass at 10k pods cost 10k dumps of 10k routes).
-    pub async fn routes(&self) -> Result<Routes> {
+    /// One dump of the routes of both families, for [`Routes::oif`] on many addresses
+    /// (the agent resolves every local selected pod on each pass: a dump per pod made a
+    /// pass at 10k pods cost 10k dumps of 10k routes) and for
+    /// [`Routes::prefixes_by_oif`], which reads the main table and `extra_tables`.
+    pub async fn routes(&self, extra_tables: &[u32]) -> Result<Routes> {
         let mut dump: Vec<RouteMessage> = Vec::new();
         for query in [
             RouteMessageBuilder::<Ipv4Addr>::new().build(),
@@ -374,7 +375,7 @@ impl Netlink {
                 .map_err(|e| netlink_error("list", "routes".to_owned(), e))?;
             dump.extend(part);
         }
-        Ok(Routes::from_dump(&dump))
+        Ok(Routes::from_dump(&dump, extra_tables))
     }
 
     /// Subscribe to link, IPv4/IPv6 address and IPv4/IPv6 route changes on a second
@@ -523,9 +524,11 @@ fn address_of(message: &AddressMessage) -> Option<(IpAddr, u8)> {
     Some((local.or(address)?, message.header.prefix_len))
 }
 
-/// The main routing table's decision for each prefix, from one dump: longest-prefix
-/// match by probing each prefix length present, ties to the lowest metric, then to the
-/// first dumped; the output interface of the winner if it forwards.
+/// What one route dump says: the main routing table's decision for each prefix, for
+/// [`Routes::oif`] (longest-prefix match by probing each prefix length present, ties to
+/// the lowest metric, then to the first dumped; the output interface of the winner if it
+/// forwards), and the prefixes each interface forwards to, for
+/// [`Routes::prefixes_by_oif`].
 #[derive(Clone, Debug, Default)]
 pub struct Routes {
     /// Prefix -> (metric, output interface; `None` when that route does not forward).
@@ -533,34 +536,25 @@ pub struct Routes {
     /// Prefix lengths present, longest first, per family.
     lens_v4: Vec<u8>,
     lens_v6: Vec<u8>,
+    /// Output ifindex -> the destinations routed out of it.
+    by_oif: BTreeMap<u32, BTreeSet<IpNet>>,
 }
 
 impl Routes {
-    fn from_dump(routes: &[RouteMessage]) -> Self {
+    fn from_dump(routes: &[RouteMessage], extra_tables: &[u32]) -> Self {
+        let main = u32::from(RouteHeader::RT_TABLE_MAIN);
         let mut out = Self::default();
         // TOS-specific routes only serve packets with that TOS.
-        let main = routes.iter().filter(|r| {
-            route_table(r) == u32::from(RouteHeader::RT_TABLE_MAIN) && r.header.tos == 0
-        });
-        for r in main {
-            let destination = r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
-                RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
-                _ => None,
-            });
-            let destination = match (destination, r.header.address_family) {
-                (Some(d), _) => d,
-                (None, AddressFamily::Inet6) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                (None, _) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            };
-            let Ok(net) = IpNet::new(destination, r.header.destination_prefix_length) else {
+        let any_tos = routes.iter().filter(|r| r.header.tos == 0);
+        for r in any_tos.clone().filter(|r| route_table(r) == main) {
+            let Some(net) = route_destination(r) else {
                 continue;
             };
             let metric = route_metric(r);
-            match out.best.get(&net.trunc()) {
+            match out.best.get(&net) {
                 Some(&(m, _)) if m <= metric => {}
                 _ => {
-                    out.best.insert(net.trunc(), (metric, route_oif_of(r)));
+                    out.best.insert(net, (metric, route_oif_of(r)));
                 }
             }
         }
@@ -574,7 +568,27 @@ impl Routes {
             lens.sort_unstable_by(|a, b| b.cmp(a));
             lens.dedup();
         }
+        let published = any_tos.filter(|r| {
+            let table = route_table(r);
+            table == main || extra_tables.contains(&table)
+        });
+        for r in published {
+            let Some(net) = route_destination(r).filter(|n| publishable(*n)) else {
+                continue;
+            };
+            for oif in route_oifs(r) {
+                out.by_oif.entry(oif).or_default().insert(net);
+            }
+        }
         out
+    }
+
+    /// The destinations each interface (by ifindex) forwards to: unicast routes of any
+    /// metric in the main table and the extra tables of the dump, without TOS, a multipath
+    /// route under each of its next hops' interfaces. Default routes are in; IPv6
+    /// link-local and multicast destinations (and IPv4 multicast ones) are not.
+    pub fn prefixes_by_oif(&self) -> &BTreeMap<u32, BTreeSet<IpNet>> {
+        &self.by_oif
     }
 
     /// The output interface the main table sends `ip` to; `None` when no route matches or
@@ -609,6 +623,61 @@ fn route_oif_of(r: &RouteMessage) -> Option<u32> {
             .map(|h| h.interface_index),
         _ => None,
     })
+}
+
+/// Every interface a unicast route sends to: its output interface, or each next hop's.
+fn route_oifs(r: &RouteMessage) -> Vec<u32> {
+    if r.header.kind != RouteType::Unicast {
+        return Vec::new();
+    }
+    let mut oifs: Vec<u32> = r
+        .attributes
+        .iter()
+        .flat_map(|a| match a {
+            RouteAttribute::Oif(index) => vec![*index],
+            RouteAttribute::MultiPath(hops) => hops.iter().map(|h| h.interface_index).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    oifs.sort_unstable();
+    oifs.dedup();
+    oifs
+}
+
+/// The destination prefix of a route, without host bits (no destination attribute: the
+/// family's default route).
+fn route_destination(r: &RouteMessage) -> Option<IpNet> {
+    let destination = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    });
+    let destination = match (destination, r.header.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet6) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        (None, _) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    };
+    IpNet::new(destination, r.header.destination_prefix_length)
+        .ok()
+        .map(|n| n.trunc())
+}
+
+/// Whether a destination can be one that pods reach through a gateway: not IPv6
+/// link-local (every interface has fe80::/64), not multicast.
+fn publishable(net: IpNet) -> bool {
+    const LINK_LOCAL_V6: IpNet = IpNet::V6(ipnet::Ipv6Net::new_assert(
+        Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0),
+        10,
+    ));
+    const MULTICAST_V6: IpNet = IpNet::V6(ipnet::Ipv6Net::new_assert(
+        Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0),
+        8,
+    ));
+    const MULTICAST_V4: IpNet =
+        IpNet::V4(ipnet::Ipv4Net::new_assert(Ipv4Addr::new(224, 0, 0, 0), 4));
+    ![LINK_LOCAL_V6, MULTICAST_V6, MULTICAST_V4]
+        .iter()
+        .any(|outside| outside.contains(&net))
 }
 
 fn route_table(route: &RouteMessage) -> u32 {
@@ -862,7 +931,7 @@ mod tests {
 
     use std::{future::Future, str::FromStr as _, time::Instant};
 
-    use rtnetlink::LinkVeth;
+    use rtnetlink::{LinkVeth, packet_route::route::RouteNextHop};
 
     use super::*;
 
@@ -1148,6 +1217,142 @@ mod tests {
                 Some(r1)
             );
             assert_eq!(nl.route_oif(ip("2001:db9::1")).await.expect("lookup"), None);
+        });
+    }
+
+    /// One end of a veth pair, both up, with `addresses` (the kernel may lack the dummy
+    /// device module); returns its ifindex.
+    async fn addressed(nl: &Netlink, name: &str, addresses: &[(&str, u8)]) -> u32 {
+        let (index, _) = veth(nl, name, &format!("{name}-peer")).await;
+        for (address, prefix_len) in addresses {
+            nl.add_address(index, ip(address), *prefix_len)
+                .await
+                .expect("add address");
+        }
+        index
+    }
+
+    /// Add the route `message`, named `what` in a failure.
+    async fn add(nl: &Netlink, what: &str, message: RouteMessage) {
+        nl.handle
+            .route()
+            .add(message)
+            .execute()
+            .await
+            .unwrap_or_else(|e| panic!("add route {what}: {e}"));
+    }
+
+    fn v4(s: &str) -> Ipv4Addr {
+        Ipv4Addr::from_str(s).expect("IPv4 literal")
+    }
+
+    fn v6(s: &str) -> Ipv6Addr {
+        Ipv6Addr::from_str(s).expect("IPv6 literal")
+    }
+
+    fn nets(list: &[&str]) -> BTreeSet<IpNet> {
+        list.iter()
+            .map(|n| IpNet::from_str(n).expect("prefix literal"))
+            .collect()
+    }
+
+    #[test]
+    fn prefixes_by_oif_lists_the_unicast_routes_of_the_tables_asked_for() {
+        in_netns(|| async {
+            let nl = Netlink::new().expect("netlink");
+            let d1 = addressed(
+                &nl,
+                "egd1",
+                &[("192.168.104.1", 24), ("2001:db8:104::1", 64)],
+            )
+            .await;
+            let d2 = addressed(&nl, "egd2", &[("192.168.105.1", 24)]).await;
+            let via = |gateway: &str, oif: u32| {
+                let mut hop = RouteNextHop::default();
+                hop.interface_index = oif;
+                hop.attributes = vec![RouteAttribute::Gateway(RouteAddress::Inet(v4(gateway)))];
+                hop
+            };
+
+            let static_route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v4("10.20.0.0"), 16)
+                .gateway(v4("192.168.104.254"))
+                .output_interface(d1)
+                .build();
+            add(&nl, "10.20.0.0/16 via a gateway", static_route).await;
+            let multipath = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v4("10.30.0.0"), 16)
+                .multipath(vec![via("192.168.104.254", d1), via("192.168.105.254", d2)])
+                .build();
+            add(&nl, "10.30.0.0/16 multipath", multipath).await;
+            let default = RouteMessageBuilder::<Ipv4Addr>::new()
+                .gateway(v4("192.168.104.254"))
+                .output_interface(d1)
+                .build();
+            add(&nl, "default", default).await;
+            let blackhole = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v4("10.40.0.0"), 16)
+                .kind(RouteType::BlackHole)
+                .build();
+            add(&nl, "blackhole 10.40.0.0/16", blackhole).await;
+            let table_100 = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v4("10.50.0.0"), 16)
+                .gateway(v4("192.168.105.254"))
+                .output_interface(d2)
+                .table_id(100)
+                .build();
+            add(&nl, "10.50.0.0/16 in table 100", table_100).await;
+            let tos = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v4("10.60.0.0"), 16)
+                .output_interface(d2)
+                .tos(0x10)
+                .build();
+            add(&nl, "10.60.0.0/16 tos 0x10", tos).await;
+            let v6_route = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(v6("2001:db8:200::"), 48)
+                .output_interface(d1)
+                .build();
+            add(&nl, "2001:db8:200::/48", v6_route).await;
+            let link_local = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(v6("fe80:0:0:1::"), 64)
+                .output_interface(d2)
+                .build();
+            add(&nl, "fe80:0:0:1::/64", link_local).await;
+
+            let main_only = nl.routes(&[]).await.expect("dump");
+            let want_d1 = nets(&[
+                "0.0.0.0/0",
+                "10.20.0.0/16",
+                "10.30.0.0/16",
+                "192.168.104.0/24",
+                "2001:db8:104::/64",
+                "2001:db8:200::/48",
+            ]);
+            let listed = main_only.prefixes_by_oif();
+            assert_eq!(listed.get(&d1), Some(&want_d1), "{listed:?}");
+            assert_eq!(
+                listed.get(&d2),
+                Some(&nets(&["10.30.0.0/16", "192.168.105.0/24"])),
+                "{listed:?}"
+            );
+            let all: Vec<&IpNet> = listed.values().flatten().collect();
+            assert!(
+                !all.iter()
+                    .any(|n| n.addr().is_ipv6() && n.addr().to_string().starts_with("fe80")),
+                "link-local listed: {all:?}"
+            );
+
+            let with_100 = nl.routes(&[100]).await.expect("dump");
+            let listed = with_100.prefixes_by_oif();
+            assert_eq!(listed.get(&d1), Some(&want_d1), "{listed:?}");
+            assert_eq!(
+                listed.get(&d2),
+                Some(&nets(&["10.30.0.0/16", "10.50.0.0/16", "192.168.105.0/24"])),
+                "{listed:?}"
+            );
+            // Route lookups still read the main table only.
+            assert_eq!(with_100.oif(ip("10.50.0.1")), Some(d1), "the default route");
+            assert_eq!(with_100.oif(ip("10.40.0.1")), None, "the blackhole");
         });
     }
 

@@ -529,7 +529,7 @@ impl Reconciler<'_> {
         }
         let by_index: BTreeMap<u32, &iface::Interface> =
             ifaces.iter().map(|i| (i.ifindex, i)).collect();
-        let routes = match self.nl.routes().await {
+        let routes = match self.nl.routes(&[]).await {
             Ok(r) => Some(r),
             Err(e) => {
                 problems.push(format!("pod devices: {e}"));
