@@ -20,6 +20,7 @@ mod hash;
 mod nodes;
 mod placement;
 mod pods;
+mod routes;
 mod rules;
 mod selector;
 mod source_side;
@@ -37,6 +38,8 @@ pub mod condition {
     pub const ACCEPTED: &str = "Accepted";
     pub const READY: &str = "Ready";
     pub const CONFLICT: &str = "Conflict";
+    /// Some destinations learned from routes are left out or differ between gateways.
+    pub const ROUTES_DEGRADED: &str = "RoutesDegraded";
 }
 
 /// Condition reasons (stable: users and alerts match on them).
@@ -51,6 +54,7 @@ pub mod reason {
     pub const INVALID_TARGET: &str = "InvalidTarget";
     pub const INVALID_SELECTOR: &str = "InvalidSelector";
     pub const NO_DESTINATIONS: &str = "NoDestinations";
+    pub const INVALID_DESTINATIONS: &str = "InvalidDestinations";
     pub const EXCEPT_OUTSIDE_DESTINATIONS: &str = "ExceptOutsideDestinations";
     pub const FAMILY_MISMATCH: &str = "FamilyMismatch";
     pub const NO_RULES: &str = "NoRules";
@@ -62,8 +66,13 @@ pub mod reason {
     pub const EGRESS_IP_IS_NODE_ADDRESS: &str = "EgressIPIsNodeAddress";
     pub const EGRESS_IP_IN_USE: &str = "EgressIPInUse";
     pub const INTERFACE_NOT_FOUND: &str = "InterfaceNotFound";
+    pub const NO_ROUTES: &str = "NoRoutes";
     // Conflict=True
     pub const DESTINATION_CLAIMED: &str = "DestinationClaimed";
+    // RoutesDegraded=True
+    pub const ROUTES_DISAGREE: &str = "RoutesDisagree";
+    pub const ROUTES_OVERLAP_CLUSTER: &str = "RoutesOverlapCluster";
+    pub const ROUTES_TRUNCATED: &str = "RoutesTruncated";
     // Problems about other objects.
     pub const NO_UNDERLAY_ADDRESS: &str = "NoUnderlayAddress";
     pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";
@@ -186,8 +195,9 @@ pub fn compile_with(view: &ClusterView, peers: &PeerView, node_name: &str) -> Co
     let mut problems = nodes::register(&nodes, node_name, &mut desired);
     let pods = pods::Pods::index(view);
     pods.record_owners(&nodes, &mut desired);
+    let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
-    let mut plans = placement::plan(&policies, &nodes, peers);
+    let mut plans = placement::plan(&policies, &nodes, peers, &reserved);
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     let statuses = status::statuses(&plans, egress_ips, &mut problems);

@@ -121,6 +121,7 @@ pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo
                 drained: node_drained(node),
                 dead: peers.dead.contains(name),
                 own_addresses,
+                pod_cidrs: pod_cidrs(node),
                 egress,
             })
         })
@@ -128,6 +129,23 @@ pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo
     nodes.sort_by(|a, b| a.name.cmp(b.name));
     nodes.dedup_by(|a, b| a.name == b.name);
     nodes
+}
+
+/// A Node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`) that parse.
+fn pod_cidrs(node: &Node) -> Vec<IpNet> {
+    let Some(spec) = &node.spec else {
+        return Vec::new();
+    };
+    let listed = spec.pod_cidrs.iter().flatten();
+    let texts: Vec<&String> = match spec.pod_cidrs.as_ref() {
+        Some(list) if !list.is_empty() => listed.collect(),
+        _ => spec.pod_cidr.iter().collect(),
+    };
+    texts
+        .into_iter()
+        .filter_map(|t| t.parse::<IpNet>().ok())
+        .map(|n| n.trunc())
+        .collect()
 }
 
 /// Give every node with an underlay address its small stable id and this node its own
@@ -208,6 +226,8 @@ pub(super) struct NodeInfo<'a> {
     /// Every address the node has (Node addresses, EgressNode underlay and interface
     /// addresses, minus the egress IPs it holds), with where it was seen.
     pub(super) own_addresses: Vec<(IpAddr, String)>,
+    /// `spec.podCIDRs` (else `spec.podCIDR`) that parse.
+    pub(super) pod_cidrs: Vec<IpNet>,
     pub(super) egress: Option<EgressInfo>,
 }
 
@@ -219,6 +239,17 @@ pub(super) struct EgressInfo {
     pub(super) held: BTreeMap<IpAddr, u64>,
     /// When and why it took them, as it published in its EgressNode: by address.
     pub(super) held_meta: BTreeMap<IpAddr, (u64, Option<String>, Option<String>)>,
+    /// The routes it publishes, by interface (up or not).
+    pub(super) routes: BTreeMap<String, PublishedRoutes>,
+}
+
+/// The routes a node publishes out of one interface.
+#[derive(Default)]
+pub(super) struct PublishedRoutes {
+    /// The prefixes that parse, without host bits.
+    pub(super) prefixes: Vec<IpNet>,
+    /// How many it left out (over `api::MAX_ROUTES`).
+    pub(super) omitted: u32,
 }
 
 impl EgressInfo {
@@ -228,7 +259,20 @@ impl EgressInfo {
         let mut interfaces = BTreeMap::new();
         let mut held = BTreeMap::new();
         let mut held_meta = BTreeMap::new();
+        let mut routes = BTreeMap::new();
         if let Some(status) = &en.status {
+            for iface in &status.interfaces {
+                let published = PublishedRoutes {
+                    prefixes: iface
+                        .routes
+                        .iter()
+                        .filter_map(|r| r.parse::<IpNet>().ok())
+                        .map(|r| r.trunc())
+                        .collect(),
+                    omitted: iface.routes_omitted,
+                };
+                routes.insert(iface.name.clone(), published);
+            }
             for h in &status.egress_ips {
                 if let Ok(ip) = h.ip.parse::<IpAddr>() {
                     held.insert(ip, h.epoch);
@@ -255,6 +299,7 @@ impl EgressInfo {
             interfaces,
             held,
             held_meta,
+            routes,
         }
     }
 

@@ -7,13 +7,13 @@ use std::{
     net::IpAddr,
 };
 
-use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{
     DRAIN_ANNOTATION, Selector, hash, move_reason,
     nodes::NodeInfo,
     reason,
+    routes::{self, Prefixes, Reserved},
     rules::{self, CheckedRule},
     status::PolicyReport,
 };
@@ -34,15 +34,26 @@ pub(super) struct PolicyPlan<'a> {
     pub(super) report: PolicyReport,
 }
 
-/// A rule checked and resolved.
+/// A rule checked and resolved (for one family, when its destinations are learned from
+/// an interface's routes: such a rule serves both, as two plans with one index and id).
 pub(super) struct RulePlan {
     pub(super) index: usize,
     pub(super) rule_id: u32,
-    /// Destination and except prefixes that parsed (one family unless the rule is
-    /// invalid); each applies to the pod addresses of its family.
-    pub(super) destinations: Vec<IpNet>,
-    pub(super) except: Vec<IpNet>,
+    pub(super) destinations: Destinations,
     pub(super) target: Target,
+}
+
+/// A rule's prefixes; each applies to the pod addresses of its family.
+pub(super) enum Destinations {
+    /// Listed destination and except prefixes that parsed (one family unless the rule is
+    /// invalid).
+    Listed(Prefixes),
+    /// Learned from the routes of each gateway that may serve the rule (by node name);
+    /// `fallback` when none serves it.
+    Learned {
+        by_node: BTreeMap<String, Prefixes>,
+        fallback: Prefixes,
+    },
 }
 
 pub(super) enum Target {
@@ -89,6 +100,20 @@ impl GatewayAddr {
 }
 
 impl RulePlan {
+    /// The prefixes of this rule for traffic through `gateway` (`None`: no gateway).
+    pub(super) fn prefixes(&self, gateway: Option<&GatewayAddr>) -> &Prefixes {
+        match &self.destinations {
+            Destinations::Listed(prefixes) => prefixes,
+            Destinations::Learned { by_node, fallback } => gateway
+                .and_then(|g| by_node.get(&g.node))
+                .unwrap_or(fallback),
+        }
+    }
+
+    pub(super) fn learned(&self) -> bool {
+        matches!(self.destinations, Destinations::Learned { .. })
+    }
+
     /// The gateway serving pod address `ip` under this rule: the holder of its egress IP,
     /// or the rendezvous winner among the gateways of its interface (per pod address and
     /// rule, so pods spread and each stays put while its gateway lives).
@@ -126,6 +151,7 @@ pub(super) fn plan<'a>(
     policies: &[&'a EgressGatewayPolicy],
     nodes: &[NodeInfo<'_>],
     peers: &PeerView,
+    reserved: &Reserved,
 ) -> Vec<PolicyPlan<'a>> {
     let ids = hash::rule_ids(policies.iter().flat_map(|p| {
         let name = p.metadata.name.as_deref().unwrap_or_default();
@@ -139,7 +165,12 @@ pub(super) fn plan<'a>(
             let ids: Vec<u32> = (0..policy.spec.rules.len())
                 .map(|i| ids.get(&(name.clone(), i)).copied().unwrap_or(0))
                 .collect();
-            plan_policy(policy, &ids, nodes, peers, &mut placed)
+            let context = Context {
+                nodes,
+                peers,
+                reserved,
+            };
+            plan_policy(policy, &ids, &context, &mut placed)
         })
         .collect()
 }
@@ -147,13 +178,20 @@ pub(super) fn plan<'a>(
 /// Egress IP -> (holder, deciding policy).
 type Placed = BTreeMap<IpAddr, (GatewayAddr, String)>;
 
+/// What placing a policy reads.
+struct Context<'c, 'a> {
+    nodes: &'c [NodeInfo<'a>],
+    peers: &'c PeerView,
+    reserved: &'c Reserved,
+}
+
 fn plan_policy<'a>(
     policy: &'a EgressGatewayPolicy,
     ids: &[u32],
-    nodes: &[NodeInfo<'_>],
-    peers: &PeerView,
+    cx: &Context<'_, '_>,
     placed: &mut Placed,
 ) -> PolicyPlan<'a> {
+    let nodes = cx.nodes;
     let name = policy.metadata.name.clone().unwrap_or_default();
     let spec = &policy.spec;
     let mut report = PolicyReport::default();
@@ -179,36 +217,25 @@ fn plan_policy<'a>(
     let gateways = gw_sel
         .map(|sel| Gateways::select(&sel, nodes, &mut report))
         .unwrap_or_default();
-    let rules = spec
-        .rules
-        .iter()
-        .enumerate()
-        .map(|(index, rule)| {
-            let checked = rules::check_rule(index, rule, &mut report);
-            let mut plan = RulePlan {
+    let mut rules = Vec::new();
+    for (index, rule) in spec.rules.iter().enumerate() {
+        let rule_id = ids.get(index).copied().unwrap_or(0);
+        let Some(checked) = rules::check_rule(index, rule, &mut report) else {
+            rules.push(RulePlan {
                 index,
-                rule_id: ids.get(index).copied().unwrap_or(0),
-                destinations: Vec::new(),
-                except: Vec::new(),
+                rule_id,
+                destinations: Destinations::Listed(Prefixes::default()),
                 target: Target::None,
-            };
-            if let Some(checked) = checked {
-                plan.target = target(
-                    &name,
-                    index,
-                    &checked,
-                    &gateways,
-                    nodes,
-                    peers,
-                    placed,
-                    &mut report,
-                );
-                plan.destinations = checked.destinations;
-                plan.except = checked.except;
-            }
-            plan
-        })
-        .collect();
+            });
+            continue;
+        };
+        let at = RuleAt {
+            policy: &name,
+            index,
+            checked: &checked,
+        };
+        rules.extend(plan_rule(&at, rule_id, &gateways, cx, placed, &mut report));
+    }
     PolicyPlan {
         name,
         policy,
@@ -224,6 +251,7 @@ fn plan_policy<'a>(
 struct Gateways<'n, 'a> {
     eligible: Vec<&'n NodeInfo<'a>>,
     selected: BTreeSet<&'a str>,
+    selected_nodes: Vec<&'n NodeInfo<'a>>,
 }
 
 impl<'n, 'a> Gateways<'n, 'a> {
@@ -235,6 +263,7 @@ impl<'n, 'a> Gateways<'n, 'a> {
         let mut out = Self {
             eligible: Vec::new(),
             selected: candidates.iter().map(|n| n.name).collect(),
+            selected_nodes: candidates.clone(),
         };
         let mut why_not = Vec::new();
         for node in candidates {
@@ -287,52 +316,280 @@ impl<'n, 'a> Gateways<'n, 'a> {
     }
 }
 
-/// Where a checked rule's traffic goes.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the placement context of one rule; a struct for it would be used once"
-)]
-fn target(
-    policy: &str,
+/// Which rule is being placed.
+struct RuleAt<'r> {
+    policy: &'r str,
     index: usize,
-    checked: &CheckedRule,
+    checked: &'r CheckedRule,
+}
+
+/// The plans of one checked rule: one, or one per family for an interface rule whose
+/// destinations are learned (an interface routes both).
+fn plan_rule(
+    at: &RuleAt<'_>,
+    rule_id: u32,
     gateways: &Gateways<'_, '_>,
-    nodes: &[NodeInfo<'_>],
-    peers: &PeerView,
+    cx: &Context<'_, '_>,
     placed: &mut Placed,
     report: &mut PolicyReport,
-) -> Target {
+) -> Vec<RulePlan> {
+    let checked = at.checked;
+    let plan = |destinations, target| RulePlan {
+        index: at.index,
+        rule_id,
+        destinations,
+        target,
+    };
+    let listed = || Destinations::Listed(Prefixes::listed(&checked.destinations, &checked.except));
     if !checked.valid {
-        return Target::None;
+        return vec![plan(listed(), Target::None)];
     }
     match (checked.egress_ip, checked.interface.as_deref()) {
-        (Some(ip), None) => Target::Dedicated {
-            ip,
-            holder: place_egress_ip(policy, index, ip, gateways, nodes, peers, placed, report),
-        },
-        (None, Some(interface)) => {
-            interface_gateways(index, interface, checked.v6, gateways, report)
-                .map_or(Target::None, |gateways| Target::Interface { gateways })
+        (Some(ip), None) => {
+            let holder = place_egress_ip(at, ip, gateways, cx, placed, report);
+            let destinations = match checked.from_routes {
+                None => listed(),
+                Some(include_default) => {
+                    let serving = hosting(&gateways.eligible, ip);
+                    let selected = hosting(&gateways.selected_nodes, ip);
+                    let learn = Learn {
+                        v6: ip.is_ipv6(),
+                        include_default,
+                    };
+                    learn.destinations(at, &serving, &selected, cx, report)
+                }
+            };
+            vec![plan(destinations, Target::Dedicated { ip, holder })]
         }
-        _ => Target::None,
+        (None, Some(interface)) => {
+            let Some(include_default) = checked.from_routes else {
+                let served = interface_gateways(interface, checked.v6, gateways);
+                if served.is_none() {
+                    interface_not_found(at.index, interface, Some(checked.v6), gateways, report);
+                }
+                return vec![plan(
+                    listed(),
+                    served.map_or(Target::None, |gateways| Target::Interface { gateways }),
+                )];
+            };
+            let families =
+                [false, true].map(|v6| (v6, interface_gateways(interface, v6, gateways)));
+            let none_served = families.iter().all(|(_, served)| served.is_none());
+            if none_served {
+                interface_not_found(at.index, interface, None, gateways, report);
+            }
+            let selected: Vec<_> = gateways
+                .selected_nodes
+                .iter()
+                .map(|n| (n.name, interface.to_owned()))
+                .collect();
+            families
+                .into_iter()
+                .map(|(v6, served)| {
+                    let serving: Vec<_> = served
+                        .iter()
+                        .flat_map(|g| g.keys())
+                        .map(|name| (name.as_str(), interface.to_owned()))
+                        .collect();
+                    let learn = Learn {
+                        v6,
+                        include_default,
+                    };
+                    let destinations = learn.destinations(at, &serving, &selected, cx, report);
+                    // Routed out of the interface, but no gateway has an address of the
+                    // family there to SNAT to: those follow the failure policy.
+                    let stranded = match &destinations {
+                        Destinations::Learned { fallback, .. } => {
+                            fallback.forwards().next().is_some()
+                        }
+                        Destinations::Listed(_) => false,
+                    };
+                    if served.is_none() && !none_served && stranded {
+                        interface_not_found(at.index, interface, Some(v6), gateways, report);
+                    }
+                    plan(
+                        destinations,
+                        served.map_or(Target::None, |gateways| Target::Interface { gateways }),
+                    )
+                })
+                .collect()
+        }
+        _ => vec![plan(listed(), Target::None)],
     }
 }
 
-/// The holder of a rule's dedicated egress IP `ip`, if it has one.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the placement context of one rule; a struct for it would be used once"
-)]
-fn place_egress_ip(
-    policy: &str,
+/// The nodes among `nodes` with an up interface whose subnet hosts `ip`, and that
+/// interface.
+fn hosting<'a>(nodes: &[&NodeInfo<'a>], ip: IpAddr) -> Vec<(&'a str, String)> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let (iface, _) = n.egress.as_ref()?.hosting_interface(ip)?;
+            Some((n.name, iface.to_owned()))
+        })
+        .collect()
+}
+
+/// Most routes named per gateway in a condition about overlapping routes.
+const MAX_ROUTES_NAMED: usize = 3;
+
+/// How a rule learns its destinations from routes, for one family.
+struct Learn {
+    v6: bool,
+    include_default: bool,
+}
+
+impl Learn {
+    /// What the rule learns from each gateway that may serve it (`serving`: node and
+    /// interface), and from every selected one for when none serves it (`selected`),
+    /// with the conditions: routes left out, gateways that disagree, nothing learned.
+    fn destinations(
+        &self,
+        at: &RuleAt<'_>,
+        serving: &[(&str, String)],
+        selected: &[(&str, String)],
+        cx: &Context<'_, '_>,
+        report: &mut PolicyReport,
+    ) -> Destinations {
+        let index = at.index;
+        let learn = |name: &str, iface: &str| {
+            let node = cx.nodes.iter().find(|n| n.name == name)?;
+            Some(routes::learn(
+                node,
+                iface,
+                self.v6,
+                self.include_default,
+                &at.checked.except,
+                cx.reserved,
+            ))
+        };
+        let mut by_node = BTreeMap::new();
+        for (name, iface) in serving {
+            let Some(learned) = learn(name, iface) else {
+                continue;
+            };
+            if !learned.overlapping.is_empty() {
+                let count = learned.overlapping.len();
+                let mut named: Vec<String> = learned
+                    .overlapping
+                    .iter()
+                    .take(MAX_ROUTES_NAMED)
+                    .map(|(route, what)| format!("{route} ({what})"))
+                    .collect();
+                if count > MAX_ROUTES_NAMED {
+                    named.push(format!("and {} more", count - MAX_ROUTES_NAMED));
+                }
+                report.routes(
+                    reason::ROUTES_OVERLAP_CLUSTER,
+                    format!(
+                        "rules[{index}].destinationsFrom: {name} routes {} out of {iface}, \
+                         which overlap the cluster: ignored",
+                        named.join(", ")
+                    ),
+                );
+            }
+            if learned.omitted > 0 {
+                report.routes(
+                    reason::ROUTES_TRUNCATED,
+                    format!(
+                        "rules[{index}].destinationsFrom: {name} has more routes than it \
+                         publishes ({} left out, over the cap of {}): traffic to those is \
+                         not steered; summarize the routes",
+                        learned.omitted,
+                        crate::api::MAX_ROUTES
+                    ),
+                );
+            }
+            by_node.insert((*name).to_owned(), learned.prefixes);
+        }
+        if let Some((_, iface)) = serving.first() {
+            for d in routes::disagreements(&by_node) {
+                report.routes(
+                    reason::ROUTES_DISAGREE,
+                    format!("rules[{index}].destinationsFrom: out of {iface}, {d}"),
+                );
+            }
+        }
+        let others: Vec<Prefixes> = selected
+            .iter()
+            .filter(|(name, _)| !by_node.contains_key(*name))
+            .filter_map(|(name, iface)| learn(name, iface))
+            .map(|l| l.prefixes)
+            .collect();
+        let fallback = routes::union(by_node.values().chain(&others));
+        let learned_any = by_node.values().any(|p| p.forwards().next().is_some());
+        if !by_node.is_empty() && !learned_any {
+            report.unready(
+                reason::NO_ROUTES,
+                format!(
+                    "rules[{index}].destinationsFrom: no gateway that may serve it routes an \
+                     {} prefix out of its interface",
+                    if self.v6 { "IPv6" } else { "IPv4" }
+                ),
+            );
+        }
+        Destinations::Learned { by_node, fallback }
+    }
+}
+
+/// The eligible gateways with an up `interface` that has an address of the family
+/// (`v6`), by node name; `None` when there is none.
+fn interface_gateways(
+    interface: &str,
+    v6: bool,
+    gateways: &Gateways<'_, '_>,
+) -> Option<BTreeMap<String, GatewayAddr>> {
+    let serving: BTreeMap<String, GatewayAddr> = gateways
+        .eligible
+        .iter()
+        .filter_map(|n| {
+            let (ip, prefix_len) = n.egress.as_ref()?.own_address(interface, v6)?;
+            Some((
+                n.name.to_owned(),
+                GatewayAddr::new(n, n.underlay?, interface, ip, prefix_len),
+            ))
+        })
+        .collect();
+    (!serving.is_empty()).then_some(serving)
+}
+
+/// No eligible gateway has `interface` with an address of the family (`v6`; `None`:
+/// of either family). Said once for the policy when no gateway is eligible at all.
+fn interface_not_found(
     index: usize,
+    interface: &str,
+    v6: Option<bool>,
+    gateways: &Gateways<'_, '_>,
+    report: &mut PolicyReport,
+) {
+    if gateways.eligible.is_empty() {
+        return;
+    }
+    report.unready(
+        reason::INTERFACE_NOT_FOUND,
+        format!(
+            "rules[{index}].interface: no eligible gateway ({}) has an up interface \
+             {interface} with {} address",
+            gateways.names(),
+            match v6 {
+                Some(true) => "a global IPv6",
+                Some(false) => "an IPv4",
+                None => "an",
+            }
+        ),
+    );
+}
+
+/// The holder of a rule's dedicated egress IP `ip`, if it has one.
+fn place_egress_ip(
+    at: &RuleAt<'_>,
     ip: IpAddr,
     gateways: &Gateways<'_, '_>,
-    nodes: &[NodeInfo<'_>],
-    peers: &PeerView,
+    cx: &Context<'_, '_>,
     placed: &mut Placed,
     report: &mut PolicyReport,
 ) -> Option<GatewayAddr> {
+    let (index, nodes) = (at.index, cx.nodes);
     if let Some((node, how)) = nodes.iter().find_map(|n| {
         n.own_addresses
             .iter()
@@ -394,51 +651,12 @@ fn place_egress_ip(
         &hosts,
         nodes,
         &gateways.selected,
-        peers.last_claims.get(&ip),
+        cx.peers.last_claims.get(&ip),
     );
     if let Some(h) = &chosen {
-        placed.insert(ip, (h.clone(), policy.to_owned()));
+        placed.insert(ip, (h.clone(), at.policy.to_owned()));
     }
     chosen
-}
-
-/// The eligible gateways with an up `interface` that has an address of the rule's
-/// family, by node name; `None` (and a condition) when there is none.
-fn interface_gateways(
-    index: usize,
-    interface: &str,
-    v6: bool,
-    gateways: &Gateways<'_, '_>,
-    report: &mut PolicyReport,
-) -> Option<BTreeMap<String, GatewayAddr>> {
-    let serving: BTreeMap<String, GatewayAddr> = gateways
-        .eligible
-        .iter()
-        .filter_map(|n| {
-            let (ip, prefix_len) = n.egress.as_ref()?.own_address(interface, v6)?;
-            Some((
-                n.name.to_owned(),
-                GatewayAddr::new(n, n.underlay?, interface, ip, prefix_len),
-            ))
-        })
-        .collect();
-    if gateways.eligible.is_empty() {
-        // Said once for the policy (spec.gatewaySelector).
-        return None;
-    }
-    if serving.is_empty() {
-        report.unready(
-            reason::INTERFACE_NOT_FOUND,
-            format!(
-                "rules[{index}].interface: no eligible gateway ({}) has an up interface \
-                 {interface} with {} address",
-                gateways.names(),
-                if v6 { "a global IPv6" } else { "an IPv4" }
-            ),
-        );
-        return None;
-    }
-    Some(serving)
 }
 
 /// Address bytes as hashed by rendezvous (4 for IPv4, 16 for IPv6).

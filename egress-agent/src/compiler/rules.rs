@@ -24,6 +24,9 @@ pub(super) struct CheckedRule {
     pub(super) egress_ip: Option<IpAddr>,
     /// The rule's interface (an `interface:` rule).
     pub(super) interface: Option<String>,
+    /// `destinationsFrom: Routes`: the destinations are learned from the gateways'
+    /// routes; `Some(include_default)`.
+    pub(super) from_routes: Option<bool>,
 }
 
 /// Parse a prefix that must have no host bits.
@@ -47,7 +50,7 @@ fn parse_prefix(text: &str, field: &str) -> Result<IpNet, (&'static str, String)
 }
 
 /// Static checks of one rule (what CEL checks in a cluster; a YAML directory has none).
-/// Returns `None` when nothing usable is left (no destination parsed).
+/// Returns `None` when nothing usable is left (no destination parsed, and none to learn).
 pub(super) fn check_rule(
     index: usize,
     rule: &EgressRule,
@@ -58,10 +61,30 @@ pub(super) fn check_rule(
     let mut fail = |reason: &'static str, message: String| {
         report.invalid(reason, message);
     };
-    if rule.destinations.is_empty() {
-        fail(
+    let from_routes = rule
+        .destinations_from
+        .map(|_| rule.include_default == Some(true));
+    match (rule.destinations.is_empty(), from_routes.is_some()) {
+        (true, false) => fail(
             reason::NO_DESTINATIONS,
-            format!("{at}.destinations: at least one destination is required"),
+            format!(
+                "{at}.destinations: at least one destination is required (or \
+                 destinationsFrom: Routes)"
+            ),
+        ),
+        (false, true) => fail(
+            reason::INVALID_DESTINATIONS,
+            format!(
+                "{at}.destinationsFrom: exactly one of destinations or destinationsFrom must \
+                 be set"
+            ),
+        ),
+        _ => {}
+    }
+    if rule.include_default.is_some() && from_routes.is_none() {
+        fail(
+            reason::INVALID_DESTINATIONS,
+            format!("{at}.includeDefault: applies only with destinationsFrom"),
         );
     }
     let mut destinations = Vec::new();
@@ -75,7 +98,10 @@ pub(super) fn check_rule(
     for (i, text) in rule.except.iter().enumerate() {
         let field = format!("{at}.except[{i}]");
         match parse_prefix(text, &field) {
-            Ok(net) if destinations.iter().any(|d| d.contains(&net)) => except.push(net),
+            // Learned destinations are not known here: an except applies where it falls.
+            Ok(net) if from_routes.is_some() || destinations.iter().any(|d| d.contains(&net)) => {
+                except.push(net);
+            }
             Ok(net) => fail(
                 reason::EXCEPT_OUTSIDE_DESTINATIONS,
                 format!("{field}: {net} is not inside any of the destinations"),
@@ -141,7 +167,7 @@ pub(super) fn check_rule(
         );
     }
     let valid = report.invalid_count() == before;
-    if destinations.is_empty() {
+    if destinations.is_empty() && from_routes.is_none() {
         return None;
     }
     Some(CheckedRule {
@@ -152,5 +178,6 @@ pub(super) fn check_rule(
         except,
         egress_ip,
         interface: rule.interface.clone(),
+        from_routes,
     })
 }

@@ -7,16 +7,28 @@ use std::{collections::HashMap, net::IpAddr};
 use ipnet::IpNet;
 
 use super::{
-    placement::{PolicyPlan, RulePlan, Target},
-    pods::Pods,
+    placement::{GatewayAddr, PolicyPlan, RulePlan, Target},
+    pods::{PodInfo, Pods},
+    routes::Kind,
 };
 use crate::{
     api::FailurePolicy,
     desired::{Desired, PolicyAction, PolicyEntryV4, PolicyEntryV6},
 };
 
-/// (policy index, rule index) that claimed a (pod address, prefix) pair.
-type Claims = HashMap<(IpAddr, IpNet), (usize, usize)>;
+/// Who claimed a (pod address, prefix) pair: policy index, rule index, and whether the
+/// rule lists its destinations (a listed destination wins over the same prefix learned
+/// from routes, without a conflict).
+type Claims = HashMap<(IpAddr, IpNet), (usize, usize, bool)>;
+
+/// The claiming passes, in order: listed destinations, then learned ones, then the
+/// carve-outs of learned ones (which never take a pair anyone claims).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Listed,
+    Learned,
+    Carve,
+}
 
 /// Claim every selected (pod, prefix) pair for its rule and fill this node's entries.
 /// Accepted policies claim first (in name order), so that a broken policy never takes a
@@ -28,68 +40,99 @@ pub(super) fn claim(
     node_name: &str,
     desired: &mut Desired,
 ) {
-    let mut claims = Claims::new();
     let mut order: Vec<usize> = (0..plans.len()).collect();
     order.sort_by_key(|i| (!plans[*i].report.accepted(), *i));
-    let mut lost: Vec<(usize, String)> = Vec::new();
-    for p_idx in order {
-        let policy = &plans[p_idx];
-        let Some((ns_sel, pod_sel)) = &policy.selectors else {
-            continue;
-        };
-        let selected = pods.selected(ns_sel, pod_sel);
-        for rule in &policy.rules {
-            // Excepts first: within a rule, an except equal to a destination wins.
-            let prefixes: Vec<(IpNet, bool)> = rule
-                .except
-                .iter()
-                .map(|p| (*p, true))
-                .chain(rule.destinations.iter().map(|p| (*p, false)))
-                .collect();
-            for pod in &selected {
-                let local = pod.node == node_name;
-                for ip in &pod.ips {
-                    // A prefix applies to the pod's address of its own family.
-                    let same_family = prefixes
-                        .iter()
-                        .filter(|(p, _)| p.addr().is_ipv6() == ip.is_ipv6());
-                    for (prefix, is_except) in same_family {
-                        if let Some(&(w_policy, w_rule)) = claims.get(&(*ip, *prefix)) {
-                            if w_policy == p_idx && w_rule == rule.index {
-                                continue; // the rule's own except
-                            }
-                            let winner = if w_policy == p_idx {
-                                format!("rules[{w_rule}] of this policy")
-                            } else {
-                                format!("policy {}", plans[w_policy].name)
-                            };
-                            lost.push((
-                                p_idx,
-                                format!(
-                                    "rules[{}]: pod {}/{} destination {prefix} is claimed by \
-                                     {winner}",
-                                    rule.index, pod.namespace, pod.name
-                                ),
-                            ));
-                            continue;
-                        }
-                        claims.insert((*ip, *prefix), (p_idx, rule.index));
-                        if !local {
-                            continue;
-                        }
-                        let entry = if *is_except {
-                            Entry::exclude(rule.rule_id)
-                        } else {
-                            Entry::of(rule, *ip, policy.failure_policy)
-                        };
-                        entry.insert(desired, *ip, *prefix);
-                    }
+    let selected: Vec<Vec<&PodInfo<'_>>> = plans
+        .iter()
+        .map(|p| match &p.selectors {
+            Some((ns_sel, pod_sel)) => pods.selected(ns_sel, pod_sel),
+            None => Vec::new(),
+        })
+        .collect();
+    let mut claimer = Claimer {
+        plans: &*plans,
+        node_name,
+        claims: Claims::new(),
+        lost: Vec::new(),
+    };
+    for pass in [Pass::Listed, Pass::Learned, Pass::Carve] {
+        for &p_idx in &order {
+            for r_idx in 0..claimer.plans[p_idx].rules.len() {
+                if claimer.plans[p_idx].rules[r_idx].learned() == (pass == Pass::Listed) {
+                    continue;
+                }
+                for pod in &selected[p_idx] {
+                    claimer.pod(pass, p_idx, r_idx, pod, desired);
                 }
             }
         }
     }
+    let lost = claimer.lost;
     for (p_idx, message) in lost {
         plans[p_idx].report.conflict(message);
+    }
+}
+
+struct Claimer<'p, 'a, 'n> {
+    plans: &'p [PolicyPlan<'a>],
+    node_name: &'n str,
+    claims: Claims,
+    /// (policy index, message) of each pair lost.
+    lost: Vec<(usize, String)>,
+}
+
+impl Claimer<'_, '_, '_> {
+    /// Claim the pairs of one pod under one rule in one pass.
+    fn pod(
+        &mut self,
+        pass: Pass,
+        p_idx: usize,
+        r_idx: usize,
+        pod: &PodInfo<'_>,
+        desired: &mut Desired,
+    ) {
+        let policy = &self.plans[p_idx];
+        let rule = &policy.rules[r_idx];
+        let local = pod.node == self.node_name;
+        for ip in &pod.ips {
+            let gateway = rule.gateway_for(*ip);
+            // A prefix applies to the pod's address of its own family.
+            let prefixes = rule.prefixes(gateway).0.iter().filter(|(p, kind)| {
+                p.addr().is_ipv6() == ip.is_ipv6()
+                    && ((*kind == Kind::Carve) == (pass == Pass::Carve))
+            });
+            for (prefix, kind) in prefixes {
+                if let Some(&(w_policy, w_rule, w_listed)) = self.claims.get(&(*ip, *prefix)) {
+                    let own = w_policy == p_idx && w_rule == rule.index;
+                    let yields = pass == Pass::Carve || (pass == Pass::Learned && w_listed);
+                    if !own && !yields {
+                        let winner = if w_policy == p_idx {
+                            format!("rules[{w_rule}] of this policy")
+                        } else {
+                            format!("policy {}", self.plans[w_policy].name)
+                        };
+                        self.lost.push((
+                            p_idx,
+                            format!(
+                                "rules[{}]: pod {}/{} destination {prefix} is claimed by {winner}",
+                                rule.index, pod.namespace, pod.name
+                            ),
+                        ));
+                    }
+                    continue;
+                }
+                self.claims
+                    .insert((*ip, *prefix), (p_idx, rule.index, pass == Pass::Listed));
+                if !local {
+                    continue;
+                }
+                let entry = match kind {
+                    Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
+                    Kind::Except | Kind::Carve => Entry::exclude(rule.rule_id),
+                };
+                entry.insert(desired, *ip, *prefix);
+            }
+        }
     }
 }
 
@@ -150,10 +193,10 @@ impl Entry {
         }
     }
 
-    /// The entry for destination traffic of pod address `ip` under `rule`: forward to its
-    /// gateway, or the failure policy when it has none.
-    fn of(rule: &RulePlan, ip: IpAddr, failure_policy: FailurePolicy) -> Self {
-        match rule.gateway_for(ip) {
+    /// The entry for destination traffic under `rule` through `gateway` (the pod
+    /// address's): forward to it, or the failure policy when there is none.
+    fn of(rule: &RulePlan, gateway: Option<&GatewayAddr>, failure_policy: FailurePolicy) -> Self {
+        match gateway {
             Some(g) => Self {
                 action: PolicyAction::Forward,
                 gateway: Some(g.underlay),

@@ -16,6 +16,8 @@ pub(super) struct PolicyReport {
     invalid: Vec<(&'static str, String)>,
     /// (reason, message) of what keeps rules from being served.
     unready: Vec<(&'static str, String)>,
+    /// (reason, message) of destinations learned from routes that are left out or differ.
+    routes: Vec<(&'static str, String)>,
     /// (pod, prefix) pairs lost to another policy or an earlier rule, the first few named.
     conflicts: Vec<String>,
     conflict_count: usize,
@@ -30,6 +32,11 @@ impl PolicyReport {
     /// The spec is fine but the cluster cannot serve (all of) it (`Ready=False`).
     pub(super) fn unready(&mut self, reason: &'static str, message: String) {
         self.unready.push((reason, message));
+    }
+
+    /// Learned destinations are degraded (`RoutesDegraded=True`); the rules are served.
+    pub(super) fn routes(&mut self, reason: &'static str, message: String) {
+        self.routes.push((reason, message));
     }
 
     pub(super) fn invalid_count(&self) -> usize {
@@ -60,7 +67,12 @@ pub(super) fn statuses(
     for plan in plans {
         let report = &plan.report;
         let object = Object::Policy(plan.name.clone());
-        for (reason, message) in report.invalid.iter().chain(&report.unready) {
+        let all = report
+            .invalid
+            .iter()
+            .chain(&report.unready)
+            .chain(&report.routes);
+        for (reason, message) in all {
             problems.push(Problem {
                 object: object.clone(),
                 reason: (*reason).to_owned(),
@@ -68,6 +80,14 @@ pub(super) fn statuses(
             });
         }
         let mut conditions = vec![accepted(report), ready(report, plan.rules.len())];
+        if let Some((reason, _)) = report.routes.first() {
+            conditions.push(condition(
+                condition::ROUTES_DEGRADED,
+                true,
+                reason,
+                joined(&report.routes),
+            ));
+        }
         if let Some(message) = conflict_message(report) {
             problems.push(Problem {
                 object: object.clone(),

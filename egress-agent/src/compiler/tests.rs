@@ -26,6 +26,8 @@ use crate::{
     source::PodSummary,
 };
 
+mod routes;
+
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
     Some(
         pairs

@@ -1,0 +1,271 @@
+//! Destinations learned from the gateways' routes (`destinationsFrom: Routes`).
+//!
+//! For one rule and one gateway: the prefixes the gateway routes out of the rule's
+//! interface (as its agent publishes them), without default routes unless the rule asks
+//! for them and without what overlaps the cluster itself; the more specific prefixes it
+//! routes out of *other* interfaces are carved out (traffic follows the routes of the
+//! gateway that forwards it); the rule's excepts apply where they fall.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+
+use super::{nodes::NodeInfo, pods::Pods};
+use crate::source::ClusterView;
+
+/// What an entry for a prefix does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// An `except` prefix: untouched (claims the pair like a destination).
+    Except,
+    /// A destination: forward to the rule's gateway.
+    Forward,
+    /// Routed elsewhere by the gateway, inside a destination: untouched, but only where
+    /// no rule claims the pair.
+    Carve,
+}
+
+/// One rule's prefixes, excepts first (an except equal to a destination wins), then
+/// destinations, then carve-outs.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Prefixes(pub(super) Vec<(IpNet, Kind)>);
+
+impl Prefixes {
+    /// Listed destinations and excepts.
+    pub(super) fn listed(destinations: &[IpNet], except: &[IpNet]) -> Self {
+        let excepts = except.iter().map(|p| (*p, Kind::Except));
+        let forwards = destinations.iter().map(|p| (*p, Kind::Forward));
+        Self(excepts.chain(forwards).collect())
+    }
+
+    pub(super) fn forwards(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.0
+            .iter()
+            .filter(|(_, k)| *k == Kind::Forward)
+            .map(|(p, _)| *p)
+    }
+}
+
+/// The cluster's own addresses, which no learned route may steer to a gateway.
+pub(super) struct Reserved {
+    /// Cluster CIDRs (`--cluster-cidr`) and Nodes' pod CIDRs, with what they are.
+    cidrs: Vec<(IpNet, String)>,
+    /// Node underlay and pod addresses, sorted, with whose they are.
+    hosts: Vec<(IpAddr, String)>,
+}
+
+impl Reserved {
+    pub(super) fn new(view: &ClusterView, nodes: &[NodeInfo<'_>], pods: &Pods<'_>) -> Self {
+        let mut cidrs: Vec<(IpNet, String)> = view
+            .cluster_cidrs
+            .iter()
+            .map(|c| (c.trunc(), format!("cluster CIDR {}", c.trunc())))
+            .collect();
+        let mut hosts = Vec::new();
+        for n in nodes {
+            for c in &n.pod_cidrs {
+                cidrs.push((*c, format!("pod CIDR {c} of node {}", n.name)));
+            }
+            if let Some(u) = n.underlay {
+                hosts.push((u, format!("address {u} of node {}", n.name)));
+            }
+        }
+        for p in &pods.pods {
+            for ip in &p.ips {
+                hosts.push((
+                    *ip,
+                    format!("address {ip} of pod {}/{}", p.namespace, p.name),
+                ));
+            }
+        }
+        hosts.sort_by_key(|h| h.0);
+        Self { cidrs, hosts }
+    }
+
+    /// What of the cluster `net` overlaps (a CIDR it is inside of or contains, an
+    /// address it contains); `None` if nothing.
+    fn overlap(&self, net: IpNet) -> Option<&str> {
+        if let Some((_, what)) = self
+            .cidrs
+            .iter()
+            .find(|(c, _)| c.contains(&net) || net.contains(c))
+        {
+            return Some(what);
+        }
+        let first = self.hosts.partition_point(|(h, _)| *h < net.network());
+        self.hosts
+            .get(first)
+            .filter(|(h, _)| net.contains(h))
+            .map(|(_, what)| what.as_str())
+    }
+
+    /// The cluster's CIDRs and node addresses (as host prefixes) inside `net`: what a
+    /// default route must leave alone.
+    fn inside(&self, net: IpNet) -> Vec<IpNet> {
+        let cidrs = self.cidrs.iter().map(|(c, _)| *c);
+        let nodes = self
+            .hosts
+            .iter()
+            .filter(|(_, what)| what.contains(" of node "))
+            .map(|(h, _)| IpNet::from(*h));
+        cidrs
+            .chain(nodes)
+            .filter(|c| c.addr().is_ipv6() == net.addr().is_ipv6() && net.contains(c))
+            .collect()
+    }
+}
+
+/// What a rule learns from one gateway, and what it had to leave out.
+pub(super) struct Learned {
+    pub(super) prefixes: Prefixes,
+    /// Routes that overlap the cluster: (route, what it overlaps).
+    pub(super) overlapping: Vec<(IpNet, String)>,
+    /// Routes the gateway left out of its EgressNode (over the cap).
+    pub(super) omitted: u32,
+}
+
+/// The rule's prefixes on `node` for the routes out of `interface` of one family (`v6`):
+/// default routes only with `include_default`, overlapping routes left out (and listed),
+/// more specific routes out of other interfaces carved out, `except` where it falls.
+pub(super) fn learn(
+    node: &NodeInfo<'_>,
+    interface: &str,
+    v6: bool,
+    include_default: bool,
+    except: &[IpNet],
+    reserved: &Reserved,
+) -> Learned {
+    let mut out = Learned {
+        prefixes: Prefixes::default(),
+        overlapping: Vec::new(),
+        omitted: 0,
+    };
+    let Some(egress) = &node.egress else {
+        return out;
+    };
+    let family = |p: &&IpNet| p.addr().is_ipv6() == v6;
+    let excepted = |p: &IpNet| except.iter().any(|e| e.contains(p));
+    let mut forwards: BTreeSet<IpNet> = BTreeSet::new();
+    let mut carve: BTreeSet<IpNet> = BTreeSet::new();
+    if let Some(published) = egress.routes.get(interface) {
+        out.omitted = published.omitted;
+        for p in published.prefixes.iter().filter(family) {
+            if p.prefix_len() == 0 {
+                if include_default && !excepted(p) {
+                    forwards.insert(*p);
+                    carve.extend(reserved.inside(*p));
+                }
+            } else if let Some(what) = reserved.overlap(*p) {
+                out.overlapping.push((*p, what.to_owned()));
+            } else if !excepted(p) {
+                forwards.insert(*p);
+            }
+        }
+    }
+    // More specific routes out of other interfaces, inside a destination.
+    let lens: BTreeSet<u8> = forwards.iter().map(IpNet::prefix_len).collect();
+    let inside_forward = |q: &IpNet| {
+        lens.iter()
+            .take_while(|l| **l < q.prefix_len())
+            .any(|l| IpNet::new(q.addr(), *l).is_ok_and(|n| forwards.contains(&n.trunc())))
+    };
+    let others = egress
+        .routes
+        .iter()
+        .filter(|(name, _)| name.as_str() != interface)
+        .flat_map(|(_, r)| r.prefixes.iter().filter(family));
+    for q in others {
+        if !forwards.contains(q) && inside_forward(q) {
+            carve.insert(*q);
+        }
+    }
+    carve.retain(|q| !forwards.contains(q) && !excepted(q));
+    let excepts: HashSet<IpNet> = except
+        .iter()
+        .filter(|e| e.addr().is_ipv6() == v6)
+        .filter(|e| forwards.iter().any(|f| f.contains(*e)))
+        .copied()
+        .collect();
+    let mut excepts: Vec<IpNet> = excepts.into_iter().collect();
+    excepts.sort();
+    out.prefixes = Prefixes(
+        excepts
+            .into_iter()
+            .map(|p| (p, Kind::Except))
+            .chain(forwards.into_iter().map(|p| (p, Kind::Forward)))
+            .chain(carve.into_iter().map(|p| (p, Kind::Carve)))
+            .collect(),
+    );
+    out
+}
+
+/// The union of what several gateways route (for a rule none of them serves now: its
+/// failure policy still covers every destination any of them would serve). Carve-outs
+/// are left out: they differ from one gateway to the next.
+pub(super) fn union<'a>(learned: impl IntoIterator<Item = &'a Prefixes>) -> Prefixes {
+    let mut excepts = BTreeSet::new();
+    let mut forwards = BTreeSet::new();
+    for prefixes in learned {
+        for (p, kind) in &prefixes.0 {
+            match kind {
+                Kind::Except => {
+                    excepts.insert(*p);
+                }
+                Kind::Forward => {
+                    forwards.insert(*p);
+                }
+                Kind::Carve => {}
+            }
+        }
+    }
+    Prefixes(
+        excepts
+            .into_iter()
+            .map(|p| (p, Kind::Except))
+            .chain(forwards.into_iter().map(|p| (p, Kind::Forward)))
+            .collect(),
+    )
+}
+
+/// Most prefixes named per gateway pair in a disagreement message.
+const MAX_NAMED: usize = 3;
+
+/// How the gateways of one rule disagree: for each gateway whose destinations differ
+/// from those of the first (by name), a message naming both and the prefixes.
+pub(super) fn disagreements(by_node: &BTreeMap<String, Prefixes>) -> Vec<String> {
+    let mut sets = by_node
+        .iter()
+        .map(|(node, p)| (node, p.forwards().collect::<BTreeSet<IpNet>>()));
+    let Some((first, reference)) = sets.next() else {
+        return Vec::new();
+    };
+    let list = |set: Vec<&IpNet>| {
+        if set.is_empty() {
+            return "none".to_owned();
+        }
+        let mut text = set
+            .iter()
+            .take(MAX_NAMED)
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if set.len() > MAX_NAMED {
+            text.push_str(&format!(" and {} more", set.len() - MAX_NAMED));
+        }
+        text
+    };
+    sets.filter(|(_, set)| *set != reference)
+        .map(|(node, set)| {
+            let only_first: Vec<&IpNet> = reference.difference(&set).collect();
+            let only_other: Vec<&IpNet> = set.difference(&reference).collect();
+            format!(
+                "{first} and {node} route different prefixes (only {first}: {}; only {node}: {})",
+                list(only_first),
+                list(only_other)
+            )
+        })
+        .collect()
+}
