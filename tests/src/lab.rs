@@ -7,8 +7,12 @@
 //!   |  pods     |  pods     |  pods  sec-a sec-b |  sec-a sec-b      |  net-c 192.168.103.1
 //!   10.244.11/24 10.244.12/24 10.244.21/24 |  |  |  |    |           |
 //!                                A 192.168.101.0/24 (.11 gw1, .12 gw2, host-a .100)
-//!                                B 192.168.102.0/24 (.11 gw1, .12 gw2, host-b .100)
+//!                                B 192.168.102.0/24 (.11 gw1, .12 gw2, host-b .100, rtr-b .1)
 //!                                                   C 192.168.103.0/24 (host-c .100)
+//!                                                               |
+//!                                                              rtr-b
+//!                                              D 192.168.104.0/24 (rtr-b .1, host-d .100)
+//!                                              E 192.168.105.0/24 (rtr-b .1, host-e .100)
 //! ```
 //!
 //! * Every node, pod, host and network is a namespace named `<prefix>-<member>`; links live
@@ -20,12 +24,17 @@
 //! * Networks A and B are reached only by the gateways (`sec-a`, `sec-b`); their hosts know
 //!   only their own subnet. Network C hangs off the router, the nodes' default gateway, and is
 //!   reachable from everywhere without us.
+//! * Networks D and E sit behind `rtr-b`, a router on network B that only the gateways
+//!   reach; their hosts' default route is rtr-b. The gateways route D via rtr-b on `sec-b`
+//!   from the start ([`gateway_static_routes`]); nobody routes E until a test or the demo
+//!   adds a route ([`Lab::add_gateway_route`]): what `destinationsFrom: Routes` learns.
 //! * `egress-echo serve` runs on every host at [`addr::ECHO_PORT`] (TCP and UDP).
 //! * The YAML state directory holds Namespaces, Nodes, Pods (`cluster.yaml`) and a sample
 //!   EgressGatewayPolicy (`policy.yaml`, rewritable with [`Lab::write_policy`]).
 //! * [`LabSpec::family`] `V6` or `Dual` adds IPv6 everywhere: underlay `fd00:200::/64`
 //!   (router `::1`, nodes `::<octet>`), networks
-//!   `fd00:10{1,2,3}::/64` (gateways `::11`/`::12`, hosts `::100`, router `fd00:103::1`),
+//!   `fd00:10{1,2,3,4,5}::/64` (gateways `::11`/`::12`, hosts `::100`, router `fd00:103::1`,
+//!   rtr-b `fd00:10{2,4,5}::1`),
 //!   pods `fd00:244:<node octet>::<n>/128` with a default route via `fe80::1` (an address of
 //!   the node's `cali-<pod>` veth), other nodes' `fd00:244:<octet>::/64` via the underlay.
 //!   Pods of `V6` have no IPv4 address; those of `Dual` have both, and `status.podIPs` lists
@@ -64,14 +73,23 @@ pub mod addr {
     pub const NET_A: &str = "192.168.101.0/24";
     pub const NET_B: &str = "192.168.102.0/24";
     pub const NET_C: &str = "192.168.103.0/24";
+    /// Behind rtr-b: D is routed by the gateways from the start, E by nobody.
+    pub const NET_D: &str = "192.168.104.0/24";
+    pub const NET_E: &str = "192.168.105.0/24";
     pub const GW1_SEC_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 11);
     pub const GW2_SEC_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 12);
     pub const GW1_SEC_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 11);
     pub const GW2_SEC_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 12);
     pub const ROUTER_NET_C: Ipv4Addr = Ipv4Addr::new(192, 168, 103, 1);
+    /// rtr-b, the router on network B in front of D and E, and its legs on D and E.
+    pub const RTR_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 1);
+    pub const RTR_B_NET_D: Ipv4Addr = Ipv4Addr::new(192, 168, 104, 1);
+    pub const RTR_B_NET_E: Ipv4Addr = Ipv4Addr::new(192, 168, 105, 1);
     pub const HOST_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 100);
     pub const HOST_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 100);
     pub const HOST_C: Ipv4Addr = Ipv4Addr::new(192, 168, 103, 100);
+    pub const HOST_D: Ipv4Addr = Ipv4Addr::new(192, 168, 104, 100);
+    pub const HOST_E: Ipv4Addr = Ipv4Addr::new(192, 168, 105, 100);
     /// Egress IPs of the sample policy.
     pub const EGRESS_IP_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 50);
     pub const EGRESS_IP_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 50);
@@ -101,14 +119,21 @@ pub mod addr6 {
     pub const NET_A: &str = "fd00:101::/64";
     pub const NET_B: &str = "fd00:102::/64";
     pub const NET_C: &str = "fd00:103::/64";
+    pub const NET_D: &str = "fd00:104::/64";
+    pub const NET_E: &str = "fd00:105::/64";
     pub const GW1_SEC_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x11]);
     pub const GW2_SEC_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x12]);
     pub const GW1_SEC_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x11]);
     pub const GW2_SEC_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x12]);
     pub const ROUTER_NET_C: Ipv6Addr = a([0xfd00, 0x103, 0, 0, 0, 0, 0, 0x1]);
+    pub const RTR_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x1]);
+    pub const RTR_B_NET_D: Ipv6Addr = a([0xfd00, 0x104, 0, 0, 0, 0, 0, 0x1]);
+    pub const RTR_B_NET_E: Ipv6Addr = a([0xfd00, 0x105, 0, 0, 0, 0, 0, 0x1]);
     pub const HOST_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x100]);
     pub const HOST_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x100]);
     pub const HOST_C: Ipv6Addr = a([0xfd00, 0x103, 0, 0, 0, 0, 0, 0x100]);
+    pub const HOST_D: Ipv6Addr = a([0xfd00, 0x104, 0, 0, 0, 0, 0, 0x100]);
+    pub const HOST_E: Ipv6Addr = a([0xfd00, 0x105, 0, 0, 0, 0, 0, 0x100]);
     /// The sample policy's IPv6 egress IPs.
     pub const EGRESS_IP_A: Ipv6Addr = a([0xfd00, 0x101, 0, 0, 0, 0, 0, 0x50]);
     pub const EGRESS_IP_B: Ipv6Addr = a([0xfd00, 0x102, 0, 0, 0, 0, 0, 0x50]);
@@ -252,25 +277,35 @@ pub const NODES: [Node; 4] = [
 /// An external network: a bridge in its own namespace with one host running egress-echo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Network {
-    /// `a`, `b`, `c`: the namespace is `<prefix>-net-<id>`, the host `host-<id>`.
+    /// `a` to `e`: the namespace is `<prefix>-net-<id>`, the host `host-<id>`.
     pub id: char,
     pub cidr: &'static str,
     pub host: Ipv4Addr,
     /// IPv6 subnet and host address (families `V6`, `Dual`).
     pub cidr_v6: &'static str,
     pub host_v6: Ipv6Addr,
-    /// Reached only through the gateways (A, B), or through the router (C).
-    pub secondary: bool,
+    /// The router the host's default route points to (C: `rtr`; D, E: `rtr-b`), or `None`
+    /// for A and B, whose hosts know only their own subnet.
+    pub router: Option<Router>,
 }
 
-pub const NETWORKS: [Network; 3] = [
+/// A router's leg on a network: its member name and addresses there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Router {
+    /// `rtr` or `rtr-b`; the leg is the router's link `net-<id>`.
+    pub member: &'static str,
+    pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
+}
+
+pub const NETWORKS: [Network; 5] = [
     Network {
         id: 'a',
         cidr: addr::NET_A,
         host: addr::HOST_A,
         cidr_v6: addr6::NET_A,
         host_v6: addr6::HOST_A,
-        secondary: true,
+        router: None,
     },
     Network {
         id: 'b',
@@ -278,7 +313,7 @@ pub const NETWORKS: [Network; 3] = [
         host: addr::HOST_B,
         cidr_v6: addr6::NET_B,
         host_v6: addr6::HOST_B,
-        secondary: true,
+        router: None,
     },
     Network {
         id: 'c',
@@ -286,9 +321,87 @@ pub const NETWORKS: [Network; 3] = [
         host: addr::HOST_C,
         cidr_v6: addr6::NET_C,
         host_v6: addr6::HOST_C,
-        secondary: false,
+        router: Some(Router {
+            member: "rtr",
+            ip: addr::ROUTER_NET_C,
+            ip6: addr6::ROUTER_NET_C,
+        }),
+    },
+    Network {
+        id: 'd',
+        cidr: addr::NET_D,
+        host: addr::HOST_D,
+        cidr_v6: addr6::NET_D,
+        host_v6: addr6::HOST_D,
+        router: Some(Router {
+            member: "rtr-b",
+            ip: addr::RTR_B_NET_D,
+            ip6: addr6::RTR_B_NET_D,
+        }),
+    },
+    Network {
+        id: 'e',
+        cidr: addr::NET_E,
+        host: addr::HOST_E,
+        cidr_v6: addr6::NET_E,
+        host_v6: addr6::HOST_E,
+        router: Some(Router {
+            member: "rtr-b",
+            ip: addr::RTR_B_NET_E,
+            ip6: addr6::RTR_B_NET_E,
+        }),
     },
 ];
+
+/// A static route on a gateway: `<prefix> via <via> dev <dev>`, of one family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatewayRoute {
+    pub prefix: &'static str,
+    pub via: IpAddr,
+    pub dev: &'static str,
+}
+
+impl GatewayRoute {
+    /// Network D via rtr-b on `sec-b` (IPv6: `fd00:104::/64` via `fd00:102::1`).
+    pub fn net_d(v6: bool) -> Self {
+        Self::behind_rtr_b(v6, addr::NET_D, addr6::NET_D)
+    }
+
+    /// Network E via rtr-b on `sec-b` (IPv6: `fd00:105::/64` via `fd00:102::1`): the route
+    /// no gateway has until a test adds it.
+    pub fn net_e(v6: bool) -> Self {
+        Self::behind_rtr_b(v6, addr::NET_E, addr6::NET_E)
+    }
+
+    fn behind_rtr_b(v6: bool, prefix: &'static str, prefix6: &'static str) -> Self {
+        let (prefix, via) = if v6 {
+            (prefix6, IpAddr::V6(addr6::RTR_B))
+        } else {
+            (prefix, IpAddr::V4(addr::RTR_B))
+        };
+        Self {
+            prefix,
+            via,
+            dev: "sec-b",
+        }
+    }
+}
+
+impl fmt::Display for GatewayRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} via {} dev {}", self.prefix, self.via, self.dev)
+    }
+}
+
+/// The static routes a gateway gets at lab setup: network D via rtr-b on `sec-b`, in each
+/// family the lab has. Restored with the link by [`Lab::set_secondary_link`].
+pub fn gateway_static_routes(v6: bool) -> Vec<GatewayRoute> {
+    let mut out = vec![GatewayRoute::net_d(false)];
+    if v6 {
+        out.push(GatewayRoute::net_d(true));
+    }
+    out
+}
 
 /// A pod to create: a namespace with a veth into its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -642,7 +755,7 @@ impl Lab {
 
         // Namespaces first, with rp_filter off before any interface exists (new namespaces
         // may inherit the host's rp_filter).
-        let mut members = vec!["rtr".to_owned()];
+        let mut members = vec!["rtr".to_owned(), "rtr-b".to_owned()];
         members.extend(NODES.iter().map(|n| n.name.to_owned()));
         for net in NETWORKS {
             members.push(format!("net-{}", net.id));
@@ -658,7 +771,7 @@ impl Lab {
                 ("net.ipv4.conf.all.rp_filter", "0"),
                 ("net.ipv4.conf.default.rp_filter", "0"),
             ];
-            let router = m == "rtr" || NODES.iter().any(|n| n.name == m);
+            let router = m == "rtr" || m == "rtr-b" || NODES.iter().any(|n| n.name == m);
             if router {
                 kv.push(("net.ipv4.ip_forward", "1"));
             }
@@ -696,24 +809,16 @@ impl Lab {
             self.ns(node.name)?.ip_batch(&cmds)?;
             ul_ports.push(node.name.to_owned());
         }
-        let net_c = self.ns_name("net-c");
         let mut rtr = vec![
             format!("link add eth0 type veth peer name rtr netns {ul}"),
             format!("addr add {}/24 dev eth0", addr::ROUTER),
             "link set eth0 up".to_owned(),
-            format!("link add net-c type veth peer name rtr netns {net_c}"),
-            format!("addr add {}/24 dev net-c", addr::ROUTER_NET_C),
-            "link set net-c up".to_owned(),
         ];
         for node in &NODES {
             rtr.push(format!("route add {} via {}", node.pod_cidr(), node.ip));
         }
         if v6 {
             rtr.push(format!("addr add {}/64 dev eth0 nodad", addr6::ROUTER));
-            rtr.push(format!(
-                "addr add {}/64 dev net-c nodad",
-                addr6::ROUTER_NET_C
-            ));
             for node in &NODES {
                 rtr.push(format!(
                     "route add {} via {}",
@@ -729,10 +834,40 @@ impl Lab {
             .map(|p| format!("link set {p} master br0 up"))
             .collect();
         self.ns("ul")?.ip_batch(&ul_cmds)?;
-        self.ns("net-c")?
-            .ip_batch(&["link set rtr master br0 up"])?;
 
-        // Secondary networks: only the gateways have a leg on them.
+        // rtr-b: a leg on network B (`eth0`), nothing on the underlay.
+        let net_b = self.ns_name("net-b");
+        let mut rtr_b = vec![
+            format!("link add eth0 type veth peer name rtr-b netns {net_b}"),
+            format!("addr add {}/24 dev eth0", addr::RTR_B),
+            "link set eth0 up".to_owned(),
+        ];
+        if v6 {
+            rtr_b.push(format!("addr add {}/64 dev eth0 nodad", addr6::RTR_B));
+        }
+        self.ns("rtr-b")?.ip_batch(&rtr_b)?;
+        self.ns("net-b")?
+            .ip_batch(&["link set rtr-b master br0 up"])?;
+
+        // The routers' legs on the networks behind them: `net-<id>` (C on rtr; D, E on rtr-b).
+        for net in NETWORKS {
+            let Some(r) = net.router else { continue };
+            let (id, member) = (net.id, r.member);
+            let bridge_ns = self.ns_name(&format!("net-{id}"));
+            let mut cmds = vec![
+                format!("link add net-{id} type veth peer name {member} netns {bridge_ns}"),
+                format!("addr add {}/24 dev net-{id}", r.ip),
+                format!("link set net-{id} up"),
+            ];
+            if v6 {
+                cmds.push(format!("addr add {}/64 dev net-{id} nodad", r.ip6));
+            }
+            self.ns(member)?.ip_batch(&cmds)?;
+            self.ns(&format!("net-{id}"))?
+                .ip_batch(&[format!("link set {member} master br0 up")])?;
+        }
+
+        // Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
         for gw in ["gw1", "gw2"] {
             let mut cmds = Vec::new();
             for id in ['a', 'b'] {
@@ -752,9 +887,15 @@ impl Lab {
                 self.ns(&format!("net-{id}"))?
                     .ip_batch(&[format!("link set {gw} master br0 up")])?;
             }
+            let routes: Vec<String> = gateway_static_routes(v6)
+                .into_iter()
+                .map(|r| format!("route add {r}"))
+                .collect();
+            self.ns(gw)?.ip_batch(&routes)?;
         }
 
-        // Hosts: only their own subnet, except host-c which answers via the router.
+        // Hosts: only their own subnet, except those behind a router (C, D, E), which answer
+        // through it.
         for net in NETWORKS {
             let host = format!("host-{}", net.id);
             let bridge_ns = self.ns_name(&format!("net-{}", net.id));
@@ -763,13 +904,13 @@ impl Lab {
                 format!("addr add {}/24 dev eth0", net.host),
                 "link set eth0 up".to_owned(),
             ];
-            if !net.secondary {
-                cmds.push(format!("route add default via {}", addr::ROUTER_NET_C));
+            if let Some(r) = net.router {
+                cmds.push(format!("route add default via {}", r.ip));
             }
             if v6 {
                 cmds.push(format!("addr add {}/64 dev eth0 nodad", net.host_v6));
-                if !net.secondary {
-                    cmds.push(format!("route add ::/0 via {}", addr6::ROUTER_NET_C));
+                if let Some(r) = net.router {
+                    cmds.push(format!("route add ::/0 via {}", r.ip6));
                 }
             }
             self.ns(&host)?.ip_batch(&cmds)?;
@@ -910,8 +1051,8 @@ impl Lab {
     }
 
     /// The namespace of a member: a node (`w1`, `w2`, `gw1`, `gw2`), a pod (`w1-p1`, ...),
-    /// a host (`host-a`, `host-b`, `host-c`), a network bridge (`net-a`, ...), the router
-    /// (`rtr`) or the underlay bridge (`ul`).
+    /// a host (`host-a` to `host-e`), a network bridge (`net-a`, ...), a router (`rtr`,
+    /// `rtr-b`) or the underlay bridge (`ul`).
     pub fn ns(&self, member: &str) -> Result<&Netns> {
         self.netns.get(member).with_context(|| {
             format!(
@@ -1163,7 +1304,9 @@ impl Lab {
     }
 
     /// Take a gateway's link to a secondary network (`sec-a`, `sec-b`) down, or bring it
-    /// back up with the gateway's own addresses on it (egress IPs are the agent's to add).
+    /// back up with the gateway's own addresses on it and the lab's static routes out of it
+    /// ([`gateway_static_routes`]); egress IPs are the agent's to add, and routes added with
+    /// [`Lab::add_gateway_route`] are gone with the link.
     pub fn set_secondary_link(&self, gw: &str, link: &str, up: bool) -> Result<()> {
         let id = match link {
             "sec-a" => 'a',
@@ -1180,8 +1323,36 @@ impl Lab {
             if self.spec.family.has_v6() {
                 cmds.push(format!("addr replace {ip6}/64 dev {link} nodad"));
             }
+            cmds.extend(
+                gateway_static_routes(self.spec.family.has_v6())
+                    .into_iter()
+                    .filter(|r| r.dev == link)
+                    .map(|r| format!("route replace {r}")),
+            );
         }
         self.ns(gw)?.ip_batch(&cmds)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // gateways' routes
+
+    /// `ip route add <route>` in a gateway's namespace: a route that `destinationsFrom:
+    /// Routes` learns (e.g. [`GatewayRoute::net_e`]).
+    pub fn add_gateway_route(&self, node: &str, route: &GatewayRoute) -> Result<()> {
+        self.gateway_route(node, "add", route)
+    }
+
+    /// `ip route del <route>` in a gateway's namespace.
+    pub fn del_gateway_route(&self, node: &str, route: &GatewayRoute) -> Result<()> {
+        self.gateway_route(node, "del", route)
+    }
+
+    fn gateway_route(&self, node: &str, verb: &str, route: &GatewayRoute) -> Result<()> {
+        let family = if route.via.is_ipv6() { "-6" } else { "-4" };
+        let args = format!("{family} route {verb} {route}");
+        self.exec(node, "ip", &args.split_whitespace().collect::<Vec<_>>())
+            .with_context(|| format!("failed to {verb} route {route} on {node}"))
+            .map(drop)
     }
 
     /// Nodes `a` and `b` can no longer reach each other over the underlay: no IP packet of
@@ -1338,7 +1509,7 @@ impl Lab {
         let echo = self.spec.echo_bin.display();
         format!(
             "lab {p}: namespaces {p}-<member> (nodes w1 w2 gw1 gw2, pods {pods}, hosts host-a \
-             host-b host-c, router rtr)
+             to host-e, routers rtr and rtr-b)
   shell in a pod:      ip netns exec {p}-w1-p1 bash
   shell on a node (sees /sys/fs/bpf): nsenter --net=/run/netns/{p}-gw1 bash
   traffic:             ip netns exec {p}-w1-p1 {echo} query tcp {a}:{port} --size 1400
@@ -1500,8 +1671,9 @@ fn validate(spec: &LabSpec) -> Result<()> {
                 pod.name
             );
         }
-        let reserved = ["ul", "rtr", "net-a", "net-b", "net-c"];
+        let reserved = ["ul", "rtr", "rtr-b"];
         if reserved.contains(&pod.name.as_str())
+            || pod.name.starts_with("net-")
             || pod.name.starts_with("host-")
             || NODES.iter().any(|n| n.name == pod.name)
         {

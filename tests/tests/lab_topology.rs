@@ -5,7 +5,7 @@
 use std::{net::IpAddr, path::Path, time::Duration};
 
 use egress_tests::{
-    lab::{Family, Lab, LabSpec, NODES, Proto, Query, addr, addr6},
+    lab::{Family, GatewayRoute, Lab, LabSpec, NODES, Proto, Query, addr, addr6},
     netns,
 };
 
@@ -85,6 +85,67 @@ fn gateways_reach_the_secondary_networks_directly() {
             assert_eq!(seen.ip, IpAddr::V4(b), "{gw} {proto} to host-b");
         }
     }
+}
+
+#[test]
+fn gateways_reach_network_d_through_rtr_b_and_network_e_only_once_routed() {
+    let lab = Lab::up(spec().with_family(Family::Dual)).unwrap();
+    let short = |host: IpAddr| {
+        Query::new(Proto::Udp, host, addr::ECHO_PORT)
+            .timeout(Duration::from_millis(300))
+            .attempts(2)
+    };
+    for (gw, own, own6) in [
+        ("gw1", addr::GW1_SEC_B, addr6::GW1_SEC_B),
+        ("gw2", addr::GW2_SEC_B, addr6::GW2_SEC_B),
+    ] {
+        // D: the static route of the lab's setup, through rtr-b, which does not NAT.
+        for (host, src) in [
+            (IpAddr::V4(addr::HOST_D), IpAddr::V4(own)),
+            (IpAddr::V6(addr6::HOST_D), IpAddr::V6(own6)),
+        ] {
+            let seen = lab
+                .query(gw, Proto::Tcp, host, addr::ECHO_PORT, 0)
+                .unwrap_or_else(|e| panic!("{gw} to {host}: {e:#}"));
+            assert_eq!(seen.ip, src, "{gw} to {host}");
+        }
+        assert!(pings(&lab, gw, addr::HOST_D));
+        // E: no route anywhere until one is added.
+        for host in [IpAddr::V4(addr::HOST_E), IpAddr::V6(addr6::HOST_E)] {
+            assert!(lab.query_with(gw, &short(host)).is_err(), "{gw} to {host}");
+        }
+    }
+    for (v6, host) in [
+        (false, IpAddr::V4(addr::HOST_E)),
+        (true, IpAddr::V6(addr6::HOST_E)),
+    ] {
+        let route = GatewayRoute::net_e(v6);
+        lab.add_gateway_route("gw1", &route).unwrap();
+        assert!(lab.query_with("gw1", &short(host)).is_ok(), "gw1 to {host}");
+        assert!(
+            lab.query_with("gw2", &short(host)).is_err(),
+            "gw2 to {host}"
+        );
+        lab.del_gateway_route("gw1", &route).unwrap();
+        assert!(
+            lab.query_with("gw1", &short(host)).is_err(),
+            "gw1 to {host}"
+        );
+    }
+    // Nobody else reaches D or E: not the workers, not the pods, not the router.
+    for from in ["w1", "w1-p1", "rtr", "host-b"] {
+        for host in [addr::HOST_D, addr::HOST_E] {
+            assert!(
+                lab.query_with(from, &short(host.into())).is_err(),
+                "{from} reached {host}"
+            );
+        }
+    }
+    // A secondary link cut and restored comes back with its static route to D.
+    lab.set_secondary_link("gw2", "sec-b", false).unwrap();
+    lab.set_secondary_link("gw2", "sec-b", true).unwrap();
+    assert!(pings(&lab, "gw2", addr::HOST_D));
+    assert!(pings(&lab, "gw2", addr6::HOST_D));
 }
 
 #[test]
