@@ -60,6 +60,8 @@ pub mod reason {
     pub const NO_RULES: &str = "NoRules";
     // Ready=False: the spec is fine, the cluster cannot serve (all of) it.
     pub const NOT_ACCEPTED: &str = "NotAccepted";
+    /// The spec is not accepted; its last accepted version is served meanwhile.
+    pub const SERVING_LAST_ACCEPTED: &str = "ServingLastAccepted";
     pub const NO_MATCHING_GATEWAY: &str = "NoMatchingGateway";
     pub const NO_ELIGIBLE_GATEWAY: &str = "NoEligibleGateway";
     pub const EGRESS_IP_NOT_HOSTABLE: &str = "EgressIPNotHostable";
@@ -116,7 +118,7 @@ pub mod move_reason {
 pub const DRAIN_ANNOTATION: &str = "egress.dev/drain";
 
 /// What the compiler derived for this node and for the cluster.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Compiled {
     /// This node's datapath state.
     pub desired: Desired,
@@ -126,6 +128,10 @@ pub struct Compiled {
     pub holders: Vec<Holder>,
     /// Everything a user should fix or know, sorted (the same on every node).
     pub problems: Vec<Problem>,
+    /// The accepted version of each policy, by name: its own spec when accepted, else
+    /// the last accepted one it is served from. The agent passes it back as
+    /// `last_accepted` to its next compile.
+    pub accepted: BTreeMap<String, EgressGatewayPolicy>,
 }
 
 /// One egress address in use: a dedicated egress IP and its holder, or (`shared`) a
@@ -190,6 +196,19 @@ pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
 /// dead gateways are not eligible, hellos correct the EgressNodes (interfaces down, IPs
 /// held).
 pub fn compile_with(view: &ClusterView, peers: &PeerView, node_name: &str) -> Compiled {
+    compile_remembering(view, peers, &BTreeMap::new(), node_name)
+}
+
+/// [`compile_with`], remembering the policies' last accepted versions (`last_accepted`,
+/// by name: [`Compiled::accepted`] of the previous compile): a policy whose spec turns
+/// invalid keeps being served from its last accepted version (`Accepted=False`,
+/// `Ready=False` with [`reason::SERVING_LAST_ACCEPTED`]) until it is fixed or deleted.
+pub fn compile_remembering(
+    view: &ClusterView,
+    peers: &PeerView,
+    last_accepted: &BTreeMap<String, EgressGatewayPolicy>,
+    node_name: &str,
+) -> Compiled {
     let mut desired = Desired::default();
     let nodes = nodes::index(view, peers);
     let mut problems = nodes::register(&nodes, node_name, &mut desired);
@@ -197,17 +216,22 @@ pub fn compile_with(view: &ClusterView, peers: &PeerView, node_name: &str) -> Co
     pods.record_owners(&nodes, &mut desired);
     let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
-    let mut plans = placement::plan(&policies, &nodes, peers, &reserved);
+    let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved);
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     let statuses = status::statuses(&plans, egress_ips, &mut problems);
     problems.sort();
     problems.dedup();
+    let accepted = plans
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), p.accepted?.clone())))
+        .collect();
     Compiled {
         desired,
         statuses,
         holders,
         problems,
+        accepted,
     }
 }
 

@@ -18,7 +18,7 @@ use super::{
     status::PolicyReport,
 };
 use crate::{
-    api::{EgressGatewayPolicy, FailurePolicy},
+    api::{EgressGatewayPolicy, EgressGatewayPolicySpec, FailurePolicy},
     liveness::PeerView,
 };
 
@@ -32,6 +32,9 @@ pub(super) struct PolicyPlan<'a> {
     pub(super) rules: Vec<RulePlan>,
     /// Its conditions, as far as they are known.
     pub(super) report: PolicyReport,
+    /// The accepted version it is planned from: itself, or its last accepted version;
+    /// `None` when it is not accepted and was never accepted before.
+    pub(super) accepted: Option<&'a EgressGatewayPolicy>,
 }
 
 /// A rule checked and resolved (for one family, when its destinations are learned from
@@ -147,33 +150,89 @@ impl RulePlan {
 
 /// Plan every policy (sorted by name). The first policy (in name order) that can place an
 /// egress IP decides where it lives; later users must agree.
+///
+/// A policy whose spec is not accepted but that was accepted before (`last_accepted`, by
+/// name) is planned from that last accepted spec: its traffic keeps the translation it
+/// had, and its status says what to fix.
 pub(super) fn plan<'a>(
     policies: &[&'a EgressGatewayPolicy],
+    last_accepted: &'a BTreeMap<String, EgressGatewayPolicy>,
     nodes: &[NodeInfo<'_>],
     peers: &PeerView,
     reserved: &Reserved,
 ) -> Vec<PolicyPlan<'a>> {
-    let ids = hash::rule_ids(policies.iter().flat_map(|p| {
-        let name = p.metadata.name.as_deref().unwrap_or_default();
-        (0..p.spec.rules.len()).map(move |i| (name, i))
-    }));
-    let mut placed = Placed::new();
-    policies
+    let chosen: Vec<(
+        &EgressGatewayPolicy,
+        Option<(&EgressGatewayPolicy, PolicyReport)>,
+    )> = policies
         .iter()
         .map(|policy| {
+            let name = policy.metadata.name.as_deref().unwrap_or_default();
+            let fresh = validate(&policy.spec);
+            match last_accepted.get(name) {
+                Some(last) if !fresh.accepted() && last.spec != policy.spec => {
+                    (*policy, Some((last, fresh)))
+                }
+                _ => (*policy, None),
+            }
+        })
+        .collect();
+    let spec_of = |(policy, last): &(
+        &'a EgressGatewayPolicy,
+        Option<(&'a EgressGatewayPolicy, PolicyReport)>,
+    )| { last.as_ref().map_or(&policy.spec, |(l, _)| &l.spec) };
+    let ids = hash::rule_ids(chosen.iter().flat_map(|c| {
+        let name = c.0.metadata.name.as_deref().unwrap_or_default();
+        (0..spec_of(c).rules.len()).map(move |i| (name, i))
+    }));
+    let mut placed = Placed::new();
+    let context = Context {
+        nodes,
+        peers,
+        reserved,
+    };
+    chosen
+        .into_iter()
+        .map(|(policy, last)| {
             let name = policy.metadata.name.clone().unwrap_or_default();
-            let ids: Vec<u32> = (0..policy.spec.rules.len())
+            let spec = last.as_ref().map_or(&policy.spec, |(l, _)| &l.spec);
+            let ids: Vec<u32> = (0..spec.rules.len())
                 .map(|i| ids.get(&(name.clone(), i)).copied().unwrap_or(0))
                 .collect();
-            let context = Context {
-                nodes,
-                peers,
-                reserved,
-            };
-            plan_policy(policy, &ids, &context, &mut placed)
+            let mut plan = plan_policy(policy, spec, &ids, &context, &mut placed);
+            if let Some((last, fresh)) = last {
+                plan.report
+                    .serve_last_accepted(fresh, last.metadata.generation);
+                plan.accepted = Some(last);
+            }
+            plan
         })
         .collect()
 }
+
+/// The static problems of a spec: what makes a policy `Accepted=False`.
+fn validate(spec: &EgressGatewayPolicySpec) -> PolicyReport {
+    let mut report = PolicyReport::default();
+    let selectors = [
+        (spec.namespace_selector.as_ref(), "spec.namespaceSelector"),
+        (spec.pod_selector.as_ref(), "spec.podSelector"),
+        (Some(&spec.gateway_selector), "spec.gatewaySelector"),
+    ];
+    for (sel, field) in selectors {
+        if let Some(Err(message)) = sel.map(|s| Selector::new(s, field)) {
+            report.invalid(reason::INVALID_SELECTOR, message);
+        }
+    }
+    if spec.rules.is_empty() {
+        report.invalid(reason::NO_RULES, NO_RULES_MESSAGE.to_owned());
+    }
+    for (index, rule) in spec.rules.iter().enumerate() {
+        rules::check_rule(index, rule, &mut report);
+    }
+    report
+}
+
+const NO_RULES_MESSAGE: &str = "spec.rules: at least one rule is required";
 
 /// Egress IP -> (holder, deciding policy).
 type Placed = BTreeMap<IpAddr, (GatewayAddr, String)>;
@@ -185,15 +244,16 @@ struct Context<'c, 'a> {
     reserved: &'c Reserved,
 }
 
+/// Plan `policy` with `spec` (its own, or its last accepted one).
 fn plan_policy<'a>(
     policy: &'a EgressGatewayPolicy,
+    spec: &EgressGatewayPolicySpec,
     ids: &[u32],
     cx: &Context<'_, '_>,
     placed: &mut Placed,
 ) -> PolicyPlan<'a> {
     let nodes = cx.nodes;
     let name = policy.metadata.name.clone().unwrap_or_default();
-    let spec = &policy.spec;
     let mut report = PolicyReport::default();
     let mut selector = |sel: Option<&LabelSelector>, field: &str| match sel {
         None => Some(Selector::everything()),
@@ -209,10 +269,7 @@ fn plan_policy<'a>(
     let pod_sel = selector(spec.pod_selector.as_ref(), "spec.podSelector");
     let gw_sel = selector(Some(&spec.gateway_selector), "spec.gatewaySelector");
     if spec.rules.is_empty() {
-        report.invalid(
-            reason::NO_RULES,
-            "spec.rules: at least one rule is required".to_owned(),
-        );
+        report.invalid(reason::NO_RULES, NO_RULES_MESSAGE.to_owned());
     }
     let gateways = gw_sel
         .map(|sel| Gateways::select(&sel, nodes, &mut report))
@@ -236,6 +293,7 @@ fn plan_policy<'a>(
         };
         rules.extend(plan_rule(&at, rule_id, &gateways, cx, placed, &mut report));
     }
+    let accepted = report.accepted().then_some(policy);
     PolicyPlan {
         name,
         policy,
@@ -243,6 +301,7 @@ fn plan_policy<'a>(
         failure_policy: spec.failure_policy,
         rules,
         report,
+        accepted,
     }
 }
 

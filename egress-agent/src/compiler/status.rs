@@ -18,6 +18,9 @@ pub(super) struct PolicyReport {
     unready: Vec<(&'static str, String)>,
     /// (reason, message) of destinations learned from routes that are left out or differ.
     routes: Vec<(&'static str, String)>,
+    /// Planned from its last accepted spec (of this generation), the current one being
+    /// invalid.
+    serving_last: Option<Option<i64>>,
     /// (pod, prefix) pairs lost to another policy or an earlier rule, the first few named.
     conflicts: Vec<String>,
     conflict_count: usize,
@@ -37,6 +40,13 @@ impl PolicyReport {
     /// Learned destinations are degraded (`RoutesDegraded=True`); the rules are served.
     pub(super) fn routes(&mut self, reason: &'static str, message: String) {
         self.routes.push((reason, message));
+    }
+
+    /// The current spec is invalid (`fresh` says why) and the last accepted one (of
+    /// `generation`) is served instead: the policy is not accepted, and not ready.
+    pub(super) fn serve_last_accepted(&mut self, fresh: PolicyReport, generation: Option<i64>) {
+        self.invalid = fresh.invalid;
+        self.serving_last = Some(generation);
     }
 
     pub(super) fn invalid_count(&self) -> usize {
@@ -67,6 +77,13 @@ pub(super) fn statuses(
     for plan in plans {
         let report = &plan.report;
         let object = Object::Policy(plan.name.clone());
+        if report.serving_last.is_some() {
+            problems.push(Problem {
+                object: object.clone(),
+                reason: reason::SERVING_LAST_ACCEPTED.to_owned(),
+                message: "spec: not accepted: the last accepted version is served".to_owned(),
+            });
+        }
         let all = report
             .invalid
             .iter()
@@ -138,7 +155,18 @@ fn accepted(report: &PolicyReport) -> PolicyCondition {
 }
 
 fn ready(report: &PolicyReport, rules: usize) -> PolicyCondition {
-    if !report.invalid.is_empty() {
+    if let Some(generation) = report.serving_last {
+        let which = generation.map_or(String::new(), |g| format!(" (generation {g})"));
+        condition(
+            condition::READY,
+            false,
+            reason::SERVING_LAST_ACCEPTED,
+            format!(
+                "the spec is not accepted (see Accepted): its last accepted version{which} is \
+                 served until the spec is fixed"
+            ),
+        )
+    } else if !report.invalid.is_empty() {
         condition(
             condition::READY,
             false,

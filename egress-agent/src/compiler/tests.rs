@@ -26,6 +26,7 @@ use crate::{
     source::PodSummary,
 };
 
+mod last_accepted;
 mod routes;
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
