@@ -3,6 +3,8 @@
 
 use std::{fmt, path::Path};
 
+use ipnet::IpNet;
+
 use crate::{
     compiler::{self, compile},
     source::yaml::{self, LoadError},
@@ -30,9 +32,11 @@ impl fmt::Display for Problem {
 /// every compiler problem (sorted by object). Empty when all is well.
 ///
 /// Policy problems do not depend on the node being compiled for (statuses are
-/// cluster-wide), so one compilation covers every node.
-pub fn check_dir(dir: &Path) -> Vec<Problem> {
-    let snapshot = yaml::load_dir(dir);
+/// cluster-wide), so one compilation covers every node. `cluster_cidrs` are the cluster's
+/// pod and service CIDRs, as the agents are given them.
+pub fn check_dir(dir: &Path, cluster_cidrs: &[IpNet]) -> Vec<Problem> {
+    let mut snapshot = yaml::load_dir(dir);
+    snapshot.view.cluster_cidrs = cluster_cidrs.to_vec();
     let mut problems: Vec<Problem> = snapshot.errors.into_iter().map(Problem::Load).collect();
     let node = snapshot
         .view
@@ -106,7 +110,7 @@ spec:
         std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).expect("write");
         std::fs::write(dir.path().join("pods.yaml"), PODS).expect("write");
         std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write");
-        let shown: Vec<String> = check_dir(dir.path())
+        let shown: Vec<String> = check_dir(dir.path(), &[])
             .iter()
             .map(ToString::to_string)
             .collect();
@@ -124,12 +128,12 @@ spec:
     fn a_clean_directory_has_no_problems() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).expect("write");
-        assert_eq!(check_dir(dir.path()), []);
+        assert_eq!(check_dir(dir.path(), &[]), []);
     }
 
     #[test]
     fn a_missing_directory_is_a_problem() {
-        let problems = check_dir(Path::new("/nonexistent/egress-check"));
+        let problems = check_dir(Path::new("/nonexistent/egress-check"), &[]);
         assert_eq!(problems.len(), 1);
         assert!(problems[0].to_string().contains("failed to read directory"));
     }

@@ -6,6 +6,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use egress_agent::{agent, api, check, datapath, ebpf, liveness};
 use egress_common::config::{DEFAULT_PORT_MAX, DEFAULT_PORT_MIN, DEFAULT_TUNNEL_PORT};
+use ipnet::IpNet;
 
 #[derive(Parser)]
 #[command(
@@ -85,6 +86,14 @@ enum Command {
         /// UDP port of the liveness probes on the underlay; default: the tunnel port + 1.
         #[arg(long, env = "EGRESS_PROBE_PORT")]
         probe_port: Option<u16>,
+        /// A routing table (by number) whose routes this node publishes for rules with
+        /// `destinationsFrom: Routes`, besides the main table: for policy routing (NMState
+        /// route rules). Repeat the flag, or separate numbers with commas in the variable.
+        #[arg(long = "route-table", value_name = "ID", env = "EGRESS_ROUTE_TABLES",
+              value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+        route_tables: Vec<u32>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Print a running agent's view: the egress IPs it holds, its peers (alive, round
     /// trip), every holder and why (from its --metrics-addr).
@@ -101,6 +110,8 @@ enum Command {
     Check {
         #[arg(long)]
         state_dir: PathBuf,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
     Crd,
@@ -109,6 +120,32 @@ enum Command {
         #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
     },
+}
+
+/// What the agent is told about the cluster rather than reads from it.
+#[derive(clap::Args)]
+struct ClusterArgs {
+    /// A pod or service CIDR of the cluster, such as 10.244.0.0/16: routes that overlap
+    /// one never make destinations for `destinationsFrom: Routes`. Repeat the flag, or
+    /// separate CIDRs with commas in the variable.
+    #[arg(long = "cluster-cidr", value_name = "CIDR", env = "EGRESS_CLUSTER_CIDRS",
+          value_delimiter = ',', value_parser = parse_cidr)]
+    cluster_cidrs: Vec<IpNet>,
+}
+
+/// A prefix without host bits.
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    let net: IpNet = s
+        .trim()
+        .parse()
+        .map_err(|_| "expected a CIDR such as 10.244.0.0/16 or fd00:10:244::/56".to_owned())?;
+    if net.trunc() != net {
+        return Err(format!(
+            "it has host bits set; did you mean {}?",
+            net.trunc()
+        ));
+    }
+    Ok(net)
 }
 
 fn main() -> ExitCode {
@@ -148,6 +185,8 @@ fn real_main() -> Result<ExitCode> {
             probe_misses,
             probe_port,
             restart_grace_secs,
+            route_tables,
+            cluster,
         } => {
             anyhow::ensure!(
                 port_min <= port_max,
@@ -174,6 +213,8 @@ fn real_main() -> Result<ExitCode> {
                     restart_grace: Duration::from_secs(restart_grace_secs.into()),
                 },
                 probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
+                route_tables,
+                cluster_cidrs: cluster.cluster_cidrs,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -191,8 +232,8 @@ fn real_main() -> Result<ExitCode> {
             print!("{}", datapath::dump::render(&bpffs_dir)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { state_dir } => {
-            let problems = check::check_dir(&state_dir);
+        Command::Check { state_dir, cluster } => {
+            let problems = check::check_dir(&state_dir, &cluster.cluster_cidrs);
             for p in &problems {
                 println!("{p}");
             }

@@ -543,7 +543,7 @@ async fn cluster() -> Fake {
 }
 
 async fn start_watch(fake: &Fake) -> watch::Receiver<Arc<Snapshot>> {
-    timeout(WAIT, kube_source::watch(fake.client()))
+    timeout(WAIT, kube_source::watch(fake.client(), Vec::new()))
         .await
         .expect("initial lists within the time limit")
         .expect("watch")

@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -60,6 +61,10 @@ pub struct RunConfig {
     /// Liveness probes between agents.
     pub probe: liveness::Settings,
     pub probe_port: u16,
+    /// Routing tables besides main whose routes this node publishes (policy routing).
+    pub route_tables: Vec<u32>,
+    /// The cluster's pod and service CIDRs, set on every view before it is compiled.
+    pub cluster_cidrs: Vec<IpNet>,
 }
 
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
@@ -131,13 +136,18 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     let (mut views, sink) = match &cfg.source {
         Source::Yaml(dir) => (
             // inotify tells of edits at once; the poll is a safety net.
-            yaml::watch(dir.clone(), Duration::from_secs(1)).await,
+            yaml::watch(
+                dir.clone(),
+                Duration::from_secs(1),
+                cfg.cluster_cidrs.clone(),
+            )
+            .await,
             Sink::Yaml(dir.clone()),
         ),
         Source::Kube { kubeconfig } => {
             let client = kube_source::client(kubeconfig.clone()).await?;
             (
-                kube_source::watch(client.clone()).await?,
+                kube_source::watch(client.clone(), cfg.cluster_cidrs.clone()).await?,
                 Sink::Kube(KubeWriter::start(client, &cfg.node_name)),
             )
         }
@@ -156,6 +166,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         sink,
         probes: probes.handle,
         last_node_doc: None,
+        route_prefixes: BTreeMap::new(),
+        routes_capped: BTreeSet::new(),
         last_holders: BTreeMap::new(),
         holdings: BTreeMap::new(),
         parts: BTreeMap::new(),
@@ -258,6 +270,11 @@ struct Reconciler<'a> {
     sink: Sink,
     probes: Handle,
     last_node_doc: Option<EgressNode>,
+    /// The destinations routed out of each interface (by ifindex), from the last route
+    /// dump that succeeded.
+    route_prefixes: BTreeMap<u32, BTreeSet<IpNet>>,
+    /// Interfaces whose routes did not all fit in the last EgressNode.
+    routes_capped: BTreeSet<String>,
     /// Egress IP -> (node, interface) as of the last pass, to report moves.
     last_holders: BTreeMap<IpAddr, (String, String)>,
     /// Dedicated egress IPs on this node's interfaces, as this agent took them.
@@ -333,7 +350,8 @@ impl Reconciler<'_> {
             Cow::Owned(holding::with_lingering(desired, &self.lingering))
         };
         changed += self.sync_maps(dp, &merged, &ifaces, &mut problems)?;
-        self.sync_attachments(dp, &merged, &ifaces, &mut problems)
+        let routes = self.dump_routes(&mut problems).await;
+        self.sync_attachments(dp, &merged, &ifaces, routes.as_ref(), &mut problems)
             .await;
         changed += self
             .acquire(&compiled, &peers, &ifaces, now, &mut problems)
@@ -504,12 +522,28 @@ impl Reconciler<'_> {
         Ok(st.changed())
     }
 
+    /// This pass's route dump, for the pods' devices and the EgressNode's routes (which
+    /// keep the last good dump's while dumps fail).
+    async fn dump_routes(&mut self, problems: &mut Vec<String>) -> Option<iface::Routes> {
+        match self.nl.routes(&self.cfg.route_tables).await {
+            Ok(routes) => {
+                self.route_prefixes.clone_from(routes.prefixes_by_oif());
+                Some(routes)
+            }
+            Err(e) => {
+                problems.push(format!("routes: {e}"));
+                None
+            }
+        }
+    }
+
     /// The tunnel, egress interfaces, and the device each selected local pod is routed to.
     async fn sync_attachments(
         &mut self,
         dp: &mut Datapath,
         desired: &Desired,
         ifaces: &[iface::Interface],
+        routes: Option<&iface::Routes>,
         problems: &mut Vec<String>,
     ) {
         let mut attach = BTreeSet::new();
@@ -529,15 +563,8 @@ impl Reconciler<'_> {
         }
         let by_index: BTreeMap<u32, &iface::Interface> =
             ifaces.iter().map(|i| (i.ifindex, i)).collect();
-        let routes = match self.nl.routes(&[]).await {
-            Ok(r) => Some(r),
-            Err(e) => {
-                problems.push(format!("pod devices: {e}"));
-                None
-            }
-        };
         for pod in desired.local_selected_pods() {
-            let Some(routes) = &routes else { break };
+            let Some(routes) = routes else { break };
             match routes.oif(pod) {
                 Some(oif) if oif != self.tunnel_ifindex => {
                     if let Some(i) = by_index.get(&oif) {
@@ -695,11 +722,17 @@ impl Reconciler<'_> {
                 })
                 .collect();
         }
+        let interfaces = publish::node_interfaces(
+            ifaces,
+            &self.cfg.tunnel_device,
+            &self.holdings,
+            &self.route_prefixes,
+        );
+        self.routes_capped = publish::warn_capped(&self.routes_capped, &interfaces);
         let doc = publish::egress_node_doc(
             &self.cfg.node_name,
             underlay,
-            ifaces,
-            &self.cfg.tunnel_device,
+            interfaces,
             &self.holdings,
             &statuses,
             peers.dead.contains(&self.cfg.node_name),

@@ -350,6 +350,8 @@ struct Stores {
     pods: Store<Decoded<Pod>>,
     nodes: Store<Decoded<Node>>,
     egress_nodes: Store<Decoded<EgressNode>>,
+    /// Set on every view (from the agent's flags, not the API).
+    cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl Stores {
@@ -383,7 +385,7 @@ impl Stores {
             pods: collect(&self.pods, &mut errors, |p: &Pod| PodSummary::from(p)),
             nodes: collect(&self.nodes, &mut errors, Clone::clone),
             egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
-            cluster_cidrs: Vec::new(),
+            cluster_cidrs: self.cluster_cidrs.clone(),
         };
         Snapshot { view, errors }
     }
@@ -454,8 +456,12 @@ fn decode_error<K: Resource<DynamicType = ()>>(
 /// Until the first lists complete this waits, retrying with backoff and logging why (an
 /// unreachable API server, missing RBAC, CRDs not installed): publishing a partial view
 /// would make the agent remove state it must keep. The watcher tasks stop when every
-/// receiver is dropped. Must be called inside a Tokio runtime.
-pub async fn watch(client: Client) -> Result<tokio::sync::watch::Receiver<Arc<Snapshot>>> {
+/// receiver is dropped. Must be called inside a Tokio runtime. Every view carries
+/// `cluster_cidrs`.
+pub async fn watch(
+    client: Client,
+    cluster_cidrs: Vec<ipnet::IpNet>,
+) -> Result<tokio::sync::watch::Receiver<Arc<Snapshot>>> {
     let changed = Arc::new(Notify::new());
     let mut tasks = Tasks(Vec::new());
     let stores = Stores {
@@ -464,6 +470,7 @@ pub async fn watch(client: Client) -> Result<tokio::sync::watch::Receiver<Arc<Sn
         pods: start(&client, &changed, &mut tasks),
         nodes: start(&client, &changed, &mut tasks),
         egress_nodes: start(&client, &changed, &mut tasks),
+        cluster_cidrs,
     };
     stores.wait_until_ready().await?;
     let first = stores.snapshot();

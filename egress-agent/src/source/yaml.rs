@@ -568,12 +568,14 @@ impl DirWatch {
 /// without inotify, a directory replaced under the watch, symlinked files changed outside
 /// it), the (name, mtime, length) of every state file is also compared every `poll`; the
 /// inotify watch is set up again then if it was lost. The watcher ends when every
-/// receiver is dropped. Must be called inside a Tokio runtime.
+/// receiver is dropped. Must be called inside a Tokio runtime. Every view carries
+/// `cluster_cidrs`.
 pub async fn watch(
     dir: impl Into<PathBuf>,
     poll: Duration,
+    cluster_cidrs: Vec<ipnet::IpNet>,
 ) -> tokio_watch::Receiver<Arc<Snapshot>> {
-    watch_with(dir.into(), poll, Notifications::Inotify).await
+    watch_with(dir.into(), poll, Notifications::Inotify, cluster_cidrs).await
 }
 
 /// How the watcher learns of changes besides polling.
@@ -592,6 +594,7 @@ async fn watch_with(
     dir: PathBuf,
     poll: Duration,
     notifications: Notifications,
+    cluster_cidrs: Vec<ipnet::IpNet>,
 ) -> tokio_watch::Receiver<Arc<Snapshot>> {
     let pending = Arc::new(Pending::default());
     // Watch first, then read: a change racing the first read is noticed.
@@ -607,7 +610,7 @@ async fn watch_with(
             })
             .ok(),
     };
-    let first = read_with_fingerprint(dir.clone()).await;
+    let first = read_with_fingerprint(dir.clone(), &cluster_cidrs).await;
     let (tx, rx) = tokio_watch::channel(Arc::new(first.1));
     let mut last = first.0;
     tokio::spawn(async move {
@@ -643,7 +646,7 @@ async fn watch_with(
                     continue;
                 }
             }
-            let (seen, snapshot) = read_with_fingerprint(dir.clone()).await;
+            let (seen, snapshot) = read_with_fingerprint(dir.clone(), &cluster_cidrs).await;
             last = seen;
             tx.send_if_modified(|current| {
                 if **current == snapshot {
@@ -674,24 +677,33 @@ async fn debounce(pending: &Pending) {
 }
 
 /// Fingerprint, then read: a change racing the read shows up as a new fingerprint on the
-/// next tick, so it is never missed.
-async fn read_with_fingerprint(dir: PathBuf) -> (Fingerprint, Snapshot) {
+/// next tick, so it is never missed. The view carries `cluster_cidrs`.
+async fn read_with_fingerprint(
+    dir: PathBuf,
+    cluster_cidrs: &[ipnet::IpNet],
+) -> (Fingerprint, Snapshot) {
     let fallback_dir = dir.clone();
-    tokio::task::spawn_blocking(move || (fingerprint(&dir), load_dir(&dir)))
-        .await
-        .unwrap_or_else(|e| {
-            let error = LoadError::ReadDir {
-                dir: fallback_dir,
-                detail: format!("reader task failed: {e}"),
-            };
-            (
-                Err(error.to_string()),
-                Snapshot {
-                    view: ClusterView::default(),
-                    errors: vec![error],
-                },
-            )
-        })
+    let cluster_cidrs = cluster_cidrs.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let seen = fingerprint(&dir);
+        let mut snapshot = load_dir(&dir);
+        snapshot.view.cluster_cidrs = cluster_cidrs;
+        (seen, snapshot)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let error = LoadError::ReadDir {
+            dir: fallback_dir,
+            detail: format!("reader task failed: {e}"),
+        };
+        (
+            Err(error.to_string()),
+            Snapshot {
+                view: ClusterView::default(),
+                errors: vec![error],
+            },
+        )
+    })
 }
 
 /// File name of a node's EgressNode document in the state directory.
@@ -991,12 +1003,15 @@ metadata: {name: two}
             "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
         )
         .expect("write");
+        let cidrs = vec!["10.244.0.0/16".parse().expect("CIDR")];
         let mut rx = watch_with(
             dir.path().to_owned(),
             Duration::from_millis(200),
             Notifications::None,
+            cidrs.clone(),
         )
         .await;
+        assert_eq!(rx.borrow().view.cluster_cidrs, cidrs);
         assert_eq!(rx.borrow_and_update().view.namespaces.len(), 1);
 
         // Same length, different content: only the mtime tells (past coarse timestamp
@@ -1019,6 +1034,7 @@ metadata: {name: two}
             "after {:?}",
             start.elapsed()
         );
+        assert_eq!(snap.view.cluster_cidrs, cidrs);
 
         // A new file.
         std::fs::write(
@@ -1079,7 +1095,7 @@ metadata: {name: two}
         let ns =
             |name: &str| format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n");
         std::fs::write(&file, ns("a")).expect("write");
-        let mut rx = watch(dir.path(), HOUR).await;
+        let mut rx = watch(dir.path(), HOUR, Vec::new()).await;
         assert_eq!(names(&rx.borrow_and_update()), ["a"]);
 
         // An editor's save: a backup, a temporary file renamed over the original.
@@ -1111,7 +1127,7 @@ metadata: {name: two}
             "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
         )
         .expect("write");
-        let mut rx = watch(dir.path(), HOUR).await;
+        let mut rx = watch(dir.path(), HOUR, Vec::new()).await;
         assert_eq!(names(&rx.borrow_and_update()), ["a"]);
 
         // Written in place, cut in the middle of its second document.
