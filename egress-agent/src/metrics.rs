@@ -35,6 +35,8 @@ pub struct Stats {
     /// Every egress address in use, cluster-wide, as this node computes it.
     pub holders: Vec<HolderStat>,
     pub liveness: LivenessStats,
+    /// Interface -> routes out of it listed in this node's EgressNode.
+    pub routes_published: BTreeMap<String, usize>,
 }
 
 /// One egress address and where it lives.
@@ -82,6 +84,11 @@ struct ReasonLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     map: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InterfaceLabels {
+    interface: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -168,6 +175,19 @@ pub fn render(pin_dir: &std::path::Path, stats: &Stats) -> String {
         "last_reconcile_microseconds",
         "Duration of the last reconcile",
         g(u64::try_from(stats.last_reconcile.as_micros()).unwrap_or(u64::MAX)),
+    );
+    let routes = Family::<InterfaceLabels, Gauge>::default();
+    for (interface, n) in &stats.routes_published {
+        routes
+            .get_or_create(&InterfaceLabels {
+                interface: interface.clone(),
+            })
+            .set(i64::try_from(*n).unwrap_or(i64::MAX));
+    }
+    reg.register(
+        "routes_published",
+        "Routes out of each interface listed in this node's EgressNode",
+        routes,
     );
     register_liveness(&mut reg, &stats.liveness);
     let mut out = String::new();
@@ -335,4 +355,26 @@ pub async fn serve(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_published_per_interface() {
+        let stats = Stats {
+            routes_published: BTreeMap::from([("eth1".to_owned(), 3), ("eth2".to_owned(), 0)]),
+            ..Stats::default()
+        };
+        let text = render(std::path::Path::new("/nonexistent/egress-metrics"), &stats);
+        assert!(
+            text.contains("egress_routes_published{interface=\"eth1\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("egress_routes_published{interface=\"eth2\"} 0"),
+            "{text}"
+        );
+    }
 }

@@ -516,9 +516,7 @@ impl Reconciler<'_> {
         let (want, unresolved) = MapState::from_desired(desired, ifindex);
         problems.extend(unresolved.iter().map(ToString::to_string));
         let st = dp.apply(&want)?;
-        if st.failed > 0 {
-            problems.push(format!("{} map writes failed (see log)", st.failed));
-        }
+        problems.extend(st.problems());
         Ok(st.changed())
     }
 
@@ -729,6 +727,13 @@ impl Reconciler<'_> {
             &self.route_prefixes,
         );
         self.routes_capped = publish::warn_capped(&self.routes_capped, &interfaces);
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .routes_published = interfaces
+            .iter()
+            .map(|i| (i.name.clone(), i.routes.len()))
+            .collect();
         let doc = publish::egress_node_doc(
             &self.cfg.node_name,
             underlay,
