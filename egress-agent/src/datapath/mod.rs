@@ -63,17 +63,67 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How many entries an `apply` changed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How many entries an `apply` changed, and which writes failed, per map (never logged
+/// per entry: a full map would log one line per entry on every pass).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApplyStats {
     pub inserted: usize,
     pub removed: usize,
     pub failed: usize,
+    pub failures: BTreeMap<&'static str, MapFailures>,
+}
+
+/// The writes to one map that failed in one `apply`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapFailures {
+    pub inserts: usize,
+    pub removals: usize,
+    /// The first failure: the entry and the error.
+    pub first: String,
+    /// The map's capacity, when the failures are inserts into a full map.
+    pub full_at: Option<usize>,
 }
 
 impl ApplyStats {
     pub fn changed(&self) -> usize {
         self.inserted + self.removed
+    }
+
+    /// One line per map with failed writes, saying what to do when the map is full.
+    pub fn problems(&self) -> Vec<String> {
+        self.failures
+            .iter()
+            .map(|(name, f)| {
+                let what = match (f.inserts, f.removals) {
+                    (i, 0) => format!("{i} entries not inserted"),
+                    (0, r) => format!("{r} entries not removed"),
+                    (i, r) => format!("{i} entries not inserted and {r} not removed"),
+                };
+                let full = f.full_at.map_or(String::new(), |cap| {
+                    let flag = if name.starts_with("POLICY") {
+                        " (raise --policy-map-entries, or select fewer pods or prefixes)"
+                    } else {
+                        ""
+                    };
+                    format!(": the map is full at {cap} entries{flag}")
+                });
+                format!("map {name}: {what}{full}; first: {}", f.first)
+            })
+            .collect()
+    }
+
+    fn failed(&mut self, name: &'static str, insert: bool, entry: String, full_at: Option<usize>) {
+        self.failed += 1;
+        let f = self.failures.entry(name).or_default();
+        if f.inserts + f.removals == 0 {
+            f.first = entry;
+        }
+        if insert {
+            f.inserts += 1;
+        } else {
+            f.removals += 1;
+        }
+        f.full_at = f.full_at.or(full_at);
     }
 }
 
@@ -602,10 +652,16 @@ const OPTIONAL_MAPS: &[&str] = &[
     names::EGRESS_IPS_V6,
 ];
 
+/// Whether a map write failed because the map is full (E2BIG from a hash, ENOSPC from an
+/// LPM trie).
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s) if matches!(s.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC)))
+}
+
 /// One phase of a map diff: `held` tracks what the map holds after each write;
 /// `write(k, Some(v))` inserts, `write(k, None)` removes.
 fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
-    name: &str,
+    name: &'static str,
     held: &mut BTreeMap<K, V>,
     want: &BTreeMap<K, V>,
     phase: Phase,
@@ -625,10 +681,7 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
                         held.remove(&k);
                         stats.removed += 1;
                     }
-                    Err(e) => {
-                        stats.failed += 1;
-                        tracing::warn!("failed to remove {k:?} from map {name}: {e}");
-                    }
+                    Err(e) => stats.failed(name, false, format!("remove {k:?}: {e}"), None),
                 }
             }
         }
@@ -643,8 +696,8 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
                         stats.inserted += 1;
                     }
                     Err(e) => {
-                        stats.failed += 1;
-                        tracing::warn!("failed to insert {k:?} into map {name}: {e}");
+                        let full = is_full(&e).then_some(held.len());
+                        stats.failed(name, true, format!("insert {k:?}: {e}"), full);
                     }
                 }
             }
