@@ -31,6 +31,7 @@ use crate::{
 };
 
 pub mod holding;
+pub mod problems;
 pub mod publish;
 
 use holding::{Holding, Lingering};
@@ -175,8 +176,10 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         handover_since: BTreeMap::new(),
         wake_at: None,
         warm_pending: false,
+        last_accepted: BTreeMap::new(),
         stats: stats.clone(),
     };
+    let mut problem_log = problems::ProblemLog::default();
     loop {
         let wake = r.wake_at;
         let trigger = tokio::select! {
@@ -218,18 +221,19 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         s.reconciles += 1;
         s.last_reconcile = took;
         s.source_errors = source_errors.len();
-        for e in &source_errors {
-            debug!("state: {e}");
-        }
         match outcome {
             Ok(o) => {
                 s.ready = true;
                 s.holders = o.holders;
                 s.problems = o.problems.len();
+                let state = source_errors.iter().map(|e| format!("state: {e}"));
+                let all: Vec<String> = state.chain(o.problems).collect();
+                problem_log.log(&all);
                 if o.changed > 0 || trigger == "state" {
                     info!(
                         trigger,
                         changed = o.changed,
+                        problems = all.len(),
                         took_ms = took.as_secs_f64() * 1e3,
                         "reconciled"
                     );
@@ -245,6 +249,46 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     r.probes.farewell().await;
     info!("agent stopping; maps, links and egress IPs stay for the next agent");
     Ok(())
+}
+
+/// Why this node no longer holds egress IP `ip`, in words for the log.
+fn release_reason(ip: IpAddr, compiled: &Compiled) -> String {
+    if let Some(h) = compiled.holders.iter().find(|h| h.ip == ip && !h.shared) {
+        return format!(
+            "{} holds it now ({}, policy {})",
+            h.node, h.reason, h.policy
+        );
+    }
+    let named: Vec<&String> = compiled
+        .accepted
+        .iter()
+        .filter(|(_, p)| {
+            p.spec
+                .rules
+                .iter()
+                .any(|r| r.egress_ip.as_deref().and_then(|t| t.parse().ok()) == Some(ip))
+        })
+        .map(|(name, _)| name)
+        .collect();
+    if named.is_empty() {
+        return "no accepted policy names it".to_owned();
+    }
+    let why: Vec<String> = named
+        .iter()
+        .filter_map(|name| {
+            let ready = compiled
+                .statuses
+                .get(*name)?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")?;
+            Some(format!(
+                "policy {name}: {}: {}",
+                ready.reason, ready.message
+            ))
+        })
+        .collect();
+    format!("no eligible gateway holds it ({})", why.join("; "))
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -288,6 +332,8 @@ struct Reconciler<'a> {
     wake_at: Option<Instant>,
     /// An address waits for the end of this agent's warm-up.
     warm_pending: bool,
+    /// Each policy's last accepted version: a broken edit keeps being served from it.
+    last_accepted: BTreeMap<String, crate::api::EgressGatewayPolicy>,
     stats: Arc<Mutex<Stats>>,
 }
 
@@ -335,14 +381,15 @@ impl Reconciler<'_> {
             own.down = down.clone();
             own.claims = holding::claims(&self.holdings);
         }
-        let compiled = compiler::compile_with(view, &peers, &me);
+        let compiled = compiler::compile_remembering(view, &peers, &self.last_accepted, &me);
+        self.last_accepted.clone_from(&compiled.accepted);
         let desired = &compiled.desired;
         let mut problems: Vec<String> = compiled.problems.iter().map(|p| p.to_string()).collect();
         let mut changed = 0;
 
         changed += self.configure(dp, desired, &mut problems).await?;
         changed += self
-            .release(view, desired, &ifaces, now, &mut problems)
+            .release(view, &compiled, &ifaces, now, &mut problems)
             .await;
         let merged = if self.lingering.is_empty() {
             Cow::Borrowed(desired)
@@ -365,9 +412,6 @@ impl Reconciler<'_> {
         self.publish_node(desired.node_ip, &ifaces, &peers)?;
         self.report(view, &peers, &compiled);
 
-        for p in &problems {
-            debug!("problem: {p}");
-        }
         let holders = compiled
             .holders
             .iter()
@@ -448,11 +492,12 @@ impl Reconciler<'_> {
     async fn release(
         &mut self,
         view: &ClusterView,
-        desired: &Desired,
+        compiled: &Compiled,
         ifaces: &[iface::Interface],
         now: Instant,
         problems: &mut Vec<String>,
     ) -> usize {
+        let desired = &compiled.desired;
         // Addresses this agent may remove: egress IPs that a policy names now, that this
         // node published as held (also by an earlier agent), or that it holds.
         let mut removable = all_policy_egress_ips(view);
@@ -489,7 +534,13 @@ impl Reconciler<'_> {
                                 },
                             );
                         }
-                        info!(ip = %a, interface = %i.name, epoch = ?why, "released egress IP");
+                        let because = release_reason(*a, compiled);
+                        info!(
+                            ip = %a,
+                            interface = %i.name,
+                            epoch = ?why,
+                            "released egress IP: {because}"
+                        );
                     }
                     Err(e) => problems.push(format!("egress IP {a}: {e}")),
                 }
