@@ -9,7 +9,8 @@
 //! see [`baseline`].
 //!
 //! Order of one run: lab and agents up; ours at 1 served pod (TCP, UDP, new flows, per
-//! round); change-to-map latency; the 10k-pod state file and its apply; ours at 10k;
+//! round); change-to-map latency; learned routes (one route's latency, 10k routes; see
+//! [`routes`]); the 10k-pod state file and its apply; ours at 10k;
 //! agent memory; the compiler in process; agents stopped and their pins removed (checked:
 //! no TC program of ours left in any node); the baseline at 1, then at 10k served pods.
 
@@ -33,6 +34,7 @@ use crate::{
 
 pub mod baseline;
 pub mod control;
+pub mod routes;
 pub mod traffic;
 
 /// Served-pod counts the throughput and new-flow sections compare.
@@ -96,6 +98,9 @@ pub struct LabRun {
     pub flows: BTreeMap<(Side, u32), Vec<f64>>,
     pub flow_failures: BTreeMap<(Side, u32), u64>,
     pub latency_ms: Vec<f64>,
+    /// Route added or removed on the gateways until every source node's map followed, ms.
+    pub route_ms: Vec<f64>,
+    pub route_scale: Option<routes::RouteScale>,
     pub apply: Option<control::Apply>,
     /// In-process compile at 10k pods x 10 prefixes: ms for w2, ms for gw1, w2's entries.
     pub compile: Option<(Vec<f64>, Vec<f64>, usize)>,
@@ -172,6 +177,8 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
         r.latency_ms = control::change_latency(&lab, lp.edits)?;
         Ok(())
     });
+    // Before the 10k pods: 10k learned routes for each of them would not fit in w2's map.
+    measure_routes(&mut r, &lab, &lp);
     r.memory_1 = control::agent_memory(&lab).unwrap_or_default();
     let pods = SERVED_PODS[1];
     let applied = r
@@ -230,6 +237,35 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
         r.errors.push(format!("teardown: {e:#}"));
     }
     Ok(r)
+}
+
+/// The learned-route measurements alone (`egress-bench --routes`), on a fresh lab.
+pub fn run_routes(plan: &Plan) -> Result<LabRun> {
+    let lp = LabPlan::of(plan);
+    let start = Instant::now();
+    let mut r = LabRun {
+        plan: Some(lp),
+        ..LabRun::default()
+    };
+    let lab = cluster::up_with_agents(cluster::default_spec()?)
+        .context("failed to bring up the lab with agents")?;
+    measure_routes(&mut r, &lab, &lp);
+    r.took = start.elapsed();
+    if let Err(e) = lab.down() {
+        r.errors.push(format!("teardown: {e:#}"));
+    }
+    Ok(r)
+}
+
+fn measure_routes(r: &mut LabRun, lab: &Lab, lp: &LabPlan) {
+    r.step("route change latency (destinationsFrom: Routes)", |r| {
+        r.route_ms = routes::route_latency(lab, lp.edits)?;
+        Ok(())
+    });
+    r.step("10k routes on the gateways", |r| {
+        r.route_scale = Some(routes::route_scale(lab, lp.compiles)?);
+        Ok(())
+    });
 }
 
 /// w1-p1's traffic reaches host-a with `egress` as its source.
@@ -548,6 +584,9 @@ pub fn control_plane(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
         let rows = [
             "change-to-map latency, p50",
             "change-to-map latency, p99",
+            ROUTE_LATENCY,
+            ROUTES_ADDED,
+            ROUTES_REMOVED,
             "full compile + apply, 10k pods x 10 prefixes",
             "agent peak RSS",
         ]
@@ -585,6 +624,7 @@ pub fn control_plane(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
             ),
         ]);
     }
+    rows.extend(route_rows(r));
     match &r.compile {
         Some((w2, gw1, entries)) => {
             for (node, ms, what) in [
@@ -668,13 +708,196 @@ pub fn control_plane(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
         intro: vec![],
         header: cols,
         rows,
-        notes: vec![
+        notes: [
             "The YAML source learns of an edit from inotify and reads the directory once \
              it has been quiet for 15 ms (`egress_agent::source::yaml::QUIET`), so the \
              latency includes that wait; the rest is reading every state file, compiling \
              and the map diff. A poll every second (file name, mtime, length) is only the \
              safety net."
                 .to_owned(),
-        ],
+        ]
+        .into_iter()
+        .chain(route_notes(r))
+        .collect(),
     })
+}
+
+const ROUTE_LATENCY: &str = "route added/removed on the gateways -> every source node's map";
+const ROUTES_ADDED: &str = "10k routes added on the gateways -> every source node's map";
+const ROUTES_REMOVED: &str = "10k routes removed on the gateways -> every source node's map";
+/// Issue 11's bound on both: a route change, and 10k routes compiled and applied.
+const ROUTE_TARGET_MS: f64 = 1000.0;
+
+fn ms_list(times: &[(String, f64)]) -> String {
+    times
+        .iter()
+        .map(|(n, ms)| format!("{n} {ms:.0} ms"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn slowest(times: &[(String, f64)]) -> f64 {
+    times.iter().map(|(_, ms)| *ms).fold(0.0, f64::max)
+}
+
+/// Rows of the learned-route measurements (issue 11), for the control-plane table.
+fn route_rows(r: &LabRun) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let samples = &r.route_ms;
+    let p = |q| percentile(samples, q);
+    rows.push(match (p(50.0), p(99.0), p(100.0)) {
+        (Some(p50), Some(p99), Some(max)) => vec![
+            ROUTE_LATENCY.to_owned(),
+            format!("p50 **{p50:.0} ms**, p99 **{p99:.0} ms**, max {max:.0} ms"),
+            format!(
+                "{} changes of `{}` (added, removed, ...) on gw1 and gw2, one `ip -batch` \
+                 each, under a rule `destinationsFrom: Routes`; timed from just before the \
+                 first `ip -batch` until the last source node (w1, w2 and gw1, each with a \
+                 selected pod) showed the pod's entry for it in its pinned POLICY_V4 (or no \
+                 longer did), read by this process every 0.5 ms; min {:.0} ms; target \
+                 (issue 11) p99 <= 1 s: {}",
+                samples.len(),
+                crate::lab::GatewayRoute::net_e(false),
+                p(0.0).unwrap_or(0.0),
+                met(Some(p99 <= ROUTE_TARGET_MS)),
+            ),
+        ],
+        _ => not_measured_row(ROUTE_LATENCY.to_owned(), 3),
+    });
+    let Some(s) = &r.route_scale else {
+        rows.push(not_measured_row(ROUTES_ADDED.to_owned(), 3));
+        rows.push(not_measured_row(ROUTES_REMOVED.to_owned(), 3));
+        return rows;
+    };
+    let took = if s.reconcile_ms.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the agents' own reconciles that applied them took {}",
+            ms_list(&s.reconcile_ms)
+        )
+    };
+    for (metric, times, batch, verb, extra) in [
+        (
+            ROUTES_ADDED,
+            &s.add,
+            s.batch_ms.0,
+            "held",
+            format!(
+                "{took}; w1's POLICY_V4 then held {} entries",
+                thousands(s.w1_entries as u64)
+            ),
+        ),
+        (
+            ROUTES_REMOVED,
+            &s.del,
+            s.batch_ms.1,
+            "no longer held",
+            String::new(),
+        ),
+    ] {
+        let last = slowest(times);
+        rows.push(vec![
+            metric.to_owned(),
+            format!("**{last:.0} ms**"),
+            format!(
+                "{} `/24`s (10.100.0.0 upwards) via rtr-b on sec-b, one `ip -batch` on gw1 \
+                 ({batch:.0} ms) then one on gw2; timed from just before the first until \
+                 each source node's POLICY_V4 {verb} the last route's entry for its pod: {} \
+                 (publish, propagate, compile, apply){extra}; target (issue 11) <= 1 s: {}",
+                thousands(u64::from(routes::SCALE_ROUTES)),
+                ms_list(times),
+                met(Some(last <= ROUTE_TARGET_MS)),
+            ),
+        ]);
+    }
+    for (node, ms, entries) in &s.compile {
+        rows.push(vec![
+            format!("compile with 10k learned routes, for {node}"),
+            spread_text(Spread::of(ms), 1) + " ms",
+            format!(
+                "`egress_agent::compiler::compile` in this process (release) on the lab's \
+                 state with 10,000 routes added to the serving gateway's sec-b in its \
+                 EgressNode; {} policy entries; {} runs",
+                thousands(*entries as u64),
+                ms.len()
+            ),
+        ]);
+    }
+    let (base, routed) = (Spread::of(&s.load_ms.0), Spread::of(&s.load_ms.1));
+    rows.push(vec![
+        "read the state directory with 10k routes in each gateway's EgressNode".to_owned(),
+        spread_text(routed, 1) + " ms",
+        format!(
+            "`egress_agent::source::yaml::load_dir` in this process, what every agent does \
+             on each change; {} ms without the routes; gw1's EgressNode file is {} KiB with \
+             them",
+            spread_text(base, 1),
+            thousands(s.egress_node_bytes / 1024),
+        ),
+    ]);
+    rows
+}
+
+/// What the learned-route rows add up to (where the 10k-route time goes).
+fn route_notes(r: &LabRun) -> Vec<String> {
+    let Some(s) = &r.route_scale else {
+        return Vec::new();
+    };
+    let (Some(base), Some(routed)) = (Spread::of(&s.load_ms.0), Spread::of(&s.load_ms.1)) else {
+        return Vec::new();
+    };
+    let parse = routed.median - base.median;
+    let add = slowest(&s.add);
+    let compile = s
+        .compile
+        .iter()
+        .filter_map(|(_, ms, _)| Spread::of(ms))
+        .map(|x| x.median)
+        .fold(0.0, f64::max);
+    vec![format!(
+        "Where the 10k-route add goes ({add:.0} ms until the last node): the gateways' \
+         `ip -batch` {:.0} ms; each agent reads the state directory {parse:.0} ms longer \
+         with two 10k-route EgressNodes, at least once per change; the compile takes at \
+         most {compile:.0} ms. {}",
+        s.batch_ms.0,
+        if parse > compile && parse > 0.25 * add {
+            "Reading (parsing) the EgressNodes' YAML dominates the compile."
+        } else {
+            "The EgressNodes' YAML does not dominate."
+        }
+    )]
+}
+
+/// The learned-route rows alone (`egress-bench --routes`).
+pub fn routes_table(run: Option<&LabRun>) -> Table {
+    let cols = header(&["metric", "value", "notes"]);
+    let (rows, mut notes) = match run {
+        Some(r) => (route_rows(r), route_notes(r)),
+        None => (
+            [ROUTE_LATENCY, ROUTES_ADDED, ROUTES_REMOVED]
+                .iter()
+                .map(|m| not_measured_row((*m).to_owned(), cols.len()))
+                .collect(),
+            Vec::new(),
+        ),
+    };
+    if let Some(r) = run {
+        notes.extend(r.errors.iter().map(|e| format!("Failed step: {e}")));
+    }
+    Table {
+        title: "Control plane: learned routes (`destinationsFrom: Routes`)".to_owned(),
+        intro: vec![format!(
+            "A fresh lab; rule B of the sample policy as `destinationsFrom: Routes` on egress \
+             IP {}. {}",
+            addr::EGRESS_IP_B,
+            run.map_or(String::new(), |r| format!(
+                "The section took {:.0} s.",
+                r.took.as_secs_f64()
+            ))
+        )],
+        header: cols,
+        rows,
+        notes,
+    }
 }

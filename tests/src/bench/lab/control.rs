@@ -31,14 +31,9 @@ pub const PODS_FILE: &str = "bench-pods.yaml";
 /// The `except` prefix the latency test toggles (inside network A, clear of host-a).
 const EXCEPT: (Ipv4Addr, u8) = (Ipv4Addr::new(192, 168, 101, 192), 26);
 
-fn policy_yaml(except: bool, extra_a: &[String]) -> String {
-    let mut dests = vec![addr::NET_A.to_owned()];
-    dests.extend(extra_a.iter().cloned());
-    let except = if except {
-        format!("\n      except: [{}/{}]", EXCEPT.0, EXCEPT.1)
-    } else {
-        String::new()
-    };
+/// The sample policy (pods app=api in namespaces team=payments) with `rules`, a YAML list
+/// indented by four spaces.
+pub(super) fn sample_policy(rules: &str) -> String {
     format!(
         "---
 apiVersion: egress.dev/v1alpha1
@@ -57,7 +52,20 @@ spec:
       egress.dev/gateway: \"true\"
   failurePolicy: Drop
   rules:
-    - destinations: [{dests}]
+{rules}"
+    )
+}
+
+fn policy_yaml(except: bool, extra_a: &[String]) -> String {
+    let mut dests = vec![addr::NET_A.to_owned()];
+    dests.extend(extra_a.iter().cloned());
+    let except = if except {
+        format!("\n      except: [{}/{}]", EXCEPT.0, EXCEPT.1)
+    } else {
+        String::new()
+    };
+    sample_policy(&format!(
+        "    - destinations: [{dests}]
       egressIP: {a}{except}
     - destinations: [{b}]
       egressIP: {eb}
@@ -66,7 +74,7 @@ spec:
         a = addr::EGRESS_IP_A,
         b = addr::NET_B,
         eb = addr::EGRESS_IP_B,
-    )
+    ))
 }
 
 /// The sample policy's two rules, optionally with the toggled `except`.
@@ -115,7 +123,10 @@ fn open_pinned(lab: &Lab, node: &str, map: &str) -> Result<MapData> {
     MapData::from_pin(&path).with_context(|| format!("failed to open {}", path.display()))
 }
 
-fn policy_trie(lab: &Lab, node: &str) -> Result<LpmTrie<MapData, PolicyKeyV4, PolicyValue>> {
+pub(super) fn policy_trie(
+    lab: &Lab,
+    node: &str,
+) -> Result<LpmTrie<MapData, PolicyKeyV4, PolicyValue>> {
     let data = open_pinned(lab, node, names::POLICY_V4)?;
     LpmTrie::try_from(Map::LpmTrie(data)).context("POLICY_V4 is not an LPM trie")
 }
@@ -138,13 +149,34 @@ fn except_present(trie: &LpmTrie<MapData, PolicyKeyV4, PolicyValue>) -> bool {
     matches!(trie.get(&key, 0), Ok(v) if v.action == action::EXCLUDE)
 }
 
+/// A pseudo-random pause between samples (30 to 230 ms), so they do not lock onto the
+/// watcher's safety-net poll.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pause(u64);
+
+impl Default for Pause {
+    fn default() -> Self {
+        Self(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+impl Pause {
+    pub(super) fn next(&mut self) -> Duration {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        Duration::from_millis(30 + (self.0 >> 33) % 200)
+    }
+}
+
 /// Toggle the `except` prefix `n` times; each sample is the time from the policy file's
 /// rename to the entry appearing in (or leaving) w1's pinned POLICY_V4, polled every
 /// 0.5 ms. Leaves the policy without the except.
 pub fn change_latency(lab: &Lab, n: usize) -> Result<Vec<f64>> {
     let trie = policy_trie(lab, "w1")?;
     let mut samples = Vec::new();
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut pause = Pause::default();
     let mut want = !except_present(&trie);
     for _ in 0..n {
         let t0 = Instant::now();
@@ -160,11 +192,7 @@ pub fn change_latency(lab: &Lab, n: usize) -> Result<Vec<f64>> {
             thread::sleep(Duration::from_micros(500));
         }
         want = !want;
-        // A pseudo-random pause, so samples do not lock onto the watcher's safety-net poll.
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        thread::sleep(Duration::from_millis(30 + (seed >> 33) % 200));
+        thread::sleep(pause.next());
     }
     if !want {
         // The last write added the except: put the sample back.
@@ -256,19 +284,7 @@ pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
     // Let the agents finish (their log lines come after the maps).
     thread::sleep(Duration::from_millis(1500));
     for (node, off) in nodes.iter().zip(&offsets) {
-        let log = lab.agent_log(node);
-        let took = log
-            .get(*off..)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("reconciled"))
-            .filter_map(|l| {
-                let changed: u64 = field(l, "changed=")?.parse().ok()?;
-                let took: f64 = field(l, "took_ms=")?.parse().ok()?;
-                Some((changed, took))
-            })
-            .max_by_key(|(c, _)| *c);
-        if let Some((_, ms)) = took {
+        if let Some(ms) = reconcile_took(lab, node, *off) {
             out.reconcile_ms.push(((*node).to_owned(), ms));
         }
         let policy = count(policy_trie(lab, node)?.keys());
@@ -276,6 +292,22 @@ pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
         out.sizes.push(((*node).to_owned(), policy, owners));
     }
     Ok(out)
+}
+
+/// `took_ms` of the `reconciled` log line of `node`'s agent that changed the most map
+/// entries, among those after byte `offset` of its log.
+pub(super) fn reconcile_took(lab: &Lab, node: &str, offset: usize) -> Option<f64> {
+    let log = lab.agent_log(node);
+    log.get(offset..)?
+        .lines()
+        .filter(|l| l.contains("reconciled"))
+        .filter_map(|l| {
+            let changed: u64 = field(l, "changed=")?.parse().ok()?;
+            let took: f64 = field(l, "took_ms=")?.parse().ok()?;
+            Some((changed, took))
+        })
+        .max_by_key(|(c, _)| *c)
+        .map(|(_, took)| took)
 }
 
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
