@@ -19,7 +19,9 @@ const USAGE: &str =
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
   --no-write   print the report only
   --probes     the liveness probes' cost only, printed (not written)
-  --failover   the failover section only (3 rounds; 1 with --quick first), printed";
+  --failover   the failover section only (3 rounds; 1 with --quick first), printed
+  --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
+               fewer changes with --quick first), printed";
 
 struct Args {
     plan: Plan,
@@ -66,6 +68,11 @@ fn args() -> Result<Args> {
                 )?;
             }
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
+            "--routes" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let run = lab::run_routes(&plan)?;
+                print_alone(plan, lab::routes_table(Some(&run)))?;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
