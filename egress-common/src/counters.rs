@@ -36,6 +36,7 @@ reasons! {
     MALFORMED_PASSED = 12, "packet from a pod that could not be parsed: passed untouched";
     FRAG_NEEDED_SENT = 13, "oversize DF packet answered with ICMP fragmentation needed";
     RESET_MIDSTREAM = 14, "mid-stream TCP segment of an interface rule with no flow here (the gateway changed): reset so the pod fails fast";
+    ICMP_ERROR_XLATED = 15, "ICMP error about a translated flow (fragmentation needed, unreachable, time exceeded) translated back to the pod, quoted packet included";
     DROP_NO_GATEWAY = 32, "rule has no usable gateway (failurePolicy Drop)";
     DROP_UNKNOWN_SENDER = 33, "tunneled packet from an address that is not a known node";
     DROP_SPOOFED_SOURCE = 34, "tunneled packet whose inner source is not a pod of the sender";
@@ -53,6 +54,8 @@ reasons! {
     DROP_NOT_LOCAL_POD = 46, "reply from the tunnel for a pod that is not on this node";
     DROP_NOT_READY = 47, "tunneled or reply packet before the agent configured this node";
     DROP_IPV6_EXT_HDR = 48, "IPv6 extension header in a selected flow (not walked)";
+    DROP_ICMP_UNKNOWN_FLOW = 49, "ICMP error to an egress IP quoting a flow without a conntrack entry";
+    DROP_ICMP_QUOTE = 50, "ICMP error to an egress IP whose quoted packet cannot be read (truncated, IP options or IPv6 extension headers, a later fragment, not TCP, UDP or echo)";
 }
 
 /// Name of a reason number, or `None` for a number that was never assigned.

@@ -209,6 +209,30 @@ macro_rules! family {
                 Some(e)
             }
 
+            /// A live entry for `key`, left as it is: neither its last-seen time nor its
+            /// state changes (an ICMP error about a flow is no sign of its life).
+            #[allow(dead_code, reason = "IPv4 only")]
+            #[inline(always)]
+            pub fn peek(key: &$Key, now: u64) -> Option<$Entry> {
+                // SAFETY: all-zero is a valid key.
+                let mut slot = core::mem::MaybeUninit::<$Key>::uninit();
+                let pk = unsafe { crate::mem::zeroed_in(&mut slot) };
+                peek_in(key, now, pk).map(|e| *e)
+            }
+
+            /// [`peek`] with the partner key's room given by the caller; returns the entry
+            /// in the map.
+            #[inline(always)]
+            pub fn peek_in(key: &$Key, now: u64, pk: &mut $Key) -> Option<&'static $Entry> {
+                let e = $MAP.get_ptr(key)?;
+                // SAFETY: valid map value pointer, read only.
+                let e = unsafe { &*e };
+                if !flow_live(key, e, now, pk) {
+                    return None;
+                }
+                Some(e)
+            }
+
             /// Create both entries of a new flow. Keeps the pod's port when it is free for
             /// (destination, egress IP), else tries random ports of the configured range.
             /// Returns the chosen port (network order).

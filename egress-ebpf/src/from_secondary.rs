@@ -1,22 +1,26 @@
 //! `from_secondary`: packets arriving on an egress interface. Replies to an egress IP
 //! with a conntrack entry are translated back to the pod and sent to its node; packets to
 //! a dedicated egress IP without an entry are dropped (never handed to the host, which
-//! would answer with RSTs for flows another gateway may take over). Everything else passes,
+//! would answer with RSTs for flows another gateway may take over). ICMP errors about a
+//! translated flow go back to its pod the same way (`icmp_error`). Everything else passes,
 //! and so does ICMPv6 neighbour discovery even to an egress IP: the kernel must answer
 //! neighbour solicitations for the addresses it holds.
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{
+    config::Config,
     counters::reason,
     policy::{RETURN_VNI, egress_ip_flags},
+    underlay::Underlay,
 };
 
 use crate::{
     conntrack::{self, v4, v6},
     counters::{OK, SHOT, count, verdict},
-    fib,
-    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6},
-    parse, parse6, rewrite, tunnel,
+    fib, icmp_error,
+    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, Scratch},
+    parse::{self, Ipv4, L4},
+    parse6, rewrite, tunnel,
 };
 
 #[inline(always)]
@@ -45,6 +49,9 @@ fn run4(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return miss(reason::DROP_NOT_READY);
     };
+    if icmp_error::is_error4(ctx, &ip) {
+        return icmp_error::translate4(ctx, &ip, shared);
+    }
     let l4 = match parse::l4(ctx, &ip) {
         Ok(l4) => l4,
         Err(b) => return miss(b.drop_reason()),
@@ -61,12 +68,27 @@ fn run4(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
-    if e.pod_node == cfg.node_ip {
+    back4(ctx, cfg, &ip, &l4, e.xlate_addr, &e.pod_node)
+}
+
+/// Send a packet translated back to `pod` (a reply, or an ICMP error about its flow) to
+/// the pod: through the tunnel to its node `pod_node` with `RETURN_VNI`, or, for a pod
+/// on this node, to its device.
+#[inline(always)]
+pub fn back4(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    l4: &L4,
+    pod: [u8; 4],
+    pod_node: &Underlay,
+) -> i32 {
+    if *pod_node == cfg.node_ip {
         return match fib::redirect(
             ctx,
-            &ip,
+            ip,
             ip.src,
-            e.xlate_addr,
+            pod,
             fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
             Ok(v) => verdict(ctx, reason::FORWARDED, v),
@@ -76,14 +98,14 @@ fn run4(ctx: &TcContext) -> i32 {
     let inner = tunnel::Inner {
         proto: ip.proto,
         l4_off: ip.l4,
-        l4: &l4,
+        l4,
         ip_hdr_len: tunnel::IP4_HDR_LEN,
     };
     tunnel::enter(
         ctx,
         cfg,
         &inner,
-        &e.pod_node,
+        pod_node,
         RETURN_VNI,
         reason::RETURN_TUNNELED,
     )
@@ -111,6 +133,9 @@ fn run6(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return miss(reason::DROP_NOT_READY);
     };
+    if icmp_error::is_error6(ctx, &s.ip6) {
+        return icmp_error::translate6(ctx, s, shared);
+    }
     s.l4 = match parse6::l4(ctx, &s.ip6) {
         Ok(l4) => l4,
         Err(b) => return miss(b.drop_reason()),
@@ -133,13 +158,26 @@ fn run6(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
-    if e.pod_node == cfg.node_ip {
+    back6(ctx, cfg, s, &e.xlate_addr, &e.pod_node)
+}
+
+/// [`back4`] for IPv6: the packet's headers (`s.ip6`, `s.l4`), the FIB parameters and
+/// the tunnel key are in the scratch slot `s`.
+#[inline(always)]
+pub fn back6(
+    ctx: &TcContext,
+    cfg: &Config,
+    s: &mut Scratch,
+    pod: &[u8; 16],
+    pod_node: &Underlay,
+) -> i32 {
+    if *pod_node == cfg.node_ip {
         return match fib::redirect6(
             ctx,
             &mut s.fib,
             s.ip6.proto,
             &s.ip6.src,
-            &e.xlate_addr,
+            pod,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
             Ok(v) => verdict(ctx, reason::FORWARDED, v),
@@ -157,7 +195,7 @@ fn run6(ctx: &TcContext) -> i32 {
         cfg,
         &inner,
         &mut s.tunnel,
-        &e.pod_node,
+        pod_node,
         RETURN_VNI,
         reason::RETURN_TUNNELED,
     )

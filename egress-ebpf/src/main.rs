@@ -10,6 +10,7 @@ mod from_pod;
 mod from_secondary;
 mod from_tunnel;
 mod gateway;
+mod icmp_error;
 mod maps;
 mod mem;
 mod parse;

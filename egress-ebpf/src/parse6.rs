@@ -72,7 +72,7 @@ pub const MALFORMED: i32 = -1;
 /// 16 bytes of the packet at `off` into `out` (a fixed length: `TcContext::load_bytes`
 /// clamps its length to the packet, which the verifier sees as a possibly empty read).
 #[inline(always)]
-fn load16(ctx: &TcContext, off: usize, out: &mut [u8; 16]) -> bool {
+pub fn load16(ctx: &TcContext, off: usize, out: &mut [u8; 16]) -> bool {
     // SAFETY: `out` is 16 writable bytes.
     let ret = unsafe {
         bpf_skb_load_bytes(

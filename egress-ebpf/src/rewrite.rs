@@ -78,8 +78,10 @@ fn rewrite_addr_port(
     rewrite_port(ctx, csum_off, extra, port_off, old_port_be, new_port_be)
 }
 
+/// Replace the 16-bit field at `port_off` (a port, an ICMP identifier), updating the
+/// checksum at `csum_off` with `extra` flags (0 for a field the checksum covers as data).
 #[inline(always)]
-fn rewrite_port(
+pub fn rewrite_port(
     ctx: &TcContext,
     csum_off: usize,
     extra: u64,
@@ -97,6 +99,24 @@ fn rewrite_port(
         ok(ctx.store(port_off, &new_port_be, 0))?;
     }
     Ok(())
+}
+
+/// Replace the IPv4 address at `addr_off`, covered by the header checksum at `csum_off`:
+/// the outer header's, or that of a header quoted in an ICMP error (whose own checksum
+/// then changes by as much as the address, the opposite way, so that the ICMP checksum
+/// over both stays right as it is).
+#[inline(always)]
+pub fn replace_addr4(
+    ctx: &TcContext,
+    csum_off: usize,
+    addr_off: usize,
+    old: [u8; 4],
+    new: [u8; 4],
+) -> Result {
+    let o = u64::from(u32::from_ne_bytes(old));
+    let n = u64::from(u32::from_ne_bytes(new));
+    ok(ctx.l3_csum_replace(csum_off, o, n, 4))?;
+    ok(ctx.store(addr_off, &new, 0))
 }
 
 /// Source NAT: the source address becomes `addr`, the pod-side port (or ICMP echo
@@ -172,20 +192,39 @@ fn rewrite_addr6_port(
 ) -> Result {
     let (csum_off, extra) = l4_csum(ip.proto, ip.l4);
     if old_addr != new_addr {
-        // SAFETY: both buffers are 16 readable bytes; the helper only reads them.
-        let diff = unsafe {
-            bpf_csum_diff(
-                old_addr.as_ptr() as *mut u32,
-                16,
-                new_addr.as_ptr() as *mut u32,
-                16,
-                0,
-            )
-        };
-        if diff < 0 {
-            return Err(WriteFailed);
-        }
-        // Size 0: `to` is a checksum difference, not a 16/32-bit field.
+        replace_addr6(ctx, csum_off, extra, true, addr_off, old_addr, new_addr)?;
+    }
+    rewrite_port(ctx, csum_off, extra, port_off, old_port_be, new_port_be)
+}
+
+/// Replace the IPv6 address at `addr_off`, which the transport checksum at `csum_off`
+/// covers in its pseudo-header (`pseudo`: an address of the packet's own header) or as
+/// data (an address of a header quoted in an ICMPv6 error).
+#[inline(always)]
+pub fn replace_addr6(
+    ctx: &TcContext,
+    csum_off: usize,
+    extra: u64,
+    pseudo: bool,
+    addr_off: usize,
+    old_addr: &[u8; 16],
+    new_addr: &[u8; 16],
+) -> Result {
+    // SAFETY: both buffers are 16 readable bytes; the helper only reads them.
+    let diff = unsafe {
+        bpf_csum_diff(
+            old_addr.as_ptr() as *mut u32,
+            16,
+            new_addr.as_ptr() as *mut u32,
+            16,
+            0,
+        )
+    };
+    if diff < 0 {
+        return Err(WriteFailed);
+    }
+    // Size 0: `to` is a checksum difference, not a 16/32-bit field.
+    if pseudo {
         let flags = u64::from(BPF_F_PSEUDO_HDR) | extra;
         if let Err(e) = ctx.l4_csum_replace(csum_off, 0, diff as u64, flags | BPF_F_IPV6) {
             if e != -EINVAL {
@@ -193,9 +232,10 @@ fn rewrite_addr6_port(
             }
             ok(ctx.l4_csum_replace(csum_off, 0, diff as u64, flags))?;
         }
-        ok(ctx.store(addr_off, new_addr, 0))?;
+    } else {
+        ok(ctx.l4_csum_replace(csum_off, 0, diff as u64, extra))?;
     }
-    rewrite_port(ctx, csum_off, extra, port_off, old_port_be, new_port_be)
+    ok(ctx.store(addr_off, new_addr, 0))
 }
 
 /// Offset of the pod-side port (or ICMPv6 echo identifier) of a packet going out

@@ -1,0 +1,152 @@
+//! `egress-agent cleanup`: uninstall what an agent set up on this node (its TCX links,
+//! pinned maps, dedicated egress IPs and tunnel device), never while an agent runs on
+//! the same pin directory. SIGTERM, by contrast, leaves all of it to the next agent.
+
+use std::{fs, net::IpAddr, path::Path};
+
+use aya::programs::links::PinnedLink;
+
+use super::{dump, lock};
+use crate::iface;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("refusing to clean up: {0}")]
+    Running(#[source] lock::Error),
+    #[error(transparent)]
+    Datapath(#[from] super::Error),
+    #[error(transparent)]
+    Iface(#[from] iface::Error),
+    #[error("failed to remove {}: {source}", path.display())]
+    Remove {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Remove everything the agent of `pin_dir` created, calling `say` with one line per thing
+/// removed: dedicated egress IPs (read from the pinned maps first), TCX links (detached as
+/// their pins go), map pins, the pin directory, the tunnel device `tunnel_device` and the
+/// lock file. Runs on the current tokio runtime's network namespace.
+pub async fn uninstall(
+    pin_dir: &Path,
+    tunnel_device: &str,
+    mut say: impl FnMut(String),
+) -> Result<usize, Error> {
+    let held = lock::PinLock::acquire(pin_dir).map_err(Error::Running)?;
+    let nl = iface::Netlink::new()?;
+    let mut removed = 0;
+    let mut note = |line: String| {
+        removed += 1;
+        say(line);
+    };
+    // What the maps say before they go: the addresses the agent added.
+    let egress_ips = dump::dedicated_egress_ips(pin_dir)?;
+    for name in link_pins(pin_dir) {
+        let path = pin_dir.join(&name);
+        match PinnedLink::from_pin(&path) {
+            // Unpinned and dropped: the last reference goes, the program detaches.
+            Ok(link) => drop(link.unpin().map_err(|source| Error::Remove {
+                path: path.clone(),
+                source,
+            })?),
+            Err(_) => remove(&path)?,
+        }
+        note(format!(
+            "detached {} (link pin {name})",
+            describe_link(&name)
+        ));
+    }
+    remove_egress_ips(&nl, &egress_ips, &mut note).await?;
+    if pin_dir.is_dir() {
+        let mut rest: Vec<_> = fs::read_dir(pin_dir)
+            .map_err(|source| Error::Remove {
+                path: pin_dir.to_owned(),
+                source,
+            })?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        rest.sort();
+        for name in rest {
+            remove(&pin_dir.join(&name))?;
+            note(format!("removed map pin {name}"));
+        }
+        fs::remove_dir(pin_dir).map_err(|source| Error::Remove {
+            path: pin_dir.to_owned(),
+            source,
+        })?;
+        note(format!("removed pin directory {}", pin_dir.display()));
+    }
+    if nl.delete_vxlan(tunnel_device).await? {
+        note(format!("removed tunnel device {tunnel_device}"));
+    }
+    // Last, while still holding it: no agent started meanwhile.
+    let _ = fs::remove_file(held.path());
+    Ok(removed)
+}
+
+/// Remove each dedicated egress IP from whichever interface has it.
+async fn remove_egress_ips(
+    nl: &iface::Netlink,
+    ips: &[(IpAddr, u32)],
+    note: &mut impl FnMut(String),
+) -> Result<(), Error> {
+    if ips.is_empty() {
+        return Ok(());
+    }
+    for i in nl.interfaces().await? {
+        for (a, len) in &i.addresses {
+            if ips.iter().any(|(ip, _)| ip == a) {
+                nl.del_address(i.ifindex, *a, *len).await?;
+                note(format!("removed egress IP {a}/{len} from {}", i.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn remove(path: &Path) -> Result<(), Error> {
+    fs::remove_file(path).map_err(|source| Error::Remove {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Names of the link pins under `pin_dir` (`link-<program>@<ifname>@<ifindex>`), sorted.
+fn link_pins(pin_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(pin_dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("link-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// `link-from_pod@eth0@3` -> `from_pod from eth0`.
+fn describe_link(pin: &str) -> String {
+    let mut parts = pin.trim_start_matches("link-").split('@');
+    match (parts.next(), parts.next()) {
+        (Some(program), Some(ifname)) => format!("{program} from {ifname}"),
+        _ => pin.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_pins_read_as_program_and_interface() {
+        assert_eq!(
+            describe_link("link-from_secondary@sec-a@7"),
+            "from_secondary from sec-a"
+        );
+        assert_eq!(describe_link("link-odd"), "link-odd");
+    }
+}
