@@ -227,6 +227,28 @@ impl L4 {
     }
 }
 
+/// ICMP error types (RFC 792).
+pub const ICMP_DEST_UNREACH: u8 = 3;
+pub const ICMP_TIME_EXCEEDED: u8 = 11;
+
+/// An ICMP error (`kind`, `code`, the 4 bytes after the checksum: unused, or the next-hop
+/// MTU of "fragmentation needed") quoting `quoted` (an IP header and what follows, as
+/// much as the sender quotes), its checksum computed.
+pub fn icmp_error(kind: u8, code: u8, rest: [u8; 4], quoted: &[u8]) -> L4 {
+    let mut b = vec![kind, code, 0, 0];
+    b.extend_from_slice(&rest);
+    b.extend_from_slice(quoted);
+    let c = checksum(&[&b]);
+    b[2..4].copy_from_slice(&c.to_be_bytes());
+    L4::raw(PROTO_ICMP, &b)
+}
+
+/// The IP packet of `frame` (an Ethernet frame) cut to its first `n` bytes: what a router
+/// quotes in an error about it.
+pub fn quote(frame: &[u8], n: usize) -> Vec<u8> {
+    frame[14..14 + n].to_vec()
+}
+
 /// An Ethernet frame carrying IPv4.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ipv4Packet {

@@ -19,6 +19,21 @@ pub const ICMPV6_ROUTER_SOLICIT: u8 = 133;
 pub const ICMPV6_NEIGHBOUR_SOLICIT: u8 = 135;
 pub const ICMPV6_NEIGHBOUR_ADVERT: u8 = 136;
 
+/// ICMPv6 error types (RFC 4443).
+pub const ICMPV6_DEST_UNREACH: u8 = 1;
+pub const ICMPV6_PKT_TOO_BIG: u8 = 2;
+pub const ICMPV6_TIME_EXCEEDED: u8 = 3;
+
+/// An ICMPv6 error (`kind`, `code`, the 4 bytes after the checksum: unused, or the MTU of
+/// "packet too big") quoting `quoted`; the builder computes its checksum over the
+/// pseudo-header.
+pub fn icmp6_error(kind: u8, code: u8, rest: [u8; 4], quoted: &[u8]) -> L4 {
+    let mut b = vec![kind, code, 0, 0];
+    b.extend_from_slice(&rest);
+    b.extend_from_slice(quoted);
+    L4::raw(PROTO_ICMPV6, &b)
+}
+
 /// An Ethernet frame carrying IPv6.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ipv6Packet {

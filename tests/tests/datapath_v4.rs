@@ -32,8 +32,9 @@ use egress_common::{
 };
 use egress_tests::{
     packet::{
-        HOST_MAC, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC, PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN,
-        TCP_RST, TCP_SYN, arp_frame, checksum,
+        HOST_MAC, ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC,
+        PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, checksum, icmp_error,
+        quote,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
     testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, ktime_ns, sysctl},
@@ -1306,6 +1307,212 @@ fn from_secondary_table() {
                 from_secondary(&reply).raw(arp_frame()).passes(),
             ],
             &[],
+        ),
+    ]);
+}
+
+// ---- ICMP errors about translated flows ----
+
+/// The router on network A.
+const ROUTER_A: Ipv4Addr = a(10, 100, 0, 1);
+/// The 4 bytes after the checksum of "fragmentation needed": unused, next-hop MTU 1300.
+const MTU_1300: [u8; 4] = [0, 0, 0x05, 0x14];
+
+/// An ICMP error from the router on network A to `to`, quoting `q`.
+fn error_to(to: Ipv4Addr, kind: u8, code: u8, rest: [u8; 4], q: &[u8]) -> Ipv4Packet {
+    Ipv4Packet::new(ROUTER_A, to, icmp_error(kind, code, rest, q)).macs(SEC0_MAC, ROUTER_A_MAC)
+}
+
+/// `q` (a quote of a packet the gateway sent from the egress IP) as its pod sent it:
+/// source `src`, source port (or echo identifier, `port_at` into the transport header)
+/// `port`, its header checksum recomputed; its transport checksum stays that of the
+/// translated packet (see `icmp_error` in the datapath).
+fn requoted(q: &[u8], src: Ipv4Addr, port: u16, port_at: usize) -> Vec<u8> {
+    let mut q = q.to_vec();
+    q[12..16].copy_from_slice(&src.octets());
+    q[20 + port_at..22 + port_at].copy_from_slice(&port.to_be_bytes());
+    q[10..12].copy_from_slice(&[0, 0]);
+    let c = checksum(&[&q[..20]]);
+    q[10..12].copy_from_slice(&c.to_be_bytes());
+    q
+}
+
+/// The error `e` (quoting `q`) translated back to `pod` (quoted port `port` at
+/// `port_at`): destination, TTL, the quote; every checksum computed from scratch.
+fn error_back(e: &Ipv4Packet, q: &[u8], pod: Ipv4Addr, port: u16, port_at: usize) -> Ipv4Packet {
+    let L4::Raw { payload, .. } = &e.l4 else {
+        panic!("not an ICMP error: {e:?}")
+    };
+    let rest = [payload[4], payload[5], payload[6], payload[7]];
+    e.clone().dst(pod).ttl(e.ttl - 1).l4(icmp_error(
+        payload[0],
+        payload[1],
+        rest,
+        &requoted(q, pod, port, port_at),
+    ))
+}
+
+/// Checks `f` is `want` byte for byte, and, on its own, that the outer IPv4 header, the
+/// ICMP message and the quoted IPv4 header all sum to zero (checksums valid).
+fn error_with_valid_checksums(want: &Ipv4Packet) -> impl Fn(&[u8]) -> Result<(), String> + use<> {
+    let want = want.build();
+    move |f: &[u8]| {
+        frame_diff(f, &want)?;
+        let ihl = usize::from(f[14] & 0xf) * 4;
+        let icmp = &f[14 + ihl..];
+        for (what, bytes) in [
+            ("outer IPv4 header", &f[14..14 + ihl]),
+            ("ICMP message", icmp),
+            ("quoted IPv4 header", &icmp[8..28]),
+        ] {
+            if checksum(&[bytes]) != 0 {
+                return Err(format!("{what}: checksum does not verify"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn icmp_error_table() {
+    let tcp_fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
+    let tcp_out = snatted(&tcp_fwd, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC).build();
+    let udp_fwd = udp(REMOTE_POD, 5000, DEST_A, 53);
+    let udp_out = snatted(&udp_fwd, EGRESS_A, 5000, SEC0_MAC, DEST_A_MAC).build();
+    let echo_fwd = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::echo_request(7, 1));
+    let echo_out = snatted(&echo_fwd, EGRESS_A, 7, SEC0_MAC, DEST_A_MAC).build();
+    let local_fwd = tcp(LOCAL_POD, 40_000, DEST_A, 443, TCP_ACK);
+    let local_out = snatted(&local_fwd, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC).build();
+
+    let frag_needed = quote(&tcp_out, 28);
+    let frag_needed_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 4, MTU_1300, &frag_needed);
+    let host_unreach = quote(&tcp_out, 40);
+    let host_unreach_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 1, [0; 4], &host_unreach);
+    let port_unreach = quote(&udp_out, udp_out.len() - 14);
+    let port_unreach_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 3, [0; 4], &port_unreach);
+    let ttl = quote(&echo_out, 28);
+    let ttl_err = error_to(EGRESS_A, ICMP_TIME_EXCEEDED, 0, [0; 4], &ttl);
+    let local = quote(&local_out, 28);
+    let local_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 4, MTU_1300, &local);
+    let truncated_err = error_to(
+        EGRESS_A,
+        ICMP_DEST_UNREACH,
+        4,
+        MTU_1300,
+        &quote(&tcp_out, 24),
+    );
+    // The quote of what the pod sent (not from the egress IP): nothing the gateway sent.
+    let foreign = quote(&tcp_fwd.build(), 28);
+    let foreign_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 4, MTU_1300, &foreign);
+    let host_flow = quote(&tcp(SHARED_A, 50_000, DEST_A, 443, TCP_ACK).build(), 28);
+    let host_flow_err = error_to(SHARED_A, ICMP_DEST_UNREACH, 4, MTU_1300, &host_flow);
+    let reply = tcp(DEST_A, 443, EGRESS_A, 40_000, TCP_ACK);
+    // On the pod's node: the error as the gateway tunneled it back.
+    let returned = error_back(&frag_needed_err, &frag_needed, LOCAL_POD, 40_000, 0);
+    let flow = |p: &Ipv4Packet| from_tunnel(PEER, RULE_A, p).forwarded_any();
+    let xlated = &[
+        (SNAT_NEW, 1),
+        (FORWARDED, 1),
+        (ICMP_ERROR_XLATED, 1),
+        (RETURN_TUNNELED, 1),
+    ];
+
+    run_table(vec![
+        case(
+            "fragmentation needed, 8 bytes of TCP quoted: tunneled back to the pod's node",
+            no_setup,
+            vec![
+                flow(&tcp_fwd),
+                from_secondary(&frag_needed_err).redirected_if(error_with_valid_checksums(
+                    &error_back(&frag_needed_err, &frag_needed, REMOTE_POD, 40_000, 0),
+                )),
+            ],
+            xlated,
+        ),
+        case(
+            "host unreachable quoting the whole TCP header",
+            no_setup,
+            vec![
+                flow(&tcp_fwd),
+                from_secondary(&host_unreach_err).redirected_if(error_with_valid_checksums(
+                    &error_back(&host_unreach_err, &host_unreach, REMOTE_POD, 40_000, 0),
+                )),
+            ],
+            xlated,
+        ),
+        case(
+            "port unreachable about a UDP flow",
+            no_setup,
+            vec![
+                flow(&udp_fwd),
+                from_secondary(&port_unreach_err).redirected_if(error_with_valid_checksums(
+                    &error_back(&port_unreach_err, &port_unreach, REMOTE_POD, 5000, 0),
+                )),
+            ],
+            xlated,
+        ),
+        case(
+            "time exceeded about an echo request: identifier restored",
+            no_setup,
+            vec![
+                flow(&echo_fwd),
+                from_secondary(&ttl_err).redirected_if(error_with_valid_checksums(&error_back(
+                    &ttl_err, &ttl, REMOTE_POD, 7, 4,
+                ))),
+            ],
+            xlated,
+        ),
+        case(
+            "for a pod on this gateway: delivered to its device",
+            |dp, _| local_pod_to_a(dp, NODE),
+            vec![
+                from_pod(&local_fwd).forwarded_any(),
+                from_secondary(&local_err).redirected_if(error_with_valid_checksums(
+                    &error_back(&local_err, &local, LOCAL_POD, 40_000, 0).macs(POD_MAC, POD0_MAC),
+                )),
+            ],
+            &[
+                (LOCAL_GATEWAY, 1),
+                (SNAT_NEW, 1),
+                (FORWARDED, 2),
+                (ICMP_ERROR_XLATED, 1),
+            ],
+        ),
+        case(
+            "quoting a flow without an entry: dropped, and no entry made",
+            no_setup,
+            vec![
+                from_secondary(&frag_needed_err).dropped(),
+                from_secondary(&reply).dropped(),
+            ],
+            &[(DROP_ICMP_UNKNOWN_FLOW, 1), (DROP_NO_CONNTRACK, 1)],
+        ),
+        case(
+            "truncated quote (4 bytes of TCP): dropped",
+            no_setup,
+            vec![flow(&tcp_fwd), from_secondary(&truncated_err).dropped()],
+            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_ICMP_QUOTE, 1)],
+        ),
+        case(
+            "quote of a packet not from the egress IP: dropped",
+            no_setup,
+            vec![flow(&tcp_fwd), from_secondary(&foreign_err).dropped()],
+            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_ICMP_QUOTE, 1)],
+        ),
+        case(
+            "shared address, error about the host's own flow: passes to the host",
+            no_setup,
+            vec![from_secondary(&host_flow_err).passes()],
+            &[],
+        ),
+        case(
+            "on the pod's node: RETURN_VNI error delivered to the pod's device",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RETURN_VNI, &returned)
+                    .redirected(&returned.clone().macs(POD_MAC, POD0_MAC)),
+            ],
+            &[(RETURN_DELIVERED, 1)],
         ),
     ]);
 }

@@ -37,11 +37,12 @@ use egress_common::{
 use egress_tests::{
     packet::{
         HOST_MAC, L4, POD_MAC, PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame,
-        checksum,
+        checksum, quote,
     },
     packet6::{
-        ICMPV6_NEIGHBOUR_ADVERT, ICMPV6_NEIGHBOUR_SOLICIT, ICMPV6_ROUTER_SOLICIT, Ipv6Packet,
-        NEXTHDR_DEST, NEXTHDR_HOP, icmp6, l4_offset, ndp, pseudo_header6, solicited_node,
+        ICMPV6_DEST_UNREACH, ICMPV6_NEIGHBOUR_ADVERT, ICMPV6_NEIGHBOUR_SOLICIT, ICMPV6_PKT_TOO_BIG,
+        ICMPV6_ROUTER_SOLICIT, ICMPV6_TIME_EXCEEDED, Ipv6Packet, NEXTHDR_DEST, NEXTHDR_HOP, icmp6,
+        icmp6_error, l4_offset, ndp, pseudo_header6, solicited_node,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
     testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, sysctl},
@@ -1448,6 +1449,183 @@ fn interface_rule_reset_makes_no_entry(u: UnderlayNet) {
 }
 
 // ---- every table over both underlay families ----
+
+// ---- ICMPv6 errors about translated flows ----
+
+/// The 4 bytes after the checksum of "packet too big": MTU 1300.
+const MTU_1300: [u8; 4] = [0, 0, 0x05, 0x14];
+
+/// An ICMPv6 error from the router on network A to `to`, quoting `q`.
+fn error_to(to: Ipv6Addr, kind: u8, code: u8, rest: [u8; 4], q: &[u8]) -> Ipv6Packet {
+    Ipv6Packet::new(ROUTER_A, to, icmp6_error(kind, code, rest, q)).macs(SEC0_MAC, ROUTER_A_MAC)
+}
+
+/// The error `e` (quoting `q`, a packet the gateway sent) translated back to `pod`: the
+/// destination, the hop limit, the quoted source and source port (or echo identifier,
+/// `port_at` into the quoted transport header); the quoted transport checksum stays
+/// that of the translated packet; the ICMPv6 checksum is computed from scratch.
+fn error_back(e: &Ipv6Packet, q: &[u8], pod: Ipv6Addr, port: u16, port_at: usize) -> Ipv6Packet {
+    let L4::Raw { payload, .. } = &e.l4 else {
+        panic!("not an ICMPv6 error: {e:?}")
+    };
+    let mut q = q.to_vec();
+    q[8..24].copy_from_slice(&pod.octets());
+    q[40 + port_at..42 + port_at].copy_from_slice(&port.to_be_bytes());
+    let rest = [payload[4], payload[5], payload[6], payload[7]];
+    e.clone()
+        .dst(pod)
+        .hop_limit(e.hop_limit - 1)
+        .l4(icmp6_error(payload[0], payload[1], rest, &q))
+}
+
+/// Checks `f` is `want` byte for byte and, on its own, that its ICMPv6 checksum verifies
+/// over the pseudo-header.
+fn error_with_valid_checksum(want: &Ipv6Packet) -> impl Fn(&[u8]) -> Result<(), String> + use<> {
+    let (src, dst) = (want.src, want.dst);
+    let want = want.build();
+    move |f: &[u8]| {
+        frame_diff(f, &want)?;
+        let icmp = &f[14 + 40..];
+        if checksum(&[&pseudo_header6(src, dst, 58, icmp.len()), icmp]) != 0 {
+            return Err("ICMPv6 checksum does not verify".into());
+        }
+        Ok(())
+    }
+}
+
+fn icmp_error_table(u: UnderlayNet) {
+    let tcp_fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
+    let tcp_out = snatted(&tcp_fwd, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC);
+    let udp_fwd = udp(REMOTE_POD, 5000, DEST_A, 53);
+    let udp_out = snatted(&udp_fwd, EGRESS_A, 5000, SEC0_MAC, DEST_A_MAC).build();
+    let echo_fwd = echo(REMOTE_POD, DEST_A, 7);
+    let echo_out = snatted(&echo_fwd, EGRESS_A, 7, SEC0_MAC, DEST_A_MAC).build();
+    let local_fwd = tcp(LOCAL_POD, 40_000, DEST_A, 443, TCP_ACK);
+    let local_out = snatted(&local_fwd, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC).build();
+
+    let too_big = quote(&tcp_out.build(), 48);
+    let too_big_err = error_to(EGRESS_A, ICMPV6_PKT_TOO_BIG, 0, MTU_1300, &too_big);
+    let port_unreach = quote(&udp_out, udp_out.len() - 14);
+    let port_unreach_err = error_to(EGRESS_A, ICMPV6_DEST_UNREACH, 4, [0; 4], &port_unreach);
+    let hops = quote(&echo_out, 48);
+    let hops_err = error_to(EGRESS_A, ICMPV6_TIME_EXCEEDED, 0, [0; 4], &hops);
+    let local = quote(&local_out, 48);
+    let local_err = error_to(EGRESS_A, ICMPV6_PKT_TOO_BIG, 0, MTU_1300, &local);
+    let truncated_err = error_to(
+        EGRESS_A,
+        ICMPV6_PKT_TOO_BIG,
+        0,
+        MTU_1300,
+        &quote(&tcp_out.build(), 44),
+    );
+    let with_ext = quote(&tcp_out.clone().pad_options(NEXTHDR_HOP).build(), 56);
+    let with_ext_err = error_to(EGRESS_A, ICMPV6_PKT_TOO_BIG, 0, MTU_1300, &with_ext);
+    let reply = tcp(DEST_A, 443, EGRESS_A, 40_000, TCP_ACK);
+    let returned = error_back(&too_big_err, &too_big, LOCAL_POD, 40_000, 0);
+    let flow = move |p: &Ipv6Packet| from_tunnel(u.peer, RULE_A, p).forwarded_any();
+    let xlated = &[
+        (SNAT_NEW, 1),
+        (FORWARDED, 1),
+        (ICMP_ERROR_XLATED, 1),
+        (RETURN_TUNNELED, 1),
+    ];
+
+    run_table(
+        u,
+        vec![
+            case(
+                "packet too big about a TCP flow: tunneled back to the pod's node",
+                no_setup,
+                vec![
+                    flow(&tcp_fwd),
+                    from_secondary(&too_big_err).redirected_if(error_with_valid_checksum(
+                        &error_back(&too_big_err, &too_big, REMOTE_POD, 40_000, 0),
+                    )),
+                ],
+                xlated,
+            ),
+            case(
+                "port unreachable about a UDP flow",
+                no_setup,
+                vec![
+                    flow(&udp_fwd),
+                    from_secondary(&port_unreach_err).redirected_if(error_with_valid_checksum(
+                        &error_back(&port_unreach_err, &port_unreach, REMOTE_POD, 5000, 0),
+                    )),
+                ],
+                xlated,
+            ),
+            case(
+                "time exceeded about an echo request: identifier restored",
+                no_setup,
+                vec![
+                    flow(&echo_fwd),
+                    from_secondary(&hops_err).redirected_if(error_with_valid_checksum(
+                        &error_back(&hops_err, &hops, REMOTE_POD, 7, 4),
+                    )),
+                ],
+                xlated,
+            ),
+            case(
+                "for a pod on this gateway: delivered to its device",
+                move |dp, _| local_pod_to_a(dp, u.node),
+                vec![
+                    from_pod(&local_fwd).forwarded_any(),
+                    from_secondary(&local_err).redirected_if(error_with_valid_checksum(
+                        &error_back(&local_err, &local, LOCAL_POD, 40_000, 0)
+                            .macs(POD_MAC, POD0_MAC),
+                    )),
+                ],
+                &[
+                    (LOCAL_GATEWAY, 1),
+                    (SNAT_NEW, 1),
+                    (FORWARDED, 2),
+                    (ICMP_ERROR_XLATED, 1),
+                ],
+            ),
+            case(
+                "quoting a flow without an entry: dropped, and no entry made",
+                no_setup,
+                vec![
+                    from_secondary(&too_big_err).dropped(),
+                    from_secondary(&reply).dropped(),
+                ],
+                &[(DROP_ICMP_UNKNOWN_FLOW, 1), (DROP_NO_CONNTRACK, 1)],
+            ),
+            case(
+                "truncated quote (4 bytes of TCP): dropped",
+                no_setup,
+                vec![flow(&tcp_fwd), from_secondary(&truncated_err).dropped()],
+                &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_ICMP_QUOTE, 1)],
+            ),
+            case(
+                "quote with an extension header (not walked): dropped",
+                no_setup,
+                vec![flow(&tcp_fwd), from_secondary(&with_ext_err).dropped()],
+                &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_ICMP_QUOTE, 1)],
+            ),
+            case(
+                "on the pod's node: RETURN_VNI error delivered to the pod's device",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RETURN_VNI, &returned)
+                        .redirected(&returned.clone().macs(POD_MAC, POD0_MAC)),
+                ],
+                &[(RETURN_DELIVERED, 1)],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn icmp_error_table_ipv4_underlay() {
+    icmp_error_table(UL4);
+}
+
+#[test]
+fn icmp_error_table_ipv6_underlay() {
+    icmp_error_table(UL6);
+}
 
 #[test]
 fn from_pod_table_ipv4_underlay() {
