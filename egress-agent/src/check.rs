@@ -104,16 +104,21 @@ spec:
     interface: ens224
 "#;
 
+    /// What `check` prints for `dir`, one line per problem.
+    fn shown(dir: &Path) -> Vec<String> {
+        check_dir(dir, &[])
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
     #[test]
     fn reports_parse_errors_and_guardrails_naming_object_and_field() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).expect("write");
         std::fs::write(dir.path().join("pods.yaml"), PODS).expect("write");
         std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write");
-        let shown: Vec<String> = check_dir(dir.path(), &[])
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let shown = shown(dir.path());
         assert_eq!(
             shown,
             [
@@ -129,6 +134,21 @@ spec:
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).expect("write");
         assert_eq!(check_dir(dir.path(), &[]), []);
+    }
+
+    #[test]
+    fn deep_nesting_is_a_problem_reported_without_parsing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("cluster.yaml"), CLUSTER).expect("write");
+        std::fs::write(dir.path().join("deep.yaml"), "[".repeat(200_000)).expect("write");
+        let shown = shown(dir.path());
+        assert_eq!(
+            shown,
+            [
+                "file deep.yaml doc 1: failed to parse YAML: nested deeper than 64 levels \
+              (brackets and indentation together) at line 1"
+            ]
+        );
     }
 
     #[test]

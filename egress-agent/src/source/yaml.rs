@@ -3,8 +3,12 @@
 //! them (`apiVersion`, `kind`, `metadata`, `spec`, `status`).
 //!
 //! Reading never stops at a bad document: each one is reported ([`DocumentError`], naming
-//! file, document, object and field) and left out, and every good one is kept. The agent
-//! writes only its own `egressnode-<node>.yaml` there ([`write_egress_node`]).
+//! file, document, object and field) and left out, and every good one is kept; the
+//! watcher ([`watch`]) serves the last good version of an object whose file or document
+//! broke. Files, documents and nesting are bounded ([`MAX_FILE_BYTES`],
+//! [`MAX_DOCUMENT_BYTES`], [`MAX_DEPTH`]) before the YAML parser sees them. The agent
+//! writes only its own `egressnode-<node>.yaml` there ([`write_egress_node`]), never
+//! through a link planted in the directory.
 
 use std::{
     collections::BTreeMap,
@@ -66,7 +70,77 @@ pub enum LoadError {
     ReadFile { file: String, detail: String },
     #[error("{0}")]
     Document(#[from] DocumentError),
+    #[error("{0}")]
+    Kept(#[from] Kept),
 }
+
+/// Objects served from their last good version because what now stands for them could not
+/// be read (only the watcher remembers: [`load_dir`] never keeps anything).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// File name, relative to the directory.
+    pub file: String,
+    /// The document that stands for the one object kept; `None` when the whole file is
+    /// kept (empty, unreadable, or with a document whose object cannot be told).
+    pub doc: Option<usize>,
+    /// What is wrong, after "file F" (`is empty`, `could not be read`, ...).
+    pub reason: String,
+    /// `Kind namespace/name` or `Kind name` of each object kept, in file order.
+    pub objects: Vec<String>,
+}
+
+/// How many kept objects an error names before it counts the rest.
+const KEPT_NAMED: usize = 5;
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "file {} ", self.file)?;
+        if let Some(doc) = self.doc {
+            write!(f, "doc {doc} ")?;
+        }
+        write!(f, "{}: keeping the last good version of ", self.reason)?;
+        let named = self.objects.iter().take(KEPT_NAMED);
+        for (i, object) in named.enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(object)?;
+        }
+        if let Some(more) = self
+            .objects
+            .len()
+            .checked_sub(KEPT_NAMED)
+            .filter(|&n| n > 0)
+        {
+            write!(f, " and {more} more")?;
+        }
+        match self.doc {
+            Some(_) => {
+                f.write_str(" until the document is fixed (deleting the document removes it)")
+            }
+            None => f.write_str(" until the file is fixed (deleting the file removes them)"),
+        }
+    }
+}
+
+impl std::error::Error for Kept {}
+
+/// Largest state file read, in bytes (64 MiB), checked before reading and while reading.
+/// The largest legitimate file is a dump of a big cluster: 100 000 pods written compactly
+/// (name, namespace, a few labels, node, phase, two IPs: about 350 bytes each) take about
+/// 35 MB. A full `kubectl get -o yaml` dump (5 to 15 kB a pod) of such a cluster fits no
+/// sane limit: trim it, or split it into several files.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Largest document parsed, in bytes (2 MiB): no Kubernetes object is bigger (etcd takes
+/// 1.5 MiB per request by default). The parser's memory grows several times faster than
+/// the document, so a bigger one is refused before the parser sees it.
+pub const MAX_DOCUMENT_BYTES: usize = 2 << 20;
+
+/// Deepest nesting of a document, flow brackets (`[`, `{`) and indentation levels
+/// together, checked by a linear scan before the YAML parser sees the text (which slows
+/// down badly on deep nesting). Kubernetes objects nest about 10 deep.
+pub const MAX_DEPTH: usize = 64;
 
 /// Why the agent's EgressNode could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +167,7 @@ pub enum WriteError {
 pub struct Snapshot {
     pub view: ClusterView,
     /// Every problem met, in file and document order. A document listed here is not in
-    /// `view`.
+    /// `view` (though the last good version of its object may be: [`LoadError::Kept`]).
     pub errors: Vec<LoadError>,
 }
 
@@ -129,19 +203,79 @@ fn list_files(dir: &Path) -> Result<Vec<(String, std::fs::Metadata)>, LoadError>
     Ok(files)
 }
 
-/// Read every state file of `dir`.
+/// "the file is N bytes, over the limit ..."
+fn too_large(bytes: impl fmt::Display) -> String {
+    format!(
+        "the file is {bytes} bytes, over the limit of {} MiB per state file; split it into \
+         several files",
+        MAX_FILE_BYTES >> 20
+    )
+}
+
+/// Read one state file as text: a regular file (opened without blocking, so a FIFO swapped
+/// in is refused, not waited on) of at most [`MAX_FILE_BYTES`], judged from its metadata
+/// before reading and enforced while reading (it may grow meanwhile).
+fn read_state_file(path: &Path) -> Result<String, String> {
+    use std::{io::Read as _, os::unix::fs::OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or_default());
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(format!("over {MAX_FILE_BYTES}")));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("not UTF-8: {}", e.utf8_error()))
+}
+
+/// Read every state file of `dir`. Pure: nothing is remembered from earlier reads, so an
+/// unreadable file or document is simply left out (the watcher keeps last good versions
+/// instead: [`watch`]).
 pub fn load_dir(dir: &Path) -> Snapshot {
+    read_dir_remembering(dir, &LastGood::default()).0
+}
+
+/// Parse one file's text as if it were file `name` of a directory (for tests and tools).
+pub fn load_str(name: &str, text: &str) -> Snapshot {
+    let mut loader = Loader::default();
+    loader.add_file(name, text, &LastGood::default());
+    loader.finish().0
+}
+
+/// Read every state file of `dir`, keeping from `last` the last good version of each object
+/// whose file or document can no longer be read. Returns where each object of the view came
+/// from, for the next read's [`LastGood`].
+fn read_dir_remembering(dir: &Path, last: &LastGood) -> (Snapshot, Origins) {
     let mut loader = Loader::default();
     match list_files(dir) {
-        Err(e) => loader.errors.push(e),
+        Err(e) => {
+            loader.errors.push(e);
+            for file in last.files.keys() {
+                loader.keep_file(file, "is in a directory that could not be listed", last);
+            }
+        }
         Ok(files) => {
             for (name, _) in files {
-                match std::fs::read_to_string(dir.join(&name)) {
-                    Ok(text) => loader.add_file(&name, &text),
-                    Err(e) => loader.errors.push(LoadError::ReadFile {
-                        file: name,
-                        detail: e.to_string(),
-                    }),
+                match read_state_file(&dir.join(&name)) {
+                    Ok(text) => loader.add_file(&name, &text, last),
+                    Err(detail) => {
+                        loader.errors.push(LoadError::ReadFile {
+                            file: name.clone(),
+                            detail,
+                        });
+                        loader.keep_file(&name, "could not be read", last);
+                    }
                 }
             }
         }
@@ -149,49 +283,224 @@ pub fn load_dir(dir: &Path) -> Snapshot {
     loader.finish()
 }
 
-/// Parse one file's text as if it were file `name` of a directory (for tests and tools).
-pub fn load_str(name: &str, text: &str) -> Snapshot {
-    let mut loader = Loader::default();
-    loader.add_file(name, text);
-    loader.finish()
+/// One document of a file.
+#[derive(Debug, PartialEq, Eq)]
+struct Document<'a> {
+    /// 1-based position in the file.
+    number: usize,
+    /// 1-based line of the file its text starts on.
+    line: usize,
+    text: &'a str,
 }
 
-/// Split a YAML stream into its documents: (1-based number, text). A leading `---` does
-/// not open an empty first document.
-fn split_documents(text: &str) -> Vec<(usize, String)> {
-    let mut docs: Vec<String> = vec![String::new()];
+/// Split a YAML stream into its documents, borrowing the text. A leading `---` does not
+/// open an empty first document.
+fn split_documents(text: &str) -> Vec<Document<'_>> {
+    let mut docs = Vec::new();
+    let mut number = 1;
+    let (mut start, mut start_line) = (0, 1);
+    // Only blank and comment lines so far.
     let mut leading = true;
-    for line in text.split_inclusive('\n') {
+    let mut offset = 0;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
         let bare = line.trim_end_matches(['\n', '\r']);
         let marker = bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t");
         if marker {
-            if !(leading && docs.len() == 1) {
-                docs.push(String::new());
+            if !leading {
+                docs.push(Document {
+                    number,
+                    line: start_line,
+                    text: &text[start..offset],
+                });
+                number += 1;
             }
             leading = false;
-            if let Some(rest) = bare.get(3..).filter(|r| !r.trim().is_empty())
-                && let Some(last) = docs.last_mut()
-            {
-                last.push_str(rest);
-                last.push('\n');
+            // What follows the marker on its line (`--- {a: 1}`) belongs to the document.
+            if bare[3..].trim().is_empty() {
+                (start, start_line) = (offset + line.len(), i + 2);
+            } else {
+                (start, start_line) = (offset + 3, i + 1);
             }
+        } else if !bare.trim().is_empty() && !bare.trim_start().starts_with('#') {
+            leading = false;
+        }
+        offset += line.len();
+    }
+    docs.push(Document {
+        number,
+        line: start_line,
+        text: &text[start..],
+    });
+    docs
+}
+
+/// The first line of `text` (1-based) where nesting goes deeper than `max`, counting flow
+/// collections (`[`, `{`) and block indentation levels (each `- ` of a compact sequence
+/// too) together. Linear, and cautious: quoted scalars, comments and block scalars (`|`,
+/// `>`) are skipped; a bracket inside a plain scalar is not counted.
+fn too_deep(text: &str, max: usize) -> Option<usize> {
+    // Columns of the open block levels.
+    let mut levels: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    // An open quoted scalar (its quote), which may span lines.
+    let mut quote: Option<u8> = None;
+    // Inside a block scalar: the column its content must be deeper than.
+    let mut block_scalar: Option<usize> = None;
+    for (i, line) in text.lines().enumerate() {
+        let bytes = line.as_bytes();
+        let indent = bytes.iter().take_while(|&&b| b == b' ').count();
+        let blank = bytes[indent..].iter().all(u8::is_ascii_whitespace);
+        if let Some(parent) = block_scalar {
+            if blank || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if blank && quote.is_none() {
             continue;
         }
-        if !bare.trim().is_empty() && !bare.trim_start().starts_with('#') {
-            leading = false;
+        let mut pos = indent;
+        if quote.is_none() && flow == 0 {
+            if bytes[indent] == b'#' {
+                continue;
+            }
+            while levels.last().is_some_and(|&top| top > indent) {
+                levels.pop();
+            }
+            if levels.last() != Some(&indent) {
+                levels.push(indent);
+            }
+            // `- - x` and `- key: v`: each entry opens a level at its content's column.
+            while bytes.get(pos) == Some(&b'-') && matches!(bytes.get(pos + 1), None | Some(b' ')) {
+                pos += 1;
+                while bytes.get(pos) == Some(&b' ') {
+                    pos += 1;
+                }
+                if pos < bytes.len() {
+                    levels.push(pos);
+                }
+            }
+            if levels.len() > max {
+                return Some(i + 1);
+            }
         }
-        if let Some(last) = docs.last_mut() {
-            last.push_str(line);
+        // Could a flow collection, quoted or block scalar start here?
+        let mut token_start = quote.is_none();
+        let mut after_space = true;
+        while pos < bytes.len() {
+            let b = bytes[pos];
+            pos += 1;
+            if let Some(q) = quote {
+                match (q, b) {
+                    (b'"', b'\\') => pos += 1,
+                    (b'\'', b'\'') if bytes.get(pos) == Some(&b'\'') => pos += 1,
+                    _ if b == q => quote = None,
+                    _ => {}
+                }
+                after_space = false;
+                continue;
+            }
+            match b {
+                b'#' if after_space => break,
+                b'"' | b'\'' if token_start => quote = Some(b),
+                b'[' | b'{' if token_start || flow > 0 => {
+                    flow += 1;
+                    if levels.len() + flow > max {
+                        return Some(i + 1);
+                    }
+                }
+                b']' | b'}' if flow > 0 => flow -= 1,
+                b'|' | b'>' if token_start && flow == 0 => {
+                    let header = bytes[pos..]
+                        .iter()
+                        .take_while(|b| matches!(b, b'-' | b'+' | b'0'..=b'9'))
+                        .count();
+                    let rest = line[pos + header..].trim_start();
+                    if rest.is_empty() || rest.starts_with('#') {
+                        block_scalar = Some(levels.last().copied().unwrap_or(0));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            let space = b == b' ' || b == b'\t';
+            token_start = match b {
+                _ if space => token_start,
+                b'[' | b'{' | b',' => flow > 0 || token_start,
+                b':' => matches!(bytes.get(pos), None | Some(b' ' | b'\t')),
+                _ => false,
+            };
+            after_space = space;
         }
     }
-    docs.into_iter()
-        .enumerate()
-        .map(|(i, d)| (i + 1, d))
-        .collect()
+    None
 }
 
 /// Key of an object for duplicate detection: (kind, namespace, name).
 type ObjectKey = (String, String, String);
+
+/// `Kind namespace/name` or `Kind name`.
+fn object_label((kind, namespace, name): &ObjectKey) -> String {
+    if namespace.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
+}
+
+/// Where an object sits in a [`ClusterView`]: its list and index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Pod(usize),
+    Node(usize),
+    Namespace(usize),
+    Policy(usize),
+    EgressNode(usize),
+}
+
+/// Where each object of a view came from: file → object → (document, slot).
+type Origins = BTreeMap<String, BTreeMap<ObjectKey, (usize, Slot)>>;
+
+/// What the watcher remembers between reads: the last snapshot it published and where each
+/// of its objects came from. Shares the published snapshot rather than copying objects, so
+/// a big directory is not held twice.
+#[derive(Clone, Debug, Default)]
+struct LastGood {
+    snapshot: Arc<Snapshot>,
+    files: Origins,
+}
+
+impl LastGood {
+    /// The object `key` last read from `file`, and its document.
+    fn object(&self, file: &str, key: &ObjectKey) -> Option<(usize, Added)> {
+        let &(doc, slot) = self.files.get(file)?.get(key)?;
+        Some((doc, self.take(slot)?))
+    }
+
+    /// Every object last read from `file`, in document order.
+    fn objects(&self, file: &str) -> Vec<(ObjectKey, usize, Added)> {
+        let mut objects: Vec<_> = self
+            .files
+            .get(file)
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, &(doc, slot))| Some((key.clone(), doc, self.take(slot)?)))
+            .collect();
+        objects.sort_by_key(|(_, doc, _)| *doc);
+        objects
+    }
+
+    fn take(&self, slot: Slot) -> Option<Added> {
+        let view = &self.snapshot.view;
+        Some(match slot {
+            Slot::Pod(i) => Added::Pod(view.pods.get(i)?.clone()),
+            Slot::Node(i) => Added::Node(Box::new(view.nodes.get(i)?.clone())),
+            Slot::Namespace(i) => Added::Namespace(Box::new(view.namespaces.get(i)?.clone())),
+            Slot::Policy(i) => Added::Policy(Box::new(view.policies.get(i)?.clone())),
+            Slot::EgressNode(i) => Added::EgressNode(Box::new(view.egress_nodes.get(i)?.clone())),
+        })
+    }
+}
 
 #[derive(Default)]
 struct Loader {
@@ -199,6 +508,7 @@ struct Loader {
     errors: Vec<LoadError>,
     /// Where each object was first seen: (file, doc).
     seen: BTreeMap<ObjectKey, (String, usize)>,
+    origins: Origins,
 }
 
 /// A field-level problem found after a document deserialized.
@@ -215,160 +525,262 @@ fn field_error(field: impl Into<String>, message: impl Into<String>) -> FieldErr
     }
 }
 
+/// What one document holds.
+enum Parsed {
+    /// Nothing (comments only).
+    Empty,
+    Object(ObjectKey, Added),
+    /// Unusable; `key` says which object it stands for, when that much could be read.
+    Invalid {
+        key: Option<ObjectKey>,
+        errors: Vec<LoadError>,
+    },
+}
+
 impl Loader {
-    fn finish(self) -> Snapshot {
-        Snapshot {
+    fn finish(self) -> (Snapshot, Origins) {
+        let snapshot = Snapshot {
             view: self.view,
             errors: self.errors,
+        };
+        (snapshot, self.origins)
+    }
+
+    /// Read one file's documents. An invalid document whose object is known keeps that
+    /// object's last good version; a file that is empty or has a document whose object
+    /// cannot be told keeps every object last read from it that no valid document
+    /// replaced.
+    fn add_file(&mut self, file: &str, text: &str, last: &LastGood) {
+        let mut empty = true;
+        let mut unknown = Vec::new();
+        for doc in split_documents(text) {
+            match parse_document(file, &doc) {
+                Parsed::Empty => continue,
+                Parsed::Object(key, added) => self.insert(file, doc.number, key, added),
+                Parsed::Invalid {
+                    key: Some(key),
+                    errors,
+                } => {
+                    self.errors.extend(errors);
+                    if !self.seen.contains_key(&key)
+                        && let Some((_, added)) = last.object(file, &key)
+                    {
+                        self.errors.push(LoadError::Kept(Kept {
+                            file: file.to_owned(),
+                            doc: Some(doc.number),
+                            reason: "is invalid".to_owned(),
+                            objects: vec![object_label(&key)],
+                        }));
+                        self.insert(file, doc.number, key, added);
+                    }
+                }
+                Parsed::Invalid { key: None, errors } => {
+                    self.errors.extend(errors);
+                    unknown.push(doc.number.to_string());
+                }
+            }
+            empty = false;
+        }
+        if empty {
+            self.keep_file(file, "is empty", last);
+        } else if !unknown.is_empty() {
+            let reason = format!(
+                "has documents whose object cannot be told (doc {})",
+                unknown.join(", ")
+            );
+            self.keep_file(file, &reason, last);
         }
     }
 
-    fn add_file(&mut self, file: &str, text: &str) {
-        for (doc, body) in split_documents(text) {
-            self.add_document(file, doc, &body);
+    /// Keep every object last read from `file` that this read has not seen yet (a valid
+    /// current version anywhere wins), and say so.
+    fn keep_file(&mut self, file: &str, reason: &str, last: &LastGood) {
+        let mut kept = Vec::new();
+        for (key, doc, added) in last.objects(file) {
+            if !self.seen.contains_key(&key) {
+                kept.push(object_label(&key));
+                self.insert(file, doc, key, added);
+            }
+        }
+        if !kept.is_empty() {
+            self.errors.push(LoadError::Kept(Kept {
+                file: file.to_owned(),
+                doc: None,
+                reason: reason.to_owned(),
+                objects: kept,
+            }));
         }
     }
 
-    fn add_document(&mut self, file: &str, doc: usize, body: &str) {
-        let error = |object: Option<String>, field: Option<String>, message: String| {
-            LoadError::Document(DocumentError {
+    /// Add an object to the view, unless another document already defined it.
+    fn insert(&mut self, file: &str, doc: usize, key: ObjectKey, added: Added) {
+        if let Some((first_file, first_doc)) = self.seen.get(&key) {
+            self.errors.push(LoadError::Document(DocumentError {
                 file: file.to_owned(),
                 doc,
-                object,
-                field,
-                message,
-            })
-        };
-        let value: serde_json::Value = match serde_yaml_ng::from_str(body) {
-            Ok(v) => v,
-            Err(e) => {
-                self.errors
-                    .push(error(None, None, format!("failed to parse YAML: {e}")));
-                return;
-            }
-        };
-        if value.is_null() {
-            return; // an empty document (comments only)
-        }
-        let Some(map) = value.as_object() else {
-            self.errors.push(error(
-                None,
-                None,
-                "failed to read object: the document is not a mapping".to_owned(),
-            ));
-            return;
-        };
-        let text_field = |key: &str| map.get(key).and_then(serde_json::Value::as_str);
-        let Some(api_version) = text_field("apiVersion").map(str::to_owned) else {
-            self.errors.push(error(
-                None,
-                Some("apiVersion".to_owned()),
-                "missing or not a string".to_owned(),
-            ));
-            return;
-        };
-        let Some(kind) = text_field("kind").map(str::to_owned) else {
-            self.errors.push(error(
-                None,
-                Some("kind".to_owned()),
-                "missing or not a string".to_owned(),
-            ));
-            return;
-        };
-        let mut value = value;
-        // The agent's own EgressNodes always have a spec; hand-written ones may omit it.
-        if kind == "EgressNode"
-            && let Some(map) = value.as_object_mut()
-        {
-            map.entry("spec")
-                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
-        }
-        let Some(map) = value.as_object() else {
-            return;
-        };
-        let metadata = map.get("metadata");
-        let meta_text = |key: &str| {
-            metadata
-                .and_then(|m| m.get(key))
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned)
-        };
-        let name = meta_text("name");
-        let namespaced = kind == "Pod";
-        let namespace = if namespaced {
-            Some(meta_text("namespace").unwrap_or_else(|| "default".to_owned()))
-        } else {
-            None
-        };
-        let object = match (&namespace, &name) {
-            (Some(ns), Some(n)) => Some(format!("{kind} {ns}/{n}")),
-            (None, Some(n)) => Some(format!("{kind} {n}")),
-            (_, None) => Some(kind.clone()),
-        };
-        let Some(name) = name.filter(|n| !n.is_empty()) else {
-            self.errors.push(error(
-                object,
-                Some("metadata.name".to_owned()),
-                "missing or empty".to_owned(),
-            ));
-            return;
-        };
-
-        let result = match (api_version.as_str(), kind.as_str()) {
-            ("v1", "Pod") => {
-                typed::<Pod>(value, check_pod).map(|p| Added::Pod(PodSummary::from(&p)))
-            }
-            ("v1", "Node") => typed::<Node>(value, check_node).map(|n| Added::Node(Box::new(n))),
-            ("v1", "Namespace") => {
-                typed::<Namespace>(value, |_| Vec::new()).map(|n| Added::Namespace(Box::new(n)))
-            }
-            (API_VERSION, "EgressGatewayPolicy") => {
-                // Rule contents are the compiler's to judge (as conditions), like the API
-                // server would let a CEL-less cluster store them.
-                typed::<EgressGatewayPolicy>(value, |_| Vec::new())
-                    .map(|p| Added::Policy(Box::new(p)))
-            }
-            (API_VERSION, "EgressNode") => typed::<EgressNode>(value, check_egress_node)
-                .map(|n| Added::EgressNode(Box::new(n))),
-            _ => Err(vec![field_error(
-                "kind",
-                format!(
-                    "unsupported apiVersion/kind {api_version}/{kind} (expected v1 Pod, Node or \
-                     Namespace, or {API_VERSION} EgressGatewayPolicy or EgressNode)"
+                object: Some(object_label(&key)),
+                field: Some("metadata.name".to_owned()),
+                message: format!(
+                    "duplicate object: already defined in file {first_file} doc {first_doc}"
                 ),
-            )]),
-        };
-        let added = match result {
-            Ok(added) => added,
-            Err(field_errors) => {
-                for fe in field_errors {
-                    self.errors
-                        .push(error(object.clone(), fe.field, fe.message));
-                }
-                return;
-            }
-        };
-
-        let key = (kind.clone(), namespace.unwrap_or_default(), name);
-        if let Some((first_file, first_doc)) = self.seen.get(&key) {
-            self.errors.push(error(
-                object,
-                Some("metadata.name".to_owned()),
-                format!("duplicate object: already defined in file {first_file} doc {first_doc}"),
-            ));
+            }));
             return;
         }
-        self.seen.insert(key, (file.to_owned(), doc));
-        match added {
-            Added::Pod(p) => self.view.pods.push(p),
-            Added::Node(n) => self.view.nodes.push(*n),
-            Added::Namespace(n) => self.view.namespaces.push(*n),
-            Added::Policy(p) => self.view.policies.push(*p),
-            Added::EgressNode(n) => self.view.egress_nodes.push(*n),
+        /// Push, and say where.
+        fn push<T>(list: &mut Vec<T>, item: T) -> usize {
+            list.push(item);
+            list.len() - 1
         }
+        let view = &mut self.view;
+        let slot = match added {
+            Added::Pod(p) => Slot::Pod(push(&mut view.pods, p)),
+            Added::Node(n) => Slot::Node(push(&mut view.nodes, *n)),
+            Added::Namespace(n) => Slot::Namespace(push(&mut view.namespaces, *n)),
+            Added::Policy(p) => Slot::Policy(push(&mut view.policies, *p)),
+            Added::EgressNode(n) => Slot::EgressNode(push(&mut view.egress_nodes, *n)),
+        };
+        self.seen.insert(key.clone(), (file.to_owned(), doc));
+        self.origins
+            .entry(file.to_owned())
+            .or_default()
+            .insert(key, (doc, slot));
     }
 }
 
+/// Parse and check one document: bounded in size and depth before the YAML parser sees it.
+fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
+    let error = |object: Option<String>, field: Option<String>, message: String| {
+        LoadError::Document(DocumentError {
+            file: file.to_owned(),
+            doc: doc.number,
+            object,
+            field,
+            message,
+        })
+    };
+    let unknown = |message: String| Parsed::Invalid {
+        key: None,
+        errors: vec![error(None, None, message)],
+    };
+    if doc.text.len() > MAX_DOCUMENT_BYTES {
+        return unknown(format!(
+            "failed to parse YAML: the document is {} bytes, over the limit of {} MiB per \
+             object",
+            doc.text.len(),
+            MAX_DOCUMENT_BYTES >> 20
+        ));
+    }
+    if let Some(line) = too_deep(doc.text, MAX_DEPTH) {
+        return unknown(format!(
+            "failed to parse YAML: nested deeper than {MAX_DEPTH} levels (brackets and \
+             indentation together) at line {}",
+            doc.line + line - 1
+        ));
+    }
+    let value: serde_json::Value = match serde_yaml_ng::from_str(doc.text) {
+        Ok(v) => v,
+        Err(e) => return unknown(format!("failed to parse YAML: {e}")),
+    };
+    if value.is_null() {
+        return Parsed::Empty;
+    }
+    let Some(map) = value.as_object() else {
+        return unknown("failed to read object: the document is not a mapping".to_owned());
+    };
+    let text_field = |key: &str| map.get(key).and_then(serde_json::Value::as_str);
+    let Some(api_version) = text_field("apiVersion").map(str::to_owned) else {
+        return Parsed::Invalid {
+            key: None,
+            errors: vec![error(
+                None,
+                Some("apiVersion".to_owned()),
+                "missing or not a string".to_owned(),
+            )],
+        };
+    };
+    let Some(kind) = text_field("kind").map(str::to_owned) else {
+        return Parsed::Invalid {
+            key: None,
+            errors: vec![error(
+                None,
+                Some("kind".to_owned()),
+                "missing or not a string".to_owned(),
+            )],
+        };
+    };
+    let mut value = value;
+    // The agent's own EgressNodes always have a spec; hand-written ones may omit it.
+    if kind == "EgressNode"
+        && let Some(map) = value.as_object_mut()
+    {
+        map.entry("spec")
+            .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    }
+    let Some(map) = value.as_object() else {
+        return Parsed::Empty;
+    };
+    let metadata = map.get("metadata");
+    let meta_text = |key: &str| {
+        metadata
+            .and_then(|m| m.get(key))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
+    let name = meta_text("name");
+    let namespaced = kind == "Pod";
+    let namespace = if namespaced {
+        Some(meta_text("namespace").unwrap_or_else(|| "default".to_owned()))
+    } else {
+        None
+    };
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return Parsed::Invalid {
+            key: None,
+            errors: vec![error(
+                Some(kind),
+                Some("metadata.name".to_owned()),
+                "missing or empty".to_owned(),
+            )],
+        };
+    };
+    let key = (kind.clone(), namespace.unwrap_or_default(), name);
+    let object = Some(object_label(&key));
+
+    let result = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Pod") => typed::<Pod>(value, check_pod).map(|p| Added::Pod(PodSummary::from(&p))),
+        ("v1", "Node") => typed::<Node>(value, check_node).map(|n| Added::Node(Box::new(n))),
+        ("v1", "Namespace") => {
+            typed::<Namespace>(value, |_| Vec::new()).map(|n| Added::Namespace(Box::new(n)))
+        }
+        (API_VERSION, "EgressGatewayPolicy") => {
+            // Rule contents are the compiler's to judge (as conditions), like the API
+            // server would let a CEL-less cluster store them.
+            typed::<EgressGatewayPolicy>(value, |_| Vec::new()).map(|p| Added::Policy(Box::new(p)))
+        }
+        (API_VERSION, "EgressNode") => {
+            typed::<EgressNode>(value, check_egress_node).map(|n| Added::EgressNode(Box::new(n)))
+        }
+        _ => Err(vec![field_error(
+            "kind",
+            format!(
+                "unsupported apiVersion/kind {api_version}/{kind} (expected v1 Pod, Node or \
+                 Namespace, or {API_VERSION} EgressGatewayPolicy or EgressNode)"
+            ),
+        )]),
+    };
+    match result {
+        Ok(added) => Parsed::Object(key, added),
+        Err(field_errors) => Parsed::Invalid {
+            key: Some(key),
+            errors: field_errors
+                .into_iter()
+                .map(|fe| error(object.clone(), fe.field, fe.message))
+                .collect(),
+        },
+    }
+}
+
+#[derive(Clone)]
 enum Added {
     /// Only what the compiler reads: the whole `Pod` is dropped at once.
     Pod(PodSummary),
@@ -570,6 +982,14 @@ impl DirWatch {
 /// inotify watch is set up again then if it was lost. The watcher ends when every
 /// receiver is dropped. Must be called inside a Tokio runtime. Every view carries
 /// `cluster_cidrs`.
+///
+/// A broken edit never withdraws an object: the watcher remembers the last good version of
+/// each object and where it came from. A file that is empty, cannot be read (too large,
+/// not UTF-8, ...) or has a document whose object cannot be told (a YAML syntax error, a
+/// document cut short or not a mapping) keeps every object last read from it that no
+/// valid document replaced; an invalid document whose object is known keeps that object.
+/// Each case is reported ([`LoadError::Kept`]). Deleting the file (or the document) removes
+/// its objects.
 pub async fn watch(
     dir: impl Into<PathBuf>,
     poll: Duration,
@@ -610,9 +1030,14 @@ async fn watch_with(
             })
             .ok(),
     };
-    let first = read_with_fingerprint(dir.clone(), &cluster_cidrs).await;
-    let (tx, rx) = tokio_watch::channel(Arc::new(first.1));
-    let mut last = first.0;
+    let (mut last, first, origins) =
+        read_with_fingerprint(dir.clone(), &cluster_cidrs, Arc::default()).await;
+    let (tx, rx) = tokio_watch::channel(Arc::new(first));
+    // What the next read keeps objects from: the snapshot published (shared, not copied).
+    let mut last_good = Arc::new(LastGood {
+        snapshot: Arc::clone(&tx.borrow()),
+        files: origins,
+    });
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -646,7 +1071,8 @@ async fn watch_with(
                     continue;
                 }
             }
-            let (seen, snapshot) = read_with_fingerprint(dir.clone(), &cluster_cidrs).await;
+            let (seen, snapshot, origins) =
+                read_with_fingerprint(dir.clone(), &cluster_cidrs, Arc::clone(&last_good)).await;
             last = seen;
             tx.send_if_modified(|current| {
                 if **current == snapshot {
@@ -655,6 +1081,11 @@ async fn watch_with(
                     *current = Arc::new(snapshot);
                     true
                 }
+            });
+            // Equal snapshots list their objects in the same order: `origins` fits either.
+            last_good = Arc::new(LastGood {
+                snapshot: Arc::clone(&tx.borrow()),
+                files: origins,
             });
         }
     });
@@ -677,32 +1108,34 @@ async fn debounce(pending: &Pending) {
 }
 
 /// Fingerprint, then read: a change racing the read shows up as a new fingerprint on the
-/// next tick, so it is never missed. The view carries `cluster_cidrs`.
+/// next tick, so it is never missed. Objects whose file or document can no longer be read
+/// keep their version in `last`. The view carries `cluster_cidrs`.
 async fn read_with_fingerprint(
     dir: PathBuf,
     cluster_cidrs: &[ipnet::IpNet],
-) -> (Fingerprint, Snapshot) {
+    last: Arc<LastGood>,
+) -> (Fingerprint, Snapshot, Origins) {
     let fallback_dir = dir.clone();
+    let fallback = Arc::clone(&last);
     let cluster_cidrs = cluster_cidrs.to_vec();
     tokio::task::spawn_blocking(move || {
         let seen = fingerprint(&dir);
-        let mut snapshot = load_dir(&dir);
+        let (mut snapshot, origins) = read_dir_remembering(&dir, &last);
         snapshot.view.cluster_cidrs = cluster_cidrs;
-        (seen, snapshot)
+        (seen, snapshot, origins)
     })
     .await
     .unwrap_or_else(|e| {
+        // Serve the last snapshot as it was: the same objects in the same places.
         let error = LoadError::ReadDir {
             dir: fallback_dir,
             detail: format!("reader task failed: {e}"),
         };
-        (
-            Err(error.to_string()),
-            Snapshot {
-                view: ClusterView::default(),
-                errors: vec![error],
-            },
-        )
+        let snapshot = Snapshot {
+            view: fallback.snapshot.view.clone(),
+            errors: vec![error.clone()],
+        };
+        (Err(error.to_string()), snapshot, fallback.files.clone())
     })
 }
 
@@ -714,6 +1147,11 @@ pub fn egress_node_file_name(node: &str) -> String {
 /// Write `node` as `egressnode-<name>.yaml` in `dir`, atomically (temporary file, then
 /// rename). Returns whether the file changed: an identical file is left alone, so that
 /// watchers do not wake up for nothing.
+///
+/// The agent runs as root in a directory others may write to, so nothing is written
+/// through a link: the temporary file is created afresh (`O_EXCL | O_NOFOLLOW`, under a
+/// new name when one is taken) and renamed over the target, which replaces a link there
+/// rather than following it; the old file is compared without following a link either.
 pub fn write_egress_node(dir: &Path, node: &EgressNode) -> Result<bool, WriteError> {
     let name = node.metadata.name.clone().unwrap_or_default();
     if name.is_empty()
@@ -728,7 +1166,7 @@ pub fn write_egress_node(dir: &Path, node: &EgressNode) -> Result<bool, WriteErr
         source,
     })?;
     let path = dir.join(egress_node_file_name(&name));
-    if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+    if read_own_file(&path, text.len()).is_some_and(|old| old == text.as_bytes()) {
         return Ok(false);
     }
     let io_error = |path: &Path, source| WriteError::Io {
@@ -736,17 +1174,12 @@ pub fn write_egress_node(dir: &Path, node: &EgressNode) -> Result<bool, WriteErr
         path: path.to_owned(),
         source,
     };
-    // Hidden and not `.yaml`: the reader never picks up a half-written file.
-    let tmp = dir.join(format!(
-        ".egressnode-{name}.yaml.{}.tmp",
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()
-    };
-    if let Err(e) = write() {
+    let (tmp, mut file) = create_temporary(dir, &name).map_err(|e| io_error(dir, e))?;
+    let written = file
+        .write_all(text.as_bytes())
+        .and_then(|()| file.sync_all());
+    drop(file);
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(io_error(&tmp, e));
     }
@@ -755,6 +1188,59 @@ pub fn write_egress_node(dir: &Path, node: &EgressNode) -> Result<bool, WriteErr
         io_error(&path, e)
     })?;
     Ok(true)
+}
+
+/// The contents of `path` if it is a regular file of at most `limit` bytes, read without
+/// following a link (or blocking on a FIFO).
+fn read_own_file(path: &Path, limit: usize) -> Option<Vec<u8>> {
+    use std::{io::Read as _, os::unix::fs::OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(limit as u64 + 1).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// How many temporary names [`create_temporary`] tries before giving up.
+const TEMPORARY_ATTEMPTS: u32 = 64;
+/// Numbers the temporary files of this process.
+static TEMPORARY_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Create a new temporary file in `dir` for node `name`'s EgressNode: hidden and not
+/// `.yaml` (the reader never picks up a half-written file), named after the pid and a
+/// counter, created exclusively and never through a link (a name already taken, by a
+/// stale file or a planted link, is skipped for the next one).
+fn create_temporary(dir: &Path, name: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    for _ in 0..TEMPORARY_ATTEMPTS {
+        let n = TEMPORARY_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(
+            ".egressnode-{name}.yaml.{}.{n}.tmp",
+            std::process::id()
+        ));
+        // `create_new` is O_CREAT | O_EXCL: it never follows a link at the path either.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("no free temporary file name after {TEMPORARY_ATTEMPTS} attempts"),
+    ))
 }
 
 #[cfg(test)]
@@ -907,18 +1393,20 @@ metadata: {name: two}
 
     #[test]
     fn documents_are_numbered_as_written() {
-        let docs = split_documents("a: 1\n---\nb: 2\n--- {c: 3}\n");
+        let doc = |number, line, text| Document { number, line, text };
         assert_eq!(
-            docs,
+            split_documents("a: 1\n---\nb: 2\n--- {c: 3}\n"),
             [
-                (1, "a: 1\n".to_owned()),
-                (2, "b: 2\n".to_owned()),
-                (3, " {c: 3}\n".to_owned())
+                doc(1, 1, "a: 1\n"),
+                doc(2, 3, "b: 2\n"),
+                doc(3, 4, " {c: 3}\n")
             ]
         );
-        let docs = split_documents("# header\n---\nb: 2\n");
-        assert_eq!(docs.len(), 1);
-        assert_eq!(docs[0].0, 1);
+        assert_eq!(
+            split_documents("# header\n---\nb: 2\n"),
+            [doc(1, 3, "b: 2\n")]
+        );
+        assert_eq!(split_documents(""), [doc(1, 1, "")]);
     }
 
     fn egress_node(name: &str) -> EgressNode {
@@ -1155,5 +1643,390 @@ metadata: {name: two}
             .expect("append");
         let snap = wait_for(&mut rx, |s| s.errors.is_empty()).await;
         assert_eq!(names(&snap), ["a", "b", "c"]);
+    }
+
+    /// Reads a directory again and again, remembering like the watcher does.
+    struct Rereader {
+        dir: tempfile::TempDir,
+        last: LastGood,
+    }
+
+    impl Rereader {
+        fn new() -> Self {
+            Self {
+                dir: tempfile::tempdir().expect("tempdir"),
+                last: LastGood::default(),
+            }
+        }
+
+        fn write(&self, file: &str, text: &str) -> &Self {
+            std::fs::write(self.dir.path().join(file), text).expect("write");
+            self
+        }
+
+        fn read(&mut self) -> Snapshot {
+            let (snapshot, files) = read_dir_remembering(self.dir.path(), &self.last);
+            self.last = LastGood {
+                snapshot: Arc::new(snapshot.clone()),
+                files,
+            };
+            snapshot
+        }
+    }
+
+    fn ns(name: &str, team: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {{team: {team}}}}}\n"
+        )
+    }
+
+    fn teams(snap: &Snapshot) -> Vec<String> {
+        snap.view
+            .namespaces
+            .iter()
+            .map(|n| {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let team = n.metadata.labels.as_ref().and_then(|l| l.get("team"));
+                format!("{name}:{}", team.map_or("", String::as_str))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_file_that_breaks_as_a_whole_keeps_its_objects_until_fixed_or_deleted() {
+        let whole = format!("{}---\n{}", ns("a", "x"), ns("b", "x"));
+        let breakages = [
+            ("garbage", "this: [is, not: valid\n".to_owned()),
+            ("empty", String::new()),
+            (
+                "blank and comments",
+                "\n  \n# nothing yet\n---\n".to_owned(),
+            ),
+            ("not a mapping", "- a\n- b\n".to_owned()),
+            ("cut in doc 1", whole[..20].to_owned()),
+            (
+                "first doc fixed, second cut",
+                format!("{}---\nkind: Names", ns("a", "y")),
+            ),
+        ];
+        for (case, broken) in breakages {
+            let mut r = Rereader::new();
+            r.write("other.yaml", &ns("c", "x"));
+            r.write("ns.yaml", &whole);
+            assert_eq!(teams(&r.read()), ["a:x", "b:x", "c:x"], "{case}");
+
+            r.write("ns.yaml", &broken)
+                .write("other.yaml", &ns("c", "y"));
+            let snap = r.read();
+            let expected_teams = if case == "first doc fixed, second cut" {
+                ["a:y", "b:x", "c:y"]
+            } else {
+                ["a:x", "b:x", "c:y"]
+            };
+            assert_eq!(teams(&snap), expected_teams, "{case}");
+            let kept = messages(&snap).pop().unwrap_or_default();
+            let objects = if case == "first doc fixed, second cut" {
+                "Namespace b"
+            } else {
+                "Namespace a, Namespace b"
+            };
+            assert!(kept.starts_with("file ns.yaml "), "{case}: {kept}");
+            assert!(
+                kept.ends_with(&format!(
+                    ": keeping the last good version of {objects} until the file is fixed \
+                     (deleting the file removes them)"
+                )),
+                "{case}: {kept}"
+            );
+            // Remembered across reads, not only once.
+            assert_eq!(teams(&r.read()), expected_teams, "{case}");
+            // Without history (`check`, tools) nothing is kept.
+            let pure = load_dir(r.dir.path());
+            assert!(!teams(&pure).contains(&"b:x".to_owned()), "{case}");
+
+            r.write("ns.yaml", &format!("{}---\n{}", ns("a", "z"), ns("b", "z")));
+            let snap = r.read();
+            assert_eq!(teams(&snap), ["a:z", "b:z", "c:y"], "{case}");
+            assert_eq!(snap.errors, [], "{case}");
+
+            r.write("ns.yaml", &broken);
+            let a = if case == "first doc fixed, second cut" {
+                "a:y"
+            } else {
+                "a:z"
+            };
+            assert_eq!(teams(&r.read()), [a, "b:z", "c:y"], "{case}");
+            std::fs::remove_file(r.dir.path().join("ns.yaml")).expect("remove");
+            let snap = r.read();
+            assert_eq!(
+                teams(&snap),
+                ["c:y"],
+                "{case}: deleting the file removes them"
+            );
+            assert_eq!(snap.errors, [], "{case}");
+        }
+    }
+
+    #[test]
+    fn kept_objects_are_named_then_counted() {
+        let mut r = Rereader::new();
+        let many: Vec<String> = (0..8).map(|i| ns(&format!("n{i}"), "x")).collect();
+        r.write("ns.yaml", &many.join("---\n"));
+        assert_eq!(r.read().view.namespaces.len(), 8);
+        r.write("ns.yaml", "");
+        let snap = r.read();
+        assert_eq!(snap.view.namespaces.len(), 8);
+        assert_eq!(
+            messages(&snap),
+            [
+                "file ns.yaml is empty: keeping the last good version of Namespace n0, \
+                 Namespace n1, Namespace n2, Namespace n3, Namespace n4 and 3 more until the \
+                 file is fixed (deleting the file removes them)"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_invalid_document_whose_object_is_known_keeps_only_that_object() {
+        let pod = |ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: shop}}\n\
+                 status: {{podIPs: [{{ip: {ip}}}]}}\n"
+            )
+        };
+        let mut r = Rereader::new();
+        r.write(
+            "f.yaml",
+            &[ns("a", "x"), pod("10.0.0.1"), ns("b", "x")].join("---\n"),
+        );
+        let snap = r.read();
+        assert_eq!(snap.errors, []);
+        assert_eq!(teams(&snap), ["a:x", "b:x"]);
+
+        // The pod turns invalid, namespace a changes, namespace b is removed.
+        r.write("f.yaml", &[ns("a", "y"), pod("10.0.0")].join("---\n"));
+        let snap = r.read();
+        assert_eq!(teams(&snap), ["a:y"], "valid documents update as usual");
+        assert_eq!(snap.view.pods.len(), 1);
+        assert_eq!(
+            snap.view.pods[0].ips,
+            ["10.0.0.1".parse::<IpAddr>().expect("IP")]
+        );
+        assert_eq!(
+            messages(&snap),
+            [
+                r#"file f.yaml doc 2 (Pod shop/p): status.podIPs[0].ip: invalid IP address "10.0.0""#,
+                "file f.yaml doc 2 is invalid: keeping the last good version of Pod shop/p \
+                 until the document is fixed (deleting the document removes it)",
+            ]
+        );
+        assert!(
+            load_dir(r.dir.path()).view.pods.is_empty(),
+            "no history, nothing kept"
+        );
+
+        // Fixed, then deleted.
+        r.write("f.yaml", &[ns("a", "y"), pod("10.0.0.2")].join("---\n"));
+        let snap = r.read();
+        assert_eq!(snap.errors, []);
+        assert_eq!(
+            snap.view.pods[0].ips,
+            ["10.0.0.2".parse::<IpAddr>().expect("IP")]
+        );
+        r.write("f.yaml", &pod("10.0.0"));
+        assert_eq!(r.read().view.pods.len(), 1);
+        r.write("f.yaml", &ns("a", "y"));
+        let snap = r.read();
+        assert!(
+            snap.view.pods.is_empty(),
+            "deleting the document removes it"
+        );
+        assert_eq!(snap.errors, []);
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_refused_unread_and_its_objects_kept() {
+        let mut r = Rereader::new();
+        r.write("big.yaml", &ns("a", "x"));
+        assert_eq!(teams(&r.read()), ["a:x"]);
+        // Sparse: refused from its metadata, never read.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(r.dir.path().join("big.yaml"))
+            .expect("open");
+        file.set_len(MAX_FILE_BYTES + 1).expect("set_len");
+        let snap = r.read();
+        assert_eq!(teams(&snap), ["a:x"]);
+        assert_eq!(
+            messages(&snap),
+            [
+                "failed to read file big.yaml: the file is 67108865 bytes, over the limit of \
+                 64 MiB per state file; split it into several files",
+                "file big.yaml could not be read: keeping the last good version of Namespace a \
+                 until the file is fixed (deleting the file removes them)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_document_over_the_size_limit_is_refused_before_parsing() {
+        let big = format!(
+            "{}---\n# {}\n",
+            ns("a", "x"),
+            "x".repeat(MAX_DOCUMENT_BYTES)
+        );
+        let snap = load_str("big.yaml", &big);
+        assert_eq!(teams(&snap), ["a:x"]);
+        assert_eq!(
+            messages(&snap),
+            [format!(
+                "file big.yaml doc 2: failed to parse YAML: the document is {} bytes, over the \
+                 limit of 2 MiB per object",
+                MAX_DOCUMENT_BYTES + 3
+            )]
+        );
+    }
+
+    /// Deep nesting of every kind: (case, text, line of the file where it goes too deep).
+    fn deep_documents() -> Vec<(&'static str, String, usize)> {
+        let indented: String = (0..100)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect();
+        let dashes = format!("x:\n{}1\n", "- ".repeat(100));
+        vec![
+            ("200 kB of brackets", "[".repeat(200_000), 1),
+            (
+                "braces after a key",
+                format!("a: 1\nb: {}", "{c: ".repeat(1000)),
+                2,
+            ),
+            ("mixed", format!("a:\n  - {}\n", "[{".repeat(50)), 2),
+            ("indentation", indented, MAX_DEPTH + 1),
+            ("compact sequences", dashes, 2),
+            (
+                "brackets over lines",
+                format!("a: [\n{}", "[\n".repeat(200)),
+                MAX_DEPTH,
+            ),
+        ]
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_naming_file_and_line_before_parsing() {
+        for (case, deep, line) in deep_documents() {
+            let text = format!("{}---\n# comment\n{deep}", ns("a", "x"));
+            let snap = load_str("deep.yaml", &text);
+            assert_eq!(teams(&snap), ["a:x"], "{case}");
+            assert_eq!(
+                messages(&snap),
+                [format!(
+                    "file deep.yaml doc 2: failed to parse YAML: nested deeper than 64 levels \
+                     (brackets and indentation together) at line {}",
+                    line + 5
+                )],
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn ordinary_yaml_is_not_mistaken_for_deep_nesting() {
+        let brackets = "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[";
+        let texts = [
+            GOOD.to_owned(),
+            format!("a: \"{brackets}\"\nb: '{brackets}'\n"),
+            format!("a: text{brackets}\nb: x # {brackets}\n# {brackets}\n"),
+            format!("script: |\n  {brackets}\n\n  {brackets}\nnext: >-\n  {brackets}\nc: 1\n"),
+            format!("- key: |\n    {brackets}\n  other: 1\n"),
+            format!("a: \"multi\n  line {brackets}\n  end\"\nb: [1, \"]]]\", '[', {{c: d}}]\n"),
+            format!("url: http://x/{brackets}\nd: 'it''s {brackets}'\n"),
+            (0..1000).map(|i| format!("k{i}: [{{a: [1]}}]\n")).collect(),
+        ];
+        for text in texts {
+            assert_eq!(too_deep(&text, MAX_DEPTH), None, "{text}");
+        }
+        // The line's own block level counts too.
+        assert_eq!(too_deep(&"[".repeat(MAX_DEPTH - 1), MAX_DEPTH), None);
+        assert_eq!(too_deep(&"[".repeat(MAX_DEPTH), MAX_DEPTH), Some(1));
+    }
+
+    #[test]
+    fn egress_node_is_never_written_through_a_planted_link() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        let victim = outside.path().join("shadow");
+        std::fs::write(&victim, "precious\n").expect("write");
+        // Links at every temporary name this process could pick next, and at the target.
+        let next = TEMPORARY_COUNTER.load(Ordering::Relaxed);
+        for n in next..next + u64::from(TEMPORARY_ATTEMPTS) / 2 {
+            let tmp = dir.path().join(format!(
+                ".egressnode-gw-1.yaml.{}.{n}.tmp",
+                std::process::id()
+            ));
+            symlink(&victim, tmp).expect("symlink");
+        }
+        let target = dir.path().join(egress_node_file_name("gw-1"));
+        symlink(&victim, &target).expect("symlink");
+
+        let node = egress_node("gw-1");
+        let written = write_egress_node(dir.path(), &node);
+        assert_eq!(
+            std::fs::read_to_string(&victim).expect("read"),
+            "precious\n",
+            "the link's target is untouched"
+        );
+        assert!(written.expect("written under a free name"));
+        assert!(!target.is_symlink(), "the link at the target was replaced");
+        assert_eq!(load_dir(dir.path()).view.egress_nodes, [node]);
+        let temporaries = std::fs::read_dir(dir.path())
+            .expect("read_dir")
+            .filter(|e| e.as_ref().is_ok_and(|e| !e.path().is_symlink()))
+            .count();
+        assert_eq!(temporaries, 1, "only the target, no temporary left behind");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_watcher_keeps_a_file_edited_to_garbage_and_takes_it_back_fixed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ns.yaml");
+        std::fs::write(&file, format!("{}---\n{}", ns("a", "x"), ns("b", "x"))).expect("write");
+        let mut rx = watch(dir.path(), HOUR, Vec::new()).await;
+        assert_eq!(teams(&rx.borrow_and_update()), ["a:x", "b:x"]);
+
+        std::fs::write(&file, "apiVersion: v1\nkind: [Namespace\n").expect("write garbage");
+        let snap = wait_for(&mut rx, |s| !s.errors.is_empty()).await;
+        assert_eq!(teams(&snap), ["a:x", "b:x"], "the last good version stays");
+        assert!(
+            messages(&snap).iter().any(|m| m.starts_with(
+                "file ns.yaml has documents whose object cannot be told (doc 1): keeping the \
+                 last good version of Namespace a, Namespace b"
+            )),
+            "{:#?}",
+            snap.errors
+        );
+
+        std::fs::write(&file, "").expect("write empty");
+        let snap = wait_for(&mut rx, |s| {
+            messages(s)
+                .iter()
+                .any(|m| m.starts_with("file ns.yaml is empty"))
+        })
+        .await;
+        assert_eq!(teams(&snap), ["a:x", "b:x"]);
+
+        std::fs::write(&file, ns("a", "y")).expect("write fixed");
+        let snap = wait_for(&mut rx, |s| s.errors.is_empty()).await;
+        assert_eq!(teams(&snap), ["a:y"], "back to what the file says");
+
+        std::fs::write(&file, "{{{{").expect("write garbage");
+        wait_for(&mut rx, |s| !s.errors.is_empty()).await;
+        std::fs::remove_file(&file).expect("remove");
+        let snap = wait_for(&mut rx, |s| s.errors.is_empty()).await;
+        assert_eq!(
+            teams(&snap),
+            Vec::<String>::new(),
+            "deleting the file removes them"
+        );
     }
 }
