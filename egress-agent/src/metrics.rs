@@ -1,12 +1,17 @@
 //! Prometheus metrics (`/metrics`) and health endpoints (`/healthz`, `/readyz`).
-//! Counter values are read from the pinned maps at scrape time.
+//!
+//! What the pinned maps say (counters, entries per map, conntrack included) is read on a
+//! blocking thread, never on the runtime that runs the reconcile loop, and at most once
+//! per [`MAP_STATS_INTERVAL`]: concurrent scrapes share one read ([`Cached`]). A scrape
+//! walking a large conntrack table then costs one thread for a moment, whatever the
+//! number of scrapers.
 
 use std::{
     fmt::Write as _,
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use std::{collections::BTreeMap, sync::atomic::AtomicU64};
@@ -108,13 +113,63 @@ struct HolderLabels {
     interface: String,
 }
 
+/// How often scrapes read the maps at most.
+pub const MAP_STATS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// What the pinned maps say, for metrics (a read that failed leaves its part out).
+#[derive(Clone, Debug, Default)]
+pub struct MapStats {
+    pub counters: Vec<(u32, egress_common::counters::Counter)>,
+    pub sizes: Vec<(&'static str, usize)>,
+}
+
+impl MapStats {
+    /// Read the counters and walk every map (blocking: conntrack may hold 100k+ entries).
+    pub fn read(pin_dir: &std::path::Path) -> Self {
+        Self {
+            counters: dump::counters(pin_dir).unwrap_or_default(),
+            sizes: dump::sizes(pin_dir).unwrap_or_default(),
+        }
+    }
+}
+
+/// A value computed on a blocking thread at most once per `interval`; callers that come
+/// while it is being computed wait for that computation and share it.
+pub struct Cached<T> {
+    interval: Duration,
+    last: tokio::sync::Mutex<Option<(Instant, Arc<T>)>>,
+}
+
+impl<T: Send + Sync + 'static> Cached<T> {
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The value, computed by `compute` (on the blocking pool) unless the last one is
+    /// younger than the interval. A computation that panics leaves the cache empty.
+    pub async fn get(&self, compute: impl FnOnce() -> T + Send + 'static) -> Option<Arc<T>> {
+        let mut last = self.last.lock().await;
+        if let Some((at, v)) = last.as_ref()
+            && at.elapsed() < self.interval
+        {
+            return Some(v.clone());
+        }
+        let v = Arc::new(tokio::task::spawn_blocking(compute).await.ok()?);
+        *last = Some((Instant::now(), v.clone()));
+        Some(v)
+    }
+}
+
 /// The metrics text for one scrape.
-pub fn render(pin_dir: &std::path::Path, stats: &Stats) -> String {
+pub fn render(maps: &MapStats, stats: &Stats) -> String {
     let mut reg = Registry::with_prefix("egress");
     let packets = Family::<ReasonLabels, Counter>::default();
     let bytes = Family::<ReasonLabels, Counter>::default();
-    if let Ok(counters) = dump::counters(pin_dir) {
-        for (reason, c) in counters {
+    {
+        for &(reason, c) in &maps.counters {
             let name = egress_common::counters::name(reason).unwrap_or("unknown");
             let l = ReasonLabels {
                 reason: name.to_ascii_lowercase(),
@@ -127,12 +182,10 @@ pub fn render(pin_dir: &std::path::Path, stats: &Stats) -> String {
     reg.register("datapath_packets", "Packets by datapath reason", packets);
     reg.register("datapath_bytes", "Bytes by datapath reason", bytes);
     let entries = Family::<MapLabels, Gauge>::default();
-    if let Ok(sizes) = dump::sizes(pin_dir) {
-        for (map, n) in sizes {
-            entries
-                .get_or_create(&MapLabels { map: map.into() })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
+    for &(map, n) in &maps.sizes {
+        entries
+            .get_or_create(&MapLabels { map: map.into() })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     reg.register("map_entries", "Entries per BPF map", entries);
     let holders = Family::<HolderLabels, Gauge>::default();
@@ -314,13 +367,17 @@ pub fn status_text(stats: &Stats) -> String {
     out
 }
 
-/// Serve metrics and health on `addr` in the background.
+/// Serve metrics and health on `addr` in the background; returns the bound address (the
+/// real port when `addr` asks for port 0), which it logs.
 pub async fn serve(
     addr: SocketAddr,
     pin_dir: PathBuf,
     stats: Arc<Mutex<Stats>>,
-) -> std::io::Result<()> {
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(addr = %bound, "serving /metrics, /status, /healthz and /readyz");
+    let maps = Arc::new(Cached::<MapStats>::new(MAP_STATS_INTERVAL));
     tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
@@ -328,6 +385,7 @@ pub async fn serve(
             };
             let pin_dir = pin_dir.clone();
             let stats = stats.clone();
+            let maps = maps.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
                 let n =
@@ -339,7 +397,11 @@ pub async fn serve(
                 let path = req.split_whitespace().nth(1).unwrap_or("/");
                 let snapshot = stats.lock().map(|s| s.clone()).unwrap_or_default();
                 let (status, body) = match path {
-                    "/metrics" => ("200 OK", render(&pin_dir, &snapshot)),
+                    "/metrics" => {
+                        let read = maps.get(move || MapStats::read(&pin_dir)).await;
+                        let read = read.unwrap_or_default();
+                        ("200 OK", render(&read, &snapshot))
+                    }
                     "/healthz" => ("200 OK", "ok\n".to_owned()),
                     "/status" => ("200 OK", status_text(&snapshot)),
                     "/readyz" if snapshot.ready => ("200 OK", "ready\n".to_owned()),
@@ -354,12 +416,54 @@ pub async fn serve(
             });
         }
     });
-    Ok(())
+    Ok(bound)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::{path::Path, sync::atomic::AtomicUsize};
+
     use super::*;
+
+    /// Sixteen scrapes at once, as in the issue: one read of the maps, on a blocking
+    /// thread, shared by all; a scrape after the interval reads again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_scrapes_share_one_map_read() {
+        let cache = Arc::new(Cached::<usize>::new(Duration::from_millis(300)));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let read = |reads: Arc<AtomicUsize>| {
+            move || {
+                // A slow walk (a large conntrack table), off the runtime.
+                std::thread::sleep(Duration::from_millis(100));
+                reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+            }
+        };
+        let scrapes: Vec<_> = (0..16)
+            .map(|_| {
+                let (cache, reads) = (cache.clone(), reads.clone());
+                tokio::spawn(async move { *cache.get(read(reads)).await.unwrap() })
+            })
+            .collect();
+        for s in scrapes {
+            assert_eq!(s.await.unwrap(), 1);
+        }
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_eq!(*cache.get(read(reads.clone())).await.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_bound_address_is_returned_for_port_0() {
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let bound = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            PathBuf::from("/nonexistent/egress-metrics"),
+            stats,
+        )
+        .await
+        .unwrap();
+        assert_ne!(bound.port(), 0);
+    }
 
     #[test]
     fn routes_published_per_interface() {
@@ -367,7 +471,10 @@ mod tests {
             routes_published: BTreeMap::from([("eth1".to_owned(), 3), ("eth2".to_owned(), 0)]),
             ..Stats::default()
         };
-        let text = render(std::path::Path::new("/nonexistent/egress-metrics"), &stats);
+        let text = render(
+            &MapStats::read(Path::new("/nonexistent/egress-metrics")),
+            &stats,
+        );
         assert!(
             text.contains("egress_routes_published{interface=\"eth1\"} 3"),
             "{text}"
