@@ -250,6 +250,37 @@ impl Netlink {
         Ok(self.link_by_name(name).await?.map(|link| link.header.index))
     }
 
+    /// Delete the vxlan device `name` (the agent's tunnel, for `egress-agent cleanup`);
+    /// Ok(false) when there is none. A device of that name of another kind is an error
+    /// naming it, and is left alone.
+    pub async fn delete_vxlan(&self, name: &str) -> Result<bool> {
+        let object = || format!("vxlan device {name}");
+        check_ifname(name).map_err(|detail| Error::Invalid {
+            verb: "remove",
+            object: object(),
+            detail,
+        })?;
+        let Some(link) = self.link_by_name(name).await? else {
+            return Ok(false);
+        };
+        let vxlan = link.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::LinkInfo(infos)
+                if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Vxlan))))
+        });
+        if !vxlan {
+            return Err(Error::Conflict {
+                verb: "remove",
+                object: object(),
+                detail: "a device of that name exists but is not a vxlan device; left alone".into(),
+            });
+        }
+        match self.handle.link().del(link.header.index).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(false),
+            Err(e) => Err(netlink_error("remove", object(), e)),
+        }
+    }
+
     async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>> {
         let found: Result<Vec<LinkMessage>, _> = self
             .handle
