@@ -12,4 +12,5 @@ pub mod ebpf;
 pub mod iface;
 pub mod liveness;
 pub mod metrics;
+pub mod report;
 pub mod source;

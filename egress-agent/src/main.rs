@@ -8,6 +8,9 @@ use egress_agent::{agent, api, check, datapath, ebpf, liveness};
 use egress_common::config::{DEFAULT_PORT_MAX, DEFAULT_PORT_MIN, DEFAULT_TUNNEL_PORT};
 use ipnet::IpNet;
 
+/// The VXLAN device of `run` and `cleanup`.
+const DEFAULT_TUNNEL_DEVICE: &str = "egress0";
+
 #[derive(Parser)]
 #[command(
     version,
@@ -48,7 +51,7 @@ enum Command {
         #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
         /// Name of the VXLAN device the agent owns.
-        #[arg(long, default_value = "egress0")]
+        #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
         tunnel_device: String,
         /// UDP port of the tunnel (clear of 4789, 8472 and 6081 used by CNIs).
         #[arg(long, default_value_t = DEFAULT_TUNNEL_PORT)]
@@ -115,10 +118,25 @@ enum Command {
     },
     /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
     Crd,
-    /// Detach everything an agent attached and remove its pinned maps.
+    /// Uninstall an agent's datapath from this node: detach its programs, remove its pinned
+    /// maps, its tunnel device and the egress IPs it added (one line per thing removed).
+    #[command(
+        long_about = "Uninstall an agent's datapath from this node: detach its TC \
+        programs (pinned TCX links), remove its pinned maps, its tunnel device and the \
+        dedicated egress IPs it added (read from its maps), printing one line per thing \
+        removed.\n\n\
+        Refused while an agent runs on the same --bpffs-dir. Stopping an agent with \
+        SIGTERM is not an uninstall: it keeps the whole datapath (maps, links, tunnel \
+        device, egress IPs), so that traffic keeps flowing until the next agent adopts \
+        it. Run cleanup after stopping the agent for good (e.g. after deleting the \
+        DaemonSet)."
+    )]
     Cleanup {
         #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
+        /// The agent's VXLAN device (as its `run --tunnel-device`).
+        #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
+        tunnel_device: String,
     },
 }
 
@@ -152,7 +170,7 @@ fn main() -> ExitCode {
     match real_main() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("egress-agent: {e:#}");
+            eprintln!("egress-agent: {}", egress_agent::report::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -248,9 +266,25 @@ fn real_main() -> Result<ExitCode> {
             print!("{}", api::crd_yaml());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Cleanup { bpffs_dir } => {
-            std::fs::remove_dir_all(&bpffs_dir)
-                .with_context(|| format!("failed to remove {}", bpffs_dir.display()))?;
+        Command::Cleanup {
+            bpffs_dir,
+            tunnel_device,
+        } => {
+            let removed = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("failed to start the runtime")?
+                .block_on(datapath::cleanup::uninstall(
+                    &bpffs_dir,
+                    &tunnel_device,
+                    |line| println!("{line}"),
+                ))?;
+            if removed == 0 {
+                println!(
+                    "nothing to remove: no pins under {}, no device {tunnel_device}",
+                    bpffs_dir.display()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

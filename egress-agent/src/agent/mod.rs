@@ -22,12 +22,15 @@ use tracing::{debug, info, warn};
 use crate::{
     api::EgressNode,
     compiler::{self, Compiled},
-    datapath::{self, Attachment, Datapath, MapState},
+    datapath::{self, Attachment, Datapath, MapState, lock::PinLock},
     desired::Desired,
     ebpf, iface,
     liveness::{self, Membership, PeerView, Transition, service::Handle},
     metrics::{self, Stats},
-    source::{ClusterView, kube as kube_source, yaml},
+    source::{
+        ClusterView, kube as kube_source,
+        yaml::{self, Snapshot},
+    },
 };
 
 pub mod holding;
@@ -82,7 +85,74 @@ fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
     underlay_mtu.saturating_sub(overhead)
 }
 
+/// How long `run` waits for the Kubernetes API to answer before it gives up.
+const API_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Connect to the source of cluster state and read it once: the first thing `run` does,
+/// before it changes anything on the host.
+async fn connect(cfg: &RunConfig) -> Result<(tokio::sync::watch::Receiver<Arc<Snapshot>>, Sink)> {
+    match &cfg.source {
+        Source::Yaml(dir) => {
+            std::fs::read_dir(dir).with_context(|| {
+                format!(
+                    "failed to read the state directory {}: create it (or mount it), or \
+                     pass --state-dir",
+                    dir.display()
+                )
+            })?;
+            // inotify tells of edits at once; the poll is a safety net.
+            let views = yaml::watch(
+                dir.clone(),
+                Duration::from_secs(1),
+                cfg.cluster_cidrs.clone(),
+            )
+            .await;
+            Ok((views, Sink::Yaml(dir.clone())))
+        }
+        Source::Kube { kubeconfig } => {
+            let hint = "in a cluster, check the pod's ServiceAccount; outside, pass \
+                        --kubeconfig or set KUBECONFIG";
+            let client = kube_source::client(kubeconfig.clone())
+                .await
+                .with_context(|| format!("failed to configure the Kubernetes client ({hint})"))?;
+            match tokio::time::timeout(API_TIMEOUT, client.apiserver_version()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("failed to reach the Kubernetes API ({hint})")));
+                }
+                Err(_) => anyhow::bail!(
+                    "failed to reach the Kubernetes API: no answer within {} s ({hint})",
+                    API_TIMEOUT.as_secs()
+                ),
+            }
+            let views = kube_source::watch(client.clone(), cfg.cluster_cidrs.clone())
+                .await
+                .context("failed to list the cluster (check the RBAC in deploy/daemonset.yaml)")?;
+            Ok((views, Sink::Kube(KubeWriter::start(client, &cfg.node_name))))
+        }
+    }
+}
+
 pub async fn run(cfg: RunConfig) -> Result<()> {
+    // Nothing on the host changes before the source answers and this pin directory is
+    // ours: a failed start leaves the node as it was.
+    let (mut views, sink) = connect(&cfg).await?;
+    let _lock = PinLock::acquire(&cfg.bpffs_dir)?;
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    if let Some(addr) = cfg.metrics_addr {
+        metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
+            .await
+            .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
+    }
+    let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)
+        .await
+        .with_context(|| {
+            format!(
+                "failed to open the probe port (UDP {}; --probe-port)",
+                cfg.probe_port
+            )
+        })?;
     // Containers often see /proc/sys read-only: then the node must already forward
     // (every CNI that routes pods enables it).
     if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
@@ -110,14 +180,6 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
     let mut dp = Datapath::open(&cfg.bpffs_dir)
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
-    let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)
-        .await
-        .with_context(|| {
-            format!(
-                "failed to open the probe port (UDP {}; --probe-port)",
-                cfg.probe_port
-            )
-        })?;
     info!(
         node = %cfg.node_name,
         tunnel = %cfg.tunnel_device,
@@ -130,29 +192,6 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         probe_misses = cfg.probe.misses,
         "agent started"
     );
-    let stats = Arc::new(Mutex::new(Stats::default()));
-    if let Some(addr) = cfg.metrics_addr {
-        metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone()).await?;
-    }
-    let (mut views, sink) = match &cfg.source {
-        Source::Yaml(dir) => (
-            // inotify tells of edits at once; the poll is a safety net.
-            yaml::watch(
-                dir.clone(),
-                Duration::from_secs(1),
-                cfg.cluster_cidrs.clone(),
-            )
-            .await,
-            Sink::Yaml(dir.clone()),
-        ),
-        Source::Kube { kubeconfig } => {
-            let client = kube_source::client(kubeconfig.clone()).await?;
-            (
-                kube_source::watch(client.clone(), cfg.cluster_cidrs.clone()).await?,
-                Sink::Kube(KubeWriter::start(client, &cfg.node_name)),
-            )
-        }
-    };
     let mut changes = iface::Netlink::subscribe_changes().await?;
     let mut tick = tokio::time::interval(cfg.resync);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -241,13 +280,18 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             }
             Err(e) => {
                 s.errors += 1;
-                warn!("failed to reconcile: {e:#}");
+                warn!("failed to reconcile: {}", crate::report::chain(e.as_ref()));
             }
         }
     }
     // The datapath stays: peers keep this node alive while its next agent starts.
     r.probes.farewell().await;
-    info!("agent stopping; maps, links and egress IPs stay for the next agent");
+    info!(
+        "agent stopping: the datapath stays (pinned maps and links, tunnel device {}, \
+         egress IPs), so traffic keeps flowing until the next agent adopts it; \
+         `egress-agent cleanup` uninstalls it",
+        cfg.tunnel_device
+    );
     Ok(())
 }
 
@@ -366,6 +410,17 @@ impl Reconciler<'_> {
         mut peers: PeerView,
     ) -> Result<Outcome> {
         let now = Instant::now();
+        let mut pin_problems = Vec::new();
+        match dp.restore_pins() {
+            Ok(restored) if !restored.is_empty() => warn!(
+                "pins vanished from {} behind this agent (removed by hand, or a cleanup): \
+                 restored {}",
+                self.cfg.bpffs_dir.display(),
+                restored.join("; ")
+            ),
+            Ok(_) => {}
+            Err(e) => pin_problems.push(e.to_string()),
+        }
         let ifaces = self.nl.interfaces().await?;
         let me = self.cfg.node_name.clone();
         self.adopt(view, &ifaces);
@@ -385,6 +440,7 @@ impl Reconciler<'_> {
         self.last_accepted.clone_from(&compiled.accepted);
         let desired = &compiled.desired;
         let mut problems: Vec<String> = compiled.problems.iter().map(|p| p.to_string()).collect();
+        problems.extend(pin_problems);
         let mut changed = 0;
 
         changed += self.configure(dp, desired, &mut problems).await?;

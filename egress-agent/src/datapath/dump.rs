@@ -136,8 +136,42 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
     Ok(out)
 }
 
+/// Are an agent's maps pinned under `pin_dir`? (Its configuration map is pinned first.)
+pub fn has_maps(pin_dir: &Path) -> bool {
+    pinned(pin_dir, names::CONFIG)
+}
+
+/// The dedicated egress IPs in the pinned maps, with the ifindex they serve: addresses
+/// an agent added to this node's interfaces (shared ones are the interface's own address).
+pub fn dedicated_egress_ips(pin_dir: &Path) -> Result<Vec<(IpAddr, u32)>> {
+    fn read<K: aya::Pod>(pin_dir: &Path, name: &'static str) -> Result<Vec<(IpAddr, u32)>>
+    where
+        IpAddr: From<K>,
+    {
+        if !pinned(pin_dir, name) {
+            return Ok(Vec::new());
+        }
+        let m: HashMap<MapData, K, EgressIpValue> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        Ok(m.iter()
+            .flatten()
+            .filter(|(_, v)| v.flags & egress_ip_flags::SHARED == 0)
+            .map(|(k, v)| (IpAddr::from(k), v.ifindex))
+            .collect())
+    }
+    let mut out = read::<[u8; 4]>(pin_dir, names::EGRESS_IPS_V4)?;
+    out.extend(read::<[u8; 16]>(pin_dir, names::EGRESS_IPS_V6)?);
+    out.sort();
+    Ok(out)
+}
+
 /// The whole state of one agent's maps as text.
 pub fn render(pin_dir: &Path) -> Result<String> {
+    if !has_maps(pin_dir) {
+        return Err(Error::NoAgent {
+            dir: pin_dir.to_owned(),
+        });
+    }
     let mut s = String::new();
     let name = names::CONFIG;
     let cfg: Array<MapData, Config> =
@@ -408,5 +442,27 @@ fn proto(p: u8) -> &'static str {
         1 => "icmp",
         58 => "icmpv6",
         _ => "?",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_where_no_agent_has_run_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = render(dir.path()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "no agent has run here (no maps under {}): start `egress-agent run`, or \
+                 pass --bpffs-dir",
+                dir.path().display()
+            )
+        );
+        let missing = dir.path().join("absent");
+        assert!(matches!(render(&missing), Err(Error::NoAgent { .. })));
+        assert!(dedicated_egress_ips(&missing).unwrap().is_empty());
     }
 }

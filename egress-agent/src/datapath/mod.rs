@@ -6,7 +6,9 @@
 //! (traffic keeps flowing on the old programs meanwhile), swaps its new programs into the
 //! existing links atomically, reads what the maps hold and removes only what is stale.
 
+pub mod cleanup;
 pub mod dump;
+pub mod lock;
 pub mod state;
 
 use std::{
@@ -59,6 +61,12 @@ pub enum Error {
     },
     #[error("map {name} is missing from the object")]
     MissingMap { name: &'static str },
+    #[error(
+        "no agent has run here (no maps under {}): start `egress-agent run`, or pass \
+         --bpffs-dir",
+        dir.display()
+    )]
+    NoAgent { dir: PathBuf },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -616,15 +624,51 @@ impl Datapath {
         Ok(())
     }
 
-    /// Detach everything and remove the pin directory (for `egress-agent cleanup`).
-    pub fn remove_all(self) -> Result<()> {
-        let dir = self.pin_dir.clone();
-        drop(self);
-        fs::remove_dir_all(&dir).map_err(|source| Error::Io {
-            verb: "remove",
-            path: dir,
-            source,
-        })
+    /// Put back what vanished from the pin directory behind this agent's back (someone
+    /// removed the files, or ran `cleanup` around the lock): the maps this process still
+    /// holds are pinned again, and attachments whose link pin is gone (the link detached
+    /// with it) are forgotten, so that the next [`Datapath::sync_attachments`] attaches
+    /// them afresh. Returns what it restored, in words (empty when nothing was missing).
+    pub fn restore_pins(&mut self) -> Result<Vec<String>> {
+        let mut restored = Vec::new();
+        if !self.pin_dir.is_dir() {
+            fs::create_dir_all(&self.pin_dir).map_err(|source| Error::Io {
+                verb: "create the pin directory",
+                path: self.pin_dir.clone(),
+                source,
+            })?;
+            restored.push(format!("pin directory {}", self.pin_dir.display()));
+        }
+        let mut maps = Vec::new();
+        for &name in names::ALL {
+            let path = self.pin_dir.join(name);
+            let Some(map) = self.ebpf.map(name) else {
+                continue;
+            };
+            if path.exists() {
+                continue;
+            }
+            map.pin(&path).map_err(|e| Error::Io {
+                verb: "pin the map again at",
+                path,
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            maps.push(name);
+        }
+        if !maps.is_empty() {
+            restored.push(format!("map pins {}", maps.join(", ")));
+        }
+        let gone: Vec<Attachment> = self
+            .attached
+            .iter()
+            .filter(|a| !self.pin_dir.join(a.pin_name()).exists())
+            .cloned()
+            .collect();
+        for a in &gone {
+            self.attached.remove(a);
+            restored.push(format!("{} on {} (attached again)", a.program, a.ifname));
+        }
+        Ok(restored)
     }
 }
 
