@@ -65,6 +65,9 @@ fn via_rtr_b((ip, len): (Ipv4Addr, u8)) -> String {
     format!("{ip}/{len} via {} dev sec-b", addr::RTR_B)
 }
 
+/// (node, ms) until a node's map showed a change.
+type NodeMs = (String, f64);
+
 /// A selected pod and its node's pinned policy trie.
 struct Source {
     node: String,
@@ -228,8 +231,9 @@ pub struct RouteScale {
     pub add: Vec<(String, f64)>,
     /// The same for the 10k `route del`, until the entry was gone.
     pub del: Vec<(String, f64)>,
-    /// ms of the first gateway's `ip -batch` (add, del): part of the above.
-    pub batch_ms: (f64, f64),
+    /// ms from the same start until each gateway's `ip -batch` returned (gw1, gw2), for
+    /// (add, del): part of the above, the kernel's and `ip`'s share.
+    pub batch_ms: ([f64; 2], [f64; 2]),
     /// (node, `took_ms` of the agent's reconcile that applied the most changes) while the
     /// routes were added, from the logs.
     pub reconcile_ms: Vec<(String, f64)>,
@@ -318,19 +322,21 @@ pub fn route_scale(lab: &Lab, rounds: usize) -> Result<RouteScale> {
 }
 
 /// `lines` in one `ip -batch` on each gateway, then poll every `poll` until every source
-/// shows `prefix` (`want`) or no longer does: ms of the first gateway's batch, and (node,
-/// ms) from just before it.
+/// shows `prefix` (`want`) or no longer does: ms until each gateway's batch returned, and
+/// (node, ms), from just before the first.
 fn batch_until(
     lab: &Lab,
     lines: &[String],
     sources: &[Source],
     (prefix, want): ((Ipv4Addr, u8), bool),
     poll: Duration,
-) -> Result<(f64, Vec<(String, f64)>)> {
+) -> Result<([f64; 2], Vec<NodeMs>)> {
     let t0 = Instant::now();
-    lab.ns(GATEWAYS[0])?.ip_batch(lines)?;
-    let batch = t0.elapsed().as_secs_f64() * 1e3;
-    lab.ns(GATEWAYS[1])?.ip_batch(lines)?;
+    let mut batch = [0.0; 2];
+    for (gw, ms) in GATEWAYS.iter().zip(&mut batch) {
+        lab.ns(gw)?.ip_batch(lines)?;
+        *ms = t0.elapsed().as_secs_f64() * 1e3;
+    }
     let times = wait_all(sources, prefix, want, t0, Duration::from_secs(60), poll)?;
     Ok((batch, times))
 }
