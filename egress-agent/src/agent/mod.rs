@@ -145,14 +145,6 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             .await
             .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
     }
-    let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)
-        .await
-        .with_context(|| {
-            format!(
-                "failed to open the probe port (UDP {}; --probe-port)",
-                cfg.probe_port
-            )
-        })?;
     // Containers often see /proc/sys read-only: then the node must already forward
     // (every CNI that routes pods enables it).
     if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
@@ -180,6 +172,16 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
     let mut dp = Datapath::open(&cfg.bpffs_dir)
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    // Started last: its warm-up and detection clocks run from here, and a pass must follow
+    // at once (loading the programs takes a second, long enough to declare peers dead).
+    let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)
+        .await
+        .with_context(|| {
+            format!(
+                "failed to open the probe port (UDP {}; --probe-port)",
+                cfg.probe_port
+            )
+        })?;
     info!(
         node = %cfg.node_name,
         tunnel = %cfg.tunnel_device,
