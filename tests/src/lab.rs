@@ -1613,30 +1613,33 @@ impl Drop for Lab {
 }
 
 /// The sample policy: pods app=api in namespaces team=payments, gateways
-/// egress.dev/gateway=true; A via 192.168.101.50, B via 192.168.102.50.
+/// egress.dev/gateway=true; A listed, via 192.168.101.50; whatever the holder of
+/// 192.168.102.50 routes out of `sec-b` (B itself, D behind rtr-b) via 192.168.102.50.
 pub fn sample_policy() -> String {
     sample_policy_for(Family::V4)
 }
 
-/// The sample policy for a family: IPv4 rules (A via 192.168.101.50, B via
-/// 192.168.102.50), IPv6 rules (fd00:101::/64 via fd00:101::50, fd00:102::/64 via
-/// fd00:102::50), or both in one policy.
+/// The sample policy for a family: IPv4 rules (A listed, via 192.168.101.50;
+/// `destinationsFrom: Routes` via 192.168.102.50), IPv6 rules (fd00:101::/64 via
+/// fd00:101::50; `destinationsFrom: Routes` via fd00:102::50), or both in one policy.
 pub fn sample_policy_for(family: Family) -> String {
     let mut rules = Vec::new();
+    let mut family_rules = |net_a: &str, egress_a: IpAddr, egress_b: IpAddr| {
+        rules.push(json!({"destinations": [net_a], "egressIP": egress_a.to_string()}));
+        rules.push(json!({"destinationsFrom": "Routes", "egressIP": egress_b.to_string()}));
+    };
     if family.has_v4() {
-        rules.push(
-            json!({"destinations": [addr::NET_A], "egressIP": addr::EGRESS_IP_A.to_string()}),
-        );
-        rules.push(
-            json!({"destinations": [addr::NET_B], "egressIP": addr::EGRESS_IP_B.to_string()}),
+        family_rules(
+            addr::NET_A,
+            addr::EGRESS_IP_A.into(),
+            addr::EGRESS_IP_B.into(),
         );
     }
     if family.has_v6() {
-        rules.push(
-            json!({"destinations": [addr6::NET_A], "egressIP": addr6::EGRESS_IP_A.to_string()}),
-        );
-        rules.push(
-            json!({"destinations": [addr6::NET_B], "egressIP": addr6::EGRESS_IP_B.to_string()}),
+        family_rules(
+            addr6::NET_A,
+            addr6::EGRESS_IP_A.into(),
+            addr6::EGRESS_IP_B.into(),
         );
     }
     to_yaml_doc(&json!({

@@ -181,7 +181,7 @@ fn state_dir_holds_the_cluster_and_the_sample_policy() {
     assert!(cluster.contains("podIP: 10.244.11.11\n"));
     assert!(policy.contains("kind: EgressGatewayPolicy\n"));
     assert!(policy.contains("egressIP: 192.168.101.50\n"));
-    assert!(policy.contains("egressIP: 192.168.102.50\n"));
+    assert!(policy.contains("- destinationsFrom: Routes\n      egressIP: 192.168.102.50\n"));
 
     let mut lab = lab;
     lab.set_node_ready("gw1", false).unwrap();
