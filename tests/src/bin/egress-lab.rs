@@ -1,5 +1,7 @@
 //! `cargo xtask lab`: bring up the lab, run one agent per node, show per-destination
-//! egress as a table, show a gateway's maps, tear down. Exits non-zero if a row fails.
+//! egress as a table, then the route step (a route to network E added on the gateways and
+//! removed again, with no policy edit: `destinationsFrom: Routes` follows), show a
+//! gateway's maps, tear down. Exits non-zero if a row or the route step fails.
 //! `--ipv6`: IPv6-only pods (the table's IPv6 rows) over an IPv6 underlay; `--dual-stack`:
 //! both families' rows, over an IPv4 underlay; `--underlay ipv4|ipv6` overrides the
 //! underlay's family.
@@ -19,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use egress_tests::{
     cluster, failover,
-    lab::{self, Family, Lab, LabSpec, Proto, Query, Underlay, addr, addr6},
+    lab::{self, Family, GatewayRoute, Lab, LabSpec, Proto, Query, Underlay, addr, addr6},
     netns,
 };
 
@@ -46,6 +48,7 @@ fn rows(lab: &Lab) -> Vec<Row> {
                 (addr::HOST_A, addr6::HOST_A),
                 (addr::HOST_B, addr6::HOST_B),
                 (addr::HOST_C, addr6::HOST_C),
+                (addr::HOST_D, addr6::HOST_D),
                 (addr::EGRESS_IP_A, addr6::EGRESS_IP_A),
                 (addr::EGRESS_IP_B, addr6::EGRESS_IP_B),
             ];
@@ -75,6 +78,7 @@ fn rows_v4() -> Vec<Row> {
     let a = ("host-a", IpAddr::V4(HOST_A));
     let b = ("host-b", IpAddr::V4(HOST_B));
     let c = ("host-c", IpAddr::V4(HOST_C));
+    let d = ("host-d", IpAddr::V4(HOST_D));
     let ea = Some(IpAddr::V4(EGRESS_IP_A));
     let eb = Some(IpAddr::V4(EGRESS_IP_B));
     vec![
@@ -105,6 +109,20 @@ fn rows_v4() -> Vec<Row> {
             host: b,
             expect: eb,
             why: "same pod, network B: egress IP B",
+        },
+        Row {
+            pod: "w1-p1",
+            proto: Proto::Tcp,
+            host: d,
+            expect: eb,
+            why: "behind a router on B: gateways' static route",
+        },
+        Row {
+            pod: "w1-p1",
+            proto: Proto::Udp,
+            host: d,
+            expect: eb,
+            why: "behind a router on B: gateways' static route",
         },
         Row {
             pod: "w2-p1",
@@ -154,6 +172,13 @@ fn rows_v4() -> Vec<Row> {
             host: a,
             expect: None,
             why: "unselected pod: no way to A",
+        },
+        Row {
+            pod: "w1-p2",
+            proto: Proto::Tcp,
+            host: d,
+            expect: None,
+            why: "unselected pod: no way to D",
         },
         Row {
             pod: "w2-p2",
@@ -235,7 +260,7 @@ fn real_main() -> Result<bool> {
     }
     let mut lab = Lab::up(spec)?;
     println!(
-        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, C routed; pods {}, over the {} underlay",
+        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, D and E behind a router on B, C routed; pods {}, over the {} underlay",
         lab.prefix(),
         t0.elapsed().as_secs_f64(),
         match family {
@@ -315,6 +340,11 @@ fn real_main() -> Result<bool> {
             r.why
         );
     }
+    for v6 in [false, true] {
+        if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
+            ok_all &= route_step(&lab, v6)?;
+        }
+    }
     if let Some((_, gw, _)) = holders.first() {
         println!("\n== egress-agent maps on {gw} ==");
         let out = Command::new(&agent)
@@ -356,6 +386,80 @@ fn real_main() -> Result<bool> {
         lab.stop_agents();
         lab.down()?;
         println!("lab torn down");
+    }
+    Ok(ok_all)
+}
+
+/// How long the route step waits for each change to show in new traffic.
+const ROUTE_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The route step, for one family: `w1-p1` to host-e (network E, which no gateway routes)
+/// before, after the route to E is added on both gateways, and after it is deleted again;
+/// nothing else changes (no policy edit). Prints a small table; `Ok(false)` if a step did
+/// not show within [`ROUTE_DEADLINE`].
+fn route_step(lab: &Lab, v6: bool) -> Result<bool> {
+    const POD: &str = "w1-p1";
+    const GATEWAYS: [&str; 2] = ["gw1", "gw2"];
+    let route = GatewayRoute::net_e(v6);
+    let (host, egress) = if v6 {
+        (IpAddr::V6(addr6::HOST_E), IpAddr::V6(addr6::EGRESS_IP_B))
+    } else {
+        (IpAddr::V4(addr::HOST_E), IpAddr::V4(addr::EGRESS_IP_B))
+    };
+    // A short timeout: a lost SYN (the router rate-limits its ICMP errors) would otherwise
+    // hide the change for a whole retransmission.
+    let q = Query::new(Proto::Tcp, host, addr::ECHO_PORT).timeout(Duration::from_millis(250));
+    let observe = || lab.query_with(POD, &q).ok().map(|s| s.ip);
+    // Poll new connections until they show `want`: what the last one saw, and the time from
+    // `since` to the first that showed it.
+    let until = |want: Option<IpAddr>, since: Instant| {
+        let mut last = None;
+        let took = cluster::wait_until(ROUTE_DEADLINE, || {
+            last = observe();
+            last == want
+        })
+        .ok()
+        .map(|_| since.elapsed());
+        (last, took)
+    };
+    let mut steps = vec![("before: no gateway routes E", None, observe(), None)];
+    let t = Instant::now();
+    for gw in GATEWAYS {
+        lab.add_gateway_route(gw, &route)?;
+    }
+    let (seen, took) = until(Some(egress), t);
+    steps.push(("route added on gw1, gw2", Some(egress), seen, took));
+    let t = Instant::now();
+    for gw in GATEWAYS {
+        lab.del_gateway_route(gw, &route)?;
+    }
+    let (seen, took) = until(None, t);
+    steps.push(("route deleted on gw1, gw2", None, seen, took));
+
+    println!("\n== a route added on the gateways, no policy edit: {route} ==");
+    println!(
+        "{:<28} {:<7} {:<4} {:<30} {:<16} {:<16} {:<8} ok",
+        "step", "pod", "", "destination", "expected source", "observed source", "after_ms",
+    );
+    let show = |ip: Option<IpAddr>| ip.map_or("unreachable".to_owned(), |ip| ip.to_string());
+    let mut ok_all = true;
+    for (step, expect, seen, took) in steps {
+        let ok = seen == expect;
+        ok_all &= ok;
+        println!(
+            "{:<28} {:<7} {:<4} {:<30} {:<16} {:<16} {:<8} {}",
+            step,
+            POD,
+            "tcp",
+            format!(
+                "host-e {}",
+                std::net::SocketAddr::new(host, addr::ECHO_PORT)
+            ),
+            show(expect),
+            show(seen),
+            took.map_or("-".to_owned(), |t| t.as_millis().to_string()),
+            if ok { "ok" } else { "FAIL" },
+        );
     }
     Ok(ok_all)
 }
