@@ -101,6 +101,10 @@ pub struct Desired {
     pub pod_owner_v6: BTreeMap<Ipv6Addr, IpAddr>,
     /// `HeldIpV4` carries what an IPv6 address needs too (interface, prefix, shared).
     pub egress_ips_v6: BTreeMap<Ipv6Addr, HeldIpV4>,
+    /// Gateway side: the (pod address, rule id) pairs this node admits from the tunnel:
+    /// pods whose policy selects them for a rule, with at least one destination of it
+    /// forwarded through this node. Anything else claiming a served rule is forged.
+    pub admitted: BTreeSet<(IpAddr, u32)>,
 }
 
 impl Desired {

@@ -123,6 +123,12 @@ impl Claimer<'_, '_, '_> {
                 }
                 self.claims
                     .insert((*ip, *prefix), (p_idx, rule.index, pass == Pass::Listed));
+                if *kind == Kind::Forward
+                    && let Some(g) = gateway
+                    && g.node == self.node_name
+                {
+                    desired.admitted.insert((*ip, rule.rule_id));
+                }
                 if !local {
                     continue;
                 }

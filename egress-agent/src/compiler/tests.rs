@@ -2054,3 +2054,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_gateway_admits_exactly_the_selected_pods_of_the_rules_it_serves() {
+    let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    let holder = holder_of(&compile(&view, "worker-1"), "198.51.100.10").expect("a holder");
+    let gw = compile(&view, &holder);
+    let dedicated = rule_id("payments", 0);
+    let admitted: BTreeSet<IpAddr> = gw
+        .desired
+        .admitted
+        .iter()
+        .filter(|(_, r)| *r == dedicated)
+        .map(|(ip, _)| *ip)
+        .collect();
+    // The api pods of team payments, on every node; not web-1 (other app), not api-9
+    // (other namespace).
+    let want: BTreeSet<IpAddr> = ["10.244.1.11", "10.244.1.12", "10.244.2.13"]
+        .iter()
+        .map(|s| s.parse().expect("ip"))
+        .collect();
+    assert_eq!(admitted, want);
+    // A worker serves nothing and admits nothing.
+    assert!(compile(&view, "worker-1").desired.admitted.is_empty());
+    // Interface rules: each gateway admits the pods spread to it, together all of them.
+    let interface = rule_id("payments", 1);
+    let spread: Vec<BTreeSet<IpAddr>> = ["gw-1", "gw-2"]
+        .iter()
+        .map(|g| {
+            compile(&view, g)
+                .desired
+                .admitted
+                .iter()
+                .filter(|(_, r)| *r == interface)
+                .map(|(ip, _)| *ip)
+                .collect()
+        })
+        .collect();
+    assert!(spread[0].is_disjoint(&spread[1]));
+    assert_eq!(&spread[0] | &spread[1], want);
+}
