@@ -231,9 +231,11 @@ pub struct RouteScale {
     pub add: Vec<(String, f64)>,
     /// The same for the 10k `route del`, until the entry was gone.
     pub del: Vec<(String, f64)>,
-    /// ms from the same start until each gateway's `ip -batch` returned (gw1, gw2), for
-    /// (add, del): part of the above, the kernel's and `ip`'s share.
+    /// ms from the same start until each gateway's `ip -batch` returned (gw1, gw2; both
+    /// run at once), for (add, del): part of the above, the kernel's and `ip`'s share.
     pub batch_ms: ([f64; 2], [f64; 2]),
+    /// Index in (gw1, gw2) of the gateway that holds egress IP B (whose routes count).
+    pub serving: usize,
     /// (node, `took_ms` of the agent's reconcile that applied the most changes) while the
     /// routes were added, from the logs.
     pub reconcile_ms: Vec<(String, f64)>,
@@ -316,14 +318,15 @@ pub fn route_scale(lab: &Lab, rounds: usize) -> Result<RouteScale> {
         out.del = times;
         out.batch_ms = (batch_add, batch_del);
 
+        out.serving = GATEWAYS.iter().position(|g| *g == gw).unwrap_or(0);
         out.compile = compile_routes(base.view, &gw, &prefixes, rounds)?;
         Ok(out)
     })
 }
 
-/// `lines` in one `ip -batch` on each gateway, then poll every `poll` until every source
-/// shows `prefix` (`want`) or no longer does: ms until each gateway's batch returned, and
-/// (node, ms), from just before the first.
+/// `lines` in one `ip -batch` on each gateway, both at once, while polling every `poll`
+/// until every source shows `prefix` (`want`) or no longer does: ms until each gateway's
+/// batch returned, and (node, ms), from just before they start.
 fn batch_until(
     lab: &Lab,
     lines: &[String],
@@ -332,13 +335,28 @@ fn batch_until(
     poll: Duration,
 ) -> Result<([f64; 2], Vec<NodeMs>)> {
     let t0 = Instant::now();
-    let mut batch = [0.0; 2];
-    for (gw, ms) in GATEWAYS.iter().zip(&mut batch) {
-        lab.ns(gw)?.ip_batch(lines)?;
-        *ms = t0.elapsed().as_secs_f64() * 1e3;
-    }
-    let times = wait_all(sources, prefix, want, t0, Duration::from_secs(60), poll)?;
-    Ok((batch, times))
+    let namespaces = GATEWAYS.map(|gw| lab.ns(gw));
+    thread::scope(|scope| {
+        let batches: Vec<_> = namespaces
+            .iter()
+            .map(|ns| {
+                scope.spawn(move || -> Result<f64> {
+                    ns.as_ref()
+                        .map_err(|e| anyhow::anyhow!("{e:#}"))?
+                        .ip_batch(lines)?;
+                    Ok(t0.elapsed().as_secs_f64() * 1e3)
+                })
+            })
+            .collect();
+        let times = wait_all(sources, prefix, want, t0, Duration::from_secs(60), poll);
+        let mut batch = [0.0; 2];
+        for (handle, ms) in batches.into_iter().zip(&mut batch) {
+            *ms = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("an `ip -batch` thread panicked"))??;
+        }
+        Ok((batch, times?))
+    })
 }
 
 /// The compiler in this process on `view` with `prefixes` routed out of `gateway`'s
