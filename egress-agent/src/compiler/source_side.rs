@@ -2,7 +2,10 @@
 //! over every pod of the cluster (so conflicts, and thus statuses, are the same on every
 //! node), and the policy entries of this node's own pods.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
 
@@ -49,10 +52,25 @@ pub(super) fn claim(
             None => Vec::new(),
         })
         .collect();
+    // Pod addresses that more than one rule selects: only their pairs can be contested.
+    let mut rules_of: HashMap<IpAddr, BTreeSet<(usize, usize)>> = HashMap::new();
+    for (p_idx, pods) in selected.iter().enumerate() {
+        for rule in &plans[p_idx].rules {
+            for ip in pods.iter().flat_map(|p| &p.ips) {
+                rules_of.entry(*ip).or_default().insert((p_idx, rule.index));
+            }
+        }
+    }
+    let contested = rules_of
+        .into_iter()
+        .filter(|(_, rules)| rules.len() > 1)
+        .map(|(ip, _)| ip)
+        .collect();
     let mut claimer = Claimer {
         plans: &*plans,
         node_name,
         claims: Claims::new(),
+        contested,
         lost: Vec::new(),
     };
     for pass in [Pass::Listed, Pass::Learned, Pass::Carve] {
@@ -77,6 +95,10 @@ struct Claimer<'p, 'a, 'n> {
     plans: &'p [PolicyPlan<'a>],
     node_name: &'n str,
     claims: Claims,
+    /// Pod addresses selected by more than one rule: the others need no claims (their
+    /// one rule has every pair), which keeps the work per pass to this node's pods when
+    /// rules learn thousands of routes.
+    contested: HashSet<IpAddr>,
     /// (policy index, message) of each pair lost.
     lost: Vec<(usize, String)>,
 }
@@ -101,6 +123,25 @@ impl Claimer<'_, '_, '_> {
                 p.addr().is_ipv6() == ip.is_ipv6()
                     && ((*kind == Kind::Carve) == (pass == Pass::Carve))
             });
+            let serves_here = gateway.is_some_and(|g| g.node == self.node_name);
+            if !self.contested.contains(ip) {
+                // Its only rule has every pair: entries if local (the first of equal
+                // prefixes wins, as an except over a destination), admission if served
+                // here.
+                if serves_here && prefixes.clone().any(|(_, k)| *k == Kind::Forward) {
+                    desired.admitted.insert((*ip, rule.rule_id));
+                }
+                if local {
+                    for (prefix, kind) in prefixes {
+                        let entry = match kind {
+                            Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
+                            Kind::Except | Kind::Carve => Entry::exclude(rule.rule_id),
+                        };
+                        entry.insert_new(desired, *ip, *prefix);
+                    }
+                }
+                continue;
+            }
             for (prefix, kind) in prefixes {
                 if let Some(&(w_policy, w_rule, w_listed)) = self.claims.get(&(*ip, *prefix)) {
                     let own = w_policy == p_idx && w_rule == rule.index;
@@ -123,10 +164,7 @@ impl Claimer<'_, '_, '_> {
                 }
                 self.claims
                     .insert((*ip, *prefix), (p_idx, rule.index, pass == Pass::Listed));
-                if *kind == Kind::Forward
-                    && let Some(g) = gateway
-                    && g.node == self.node_name
-                {
+                if *kind == Kind::Forward && serves_here {
                     desired.admitted.insert((*ip, rule.rule_id));
                 }
                 if !local {
@@ -153,6 +191,18 @@ struct Entry {
 impl Entry {
     /// Store the entry for (pod, prefix) in the maps of their family (the caller pairs
     /// pod addresses and prefixes of one family; a stray pair is left out).
+    /// [`Entry::insert`] unless (pod, prefix) has an entry already.
+    fn insert_new(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
+        let taken = match (pod, prefix) {
+            (IpAddr::V4(pod), IpNet::V4(prefix)) => desired.policy_v4.contains_key(&(pod, prefix)),
+            (IpAddr::V6(pod), IpNet::V6(prefix)) => desired.policy_v6.contains_key(&(pod, prefix)),
+            _ => true,
+        };
+        if !taken {
+            self.insert(desired, pod, prefix);
+        }
+    }
+
     fn insert(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
         match (pod, prefix) {
             (IpAddr::V4(pod), IpNet::V4(prefix)) => {
