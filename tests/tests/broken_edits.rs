@@ -1,0 +1,146 @@
+//! A broken edit of the policy file never withdraws the policy: while a TCP stream and a
+//! UDP stream run from a selected pod through the gateways, the policy file is made
+//! unparsable, then empty, then given a rule with an invalid CIDR, then fixed. Every step
+//! keeps the last good translation: the holders stay, new connections leave with the
+//! egress IPs, the streams lose nothing and are never reset, and the far hosts see only
+//! the egress IPs.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use egress_tests::{
+    cluster::{default_spec, holder, seen, up_with_agents},
+    lab::{Lab, Proto, addr, sample_policy},
+    netns::NsChild,
+    stream::Summary,
+};
+
+const POD: &str = "w1-p1";
+/// How long each broken state lasts: several resyncs and file-watch rounds.
+const HOLD: Duration = Duration::from_secs(4);
+
+fn start_stream(lab: &Lab, proto: &str, host: IpAddr, name: &str) -> (NsChild, std::path::PathBuf) {
+    let log = lab.dir().join(format!("{name}.log"));
+    let target = SocketAddr::new(host, addr::ECHO_PORT).to_string();
+    let child = lab
+        .ns(POD)
+        .unwrap()
+        .spawn(
+            &lab.spec().echo_bin,
+            &[
+                "stream",
+                proto,
+                &target,
+                "--interval-ms",
+                "50",
+                "--duration-ms",
+                "120000",
+            ],
+            &log,
+        )
+        .unwrap();
+    (child, log)
+}
+
+fn stop_stream(mut child: NsChild, log: &std::path::Path) -> Summary {
+    child.signal_term();
+    child.wait_for(Duration::from_secs(3)).unwrap();
+    let out = std::fs::read_to_string(log).unwrap();
+    Summary::find_in(&out).unwrap_or_else(|e| panic!("no summary ({e}): {out}"))
+}
+
+#[test]
+fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
+    let lab = up_with_agents(default_spec().unwrap()).unwrap();
+    let (a, b) = (addr::EGRESS_IP_A, addr::EGRESS_IP_B);
+    let holders = || (holder(&lab, a), holder(&lab, b));
+    let before = holders();
+    assert!(before.0.is_some() && before.1.is_some(), "{before:?}");
+    let (tcp, tcp_log) = start_stream(&lab, "tcp", IpAddr::V4(addr::HOST_A), "broken-tcp");
+    let (udp, udp_log) = start_stream(&lab, "udp", IpAddr::V4(addr::HOST_B), "broken-udp");
+    std::thread::sleep(Duration::from_millis(500));
+
+    let good = sample_policy();
+    let invalid_cidr = good.replacen("192.168.101.0/24", "192.168.101.0/33", 1);
+    assert_ne!(invalid_cidr, good, "the sample policy lists network A");
+    let edits: [(&str, &str); 3] = [
+        (
+            "unparsable",
+            "apiVersion: egress.dev/v1alpha1\nkind: [EgressGatewayPolicy\n",
+        ),
+        ("empty", ""),
+        ("an invalid CIDR in rule A", &invalid_cidr),
+    ];
+    for (what, text) in edits {
+        lab.write_policy(text).unwrap();
+        std::thread::sleep(HOLD);
+        assert_eq!(holders(), before, "{what}: the egress IPs stay put");
+        assert_eq!(
+            seen(&lab, POD, Proto::Tcp, addr::HOST_A),
+            Some(IpAddr::V4(a)),
+            "{what}: a new connection to A still leaves with egress IP A"
+        );
+        assert_eq!(
+            seen(&lab, POD, Proto::Udp, addr::HOST_B),
+            Some(IpAddr::V4(b)),
+            "{what}: new UDP to B still leaves with egress IP B"
+        );
+    }
+    lab.write_policy(&good).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(holders(), before, "fixed: nothing moved");
+
+    let tcp = stop_stream(tcp, &tcp_log);
+    let udp = stop_stream(udp, &udp_log);
+    eprintln!(
+        "tcp: {} sent, {} replies, longest gap {} ms, reset {}; udp: {} sent, {} replies, \
+         longest gap {} ms",
+        tcp.sent,
+        tcp.received,
+        tcp.longest_gap_ms,
+        tcp.reset,
+        udp.sent,
+        udp.received,
+        udp.longest_gap_ms
+    );
+    assert!(tcp.unbroken(), "the TCP stream was never reset: {tcp:?}");
+    for (name, s) in [("tcp", &tcp), ("udp", &udp)] {
+        // The last datagram or line may still be in flight when the stream stops.
+        assert!(
+            s.sent.saturating_sub(s.received) <= 1,
+            "{name}: nothing lost ({} sent, {} received)",
+            s.sent,
+            s.received
+        );
+        assert!(s.longest_gap_ms < 1_000, "{name}: no outage: {s:?}");
+    }
+    assert!(
+        tcp.sources.iter().all(|s| s.starts_with(&format!("{a}:"))),
+        "host-a saw only {a}: {:?}",
+        tcp.sources
+    );
+    assert!(
+        udp.sources.iter().all(|s| s.starts_with(&format!("{b}:"))),
+        "host-b saw only {b}: {:?}",
+        udp.sources
+    );
+    // Each problem was logged when it appeared, not on every pass.
+    for node in ["w1", "gw1", "gw2"] {
+        let log = lab.agent_log(node);
+        let kept = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("keeping the last good version"))
+            .count();
+        assert!(
+            (1..=6).contains(&kept),
+            "{node}: the kept-file problem is logged once per broken state, not per pass \
+             ({kept} lines)"
+        );
+        assert!(
+            log.contains("ServingLastAccepted") || log.contains("last accepted version"),
+            "{node}: the invalid rule's policy is served from its last accepted version"
+        );
+    }
+}
