@@ -63,6 +63,29 @@ pub mod timeout {
     pub const ICMP: u64 = 30 * SEC;
 }
 
+/// The idle timeout of an entry of protocol `proto` in TCP state `st` (any state but
+/// [`state::ESTABLISHED`] and [`state::CLOSING`] counts as [`state::NEW`]).
+#[inline(always)]
+pub const fn idle_timeout(proto: u8, st: u8) -> u64 {
+    const TCP: u8 = 6;
+    const UDP: u8 = 17;
+    match (proto, st) {
+        (TCP, state::ESTABLISHED) => timeout::TCP_ESTABLISHED,
+        (TCP, state::CLOSING) => timeout::TCP_CLOSING,
+        (TCP, _) => timeout::TCP_NEW,
+        (UDP, _) => timeout::UDP,
+        _ => timeout::ICMP,
+    }
+}
+
+/// Whether an entry last seen at `last_seen_ns` is idle past its timeout at `now`
+/// (`bpf_ktime_get_ns`, that is `CLOCK_MONOTONIC`). A flow is over only when both of its
+/// entries are (each direction refreshes its own).
+#[inline(always)]
+pub const fn expired(proto: u8, st: u8, last_seen_ns: u64, now: u64) -> bool {
+    now.saturating_sub(last_seen_ns) > idle_timeout(proto, st)
+}
+
 /// How many ports `from_tunnel` tries before it counts `DROP_PORT_EXHAUSTED`.
 pub const PORT_ALLOC_TRIES: u32 = 32;
 

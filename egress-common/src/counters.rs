@@ -37,6 +37,7 @@ reasons! {
     FRAG_NEEDED_SENT = 13, "oversize DF packet answered with ICMP fragmentation needed";
     RESET_MIDSTREAM = 14, "mid-stream TCP segment of an interface rule with no flow here (the gateway changed): reset so the pod fails fast";
     ICMP_ERROR_XLATED = 15, "ICMP error about a translated flow (fragmentation needed, unreachable, time exceeded) translated back to the pod, quoted packet included";
+    CT_EXPIRED = 16, "conntrack entry of a flow idle past its timeout in both directions, removed by the agent's sweeper (packets: entries; bytes: 0)";
     DROP_NO_GATEWAY = 32, "rule has no usable gateway (failurePolicy Drop)";
     DROP_UNKNOWN_SENDER = 33, "tunneled packet from an address that is not a known node";
     DROP_SPOOFED_SOURCE = 34, "tunneled packet whose inner source is not a pod of the sender";

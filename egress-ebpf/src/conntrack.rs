@@ -4,24 +4,13 @@
 //! their types.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
-use egress_common::conntrack::{state, timeout};
+use egress_common::conntrack::state;
 
-use crate::parse::{PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
+use crate::parse::{PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 #[inline(always)]
 pub fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
-}
-
-#[inline(always)]
-pub fn idle_timeout(proto: u8, st: u8) -> u64 {
-    match (proto, st) {
-        (PROTO_TCP, state::ESTABLISHED) => timeout::TCP_ESTABLISHED,
-        (PROTO_TCP, state::CLOSING) => timeout::TCP_CLOSING,
-        (PROTO_TCP, _) => timeout::TCP_NEW,
-        (PROTO_UDP, _) => timeout::UDP,
-        _ => timeout::ICMP,
-    }
 }
 
 #[inline(always)]
@@ -58,7 +47,7 @@ macro_rules! family {
                 conntrack::{$Entry, $Key, PORT_ALLOC_TRIES, dir, state},
             };
 
-            use super::{AllocError, idle_timeout, next_state};
+            use super::{AllocError, next_state};
             use crate::{
                 maps::$MAP,
                 parse::{L4, PROTO_TCP},
@@ -94,7 +83,7 @@ macro_rules! family {
 
             #[inline(always)]
             fn expired(proto: u8, e: &$Entry, now: u64) -> bool {
-                now.saturating_sub(e.last_seen_ns) > idle_timeout(proto, e.state)
+                egress_common::conntrack::expired(proto, e.state, e.last_seen_ns, now)
             }
 
             /// The 40-byte (IPv6) temporaries of [`lookup_in`] and [`create_in`]: on the

@@ -172,6 +172,9 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
     let mut dp = Datapath::open(&cfg.bpffs_dir)
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
+    crate::datapath::sweep::start(&cfg.bpffs_dir)
+        .context("failed to start the conntrack sweeper")?;
     // Started last: its warm-up and detection clocks run from here, and a pass must follow
     // at once (loading the programs takes a second, long enough to declare peers dead).
     let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)

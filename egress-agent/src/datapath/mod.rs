@@ -10,6 +10,7 @@ pub mod cleanup;
 pub mod dump;
 pub mod lock;
 pub mod state;
+pub mod sweep;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
