@@ -8,12 +8,15 @@ pub const RULES_V4: &str = "RULES_V4";
 pub const NODES: &str = "NODES";
 pub const POD_OWNER_V4: &str = "POD_OWNER_V4";
 pub const CT_V4: &str = "CT_V4";
+/// New flows refused for want of a SNAT port (`DROP_PORT_EXHAUSTED`), by pod.
+pub const EXHAUSTED_V4: &str = "EXHAUSTED_V4";
 pub const EGRESS_IPS_V4: &str = "EGRESS_IPS_V4";
 pub const POLICY_V6: &str = "POLICY_V6";
 pub const SELECTED_V6: &str = "SELECTED_V6";
 pub const RULES_V6: &str = "RULES_V6";
 pub const POD_OWNER_V6: &str = "POD_OWNER_V6";
 pub const CT_V6: &str = "CT_V6";
+pub const EXHAUSTED_V6: &str = "EXHAUSTED_V6";
 pub const EGRESS_IPS_V6: &str = "EGRESS_IPS_V6";
 pub const COUNTERS: &str = "COUNTERS";
 pub const CONFIG: &str = "CONFIG";
@@ -26,12 +29,14 @@ pub const ALL: &[&str] = &[
     NODES,
     POD_OWNER_V4,
     CT_V4,
+    EXHAUSTED_V4,
     EGRESS_IPS_V4,
     POLICY_V6,
     SELECTED_V6,
     RULES_V6,
     POD_OWNER_V6,
     CT_V6,
+    EXHAUSTED_V6,
     EGRESS_IPS_V6,
     COUNTERS,
     CONFIG,
@@ -45,6 +50,8 @@ pub const NODES_MAX_ENTRIES: u32 = 16_384;
 pub const POD_OWNER_MAX_ENTRIES: u32 = 262_144;
 pub const CT_MAX_ENTRIES: u32 = 262_144;
 pub const EGRESS_IPS_MAX_ENTRIES: u32 = 4_096;
+/// Pods counted in `EXHAUSTED_V4` / `_V6` (LRU: the pods that ran out most recently stay).
+pub const EXHAUSTED_MAX_ENTRIES: u32 = 16_384;
 
 /// Key and value sizes of every pinned map, in bytes: the layout of this build's ABI. The
 /// agent replaces a pinned map of another layout (left by an agent of another version)
@@ -63,12 +70,14 @@ pub const LAYOUT: &[(&str, u32, u32)] = {
         (NODES, sz::<Underlay>(), sz::<NodeValue>()),
         (POD_OWNER_V4, 4, sz::<PodOwnerValue>()),
         (CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>()),
+        (EXHAUSTED_V4, 4, 8),
         (EGRESS_IPS_V4, 4, sz::<EgressIpValue>()),
         (POLICY_V6, 4 + sz::<PolicyKeyV6>(), sz::<PolicyValueV6>()),
         (SELECTED_V6, 16, sz::<SelectedValue>()),
         (RULES_V6, 4, sz::<RuleValueV6>()),
         (POD_OWNER_V6, 16, sz::<PodOwnerValue>()),
         (CT_V6, sz::<CtKeyV6>(), sz::<CtEntryV6>()),
+        (EXHAUSTED_V6, 16, 8),
         (EGRESS_IPS_V6, 16, sz::<EgressIpValue>()),
         (COUNTERS, 4, sz::<Counter>()),
         (CONFIG, 4, sz::<Config>()),

@@ -1,11 +1,12 @@
 //! Per-CPU counters by stable reason (`egress_common::counters::reason`).
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
+    btf_maps::LruPerCpuHashMap,
     programs::TcContext,
 };
 
-use crate::maps::COUNTERS;
+use crate::maps::{COUNTERS, EXHAUSTED_V4, EXHAUSTED_V6};
 
 /// Verdicts as the programs return them.
 pub const OK: i32 = TC_ACT_OK;
@@ -27,4 +28,29 @@ pub fn count(ctx: &TcContext, reason: u32) {
 pub fn verdict(ctx: &TcContext, reason: u32, verdict: i32) -> i32 {
     count(ctx, reason);
     verdict
+}
+
+/// Count a new flow of `pod` refused for want of a SNAT port (`DROP_PORT_EXHAUSTED`)
+/// against the pod, so that one pod's flood is attributable (`egress-agent maps`).
+#[inline(always)]
+pub fn exhausted4(pod: &[u8; 4]) {
+    bump(&EXHAUSTED_V4, pod);
+}
+
+/// [`exhausted4`] for an IPv6 pod.
+#[inline(always)]
+pub fn exhausted6(pod: &[u8; 16]) {
+    bump(&EXHAUSTED_V6, pod);
+}
+
+#[inline(always)]
+fn bump<K, const N: usize>(m: &LruPerCpuHashMap<K, u64, N>, k: &K) {
+    if let Some(c) = m.get_ptr_mut(k) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *c += 1 };
+    } else {
+        // A race with another CPU's first count of this pod loses one count: this is a
+        // rare path, kept short for the verifier.
+        let _ = m.insert(k, 1u64, u64::from(BPF_NOEXIST));
+    }
 }

@@ -19,7 +19,7 @@ use egress_common::{
 
 use crate::{
     conntrack::{self, AllocError, v4, v6},
-    counters::{SHOT, count, verdict},
+    counters::{self, SHOT, count, verdict},
     fib,
     maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6, Scratch},
     parse::{Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
@@ -71,6 +71,7 @@ pub fn forward(
                         (rule.egress_ip, port_be, rule.ifindex)
                     }
                     Err(AllocError::PortsExhausted) => {
+                        counters::exhausted4(&ip.src);
                         return verdict(ctx, reason::DROP_PORT_EXHAUSTED, SHOT);
                     }
                     Err(AllocError::InsertFailed) => {
@@ -239,7 +240,10 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
             s.x6.ifindex = rule.ifindex;
             TRANSLATED
         }
-        Err(AllocError::PortsExhausted) => verdict(ctx, reason::DROP_PORT_EXHAUSTED, SHOT),
+        Err(AllocError::PortsExhausted) => {
+            counters::exhausted6(&s.ip6.src);
+            verdict(ctx, reason::DROP_PORT_EXHAUSTED, SHOT)
+        }
         Err(AllocError::InsertFailed) => verdict(ctx, reason::DROP_CT_INSERT, SHOT),
     }
 }

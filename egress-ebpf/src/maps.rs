@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_tunnel_key},
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
 use egress_common::{
@@ -46,6 +46,11 @@ pub static POD_OWNER_V4: HashMap<[u8; 4], PodOwnerValue, { POD_OWNER_MAX_ENTRIES
 #[btf_map]
 pub static CT_V4: LruHashMap<CtKeyV4, CtEntryV4, { CT_MAX_ENTRIES as usize }> = LruHashMap::new();
 
+/// New flows refused as `DROP_PORT_EXHAUSTED`, per CPU, by pod address.
+#[btf_map]
+pub static EXHAUSTED_V4: LruPerCpuHashMap<[u8; 4], u64, { EXHAUSTED_MAX_ENTRIES as usize }> =
+    LruPerCpuHashMap::new();
+
 #[btf_map]
 pub static EGRESS_IPS_V4: HashMap<[u8; 4], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
     HashMap::new();
@@ -69,6 +74,10 @@ pub static POD_OWNER_V6: HashMap<[u8; 16], PodOwnerValue, { POD_OWNER_MAX_ENTRIE
 
 #[btf_map]
 pub static CT_V6: LruHashMap<CtKeyV6, CtEntryV6, { CT_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+#[btf_map]
+pub static EXHAUSTED_V6: LruPerCpuHashMap<[u8; 16], u64, { EXHAUSTED_MAX_ENTRIES as usize }> =
+    LruPerCpuHashMap::new();
 
 #[btf_map]
 pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =

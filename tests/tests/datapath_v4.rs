@@ -1607,3 +1607,69 @@ fn the_object_calls_no_byte_loop_mem_function() {
         "byte-loop calls in the object: {calls:#?}"
     );
 }
+
+/// New flows refused as `DROP_PORT_EXHAUSTED`, by pod, summed over CPUs.
+fn exhausted(dp: &mut Datapath) -> Vec<(Ipv4Addr, u64)> {
+    let m: aya::maps::PerCpuHashMap<&mut aya::maps::MapData, [u8; 4], u64> =
+        aya::maps::PerCpuHashMap::try_from(dp.map(maps::EXHAUSTED_V4)).unwrap();
+    let mut out: Vec<_> = m
+        .iter()
+        .map(|r| r.unwrap())
+        .map(|(k, v)| (Ipv4Addr::from(k), v.iter().sum()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A range of two ports, both taken: a third pod's new flows are refused and counted
+/// against that pod (`EXHAUSTED_V4`), not against the pods that hold the ports. Once one
+/// holder's flow has idled past its timeout both ways, the refused pod's next SYN gets its
+/// port at once (no sweeper ran).
+#[test]
+fn port_exhaustion_is_counted_per_pod_and_an_idle_flows_port_is_reclaimed() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        dp.config(Config {
+            port_min: 30_000,
+            port_max: 30_001,
+            ..config(&net)
+        });
+        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| {
+            let p = tcp(pod, sport, DEST_A, 443, 0x02);
+            let o = dp.run(
+                FROM_TUNNEL,
+                &p.build(),
+                net.tun0,
+                Some((PEER.into(), RULE_A)),
+            );
+            (o.verdict, sport_of(&o.frame))
+        };
+        assert_eq!(send(&mut dp, REMOTE_POD, 30_000), (TC_ACT_REDIRECT, 30_000));
+        assert_eq!(
+            send(&mut dp, REMOTE_POD2, 30_001),
+            (TC_ACT_REDIRECT, 30_001)
+        );
+        assert_eq!(send(&mut dp, REMOTE_POD3, 30_000).0, 2, "TC_ACT_SHOT");
+        assert_eq!(send(&mut dp, REMOTE_POD3, 30_001).0, 2, "TC_ACT_SHOT");
+        assert_eq!(exhausted(&mut dp), vec![(REMOTE_POD3, 2)]);
+
+        // REMOTE_POD's SYN was never answered: idle past the 60 s of a new TCP flow.
+        let old = ktime_ns().saturating_sub(61 * 1_000_000_000);
+        for (k, mut e) in dp.ct() {
+            if k.src == REMOTE_POD.octets() || k.dst_port_be == 30_000u16.to_be() {
+                e.last_seen_ns = old;
+                dp.ct_insert(k, e);
+            }
+        }
+        assert_eq!(
+            send(&mut dp, REMOTE_POD3, 30_000),
+            (TC_ACT_REDIRECT, 30_000)
+        );
+        assert_eq!(exhausted(&mut dp), vec![(REMOTE_POD3, 2)]);
+        let c = dp.counters();
+        assert_eq!(c.get(&DROP_PORT_EXHAUSTED), Some(&2));
+        assert_eq!(c.get(&SNAT_NEW), Some(&3));
+    });
+}

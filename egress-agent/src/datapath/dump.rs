@@ -6,7 +6,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap};
 use egress_common::{
     config::Config,
     conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir},
@@ -74,6 +74,43 @@ pub fn counters(pin_dir: &Path) -> Result<Vec<(u32, Counter)>> {
         }
     }
     Ok(out)
+}
+
+/// New flows refused as `DROP_PORT_EXHAUSTED`, by pod (summed over CPUs), most first.
+pub fn exhausted(pin_dir: &Path) -> Result<Vec<(IpAddr, u64)>> {
+    fn read<K: aya::Pod>(
+        pin_dir: &Path,
+        name: &'static str,
+        addr: fn(K) -> IpAddr,
+        out: &mut Vec<(IpAddr, u64)>,
+    ) -> Result<()> {
+        // An object older than the map has none pinned.
+        if !pinned(pin_dir, name) {
+            return Ok(());
+        }
+        let m: PerCpuHashMap<MapData, K, u64> = PerCpuHashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        for (k, per_cpu) in m.iter().flatten() {
+            out.push((addr(k), per_cpu.iter().sum()));
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    read::<[u8; 4]>(pin_dir, names::EXHAUSTED_V4, |a| ip(a).into(), &mut out)?;
+    read::<[u8; 16]>(pin_dir, names::EXHAUSTED_V6, |a| ip6(a).into(), &mut out)?;
+    out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(out)
+}
+
+fn write_exhausted(s: &mut String, rows: &[(IpAddr, u64)]) {
+    let _ = writeln!(
+        s,
+        "\nnew flows refused for want of a SNAT port (DROP_PORT_EXHAUSTED), by pod: {}",
+        rows.len()
+    );
+    for (pod, n) in rows {
+        let _ = writeln!(s, "  {:<40} {n:>10}", pod.to_string());
+    }
 }
 
 /// Entries per map (for metrics).
@@ -284,6 +321,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             pod_node: v.pod_node,
         });
     write_flows(&mut s, "conntrack", flows.collect());
+    write_exhausted(&mut s, &exhausted(pin_dir)?);
 
     if pinned(pin_dir, names::POLICY_V6) {
         render_v6(pin_dir, &mut s)?;
