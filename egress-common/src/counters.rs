@@ -57,6 +57,7 @@ reasons! {
     DROP_IPV6_EXT_HDR = 48, "IPv6 extension header in a selected flow (not walked)";
     DROP_ICMP_UNKNOWN_FLOW = 49, "ICMP error to an egress IP quoting a flow without a conntrack entry";
     DROP_ICMP_QUOTE = 50, "ICMP error to an egress IP whose quoted packet cannot be read (truncated, IP options or IPv6 extension headers, a later fragment, not TCP, UDP or echo)";
+    DROP_NOT_ADMITTED = 51, "new flow of a rule served here from a pod that no policy selects for that rule (a forged or stale tunnel packet, or a pod on this gateway)";
 }
 
 /// Name of a reason number, or `None` for a number that was never assigned.

@@ -20,6 +20,8 @@ pub const EXHAUSTED_V6: &str = "EXHAUSTED_V6";
 pub const EGRESS_IPS_V6: &str = "EGRESS_IPS_V6";
 pub const COUNTERS: &str = "COUNTERS";
 pub const CONFIG: &str = "CONFIG";
+pub const ADMITTED_V4: &str = "ADMITTED_V4";
+pub const ADMITTED_V6: &str = "ADMITTED_V6";
 
 /// Every map the agent pins, in a stable order.
 pub const ALL: &[&str] = &[
@@ -40,6 +42,8 @@ pub const ALL: &[&str] = &[
     EGRESS_IPS_V6,
     COUNTERS,
     CONFIG,
+    ADMITTED_V4,
+    ADMITTED_V6,
 ];
 
 /// Capacities. The policy trie holds only this node's pods (source side), so 64k entries
@@ -52,6 +56,12 @@ pub const CT_MAX_ENTRIES: u32 = 262_144;
 pub const EGRESS_IPS_MAX_ENTRIES: u32 = 4_096;
 /// Pods counted in `EXHAUSTED_V4` / `_V6` (LRU: the pods that ran out most recently stay).
 pub const EXHAUSTED_MAX_ENTRIES: u32 = 16_384;
+/// (pod, rule) pairs a gateway admits, per family: 100k selected pods with five rules
+/// each served by one gateway. The maps are not preallocated (`BPF_F_NO_PREALLOC`): a
+/// worker, which admits nothing, pays only for the hash buckets. When a map is full the
+/// agent's inserts fail (reported once per map, `ApplyStats::problems`), and new flows
+/// of the pairs left out are dropped as `DROP_NOT_ADMITTED`: fail closed.
+pub const ADMITTED_MAX_ENTRIES: u32 = 524_288;
 
 /// Key and value sizes of every pinned map, in bytes: the layout of this build's ABI. The
 /// agent replaces a pinned map of another layout (left by an agent of another version)
@@ -81,6 +91,8 @@ pub const LAYOUT: &[(&str, u32, u32)] = {
         (EGRESS_IPS_V6, 16, sz::<EgressIpValue>()),
         (COUNTERS, 4, sz::<Counter>()),
         (CONFIG, 4, sz::<Config>()),
+        (ADMITTED_V4, sz::<AdmittedKeyV4>(), sz::<AdmittedValue>()),
+        (ADMITTED_V6, sz::<AdmittedKeyV6>(), sz::<AdmittedValue>()),
     ]
 };
 const _: () = assert!(LAYOUT.len() == ALL.len());

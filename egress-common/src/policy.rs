@@ -145,3 +145,35 @@ pub struct RuleValueV6 {
     pub ifindex: u32,
 }
 const _: () = assert!(core::mem::size_of::<RuleValueV6>() == 20);
+
+// ---- the (pod, rule) pairs a gateway admits from the tunnel ----
+
+/// Gateway side: an IPv4 pod that may use a rule served here. `from_tunnel` (and the
+/// local gateway path of `from_pod`) translates a new flow of rule `rule_id` from `pod`
+/// only when this key is in `ADMITTED_V4`: the tunnel is not authenticated, and the
+/// sender and pod-owner checks alone would let a node's *unselected* pod claim any rule.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AdmittedKeyV4 {
+    pub pod: [u8; 4],
+    pub rule_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<AdmittedKeyV4>() == 8);
+
+/// [`AdmittedKeyV4`] for an IPv6 pod (`ADMITTED_V6`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AdmittedKeyV6 {
+    pub pod: [u8; 16],
+    pub rule_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<AdmittedKeyV6>() == 20);
+
+/// Value of `ADMITTED_V4` and `ADMITTED_V6`: presence is what counts; `flags` is 0 (room
+/// for later use without a layout change).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AdmittedValue {
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<AdmittedValue>() == 4);

@@ -25,5 +25,8 @@ pod!(
     PolicyValueV6,
     RuleValueV6,
     CtKeyV6,
-    CtEntryV6
+    CtEntryV6,
+    AdmittedKeyV4,
+    AdmittedKeyV6,
+    AdmittedValue
 );

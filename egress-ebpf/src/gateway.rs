@@ -11,17 +11,34 @@
 //! far host does not know from this one. No entry is made: the segment is answered with a
 //! RST to the pod (`reset`, counted `RESET_MIDSTREAM`), so that the pod fails at once
 //! instead of waiting minutes for a RST that a stateful firewall on the way may drop.
+//!
+//! A new flow is admitted only when its (pod, rule) pair is in `ADMITTED_V4`/`_V6` (the
+//! pods the policies select for a rule this node serves), checked after the rule lookup
+//! (an unknown rule stays `DROP_UNKNOWN_RULE`): the tunnel is not authenticated, and the
+//! sender and pod-owner checks alone would let a node's unselected pod (or the pod's
+//! address, forged by whoever can send from that node's underlay address) use any rule.
+//! The same check covers pods on the gateway itself, which enter here from `from_pod`.
+//! A conntrack hit skips it: entries are only ever made on this admitted path, so a hit
+//! is a flow that was admitted at its start, and it stays so while its entry lives, as it
+//! keeps its egress IP when the rule changes. That costs one lookup per new flow, not per
+//! packet; a deselected pod's established flows end when their entries expire (the pod's
+//! node stops tunneling them as soon as its own policy entries go).
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{
-    config::Config, counters::reason, policy::egress_ip_flags, underlay::Underlay,
+    config::Config,
+    counters::reason,
+    policy::{AdmittedKeyV4, AdmittedKeyV6, egress_ip_flags},
+    underlay::Underlay,
 };
 
 use crate::{
     conntrack::{self, AllocError, v4, v6},
     counters::{self, SHOT, count, verdict},
     fib,
-    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6, Scratch},
+    maps::{
+        self, ADMITTED_V4, ADMITTED_V6, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6, Scratch,
+    },
     parse::{Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
     reset, rewrite,
 };
@@ -53,6 +70,9 @@ pub fn forward(
                 let Some(rule) = (unsafe { RULES_V4.get(rule_id) }) else {
                     return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
                 };
+                if !admitted4(ip.src, rule_id) {
+                    return verdict(ctx, reason::DROP_NOT_ADMITTED, SHOT);
+                }
                 if mid_stream(ip.proto, l4.tcp_flags) && shared4(rule.egress_ip) {
                     return defer_reset4(ctx, ip, l4, &pod_node);
                 }
@@ -94,6 +114,19 @@ pub fn forward(
 #[inline(always)]
 fn mid_stream(proto: u8, tcp_flags: u8) -> bool {
     proto == PROTO_TCP && tcp_flags & (TCP_SYN | TCP_RST) == 0
+}
+
+/// Whether the policies let `pod` use `rule_id` (see the module comment).
+#[inline(always)]
+fn admitted4(pod: [u8; 4], rule_id: u32) -> bool {
+    let key = AdmittedKeyV4 { pod, rule_id };
+    ADMITTED_V4.get_ptr(key).is_some()
+}
+
+#[inline(always)]
+fn admitted6(pod: &[u8; 16], rule_id: u32) -> bool {
+    let key = AdmittedKeyV6 { pod: *pod, rule_id };
+    ADMITTED_V6.get_ptr(key).is_some()
 }
 
 /// Whether `addr` is the gateway's own address (an `interface:` rule's), not a dedicated
@@ -218,6 +251,9 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
         return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
     };
+    if !admitted6(&s.ip6.src, rule_id) {
+        return verdict(ctx, reason::DROP_NOT_ADMITTED, SHOT);
+    }
     if mid_stream(s.ip6.proto, s.l4.tcp_flags) && shared6(&rule.egress_ip) {
         return reset::RESET;
     }

@@ -11,8 +11,9 @@ use egress_common::{
     counters::{Counter, MAX_REASONS},
     maps::*,
     policy::{
-        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue,
-        PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, PodOwnerValue,
+        PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
+        SelectedValue,
     },
     underlay::Underlay,
 };
@@ -82,6 +83,28 @@ pub static EXHAUSTED_V6: LruPerCpuHashMap<[u8; 16], u64, { EXHAUSTED_MAX_ENTRIES
 #[btf_map]
 pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
     HashMap::new();
+
+// ---- the (pod, rule) pairs this gateway admits (both families) ----
+
+/// `BPF_F_NO_PREALLOC`: entries are allocated as the agent inserts them (see
+/// `ADMITTED_MAX_ENTRIES`). Only the agent writes these maps.
+const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
+
+#[btf_map]
+pub static ADMITTED_V4: HashMap<
+    AdmittedKeyV4,
+    AdmittedValue,
+    { ADMITTED_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+#[btf_map]
+pub static ADMITTED_V6: HashMap<
+    AdmittedKeyV6,
+    AdmittedValue,
+    { ADMITTED_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
 
 /// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
 /// key, conntrack keys and entries, the FIB lookup and the tunnel key), and for those of

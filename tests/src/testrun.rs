@@ -26,8 +26,8 @@ use egress_common::{
     counters::{Counter, MAX_REASONS},
     maps,
     policy::{
-        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
-        RuleValueV4, SelectedValue,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, POD_PREFIX_BITS_V4,
+        PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4, SelectedValue,
     },
     underlay::{self, Underlay},
 };
@@ -241,6 +241,31 @@ impl Datapath {
             0,
         )
         .unwrap();
+    }
+
+    /// Let `pod` (either family) use `rule_id` on this gateway (`ADMITTED_V4`/`_V6`).
+    pub fn admit(&mut self, pod: impl Into<IpAddr>, rule_id: u32) {
+        let v = AdmittedValue::default();
+        match pod.into() {
+            IpAddr::V4(pod) => {
+                let mut m: HashMap<&mut MapData, AdmittedKeyV4, AdmittedValue> =
+                    HashMap::try_from(self.map(maps::ADMITTED_V4)).unwrap();
+                let key = AdmittedKeyV4 {
+                    pod: v4(pod),
+                    rule_id,
+                };
+                m.insert(key, v, 0).unwrap();
+            }
+            IpAddr::V6(pod) => {
+                let mut m: HashMap<&mut MapData, AdmittedKeyV6, AdmittedValue> =
+                    HashMap::try_from(self.map(maps::ADMITTED_V6)).unwrap();
+                let key = AdmittedKeyV6 {
+                    pod: pod.octets(),
+                    rule_id,
+                };
+                m.insert(key, v, 0).unwrap();
+            }
+        }
     }
 
     pub fn node(&mut self, ip: impl Into<IpAddr>, node_id: u32) {

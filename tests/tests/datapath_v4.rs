@@ -27,7 +27,7 @@ use egress_common::{
     conntrack::{CtEntryV4, CtKeyV4, dir, state},
     counters::reason::*,
     maps,
-    policy::{PolicyValue, RETURN_VNI, action, egress_ip_flags},
+    policy::{AdmittedKeyV4, AdmittedValue, PolicyValue, RETURN_VNI, action, egress_ip_flags},
     underlay,
 };
 use egress_tests::{
@@ -58,6 +58,8 @@ const UNSELECTED_POD: Ipv4Addr = a(10, 244, 1, 9);
 const REMOTE_POD: Ipv4Addr = a(10, 244, 2, 5);
 const REMOTE_POD2: Ipv4Addr = a(10, 244, 2, 6);
 const REMOTE_POD3: Ipv4Addr = a(10, 244, 2, 7);
+/// A pod of the peer that no policy selects: in `POD_OWNER_V4`, not in `ADMITTED_V4`.
+const REMOTE_UNSELECTED: Ipv4Addr = a(10, 244, 2, 9);
 
 /// On network A (sec0), directly connected.
 const DEST_A: Ipv4Addr = a(10, 100, 0, 7);
@@ -157,16 +159,22 @@ fn config(net: &Net) -> Config {
     }
 }
 
-/// What every case starts from: configuration, nodes, pod owners, the gateway's rules and
-/// egress IPs. Policy entries (source side) are per case.
+/// What every case starts from: configuration, nodes, pod owners, the (pod, rule) pairs
+/// admitted, the gateway's rules and egress IPs. Policy entries (source side) are per case.
 fn base(dp: &mut Datapath, net: &Net) {
     dp.config(config(net));
     dp.node(NODE, 1);
     dp.node(PEER, 2);
     dp.pod_owner(LOCAL_POD, NODE);
     dp.pod_owner(UNSELECTED_POD, NODE);
-    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
+    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3, REMOTE_UNSELECTED] {
         dp.pod_owner(pod, PEER);
+    }
+    // Every pod but the unselected ones may use every rule.
+    for pod in [LOCAL_POD, REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
+        for rule in [RULE_A, RULE_B, RULE_SHARED] {
+            dp.admit(pod, rule);
+        }
     }
     dp.rule(RULE_A, EGRESS_A, net.sec0);
     dp.rule(RULE_B, EGRESS_B, net.sec1);
@@ -321,6 +329,15 @@ fn from_pod_table() {
             |dp, _| local_pod_to_a(dp, PEER),
             vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
             &[],
+        ),
+        case(
+            "local gateway: a pod with a policy entry but not admitted for its rule dropped",
+            |dp, _| {
+                dp.selected(UNSELECTED_POD);
+                dp.policy(UNSELECTED_POD, a(10, 100, 0, 0), 24, forward(NODE, RULE_A));
+            },
+            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).dropped()],
+            &[(LOCAL_GATEWAY, 1), (DROP_NOT_ADMITTED, 1)],
         ),
         case(
             "non-IPv4 frame of a selected pod passes",
@@ -552,6 +569,17 @@ fn udp_flow_entries(dp: &mut Datapath, net: &Net, orig_age_s: u64, reply_age_s: 
     );
 }
 
+/// Take `pod`'s admission for `rule` back (the policy no longer selects it).
+fn unadmit(dp: &mut Datapath, pod: Ipv4Addr, rule_id: u32) {
+    let mut m: aya::maps::HashMap<&mut aya::maps::MapData, AdmittedKeyV4, AdmittedValue> =
+        aya::maps::HashMap::try_from(dp.map(maps::ADMITTED_V4)).unwrap();
+    let key = AdmittedKeyV4 {
+        pod: pod.octets(),
+        rule_id,
+    };
+    m.remove(&key).unwrap();
+}
+
 // ---- from_tunnel ----
 
 #[test]
@@ -586,6 +614,43 @@ fn from_tunnel_table() {
             no_setup,
             vec![from_tunnel(PEER, 77, &syn_a).dropped()],
             &[(DROP_UNKNOWN_RULE, 1)],
+        ),
+        case(
+            "a pod of the sender that no policy selects, claiming a served rule, dropped",
+            no_setup,
+            vec![
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_UNSELECTED)).dropped(),
+                from_tunnel(PEER, RULE_SHARED, &syn_a.clone().src(REMOTE_UNSELECTED)).dropped(),
+            ],
+            &[(DROP_NOT_ADMITTED, 2)],
+        ),
+        case(
+            "a pod admitted for rule A only: rule B dropped, rule A translated",
+            |dp, _| dp.admit(REMOTE_UNSELECTED, RULE_A),
+            vec![
+                from_tunnel(
+                    PEER,
+                    RULE_B,
+                    &syn_a.clone().src(REMOTE_UNSELECTED).dst(DEST_B),
+                )
+                .dropped(),
+                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_UNSELECTED))
+                    .redirected(&out(&syn_a.clone().src(REMOTE_UNSELECTED), 40_000)),
+            ],
+            &[(DROP_NOT_ADMITTED, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
+            "established flow of a pod no longer admitted: conntrack hit, not checked again",
+            |dp, net| {
+                udp_flow_entries(dp, net, 1, 1);
+                unadmit(dp, REMOTE_POD, RULE_A);
+            },
+            vec![
+                from_tunnel(PEER, RULE_A, &udp(REMOTE_POD, 5000, DEST_A, 53))
+                    .redirected(&out(&udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
+                from_tunnel(PEER, RULE_A, &udp(REMOTE_POD, 5001, DEST_A, 53)).dropped(),
+            ],
+            &[(SNAT_HIT, 1), (FORWARDED, 1), (DROP_NOT_ADMITTED, 1)],
         ),
         case(
             "non-IPv4 passes",

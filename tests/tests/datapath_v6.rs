@@ -91,6 +91,8 @@ const UNSELECTED_POD: Ipv6Addr = v6(0xfd00, 0x244, 1, 9);
 const REMOTE_POD: Ipv6Addr = v6(0xfd00, 0x244, 2, 5);
 const REMOTE_POD2: Ipv6Addr = v6(0xfd00, 0x244, 2, 6);
 const REMOTE_POD3: Ipv6Addr = v6(0xfd00, 0x244, 2, 7);
+/// A pod of the peer that no policy selects: in `POD_OWNER_V6`, not in `ADMITTED_V6`.
+const REMOTE_UNSELECTED: Ipv6Addr = v6(0xfd00, 0x244, 2, 9);
 
 /// Network A (sec0): fd00:100::/64.
 const NET_A: Ipv6Addr = v6(0xfd00, 0x100, 0, 0);
@@ -265,8 +267,14 @@ fn base(dp: &mut Datapath, net: &Net) {
     dp.node(ul.peer, 2);
     pod_owner6(dp, LOCAL_POD, ul.node);
     pod_owner6(dp, UNSELECTED_POD, ul.node);
-    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
+    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3, REMOTE_UNSELECTED] {
         pod_owner6(dp, pod, ul.peer);
+    }
+    // Every pod but the unselected ones may use every IPv6 rule.
+    for pod in [LOCAL_POD, REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
+        for rule in [RULE_A, RULE_B, RULE_SHARED] {
+            dp.admit(pod, rule);
+        }
     }
     rule6(dp, RULE_A, EGRESS_A, net.sec0);
     rule6(dp, RULE_B, EGRESS_B, net.sec1);
@@ -445,6 +453,15 @@ fn from_pod_table(u: UnderlayNet) {
                 move |dp, _| local_pod_to_a(dp, u.peer),
                 vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
                 &[],
+            ),
+            case(
+                "local gateway: a pod with a policy entry but not admitted for its rule dropped",
+                move |dp, _| {
+                    selected6(dp, UNSELECTED_POD);
+                    policy6(dp, UNSELECTED_POD, NET_A, 64, forward(u.node, RULE_A));
+                },
+                vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).dropped()],
+                &[(LOCAL_GATEWAY, 1), (DROP_NOT_ADMITTED, 1)],
             ),
             case(
                 "ARP of a pod passes",
@@ -683,6 +700,7 @@ fn dual_stack_setup(dp: &mut Datapath, net: &Net) {
         mac(DEST_A_MAC)
     ));
     dp.pod_owner(REMOTE_POD_V4, net.ul.peer);
+    dp.admit(REMOTE_POD_V4, RULE_V4_ONLY);
 }
 
 fn from_tunnel_table(u: UnderlayNet) {
@@ -744,6 +762,31 @@ fn from_tunnel_table(u: UnderlayNet) {
                     from_tunnel(u.peer, RULE_V4_ONLY, &syn_a).dropped(),
                 ],
                 &[(DROP_UNKNOWN_RULE, 2)],
+            ),
+            case(
+                "a pod of the sender that no policy selects, claiming a served rule, dropped",
+                no_setup,
+                vec![
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().src(REMOTE_UNSELECTED)).dropped(),
+                    from_tunnel(u.peer, RULE_SHARED, &syn_a.clone().src(REMOTE_UNSELECTED))
+                        .dropped(),
+                ],
+                &[(DROP_NOT_ADMITTED, 2)],
+            ),
+            case(
+                "a pod admitted for rule A only: rule B dropped, rule A translated",
+                |dp, _| dp.admit(REMOTE_UNSELECTED, RULE_A),
+                vec![
+                    from_tunnel(
+                        u.peer,
+                        RULE_B,
+                        &syn_a.clone().src(REMOTE_UNSELECTED).dst(DEST_B),
+                    )
+                    .dropped(),
+                    from_tunnel(u.peer, RULE_A, &syn_a.clone().src(REMOTE_UNSELECTED))
+                        .redirected(&out(&syn_a.clone().src(REMOTE_UNSELECTED), 40_000)),
+                ],
+                &[(DROP_NOT_ADMITTED, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
             ),
             case(
                 "new flow: NAT66 keeps the free pod port, hop limit decremented; then conntrack hit",

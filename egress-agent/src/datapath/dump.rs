@@ -1,6 +1,7 @@
 //! `egress-agent maps`: the pinned maps of an agent, in human terms.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
@@ -13,8 +14,9 @@ use egress_common::{
     counters::{self, Counter},
     maps as names,
     policy::{
-        EgressIpValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue,
-        PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, action, egress_ip_flags,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, PodOwnerValue,
+        PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
+        SelectedValue, action, egress_ip_flags,
     },
     underlay::{self, Underlay},
 };
@@ -165,6 +167,8 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
         (names::POD_OWNER_V6, count::<[u8; 16], PodOwnerValue>),
         (names::CT_V6, count::<CtKeyV6, CtEntryV6>),
         (names::EGRESS_IPS_V6, count::<[u8; 16], EgressIpValue>),
+        (names::ADMITTED_V4, count::<AdmittedKeyV4, AdmittedValue>),
+        (names::ADMITTED_V6, count::<AdmittedKeyV6, AdmittedValue>),
     ] {
         if pinned(pin_dir, name) {
             out.push((name, n(pin_dir, name)?));
@@ -275,6 +279,8 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         );
     }
 
+    render_admitted(pin_dir, &mut s)?;
+
     let name = names::EGRESS_IPS_V4;
     let e: HashMap<MapData, [u8; 4], EgressIpValue> =
         HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
@@ -341,6 +347,38 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         );
     }
     Ok(s)
+}
+
+/// How many pods of each family this gateway admits from the tunnel, per rule.
+fn render_admitted(pin_dir: &Path, s: &mut String) -> Result<()> {
+    fn rule_ids<K: aya::Pod>(
+        pin_dir: &Path,
+        name: &'static str,
+        rule_id: fn(&K) -> u32,
+    ) -> Result<Vec<u32>> {
+        if !pinned(pin_dir, name) {
+            return Ok(Vec::new());
+        }
+        let m: HashMap<MapData, K, AdmittedValue> = HashMap::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        Ok(m.keys().flatten().map(|k| rule_id(&k)).collect())
+    }
+    let mut per_rule: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    for id in rule_ids::<AdmittedKeyV4>(pin_dir, names::ADMITTED_V4, |k| k.rule_id)? {
+        per_rule.entry(id).or_default().0 += 1;
+    }
+    for id in rule_ids::<AdmittedKeyV6>(pin_dir, names::ADMITTED_V6, |k| k.rule_id)? {
+        per_rule.entry(id).or_default().1 += 1;
+    }
+    let _ = writeln!(
+        s,
+        "\npods admitted from the tunnel (rule -> IPv4 pods, IPv6 pods): {} rules",
+        per_rule.len()
+    );
+    for (id, (v4, v6)) in per_rule {
+        let _ = writeln!(s, "  rule {id:<8} -> {v4:>7} IPv4 {v6:>7} IPv6");
+    }
+    Ok(())
 }
 
 /// The IPv6 maps (pods and egress IPs are IPv6; gateways and pod nodes are underlay

@@ -111,6 +111,9 @@ impl ApplyStats {
                 let full = f.full_at.map_or(String::new(), |cap| {
                     let flag = if name.starts_with("POLICY") {
                         " (raise --policy-map-entries, or select fewer pods or prefixes)"
+                    } else if name.starts_with("ADMITTED") {
+                        " (new flows of the pods left out are dropped as DROP_NOT_ADMITTED; \
+                         raise ADMITTED_MAX_ENTRIES, or serve fewer rules here)"
                     } else {
                         ""
                     };
@@ -258,6 +261,8 @@ impl Datapath {
             rules_v6: self.read_hash(names::RULES_V6)?,
             pod_owner_v6: self.read_hash(names::POD_OWNER_V6)?,
             egress_ips_v6: self.read_hash(names::EGRESS_IPS_V6)?,
+            admitted_v4: self.read_hash(names::ADMITTED_V4)?,
+            admitted_v6: self.read_hash(names::ADMITTED_V6)?,
         };
         Ok(s)
     }
@@ -405,8 +410,8 @@ impl Datapath {
         )
     }
 
-    /// Nodes, pod owners, rules and egress IPs of both families: removed egress IPs ->
-    /// rules -> owners -> nodes, added in the reverse order.
+    /// Nodes, pod owners, admitted pairs, rules and egress IPs of both families: removed
+    /// egress IPs -> rules -> admitted pairs -> owners -> nodes, added in the reverse order.
     fn sync_gateway_side(
         &mut self,
         held: &mut MapState,
@@ -414,7 +419,13 @@ impl Datapath {
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
-        let mut steps: Vec<Step> = vec![Step::EgressIps, Step::Rules, Step::PodOwners, Step::Nodes];
+        let mut steps: Vec<Step> = vec![
+            Step::EgressIps,
+            Step::Rules,
+            Step::Admitted,
+            Step::PodOwners,
+            Step::Nodes,
+        ];
         if phase == Phase::Upsert {
             steps.reverse();
         }
@@ -448,6 +459,22 @@ impl Datapath {
                         names::RULES_V6,
                         &mut held.rules_v6,
                         &want.rules_v6,
+                        phase,
+                        stats,
+                    )?;
+                }
+                Step::Admitted => {
+                    self.sync_hash(
+                        names::ADMITTED_V4,
+                        &mut held.admitted_v4,
+                        &want.admitted_v4,
+                        phase,
+                        stats,
+                    )?;
+                    self.sync_hash(
+                        names::ADMITTED_V6,
+                        &mut held.admitted_v6,
+                        &want.admitted_v6,
                         phase,
                         stats,
                     )?;
@@ -684,6 +711,7 @@ enum Phase {
 enum Step {
     EgressIps,
     Rules,
+    Admitted,
     PodOwners,
     Nodes,
 }
@@ -695,6 +723,7 @@ const OPTIONAL_MAPS: &[&str] = &[
     names::RULES_V6,
     names::POD_OWNER_V6,
     names::EGRESS_IPS_V6,
+    names::ADMITTED_V6,
 ];
 
 /// Whether a map write failed because the map is full (E2BIG from a hash, ENOSPC from an

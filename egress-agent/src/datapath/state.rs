@@ -8,9 +8,9 @@ use std::{
 use egress_common::{
     config::Config,
     policy::{
-        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PodOwnerValue,
-        PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
-        SelectedValue, action, egress_ip_flags,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, POD_PREFIX_BITS_V4,
+        POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
+        RuleValueV4, RuleValueV6, SelectedValue, action, egress_ip_flags,
     },
     underlay::{self, Underlay},
 };
@@ -35,6 +35,8 @@ pub struct MapState {
     pub rules_v6: BTreeMap<u32, RuleValueV6>,
     pub pod_owner_v6: BTreeMap<[u8; 16], PodOwnerValue>,
     pub egress_ips_v6: BTreeMap<[u8; 16], EgressIpValue>,
+    pub admitted_v4: BTreeMap<AdmittedKeyV4, AdmittedValue>,
+    pub admitted_v6: BTreeMap<AdmittedKeyV6, AdmittedValue>,
 }
 
 /// Something in the desired state that cannot be put in the maps yet.
@@ -160,7 +162,30 @@ impl MapState {
             }
         }
         s.add_v6(desired, &ifindex, &mut unresolved);
+        s.add_admitted(desired);
         (s, unresolved)
+    }
+
+    /// The (pod, rule) pairs this node admits from the tunnel, each in its family's map.
+    fn add_admitted(&mut self, desired: &Desired) {
+        for &(pod, rule_id) in &desired.admitted {
+            match pod {
+                IpAddr::V4(pod) => {
+                    let key = AdmittedKeyV4 {
+                        pod: pod.octets(),
+                        rule_id,
+                    };
+                    self.admitted_v4.insert(key, AdmittedValue::default());
+                }
+                IpAddr::V6(pod) => {
+                    let key = AdmittedKeyV6 {
+                        pod: pod.octets(),
+                        rule_id,
+                    };
+                    self.admitted_v6.insert(key, AdmittedValue::default());
+                }
+            }
+        }
     }
 
     /// The IPv6 maps (pods and egress IPs of IPv6; gateways and owners stay IPv4).
@@ -230,7 +255,7 @@ impl MapState {
     }
 
     /// Number of entries per map, by map name.
-    pub fn sizes(&self) -> [(&'static str, usize); 11] {
+    pub fn sizes(&self) -> [(&'static str, usize); 13] {
         use egress_common::maps::*;
         [
             (POLICY_V4, self.policy_v4.len()),
@@ -244,6 +269,8 @@ impl MapState {
             (RULES_V6, self.rules_v6.len()),
             (POD_OWNER_V6, self.pod_owner_v6.len()),
             (EGRESS_IPS_V6, self.egress_ips_v6.len()),
+            (ADMITTED_V4, self.admitted_v4.len()),
+            (ADMITTED_V6, self.admitted_v6.len()),
         ]
     }
 }
@@ -393,5 +420,33 @@ mod tests {
             egress_ip_flags::SHARED
         );
         assert!(s.policy_v4.is_empty());
+    }
+
+    #[test]
+    fn admitted_pairs_go_to_the_map_of_their_family() {
+        let mut d = Desired::default();
+        let v4: Ipv4Addr = "10.244.1.5".parse().unwrap();
+        let v6: Ipv6Addr = "fd00:244:1::5".parse().unwrap();
+        d.admitted.insert((v4.into(), 7));
+        d.admitted.insert((v4.into(), 8));
+        d.admitted.insert((v6.into(), 9));
+        let (s, _) = MapState::from_desired(&d, |_| None);
+        let v4_keys: Vec<_> = s.admitted_v4.keys().copied().collect();
+        assert_eq!(
+            v4_keys,
+            [7, 8].map(|rule_id| AdmittedKeyV4 {
+                pod: v4.octets(),
+                rule_id
+            })
+        );
+        let v6_keys: Vec<_> = s.admitted_v6.keys().copied().collect();
+        assert_eq!(
+            v6_keys,
+            [AdmittedKeyV6 {
+                pod: v6.octets(),
+                rule_id: 9
+            }]
+        );
+        assert!(s.admitted_v4.values().all(|v| v.flags == 0));
     }
 }

@@ -35,8 +35,8 @@ use egress_common::{
     counters::{self, Counter, MAX_REASONS, reason},
     maps,
     policy::{
-        EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue,
-        RuleValueV4, SelectedValue, action,
+        AdmittedKeyV4, AdmittedValue, EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue,
+        PolicyKeyV4, PolicyValue, RuleValueV4, SelectedValue, action,
     },
     underlay::{self, Underlay},
 };
@@ -212,6 +212,7 @@ struct Bed {
     pod_owner: HashMap<MapData, [u8; 4], PodOwnerValue>,
     ct: HashMap<MapData, CtKeyV4, CtEntryV4>,
     egress_ips: HashMap<MapData, [u8; 4], EgressIpValue>,
+    admitted: HashMap<MapData, AdmittedKeyV4, AdmittedValue>,
     counters: PerCpuArray<MapData, Counter>,
 }
 
@@ -258,6 +259,7 @@ impl Bed {
             pod_owner: take(&mut ebpf, maps::POD_OWNER_V4)?.try_into()?,
             ct: take(&mut ebpf, maps::CT_V4)?.try_into()?,
             egress_ips: take(&mut ebpf, maps::EGRESS_IPS_V4)?.try_into()?,
+            admitted: take(&mut ebpf, maps::ADMITTED_V4)?.try_into()?,
             counters: take(&mut ebpf, maps::COUNTERS)?.try_into()?,
             ebpf,
         };
@@ -1092,6 +1094,13 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
             },
             0,
         )?;
+        for pod in [FLOW_POD, NEW_POD] {
+            let key = AdmittedKeyV4 {
+                pod: pod.octets(),
+                rule_id: RULE,
+            };
+            bed.admitted.insert(key, AdmittedValue::default(), 0)?;
+        }
         // Partner flows: each established flow's translation is a flow that translates
         // back (see the module docs).
         let now = ktime_ns()?;
