@@ -95,6 +95,13 @@ enum Command {
         #[arg(long = "route-table", value_name = "ID", env = "EGRESS_ROUTE_TABLES",
               value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
         route_tables: Vec<u32>,
+        /// Entries of each policy map (POLICY_V4, POLICY_V6): the selected pods on this
+        /// node times their destination prefixes (listed or learned from routes) must fit.
+        /// Changing it replaces the pinned maps at start (refilled on the first pass).
+        #[arg(long, env = "EGRESS_POLICY_MAP_ENTRIES",
+              default_value_t = egress_common::maps::POLICY_MAX_ENTRIES,
+              value_parser = clap::value_parser!(u32).range(1_024..=16_777_216))]
+        policy_map_entries: u32,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -204,6 +211,7 @@ fn real_main() -> Result<ExitCode> {
             probe_port,
             restart_grace_secs,
             route_tables,
+            policy_map_entries,
             cluster,
         } => {
             anyhow::ensure!(
@@ -233,6 +241,9 @@ fn real_main() -> Result<ExitCode> {
                 probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
                 route_tables,
                 cluster_cidrs: cluster.cluster_cidrs,
+                capacities: datapath::Capacities {
+                    policy: policy_map_entries,
+                },
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -1644,6 +1644,35 @@ fn pinned_maps_of_another_layout_are_replaced() {
     drop(dp);
 }
 
+/// `--policy-map-entries` sizes both policy tries; a pinned trie of another size is
+/// replaced at start (and refilled by the first pass), one of the same size adopted.
+#[test]
+fn the_policy_map_capacity_is_the_operators() {
+    use egress_agent::datapath::{Capacities, Datapath};
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-capacity-{}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    let capacity = |name: &str| {
+        aya::maps::MapInfo::from_pin(dir.join(name))
+            .unwrap()
+            .max_entries()
+    };
+    let small = Capacities { policy: 2_048 };
+    drop(Datapath::open_with(&dir, &small).expect("opens with 2,048 entries"));
+    assert_eq!(capacity(maps::POLICY_V4), 2_048);
+    assert_eq!(capacity(maps::POLICY_V6), 2_048);
+    drop(Datapath::open(&dir).expect("reopens with the default"));
+    assert_eq!(capacity(maps::POLICY_V4), maps::POLICY_MAX_ENTRIES);
+    assert_eq!(capacity(maps::POLICY_V6), maps::POLICY_MAX_ENTRIES);
+    assert_eq!(
+        capacity(maps::CT_V4),
+        maps::CT_MAX_ENTRIES,
+        "the others keep the object's"
+    );
+}
+
 /// LLVM lowers some zeroing and copying to calls of compiler-builtins' `memset`,
 /// `memcpy`, `memmove` or `bcmp`, which on BPF are byte-at-a-time loops (the 64-byte FIB
 /// parameters alone cost more than a map lookup). The hot paths avoid them

@@ -69,6 +69,8 @@ pub struct RunConfig {
     pub route_tables: Vec<u32>,
     /// The cluster's pod and service CIDRs, set on every view before it is compiled.
     pub cluster_cidrs: Vec<IpNet>,
+    /// Map capacities the operator sets.
+    pub capacities: datapath::Capacities,
 }
 
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
@@ -170,7 +172,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
         .await
         .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
-    let mut dp = Datapath::open(&cfg.bpffs_dir)
+    let mut dp = Datapath::open_with(&cfg.bpffs_dir, &cfg.capacities)
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
     // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
     crate::datapath::sweep::start(&cfg.bpffs_dir)

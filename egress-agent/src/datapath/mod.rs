@@ -161,17 +161,57 @@ pub struct Datapath {
     attached: BTreeSet<Attachment>,
 }
 
+/// The capacities an operator may set (the others are the object's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacities {
+    /// Entries of each policy trie (`POLICY_V4`, `POLICY_V6`): (selected pods on the node)
+    /// x (their prefixes).
+    pub policy: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            policy: names::POLICY_MAX_ENTRIES,
+        }
+    }
+}
+
+impl Capacities {
+    /// The capacity this build gives map `name`, when an operator may change it.
+    fn of(&self, name: &str) -> Option<u32> {
+        (name == names::POLICY_V4 || name == names::POLICY_V6).then_some(self.policy)
+    }
+}
+
 /// Unpin every map under `pin_dir` whose key or value size is not this build's (an agent
 /// of another version left it): adopting it would feed the programs entries of another
 /// layout. The loader then creates it afresh; the next pass refills it from cluster state
 /// (a replaced conntrack map loses its flows, which is why this is logged as a warning).
-fn replace_foreign_pins(pin_dir: &Path) -> Result<()> {
+/// The same for a map whose capacity the operator changed (`capacities`).
+fn replace_foreign_pins(pin_dir: &Path, capacities: &Capacities) -> Result<()> {
     for &(name, key_size, value_size) in names::LAYOUT {
         let path = pin_dir.join(name);
         if !path.exists() {
             continue;
         }
         let info = MapInfo::from_pin(&path).map_err(|source| Error::Map { name, source })?;
+        if let Some(want) = capacities.of(name)
+            && info.max_entries() != want
+        {
+            tracing::warn!(
+                map = name,
+                pinned = info.max_entries(),
+                ours = want,
+                "pinned map has another capacity: replacing it (the next pass refills it)"
+            );
+            fs::remove_file(&path).map_err(|source| Error::Io {
+                verb: "unpin the map of another capacity at",
+                path: path.clone(),
+                source,
+            })?;
+            continue;
+        }
         if (info.key_size(), info.value_size()) == (key_size, value_size) {
             continue;
         }
@@ -195,15 +235,23 @@ impl Datapath {
     /// Load the programs, open or create the pinned maps under `pin_dir`, and read what
     /// they hold.
     pub fn open(pin_dir: &Path) -> Result<Self> {
+        Self::open_with(pin_dir, &Capacities::default())
+    }
+
+    /// [`Datapath::open`] with the operator's map capacities.
+    pub fn open_with(pin_dir: &Path, capacities: &Capacities) -> Result<Self> {
         fs::create_dir_all(pin_dir).map_err(|source| Error::Io {
             verb: "create the pin directory",
             path: pin_dir.to_owned(),
             source,
         })?;
-        replace_foreign_pins(pin_dir)?;
+        replace_foreign_pins(pin_dir, capacities)?;
         let mut loader = EbpfLoader::new();
         for name in names::ALL {
             loader.map_pin_path(name, pin_dir.join(name));
+            if let Some(entries) = capacities.of(name) {
+                loader.map_max_entries(name, entries);
+            }
         }
         let mut ebpf = loader.load(ebpf::OBJECT)?;
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
