@@ -40,11 +40,11 @@ macro_rules! family {
         pub mod $name {
             use aya_ebpf::{
                 bindings::{BPF_ANY, BPF_NOEXIST},
-                helpers::generated::bpf_get_prandom_u32,
+                helpers::generated::{bpf_get_prandom_u32, bpf_loop},
             };
             use egress_common::{
                 config::Config,
-                conntrack::{$Entry, $Key, PORT_ALLOC_TRIES, dir, state},
+                conntrack::{$Entry, $Key, PORT_ALLOC_TRIES, PORT_SCAN_LEN, dir, state},
             };
 
             use super::{AllocError, next_state};
@@ -223,8 +223,9 @@ macro_rules! family {
             }
 
             /// Create both entries of a new flow. Keeps the pod's port when it is free for
-            /// (destination, egress IP), else tries random ports of the configured range.
-            /// Returns the chosen port (network order).
+            /// (destination, egress IP), else tries random ports of the configured range,
+            /// then looks for a free one among [`PORT_SCAN_LEN`] consecutive ports from a
+            /// random start. Returns the chosen port (network order).
             #[allow(dead_code, reason = "IPv4 only")]
             #[expect(
                 clippy::too_many_arguments,
@@ -245,6 +246,66 @@ macro_rules! family {
                 let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
                 let slots = unsafe { crate::mem::zeroed_in(&mut slot) };
                 create_in(cfg, ip, l4, &egress_ip, ifindex, rule_id, pod_node, now, slots)
+            }
+
+            /// A scan in progress: the reply key being tried (the caller's `Slots::key`),
+            /// the range and where the scan started; `found` set by the step that saw a free
+            /// port, left in the key.
+            struct Scan {
+                key: *mut $Key,
+                lo: u32,
+                span: u32,
+                start: u32,
+                found: u32,
+            }
+
+            /// One step of [`claim_scanned`], called by `bpf_loop`: 1 (stop) once the
+            /// `i`-th port from the start is free.
+            #[inline(never)]
+            extern "C" fn scan_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+                // SAFETY: `ctx` is the `Scan` on `claim_scanned`'s stack, alive for the loop.
+                let c = unsafe { &mut *ctx.cast::<Scan>() };
+                if c.span == 0 {
+                    return 1;
+                }
+                // SAFETY: `key` points at the caller's slot, alive and not otherwise borrowed
+                // for the loop.
+                let key = unsafe { &mut *c.key };
+                key.dst_port_be = ((c.lo + (c.start + i as u32) % c.span) as u16).to_be();
+                if $MAP.get_ptr(key).is_none() {
+                    c.found = 1;
+                    return 1;
+                }
+                0
+            }
+
+            /// Look up [`PORT_SCAN_LEN`] consecutive ports of the range (`lo`, `span` ports)
+            /// from a random start, wrapping, for `s.key`; claim the first one free. A port
+            /// taken since the lookup (another CPU) is not retried: the flow is refused.
+            /// `bpf_loop` (Linux 5.17) so that the verifier walks one step, not every one.
+            #[inline(always)]
+            fn claim_scanned(s: &mut Slots, lo: u32, span: u32) -> bool {
+                let mut c = Scan {
+                    key: &raw mut s.key,
+                    lo,
+                    span,
+                    start: unsafe { bpf_get_prandom_u32() } % span,
+                    found: 0,
+                };
+                // SAFETY: `scan_step` is a BPF function taking (index, ctx); `c` outlives
+                // the call.
+                unsafe {
+                    bpf_loop(
+                        PORT_SCAN_LEN,
+                        scan_step as *mut core::ffi::c_void,
+                        (&raw mut c).cast(),
+                        0,
+                    );
+                }
+                c.found != 0
+                    && $MAP
+                        .insert(&s.key, &s.entry, u64::from(BPF_NOEXIST))
+                        .is_ok()
             }
 
             /// [`create`] with its keys and entry in `s`.
@@ -317,7 +378,7 @@ macro_rules! family {
                         }
                     }
                 }
-                if !claimed {
+                if !claimed && !claim_scanned(s, lo, span) {
                     return Err(AllocError::PortsExhausted);
                 }
                 s.peer = original_key(ip, l4);

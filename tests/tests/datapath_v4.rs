@@ -1715,6 +1715,19 @@ fn exhausted(dp: &mut Datapath) -> Vec<(Ipv4Addr, u64)> {
     out
 }
 
+/// A SYN from a remote `pod`'s `sport` to `DEST_A`:443 (rule A) through the tunnel: the
+/// verdict and the source port it leaves with.
+fn syn_to_a(dp: &mut Datapath, net: &Net, pod: Ipv4Addr, sport: u16) -> (u32, u16) {
+    let p = tcp(pod, sport, DEST_A, 443, 0x02);
+    let o = dp.run(
+        FROM_TUNNEL,
+        &p.build(),
+        net.tun0,
+        Some((PEER.into(), RULE_A)),
+    );
+    (o.verdict, sport_of(&o.frame))
+}
+
 /// A range of two ports, both taken: a third pod's new flows are refused and counted
 /// against that pod (`EXHAUSTED_V4`), not against the pods that hold the ports. Once one
 /// holder's flow has idled past its timeout both ways, the refused pod's next SYN gets its
@@ -1730,16 +1743,7 @@ fn port_exhaustion_is_counted_per_pod_and_an_idle_flows_port_is_reclaimed() {
             port_max: 30_001,
             ..config(&net)
         });
-        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| {
-            let p = tcp(pod, sport, DEST_A, 443, 0x02);
-            let o = dp.run(
-                FROM_TUNNEL,
-                &p.build(),
-                net.tun0,
-                Some((PEER.into(), RULE_A)),
-            );
-            (o.verdict, sport_of(&o.frame))
-        };
+        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| syn_to_a(dp, &net, pod, sport);
         assert_eq!(send(&mut dp, REMOTE_POD, 30_000), (TC_ACT_REDIRECT, 30_000));
         assert_eq!(
             send(&mut dp, REMOTE_POD2, 30_001),
@@ -1765,5 +1769,56 @@ fn port_exhaustion_is_counted_per_pod_and_an_idle_flows_port_is_reclaimed() {
         let c = dp.counters();
         assert_eq!(c.get(&DROP_PORT_EXHAUSTED), Some(&2));
         assert_eq!(c.get(&SNAT_NEW), Some(&3));
+    });
+}
+
+/// A range of 64 ports, 63 of them held by live flows to (`DEST_A`:443, `EGRESS_A`, TCP):
+/// a new flow whose own port is taken still gets the one free port (the random tries alone
+/// would mostly miss it; the scan of consecutive ports finds it). With all 64 taken the
+/// next new flow is refused and counted against its pod.
+#[test]
+fn a_new_flow_finds_the_last_free_port_of_the_range() {
+    const LO: u16 = 40_000;
+    const FREE: u16 = LO + 37;
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        dp.config(Config {
+            port_min: LO,
+            port_max: LO + 63,
+            ..config(&net)
+        });
+        let now = ktime_ns();
+        for port in (LO..=LO + 63).filter(|&p| p != FREE) {
+            dp.ct_insert(
+                CtKeyV4 {
+                    src: DEST_A.octets(),
+                    dst: EGRESS_A.octets(),
+                    src_port_be: 443u16.to_be(),
+                    dst_port_be: port.to_be(),
+                    proto: PROTO_TCP,
+                    dir: dir::REPLY,
+                    _pad: [0; 2],
+                },
+                CtEntryV4 {
+                    xlate_addr: LOCAL_POD.octets(),
+                    xlate_port_be: port.to_be(),
+                    state: state::ESTABLISHED,
+                    _pad0: 0,
+                    pod_node: underlay::from_v4(NODE.octets()),
+                    ifindex: net.sec0,
+                    rule_id: RULE_A,
+                    last_seen_ns: now,
+                },
+            );
+        }
+        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| syn_to_a(dp, &net, pod, sport);
+        assert_eq!(send(&mut dp, REMOTE_POD, LO), (TC_ACT_REDIRECT, FREE));
+        assert_eq!(send(&mut dp, REMOTE_POD2, LO + 1).0, 2, "TC_ACT_SHOT");
+        assert_eq!(exhausted(&mut dp), vec![(REMOTE_POD2, 1)]);
+        let c = dp.counters();
+        assert_eq!(c.get(&DROP_PORT_EXHAUSTED), Some(&1));
+        assert_eq!(c.get(&SNAT_NEW), Some(&1));
     });
 }
