@@ -1587,6 +1587,14 @@ impl Lab {
                 netns::delete_netns(&ns);
             }
         }
+        // The agents' locks on their pin directories (the agents are gone).
+        for pin_dir in self.pin_dirs.values() {
+            let lock = egress_agent::datapath::lock::lock_path(
+                Path::new(egress_agent::datapath::lock::LOCK_DIR),
+                pin_dir.path(),
+            );
+            let _ = std::fs::remove_file(lock);
+        }
         self.pin_dirs.clear();
         if !keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
