@@ -9,7 +9,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// What `from_pod` does for one (pod, destination prefix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,6 +77,8 @@ pub struct GatewayRuleV6 {
 pub struct Desired {
     /// This node's underlay address (IPv4 or IPv6), when the view knows it.
     pub node_ip: Option<IpAddr>,
+    /// This node's pod CIDRs (its Node's `spec.podCIDRs`).
+    pub pod_cidrs: Vec<IpNet>,
     /// Source side: (local pod, destination prefix) -> entry. Only pods of this node.
     pub policy_v4: BTreeMap<(Ipv4Addr, Ipv4Net), PolicyEntryV4>,
     /// Source side: local pods with at least one entry -> number of entries.
@@ -105,6 +107,12 @@ pub struct Desired {
     /// pods whose policy selects them for a rule, with at least one destination of it
     /// forwarded through this node. Anything else claiming a served rule is forged.
     pub admitted: BTreeSet<(IpAddr, u32)>,
+    /// Source side, `--unknown-pods drop`: the addresses of this node's running pods,
+    /// selected or not (any other address on a pod device is a pod the agent has not seen).
+    pub known_pods: BTreeSet<IpAddr>,
+    /// Source side, `--unknown-pods drop`: every destination prefix a rule of any policy
+    /// covers (`true`), and the `except` prefixes inside them (`false`); longest match.
+    pub covered: BTreeMap<IpNet, bool>,
 }
 
 impl Desired {

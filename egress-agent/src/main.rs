@@ -102,6 +102,13 @@ enum Command {
               default_value_t = egress_common::maps::POLICY_MAX_ENTRIES,
               value_parser = clap::value_parser!(u32).range(1_024..=16_777_216))]
         policy_map_entries: u32,
+        /// What this node does with packets from a pod address it has not seen yet (its
+        /// Pod object has not reached the agent, or it is not Running) toward a destination
+        /// that any rule of any policy covers: `pass` them (normal routing, the node's
+        /// address) or `drop` and count them (DROP_UNKNOWN_POD) until the agent has seen
+        /// the pod. `drop` attaches to every device a route of this node's pod CIDRs uses.
+        #[arg(long, env = "EGRESS_UNKNOWN_PODS", value_enum, default_value_t = agent::UnknownPods::Pass)]
+        unknown_pods: agent::UnknownPods,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -212,6 +219,7 @@ fn real_main() -> Result<ExitCode> {
             restart_grace_secs,
             route_tables,
             policy_map_entries,
+            unknown_pods,
             cluster,
         } => {
             anyhow::ensure!(
@@ -244,6 +252,7 @@ fn real_main() -> Result<ExitCode> {
                 capacities: datapath::Capacities {
                     policy: policy_map_entries,
                 },
+                unknown_pods,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

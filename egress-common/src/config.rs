@@ -22,6 +22,9 @@ const _: () = assert!(core::mem::size_of::<Config>() == 28);
 pub mod flags {
     /// The agent has written this entry; until then every program passes everything.
     pub const READY: u16 = 1 << 0;
+    /// `--unknown-pods drop`: `from_pod` drops packets of pod addresses the agent has not
+    /// seen yet (`KNOWN_PODS_*`) toward covered destinations (`COVERED_*`).
+    pub const UNKNOWN_PODS_DROP: u16 = 1 << 1;
 }
 
 pub const DEFAULT_PORT_MIN: u16 = 1024;

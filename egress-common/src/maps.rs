@@ -1,4 +1,7 @@
-//! Map names as they appear in the object file and under the pin directory.
+//! The pinned maps: one registry ([`REGISTRY`]) with each map's name (as it appears in
+//! the object file and under the pin directory), its key and value bytes (the ABI of this
+//! build), its capacity, and whether an object may lack it. The eBPF side declares the
+//! maps with these names and capacities; the agent loads, checks and syncs them from here.
 //!
 //! The kernel truncates map names to 15 characters; every name here fits.
 
@@ -22,33 +25,18 @@ pub const COUNTERS: &str = "COUNTERS";
 pub const CONFIG: &str = "CONFIG";
 pub const ADMITTED_V4: &str = "ADMITTED_V4";
 pub const ADMITTED_V6: &str = "ADMITTED_V6";
-
-/// Every map the agent pins, in a stable order.
-pub const ALL: &[&str] = &[
-    POLICY_V4,
-    SELECTED_V4,
-    RULES_V4,
-    NODES,
-    POD_OWNER_V4,
-    CT_V4,
-    EXHAUSTED_V4,
-    EGRESS_IPS_V4,
-    POLICY_V6,
-    SELECTED_V6,
-    RULES_V6,
-    POD_OWNER_V6,
-    CT_V6,
-    EXHAUSTED_V6,
-    EGRESS_IPS_V6,
-    COUNTERS,
-    CONFIG,
-    ADMITTED_V4,
-    ADMITTED_V6,
-];
+/// Local pod addresses the agent has seen (`--unknown-pods drop`).
+pub const KNOWN_PODS_V4: &str = "KNOWN_PODS_V4";
+pub const KNOWN_PODS_V6: &str = "KNOWN_PODS_V6";
+/// What any rule covers, by destination (`--unknown-pods drop`).
+pub const COVERED_V4: &str = "COVERED_V4";
+pub const COVERED_V6: &str = "COVERED_V6";
 
 /// Capacities. The policy trie holds only this node's pods (source side), so 64k entries
 /// cover 1,000 local pods with 64 prefixes each; conntrack is sized for a busy gateway.
 pub const POLICY_MAX_ENTRIES: u32 = 65_536;
+/// Local pods with at least one policy entry.
+pub const SELECTED_MAX_ENTRIES: u32 = 262_144;
 pub const RULES_MAX_ENTRIES: u32 = 16_384;
 pub const NODES_MAX_ENTRIES: u32 = 16_384;
 pub const POD_OWNER_MAX_ENTRIES: u32 = 262_144;
@@ -62,37 +50,164 @@ pub const EXHAUSTED_MAX_ENTRIES: u32 = 16_384;
 /// agent's inserts fail (reported once per map, `ApplyStats::problems`), and new flows
 /// of the pairs left out are dropped as `DROP_NOT_ADMITTED`: fail closed.
 pub const ADMITTED_MAX_ENTRIES: u32 = 524_288;
+/// Local pods the agent has seen, per family (not preallocated: empty unless
+/// `--unknown-pods drop`). A pod left out by a full map stays unknown: fail closed.
+pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
+/// Covered destination and except prefixes, per family: every rule's listed prefixes and
+/// the union of the routes its gateways publish (16,384 per gateway interface at most).
+pub const COVERED_MAX_ENTRIES: u32 = 131_072;
 
-/// Key and value sizes of every pinned map, in bytes: the layout of this build's ABI. The
-/// agent replaces a pinned map of another layout (left by an agent of another version)
-/// instead of adopting it. LPM trie keys carry a 4-byte prefix length before the data.
-pub const LAYOUT: &[(&str, u32, u32)] = {
+/// One pinned map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    pub name: &'static str,
+    /// Key bytes (an LPM trie's include its 4-byte prefix length).
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    /// An object built without it still loads: the agent then leaves it alone (the IPv6
+    /// maps of an object built before the IPv6 datapath).
+    pub optional: bool,
+}
+
+/// Every map the agent pins, in a stable order.
+pub const REGISTRY: &[MapSpec] = {
     use core::mem::size_of;
 
-    use crate::{config::Config, conntrack::*, counters::Counter, policy::*, underlay::Underlay};
+    use crate::{
+        config::Config,
+        conntrack::*,
+        counters::{Counter, MAX_REASONS},
+        policy::*,
+        underlay::Underlay,
+    };
     const fn sz<T>() -> u32 {
         size_of::<T>() as u32
     }
+    const fn map(name: &'static str, key_size: u32, value_size: u32, max: u32) -> MapSpec {
+        MapSpec {
+            name,
+            key_size,
+            value_size,
+            max_entries: max,
+            optional: false,
+        }
+    }
+    const fn v6(spec: MapSpec) -> MapSpec {
+        MapSpec {
+            optional: true,
+            ..spec
+        }
+    }
+    const LPM: u32 = 4;
     &[
-        (POLICY_V4, 4 + sz::<PolicyKeyV4>(), sz::<PolicyValue>()),
-        (SELECTED_V4, 4, sz::<SelectedValue>()),
-        (RULES_V4, 4, sz::<RuleValueV4>()),
-        (NODES, sz::<Underlay>(), sz::<NodeValue>()),
-        (POD_OWNER_V4, 4, sz::<PodOwnerValue>()),
-        (CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>()),
-        (EXHAUSTED_V4, 4, 8),
-        (EGRESS_IPS_V4, 4, sz::<EgressIpValue>()),
-        (POLICY_V6, 4 + sz::<PolicyKeyV6>(), sz::<PolicyValueV6>()),
-        (SELECTED_V6, 16, sz::<SelectedValue>()),
-        (RULES_V6, 4, sz::<RuleValueV6>()),
-        (POD_OWNER_V6, 16, sz::<PodOwnerValue>()),
-        (CT_V6, sz::<CtKeyV6>(), sz::<CtEntryV6>()),
-        (EXHAUSTED_V6, 16, 8),
-        (EGRESS_IPS_V6, 16, sz::<EgressIpValue>()),
-        (COUNTERS, 4, sz::<Counter>()),
-        (CONFIG, 4, sz::<Config>()),
-        (ADMITTED_V4, sz::<AdmittedKeyV4>(), sz::<AdmittedValue>()),
-        (ADMITTED_V6, sz::<AdmittedKeyV6>(), sz::<AdmittedValue>()),
+        map(
+            POLICY_V4,
+            LPM + sz::<PolicyKeyV4>(),
+            sz::<PolicyValue>(),
+            POLICY_MAX_ENTRIES,
+        ),
+        map(SELECTED_V4, 4, sz::<SelectedValue>(), SELECTED_MAX_ENTRIES),
+        map(RULES_V4, 4, sz::<RuleValueV4>(), RULES_MAX_ENTRIES),
+        map(
+            NODES,
+            sz::<Underlay>(),
+            sz::<NodeValue>(),
+            NODES_MAX_ENTRIES,
+        ),
+        map(
+            POD_OWNER_V4,
+            4,
+            sz::<PodOwnerValue>(),
+            POD_OWNER_MAX_ENTRIES,
+        ),
+        map(CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>(), CT_MAX_ENTRIES),
+        map(EXHAUSTED_V4, 4, 8, EXHAUSTED_MAX_ENTRIES),
+        map(
+            EGRESS_IPS_V4,
+            4,
+            sz::<EgressIpValue>(),
+            EGRESS_IPS_MAX_ENTRIES,
+        ),
+        v6(map(
+            POLICY_V6,
+            LPM + sz::<PolicyKeyV6>(),
+            sz::<PolicyValueV6>(),
+            POLICY_MAX_ENTRIES,
+        )),
+        v6(map(
+            SELECTED_V6,
+            16,
+            sz::<SelectedValue>(),
+            SELECTED_MAX_ENTRIES,
+        )),
+        v6(map(RULES_V6, 4, sz::<RuleValueV6>(), RULES_MAX_ENTRIES)),
+        v6(map(
+            POD_OWNER_V6,
+            16,
+            sz::<PodOwnerValue>(),
+            POD_OWNER_MAX_ENTRIES,
+        )),
+        v6(map(
+            CT_V6,
+            sz::<CtKeyV6>(),
+            sz::<CtEntryV6>(),
+            CT_MAX_ENTRIES,
+        )),
+        v6(map(EXHAUSTED_V6, 16, 8, EXHAUSTED_MAX_ENTRIES)),
+        v6(map(
+            EGRESS_IPS_V6,
+            16,
+            sz::<EgressIpValue>(),
+            EGRESS_IPS_MAX_ENTRIES,
+        )),
+        map(COUNTERS, 4, sz::<Counter>(), MAX_REASONS),
+        map(CONFIG, 4, sz::<Config>(), 1),
+        map(
+            ADMITTED_V4,
+            sz::<AdmittedKeyV4>(),
+            sz::<AdmittedValue>(),
+            ADMITTED_MAX_ENTRIES,
+        ),
+        v6(map(
+            ADMITTED_V6,
+            sz::<AdmittedKeyV6>(),
+            sz::<AdmittedValue>(),
+            ADMITTED_MAX_ENTRIES,
+        )),
+        map(
+            KNOWN_PODS_V4,
+            4,
+            sz::<KnownPodValue>(),
+            KNOWN_PODS_MAX_ENTRIES,
+        ),
+        v6(map(
+            KNOWN_PODS_V6,
+            16,
+            sz::<KnownPodValue>(),
+            KNOWN_PODS_MAX_ENTRIES,
+        )),
+        map(
+            COVERED_V4,
+            LPM + 4,
+            sz::<CoveredValue>(),
+            COVERED_MAX_ENTRIES,
+        ),
+        v6(map(
+            COVERED_V6,
+            LPM + 16,
+            sz::<CoveredValue>(),
+            COVERED_MAX_ENTRIES,
+        )),
     ]
 };
-const _: () = assert!(LAYOUT.len() == ALL.len());
+
+/// The registry entry of map `name`.
+pub fn spec(name: &str) -> Option<&'static MapSpec> {
+    REGISTRY.iter().find(|m| m.name == name)
+}
+
+/// Every pinned map's name, in registry order.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    REGISTRY.iter().map(|m| m.name)
+}

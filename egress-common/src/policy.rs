@@ -177,3 +177,31 @@ pub struct AdmittedValue {
     pub flags: u32,
 }
 const _: () = assert!(core::mem::size_of::<AdmittedValue>() == 4);
+
+// ---- pods the agent has not seen yet (`--unknown-pods drop`) ----
+
+/// Source side, `KNOWN_PODS_V4` / `_V6`: a local pod address the agent has seen (a
+/// running Pod object on this node), selected or not. With `--unknown-pods drop`, a packet
+/// of a pod address missing from both this map and `SELECTED_*` is dropped when its
+/// destination is covered (`COVERED_*`). Presence is what counts; `flags` is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KnownPodValue {
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<KnownPodValue>() == 4);
+
+/// Source side, `COVERED_V4` / `_V6` (LPM tries keyed by destination): what any rule of
+/// any policy covers. The longest match decides: [`coverage::COVERED`] for a rule's
+/// destination, [`coverage::EXCEPTED`] for its `except` prefixes inside it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CoveredValue {
+    pub covered: u32,
+}
+const _: () = assert!(core::mem::size_of::<CoveredValue>() == 4);
+
+pub mod coverage {
+    pub const EXCEPTED: u32 = 0;
+    pub const COVERED: u32 = 1;
+}

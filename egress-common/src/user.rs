@@ -28,5 +28,7 @@ pod!(
     CtEntryV6,
     AdmittedKeyV4,
     AdmittedKeyV6,
-    AdmittedValue
+    AdmittedValue,
+    KnownPodValue,
+    CoveredValue
 );

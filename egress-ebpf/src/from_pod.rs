@@ -1,4 +1,5 @@
-//! `from_pod`: packets leaving local pods. Unselected pods cost one hash lookup; a
+//! `from_pod`: packets leaving local pods. Unselected pods cost one hash lookup (and, with
+//! `--unknown-pods drop`, the checks of [`unknown`]); a
 //! selected (pod, destination) goes to its gateway through the tunnel, or straight into
 //! the gateway path when this node is the gateway (whose RSTs are sent from `run`'s
 //! frame: `reset::deferred4`).
@@ -13,14 +14,14 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
     maps::{self, POLICY_V4, POLICY_V6, SELECTED_V4, SELECTED_V6},
-    parse, parse6, reset, tunnel,
+    parse, parse6, reset, tunnel, unknown,
 };
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
     if let Some(src) = parse::ipv4_src(ctx) {
         if unsafe { SELECTED_V4.get(src) }.is_none() {
-            return OK;
+            return unknown::check4(ctx, &src);
         }
         return reset::deferred4(ctx, selected(ctx));
     }
@@ -29,7 +30,7 @@ pub fn run(ctx: &TcContext) -> i32 {
     }
     if let Some(src) = parse6::ipv6_src(ctx) {
         if unsafe { SELECTED_V6.get(src) }.is_none() {
-            return OK;
+            return unknown::check6(ctx, &src);
         }
         return reset::deferred6(ctx, selected6(ctx));
     }

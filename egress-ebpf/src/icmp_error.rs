@@ -41,7 +41,7 @@ use crate::{
     parse::{
         ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
     },
-    parse6::{self, IP6_DST_OFF, Ipv6, STOP_NONE},
+    parse6::{self, IP6_DST_OFF, IP6_HDR_LEN, Ipv6, STOP_NONE},
     rewrite,
 };
 
@@ -49,7 +49,6 @@ use crate::{
 const ICMP_HDR_LEN: usize = 8;
 const ICMP_CSUM_OFF: usize = 2;
 const IP4_HDR_LEN: usize = 20;
-const IP6_HDR_LEN: usize = 40;
 /// Quoted transport bytes read: the ports (or the echo identifier), what every router
 /// quotes.
 const QUOTED_L4_LEN: usize = 8;

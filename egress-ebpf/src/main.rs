@@ -18,6 +18,7 @@ mod parse6;
 mod reset;
 mod rewrite;
 mod tunnel;
+mod unknown;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 

@@ -11,9 +11,9 @@ use egress_common::{
     counters::{Counter, MAX_REASONS},
     maps::*,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, PodOwnerValue,
-        PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
-        SelectedValue,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
+        NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
+        RuleValueV4, RuleValueV6, SelectedValue,
     },
     underlay::Underlay,
 };
@@ -31,7 +31,7 @@ pub static POLICY_V4: LpmTrie<PolicyKeyV4, PolicyValue, { POLICY_MAX_ENTRIES as 
     LpmTrie::new();
 
 #[btf_map]
-pub static SELECTED_V4: HashMap<[u8; 4], SelectedValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+pub static SELECTED_V4: HashMap<[u8; 4], SelectedValue, { SELECTED_MAX_ENTRIES as usize }> =
     HashMap::new();
 
 #[btf_map]
@@ -63,7 +63,7 @@ pub static POLICY_V6: LpmTrie<PolicyKeyV6, PolicyValueV6, { POLICY_MAX_ENTRIES a
     LpmTrie::new();
 
 #[btf_map]
-pub static SELECTED_V6: HashMap<[u8; 16], SelectedValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+pub static SELECTED_V6: HashMap<[u8; 16], SelectedValue, { SELECTED_MAX_ENTRIES as usize }> =
     HashMap::new();
 
 #[btf_map]
@@ -105,6 +105,32 @@ pub static ADMITTED_V6: HashMap<
     { ADMITTED_MAX_ENTRIES as usize },
     NO_PREALLOC,
 > = HashMap::new();
+
+// ---- pods the agent has not seen yet (`--unknown-pods drop`, both families) ----
+
+#[btf_map]
+pub static KNOWN_PODS_V4: HashMap<
+    [u8; 4],
+    KnownPodValue,
+    { KNOWN_PODS_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+#[btf_map]
+pub static KNOWN_PODS_V6: HashMap<
+    [u8; 16],
+    KnownPodValue,
+    { KNOWN_PODS_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+#[btf_map]
+pub static COVERED_V4: LpmTrie<[u8; 4], CoveredValue, { COVERED_MAX_ENTRIES as usize }> =
+    LpmTrie::new();
+
+#[btf_map]
+pub static COVERED_V6: LpmTrie<[u8; 16], CoveredValue, { COVERED_MAX_ENTRIES as usize }> =
+    LpmTrie::new();
 
 /// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
 /// key, conntrack keys and entries, the FIB lookup and the tunnel key), and for those of

@@ -22,8 +22,8 @@ const NEXTHDR_DEST: u8 = 60;
 pub const MAX_EXT_HDRS: usize = 4;
 
 /// ICMPv6 neighbour discovery: router solicitation (133) to redirect (137).
-const NDP_FIRST: u8 = 133;
-const NDP_LAST: u8 = 137;
+pub const NDP_FIRST: u8 = 133;
+pub const NDP_LAST: u8 = 137;
 
 /// The IPv6 header fields the datapath uses. `proto` and `l4` are those of the upper-layer
 /// header behind the walked extension headers; `stop` says why there is none we can use.

@@ -26,8 +26,9 @@ use egress_common::{
     counters::{Counter, MAX_REASONS},
     maps,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, POD_PREFIX_BITS_V4,
-        PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4, SelectedValue,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
+        NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4,
+        SelectedValue, coverage,
     },
     underlay::{self, Underlay},
 };
@@ -264,6 +265,47 @@ impl Datapath {
                     rule_id,
                 };
                 m.insert(key, v, 0).unwrap();
+            }
+        }
+    }
+
+    /// A local pod address the agent has seen (`KNOWN_PODS_V4`/`_V6`).
+    pub fn known_pod(&mut self, pod: impl Into<IpAddr>) {
+        let v = KnownPodValue::default();
+        match pod.into() {
+            IpAddr::V4(pod) => {
+                let mut m: HashMap<&mut MapData, [u8; 4], KnownPodValue> =
+                    HashMap::try_from(self.map(maps::KNOWN_PODS_V4)).unwrap();
+                m.insert(v4(pod), v, 0).unwrap();
+            }
+            IpAddr::V6(pod) => {
+                let mut m: HashMap<&mut MapData, [u8; 16], KnownPodValue> =
+                    HashMap::try_from(self.map(maps::KNOWN_PODS_V6)).unwrap();
+                m.insert(pod.octets(), v, 0).unwrap();
+            }
+        }
+    }
+
+    /// A destination prefix some rule covers (`covered`), or an except hole in one
+    /// (`COVERED_V4`/`_V6`).
+    pub fn covered(&mut self, dst: impl Into<IpAddr>, len: u32, covered: bool) {
+        let v = CoveredValue {
+            covered: if covered {
+                coverage::COVERED
+            } else {
+                coverage::EXCEPTED
+            },
+        };
+        match dst.into() {
+            IpAddr::V4(dst) => {
+                let mut t: LpmTrie<&mut MapData, [u8; 4], CoveredValue> =
+                    LpmTrie::try_from(self.map(maps::COVERED_V4)).unwrap();
+                t.insert(&Key::new(len, v4(dst)), v, 0).unwrap();
+            }
+            IpAddr::V6(dst) => {
+                let mut t: LpmTrie<&mut MapData, [u8; 16], CoveredValue> =
+                    LpmTrie::try_from(self.map(maps::COVERED_V6)).unwrap();
+                t.insert(&Key::new(len, dst.octets()), v, 0).unwrap();
             }
         }
     }

@@ -522,6 +522,114 @@ fn from_pod_table() {
     ]);
 }
 
+/// `--unknown-pods drop`: network A (10.100.0.0/24) covered, with an except hole at
+/// 10.100.0.128/28, `LOCAL_POD` selected and `UNSELECTED_POD` known.
+fn unknown_pods_drop(dp: &mut Datapath, net: &Net) {
+    dp.config(Config {
+        flags: flags::READY | flags::UNKNOWN_PODS_DROP,
+        ..config(net)
+    });
+    local_pod_to_a(dp, PEER);
+    dp.known_pod(LOCAL_POD);
+    dp.known_pod(UNSELECTED_POD);
+    dp.covered(a(10, 100, 0, 0), 24, true);
+    dp.covered(a(10, 100, 0, 128), 28, false);
+}
+
+/// A pod address of this node that no Pod object has announced yet.
+const UNKNOWN_POD: Ipv4Addr = a(10, 244, 1, 77);
+
+#[test]
+fn unknown_pods_table() {
+    let to_a = udp(UNKNOWN_POD, 40_000, DEST_A, 53);
+    let to_hole = to_a.clone().dst(a(10, 100, 0, 130));
+    let mut garbage = to_a.build();
+    garbage[14] = 0x00; // version 0, IHL 0: not an IPv4 header, destination still covered
+    run_table(vec![
+        case(
+            "unknown pod to a covered destination: dropped, counted",
+            unknown_pods_drop,
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+        case(
+            "unknown pod, TCP SYN: dropped, counted",
+            unknown_pods_drop,
+            vec![from_pod(&syn(UNKNOWN_POD, 40_000, DEST_A, 80, 1460)).dropped()],
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+        case(
+            "unknown pod, garbage IP header to a covered destination: dropped",
+            unknown_pods_drop,
+            vec![from_pod(&to_a).raw(garbage).dropped()],
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+        case(
+            "unknown pod to an except hole: passes",
+            unknown_pods_drop,
+            vec![from_pod(&to_hole).passes()],
+            &[],
+        ),
+        case(
+            "unknown pod to an uncovered destination: passes",
+            unknown_pods_drop,
+            vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
+            &[],
+        ),
+        case(
+            "unknown pod, broadcast and multicast: pass",
+            |dp, net| {
+                unknown_pods_drop(dp, net);
+                dp.covered(a(0, 0, 0, 0), 0, true);
+            },
+            vec![
+                from_pod(&to_a.clone().dst(a(255, 255, 255, 255))).passes(),
+                from_pod(&to_a.clone().dst(a(224, 0, 0, 251))).passes(),
+            ],
+            &[],
+        ),
+        case(
+            "unknown pod, ARP: passes",
+            unknown_pods_drop,
+            vec![from_pod(&to_a).raw(arp_frame()).passes()],
+            &[],
+        ),
+        case(
+            "known, unselected pod to a covered destination: passes",
+            unknown_pods_drop,
+            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
+            &[],
+        ),
+        case(
+            "selected pod: tunneled as ever",
+            unknown_pods_drop,
+            vec![from_pod(&to_a.clone().src(LOCAL_POD)).tunneled()],
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "--unknown-pods pass (flag off): unknown pod passes, maps filled or not",
+            |dp, net| {
+                unknown_pods_drop(dp, net);
+                dp.config(config(net));
+            },
+            vec![from_pod(&to_a).passes()],
+            &[],
+        ),
+        case(
+            "agent not ready: unknown pod passes (nothing is decided before the agent)",
+            |dp, net| {
+                unknown_pods_drop(dp, net);
+                dp.config(Config {
+                    flags: flags::UNKNOWN_PODS_DROP,
+                    ..config(net)
+                });
+            },
+            vec![from_pod(&to_a).passes()],
+            &[],
+        ),
+    ]);
+}
+
 fn fix_ip_csum(f: &mut [u8]) {
     let ihl = usize::from(f[14] & 0xf) * 4;
     f[24..26].copy_from_slice(&[0, 0]);
@@ -1633,12 +1741,13 @@ fn pinned_maps_of_another_layout_are_replaced() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     let dp = egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
-    for &(name, key, value) in maps::LAYOUT {
-        let info = aya::maps::MapInfo::from_pin(dir.join(name)).unwrap();
+    for spec in maps::REGISTRY {
+        let info = aya::maps::MapInfo::from_pin(dir.join(spec.name)).unwrap();
         assert_eq!(
-            (info.key_size(), info.value_size()),
-            (key, value),
-            "map {name}"
+            (info.key_size(), info.value_size(), info.max_entries()),
+            (spec.key_size, spec.value_size, spec.max_entries),
+            "map {}: the object's key, value and capacity are the registry's",
+            spec.name
         );
     }
     drop(dp);

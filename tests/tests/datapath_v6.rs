@@ -1729,3 +1729,85 @@ fn interface_rule_reset_makes_no_entry_ipv4_underlay() {
 fn interface_rule_reset_makes_no_entry_ipv6_underlay() {
     interface_rule_reset_makes_no_entry(UL6);
 }
+
+/// `--unknown-pods drop`: network A (fd00:100::/64) covered with an except hole at
+/// fd00:100::80/124, `LOCAL_POD` selected and `UNSELECTED_POD` known.
+fn unknown_pods_drop(dp: &mut Datapath, net: &Net) {
+    dp.config(Config {
+        flags: flags::READY | flags::UNKNOWN_PODS_DROP,
+        ..config(net)
+    });
+    local_pod_to_a(dp, net.ul.peer);
+    dp.known_pod(LOCAL_POD);
+    dp.known_pod(UNSELECTED_POD);
+    dp.covered(NET_A, 64, true);
+    dp.covered(v6(0xfd00, 0x100, 0, 0x80), 124, false);
+}
+
+#[test]
+fn unknown_pods_table() {
+    let unknown = v6(0xfd00, 0x244, 1, 0x77);
+    let to_a = udp(unknown, 40_000, DEST_A, 53);
+    run_table(
+        UL4,
+        vec![
+            case(
+                "unknown pod to a covered destination: dropped, counted",
+                unknown_pods_drop,
+                vec![from_pod(&to_a).dropped()],
+                &[(DROP_UNKNOWN_POD, 1)],
+            ),
+            case(
+                "unknown pod to an except hole, or uncovered: passes",
+                unknown_pods_drop,
+                vec![
+                    from_pod(&udp(unknown, 40_000, v6(0xfd00, 0x100, 0, 0x82), 53)).passes(),
+                    from_pod(&udp(unknown, 40_000, INTERNET, 53)).passes(),
+                ],
+                &[],
+            ),
+            case(
+                "unknown pod, neighbour discovery to a covered address and link-scoped \
+                 destinations: pass",
+                |dp, net| {
+                    unknown_pods_drop(dp, net);
+                    dp.covered(Ipv6Addr::UNSPECIFIED, 0, true);
+                },
+                vec![
+                    from_pod(&Ipv6Packet::new(
+                        unknown,
+                        DEST_A,
+                        ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
+                    ))
+                    .passes(),
+                    from_pod(&Ipv6Packet::new(
+                        unknown,
+                        solicited_node(DEST_A),
+                        ndp(ICMPV6_NEIGHBOUR_SOLICIT, DEST_A),
+                    ))
+                    .passes(),
+                    from_pod(&udp(unknown, 40_000, v6(0xfe80, 0, 0, 1), 53)).passes(),
+                ],
+                &[],
+            ),
+            case(
+                "known, unselected pod: passes; selected pod: tunneled",
+                unknown_pods_drop,
+                vec![
+                    from_pod(&udp(UNSELECTED_POD, 40_000, DEST_A, 53)).passes(),
+                    from_pod(&udp(LOCAL_POD, 40_000, DEST_A, 53)).tunneled(),
+                ],
+                &[(TUNNELED, 1)],
+            ),
+            case(
+                "--unknown-pods pass: unknown pod passes",
+                |dp, net| {
+                    unknown_pods_drop(dp, net);
+                    dp.config(config(net));
+                },
+                vec![from_pod(&to_a).passes()],
+                &[],
+            ),
+        ],
+    );
+}

@@ -71,6 +71,17 @@ pub struct RunConfig {
     pub cluster_cidrs: Vec<IpNet>,
     /// Map capacities the operator sets.
     pub capacities: datapath::Capacities,
+    /// Packets of pods the agent has not seen yet (`--unknown-pods`).
+    pub unknown_pods: UnknownPods,
+}
+
+/// `--unknown-pods`: fail open (the default, what every CNI's egress gateway does) or
+/// closed for pods whose Pod object has not reached the agent yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnknownPods {
+    #[default]
+    Pass,
+    Drop,
 }
 
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
@@ -542,6 +553,7 @@ impl Reconciler<'_> {
             self.cfg.port_min,
             self.cfg.port_max,
             u16::try_from(self.tunnel_mtu).unwrap_or(u16::MAX),
+            self.cfg.unknown_pods == UnknownPods::Drop,
         );
         if dp.config().ok() == Some(want) {
             return Ok(0);
@@ -627,7 +639,10 @@ impl Reconciler<'_> {
         problems: &mut Vec<String>,
     ) -> Result<usize> {
         let ifindex = |n: &str| ifaces.iter().find(|i| i.name == n).map(|i| i.ifindex);
-        let (want, unresolved) = MapState::from_desired(desired, ifindex);
+        let (mut want, unresolved) = MapState::from_desired(desired, ifindex);
+        if self.cfg.unknown_pods == UnknownPods::Pass {
+            want.forget_unknown_pods();
+        }
         problems.extend(unresolved.iter().map(ToString::to_string));
         let st = dp.apply(&want)?;
         problems.extend(st.problems());
@@ -688,6 +703,19 @@ impl Reconciler<'_> {
                     }
                 }
                 _ => problems.push(format!("pod {pod}: no route to its device on this node")),
+            }
+        }
+        if self.cfg.unknown_pods == UnknownPods::Drop
+            && let Some(routes) = routes
+        {
+            for oif in pod_devices(routes, &desired.pod_cidrs, self.tunnel_ifindex) {
+                if let Some(i) = by_index.get(&oif) {
+                    attach.insert(Attachment {
+                        program: ebpf::FROM_POD,
+                        ifname: i.name.clone(),
+                        ifindex: oif,
+                    });
+                }
             }
         }
         for e in dp.sync_attachments(&attach) {
@@ -997,5 +1025,22 @@ fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
         .iter()
         .flat_map(|p| p.spec.rules.iter())
         .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+/// The devices that pods of this node send from, as the CNI routes them: every device a
+/// host route (/32, /128) inside one of the node's pod CIDRs leaves by, save the tunnel.
+/// Pods the agent has not seen yet are routed there too (`--unknown-pods drop`).
+fn pod_devices(routes: &iface::Routes, pod_cidrs: &[IpNet], tunnel_ifindex: u32) -> BTreeSet<u32> {
+    routes
+        .prefixes_by_oif()
+        .iter()
+        .filter(|(oif, _)| **oif != tunnel_ifindex)
+        .filter(|(_, prefixes)| {
+            prefixes.iter().any(|p| {
+                p.prefix_len() == p.max_prefix_len() && pod_cidrs.iter().any(|c| c.contains(p))
+            })
+        })
+        .map(|(oif, _)| *oif)
         .collect()
 }

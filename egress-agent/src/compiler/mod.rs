@@ -15,6 +15,7 @@ use crate::{
     source::ClusterView,
 };
 
+mod coverage;
 mod gateway_side;
 mod hash;
 mod nodes;
@@ -219,6 +220,7 @@ pub fn compile_remembering(
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved);
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
+    coverage::cover(&plans, &pods, node_name, &mut desired);
     let statuses = status::statuses(&plans, egress_ips, &mut problems);
     problems.sort();
     problems.dedup();

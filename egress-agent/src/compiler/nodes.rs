@@ -177,6 +177,7 @@ pub(super) fn register(
         }
         if node.name == node_name {
             desired.node_ip = node.underlay;
+            desired.pod_cidrs.clone_from(&node.pod_cidrs);
         }
     }
     // One tunnel family per cluster: nodes of the minority family (IPv4 on a tie) cannot

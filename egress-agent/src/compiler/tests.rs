@@ -26,6 +26,7 @@ use crate::{
     source::PodSummary,
 };
 
+mod coverage;
 mod last_accepted;
 mod routes;
 

@@ -190,7 +190,8 @@ impl Capacities {
 /// (a replaced conntrack map loses its flows, which is why this is logged as a warning).
 /// The same for a map whose capacity the operator changed (`capacities`).
 fn replace_foreign_pins(pin_dir: &Path, capacities: &Capacities) -> Result<()> {
-    for &(name, key_size, value_size) in names::LAYOUT {
+    for spec in names::REGISTRY {
+        let (name, key_size, value_size) = (spec.name, spec.key_size, spec.value_size);
         let path = pin_dir.join(name);
         if !path.exists() {
             continue;
@@ -247,7 +248,7 @@ impl Datapath {
         })?;
         replace_foreign_pins(pin_dir, capacities)?;
         let mut loader = EbpfLoader::new();
-        for name in names::ALL {
+        for name in names::names() {
             loader.map_pin_path(name, pin_dir.join(name));
             if let Some(entries) = capacities.of(name) {
                 loader.map_max_entries(name, entries);
@@ -311,6 +312,10 @@ impl Datapath {
             egress_ips_v6: self.read_hash(names::EGRESS_IPS_V6)?,
             admitted_v4: self.read_hash(names::ADMITTED_V4)?,
             admitted_v6: self.read_hash(names::ADMITTED_V6)?,
+            known_pods_v4: self.read_hash(names::KNOWN_PODS_V4)?,
+            known_pods_v6: self.read_hash(names::KNOWN_PODS_V6)?,
+            covered_v4: self.read_lpm(names::COVERED_V4)?,
+            covered_v6: self.read_lpm(names::COVERED_V6)?,
         };
         Ok(s)
     }
@@ -318,7 +323,8 @@ impl Datapath {
     /// Is `name` an optional map that this object lacks? The IPv6 maps are optional: an
     /// object built before the IPv6 datapath has none, and the agent then syncs IPv4 only.
     fn skip_missing(&self, name: &'static str) -> bool {
-        let skip = OPTIONAL_MAPS.contains(&name) && self.ebpf.map(name).is_none();
+        let optional = names::spec(name).is_some_and(|m| m.optional);
+        let skip = optional && self.ebpf.map(name).is_none();
         if skip {
             tracing::debug!("map {name} is not in the eBPF object: not synced");
         }
@@ -413,6 +419,7 @@ impl Datapath {
         stats: &mut ApplyStats,
     ) -> Result<()> {
         if phase == Phase::Remove {
+            self.sync_unknown_pods(held, want, phase, stats)?;
             self.sync_selected(held, want, phase, stats)?;
         }
         self.sync_lpm(
@@ -431,8 +438,49 @@ impl Datapath {
         )?;
         if phase == Phase::Upsert {
             self.sync_selected(held, want, phase, stats)?;
+            self.sync_unknown_pods(held, want, phase, stats)?;
         }
         Ok(())
+    }
+
+    /// Known pods and covered destinations (`--unknown-pods drop`). A pod is made known
+    /// only after its selected entry is in (a new pod that is selected never passes
+    /// untranslated in between).
+    fn sync_unknown_pods(
+        &mut self,
+        held: &mut MapState,
+        want: &MapState,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        self.sync_hash(
+            names::KNOWN_PODS_V4,
+            &mut held.known_pods_v4,
+            &want.known_pods_v4,
+            phase,
+            stats,
+        )?;
+        self.sync_hash(
+            names::KNOWN_PODS_V6,
+            &mut held.known_pods_v6,
+            &want.known_pods_v6,
+            phase,
+            stats,
+        )?;
+        self.sync_lpm(
+            names::COVERED_V4,
+            &mut held.covered_v4,
+            &want.covered_v4,
+            phase,
+            stats,
+        )?;
+        self.sync_lpm(
+            names::COVERED_V6,
+            &mut held.covered_v6,
+            &want.covered_v6,
+            phase,
+            stats,
+        )
     }
 
     fn sync_selected(
@@ -716,7 +764,7 @@ impl Datapath {
             restored.push(format!("pin directory {}", self.pin_dir.display()));
         }
         let mut maps = Vec::new();
-        for &name in names::ALL {
+        for name in names::names() {
             let path = self.pin_dir.join(name);
             let Some(map) = self.ebpf.map(name) else {
                 continue;
@@ -763,16 +811,6 @@ enum Step {
     PodOwners,
     Nodes,
 }
-
-/// Maps the agent syncs only when the object has them (see `Datapath::skip_missing`).
-const OPTIONAL_MAPS: &[&str] = &[
-    names::POLICY_V6,
-    names::SELECTED_V6,
-    names::RULES_V6,
-    names::POD_OWNER_V6,
-    names::EGRESS_IPS_V6,
-    names::ADMITTED_V6,
-];
 
 /// Whether a map write failed because the map is full (E2BIG from a hash, ENOSPC from an
 /// LPM trie).

@@ -5,12 +5,15 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+use ipnet::IpNet;
+
 use egress_common::{
     config::Config,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, POD_PREFIX_BITS_V4,
-        POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
-        RuleValueV4, RuleValueV6, SelectedValue, action, egress_ip_flags,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
+        NodeValue, POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
+        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, action, coverage,
+        egress_ip_flags,
     },
     underlay::{self, Underlay},
 };
@@ -37,6 +40,10 @@ pub struct MapState {
     pub egress_ips_v6: BTreeMap<[u8; 16], EgressIpValue>,
     pub admitted_v4: BTreeMap<AdmittedKeyV4, AdmittedValue>,
     pub admitted_v6: BTreeMap<AdmittedKeyV6, AdmittedValue>,
+    pub known_pods_v4: BTreeMap<[u8; 4], KnownPodValue>,
+    pub known_pods_v6: BTreeMap<[u8; 16], KnownPodValue>,
+    pub covered_v4: BTreeMap<(u32, [u8; 4]), CoveredValue>,
+    pub covered_v6: BTreeMap<(u32, [u8; 16]), CoveredValue>,
 }
 
 /// Something in the desired state that cannot be put in the maps yet.
@@ -163,7 +170,36 @@ impl MapState {
         }
         s.add_v6(desired, &ifindex, &mut unresolved);
         s.add_admitted(desired);
+        s.add_unknown_pods(desired);
         (s, unresolved)
+    }
+
+    /// Known local pods and covered destinations, each in its family's map.
+    fn add_unknown_pods(&mut self, desired: &Desired) {
+        for pod in &desired.known_pods {
+            match pod {
+                IpAddr::V4(a) => self
+                    .known_pods_v4
+                    .insert(a.octets(), KnownPodValue::default()),
+                IpAddr::V6(a) => self
+                    .known_pods_v6
+                    .insert(a.octets(), KnownPodValue::default()),
+            };
+        }
+        for (prefix, covered) in &desired.covered {
+            let value = CoveredValue {
+                covered: if *covered {
+                    coverage::COVERED
+                } else {
+                    coverage::EXCEPTED
+                },
+            };
+            let len = u32::from(prefix.prefix_len());
+            match prefix {
+                IpNet::V4(p) => self.covered_v4.insert((len, p.network().octets()), value),
+                IpNet::V6(p) => self.covered_v6.insert((len, p.network().octets()), value),
+            };
+        }
     }
 
     /// The (pod, rule) pairs this node admits from the tunnel, each in its family's map.
@@ -254,8 +290,16 @@ impl MapState {
         }
     }
 
+    /// Leave the maps of `--unknown-pods drop` empty (the mode is off).
+    pub fn forget_unknown_pods(&mut self) {
+        self.known_pods_v4.clear();
+        self.known_pods_v6.clear();
+        self.covered_v4.clear();
+        self.covered_v6.clear();
+    }
+
     /// Number of entries per map, by map name.
-    pub fn sizes(&self) -> [(&'static str, usize); 13] {
+    pub fn sizes(&self) -> [(&'static str, usize); 17] {
         use egress_common::maps::*;
         [
             (POLICY_V4, self.policy_v4.len()),
@@ -271,6 +315,10 @@ impl MapState {
             (EGRESS_IPS_V6, self.egress_ips_v6.len()),
             (ADMITTED_V4, self.admitted_v4.len()),
             (ADMITTED_V6, self.admitted_v6.len()),
+            (KNOWN_PODS_V4, self.known_pods_v4.len()),
+            (KNOWN_PODS_V6, self.known_pods_v6.len()),
+            (COVERED_V4, self.covered_v4.len()),
+            (COVERED_V6, self.covered_v6.len()),
         ]
     }
 }
@@ -282,14 +330,20 @@ pub fn config(
     port_min: u16,
     port_max: u16,
     tunnel_mtu: u16,
+    unknown_pods_drop: bool,
 ) -> Config {
+    use egress_common::config::flags;
+    let mut flags = flags::READY;
+    if unknown_pods_drop {
+        flags |= flags::UNKNOWN_PODS_DROP;
+    }
     Config {
         node_ip: underlay::from_ip(node_ip),
         tunnel_ifindex,
         port_min,
         port_max,
         tunnel_mtu,
-        flags: egress_common::config::flags::READY,
+        flags,
     }
 }
 

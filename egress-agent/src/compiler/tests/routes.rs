@@ -4,7 +4,7 @@
 use super::*;
 
 /// Set the routes `node` publishes out of `iface` (an interface it already lists).
-fn set_routes(view: &mut ClusterView, node: &str, iface: &str, routes: &[&str]) {
+pub(super) fn set_routes(view: &mut ClusterView, node: &str, iface: &str, routes: &[&str]) {
     let en = view
         .egress_nodes
         .iter_mut()
