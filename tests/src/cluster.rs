@@ -200,3 +200,26 @@ pub fn ping_captured(
     captured.with_context(|| format!("{host_ns} captured no echo request"))?;
     Ok(std::fs::read_to_string(&log)?)
 }
+
+/// Packets counted as `reason` by a node's datapath (its pinned counters, read with
+/// bpftool), summed over CPUs.
+pub fn counted(lab: &Lab, node: &str, reason: u32) -> u64 {
+    let pin = lab.bpffs_dir(node).join(egress_common::maps::COUNTERS);
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "lookup", "pinned"])
+        .arg(&pin)
+        .args(["key"])
+        .args(reason.to_le_bytes().map(|b| b.to_string()))
+        .output()
+        .expect("failed to run bpftool");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool on {}: {e}", pin.display()));
+    // With BTF, bpftool adds the values with their field names under "formatted".
+    let values = v["formatted"]["values"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no formatted per-CPU values: {v}"));
+    values
+        .iter()
+        .map(|cpu| cpu["value"]["packets"].as_u64().expect("packets"))
+        .sum()
+}

@@ -711,6 +711,8 @@ pub struct Lab {
     ready: BTreeMap<String, bool>,
     /// Nodes annotated [`DRAIN_ANNOTATION`].
     drained: std::collections::BTreeSet<String>,
+    /// Pods whose Pod object is left out of `cluster.yaml` ([`Lab::set_pod_announced`]).
+    unannounced: std::collections::BTreeSet<String>,
     leaked: bool,
 }
 
@@ -738,6 +740,7 @@ impl Lab {
             pin_dirs: BTreeMap::new(),
             ready: NODES.iter().map(|n| (n.name.to_owned(), true)).collect(),
             drained: std::collections::BTreeSet::new(),
+            unannounced: std::collections::BTreeSet::new(),
             leaked: false,
             spec,
         };
@@ -1198,6 +1201,39 @@ impl Lab {
         self.write_cluster()
     }
 
+    /// Leave a pod's Pod object out of `cluster.yaml` (`false`: its network is there, as
+    /// after the CNI ran, but no agent has heard of it) or put it back (`true`).
+    pub fn set_pod_announced(&mut self, pod: &str, announced: bool) -> Result<()> {
+        self.pod(pod)?;
+        if announced {
+            self.unannounced.remove(pod);
+        } else {
+            self.unannounced.insert(pod.to_owned());
+        }
+        self.write_cluster()
+    }
+
+    /// Give the primary network's router (`rtr`, every node's default gateway) a leg on
+    /// network `id` (`a` or `b`) at `.1`: a path to that network that does not go through
+    /// a gateway, as a user's routed primary network may have. Packets that leave a node
+    /// untranslated then reach the network's host with their own source address.
+    pub fn connect_router_to(&self, id: char) -> Result<()> {
+        let net = NETWORKS
+            .iter()
+            .find(|n| n.id == id && n.router.is_none())
+            .with_context(|| format!("network {id:?} is not a gateway-only network"))?;
+        let o = net.host.octets();
+        let ip = Ipv4Addr::new(o[0], o[1], o[2], 1);
+        let bridge_ns = self.ns_name(&format!("net-{id}"));
+        self.ns("rtr")?.ip_batch(&[
+            format!("link add net-{id} type veth peer name rtr netns {bridge_ns}"),
+            format!("addr add {ip}/24 dev net-{id}"),
+            format!("link set net-{id} up"),
+        ])?;
+        self.ns(&format!("net-{id}"))?
+            .ip_batch(&["link set rtr master br0 up"])
+    }
+
     /// A Node's `status.addresses`: InternalIPs, the underlay's family first (the agents
     /// tunnel to the first one), then the hostname.
     fn node_addresses(&self, node: &Node) -> Value {
@@ -1252,7 +1288,11 @@ impl Lab {
                 },
             }));
         }
-        for pod in &self.pods {
+        for pod in self
+            .pods
+            .iter()
+            .filter(|p| !self.unannounced.contains(&p.name))
+        {
             let host_ip = NODES
                 .iter()
                 .find(|n| n.name == pod.node)

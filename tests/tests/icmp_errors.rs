@@ -13,9 +13,9 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use egress_common::{counters::reason::ICMP_ERROR_XLATED, maps};
+use egress_common::counters::reason::ICMP_ERROR_XLATED;
 use egress_tests::{
-    cluster::{spec_for, spec_on, up_with_agents},
+    cluster::{counted, spec_for, spec_on, up_with_agents},
     lab::{Family, Lab, Proto, Query, Underlay, addr, addr6},
 };
 
@@ -46,30 +46,12 @@ fn narrow_network_d(lab: &Lab, v6: bool) {
     .unwrap();
 }
 
-/// Packets counted as `reason` by both gateways' datapaths (their pinned counters, read
-/// with bpftool), summed over CPUs.
+/// Packets counted as `reason` by both gateways' datapaths.
 fn gateway_count(lab: &Lab, reason: u32) -> u64 {
-    let mut total = 0;
-    for gw in ["gw1", "gw2"] {
-        let pin = lab.bpffs_dir(gw).join(maps::COUNTERS);
-        let out = std::process::Command::new("bpftool")
-            .args(["-j", "map", "lookup", "pinned"])
-            .arg(&pin)
-            .args(["key"])
-            .args(reason.to_le_bytes().map(|b| b.to_string()))
-            .output()
-            .expect("failed to run bpftool");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("bpftool on {}: {e}", pin.display()));
-        // With BTF, bpftool adds the values with their field names under "formatted".
-        let values = v["formatted"]["values"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no formatted per-CPU values: {v}"));
-        for cpu in values {
-            total += cpu["value"]["packets"].as_u64().expect("packets");
-        }
-    }
-    total
+    ["gw1", "gw2"]
+        .iter()
+        .map(|gw| counted(lab, gw, reason))
+        .sum()
 }
 
 fn pmtu_and_port_unreachable(family: Family, underlay: Option<Underlay>) {

@@ -1,0 +1,155 @@
+//! End to end: a pod that starts sending before its Pod object reaches the agents
+//! (issue 13). `w1-late`, a pod of the sample policy on w1 (selected for network A through
+//! egress IP A), has its network from the start, as after the CNI ran, but no Pod object
+//! in `cluster.yaml` until the test announces it. The primary network's router (`rtr`,
+//! every node's default gateway) is given a leg on network A, so that a packet that leaves
+//! w1 untranslated reaches host-a with the pod's own address: a leak a far host can see.
+//!
+//! host-a captures every UDP datagram to its echo port while the pod streams to it (one
+//! datagram each 10 ms), before and after its Pod object is announced: with
+//! `--unknown-pods drop` no source but egress IP A may ever arrive; with the default
+//! `pass`, the pod's address does (the leak the flag closes).
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, ensure};
+use egress_common::counters::reason::DROP_UNKNOWN_POD;
+use egress_tests::{
+    cluster::{agent_bin, counted, default_spec, seen, wait_until},
+    lab::{Lab, PodSpec, Proto, addr},
+    stream::{Summary, unix_ms},
+};
+
+const LATE: &str = "w1-late";
+/// Streaming before the Pod object is announced, then after.
+const BEFORE: Duration = Duration::from_secs(2);
+const AFTER: Duration = Duration::from_secs(3);
+
+struct Figures {
+    /// Datagrams host-a saw from any source but egress IP A.
+    leaked: usize,
+    /// Datagrams host-a saw from egress IP A.
+    translated: usize,
+    /// Datagrams w1 dropped as DROP_UNKNOWN_POD.
+    dropped: u64,
+    /// From the Pod object's announcement to the first reply through egress IP A.
+    to_egress_ms: Option<u64>,
+    sent: u64,
+}
+
+fn lab_with_late_pod(mode: &str) -> Result<Lab> {
+    let mut spec = default_spec()?;
+    spec.pods
+        .push(PodSpec::new(LATE, "payments", "w1", &[("app", "api")]));
+    let mut lab = Lab::up(spec)?;
+    lab.set_pod_announced(LATE, false)?;
+    lab.connect_router_to('a')?;
+    for node in ["w1", "w2", "gw1", "gw2"] {
+        lab.start_agent(node, &agent_bin()?, &["--unknown-pods", mode])?;
+    }
+    wait_until(Duration::from_secs(30), || {
+        seen(&lab, "w1-p1", Proto::Udp, addr::HOST_A) == Some(IpAddr::V4(addr::EGRESS_IP_A))
+    })
+    .with_context(|| format!("agents did not converge:\n{}", lab.agent_log("w1")))?;
+    Ok(lab)
+}
+
+/// Stream from the unannounced pod, announce it after [`BEFORE`], and count what host-a
+/// captured by source.
+fn late_pod_stream(lab: &mut Lab) -> Result<Figures> {
+    let capture = lab.dir().join("host-a.pcap.txt");
+    let mut dump = lab.ns("host-a")?.spawn(
+        "tcpdump",
+        &["-n", "-l", "-i", "eth0", "udp dst port 7777"],
+        &capture,
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let log = lab.dir().join("late-stream.log");
+    let total = BEFORE + AFTER;
+    let target = SocketAddr::new(addr::HOST_A.into(), addr::ECHO_PORT).to_string();
+    let mut stream = lab.ns(LATE)?.spawn(
+        &lab.spec().echo_bin,
+        &[
+            "stream",
+            "udp",
+            &target,
+            "--interval-ms",
+            "10",
+            "--duration-ms",
+            &total.as_millis().to_string(),
+        ],
+        &log,
+    )?;
+    std::thread::sleep(BEFORE);
+    let announced = unix_ms();
+    lab.set_pod_announced(LATE, true)?;
+    stream.wait_for(total + Duration::from_secs(5))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = dump.terminate(Duration::from_secs(1));
+    let summary = Summary::find_in(&std::fs::read_to_string(&log)?)?;
+    let lines = std::fs::read_to_string(&capture)?;
+    let egress = format!(" {}.", addr::EGRESS_IP_A);
+    let datagrams: Vec<&str> = lines.lines().filter(|l| l.contains(" > ")).collect();
+    let translated = datagrams.iter().filter(|l| l.contains(&egress)).count();
+    Ok(Figures {
+        leaked: datagrams.len() - translated,
+        translated,
+        dropped: counted(lab, "w1", DROP_UNKNOWN_POD),
+        to_egress_ms: summary.first_reply_after(announced),
+        sent: summary.sent,
+    })
+}
+
+#[test]
+fn a_pod_unknown_to_the_agent_never_leaks_under_unknown_pods_drop() -> Result<()> {
+    let mut lab = lab_with_late_pod("drop")?;
+    let f = late_pod_stream(&mut lab)?;
+    println!(
+        "--unknown-pods drop: {} datagrams sent, {} leaked, {} dropped as DROP_UNKNOWN_POD, \
+         {} through egress IP A; first reply {} ms after the Pod object was announced",
+        f.sent,
+        f.leaked,
+        f.dropped,
+        f.translated,
+        f.to_egress_ms.map_or("never".to_owned(), |t| t.to_string())
+    );
+    ensure!(
+        f.leaked == 0,
+        "{} datagrams reached host-a with another source",
+        f.leaked
+    );
+    ensure!(
+        f.dropped > 0,
+        "nothing was dropped before the Pod object arrived"
+    );
+    ensure!(
+        f.translated > 0,
+        "nothing went through egress IP A once the pod was known"
+    );
+    let t = f.to_egress_ms.context("no reply after the announcement")?;
+    ensure!(t < AFTER.as_millis() as u64, "egress took {t} ms");
+    Ok(())
+}
+
+#[test]
+fn the_default_pass_leaks_an_unknown_pods_address() -> Result<()> {
+    let mut lab = lab_with_late_pod("pass")?;
+    let f = late_pod_stream(&mut lab)?;
+    println!(
+        "--unknown-pods pass: {} datagrams sent, {} leaked (the pod's own address at host-a), \
+         {} through egress IP A; first reply {} ms after the Pod object was announced",
+        f.sent,
+        f.leaked,
+        f.translated,
+        f.to_egress_ms.map_or("never".to_owned(), |t| t.to_string())
+    );
+    ensure!(
+        f.leaked > 0,
+        "the leak path does not work: the test proves nothing"
+    );
+    ensure!(f.dropped == 0);
+    Ok(())
+}
