@@ -192,7 +192,18 @@ fn a_start_whose_source_fails_changes_nothing_on_the_host_and_says_why_once() {
             "failed to reach the Kubernetes API",
         ),
     ];
-    for (source, want) in cases {
+    // A probe port in use in the node's namespace (held by a socket bound there).
+    let busy = ns
+        .run_in(|| Ok(std::net::UdpSocket::bind("[::]:0")?))
+        .unwrap();
+    let busy_port = busy.local_addr().unwrap().port().to_string();
+    let empty_state = tempfile::tempdir().unwrap();
+    let empty_state_arg = empty_state.path().to_string_lossy().into_owned();
+    let busy_case: (&[&str], &str) = (
+        &["--state-dir", &empty_state_arg, "--probe-port", &busy_port],
+        "failed to open the probe port",
+    );
+    for (source, want) in cases.into_iter().chain([busy_case]) {
         let mut args = vec!["run", "--node-name", "n1", "--bpffs-dir", &pin_arg];
         args.extend(source);
         let mut cmd = ns.command(agent_bin()).unwrap();

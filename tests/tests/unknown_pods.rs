@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, ensure};
-use egress_common::counters::reason::DROP_UNKNOWN_POD;
+use egress_common::counters::reason::{DROP_NOT_ADMITTED, DROP_UNKNOWN_POD};
 use egress_tests::{
     cluster::{agent_bin, counted, default_spec, seen, wait_until},
     lab::{Lab, PodSpec, Proto, addr},
@@ -35,6 +35,9 @@ struct Figures {
     translated: usize,
     /// Datagrams w1 dropped as DROP_UNKNOWN_POD.
     dropped: u64,
+    /// Datagrams the gateways dropped as DROP_NOT_ADMITTED (the source node selected the
+    /// pod before its gateway admitted it).
+    not_admitted: u64,
     /// From the Pod object's announcement to the first reply through egress IP A.
     to_egress_ms: Option<u64>,
     sent: u64,
@@ -98,6 +101,8 @@ fn late_pod_stream(lab: &mut Lab) -> Result<Figures> {
         leaked: datagrams.len() - translated,
         translated,
         dropped: counted(lab, "w1", DROP_UNKNOWN_POD),
+        not_admitted: counted(lab, "gw1", DROP_NOT_ADMITTED)
+            + counted(lab, "gw2", DROP_NOT_ADMITTED),
         to_egress_ms: summary.first_reply_after(announced),
         sent: summary.sent,
     })
@@ -109,10 +114,12 @@ fn a_pod_unknown_to_the_agent_never_leaks_under_unknown_pods_drop() -> Result<()
     let f = late_pod_stream(&mut lab)?;
     println!(
         "--unknown-pods drop: {} datagrams sent, {} leaked, {} dropped as DROP_UNKNOWN_POD, \
-         {} through egress IP A; first reply {} ms after the Pod object was announced",
+         {} at the gateway as DROP_NOT_ADMITTED, {} through egress IP A; first reply {} ms \
+         after the Pod object was announced",
         f.sent,
         f.leaked,
         f.dropped,
+        f.not_admitted,
         f.translated,
         f.to_egress_ms.map_or("never".to_owned(), |t| t.to_string())
     );

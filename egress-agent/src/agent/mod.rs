@@ -152,6 +152,14 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     // ours: a failed start leaves the node as it was.
     let (mut views, sink) = connect(&cfg).await?;
     let _lock = PinLock::acquire(&cfg.bpffs_dir)?;
+    let probe_socket = liveness::service::bind(cfg.probe_port)
+        .await
+        .with_context(|| {
+            format!(
+                "failed to open the probe port (UDP {}; --probe-port)",
+                cfg.probe_port
+            )
+        })?;
     let stats = Arc::new(Mutex::new(Stats::default()));
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
@@ -190,14 +198,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .context("failed to start the conntrack sweeper")?;
     // Started last: its warm-up and detection clocks run from here, and a pass must follow
     // at once (loading the programs takes a second, long enough to declare peers dead).
-    let probes = liveness::service::start(&cfg.node_name, cfg.probe, cfg.probe_port)
-        .await
-        .with_context(|| {
-            format!(
-                "failed to open the probe port (UDP {}; --probe-port)",
-                cfg.probe_port
-            )
-        })?;
+    let probes = liveness::service::start_on(probe_socket, &cfg.node_name, cfg.probe)
+        .context("failed to start the liveness probes")?;
     info!(
         node = %cfg.node_name,
         tunnel = %cfg.tunnel_device,

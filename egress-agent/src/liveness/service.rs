@@ -116,13 +116,26 @@ impl Handle {
 
 /// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only) and start the tasks.
 pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<Started> {
-    let socket = match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)).await {
-        Ok(s) => s,
+    start_on(bind(port).await?, me, settings)
+}
+
+/// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only), so that a port in use
+/// fails the start before anything on the host changes; [`start_on`] starts the probes.
+pub async fn bind(port: u16) -> std::io::Result<UdpSocket> {
+    match UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)).await {
+        Ok(s) => Ok(s),
         Err(e) => {
             debug!("failed to bind the probe port over IPv6 ({e}); trying IPv4");
-            UdpSocket::bind(("0.0.0.0", port)).await?
+            UdpSocket::bind(("0.0.0.0", port)).await
         }
-    };
+    }
+}
+
+/// Start the probes on a socket from [`bind`]: their warm-up and detection clocks run
+/// from here.
+pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Result<Started> {
+    // Peers listen on the same port as this node.
+    let port = socket.local_addr()?.port();
     let v6_socket = socket.local_addr()?.is_ipv6();
     let socket = Arc::new(socket);
     let incarnation = rand_u32();
