@@ -30,6 +30,14 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Debian packages installed only when their command is missing: Debian 12 calls its
+/// kubectl `kubernetes-client`, and another package's kubectl may own /usr/bin/kubectl.
+const APT_COMMANDS: &[(&str, &str, &str)] = &[(
+    "kubectl",
+    "kubernetes-client",
+    "`kubectl kustomize deploy/` in a test",
+)];
+
 /// Name under which Debian's compiler is linked into rustup.
 pub const TOOLCHAIN: &str = "debian";
 
@@ -45,13 +53,18 @@ pub fn run() -> Result<()> {
             list.join(" ")
         );
     }
-    let missing: Vec<&str> = APT_PACKAGES
+    let commands = APT_COMMANDS
+        .iter()
+        .filter(|(cmd, _, _)| !on_path(cmd))
+        .map(|(_, p, why)| (*p, *why));
+    let wanted: Vec<(&str, &str)> = APT_PACKAGES.iter().copied().chain(commands).collect();
+    let missing: Vec<&str> = wanted
         .iter()
         .map(|(p, _)| *p)
         .filter(|p| !dpkg_installed(p))
         .collect();
     if !missing.is_empty() {
-        for (p, why) in APT_PACKAGES.iter().filter(|(p, _)| missing.contains(p)) {
+        for (p, why) in wanted.iter().filter(|(p, _)| missing.contains(p)) {
             eprintln!("bootstrap: installing {p} ({why})");
         }
         sh("apt-get", &["update", "-qq"], &[])?;
@@ -95,6 +108,11 @@ pub fn run() -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+fn on_path(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(cmd).is_file()))
 }
 
 fn dpkg_installed(pkg: &str) -> bool {
