@@ -28,6 +28,12 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "nftables",
         "the baseline (OVN-Kubernetes-style SNAT) in benchmarks",
     ),
+    ("umoci", "builds the agent's OCI image (cargo xtask image)"),
+    ("podman", "runs the image in a test"),
+    (
+        "runc",
+        "podman's runtime in that test (crun refuses hybrid cgroup hierarchies)",
+    ),
 ];
 
 /// Debian packages installed only when their command is missing: Debian 12 calls its

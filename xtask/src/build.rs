@@ -38,7 +38,7 @@ pub fn ebpf_object() -> Result<PathBuf> {
 }
 
 /// The string value of `"key":"..."` in one line of cargo's JSON (no escapes in paths).
-fn json_str<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn json_str<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let pat = format!("\"{key}\":\"");
     let start = line.find(&pat)? + pat.len();
     let len = line[start..].find('"')?;

@@ -2,6 +2,7 @@
 
 mod bootstrap;
 mod build;
+mod image;
 mod test;
 
 use anyhow::Result;
@@ -21,6 +22,9 @@ enum Command {
     Bootstrap,
     /// Build the eBPF object (through the agent's build script) and print its path.
     BuildEbpf,
+    /// Build the agent's OCI image from scratch (release binary and its libraries, no base
+    /// image) as target/image/egress-agent.oci.tar; print its digest and size.
+    Image,
     /// The project's test command: format, clippy (host and eBPF), unit, packet and
     /// namespace tests.
     Test(test::Args),
@@ -39,6 +43,7 @@ fn main() -> Result<()> {
             println!("{}", obj.display());
             Ok(())
         }
+        Command::Image => image::run(),
         Command::Test(args) => test::run(args),
         Command::Lab(args) => test::lab(args),
         Command::Bench(args) => test::bench(args),

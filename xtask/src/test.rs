@@ -105,6 +105,12 @@ pub fn run(args: Args) -> Result<()> {
             &[],
         )
     })?;
+    // tests/tests/image.rs loads the image into podman and unpacks it.
+    let mut image = String::new();
+    step("image (cargo xtask image)", || {
+        image = crate::image::build()?.to_string_lossy().into_owned();
+        Ok(())
+    })?;
     step("tests (unit, packet, namespace, lab)", || {
         let mut a = vec![
             "test",
@@ -123,7 +129,14 @@ pub fn run(args: Args) -> Result<()> {
         // egress IPs under tests that do not expect it. The failover tests assert outcomes
         // (streams survive, one holder), not detection times; `cargo xtask lab
         // --failover` shows the default settings' times.
-        sh("cargo", &a, &[("EGRESS_PROBE_MISSES", "6")])
+        sh(
+            "cargo",
+            &a,
+            &[
+                ("EGRESS_PROBE_MISSES", "6"),
+                ("EGRESS_IMAGE_ARCHIVE", &image),
+            ],
+        )
     })?;
     eprintln!(
         "xtask test: all steps passed in {:.0}s",
