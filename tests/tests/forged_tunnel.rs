@@ -1,0 +1,185 @@
+//! End to end: tunnel packets forged on the underlay (issue 12). The tunnel is not
+//! authenticated, so the gateway holding egress IP A checks every VXLAN packet it gets:
+//! the outer source must be a node, the inner source a pod of that node, the VNI a rule
+//! it serves, and the (pod, rule) pair one the policies admit. Each forged packet below
+//! fails exactly one check; host-a (behind egress IP A) must receive none of them, and
+//! the gateway must count each under its reason. A well-formed packet sent the same way
+//! does arrive, translated: the forgeries would get through if a check were missing.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, ensure};
+use egress_common::{
+    config::DEFAULT_TUNNEL_PORT,
+    counters::reason::{
+        DROP_NOT_ADMITTED, DROP_SPOOFED_SOURCE, DROP_UNKNOWN_RULE, DROP_UNKNOWN_SENDER,
+    },
+    maps,
+};
+use egress_tests::{
+    cluster::{counted, default_spec, holder, up_with_agents},
+    lab::{Lab, addr},
+    packet::{Ipv4Packet, L4},
+};
+
+/// Forged packets per case.
+const COUNT: usize = 20;
+
+/// The id of the rule whose egress IP is `egress` in `gw`'s `RULES_V4` (bpftool's view).
+fn rule_id_of(lab: &Lab, gw: &str, egress: Ipv4Addr) -> Result<u32> {
+    let pin = lab.bpffs_dir(gw).join(maps::RULES_V4);
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&pin)
+        .output()?;
+    let entries: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let want: Vec<u64> = egress.octets().iter().map(|o| u64::from(*o)).collect();
+    entries
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| &e["formatted"])
+        .find(|f| {
+            f["value"]["egress_ip"].as_array().is_some_and(|ip| {
+                ip.iter()
+                    .filter_map(|o| o.as_u64())
+                    .eq(want.iter().copied())
+            })
+        })
+        .and_then(|f| f["key"].as_u64())
+        .and_then(|k| u32::try_from(k).ok())
+        .with_context(|| format!("no rule with egress IP {egress} in {}", pin.display()))
+}
+
+/// VXLAN header (I flag, `vni`) and the inner frame: a UDP datagram from `inner_src` to
+/// host-a's echo port whose payload names the case.
+fn vxlan(vni: u32, inner_src: Ipv4Addr, marker: &str) -> Vec<u8> {
+    let mut b = vec![0x08, 0, 0, 0];
+    b.extend_from_slice(&(vni << 8).to_be_bytes());
+    let inner = Ipv4Packet::new(
+        inner_src,
+        addr::HOST_A,
+        L4::udp(40_123, addr::ECHO_PORT, marker.as_bytes()),
+    );
+    b.extend(inner.build());
+    b
+}
+
+/// Send [`COUNT`] copies of a tunnel packet from `member`'s namespace, from its address
+/// `from`, to `gateway`'s tunnel port.
+fn send(lab: &Lab, member: &str, from: Ipv4Addr, gateway: Ipv4Addr, packet: Vec<u8>) -> Result<()> {
+    lab.ns(member)?.run_in(move || {
+        let s = UdpSocket::bind(SocketAddr::new(from.into(), 0))?;
+        for _ in 0..COUNT {
+            s.send_to(
+                &packet,
+                SocketAddr::new(gateway.into(), DEFAULT_TUNNEL_PORT),
+            )?;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn forged_tunnel_packets_are_dropped_and_counted_by_reason() -> Result<()> {
+    let lab = up_with_agents(default_spec()?)?;
+    let (gw, _) = holder(&lab, addr::EGRESS_IP_A).context("nobody holds egress IP A")?;
+    let gw_ip = lab.node(&gw)?.ip;
+    let rule_a = rule_id_of(&lab, &gw, addr::EGRESS_IP_A)?;
+    let capture = lab.dir().join("host-a-forged.txt");
+    let mut dump = lab.ns("host-a")?.spawn(
+        "tcpdump",
+        &["-n", "-l", "-A", "-i", "eth0", "udp dst port 7777"],
+        &capture,
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+
+    // (case, sender namespace, outer source, VNI, inner source, reason)
+    let cases: [(&str, &str, Ipv4Addr, u32, Ipv4Addr, Option<u32>); 5] = [
+        (
+            "forged-stranger",
+            "rtr",
+            addr::ROUTER,
+            rule_a,
+            addr::W1_P1,
+            Some(DROP_UNKNOWN_SENDER),
+        ),
+        (
+            "forged-foreign-pod",
+            "w1",
+            addr::W1,
+            rule_a,
+            addr::W2_P1,
+            Some(DROP_SPOOFED_SOURCE),
+        ),
+        (
+            "forged-unknown-rule",
+            "w1",
+            addr::W1,
+            0x00ab_cdef,
+            addr::W1_P1,
+            Some(DROP_UNKNOWN_RULE),
+        ),
+        (
+            "forged-unselected-pod",
+            "w1",
+            addr::W1,
+            rule_a,
+            addr::W1_P2,
+            Some(DROP_NOT_ADMITTED),
+        ),
+        (
+            "control-well-formed",
+            "w1",
+            addr::W1,
+            rule_a,
+            addr::W1_P1,
+            None,
+        ),
+    ];
+    let mut report = Vec::new();
+    for (marker, member, from, vni, inner, reason) in cases {
+        let before = reason.map(|r| counted(&lab, &gw, r));
+        send(&lab, member, from, gw_ip, vxlan(vni, inner, marker))?;
+        std::thread::sleep(Duration::from_millis(300));
+        let counted_now = reason.map(|r| counted(&lab, &gw, r) - before.unwrap_or(0));
+        report.push((marker, reason, counted_now));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = dump.terminate(Duration::from_secs(1));
+    let seen = std::fs::read_to_string(&capture)?;
+    for (marker, reason, counted_now) in report {
+        let arrived = seen.matches(marker).count();
+        println!("{marker}: {arrived} of {COUNT} arrived at host-a, counted {counted_now:?}");
+        match reason {
+            Some(_) => {
+                ensure!(
+                    arrived == 0,
+                    "{marker}: {arrived} forged packets reached host-a"
+                );
+                ensure!(
+                    counted_now.unwrap_or(0) >= COUNT as u64,
+                    "{marker}: the gateway counted {counted_now:?} of {COUNT}"
+                );
+            }
+            None => {
+                ensure!(
+                    arrived > 0,
+                    "the well-formed control packet never arrived: the test proves nothing"
+                );
+                let from_egress = seen
+                    .lines()
+                    .any(|l| l.contains(&format!("{}.40123 >", addr::EGRESS_IP_A)));
+                ensure!(
+                    from_egress,
+                    "the control packet did not arrive from egress IP A:\n{seen}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
