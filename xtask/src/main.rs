@@ -2,6 +2,7 @@
 
 mod bootstrap;
 mod build;
+mod fuzz;
 mod image;
 mod test;
 
@@ -32,6 +33,9 @@ enum Command {
     Lab(test::LabArgs),
     /// Benchmarks, side by side with the kernel baseline.
     Bench(test::BenchArgs),
+    /// Packet fuzzing: N random and mutated packets per program through test_run, each
+    /// held to the datapath's properties; prints verdicts, reasons hit and failures.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> Result<()> {
@@ -47,5 +51,6 @@ fn main() -> Result<()> {
         Command::Test(args) => test::run(args),
         Command::Lab(args) => test::lab(args),
         Command::Bench(args) => test::bench(args),
+        Command::Fuzz(args) => fuzz::run(args),
     }
 }

@@ -1,0 +1,557 @@
+//! The properties every packet must keep, whatever its bytes. Read from the programs:
+//!
+//! * **Verdicts**: `TC_ACT_OK`, `TC_ACT_SHOT` or `TC_ACT_REDIRECT`, nothing else.
+//! * **Counters add up**: a packet counts each reason at most once, with its length
+//!   (before or after its rewrite) as bytes; and it ends in exactly one way. Reasons fall
+//!   in four sets: *drops* (`DROP_*`, numbers from 32), *sent* ([`SENT`]: the one counter
+//!   of a redirect), *passed* ([`PASSED`]: a pass that is counted) and *on the way*
+//!   ([`ON_THE_WAY`]: steps counted before the end). A dropped packet counts exactly one
+//!   drop and nothing sent or passed; a redirected one exactly one sent and no drop; a
+//!   passed one no drop, nothing sent, nothing on the way and at most one passed reason
+//!   (a miss passes uncounted: that costs nothing on a node's fast path).
+//! * **A pass is never rewritten**: a passed packet leaves byte for byte as it came.
+//! * **Untouched where nothing is ours**: from an unselected pod (or a frame with no IP
+//!   source), to a destination outside the pod's rules, and on a secondary interface to
+//!   an address that is no egress IP, a packet passes unchanged and uncounted.
+//! * **Redirects go where a rule allows**: `BPF_PROG_TEST_RUN` does not say which ifindex
+//!   a redirect chose, so it is read from what the program left: the counted reason
+//!   (`TUNNELED`, `RETURN_TUNNELED` and RSTs to remote pods redirect only to the
+//!   configured tunnel device) and the frame (a FIB redirect writes the chosen device's
+//!   MAC as the source: it must be the MAC of the rule's interface, or of the pod device
+//!   for a reply delivered here; a redirect waiting for a neighbour keeps the MACs, and
+//!   then the node's routes must take the destination out of the rule's interface).
+//!   A tunneled packet needs a policy entry that forwards to a remote gateway; a packet
+//!   forwarded by the gateway path leaves from an egress IP of a rule served here (of its
+//!   own rule for a new flow, which its pod must be admitted to); only known nodes get
+//!   anything redirected from the tunnel, only for pods of theirs, and replies only reach
+//!   pods of this node; RSTs answer only `interface:` rules' mid-stream segments.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use egress_common::{
+    counters::{self, reason::*},
+    policy::{RETURN_VNI, action},
+};
+
+use super::{
+    cases::{Input, Prog},
+    mutate::transport_offset,
+    node::{self, Dev, NODE, Plan},
+};
+use crate::testrun::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT};
+
+/// Counted when a packet was redirected: exactly one per redirect.
+pub const SENT: &[u32] = &[
+    TUNNELED,
+    RETURN_TUNNELED,
+    RETURN_DELIVERED,
+    FORWARDED,
+    RESET_MIDSTREAM,
+];
+/// Counted when a packet passed: at most one per pass.
+pub const PASSED: &[u32] = &[EXCLUDED, FALLTHROUGH, MALFORMED_PASSED];
+/// Counted on the way to a redirect or a drop.
+pub const ON_THE_WAY: &[u32] = &[
+    LOCAL_GATEWAY,
+    SNAT_NEW,
+    SNAT_HIT,
+    REVERSE_NAT,
+    MSS_CLAMPED,
+    ICMP_ERROR_XLATED,
+];
+
+/// What a program did with one packet.
+pub struct Seen<'a> {
+    pub verdict: u32,
+    pub out: &'a [u8],
+    /// (reason, packets, bytes) of every reason that moved.
+    pub delta: &'a [(u32, u64, u64)],
+}
+
+impl Seen<'_> {
+    fn hit(&self, reason: u32) -> bool {
+        self.delta.iter().any(|d| d.0 == reason)
+    }
+
+    fn sent(&self) -> Option<u32> {
+        self.delta.iter().map(|d| d.0).find(|r| SENT.contains(r))
+    }
+}
+
+type Check = Result<(), String>;
+
+fn must(ok: bool, problem: impl FnOnce() -> String) -> Check {
+    if ok { Ok(()) } else { Err(problem()) }
+}
+
+pub fn reason_name(r: u32) -> String {
+    counters::name(r).map_or_else(|| format!("#{r}"), str::to_owned)
+}
+
+pub fn verdict_name(v: u32) -> &'static str {
+    match v {
+        TC_ACT_OK => "pass",
+        TC_ACT_SHOT => "drop",
+        TC_ACT_REDIRECT => "redirect",
+        _ => "unknown",
+    }
+}
+
+/// Every property of one packet; `Err` names the one broken.
+pub fn check(prog: Prog, input: &Input, seen: &Seen) -> Check {
+    must(
+        matches!(seen.verdict, TC_ACT_OK | TC_ACT_SHOT | TC_ACT_REDIRECT),
+        || {
+            format!(
+                "verdict {}: not pass, drop or redirect",
+                seen.verdict as i32
+            )
+        },
+    )?;
+    counted_once(input, seen)?;
+    ends_one_way(seen)?;
+    if seen.verdict == TC_ACT_OK {
+        must(seen.out == input.frame.as_slice(), || {
+            "passed, but rewritten".to_owned()
+        })?;
+    }
+    match prog {
+        Prog::FromPod => from_pod(input, seen),
+        Prog::FromTunnel => from_tunnel(input, seen),
+        Prog::FromSecondary => from_secondary(input, seen),
+    }
+}
+
+fn counted_once(input: &Input, seen: &Seen) -> Check {
+    for &(r, packets, bytes) in seen.delta {
+        must(counters::name(r).is_some() && r != CT_EXPIRED, || {
+            format!("counted {}, which no program may count", reason_name(r))
+        })?;
+        must(packets == 1, || {
+            format!("counted {} {packets} times", reason_name(r))
+        })?;
+        let lens = [input.frame.len() as u64, seen.out.len() as u64];
+        must(lens.contains(&bytes), || {
+            format!(
+                "counted {} with {bytes} bytes, not the packet's {} (in) or {} (out)",
+                reason_name(r),
+                lens[0],
+                lens[1]
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn ends_one_way(seen: &Seen) -> Check {
+    let n = |set: &dyn Fn(u32) -> bool| seen.delta.iter().filter(|d| set(d.0)).count();
+    let drops = n(&|r| counters::is_drop(r));
+    let sent = n(&|r| SENT.contains(&r));
+    let passed = n(&|r| PASSED.contains(&r));
+    let on_the_way = n(&|r| ON_THE_WAY.contains(&r));
+    if let Some(&(r, ..)) = seen.delta.iter().find(|d| {
+        !counters::is_drop(d.0)
+            && !SENT.contains(&d.0)
+            && !PASSED.contains(&d.0)
+            && !ON_THE_WAY.contains(&d.0)
+    }) {
+        return Err(format!(
+            "counted {}, which fuzz::check does not classify: add it to SENT, PASSED or ON_THE_WAY",
+            reason_name(r)
+        ));
+    }
+    let ok = match seen.verdict {
+        TC_ACT_SHOT => drops == 1 && sent == 0 && passed == 0,
+        TC_ACT_REDIRECT => sent == 1 && drops == 0 && passed == 0,
+        _ => drops == 0 && sent == 0 && passed <= 1 && on_the_way == 0,
+    };
+    must(ok, || {
+        format!(
+            "a {} counted {drops} drop, {sent} sent, {passed} passed and {on_the_way} on-the-way reasons",
+            verdict_name(seen.verdict)
+        )
+    })
+}
+
+// ---- addresses of a frame ----
+
+fn ip_at(f: &[u8], off: usize, v4: bool) -> Option<IpAddr> {
+    if v4 {
+        let b: [u8; 4] = f.get(off..off + 4)?.try_into().ok()?;
+        Some(IpAddr::V4(Ipv4Addr::from(b)))
+    } else {
+        let b: [u8; 16] = f.get(off..off + 16)?.try_into().ok()?;
+        Some(IpAddr::V6(Ipv6Addr::from(b)))
+    }
+}
+
+/// Whether the frame says IPv4 (`Some(true)`), IPv6 (`Some(false)`) or neither.
+fn family(f: &[u8]) -> Option<bool> {
+    match f.get(12..14)? {
+        [0x08, 0x00] => Some(true),
+        [0x86, 0xdd] => Some(false),
+        _ => None,
+    }
+}
+
+/// The source address, where the programs read it (without parsing the rest).
+fn src_of(f: &[u8]) -> Option<IpAddr> {
+    let v4 = family(f)?;
+    ip_at(f, if v4 { 26 } else { 22 }, v4)
+}
+
+/// Source and destination, when the frame holds a whole IP header's worth of them.
+fn addrs(f: &[u8]) -> Option<(IpAddr, IpAddr)> {
+    let v4 = family(f)?;
+    let (s, d) = if v4 { (26, 30) } else { (22, 38) };
+    Some((ip_at(f, s, v4)?, ip_at(f, d, v4)?))
+}
+
+fn quiet(seen: &Seen, why: &str) -> Check {
+    must(seen.verdict == TC_ACT_OK && seen.delta.is_empty(), || {
+        format!("{why}: must pass untouched and uncounted")
+    })
+}
+
+// ---- per program ----
+
+fn from_pod(input: &Input, seen: &Seen) -> Check {
+    let f = &input.frame;
+    let Some(src) = src_of(f) else {
+        return quiet(seen, "a frame without an IP source");
+    };
+    let plan = node::plan(src);
+    if !plan.selected(src) {
+        return quiet(seen, "from an unselected pod");
+    }
+    let policy = addrs(f).and_then(|(_, dst)| plan.policy(src, dst));
+    let Some(p) = policy.filter(|p| p.action != action::EXCLUDE) else {
+        return must(seen.verdict == TC_ACT_OK, || {
+            "outside the pod's rules (or excluded): must pass".to_owned()
+        });
+    };
+    if p.action == action::NO_GATEWAY_PASS {
+        return must(seen.verdict == TC_ACT_OK, || {
+            "Fallthrough: must pass".to_owned()
+        });
+    }
+    if seen.hit(SNAT_NEW) {
+        must(plan.admitted(src, p.rule), || {
+            format!(
+                "a new flow of {src}, which is not admitted for rule {}",
+                p.rule
+            )
+        })?;
+    }
+    if seen.verdict != TC_ACT_REDIRECT {
+        return Ok(());
+    }
+    must(p.action == action::FORWARD, || {
+        format!("redirected under a policy entry with action {}", p.action)
+    })?;
+    let local = p.gateway == NODE;
+    match seen.sent() {
+        Some(TUNNELED) => {
+            must(!local, || {
+                "tunneled, but this node is the rule's gateway".to_owned()
+            })?;
+            tunneled_as_sent(input, seen)
+        }
+        Some(FORWARDED) if local => {
+            let new_rule = seen.hit(SNAT_NEW).then_some(p.rule);
+            out_of_the_rules_interface(input, seen, plan, new_rule)
+        }
+        Some(RESET_MIDSTREAM) if local => reset_for_shared_rule(input, seen, plan, p.rule),
+        other => Err(format!(
+            "redirected as {} under a rule whose gateway is {}",
+            reason_name(other.unwrap_or(0)),
+            p.gateway
+        )),
+    }
+}
+
+fn from_tunnel(input: &Input, seen: &Seen) -> Check {
+    let f = &input.frame;
+    if family(f).is_none() {
+        return quiet(seen, "not IP");
+    }
+    let (sender, vni) = input
+        .tunnel
+        .expect("from_tunnel cases carry tunnel metadata");
+    let addrs = addrs(f);
+    if seen.hit(SNAT_NEW) {
+        let (src, _) = addrs.ok_or("a new flow of a frame without addresses")?;
+        must(node::plan(src).admitted(src, vni), || {
+            format!("a new flow of {src}, which is not admitted for rule {vni}")
+        })?;
+    }
+    if seen.verdict != TC_ACT_REDIRECT {
+        return Ok(());
+    }
+    must(node::NODES.contains(&sender), || {
+        format!("redirected a packet that {sender}, not a node, tunneled")
+    })?;
+    let (src, dst) = addrs.ok_or("redirected a frame without addresses")?;
+    let plan = node::plan(src);
+    if vni == RETURN_VNI {
+        must(plan.owner(dst) == Some(NODE), || {
+            format!("delivered a reply to {dst}, not a pod of this node")
+        })?;
+        must(seen.sent() == Some(RETURN_DELIVERED), || {
+            format!(
+                "a reply redirected as {}",
+                reason_name(seen.sent().unwrap_or(0))
+            )
+        })?;
+        return delivered_to_pod(input, seen, plan, dst);
+    }
+    must(plan.owner(src) == Some(sender), || {
+        format!("redirected a packet from {src} that {sender}, not its node, tunneled")
+    })?;
+    match seen.sent() {
+        Some(FORWARDED) => {
+            let new_rule = seen.hit(SNAT_NEW).then_some(vni);
+            out_of_the_rules_interface(input, seen, plan, new_rule)
+        }
+        Some(RESET_MIDSTREAM) => reset_for_shared_rule(input, seen, plan, vni),
+        other => Err(format!(
+            "a tunneled packet of rule {vni} redirected as {}",
+            reason_name(other.unwrap_or(0))
+        )),
+    }
+}
+
+fn from_secondary(input: &Input, seen: &Seen) -> Check {
+    let Some((src, dst)) = addrs(&input.frame) else {
+        return quiet(seen, "a frame without IP addresses");
+    };
+    let plan = node::plan(dst);
+    if plan.egress_ip(dst).is_none() {
+        return quiet(seen, "not to an egress IP");
+    }
+    if seen.verdict != TC_ACT_REDIRECT {
+        return Ok(());
+    }
+    let (osrc, pod) = addrs(seen.out).ok_or("redirected a frame without addresses")?;
+    must(osrc == src, || {
+        format!("a reply's source changed: {src} -> {osrc}")
+    })?;
+    let owner = plan.owner(pod);
+    match seen.sent() {
+        Some(FORWARDED) => {
+            must(owner == Some(NODE), || {
+                format!("delivered here to {pod}, not a pod of this node")
+            })?;
+            delivered_to_pod(input, seen, plan, pod)
+        }
+        Some(RETURN_TUNNELED) => must(owner.is_some_and(|n| n != NODE), || {
+            format!("tunneled back to {pod}, not a pod of another node")
+        }),
+        other => Err(format!(
+            "a reply redirected as {}",
+            reason_name(other.unwrap_or(0))
+        )),
+    }
+}
+
+// ---- where redirects go ----
+
+/// Into the tunnel as it came, but for a SYN's MSS (in the TCP header).
+fn tunneled_as_sent(input: &Input, seen: &Seen) -> Check {
+    let (a, b) = (&input.frame, seen.out);
+    if !seen.hit(MSS_CLAMPED) {
+        return must(a == b, || "tunneled, but rewritten".to_owned());
+    }
+    let l4 = transport_offset(a).unwrap_or(0);
+    let outside_tcp =
+        (0..a.len().max(b.len())).any(|i| (i < l4 || i >= l4 + 60) && a.get(i) != b.get(i));
+    must(!outside_tcp, || {
+        "MSS clamped, but bytes outside the TCP header changed".to_owned()
+    })
+}
+
+/// The source MAC a FIB redirect wrote, if it wrote one.
+fn fib_source_mac<'a>(input: &Input, seen: &'a Seen) -> Option<&'a [u8]> {
+    let out = seen.out.get(6..12)?;
+    (Some(out) != input.frame.get(6..12)).then_some(out)
+}
+
+/// Left by the gateway path: from an egress IP of a rule served here (of `new_rule`, for
+/// a new flow), to the same destination, out of that rule's interface.
+fn out_of_the_rules_interface(
+    input: &Input,
+    seen: &Seen,
+    plan: &Plan,
+    new_rule: Option<u32>,
+) -> Check {
+    let (_, dst) = addrs(&input.frame).ok_or("forwarded a frame without addresses")?;
+    let (egress, odst) = addrs(seen.out).ok_or("forwarded as a frame without addresses")?;
+    must(odst == dst, || {
+        format!("forwarded to {odst}, sent to {dst}")
+    })?;
+    if let Some(r) = new_rule {
+        must(plan.rule(r).map(|r| r.egress) == Some(egress), || {
+            format!("a new flow of rule {r} left from {egress}, not the rule's egress IP")
+        })?;
+    }
+    let devs: Vec<Dev> = plan
+        .rules_by_egress(egress)
+        .map(|r| r.dev)
+        .filter(|d| plan.routes_via(dst, *d))
+        .collect();
+    must(!devs.is_empty(), || {
+        format!("forwarded from {egress} to {dst}: no rule with that egress IP routes there")
+    })?;
+    if let Some(m) = fib_source_mac(input, seen) {
+        must(devs.iter().any(|d| node::mac(*d) == m), || {
+            format!(
+                "forwarded from {egress} out of the interface with MAC {m:02x?}, not its rule's"
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Delivered to `pod`, a pod of this node, through the pod device.
+fn delivered_to_pod(input: &Input, seen: &Seen, plan: &Plan, pod: IpAddr) -> Check {
+    let (_, odst) = addrs(seen.out).ok_or("delivered a frame without addresses")?;
+    must(odst == pod && plan.routes_via(pod, Dev::Pod), || {
+        format!("delivered to {odst}, not through the pod device to {pod}")
+    })?;
+    if let Some(m) = fib_source_mac(input, seen) {
+        must(m == node::mac(Dev::Pod), || {
+            format!("delivered out of the interface with MAC {m:02x?}, not the pod device")
+        })?;
+    }
+    Ok(())
+}
+
+/// A RST from the destination to the pod, for an `interface:` rule only.
+fn reset_for_shared_rule(input: &Input, seen: &Seen, plan: &Plan, rule: u32) -> Check {
+    let shared = plan.rule(rule).and_then(|r| plan.egress_ip(r.egress));
+    must(shared == Some(true), || {
+        format!("a RST for rule {rule}, which is not an interface: rule")
+    })?;
+    let (src, dst) = addrs(&input.frame).ok_or("a RST for a frame without addresses")?;
+    let (osrc, odst) = addrs(seen.out).ok_or("a RST without addresses")?;
+    must(osrc == dst && odst == src, || {
+        format!("a RST from {osrc} to {odst} answering {src} -> {dst}")
+    })?;
+    let flags = transport_offset(seen.out).and_then(|o| seen.out.get(o + 13));
+    must(flags.is_some_and(|f| f & 0x04 != 0), || {
+        "a RST without the RST flag".to_owned()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checker bites: outcomes a broken datapath would give, each refused.
+
+    use super::*;
+    use crate::{
+        fuzz::cases::Kind,
+        packet::{Ipv4Packet, L4, TCP_ACK},
+    };
+
+    fn input(p: &Ipv4Packet) -> Input {
+        Input {
+            frame: p.build(),
+            dev: Dev::Pod,
+            tunnel: None,
+            kind: Kind::Valid,
+        }
+    }
+
+    fn to(src: IpAddr, dst: IpAddr) -> Ipv4Packet {
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (src, dst) else {
+            unreachable!()
+        };
+        Ipv4Packet::new(s, d, L4::tcp(40_000, 80, TCP_ACK))
+    }
+
+    fn seen<'a>(verdict: u32, out: &'a [u8], delta: &'a [(u32, u64, u64)]) -> Seen<'a> {
+        Seen {
+            verdict,
+            out,
+            delta,
+        }
+    }
+
+    #[test]
+    fn refuses_what_a_broken_datapath_would_do() {
+        let v4 = &*node::V4;
+        let unselected = input(&to(v4.unselected_pod, v4.dest_a));
+        let f = &unselected.frame;
+        let len = f.len() as u64;
+        let mut rewritten = f.clone();
+        rewritten[30] ^= 1;
+        let tunneled = [(TUNNELED, 1, len)];
+        let two_drops = [(DROP_MALFORMED, 1, len), (DROP_FIB, 1, len)];
+        let cases: Vec<(&str, Input, Seen)> = vec![
+            (
+                "a drop without a counter",
+                unselected.clone(),
+                seen(TC_ACT_SHOT, f, &[]),
+            ),
+            ("an unknown verdict", unselected.clone(), seen(1, f, &[])),
+            (
+                "a pass rewritten",
+                unselected.clone(),
+                seen(TC_ACT_OK, &rewritten, &[]),
+            ),
+            (
+                "an unselected pod tunneled",
+                unselected.clone(),
+                seen(TC_ACT_REDIRECT, f, &tunneled),
+            ),
+            (
+                "a drop counted twice",
+                unselected.clone(),
+                seen(TC_ACT_SHOT, f, &two_drops),
+            ),
+        ];
+        for (what, input, s) in cases {
+            assert!(
+                check(Prog::FromPod, &input, &s).is_err(),
+                "{what} passed the checker"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_a_forward_out_of_another_rules_interface() {
+        let v4 = &*node::V4;
+        let sent = input(&to(v4.local_pod, v4.dest_a));
+        let IpAddr::V4(egress) = v4.egress_a else {
+            unreachable!()
+        };
+        let good = to(v4.local_pod, v4.dest_a)
+            .src(egress)
+            .ttl(63)
+            .macs([2, 0, 0, 0, 0x0a, 0x07], node::SEC0_MAC)
+            .build();
+        let wrong_dev = to(v4.local_pod, v4.dest_a)
+            .src(egress)
+            .ttl(63)
+            .macs([2, 0, 0, 0, 0x0b, 0x09], node::SEC1_MAC)
+            .build();
+        let len = sent.frame.len() as u64;
+        let delta = [
+            (LOCAL_GATEWAY, 1, len),
+            (SNAT_NEW, 1, len),
+            (FORWARDED, 1, len),
+        ];
+        assert_eq!(
+            check(Prog::FromPod, &sent, &seen(TC_ACT_REDIRECT, &good, &delta)),
+            Ok(())
+        );
+        assert!(
+            check(
+                Prog::FromPod,
+                &sent,
+                &seen(TC_ACT_REDIRECT, &wrong_dev, &delta)
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! A short packet fuzzing run in `cargo xtask test`: 20k random and mutated packets per
+//! program through `BPF_PROG_TEST_RUN` under a fixed seed, and as many under a new seed
+//! each run (printed, so that a failure can be run again with `cargo xtask fuzz --seed`).
+//! The properties are `egress_tests::fuzz::check`'s; `cargo xtask fuzz --packets 1000000`
+//! is the long run (docs/reliability.md).
+
+use egress_tests::fuzz::{self, Options, Prog, report};
+
+const PACKETS: u64 = 20_000;
+const FIXED_SEED: u64 = 0x5eed_0f_e9_e55;
+
+fn fuzz_with(seed: u64) -> fuzz::Report {
+    let r = fuzz::run(Options {
+        packets: PACKETS,
+        seed,
+    });
+    let summary = report::summary(&r);
+    eprint!("{summary}");
+    assert_eq!(r.failed(), 0, "packets broke a property:\n{summary}");
+    for p in &r.programs {
+        assert_eq!(p.packets, PACKETS, "{}", p.prog.name());
+    }
+    r
+}
+
+/// Under the fixed seed, also: each program reaches its paths beyond the parsers (reasons
+/// only a packet that parsed and matched the node's maps can count).
+#[test]
+fn fixed_seed_keeps_every_property_past_the_parsers() {
+    use egress_common::counters::reason::*;
+    let r = fuzz_with(FIXED_SEED);
+    let want: &[(Prog, &[u32])] = &[
+        (
+            Prog::FromPod,
+            &[
+                TUNNELED,
+                LOCAL_GATEWAY,
+                SNAT_NEW,
+                FORWARDED,
+                EXCLUDED,
+                DROP_NO_GATEWAY,
+            ],
+        ),
+        (
+            Prog::FromTunnel,
+            &[
+                SNAT_NEW,
+                SNAT_HIT,
+                FORWARDED,
+                RETURN_DELIVERED,
+                DROP_SPOOFED_SOURCE,
+            ],
+        ),
+        (
+            Prog::FromSecondary,
+            &[
+                REVERSE_NAT,
+                RETURN_TUNNELED,
+                ICMP_ERROR_XLATED,
+                DROP_NO_CONNTRACK,
+            ],
+        ),
+    ];
+    for (prog, reasons) in want {
+        let p = r
+            .programs
+            .iter()
+            .find(|p| p.prog == *prog)
+            .expect("program ran");
+        for reason in *reasons {
+            assert!(
+                p.reasons.contains_key(reason),
+                "{} never counted {}: the generator no longer reaches it\n{}",
+                prog.name(),
+                fuzz::check::reason_name(*reason),
+                report::summary(&r)
+            );
+        }
+    }
+}
+
+#[test]
+fn new_seed_keeps_every_property() {
+    let seed = fuzz::random_seed();
+    eprintln!("fuzz: new seed {seed:#018x} (cargo xtask fuzz --seed {seed:#x} runs it again)");
+    fuzz_with(seed);
+}
