@@ -25,6 +25,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of `Run`'s flags costs nothing worth a `Box`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent for one node.
@@ -109,6 +111,12 @@ enum Command {
         /// the pod. `drop` attaches to every device a route of this node's pod CIDRs uses.
         #[arg(long, env = "EGRESS_UNKNOWN_PODS", value_enum, default_value_t = agent::UnknownPods::Pass)]
         unknown_pods: agent::UnknownPods,
+        /// Live flows a pod may hold on this gateway: new flows over it are dropped and
+        /// counted (DROP_POD_FLOW_LIMIT, and against the pod in `egress-agent maps`), so
+        /// that one pod cannot take every SNAT port of a destination. Default: half the
+        /// port range (--port-min..--port-max); 0: no limit.
+        #[arg(long, env = "EGRESS_MAX_FLOWS_PER_POD")]
+        max_flows_per_pod: Option<u32>,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -220,6 +228,7 @@ fn real_main() -> Result<ExitCode> {
             route_tables,
             policy_map_entries,
             unknown_pods,
+            max_flows_per_pod,
             cluster,
         } => {
             anyhow::ensure!(
@@ -253,6 +262,8 @@ fn real_main() -> Result<ExitCode> {
                     policy: policy_map_entries,
                 },
                 unknown_pods,
+                max_flows_per_pod: max_flows_per_pod
+                    .unwrap_or_else(|| (u32::from(port_max) - u32::from(port_min) + 1).div_ceil(2)),
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

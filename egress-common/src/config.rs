@@ -16,8 +16,12 @@ pub struct Config {
     pub tunnel_mtu: u16,
     /// Bit set of [`flags`].
     pub flags: u16,
+    /// Live flows a pod may hold on this gateway (translated new flows beyond it are
+    /// dropped as `DROP_POD_FLOW_LIMIT`); 0: no limit. Approximate from above: counted up
+    /// by the datapath, corrected down by the agent's conntrack sweeper.
+    pub max_flows_per_pod: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 28);
+const _: () = assert!(core::mem::size_of::<Config>() == 32);
 
 pub mod flags {
     /// The agent has written this entry; until then every program passes everything.

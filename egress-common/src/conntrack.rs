@@ -53,6 +53,15 @@ pub struct CtEntryV4 {
 }
 const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 40);
 
+/// `FLOWS_V4` / `FLOWS_V6`: a pod's live translated flows on this gateway (the flows it
+/// started here: original-direction conntrack entries whose source it is).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowCount {
+    pub flows: u32,
+}
+const _: () = assert!(core::mem::size_of::<FlowCount>() == 4);
+
 /// Idle timeouts in nanoseconds.
 pub mod timeout {
     const SEC: u64 = 1_000_000_000;

@@ -25,6 +25,9 @@ pub const COUNTERS: &str = "COUNTERS";
 pub const CONFIG: &str = "CONFIG";
 pub const ADMITTED_V4: &str = "ADMITTED_V4";
 pub const ADMITTED_V6: &str = "ADMITTED_V6";
+/// Live flows per pod on this gateway (`--max-flows-per-pod`).
+pub const FLOWS_V4: &str = "FLOWS_V4";
+pub const FLOWS_V6: &str = "FLOWS_V6";
 /// Local pod addresses the agent has seen (`--unknown-pods drop`).
 pub const KNOWN_PODS_V4: &str = "KNOWN_PODS_V4";
 pub const KNOWN_PODS_V6: &str = "KNOWN_PODS_V6";
@@ -50,6 +53,9 @@ pub const EXHAUSTED_MAX_ENTRIES: u32 = 16_384;
 /// agent's inserts fail (reported once per map, `ApplyStats::problems`), and new flows
 /// of the pairs left out are dropped as `DROP_NOT_ADMITTED`: fail closed.
 pub const ADMITTED_MAX_ENTRIES: u32 = 524_288;
+/// Pods with live flows on a gateway, per family (not preallocated): one per pod, so the
+/// conntrack map's size is the bound.
+pub const FLOWS_MAX_ENTRIES: u32 = CT_MAX_ENTRIES;
 /// Local pods the agent has seen, per family (not preallocated: empty unless
 /// `--unknown-pods drop`). A pod left out by a full map stays unknown: fail closed.
 pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
@@ -175,6 +181,8 @@ pub const REGISTRY: &[MapSpec] = {
             sz::<AdmittedValue>(),
             ADMITTED_MAX_ENTRIES,
         )),
+        map(FLOWS_V4, 4, sz::<FlowCount>(), FLOWS_MAX_ENTRIES),
+        v6(map(FLOWS_V6, 16, sz::<FlowCount>(), FLOWS_MAX_ENTRIES)),
         map(
             KNOWN_PODS_V4,
             4,

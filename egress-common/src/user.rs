@@ -30,5 +30,6 @@ pod!(
     AdmittedKeyV6,
     AdmittedValue,
     KnownPodValue,
+    FlowCount,
     CoveredValue
 );

@@ -35,7 +35,7 @@ use egress_common::{
 use crate::{
     conntrack::{self, AllocError, v4, v6},
     counters::{self, SHOT, count, verdict},
-    fib,
+    fib, flows,
     maps::{
         self, ADMITTED_V4, ADMITTED_V6, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6, Scratch,
     },
@@ -76,6 +76,10 @@ pub fn forward(
                 if mid_stream(ip.proto, l4.tcp_flags) && shared4(rule.egress_ip) {
                     return defer_reset4(ctx, ip, l4, &pod_node);
                 }
+                if !flows::allowed4(cfg, &ip.src) {
+                    counters::exhausted4(&ip.src);
+                    return verdict(ctx, reason::DROP_POD_FLOW_LIMIT, SHOT);
+                }
                 match v4::create(
                     cfg,
                     ip,
@@ -88,6 +92,7 @@ pub fn forward(
                 ) {
                     Ok(port_be) => {
                         count(ctx, reason::SNAT_NEW);
+                        flows::opened4(&ip.src);
                         (rule.egress_ip, port_be, rule.ifindex)
                     }
                     Err(AllocError::PortsExhausted) => {
@@ -257,6 +262,10 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     if mid_stream(s.ip6.proto, s.l4.tcp_flags) && shared6(&rule.egress_ip) {
         return reset::RESET;
     }
+    if !flows::allowed6(cfg, &s.ip6.src) {
+        counters::exhausted6(&s.ip6.src);
+        return verdict(ctx, reason::DROP_POD_FLOW_LIMIT, SHOT);
+    }
     match v6::create_in(
         cfg,
         &s.ip6,
@@ -270,6 +279,7 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     ) {
         Ok(port_be) => {
             count(ctx, reason::SNAT_NEW);
+            flows::opened6(&s.ip6.src);
             // SAFETY: as in `lookup6`: a map value and the scratch slot.
             unsafe { core::ptr::copy_nonoverlapping(&rule.egress_ip, &mut s.x6.egress_ip, 1) };
             s.x6.port_be = port_be;

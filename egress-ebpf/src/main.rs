@@ -6,6 +6,7 @@
 mod conntrack;
 mod counters;
 mod fib;
+mod flows;
 mod from_pod;
 mod from_secondary;
 mod from_tunnel;

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use egress_common::{
     config::Config,
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, FlowCount},
     counters::{Counter, MAX_REASONS},
     maps::*,
     policy::{
@@ -105,6 +105,16 @@ pub static ADMITTED_V6: HashMap<
     { ADMITTED_MAX_ENTRIES as usize },
     NO_PREALLOC,
 > = HashMap::new();
+
+// ---- live flows per pod on this gateway (`--max-flows-per-pod`, both families) ----
+
+#[btf_map]
+pub static FLOWS_V4: HashMap<[u8; 4], FlowCount, { FLOWS_MAX_ENTRIES as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map]
+pub static FLOWS_V6: HashMap<[u8; 16], FlowCount, { FLOWS_MAX_ENTRIES as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 // ---- pods the agent has not seen yet (`--unknown-pods drop`, both families) ----
 

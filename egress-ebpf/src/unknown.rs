@@ -76,10 +76,9 @@ fn unknown6(ctx: &TcContext, src: &[u8; 16]) -> i32 {
     if unsafe { KNOWN_PODS_V6.get(src) }.is_some() {
         return OK;
     }
-    let mut dst = [0u8; 16];
-    if !parse6::load16(ctx, IP6_DST_OFF, &mut dst) {
+    let Ok(dst) = ctx.load::<[u8; 16]>(IP6_DST_OFF) else {
         return verdict(ctx, reason::MALFORMED_PASSED, OK);
-    }
+    };
     if parse6::link_scoped(&dst) || ndp(ctx) {
         return OK;
     }

@@ -22,7 +22,7 @@ use aya::{
 use egress_agent::ebpf::{OBJECT, TEST_TUNNEL_FROM_CB};
 use egress_common::{
     config::Config,
-    conntrack::{CtEntryV4, CtKeyV4},
+    conntrack::{CtEntryV4, CtKeyV4, FlowCount},
     counters::{Counter, MAX_REASONS},
     maps,
     policy::{
@@ -267,6 +267,13 @@ impl Datapath {
                 m.insert(key, v, 0).unwrap();
             }
         }
+    }
+
+    /// Live flows of an IPv4 pod on this gateway (`FLOWS_V4`; 0 when absent).
+    pub fn flows(&mut self, pod: Ipv4Addr) -> u32 {
+        let m: HashMap<&mut MapData, [u8; 4], FlowCount> =
+            HashMap::try_from(self.map(maps::FLOWS_V4)).unwrap();
+        m.get(&v4(pod), 0).map_or(0, |c| c.flows)
     }
 
     /// A local pod address the agent has seen (`KNOWN_PODS_V4`/`_V6`).

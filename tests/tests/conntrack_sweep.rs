@@ -96,8 +96,9 @@ fn the_sweeper_drains_idle_flows_in_bounded_ticks_and_counts_them() {
         let mut cursor = None;
         let mut ticks = Vec::new();
         let budget = 8_192;
+        let mut flows = std::collections::BTreeMap::new();
         loop {
-            let t = sweep::tick(&mut ct, &mut cursor, budget, sweep::now_ns()).unwrap();
+            let t = sweep::tick(&mut ct, &mut cursor, budget, sweep::now_ns(), &mut flows).unwrap();
             // Bounded: a tick reads at most its budget plus the rest of one batch.
             assert!(
                 t.scanned < budget + 4_096,
@@ -118,6 +119,12 @@ fn the_sweeper_drains_idle_flows_in_bounded_ticks_and_counts_them() {
             .filter(|&i| matches!(kind_of(i), Kind::Idle))
             .count();
         assert_eq!(removed, 2 * idle);
+        // The live flows, counted by the pod that started each (one flow per pod here).
+        let live: std::collections::BTreeMap<[u8; 4], u32> = (0..FLOWS)
+            .filter(|&i| !matches!(kind_of(i), Kind::Idle))
+            .map(|i| ([10, 244, (i / 250) as u8, (i % 250 + 1) as u8], 1))
+            .collect();
+        assert_eq!(flows, live, "live flows per pod");
         let left = dp.ct();
         assert_eq!(left.len(), 2 * (FLOWS as usize - idle));
         // What is left is the one-way and fresh flows, both directions of each.
@@ -137,7 +144,14 @@ fn the_sweeper_drains_idle_flows_in_bounded_ticks_and_counts_them() {
         let mut ct: HashMap<&mut MapData, CtKeyV4, CtEntryV4> =
             HashMap::try_from(dp.map(maps::CT_V4)).unwrap();
         let mut cursor = None;
-        let t = sweep::tick(&mut ct, &mut cursor, usize::MAX, sweep::now_ns()).unwrap();
+        let t = sweep::tick(
+            &mut ct,
+            &mut cursor,
+            usize::MAX,
+            sweep::now_ns(),
+            &mut flows,
+        )
+        .unwrap();
         assert_eq!((t.removed, t.wrapped), (0, true));
 
         let mut counters: PerCpuArray<&mut MapData, Counter> =
@@ -158,7 +172,8 @@ fn an_empty_map_wraps_at_once() {
         let mut ct: HashMap<&mut MapData, CtKeyV4, CtEntryV4> =
             HashMap::try_from(dp.map(maps::CT_V4)).unwrap();
         let mut cursor = None;
-        let t = sweep::tick(&mut ct, &mut cursor, 100, sweep::now_ns()).unwrap();
+        let mut flows = std::collections::BTreeMap::<[u8; 4], u32>::new();
+        let t = sweep::tick(&mut ct, &mut cursor, 100, sweep::now_ns(), &mut flows).unwrap();
         assert_eq!(
             t,
             TickStats {

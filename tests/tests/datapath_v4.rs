@@ -37,7 +37,7 @@ use egress_tests::{
         quote,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
-    testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, ktime_ns, sysctl},
+    testrun::{Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, ifindex, in_netns, ip, ktime_ns, sysctl},
 };
 
 // ---- the cluster, as seen from this node ----
@@ -156,6 +156,7 @@ fn config(net: &Net) -> Config {
         port_max: PORT_MAX,
         tunnel_mtu: TUNNEL_MTU,
         flags: flags::READY,
+        max_flows_per_pod: 0,
     }
 }
 
@@ -1253,6 +1254,58 @@ fn interface_rule_reset_makes_no_entry() {
     });
 }
 
+/// `--max-flows-per-pod 2`: a pod's third new flow is refused before it takes a port
+/// (counted, and against the pod), its established flows go on, another pod is not
+/// affected; the datapath counts each pod's flows up.
+#[test]
+fn a_pod_over_its_flow_limit_gets_no_new_flow_and_others_are_unaffected() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        dp.config(Config {
+            max_flows_per_pod: 2,
+            ..config(&net)
+        });
+        let run = |dp: &mut Datapath, pod, sport| {
+            let p = udp(pod, sport, DEST_A, 53);
+            dp.run(
+                FROM_TUNNEL,
+                &p.build(),
+                net.tun0,
+                Some((PEER.into(), RULE_A)),
+            )
+            .verdict
+        };
+        assert_eq!(run(&mut dp, REMOTE_POD, 5000), TC_ACT_REDIRECT);
+        assert_eq!(run(&mut dp, REMOTE_POD, 5001), TC_ACT_REDIRECT);
+        assert_eq!(
+            run(&mut dp, REMOTE_POD, 5002),
+            TC_ACT_SHOT,
+            "third new flow"
+        );
+        assert_eq!(
+            run(&mut dp, REMOTE_POD, 5000),
+            TC_ACT_REDIRECT,
+            "established"
+        );
+        assert_eq!(
+            run(&mut dp, REMOTE_POD2, 5000),
+            TC_ACT_REDIRECT,
+            "another pod"
+        );
+        assert_eq!((dp.flows(REMOTE_POD), dp.flows(REMOTE_POD2)), (2, 1));
+        let c = dp.counters();
+        assert_eq!(c.get(&DROP_POD_FLOW_LIMIT), Some(&1));
+        assert_eq!(c.get(&SNAT_NEW), Some(&3));
+        assert_eq!(c.get(&SNAT_HIT), Some(&1));
+        // Unlimited (0): the same pod opens more.
+        dp.config(config(&net));
+        assert_eq!(run(&mut dp, REMOTE_POD, 5002), TC_ACT_REDIRECT);
+        assert_eq!(dp.flows(REMOTE_POD), 3);
+    });
+}
+
 // ---- from_secondary ----
 
 #[test]
@@ -1742,7 +1795,8 @@ fn pinned_maps_of_another_layout_are_replaced() {
     }
     let dp = egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
     for spec in maps::REGISTRY {
-        let info = aya::maps::MapInfo::from_pin(dir.join(spec.name)).unwrap();
+        let info = aya::maps::MapInfo::from_pin(dir.join(spec.name))
+            .unwrap_or_else(|e| panic!("map {}: {e}", spec.name));
         assert_eq!(
             (info.key_size(), info.value_size(), info.max_entries()),
             (spec.key_size, spec.value_size, spec.max_entries),

@@ -193,6 +193,7 @@ fn config(net: &Net) -> Config {
         port_max: PORT_MAX,
         tunnel_mtu: TUNNEL_MTU,
         flags: flags::READY,
+        max_flows_per_pod: 0,
     }
 }
 

@@ -73,6 +73,8 @@ pub struct RunConfig {
     pub capacities: datapath::Capacities,
     /// Packets of pods the agent has not seen yet (`--unknown-pods`).
     pub unknown_pods: UnknownPods,
+    /// Live translated flows per pod on this gateway; 0: no limit.
+    pub max_flows_per_pod: u32,
 }
 
 /// `--unknown-pods`: fail open (the default, what every CNI's egress gateway does) or
@@ -556,6 +558,7 @@ impl Reconciler<'_> {
             self.cfg.port_max,
             u16::try_from(self.tunnel_mtu).unwrap_or(u16::MAX),
             self.cfg.unknown_pods == UnknownPods::Drop,
+            self.cfg.max_flows_per_pod,
         );
         if dp.config().ok() == Some(want) {
             return Ok(0);

@@ -331,6 +331,7 @@ pub fn config(
     port_max: u16,
     tunnel_mtu: u16,
     unknown_pods_drop: bool,
+    max_flows_per_pod: u32,
 ) -> Config {
     use egress_common::config::flags;
     let mut flags = flags::READY;
@@ -344,6 +345,7 @@ pub fn config(
         port_max,
         tunnel_mtu,
         flags,
+        max_flows_per_pod,
     }
 }
 

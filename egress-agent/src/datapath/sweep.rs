@@ -20,6 +20,7 @@
 
 use std::{
     borrow::{Borrow, BorrowMut},
+    collections::BTreeMap,
     fmt::Debug,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
@@ -32,7 +33,7 @@ use aya::{
     maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues},
 };
 use egress_common::{
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, expired},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, FlowCount, dir, expired},
     counters::{Counter, reason},
     maps as names,
 };
@@ -49,6 +50,10 @@ const BATCH: usize = 4_096;
 /// One address family's conntrack key, with its entry type.
 pub trait CtKey: Pod + PartialEq + Debug {
     type Entry: Pod + Debug;
+    /// A pod address of this family (the key of `FLOWS_V4` / `FLOWS_V6`).
+    type Pod: Pod + Ord + Debug;
+    /// The pod that started the flow, for an original-direction key.
+    fn original_pod(&self) -> Option<Self::Pod>;
     /// The key of the other direction's entry of the flow that (`self`, `e`) belongs to.
     fn partner(&self, e: &Self::Entry) -> Self;
     /// Whether `e`, this key's entry, is idle past its timeout at `now`.
@@ -56,9 +61,14 @@ pub trait CtKey: Pod + PartialEq + Debug {
 }
 
 macro_rules! ct_key {
-    ($Key:ty, $Entry:ty) => {
+    ($Key:ty, $Entry:ty, $Pod:ty) => {
         impl CtKey for $Key {
             type Entry = $Entry;
+            type Pod = $Pod;
+
+            fn original_pod(&self) -> Option<$Pod> {
+                (self.dir == dir::ORIGINAL).then_some(self.src)
+            }
 
             fn partner(&self, e: &$Entry) -> Self {
                 if self.dir == dir::ORIGINAL {
@@ -90,8 +100,8 @@ macro_rules! ct_key {
         }
     };
 }
-ct_key!(CtKeyV4, CtEntryV4);
-ct_key!(CtKeyV6, CtEntryV6);
+ct_key!(CtKeyV4, CtEntryV4, [u8; 4]);
+ct_key!(CtKeyV6, CtEntryV6, [u8; 16]);
 
 /// What becomes of an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,12 +219,14 @@ pub struct TickStats {
 }
 
 /// Read up to `budget` entries of `map` from `cursor` on and remove the dead ones;
-/// `cursor` is left where the next tick goes on.
+/// `cursor` is left where the next tick goes on. The live flows seen are added to
+/// `flows`, by the pod that started them.
 pub fn tick<T, K>(
     map: &mut HashMap<T, K, K::Entry>,
     cursor: &mut Option<u32>,
     budget: usize,
     now: u64,
+    flows: &mut BTreeMap<K::Pod, u32>,
 ) -> Result<TickStats, MapError>
 where
     T: BorrowMut<MapData> + Borrow<MapData>,
@@ -235,8 +247,14 @@ where
         stats.scanned += n;
         for (k, e) in keys[..n].iter().zip(&values[..n]) {
             // Cheap filter on the batch's copy; the decision reads the entries afresh.
-            if k.expired(e, now) {
-                stats.removed += sweep_one(map, k, now);
+            let (removed, live) = if k.expired(e, now) {
+                sweep_one(map, k, now)
+            } else {
+                (0, true)
+            };
+            stats.removed += removed;
+            if let (true, Some(pod)) = (live, k.original_pod()) {
+                *flows.entry(pod).or_default() += 1;
             }
         }
         *cursor = next;
@@ -248,23 +266,26 @@ where
     Ok(stats)
 }
 
-/// Decide on the entry at `key` and apply the decision; returns the entries removed.
-fn sweep_one<T, K>(map: &mut HashMap<T, K, K::Entry>, key: &K, now: u64) -> usize
+/// Decide on the entry at `key` and apply the decision; returns the entries removed and
+/// whether the entry stays (a flow kept alive by its other direction).
+fn sweep_one<T, K>(map: &mut HashMap<T, K, K::Entry>, key: &K, now: u64) -> (usize, bool)
 where
     T: BorrowMut<MapData> + Borrow<MapData>,
     K: CtKey,
 {
     let Ok(e) = map.get(key, 0) else {
-        return 0;
+        // Gone already (with its partner, earlier in this walk).
+        return (0, false);
     };
     let pk = key.partner(&e);
     let p = map.get(&pk, 0).ok();
     match fate(key, &e, p.as_ref(), now) {
-        Fate::Keep => 0,
-        Fate::Remove => usize::from(map.remove(key).is_ok()),
-        Fate::RemoveBoth => {
-            usize::from(map.remove(key).is_ok()) + usize::from(map.remove(&pk).is_ok())
-        }
+        Fate::Keep => (0, true),
+        Fate::Remove => (usize::from(map.remove(key).is_ok()), false),
+        Fate::RemoveBoth => (
+            usize::from(map.remove(key).is_ok()) + usize::from(map.remove(&pk).is_ok()),
+            false,
+        ),
     }
 }
 
@@ -286,11 +307,114 @@ fn open(pin_dir: &Path, name: &'static str) -> Result<Map> {
     Map::from_map_data(data).map_err(|source| Error::Map { name, source })
 }
 
-/// The sweeper's state between ticks: where each map's walk goes on.
+/// One family's per-pod flow count over a walk of its conntrack map.
+struct Recount<P> {
+    /// Live flows seen so far in this walk, by pod.
+    seen: BTreeMap<P, u32>,
+    /// `FLOWS_*` as the walk began (`None`: no walk under way).
+    at_start: Option<BTreeMap<P, u32>>,
+}
+
+impl<P> Default for Recount<P> {
+    fn default() -> Self {
+        Self {
+            seen: BTreeMap::new(),
+            at_start: None,
+        }
+    }
+}
+
+/// The pod counts to write after a walk: what the walk saw, plus what the datapath added
+/// since the walk began (flows opened meanwhile in buckets already walked). A flow opened
+/// in a bucket not walked yet is counted twice until the next walk: the limit errs on the
+/// strict side by at most one walk's new flows. `None`: remove the pod's entry.
+pub fn recount<P: Ord + Copy>(
+    seen: &BTreeMap<P, u32>,
+    at_start: &BTreeMap<P, u32>,
+    now: &BTreeMap<P, u32>,
+) -> Vec<(P, Option<u32>)> {
+    let mut out = Vec::new();
+    for (pod, cur) in now {
+        let added = cur.saturating_sub(at_start.get(pod).copied().unwrap_or(0));
+        let n = seen.get(pod).copied().unwrap_or(0).saturating_add(added);
+        if n != *cur {
+            out.push((*pod, (n > 0).then_some(n)));
+        }
+    }
+    for (pod, n) in seen {
+        if !now.contains_key(pod) {
+            out.push((*pod, Some(*n)));
+        }
+    }
+    out
+}
+
+fn read_flows<P: Pod + Ord>(m: &HashMap<MapData, P, FlowCount>) -> BTreeMap<P, u32> {
+    m.iter().flatten().map(|(k, v)| (k, v.flows)).collect()
+}
+
+/// One tick of one family: sweep, count, and write the counts at the end of a walk.
+fn tick_family<K: CtKey>(
+    pin_dir: &Path,
+    ct_name: &'static str,
+    flows_name: &'static str,
+    cursor: &mut Option<u32>,
+    recount_state: &mut Recount<K::Pod>,
+    now: u64,
+) -> Result<usize> {
+    let mut ct: HashMap<MapData, K, K::Entry> = HashMap::try_from(open(pin_dir, ct_name)?)
+        .map_err(|source| Error::Map {
+            name: ct_name,
+            source,
+        })?;
+    // An object without the flow maps (older pins): sweep only.
+    let mut flows: Option<HashMap<MapData, K::Pod, FlowCount>> =
+        if pin_dir.join(flows_name).exists() {
+            Some(
+                HashMap::try_from(open(pin_dir, flows_name)?).map_err(|source| Error::Map {
+                    name: flows_name,
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
+    if recount_state.at_start.is_none() {
+        recount_state.at_start = Some(flows.as_ref().map(read_flows).unwrap_or_default());
+        recount_state.seen.clear();
+    }
+    let stats =
+        tick(&mut ct, cursor, SCAN_PER_TICK, now, &mut recount_state.seen).map_err(|source| {
+            Error::Map {
+                name: ct_name,
+                source,
+            }
+        })?;
+    if stats.wrapped {
+        let at_start = recount_state.at_start.take().unwrap_or_default();
+        if let Some(flows) = flows.as_mut() {
+            let now_counts = read_flows(flows);
+            for (pod, n) in recount(&recount_state.seen, &at_start, &now_counts) {
+                // A failed write is corrected by the next walk.
+                let _ = match n {
+                    Some(n) => flows.insert(pod, FlowCount { flows: n }, 0),
+                    None => flows.remove(&pod),
+                };
+            }
+        }
+        recount_state.seen.clear();
+    }
+    Ok(stats.removed)
+}
+
+/// The sweeper's state between ticks: where each map's walk goes on, and the flows per
+/// pod counted so far in it.
 #[derive(Default)]
 struct Sweeper {
     cursor_v4: Option<u32>,
     cursor_v6: Option<u32>,
+    flows_v4: Recount<[u8; 4]>,
+    flows_v6: Recount<[u8; 16]>,
 }
 
 impl Sweeper {
@@ -298,21 +422,23 @@ impl Sweeper {
     /// that re-pinned maps (`restore_pins`) are the ones swept.
     fn tick(&mut self, pin_dir: &Path) -> Result<usize> {
         let now = now_ns();
-        let mut removed = 0;
-        let name = names::CT_V4;
-        let mut ct: HashMap<MapData, CtKeyV4, CtEntryV4> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        removed += tick(&mut ct, &mut self.cursor_v4, SCAN_PER_TICK, now)
-            .map_err(|source| Error::Map { name, source })?
-            .removed;
-        let name = names::CT_V6;
-        if pin_dir.join(name).exists() {
-            let mut ct: HashMap<MapData, CtKeyV6, CtEntryV6> =
-                HashMap::try_from(open(pin_dir, name)?)
-                    .map_err(|source| Error::Map { name, source })?;
-            removed += tick(&mut ct, &mut self.cursor_v6, SCAN_PER_TICK, now)
-                .map_err(|source| Error::Map { name, source })?
-                .removed;
+        let mut removed = tick_family::<CtKeyV4>(
+            pin_dir,
+            names::CT_V4,
+            names::FLOWS_V4,
+            &mut self.cursor_v4,
+            &mut self.flows_v4,
+            now,
+        )?;
+        if pin_dir.join(names::CT_V6).exists() {
+            removed += tick_family::<CtKeyV6>(
+                pin_dir,
+                names::CT_V6,
+                names::FLOWS_V6,
+                &mut self.cursor_v6,
+                &mut self.flows_v6,
+                now,
+            )?;
         }
         if removed > 0 {
             let name = names::COUNTERS;
@@ -554,5 +680,20 @@ mod tests {
         assert_eq!(fate(&ok, &oe, Some(&re), NOW), Fate::RemoveBoth);
         let re = e([0xfd; 16], 5000, SEC);
         assert_eq!(fate(&ok, &oe, Some(&re), NOW), Fate::Keep);
+    }
+
+    #[test]
+    fn a_walk_recounts_each_pods_flows_keeping_what_the_datapath_added_meanwhile() {
+        let m = |v: &[(u8, u32)]| -> BTreeMap<u8, u32> { v.iter().copied().collect() };
+        // Pod 1: 10 counted, 4 left (expired or evicted), 2 opened during the walk.
+        // Pod 2: all its flows gone. Pod 3: unknown to the map (recreated): written.
+        // Pod 4: exact already.
+        let seen = m(&[(1, 4), (3, 7), (4, 5)]);
+        let at_start = m(&[(1, 10), (2, 3), (4, 5)]);
+        let now = m(&[(1, 12), (2, 3), (4, 5)]);
+        assert_eq!(
+            recount(&seen, &at_start, &now),
+            [(1, Some(6)), (2, None), (3, Some(7))]
+        );
     }
 }

@@ -272,6 +272,7 @@ impl Bed {
                 port_max: 65_535,
                 tunnel_mtu: 1450,
                 flags: flags::READY,
+                max_flows_per_pod: 0,
             },
             0,
         )?;

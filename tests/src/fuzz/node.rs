@@ -550,6 +550,7 @@ pub fn fill(dp: &mut Datapath, net: &Net) {
         port_max: PORT_MAX,
         tunnel_mtu: TUNNEL_MTU,
         flags: flags::READY,
+        max_flows_per_pod: 0,
     });
     for (i, n) in NODES.into_iter().enumerate() {
         dp.node(n, i as u32 + 1);
