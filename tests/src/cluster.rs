@@ -36,9 +36,17 @@ pub fn agent_bin() -> Result<PathBuf> {
 /// Bring up a lab and one agent per node, and wait until the sample policy's egress IPs
 /// (of the lab's families) are held and a selected pod gets through with each.
 pub fn up_with_agents(spec: LabSpec) -> Result<Lab> {
+    up_with_agent_args(spec, &[])
+}
+
+/// [`up_with_agents`], every agent started with `extra` flags.
+pub fn up_with_agent_args(spec: LabSpec, extra: &[&str]) -> Result<Lab> {
     let family = spec.family;
     let mut lab = Lab::up(spec)?;
-    lab.start_agents(&agent_bin()?)?;
+    let bin = agent_bin()?;
+    for node in lab.nodes() {
+        lab.start_agent(node.name, &bin, extra)?;
+    }
     // Converged when every agent has it: both egress IPs held, and every selected pod (on
     // both workers and on a gateway) gets through to both networks with the right address.
     let through = |lab: &Lab, host_a: IpAddr, ea: IpAddr, host_b: IpAddr, eb: IpAddr| {
