@@ -1,5 +1,5 @@
-//! TC programs of the egress gateway datapath. Entry points only: each calls a
-//! `try_*` function in its module and turns its result into a TC verdict.
+//! TC programs of the egress gateway datapath. Entry points only: each calls its
+//! module's `run`, which returns the TC verdict (every exit counted with a stable reason).
 #![no_std]
 #![no_main]
 

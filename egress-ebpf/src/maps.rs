@@ -56,7 +56,7 @@ pub static EXHAUSTED_V4: LruPerCpuHashMap<[u8; 4], u64, { EXHAUSTED_MAX_ENTRIES 
 pub static EGRESS_IPS_V4: HashMap<[u8; 4], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
     HashMap::new();
 
-// ---- IPv6 (pods and egress IPs; nodes and the tunnel stay IPv4) ----
+// ---- IPv6 pods and egress IPs (the underlay, and so node keys, is either family) ----
 
 #[btf_map]
 pub static POLICY_V6: LpmTrie<PolicyKeyV6, PolicyValueV6, { POLICY_MAX_ENTRIES as usize }> =

@@ -21,6 +21,7 @@ mod hash;
 mod nodes;
 mod placement;
 mod pods;
+pub mod render;
 mod routes;
 mod rules;
 mod selector;

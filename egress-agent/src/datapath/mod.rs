@@ -288,10 +288,6 @@ impl Datapath {
         Ok(dp)
     }
 
-    pub fn pin_dir(&self) -> &Path {
-        &self.pin_dir
-    }
-
     /// What the maps hold now (as last read or written).
     pub fn held(&self) -> &MapState {
         &self.held

@@ -224,7 +224,8 @@ impl MapState {
         }
     }
 
-    /// The IPv6 maps (pods and egress IPs of IPv6; gateways and owners stay IPv4).
+    /// The IPv6 maps: pods and egress IPs of IPv6 (node addresses, of either family, are
+    /// in the shared `NODES` and owner values).
     fn add_v6(
         &mut self,
         desired: &Desired,
