@@ -20,11 +20,11 @@ use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use crate::{
-    api::EgressNode,
+    api::{EgressNode, PreflightCheck, PreflightResult},
     compiler::{self, Compiled},
-    datapath::{self, Attachment, Datapath, MapState, lock::PinLock},
+    datapath::{self, Datapath, MapState, lock::PinLock},
     desired::Desired,
-    ebpf, iface,
+    doctor, iface,
     liveness::{self, Membership, PeerView, Transition, service::Handle},
     metrics::{self, Stats},
     source::{
@@ -33,6 +33,7 @@ use crate::{
     },
 };
 
+mod attachments;
 pub mod holding;
 pub mod problems;
 pub mod publish;
@@ -75,6 +76,9 @@ pub struct RunConfig {
     pub unknown_pods: UnknownPods,
     /// Live translated flows per pod on this gateway; 0: no limit.
     pub max_flows_per_pod: u32,
+    /// Probe the network before claiming an egress IP nobody of ours held (`--no-dad`
+    /// turns it off).
+    pub dad: bool,
 }
 
 /// `--unknown-pods`: fail open (the default, what every CNI's egress gateway does) or
@@ -87,9 +91,9 @@ pub enum UnknownPods {
 }
 
 /// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
-const VXLAN_OVERHEAD: u32 = 50;
+pub(crate) const VXLAN_OVERHEAD: u32 = 50;
 /// VXLAN over IPv6: the outer header is 40 bytes instead of 20.
-const VXLAN_OVERHEAD_V6: u32 = 70;
+pub(crate) const VXLAN_OVERHEAD_V6: u32 = 70;
 
 /// MTU inside the tunnel for an underlay of `node_ip`'s family.
 fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
@@ -98,6 +102,33 @@ fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
         IpAddr::V6(_) => VXLAN_OVERHEAD_V6,
     };
     underlay_mtu.saturating_sub(overhead)
+}
+
+/// How long an egress IP another host answered for is refused before it is probed again.
+const REPROBE: Duration = Duration::from_secs(5);
+
+/// `egress-agent doctor` at start, on the first view of the cluster: each check logged
+/// (WARN for warn and fail) and kept for the EgressNode. Egress IPs are probed when
+/// claimed, not here.
+async fn preflight(cfg: &RunConfig, snap: &Snapshot) -> Vec<PreflightCheck> {
+    let settings = doctor::Settings {
+        bpffs_dir: cfg.bpffs_dir.clone(),
+        tunnel_device: cfg.tunnel_device.clone(),
+        tunnel_port: cfg.tunnel_port,
+        tunnel_mtu: cfg.tunnel_mtu,
+        node_name: Some(cfg.node_name.clone()),
+        egress_ips: Vec::new(),
+        dad: doctor::Dad::WhenClaimed,
+    };
+    let checks = doctor::run(&settings, Some(&snap.view)).await;
+    for c in &checks {
+        if c.result == PreflightResult::Ok {
+            info!(check = %c.check, "preflight ok: {}", c.message);
+        } else {
+            warn!(check = %c.check, "preflight {}: {}", c.result, c.message);
+        }
+    }
+    checks
 }
 
 /// How long `run` waits for the Kubernetes API to answer before it gives up.
@@ -154,6 +185,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     // ours: a failed start leaves the node as it was.
     let (mut views, sink) = connect(&cfg).await?;
     let _lock = PinLock::acquire(&cfg.bpffs_dir)?;
+    let first = Arc::clone(&views.borrow());
+    let preflight = preflight(&cfg, &first).await;
     let probe_socket = liveness::service::bind(cfg.probe_port)
         .await
         .with_context(|| {
@@ -239,6 +272,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         warm_pending: false,
         last_accepted: BTreeMap::new(),
         stats: stats.clone(),
+        preflight,
+        refused: BTreeMap::new(),
     };
     let mut problem_log = problems::ProblemLog::default();
     loop {
@@ -401,6 +436,10 @@ struct Reconciler<'a> {
     /// Each policy's last accepted version: a broken edit keeps being served from it.
     last_accepted: BTreeMap<String, crate::api::EgressGatewayPolicy>,
     stats: Arc<Mutex<Stats>>,
+    /// What `doctor` found at start, published in the EgressNode.
+    preflight: Vec<PreflightCheck>,
+    /// Egress IPs another host answered for, when, and the problem that names it.
+    refused: BTreeMap<IpAddr, (Instant, String)>,
 }
 
 impl Reconciler<'_> {
@@ -476,8 +515,7 @@ impl Reconciler<'_> {
         };
         changed += self.sync_maps(dp, &merged, &ifaces, &mut problems)?;
         let routes = self.dump_routes(&mut problems).await;
-        self.sync_attachments(dp, &merged, &ifaces, routes.as_ref(), &mut problems)
-            .await;
+        self.sync_attachments(dp, &merged, &ifaces, routes.as_ref(), &mut problems);
         changed += self
             .acquire(&compiled, &peers, &ifaces, now, &mut problems)
             .await;
@@ -669,8 +707,8 @@ impl Reconciler<'_> {
         }
     }
 
-    /// The tunnel, egress interfaces, and the device each selected local pod is routed to.
-    async fn sync_attachments(
+    /// Attach what [`attachments::wanted`] decides.
+    fn sync_attachments(
         &mut self,
         dp: &mut Datapath,
         desired: &Desired,
@@ -678,51 +716,14 @@ impl Reconciler<'_> {
         routes: Option<&iface::Routes>,
         problems: &mut Vec<String>,
     ) {
-        let mut attach = BTreeSet::new();
-        attach.insert(Attachment {
-            program: ebpf::FROM_TUNNEL,
-            ifname: self.cfg.tunnel_device.clone(),
+        let tunnel = attachments::Tunnel {
+            name: &self.cfg.tunnel_device,
             ifindex: self.tunnel_ifindex,
-        });
-        for name in &desired.egress_interfaces {
-            if let Some(i) = ifaces.iter().find(|i| &i.name == name) {
-                attach.insert(Attachment {
-                    program: ebpf::FROM_SECONDARY,
-                    ifname: name.clone(),
-                    ifindex: i.ifindex,
-                });
-            }
-        }
-        let by_index: BTreeMap<u32, &iface::Interface> =
-            ifaces.iter().map(|i| (i.ifindex, i)).collect();
-        for pod in desired.local_selected_pods() {
-            let Some(routes) = routes else { break };
-            match routes.oif(pod) {
-                Some(oif) if oif != self.tunnel_ifindex => {
-                    if let Some(i) = by_index.get(&oif) {
-                        attach.insert(Attachment {
-                            program: ebpf::FROM_POD,
-                            ifname: i.name.clone(),
-                            ifindex: oif,
-                        });
-                    }
-                }
-                _ => problems.push(format!("pod {pod}: no route to its device on this node")),
-            }
-        }
-        if self.cfg.unknown_pods == UnknownPods::Drop
-            && let Some(routes) = routes
-        {
-            for oif in pod_devices(routes, &desired.pod_cidrs, self.tunnel_ifindex) {
-                if let Some(i) = by_index.get(&oif) {
-                    attach.insert(Attachment {
-                        program: ebpf::FROM_POD,
-                        ifname: i.name.clone(),
-                        ifindex: oif,
-                    });
-                }
-            }
-        }
+        };
+        let routes = routes.map(|r| r as &dyn attachments::PodRoutes);
+        let (attach, found) =
+            attachments::wanted(&tunnel, desired, ifaces, routes, self.cfg.unknown_pods);
+        problems.extend(found);
         for e in dp.sync_attachments(&attach) {
             problems.push(e.to_string());
         }
@@ -791,7 +792,18 @@ impl Reconciler<'_> {
                 );
             }
             self.handover_since.remove(&h.ip);
-            // IPv6 goes without DAD (the address moves between gateways).
+            // A first claim asks the network; a move from a gateway of ours does not (the
+            // previous holder may still answer, and failover must not wait).
+            let first = h.reason == compiler::move_reason::ASSIGNED
+                && holding::other_claimant(h.ip, me, peers).is_none();
+            if self.cfg.dad
+                && first
+                && let Some(refused) = self.answered_elsewhere(h.ip, i, now).await
+            {
+                problems.push(format!("egress IP {}: {refused}", h.ip));
+                continue;
+            }
+            // The kernel's own IPv6 DAD stays off (see `add_address`).
             match self.nl.add_address(i.ifindex, h.ip, prefix_len).await {
                 Ok(()) => {
                     changed += 1;
@@ -823,7 +835,43 @@ impl Reconciler<'_> {
             }
         }
         self.handover_since.retain(|ip, _| wanted.contains(ip));
+        self.refused.retain(|ip, _| wanted.contains(ip));
         changed
+    }
+
+    /// Duplicate address detection before this node first claims `ip` on `i`
+    /// ([`doctor::dad`]): the problem to report when another host answers for it. A
+    /// refused address is probed again once [`REPROBE`] has passed.
+    async fn answered_elsewhere(
+        &mut self,
+        ip: IpAddr,
+        i: &iface::Interface,
+        now: Instant,
+    ) -> Option<String> {
+        if let Some((at, refused)) = self.refused.get(&ip)
+            && now.duration_since(*at) < REPROBE
+        {
+            return Some(refused.clone());
+        }
+        let t0 = Instant::now();
+        let answer = doctor::dad::probe(i.ifindex, i.mac?, ip).await;
+        let took_ms = t0.elapsed().as_secs_f64() * 1e3;
+        match answer {
+            Ok(None) => {
+                info!(%ip, interface = %i.name, took_ms, "no answer to duplicate address probes");
+                self.refused.remove(&ip);
+                None
+            }
+            Ok(Some(holder)) => {
+                let refused = doctor::in_use_message(ip, &i.name, holder);
+                self.refused.insert(ip, (now, refused.clone()));
+                Some(refused)
+            }
+            Err(e) => {
+                warn!("failed to probe for {ip} before claiming it (claiming it anyway): {e}");
+                None
+            }
+        }
     }
 
     /// When the next pass is due without an event: a pending handover's deadline, or the
@@ -888,6 +936,19 @@ impl Reconciler<'_> {
             &self.holdings,
             &statuses,
             peers.dead.contains(&self.cfg.node_name),
+            self.preflight
+                .iter()
+                .cloned()
+                .chain(
+                    self.refused
+                        .iter()
+                        .map(|(ip, (_, message))| PreflightCheck {
+                            check: format!("duplicate-address {ip}"),
+                            result: PreflightResult::Fail,
+                            message: message.clone(),
+                        }),
+                )
+                .collect(),
         );
         if self.last_node_doc.as_ref() != Some(&doc) {
             self.sink.egress_node(&doc)?;
@@ -1030,22 +1091,5 @@ fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
         .iter()
         .flat_map(|p| p.spec.rules.iter())
         .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
-        .collect()
-}
-
-/// The devices that pods of this node send from, as the CNI routes them: every device a
-/// host route (/32, /128) inside one of the node's pod CIDRs leaves by, save the tunnel.
-/// Pods the agent has not seen yet are routed there too (`--unknown-pods drop`).
-fn pod_devices(routes: &iface::Routes, pod_cidrs: &[IpNet], tunnel_ifindex: u32) -> BTreeSet<u32> {
-    routes
-        .prefixes_by_oif()
-        .iter()
-        .filter(|(oif, _)| **oif != tunnel_ifindex)
-        .filter(|(_, prefixes)| {
-            prefixes.iter().any(|p| {
-                p.prefix_len() == p.max_prefix_len() && pod_cidrs.iter().any(|c| c.contains(p))
-            })
-        })
-        .map(|(oif, _)| *oif)
         .collect()
 }
