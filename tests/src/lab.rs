@@ -1530,6 +1530,11 @@ impl Lab {
         self.agents.contains_key(node)
     }
 
+    /// The process id of the agent this lab started on `node` (see [`Lab::agent_running`]).
+    pub fn agent_pid(&self, node: &str) -> Option<u32> {
+        self.agents.get(node).and_then(NsChild::id)
+    }
+
     /// Nodes whose agent process has exited, with the exit status.
     pub fn exited_agents(&mut self) -> Vec<(String, String)> {
         let mut out = Vec::new();

@@ -9,6 +9,7 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod packet6;
+pub mod soak;
 pub mod stream;
 pub mod table;
 pub mod testrun;

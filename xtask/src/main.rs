@@ -4,6 +4,7 @@ mod bootstrap;
 mod build;
 mod fuzz;
 mod image;
+mod soak;
 mod test;
 
 use anyhow::Result;
@@ -36,6 +37,11 @@ enum Command {
     /// Packet fuzzing: N random and mutated packets per program through test_run, each
     /// held to the datapath's properties; prints verdicts, reasons hit and failures.
     Fuzz(fuzz::Args),
+    /// The churn soak: N minutes of traffic through the lab while policies are edited,
+    /// pods removed and re-added, agents restarted and gateways failed; checks sources at
+    /// the far hosts every second, then maps, agent memory and leftovers; exits non-zero
+    /// if a target is missed.
+    Soak(soak::Args),
 }
 
 fn main() -> Result<()> {
@@ -52,5 +58,6 @@ fn main() -> Result<()> {
         Command::Lab(args) => test::lab(args),
         Command::Bench(args) => test::bench(args),
         Command::Fuzz(args) => fuzz::run(args),
+        Command::Soak(args) => soak::run(args),
     }
 }

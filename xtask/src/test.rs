@@ -203,7 +203,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 }
 
 /// The agent and the echo server, in release mode, for the lab.
-fn build_bins() -> Result<()> {
+pub(crate) fn build_bins() -> Result<()> {
     sh(
         "cargo",
         &[

@@ -1,0 +1,216 @@
+//! The soak's summary table.
+
+use std::fmt::Write as _;
+
+use super::{RSS_GROWTH_LIMIT_PCT, Report, STEADY_AGENTS};
+
+fn yes(ok: bool) -> &'static str {
+    if ok { "ok" } else { "MISSED" }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+impl Report {
+    /// The summary, one section per target.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let w = &mut s;
+        let _ = writeln!(
+            w,
+            "== churn soak, lab {}: {:.1} min of churn ({} cycles), {:.1} min in all ==",
+            self.prefix,
+            self.churn_secs / 60.0,
+            self.cycles,
+            self.total_secs / 60.0
+        );
+        let total: u32 = self.events_by_kind.values().sum();
+        let _ = writeln!(w, "\nevents ({total}):");
+        for (kind, n) in &self.events_by_kind {
+            let _ = writeln!(w, "  {kind:<28} {n:>6}");
+        }
+        for e in &self.churn_errors {
+            let _ = writeln!(w, "  FAILED: {e}");
+        }
+
+        let _ = writeln!(
+            w,
+            "\nlong-lived flows:\n  {:<12} {:<7} {:<5} {:<16} {:<16} {:>8} {:>8} {:>8} {:>6} wrong",
+            "flow",
+            "pod",
+            "proto",
+            "destination",
+            "expected source",
+            "sent",
+            "replies",
+            "gap_ms",
+            "breaks"
+        );
+        for f in &self.flows {
+            let _ = writeln!(
+                w,
+                "  {:<12} {:<7} {:<5} {:<16} {:<16} {:>8} {:>8} {:>8} {:>6} {}",
+                f.spec.name,
+                f.spec.pod,
+                f.spec.proto.to_string(),
+                f.spec.host.to_string(),
+                f.spec.expect.to_string(),
+                f.sent,
+                f.received,
+                f.longest_gap_ms,
+                f.breaks.len(),
+                if f.wrong_sources.is_empty() {
+                    "0".to_owned()
+                } else {
+                    f.wrong_sources.join(",")
+                }
+            );
+        }
+        for f in self.flows.iter().filter(|f| f.longest_gap_ms >= 1000) {
+            let _ = writeln!(
+                w,
+                "  {}: its longest gap ({} ms) began during {}",
+                f.spec.name, f.longest_gap_ms, f.longest_gap_during
+            );
+        }
+        let _ = writeln!(
+            w,
+            "\nnew short flows (egress-echo query, 1 s timeout):\n  {:<7} {:<5} {:<16} {:>8} {:>8} {:>6}",
+            "pod", "proto", "destination", "sent", "answered", "wrong"
+        );
+        let mut queries = self.queries.clone();
+        queries.sort_by_key(|((pod, proto, host), _)| (*pod, proto.to_string(), *host));
+        for ((pod, proto, host), c) in &queries {
+            let _ = writeln!(
+                w,
+                "  {:<7} {:<5} {:<16} {:>8} {:>8} {:>6}",
+                pod,
+                proto.to_string(),
+                host.to_string(),
+                c.sent,
+                c.answered,
+                c.wrong
+            );
+        }
+        let _ = writeln!(w, "\nfar hosts (IP packets captured, dropped by tcpdump):");
+        for (host, n, dropped) in &self.packets {
+            let _ = writeln!(w, "  {host:<8} {n:>10} {dropped:>6}");
+        }
+        let _ = writeln!(
+            w,
+            "  {SPARE}: {} packets dropped as DROP_UNKNOWN_POD on w2 while it was unknown",
+            self.unknown_pod_drops,
+            SPARE = super::SPARE
+        );
+
+        let wrong = self.wrong_sources();
+        let _ = writeln!(
+            w,
+            "\nwrong sources: {wrong} ({} at far hosts, {} in query answers, {} in stream echoes)   target 0: {}",
+            self.violations.len(),
+            self.wrong_answers.len(),
+            self.flows
+                .iter()
+                .map(|f| f.wrong_sources.len())
+                .sum::<usize>(),
+            yes(wrong == 0)
+        );
+        for v in self.violations.iter().take(20) {
+            let _ = writeln!(
+                w,
+                "  {} {} from {} during {}: {}",
+                v.at_ms, v.host, v.source, v.during, v.line
+            );
+        }
+        let breaks = self.breaks();
+        let _ = writeln!(
+            w,
+            "stream breaks: {}   target 0: {}",
+            breaks.len(),
+            yes(breaks.is_empty())
+        );
+        let mut by_cause = std::collections::BTreeMap::<String, u32>::new();
+        for b in &breaks {
+            let cause = b.during.split(" (").next().unwrap_or("").to_owned();
+            *by_cause.entry(cause).or_default() += 1;
+        }
+        for (cause, n) in by_cause {
+            let _ = writeln!(w, "  {n} during {cause}");
+        }
+        for b in breaks.iter().take(20) {
+            let _ = writeln!(w, "  {} {}: {} during {}", b.at_ms, b.flow, b.why, b.during);
+        }
+
+        let _ = writeln!(
+            w,
+            "\nmap entries (summed over the nodes)   back to the start: {}",
+            match self.maps_back_after {
+                Some(d) => format!("ok, {:.0} s after the traffic stopped", d.as_secs_f64()),
+                None => "MISSED".to_owned(),
+            }
+        );
+        let _ = writeln!(w, "  {:<14} {:>7} {:>7}", "map", "start", "end");
+        for (name, start) in &self.maps_start.per_map {
+            let end = self.maps_end.per_map.get(name).copied().unwrap_or(0);
+            let _ = writeln!(w, "  {name:<14} {start:>7} {end:>7}");
+        }
+        let _ = writeln!(
+            w,
+            "  conntrack by node at the end: {:?}; established TCP idle > 60 s (streams that \
+             moved away: hours of idle timeout, by design): {}; past their timeout: {}",
+            self.maps_end.ct_by_node, self.maps_end.ct_stale_established, self.maps_end.ct_expired
+        );
+
+        let _ = writeln!(
+            w,
+            "\nagent RSS (MiB, after warm-up; target: growth <= {RSS_GROWTH_LIMIT_PCT}% on {}, \
+             whose agents are never restarted): {}",
+            STEADY_AGENTS.join(", "),
+            yes(self.rss_ok())
+        );
+        let _ = writeln!(
+            w,
+            "  {:<5} {:>7} {:>7} {:>7} {:>8} {:>8}",
+            "node", "start", "end", "max", "growth", "samples"
+        );
+        for (node, r) in &self.rss {
+            let _ = writeln!(
+                w,
+                "  {node:<5} {:>7} {:>7} {:>7} {:>7.1}% {:>8}{}",
+                mib(r.first_kib),
+                mib(r.last_kib),
+                mib(r.max_kib),
+                r.growth_pct(),
+                r.samples,
+                if r.restarted {
+                    "  (restarted by the churn)"
+                } else {
+                    ""
+                }
+            );
+        }
+        let _ = writeln!(
+            w,
+            "\nleftovers after teardown: {}",
+            if self.leftovers.is_empty() {
+                "none".to_owned()
+            } else {
+                self.leftovers.join(", ")
+            }
+        );
+        for p in &self.problems {
+            let _ = writeln!(w, "problem: {p}");
+        }
+        let _ = writeln!(
+            w,
+            "\nsoak: {}",
+            if self.ok() {
+                "every target met"
+            } else {
+                "TARGETS MISSED"
+            }
+        );
+        s
+    }
+}
