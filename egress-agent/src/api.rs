@@ -264,6 +264,38 @@ pub struct EgressNodeStatus {
     /// The agent hears fewer than a majority of its peers and holds nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_off: bool,
+    /// What `egress-agent doctor` found when the agent started (kernel, bpffs,
+    /// capabilities, tunnel port, rp_filter, MTU, egress IPs), and egress IPs it refused
+    /// to claim because another host answers for them (`duplicate-address`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub preflight: Vec<PreflightCheck>,
+}
+
+/// One line of `egress-agent doctor`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightCheck {
+    /// What was checked, such as `bpffs` or `rp-filter sec-a`.
+    #[schemars(length(max = 128))]
+    pub check: String,
+    pub result: PreflightResult,
+    /// What was found, and what to do about it.
+    #[schemars(length(max = 1024))]
+    pub message: String,
+}
+
+/// The verdict of one check.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PreflightResult {
+    Ok,
+    /// Works, with a cost or a risk the message names.
+    Warn,
+    /// Egress through this node fails, in part or in whole, until it is fixed.
+    Fail,
 }
 
 /// One peer as a node's agent sees it.

@@ -207,14 +207,7 @@ impl Netlink {
 
     /// All interfaces with their state and addresses.
     pub async fn interfaces(&self) -> Result<Vec<Interface>> {
-        let links: Vec<LinkMessage> = self
-            .handle
-            .link()
-            .get()
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| netlink_error("list", "interfaces".into(), e))?;
+        let links = self.links().await?;
         let addresses: Vec<AddressMessage> = self
             .handle
             .address()
@@ -279,6 +272,43 @@ impl Netlink {
             Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(false),
             Err(e) => Err(netlink_error("remove", object(), e)),
         }
+    }
+
+    /// Every vxlan device with its UDP port: which one holds a port (`egress-agent doctor`).
+    pub async fn vxlan_ports(&self) -> Result<Vec<(String, u16)>> {
+        let links = self.links().await?;
+        let infos = |link: &LinkMessage| -> Vec<LinkInfo> {
+            link.attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::LinkInfo(infos) => Some(infos.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        };
+        Ok(links
+            .iter()
+            .filter_map(|link| {
+                let port = infos(link).into_iter().find_map(|i| match i {
+                    LinkInfo::Data(InfoData::Vxlan(data)) => data.iter().find_map(|d| match d {
+                        InfoVxlan::Port(p) => Some(*p),
+                        _ => None,
+                    }),
+                    _ => None,
+                })?;
+                Some((interface_of(link).name, port))
+            })
+            .collect())
+    }
+
+    async fn links(&self) -> Result<Vec<LinkMessage>> {
+        self.handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| netlink_error("list", "interfaces".into(), e))
     }
 
     async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>> {
@@ -747,18 +777,18 @@ fn check_ifname(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-const ETH_P_ARP: u16 = 0x0806;
-const ETH_P_IPV6: u16 = 0x86dd;
-const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+pub(crate) const ETH_P_ARP: u16 = 0x0806;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const BROADCAST_MAC: [u8; 6] = [0xff; 6];
 /// ff02::1 (all nodes) mapped to Ethernet.
 const ALL_NODES_MAC: [u8; 6] = [0x33, 0x33, 0, 0, 0, 1];
 const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
-const IPPROTO_ICMPV6: u8 = 58;
-const ND_NEIGHBOR_ADVERT: u8 = 136;
+pub(crate) const IPPROTO_ICMPV6: u8 = 58;
+pub(crate) const ND_NEIGHBOR_ADVERT: u8 = 136;
 /// The override flag in the first byte of the flags word of a neighbour advertisement.
 const ND_NA_FLAG_OVERRIDE: u8 = 0x20;
 /// The target link-layer address option.
-const ND_OPT_TARGET_LINKADDR: u8 = 2;
+pub(crate) const ND_OPT_TARGET_LINKADDR: u8 = 2;
 
 /// Announce `ip`, held on `ifindex` whose MAC is `mac`, once at each offset of `at`:
 /// IPv4 with a gratuitous ARP request (sender = target = `ip`, broadcast), IPv6 with an
@@ -802,6 +832,12 @@ pub async fn announce(ifindex: u32, mac: [u8; 6], ip: IpAddr, at: &[Duration]) -
 /// An ARP request announcing `ip` at `mac` (RFC 5227 section 3: sender and target
 /// protocol address both `ip`, target hardware address zero).
 fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
+    arp_request(mac, ip, ip)
+}
+
+/// A broadcast ARP request from `mac` with sender protocol address `sender` for `target`
+/// (target hardware address zero).
+pub(crate) fn arp_request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
     let mut frame = Vec::with_capacity(42);
     frame.extend_from_slice(&BROADCAST_MAC);
     frame.extend_from_slice(&mac);
@@ -811,9 +847,9 @@ fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
     frame.extend_from_slice(&[6, 4]); // address lengths
     frame.extend_from_slice(&1u16.to_be_bytes()); // opcode: request
     frame.extend_from_slice(&mac);
-    frame.extend_from_slice(&ip.octets());
+    frame.extend_from_slice(&sender.octets());
     frame.extend_from_slice(&[0; 6]);
-    frame.extend_from_slice(&ip.octets());
+    frame.extend_from_slice(&target.octets());
     frame
 }
 
@@ -844,7 +880,7 @@ fn unsolicited_na(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
 }
 
 /// The ICMPv6 checksum (RFC 4443 section 2.3) of `message`, whose checksum field is zero.
-fn icmpv6_checksum(source: Ipv6Addr, destination: Ipv6Addr, message: &[u8]) -> u16 {
+pub(crate) fn icmpv6_checksum(source: Ipv6Addr, destination: Ipv6Addr, message: &[u8]) -> u16 {
     let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
     let mut sum = ones_complement_sum(0, &source.octets());
     sum = ones_complement_sum(sum, &destination.octets());
@@ -870,8 +906,8 @@ fn ones_complement_sum(mut sum: u32, bytes: &[u8]) -> u32 {
 }
 
 /// A raw AF_PACKET socket that sends whole Ethernet frames and receives nothing
-/// (protocol 0).
-struct PacketSocket(OwnedFd);
+/// (protocol 0; [`crate::doctor::dad`] opens one that receives).
+pub(crate) struct PacketSocket(pub(crate) OwnedFd);
 
 impl PacketSocket {
     fn open() -> io::Result<Self> {
@@ -884,7 +920,7 @@ impl PacketSocket {
         Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    fn send(
+    pub(crate) fn send(
         &self,
         ifindex: u32,
         destination: [u8; 6],

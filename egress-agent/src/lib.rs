@@ -8,6 +8,7 @@ pub mod check;
 pub mod compiler;
 pub mod datapath;
 pub mod desired;
+pub mod doctor;
 pub mod ebpf;
 pub mod iface;
 pub mod liveness;

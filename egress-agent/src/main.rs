@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use egress_agent::{agent, api, check, datapath, ebpf, liveness};
+use egress_agent::{agent, api, check, datapath, doctor, ebpf, liveness};
 use egress_common::config::{DEFAULT_PORT_MAX, DEFAULT_PORT_MIN, DEFAULT_TUNNEL_PORT};
 use ipnet::IpNet;
 
@@ -117,8 +117,44 @@ enum Command {
         /// port range (--port-min..--port-max); 0: no limit.
         #[arg(long, env = "EGRESS_MAX_FLOWS_PER_POD")]
         max_flows_per_pod: Option<u32>,
+        /// Claim egress IPs without duplicate address detection. By default a gateway
+        /// sends ARP probes (IPv6: DAD neighbour solicitations) before it first claims an
+        /// egress IP and refuses one that another host answers for; this costs 200 ms per
+        /// address nobody answers for, and nothing on failover (moves between gateways are
+        /// not probed).
+        #[arg(long, env = "EGRESS_NO_DAD")]
+        no_dad: bool,
         #[command(flatten)]
         cluster: ClusterArgs,
+    },
+    /// Check this node for what the agent needs: kernel (BTF, TCX, LPM tries, JIT), bpffs,
+    /// capabilities, the tunnel port, rp_filter, MTU headroom, egress IPs (subnet on an
+    /// up interface, nobody else answering for them). One line per check: ok, warn or
+    /// fail, with what to do; exits non-zero if any check fails.
+    Doctor {
+        /// This node's name in the cluster state (default: the Node whose InternalIP is
+        /// one of this host's addresses).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+        /// Read policies, Nodes and EgressNodes from this state directory (as `run
+        /// --state-dir`), to check the egress IPs of the policies that select this node.
+        #[arg(long, env = "EGRESS_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+        /// An egress IP to check (subnet on an up interface, duplicate address probe).
+        /// Repeat the flag for several.
+        #[arg(long = "egress-ip", value_name = "IP")]
+        egress_ips: Vec<std::net::IpAddr>,
+        #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
+        tunnel_device: String,
+        #[arg(long, default_value_t = DEFAULT_TUNNEL_PORT)]
+        tunnel_port: u16,
+        #[arg(long)]
+        tunnel_mtu: Option<u32>,
+        /// Do not probe the network for the egress IPs.
+        #[arg(long)]
+        no_dad: bool,
     },
     /// Print a running agent's view: the egress IPs it holds, its peers (alive, round
     /// trip), every holder and why (from its --metrics-addr).
@@ -229,6 +265,7 @@ fn real_main() -> Result<ExitCode> {
             policy_map_entries,
             unknown_pods,
             max_flows_per_pod,
+            no_dad,
             cluster,
         } => {
             anyhow::ensure!(
@@ -264,6 +301,7 @@ fn real_main() -> Result<ExitCode> {
                 unknown_pods,
                 max_flows_per_pod: max_flows_per_pod
                     .unwrap_or_else(|| (u32::from(port_max) - u32::from(port_min) + 1).div_ceil(2)),
+                dad: !no_dad,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -290,6 +328,49 @@ fn real_main() -> Result<ExitCode> {
                 println!("{}: no problems", state_dir.display());
                 Ok(ExitCode::SUCCESS)
             } else {
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Doctor {
+            node_name,
+            state_dir,
+            egress_ips,
+            bpffs_dir,
+            tunnel_device,
+            tunnel_port,
+            tunnel_mtu,
+            no_dad,
+        } => {
+            let view = state_dir.map(|dir| egress_agent::source::yaml::load_dir(&dir).view);
+            let settings = doctor::Settings {
+                bpffs_dir,
+                tunnel_device,
+                tunnel_port,
+                tunnel_mtu,
+                node_name,
+                egress_ips,
+                dad: if no_dad {
+                    doctor::Dad::Off
+                } else {
+                    doctor::Dad::Now
+                },
+            };
+            let checks = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("failed to start the runtime")?
+                .block_on(doctor::run(&settings, view.as_ref()));
+            for c in &checks {
+                println!("{}", doctor::line(c));
+            }
+            let failed = checks
+                .iter()
+                .filter(|c| c.result == doctor::Level::Fail)
+                .count();
+            if failed == 0 {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                println!("{failed} check(s) failed");
                 Ok(ExitCode::FAILURE)
             }
         }

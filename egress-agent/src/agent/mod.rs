@@ -881,9 +881,11 @@ impl Reconciler<'_> {
         let handovers = self.handover_since.values().map(|s| *s + detection);
         let lingers = self.lingering.values().map(|l| l.until);
         let warm = self.warm_pending.then(|| self.probes.warm_at());
+        let reprobes = self.refused.values().map(|(at, _)| *at + REPROBE);
         self.wake_at = handovers
             .chain(lingers)
             .chain(warm)
+            .chain(reprobes)
             .filter(|t| *t > now)
             .min();
         if (self.warm_pending || !self.handover_since.is_empty()) && self.wake_at.is_none() {

@@ -19,7 +19,7 @@ use super::holding::Holding;
 use crate::{
     api::{
         EgressNode, EgressNodeSpec, EgressNodeStatus, HeldEgressIp, MAX_ROUTES, NodeInterface,
-        PeerLiveness, PolicyStatus,
+        PeerLiveness, PolicyStatus, PreflightCheck,
     },
     iface,
     liveness::PeerStatus,
@@ -238,8 +238,8 @@ pub fn warn_capped(capped: &BTreeSet<String>, interfaces: &[NodeInterface]) -> B
     now
 }
 
-/// This node's EgressNode: its interfaces (see [`node_interfaces`]), what it holds, and
-/// the peers it probes.
+/// This node's EgressNode: its interfaces (see [`node_interfaces`]), what it holds, the
+/// peers it probes, and its preflight (`egress-agent doctor` at start, refused addresses).
 pub fn egress_node_doc(
     name: &str,
     underlay: Option<IpAddr>,
@@ -247,6 +247,7 @@ pub fn egress_node_doc(
     holdings: &BTreeMap<IpAddr, Holding>,
     peers: &[PeerStatus],
     cut_off: bool,
+    preflight: Vec<PreflightCheck>,
 ) -> EgressNode {
     let mut doc = EgressNode::new(
         name,
@@ -274,6 +275,7 @@ pub fn egress_node_doc(
             })
             .collect(),
         cut_off,
+        preflight,
     });
     doc
 }

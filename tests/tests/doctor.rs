@@ -1,0 +1,235 @@
+//! `egress-agent doctor` in the lab (issue 14): all ok on a well-configured gateway (one
+//! expected warn: the lab's pods have the underlay's MTU, 1500, above the tunnel's 1450),
+//! and the problem named on each of: bpffs unmounted at the pin directory, rp_filter strict
+//! on a secondary interface, an egress IP another host answers for (its MAC named), the
+//! tunnel port taken (the process named). Then the agent itself refuses to claim an egress
+//! IP another host answers for, says so in its log and EgressNode, and claims it once the
+//! host lets go.
+
+use std::{
+    net::UdpSocket,
+    process::Output,
+    time::{Duration, Instant},
+};
+
+use egress_tests::{
+    cluster::{self, holder, wait_until},
+    lab::{Lab, NODES, addr::*},
+    netns,
+};
+
+fn agent_bin() -> String {
+    cluster::agent_bin().unwrap().to_string_lossy().into_owned()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `egress-agent doctor` on gw1 against the lab's state (pins where gw1's agent keeps
+/// them, unless `extra` says), with `extra` flags: its output,
+/// whether it succeeded, and how long it took.
+fn doctor(lab: &Lab, extra: &[&str]) -> (String, bool, Duration) {
+    let state = lab.state_dir().to_string_lossy().into_owned();
+    let pins = lab.bpffs_dir("gw1").to_string_lossy().into_owned();
+    let mut args = vec!["doctor", "--node-name", "gw1", "--state-dir", &state];
+    if !extra.contains(&"--bpffs-dir") {
+        args.extend(["--bpffs-dir", &pins]);
+    }
+    args.extend_from_slice(extra);
+    let t0 = Instant::now();
+    let out = lab
+        .ns("gw1")
+        .unwrap()
+        .exec_unchecked(&agent_bin(), &args)
+        .unwrap();
+    let took = t0.elapsed();
+    let said = text(&out);
+    eprintln!("doctor {extra:?} ({took:?}):\n{said}");
+    (said, out.status.success(), took)
+}
+
+/// The line of `check` (its first word after the verdict is the check's name).
+fn line<'a>(said: &'a str, check: &str) -> &'a str {
+    said.lines()
+        .find(|l| l.get(6..).is_some_and(|rest| rest.starts_with(check)))
+        .unwrap_or_else(|| panic!("no line for {check}:\n{said}"))
+}
+
+/// The MAC of `member`'s eth0.
+fn mac_of(lab: &Lab, member: &str) -> String {
+    let out = text(
+        &lab.exec(member, "ip", &["-o", "link", "show", "eth0"])
+            .unwrap(),
+    );
+    out.split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no MAC in {out}"))
+        .to_owned()
+}
+
+#[test]
+fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_answered_ip() {
+    netns::ensure_bpffs().unwrap();
+    let mut lab = Lab::up(cluster::default_spec().unwrap()).unwrap();
+
+    // 1. A well-configured gateway: every check ok but the MTU (pods at 1500, tunnel 1450).
+    let (said, success, took) = doctor(&lab, &[]);
+    assert!(success, "{said}");
+    let not_ok: Vec<&str> = said.lines().filter(|l| !l.starts_with("ok ")).collect();
+    assert_eq!(not_ok.len(), 1, "only the MTU warns:\n{said}");
+    assert!(
+        line(&said, "mtu").starts_with("warn")
+            && line(&said, "mtu").contains("pods' MTU 1500")
+            && line(&said, "mtu").contains("1450 or less"),
+        "{said}"
+    );
+    for check in [
+        "btf",
+        "tcx",
+        "lpm-trie",
+        "jit",
+        "bpffs",
+        "capabilities",
+        "tunnel-port",
+        "rp-filter sec-a",
+        "rp-filter sec-b",
+    ] {
+        assert!(line(&said, check).starts_with("ok "), "{check}:\n{said}");
+    }
+    for ip in [EGRESS_IP_A, EGRESS_IP_B] {
+        let subnet = line(&said, &format!("egress-ip {ip}"));
+        assert!(
+            subnet.starts_with("ok ") && subnet.contains("policy "),
+            "{said}"
+        );
+        let dad = line(&said, &format!("duplicate-address {ip}"));
+        assert!(
+            dad.starts_with("ok ") && dad.contains("no answer to 3 ARP probes"),
+            "{said}"
+        );
+    }
+    eprintln!("doctor on a clean gateway took {took:?} (two unanswered probes of 200 ms each)");
+
+    // 2. bpffs unmounted at the pin directory.
+    let elsewhere = lab.dir().join("pins");
+    let elsewhere = elsewhere.to_string_lossy().into_owned();
+    let (said, success, _) = doctor(&lab, &["--bpffs-dir", &elsewhere, "--no-dad"]);
+    assert!(!success, "{said}");
+    let l = line(&said, "bpffs");
+    assert!(
+        l.starts_with("fail") && l.contains("not on bpffs") && l.contains("mount -t bpf"),
+        "{l}"
+    );
+
+    // 3. rp_filter strict on a secondary interface that carries an egress IP.
+    let gw1 = lab.ns("gw1").unwrap();
+    gw1.sysctl("net.ipv4.conf.sec-a.rp_filter", "1").unwrap();
+    let (said, success, _) = doctor(&lab, &["--no-dad"]);
+    gw1.sysctl("net.ipv4.conf.sec-a.rp_filter", "0").unwrap();
+    assert!(!success, "{said}");
+    let l = line(&said, "rp-filter sec-a");
+    assert!(
+        l.starts_with("fail")
+            && l.contains("strict")
+            && l.contains("net.ipv4.conf.sec-a.rp_filter=2"),
+        "{l}"
+    );
+    assert!(line(&said, "rp-filter sec-b").starts_with("ok "), "{said}");
+
+    // 4. The tunnel port taken: this process binds UDP 4797 in gw1's namespace.
+    let held = gw1.run_in(|| Ok(UdpSocket::bind("0.0.0.0:4797")?)).unwrap();
+    let (said, success, _) = doctor(&lab, &["--no-dad"]);
+    drop(held);
+    assert!(!success, "{said}");
+    let l = line(&said, "tunnel-port");
+    assert!(
+        l.starts_with("fail")
+            && l.contains("UDP 4797 is taken by")
+            && l.contains(&format!("pid {}", std::process::id()))
+            && l.contains("--tunnel-port"),
+        "{l}"
+    );
+
+    // 5. Egress IP A already answered by host-a: the doctor names host-a's MAC.
+    let host_a_mac = mac_of(&lab, "host-a");
+    let cidr_a = format!("{EGRESS_IP_A}/24");
+    lab.exec("host-a", "ip", &["addr", "add", &cidr_a, "dev", "eth0"])
+        .unwrap();
+    let (said, success, took) = doctor(&lab, &[]);
+    assert!(!success, "{said}");
+    let l = line(&said, &format!("duplicate-address {EGRESS_IP_A}"));
+    assert!(
+        l.starts_with("fail") && l.contains(&format!("MAC {host_a_mac} answered")),
+        "{l}"
+    );
+    assert!(
+        line(&said, &format!("duplicate-address {EGRESS_IP_B}")).starts_with("ok "),
+        "{said}"
+    );
+    eprintln!("doctor with A answered took {took:?} (one answered probe, one unanswered)");
+
+    // 6. The agents: nobody claims A while host-a answers for it, the would-be holder
+    // says so naming the MAC (log and EgressNode); B is held as usual.
+    let bin = cluster::agent_bin().unwrap();
+    for node in &NODES {
+        lab.start_agent(node.name, &bin, &[]).unwrap();
+    }
+    let refused_in = |lab: &Lab| {
+        ["gw1", "gw2"].into_iter().find(|gw| {
+            let log = lab.agent_log(gw);
+            log.contains(&format!("problem: egress IP {EGRESS_IP_A}"))
+                && log.contains(&format!("MAC {host_a_mac} answered"))
+        })
+    };
+    wait_until(Duration::from_secs(20), || {
+        refused_in(&lab).is_some() && holder(&lab, EGRESS_IP_B).is_some()
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\ngw1:\n{}\ngw2:\n{}",
+            lab.agent_log("gw1"),
+            lab.agent_log("gw2")
+        )
+    });
+    let gw = refused_in(&lab).unwrap();
+    assert_eq!(holder(&lab, EGRESS_IP_A), None, "no gateway took A");
+    let node_doc =
+        std::fs::read_to_string(lab.state_dir().join(format!("egressnode-{gw}.yaml"))).unwrap();
+    assert!(
+        node_doc.contains(&format!("check: duplicate-address {EGRESS_IP_A}"))
+            && node_doc.contains(&host_a_mac)
+            && node_doc.contains("check: bpffs"),
+        "{node_doc}"
+    );
+    let log = lab.agent_log(gw);
+    assert!(log.contains("preflight ok"), "{log}");
+
+    // 7. host-a lets go: the gateway probes again (within 5 s of the refusal, at its next
+    // pass) and claims A.
+    let released = Instant::now();
+    lab.exec("host-a", "ip", &["addr", "del", &cidr_a, "dev", "eth0"])
+        .unwrap();
+    let took = wait_until(Duration::from_secs(20), || {
+        holder(&lab, EGRESS_IP_A).is_some_and(|(g, _)| g == gw)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_log(gw)));
+    eprintln!(
+        "A claimed {took:?} after host-a released it ({:?})",
+        released.elapsed()
+    );
+    let log = lab.agent_log(gw);
+    let probe = log
+        .lines()
+        .find(|l| {
+            l.contains("no answer to duplicate address probes")
+                && l.contains(&EGRESS_IP_A.to_string())
+        })
+        .unwrap_or_else(|| panic!("{log}"));
+    eprintln!("{probe}");
+}
