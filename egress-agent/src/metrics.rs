@@ -484,4 +484,61 @@ mod tests {
             "{text}"
         );
     }
+
+    /// docs/operations.md documents every metric this build serves and every datapath
+    /// counter reason: a new one without a line there fails here.
+    #[test]
+    fn every_metric_and_counter_reason_is_in_the_operations_guide() {
+        let guide = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/operations.md"
+        ))
+        .unwrap();
+        // One sample of every family, so that each is rendered.
+        let stats = Stats {
+            routes_published: BTreeMap::from([("eth1".to_owned(), 3)]),
+            holders: vec![HolderStat::default()],
+            liveness: LivenessStats {
+                peers: vec![crate::liveness::PeerStatus {
+                    name: "gw-1".to_owned(),
+                    alive: true,
+                    direct: true,
+                    last_heard: None,
+                    rtt: Some(Duration::from_millis(1)),
+                }],
+                last_detection: Some(Duration::from_millis(300)),
+                acquired: BTreeMap::from([("Assigned".to_owned(), 1)]),
+                ..LivenessStats::default()
+            },
+            ..Stats::default()
+        };
+        let maps = MapStats {
+            counters: vec![(1, egress_common::counters::Counter::default())],
+            sizes: vec![("CT_V4", 0)],
+        };
+        let text = render(&maps, &stats);
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(names.len() > 15, "{text}");
+        let missing: Vec<&&str> = names
+            .iter()
+            .filter(|n| !guide.contains(&format!("`{n}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "metrics not in docs/operations.md: {missing:?}"
+        );
+        let reasons: Vec<&str> = egress_common::counters::ALL
+            .iter()
+            .map(|(_, name, _)| *name)
+            .filter(|name| !guide.contains(&format!("`{name}`")))
+            .collect();
+        assert!(
+            reasons.is_empty(),
+            "reasons not in docs/operations.md: {reasons:?}"
+        );
+    }
 }
