@@ -116,6 +116,32 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
     }
     eprintln!("doctor on a clean gateway took {took:?} (two unanswered probes of 200 ms each)");
 
+    // 5. Egress IP A already answered by host-a: the doctor names host-a's MAC.
+    let host_a_mac = mac_of(&lab, "host-a");
+    let cidr_a = format!("{EGRESS_IP_A}/24");
+    lab.exec("host-a", "ip", &["addr", "add", &cidr_a, "dev", "eth0"])
+        .unwrap();
+    // A fresh lab's network A takes a moment to pass frames between gw1 and host-a (~1 s
+    // after Lab::up; without this wait the probes went unanswered): wait for a ping.
+    let host_a = HOST_A.to_string();
+    wait_until(Duration::from_secs(5), || {
+        lab.exec("gw1", "ping", &["-c", "1", "-W", "1", &host_a])
+            .is_ok()
+    })
+    .unwrap();
+    let (said, success, took) = doctor(&lab, &[]);
+    assert!(!success, "{said}");
+    let l = line(&said, &format!("duplicate-address {EGRESS_IP_A}"));
+    assert!(
+        l.starts_with("fail") && l.contains(&format!("MAC {host_a_mac} answered")),
+        "{l}"
+    );
+    assert!(
+        line(&said, &format!("duplicate-address {EGRESS_IP_B}")).starts_with("ok "),
+        "{said}"
+    );
+    eprintln!("doctor with A answered took {took:?} (one answered probe, one unanswered)");
+
     // 2. bpffs unmounted at the pin directory.
     let elsewhere = lab.dir().join("pins");
     let elsewhere = elsewhere.to_string_lossy().into_owned();
@@ -155,24 +181,6 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
             && l.contains("--tunnel-port"),
         "{l}"
     );
-
-    // 5. Egress IP A already answered by host-a: the doctor names host-a's MAC.
-    let host_a_mac = mac_of(&lab, "host-a");
-    let cidr_a = format!("{EGRESS_IP_A}/24");
-    lab.exec("host-a", "ip", &["addr", "add", &cidr_a, "dev", "eth0"])
-        .unwrap();
-    let (said, success, took) = doctor(&lab, &[]);
-    assert!(!success, "{said}");
-    let l = line(&said, &format!("duplicate-address {EGRESS_IP_A}"));
-    assert!(
-        l.starts_with("fail") && l.contains(&format!("MAC {host_a_mac} answered")),
-        "{l}"
-    );
-    assert!(
-        line(&said, &format!("duplicate-address {EGRESS_IP_B}")).starts_with("ok "),
-        "{said}"
-    );
-    eprintln!("doctor with A answered took {took:?} (one answered probe, one unanswered)");
 
     // 6. The agents: nobody claims A while host-a answers for it, the would-be holder
     // says so naming the MAC (log and EgressNode); B is held as usual.
