@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use crate::api::{EgressGatewayPolicy, EgressNode};
 
 pub mod kube;
+pub mod ovn;
 pub mod yaml;
 
 /// Everything the compiler reads about the cluster. Order does not matter: the compiler
@@ -25,6 +26,9 @@ pub struct ClusterView {
     /// CIDRs, from `--cluster-cidr`); Nodes' `spec.podCIDRs`, pod and node addresses are
     /// added by the compiler.
     pub cluster_cidrs: Vec<ipnet::IpNet>,
+    /// OVN-Kubernetes `EgressIP` objects (`k8s.ovn.org/v1`), where that CRD exists: their
+    /// addresses are not ours to take.
+    pub ovn_egress_ips: Vec<ovn::EgressIP>,
 }
 
 /// What the compiler reads of a Pod. Every agent holds every pod of the cluster, and a

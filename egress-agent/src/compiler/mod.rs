@@ -69,6 +69,9 @@ pub mod reason {
     pub const EGRESS_IP_NOT_HOSTABLE: &str = "EgressIPNotHostable";
     pub const EGRESS_IP_IS_NODE_ADDRESS: &str = "EgressIPIsNodeAddress";
     pub const EGRESS_IP_IN_USE: &str = "EgressIPInUse";
+    /// An egress IP that another implementation's object claims too (an OVN-Kubernetes
+    /// `EgressIP`): `Conflict=True`, and this policy leaves the address alone.
+    pub const EGRESS_IP_CLAIMED_ELSEWHERE: &str = "EgressIPClaimedElsewhere";
     pub const INTERFACE_NOT_FOUND: &str = "InterfaceNotFound";
     pub const NO_ROUTES: &str = "NoRoutes";
     // Conflict=True
@@ -218,7 +221,8 @@ pub fn compile_remembering(
     pods.record_owners(&nodes, &mut desired);
     let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
-    let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved);
+    let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
+    let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);

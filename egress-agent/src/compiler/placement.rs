@@ -160,6 +160,7 @@ pub(super) fn plan<'a>(
     nodes: &[NodeInfo<'_>],
     peers: &PeerView,
     reserved: &Reserved,
+    foreign: &BTreeMap<IpAddr, String>,
 ) -> Vec<PolicyPlan<'a>> {
     let chosen: Vec<(
         &EgressGatewayPolicy,
@@ -190,6 +191,7 @@ pub(super) fn plan<'a>(
         nodes,
         peers,
         reserved,
+        foreign,
     };
     chosen
         .into_iter()
@@ -242,6 +244,9 @@ struct Context<'c, 'a> {
     nodes: &'c [NodeInfo<'a>],
     peers: &'c PeerView,
     reserved: &'c Reserved,
+    /// Egress addresses other implementations claim (OVN-Kubernetes `EgressIP`s), with
+    /// whose they are.
+    foreign: &'c BTreeMap<IpAddr, String>,
 }
 
 /// Plan `policy` with `spec` (its own, or its last accepted one).
@@ -649,6 +654,13 @@ fn place_egress_ip(
     report: &mut PolicyReport,
 ) -> Option<GatewayAddr> {
     let (index, nodes) = (at.index, cx.nodes);
+    if let Some(owner) = cx.foreign.get(&ip) {
+        report.claimed_elsewhere(format!(
+            "rules[{index}].egressIP: {ip} is also claimed by {owner}; this policy leaves it \
+             to them (remove it from one of the two)"
+        ));
+        return None;
+    }
     if let Some((node, how)) = nodes.iter().find_map(|n| {
         n.own_addresses
             .iter()

@@ -24,6 +24,8 @@ pub(super) struct PolicyReport {
     /// (pod, prefix) pairs lost to another policy or an earlier rule, the first few named.
     conflicts: Vec<String>,
     conflict_count: usize,
+    /// Egress IPs another implementation claims too (left to it).
+    claimed_elsewhere: Vec<String>,
 }
 
 impl PolicyReport {
@@ -55,6 +57,14 @@ impl PolicyReport {
 
     pub(super) fn accepted(&self) -> bool {
         self.invalid.is_empty()
+    }
+
+    /// An egress IP that another implementation claims too: the rule has no gateway
+    /// (`Ready=False`) and the policy reports the conflict.
+    pub(super) fn claimed_elsewhere(&mut self, message: String) {
+        self.unready
+            .push((reason::EGRESS_IP_CLAIMED_ELSEWHERE, message.clone()));
+        self.claimed_elsewhere.push(message);
     }
 
     /// A (pod, prefix) pair this policy lost.
@@ -111,11 +121,20 @@ pub(super) fn statuses(
                 reason: reason::DESTINATION_CLAIMED.to_owned(),
                 message: message.clone(),
             });
+            let (reason, message) = if report.claimed_elsewhere.is_empty() {
+                (reason::DESTINATION_CLAIMED, message)
+            } else {
+                let mut all = report.claimed_elsewhere.clone();
+                all.push(message);
+                (reason::EGRESS_IP_CLAIMED_ELSEWHERE, all.join("; "))
+            };
+            conditions.push(condition(condition::CONFLICT, true, reason, message));
+        } else if !report.claimed_elsewhere.is_empty() {
             conditions.push(condition(
                 condition::CONFLICT,
                 true,
-                reason::DESTINATION_CLAIMED,
-                message,
+                reason::EGRESS_IP_CLAIMED_ELSEWHERE,
+                report.claimed_elsewhere.join("; "),
             ));
         }
         out.insert(

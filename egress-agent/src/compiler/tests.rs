@@ -28,6 +28,7 @@ use crate::{
 
 mod coverage;
 mod last_accepted;
+mod ovn;
 mod routes;
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
@@ -196,6 +197,7 @@ fn base() -> ClusterView {
             ),
         ],
         cluster_cidrs: Vec::new(),
+        ovn_egress_ips: Vec::new(),
     }
 }
 

@@ -50,7 +50,7 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView, PodSummary,
+    ClusterView, PodSummary, ovn,
     yaml::{DocumentError, LoadError, Snapshot},
 };
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus};
@@ -350,6 +350,8 @@ struct Stores {
     pods: Store<Decoded<Pod>>,
     nodes: Store<Decoded<Node>>,
     egress_nodes: Store<Decoded<EgressNode>>,
+    /// OVN-Kubernetes `EgressIP`s, when the cluster has that CRD.
+    ovn_egress_ips: Option<Store<Decoded<ovn::EgressIP>>>,
     /// Set on every view (from the agent's flags, not the API).
     cluster_cidrs: Vec<ipnet::IpNet>,
 }
@@ -374,6 +376,9 @@ impl Stores {
             ready(&self.nodes),
             ready(&self.egress_nodes),
         )?;
+        if let Some(store) = &self.ovn_egress_ips {
+            ready(store).await?;
+        }
         Ok(())
     }
 
@@ -386,6 +391,11 @@ impl Stores {
             nodes: collect(&self.nodes, &mut errors, Clone::clone),
             egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
             cluster_cidrs: self.cluster_cidrs.clone(),
+            ovn_egress_ips: self
+                .ovn_egress_ips
+                .as_ref()
+                .map(|s| collect(s, &mut errors, Clone::clone))
+                .unwrap_or_default(),
         };
         Snapshot { view, errors }
     }
@@ -399,6 +409,7 @@ fn static_kind(kind: &str) -> &'static str {
         "Node" => "Node",
         "EgressGatewayPolicy" => "EgressGatewayPolicy",
         "EgressNode" => "EgressNode",
+        "EgressIP" => "EgressIP",
         _ => "object",
     }
 }
@@ -449,6 +460,18 @@ fn decode_error<K: Resource<DynamicType = ()>>(
     })
 }
 
+/// Whether the API server serves OVN-Kubernetes' `EgressIP` (`k8s.ovn.org/v1`): watched
+/// only then (a watch of a missing kind would keep the first list from completing).
+async fn serves_ovn_egress_ips(client: &Client) -> bool {
+    match client.list_api_group_resources(ovn::API_VERSION).await {
+        Ok(list) => list.resources.iter().any(|r| r.kind == ovn::KIND),
+        Err(e) => {
+            debug!("no {} resources: {e}", ovn::API_VERSION);
+            false
+        }
+    }
+}
+
 /// Watch the cluster: returns once every kind has been listed, with a receiver that holds
 /// the [`Snapshot`] of that list and then changes whenever a watched object changes
 /// (batched over [`DEBOUNCE`]; an unchanged view is not sent again).
@@ -470,6 +493,12 @@ pub async fn watch(
         pods: start(&client, &changed, &mut tasks),
         nodes: start(&client, &changed, &mut tasks),
         egress_nodes: start(&client, &changed, &mut tasks),
+        ovn_egress_ips: if serves_ovn_egress_ips(&client).await {
+            info!("OVN-Kubernetes EgressIPs found (k8s.ovn.org/v1): their addresses are theirs");
+            Some(start(&client, &changed, &mut tasks))
+        } else {
+            None
+        },
         cluster_cidrs,
     };
     stores.wait_until_ready().await?;

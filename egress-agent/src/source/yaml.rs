@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch as tokio_watch;
 
-use super::{ClusterView, PodSummary};
+use super::{ClusterView, PodSummary, ovn};
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode};
 
 /// One document that could not be used, and why.
@@ -456,6 +456,7 @@ enum Slot {
     Namespace(usize),
     Policy(usize),
     EgressNode(usize),
+    OvnEgressIp(usize),
 }
 
 /// Where each object of a view came from: file → object → (document, slot).
@@ -498,6 +499,9 @@ impl LastGood {
             Slot::Namespace(i) => Added::Namespace(Box::new(view.namespaces.get(i)?.clone())),
             Slot::Policy(i) => Added::Policy(Box::new(view.policies.get(i)?.clone())),
             Slot::EgressNode(i) => Added::EgressNode(Box::new(view.egress_nodes.get(i)?.clone())),
+            Slot::OvnEgressIp(i) => {
+                Added::OvnEgressIp(Box::new(view.ovn_egress_ips.get(i)?.clone()))
+            }
         })
     }
 }
@@ -638,6 +642,7 @@ impl Loader {
             Added::Namespace(n) => Slot::Namespace(push(&mut view.namespaces, *n)),
             Added::Policy(p) => Slot::Policy(push(&mut view.policies, *p)),
             Added::EgressNode(n) => Slot::EgressNode(push(&mut view.egress_nodes, *n)),
+            Added::OvnEgressIp(e) => Slot::OvnEgressIp(push(&mut view.ovn_egress_ips, *e)),
         };
         self.seen.insert(key.clone(), (file.to_owned(), doc));
         self.origins
@@ -760,11 +765,17 @@ fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
         (API_VERSION, "EgressNode") => {
             typed::<EgressNode>(value, check_egress_node).map(|n| Added::EgressNode(Box::new(n)))
         }
+        (ovn::API_VERSION, ovn::KIND) => {
+            typed::<ovn::EgressIP>(value, |_| Vec::new()).map(|e| Added::OvnEgressIp(Box::new(e)))
+        }
         _ => Err(vec![field_error(
             "kind",
             format!(
                 "unsupported apiVersion/kind {api_version}/{kind} (expected v1 Pod, Node or \
-                 Namespace, or {API_VERSION} EgressGatewayPolicy or EgressNode)"
+                 Namespace, {API_VERSION} EgressGatewayPolicy or EgressNode, or \
+                 {} {})",
+                ovn::API_VERSION,
+                ovn::KIND
             ),
         )]),
     };
@@ -788,6 +799,7 @@ enum Added {
     Namespace(Box<Namespace>),
     Policy(Box<EgressGatewayPolicy>),
     EgressNode(Box<EgressNode>),
+    OvnEgressIp(Box<ovn::EgressIP>),
 }
 
 /// Deserialize `value` as `T`, naming the field on failure, then run `check` on it.
