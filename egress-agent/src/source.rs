@@ -13,6 +13,24 @@ pub mod kube;
 pub mod ovn;
 pub mod yaml;
 
+/// Pod addresses of both families (`status.podIPs`, else `status.podIP`), invalid ones
+/// left out, in listed order.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    let mut ips: Vec<IpAddr> = match &status.pod_ips {
+        Some(list) if !list.is_empty() => list.iter().filter_map(|p| p.ip.parse().ok()).collect(),
+        _ => status
+            .pod_ip
+            .iter()
+            .filter_map(|ip| ip.parse().ok())
+            .collect(),
+    };
+    ips.dedup();
+    ips
+}
+
 /// Everything the compiler reads about the cluster. Order does not matter: the compiler
 /// sorts what it uses.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -64,7 +82,7 @@ impl From<&Pod> for PodSummary {
             node_name: spec.and_then(|s| s.node_name.clone()),
             host_network: spec.and_then(|s| s.host_network) == Some(true),
             running: pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
-            ips: crate::compiler::pod_ips(pod),
+            ips: pod_ips(pod),
         }
     }
 }

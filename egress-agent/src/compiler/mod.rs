@@ -32,7 +32,6 @@ mod tests;
 
 pub use hash::{fnv1a64, rule_ids};
 pub use nodes::{gateway_candidates, node_drained, node_ready, node_underlay};
-pub use pods::{pod_ips, pod_ipv4s};
 pub use selector::Selector;
 
 /// Condition types.

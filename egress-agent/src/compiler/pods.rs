@@ -1,43 +1,9 @@
 //! Pods and namespaces as the compiler sees them, and which pods a policy selects.
 
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
-};
-
-use k8s_openapi::api::core::v1::Pod;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{Selector, nodes::NodeInfo};
 use crate::{desired::Desired, source::ClusterView};
-
-/// Pod IPv4 addresses (`status.podIPs`, else `status.podIP`), invalid ones left out.
-pub fn pod_ipv4s(pod: &Pod) -> Vec<Ipv4Addr> {
-    pod_ips(pod)
-        .into_iter()
-        .filter_map(|ip| match ip {
-            IpAddr::V4(ip) => Some(ip),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
-}
-
-/// Pod addresses of both families (`status.podIPs`, else `status.podIP`), invalid ones
-/// left out, in listed order.
-pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
-    let Some(status) = &pod.status else {
-        return Vec::new();
-    };
-    let mut ips: Vec<IpAddr> = match &status.pod_ips {
-        Some(list) if !list.is_empty() => list.iter().filter_map(|p| p.ip.parse().ok()).collect(),
-        _ => status
-            .pod_ip
-            .iter()
-            .filter_map(|ip| ip.parse().ok())
-            .collect(),
-    };
-    ips.dedup();
-    ips
-}
 
 /// A pod as the compiler sees it.
 pub(super) struct PodInfo<'a> {
