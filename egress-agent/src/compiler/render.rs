@@ -2,7 +2,7 @@
 //! (`egress-agent/tests/golden/`) compare, so that a change to the compiler shows as a
 //! reviewable diff of entries, holders and statuses.
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, net::IpAddr};
 
 use super::Compiled;
 use crate::desired::PolicyAction;
@@ -25,24 +25,35 @@ pub fn node(c: &Compiled) -> String {
     let d = &c.desired;
     let mut s = String::new();
     let _ = writeln!(s, "node address {}", or_dash(d.node_ip));
-    for ((pod, dst), e) in &d.policy_v4 {
+    let v4 = d.policy_v4.iter().map(|((pod, dst), e)| {
+        let egress = e.egress_ip.map(IpAddr::V4);
+        (
+            pod.to_string(),
+            dst.to_string(),
+            e.action,
+            e.gateway,
+            egress,
+            e.rule_id,
+        )
+    });
+    let v6 = d.policy_v6.iter().map(|((pod, dst), e)| {
+        let egress = e.egress_ip.map(IpAddr::V6);
+        (
+            pod.to_string(),
+            dst.to_string(),
+            e.action,
+            e.gateway,
+            egress,
+            e.rule_id,
+        )
+    });
+    for (pod, dst, act, gateway, egress, rule) in v4.chain(v6) {
         let _ = writeln!(
             s,
-            "policy {pod} -> {dst}: {} gw {} egress {} rule {}",
-            action(e.action),
-            or_dash(e.gateway),
-            or_dash(e.egress_ip),
-            e.rule_id
-        );
-    }
-    for ((pod, dst), e) in &d.policy_v6 {
-        let _ = writeln!(
-            s,
-            "policy {pod} -> {dst}: {} gw {} egress {} rule {}",
-            action(e.action),
-            or_dash(e.gateway),
-            or_dash(e.egress_ip),
-            e.rule_id
+            "policy {pod} -> {dst}: {} gw {} egress {} rule {rule}",
+            action(act),
+            or_dash(gateway),
+            or_dash(egress),
         );
     }
     for (id, r) in &d.rules_v4 {
