@@ -159,7 +159,7 @@ enum Command {
     /// Print a running agent's view: the egress IPs it holds, its peers (alive, round
     /// trip), every holder and why (from its --metrics-addr).
     Status {
-        #[arg(long, default_value = "127.0.0.1:9464")]
+        #[arg(long, default_value = "127.0.0.1:9465")]
         metrics_addr: SocketAddr,
     },
     /// Print an agent's maps, conntrack and counters in human terms.
