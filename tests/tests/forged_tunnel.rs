@@ -28,6 +28,44 @@ use egress_tests::{
 /// Forged packets per case.
 const COUNT: usize = 20;
 
+/// One case: a tunnel packet named by `marker` (its payload), sent from `member`'s
+/// namespace with outer source `from`, VNI `vni` and inner source `inner`; `reason`: the
+/// counter that must count it (`None`: a well-formed control that must arrive).
+struct Forged {
+    marker: &'static str,
+    member: &'static str,
+    from: Ipv4Addr,
+    vni: u32,
+    inner: Ipv4Addr,
+    reason: Option<u32>,
+}
+
+impl Forged {
+    fn new(
+        marker: &'static str,
+        member: &'static str,
+        from: Ipv4Addr,
+        vni: u32,
+        inner: Ipv4Addr,
+    ) -> Self {
+        Self {
+            marker,
+            member,
+            from,
+            vni,
+            inner,
+            reason: None,
+        }
+    }
+
+    fn counted(self, reason: u32) -> Self {
+        Self {
+            reason: Some(reason),
+            ..self
+        }
+    }
+}
+
 /// The id of the rule whose egress IP is `egress` in `gw`'s `RULES_V4` (bpftool's view).
 fn rule_id_of(lab: &Lab, gw: &str, egress: Ipv4Addr) -> Result<u32> {
     let pin = lab.bpffs_dir(gw).join(maps::RULES_V4);
@@ -98,56 +136,38 @@ fn forged_tunnel_packets_are_dropped_and_counted_by_reason() -> Result<()> {
     )?;
     std::thread::sleep(Duration::from_millis(500));
 
-    // (case, sender namespace, outer source, VNI, inner source, reason)
-    let cases: [(&str, &str, Ipv4Addr, u32, Ipv4Addr, Option<u32>); 5] = [
-        (
-            "forged-stranger",
-            "rtr",
-            addr::ROUTER,
-            rule_a,
-            addr::W1_P1,
-            Some(DROP_UNKNOWN_SENDER),
-        ),
-        (
-            "forged-foreign-pod",
-            "w1",
-            addr::W1,
-            rule_a,
-            addr::W2_P1,
-            Some(DROP_SPOOFED_SOURCE),
-        ),
-        (
+    let cases = [
+        Forged::new("forged-stranger", "rtr", addr::ROUTER, rule_a, addr::W1_P1)
+            .counted(DROP_UNKNOWN_SENDER),
+        Forged::new("forged-foreign-pod", "w1", addr::W1, rule_a, addr::W2_P1)
+            .counted(DROP_SPOOFED_SOURCE),
+        Forged::new(
             "forged-unknown-rule",
             "w1",
             addr::W1,
             0x00ab_cdef,
             addr::W1_P1,
-            Some(DROP_UNKNOWN_RULE),
-        ),
-        (
-            "forged-unselected-pod",
-            "w1",
-            addr::W1,
-            rule_a,
-            addr::W1_P2,
-            Some(DROP_NOT_ADMITTED),
-        ),
-        (
-            "control-well-formed",
-            "w1",
-            addr::W1,
-            rule_a,
-            addr::W1_P1,
-            None,
-        ),
+        )
+        .counted(DROP_UNKNOWN_RULE),
+        Forged::new("forged-unselected-pod", "w1", addr::W1, rule_a, addr::W1_P2)
+            .counted(DROP_NOT_ADMITTED),
+        Forged::new("control-well-formed", "w1", addr::W1, rule_a, addr::W1_P1),
     ];
     let mut report = Vec::new();
-    for (marker, member, from, vni, inner, reason) in cases {
-        let before = reason.map(|r| counted(&lab, &gw, r));
-        send(&lab, member, from, gw_ip, vxlan(vni, inner, marker))?;
+    for c in cases {
+        let before = c.reason.map(|r| counted(&lab, &gw, r));
+        send(
+            &lab,
+            c.member,
+            c.from,
+            gw_ip,
+            vxlan(c.vni, c.inner, c.marker),
+        )?;
         std::thread::sleep(Duration::from_millis(300));
-        let counted_now = reason.map(|r| counted(&lab, &gw, r) - before.unwrap_or(0));
-        report.push((marker, reason, counted_now));
+        let counted_now = c
+            .reason
+            .map(|r| counted(&lab, &gw, r) - before.unwrap_or(0));
+        report.push((c.marker, c.reason, counted_now));
     }
     std::thread::sleep(Duration::from_millis(300));
     let _ = dump.terminate(Duration::from_secs(1));

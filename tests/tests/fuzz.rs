@@ -7,7 +7,7 @@
 use egress_tests::fuzz::{self, Options, Prog, report};
 
 const PACKETS: u64 = 20_000;
-const FIXED_SEED: u64 = 0x5eed_0f_e9_e55;
+const FIXED_SEED: u64 = 0x5ee_d0fe_9e55;
 
 fn fuzz_with(seed: u64) -> fuzz::Report {
     let r = fuzz::run(Options {
