@@ -210,6 +210,7 @@ fn the_cluster_role_grants_what_the_agent_uses() {
             "egress.dev/egressgatewaypolicies: get list watch",
             "egress.dev/egressnodes/status: patch",
             "egress.dev/egressnodes: create list patch watch",
+            "k8s.ovn.org/egressips: list watch",
         ]
     );
 }
