@@ -155,13 +155,14 @@ impl Report {
             let end = self.maps_end.per_map.get(name).copied().unwrap_or(0);
             let _ = writeln!(w, "  {name:<14} {start:>7} {end:>7}");
         }
+        let m = &self.maps_end;
         let _ = writeln!(
             w,
-            "  conntrack by node at the end: {:?}; established TCP idle > 60 s (streams that \
-             moved away: hours of idle timeout, by design): {}; past their timeout: {}",
-            self.maps_end.ct_by_node, self.maps_end.ct_stale_established, self.maps_end.ct_expired
+            "  conntrack at the end: {:?} by node; {} in use, {} still to be swept, {} past \
+             their timeout (target: 0 of each); {} lingering (established TCP, or halves of \
+             flows whose other half is: hours of idle timeout, by design)",
+            m.ct_by_node, m.ct_recent, m.ct_draining, m.ct_expired, m.ct_lingering
         );
-
         let _ = writeln!(
             w,
             "\nagent RSS (MiB, after warm-up; target: growth <= {RSS_GROWTH_LIMIT_PCT}% on {}, \

@@ -5,30 +5,41 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap, Map, MapData};
-use egress_agent::datapath::{dump, lock};
+use egress_agent::datapath::{
+    dump, lock,
+    sweep::{self, CtKey as _, Fate},
+};
 use egress_common::{
-    conntrack::{CtEntryV4, CtKeyV4, idle_timeout, state},
+    conntrack::{CtEntryV4, CtKeyV4, state},
     maps as names,
 };
 
 use crate::{lab::Lab, netns, stream::unix_ms};
 
-/// Conntrack entries of established TCP flows idle this long are the remains of streams
-/// that moved to another gateway (or closed through another one): their idle timeout is
-/// hours, by design, so they are reported, not waited for.
-const STALE_ESTABLISHED_NS: u64 = 60_000_000_000;
+/// A conntrack entry unused this long no longer belongs to a running flow of the soak
+/// (every flow sends at least every 100 ms).
+const IDLE_NS: u64 = 60_000_000_000;
+const TCP: u8 = 6;
 
 /// Entries per map, summed over the nodes (an egress IP that moved counts once either way),
-/// and conntrack by node.
+/// and conntrack by node and by fate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapCounts {
     pub per_map: BTreeMap<String, usize>,
     /// Conntrack entries (IPv4), by node.
     pub ct_by_node: BTreeMap<String, usize>,
-    /// Of those, established TCP entries idle for over a minute (see
-    /// [`STALE_ESTABLISHED_NS`]); none is past its idle timeout (the sweeper's job).
-    pub ct_stale_established: usize,
-    /// Entries past their idle timeout that the sweeper has not removed yet.
+    /// Conntrack entries used within the last minute.
+    pub ct_recent: usize,
+    /// Idle for over a minute and within their timeout (UDP: 120 s; closing TCP: 30 s):
+    /// the sweeper removes them once it passes.
+    pub ct_draining: usize,
+    /// Idle for over a minute, kept for hours by design: established TCP entries (6 h of
+    /// idle timeout) and halves of flows whose other half is one (the sweeper removes a
+    /// flow only once both halves are past their timeouts). What is left of connections
+    /// whose end this gateway never saw: a stream that moved to another gateway, a
+    /// connection reset around the datapath.
+    pub ct_lingering: usize,
+    /// Past their timeout both ways (or orphans past theirs): the sweeper's to remove.
     pub ct_expired: usize,
 }
 
@@ -36,7 +47,7 @@ impl MapCounts {
     /// Read every node's pinned maps.
     pub fn read(lab: &Lab) -> Result<Self> {
         let mut out = Self::default();
-        let now = monotonic_ns();
+        let now = sweep::now_ns();
         for node in lab.nodes().iter().map(|n| n.name) {
             let pin = lab.bpffs_dir(node);
             let sizes =
@@ -46,32 +57,27 @@ impl MapCounts {
             }
             let ct = ct_entries(&pin)?;
             out.ct_by_node.insert(node.to_owned(), ct.len());
-            for (k, e) in ct {
-                let idle = now.saturating_sub(e.last_seen_ns);
-                if idle > idle_timeout(k.proto, e.state) {
+            let by_key: std::collections::HashMap<CtKeyV4, CtEntryV4> =
+                ct.iter().copied().collect();
+            for (k, e) in &ct {
+                let partner = by_key.get(&k.partner(e));
+                let established = |e: &CtEntryV4| k.proto == TCP && e.state == state::ESTABLISHED;
+                if now.saturating_sub(e.last_seen_ns) <= IDLE_NS {
+                    out.ct_recent += 1;
+                } else if sweep::fate(k, e, partner, now) != Fate::Keep {
                     out.ct_expired += 1;
-                } else if k.proto == 6
-                    && e.state == state::ESTABLISHED
-                    && idle > STALE_ESTABLISHED_NS
-                {
-                    out.ct_stale_established += 1;
+                } else if established(e) || partner.is_some_and(established) {
+                    out.ct_lingering += 1;
+                } else {
+                    out.ct_draining += 1;
                 }
             }
         }
         Ok(out)
     }
 
-    /// Conntrack entries of flows that may still be live: all but the stale established.
-    pub fn ct_live(&self) -> usize {
-        self.per_map
-            .get(names::CT_V4)
-            .copied()
-            .unwrap_or(0)
-            .saturating_sub(self.ct_stale_established)
-    }
-
-    /// Back to `start`: every map but conntrack has the same count; live conntrack entries
-    /// are no more than at the start, and none is past its timeout.
+    /// Back to the steady state of `start`: every map but conntrack has the same count;
+    /// conntrack holds no entry in use or still to be swept, only the lingering ones.
     pub fn back_to(&self, start: &MapCounts) -> bool {
         let same = |m: &MapCounts| -> BTreeMap<String, usize> {
             m.per_map
@@ -80,7 +86,7 @@ impl MapCounts {
                 .map(|(k, v)| (k.clone(), *v))
                 .collect()
         };
-        same(self) == same(start) && self.ct_live() <= start.ct_live() && self.ct_expired == 0
+        same(self) == same(start) && self.ct_recent + self.ct_draining + self.ct_expired == 0
     }
 }
 
@@ -91,19 +97,6 @@ fn ct_entries(pin: &std::path::Path) -> Result<Vec<(CtKeyV4, CtEntryV4)>> {
     let map: HashMap<MapData, CtKeyV4, CtEntryV4> = HashMap::try_from(Map::HashMap(data))
         .with_context(|| format!("{} is not a hash map of conntrack entries", path.display()))?;
     Ok(map.iter().filter_map(Result::ok).collect())
-}
-
-/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One sample of an agent's resident memory.
