@@ -228,6 +228,11 @@ fn a_start_whose_source_fails_changes_nothing_on_the_host_and_says_why_once() {
             "{args:?} created a device:\n{links}"
         );
         assert!(!pins.exists(), "{args:?} created {}", pins.display());
+        let lock = Path::new("/run/egress-agent").join(format!(
+            "{}.lock",
+            pin_arg.trim_start_matches('/').replace('/', "-")
+        ));
+        assert!(!lock.exists(), "{args:?} left {}", lock.display());
     }
     let _ = std::fs::remove_file(&kubeconfig);
 }

@@ -180,13 +180,9 @@ async fn connect(cfg: &RunConfig) -> Result<(tokio::sync::watch::Receiver<Arc<Sn
     }
 }
 
-pub async fn run(cfg: RunConfig) -> Result<()> {
-    // Nothing on the host changes before the source answers and this pin directory is
-    // ours: a failed start leaves the node as it was.
-    let (mut views, sink) = connect(&cfg).await?;
-    let _lock = PinLock::acquire(&cfg.bpffs_dir)?;
-    let first = Arc::clone(&views.borrow());
-    let preflight = preflight(&cfg, &first).await;
+/// The probe port, bound, and the metrics endpoint, served (`--metrics-addr`): a port in
+/// use fails the start before anything on the host changes.
+async fn open_ports(cfg: &RunConfig, stats: &Arc<Mutex<Stats>>) -> Result<tokio::net::UdpSocket> {
     let probe_socket = liveness::service::bind(cfg.probe_port)
         .await
         .with_context(|| {
@@ -195,12 +191,31 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                 cfg.probe_port
             )
         })?;
-    let stats = Arc::new(Mutex::new(Stats::default()));
     if let Some(addr) = cfg.metrics_addr {
         metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
             .await
             .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
     }
+    Ok(probe_socket)
+}
+
+pub async fn run(cfg: RunConfig) -> Result<()> {
+    // Nothing on the host changes before the source answers and this pin directory is
+    // ours: a failed start leaves the node as it was.
+    let (mut views, sink) = connect(&cfg).await?;
+    let lock = PinLock::acquire(&cfg.bpffs_dir)?;
+    let first = Arc::clone(&views.borrow());
+    let preflight = preflight(&cfg, &first).await;
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let probe_socket = match open_ports(&cfg, &stats).await {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing changed yet: not even the lock file stays.
+            lock.abandon();
+            return Err(e);
+        }
+    };
+    let _lock = lock;
     // Containers often see /proc/sys read-only: then the node must already forward
     // (every CNI that routes pods enables it).
     if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {

@@ -95,6 +95,13 @@ impl PinLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Let go of the lock and remove its file: for a start that fails before it touched
+    /// anything, so that it leaves nothing behind (the file is this lock's own: nobody
+    /// else can hold it meanwhile).
+    pub fn abandon(self) {
+        let _ = fs::remove_file(&self.path);
+    }
 }
 
 #[cfg(test)]
