@@ -272,7 +272,7 @@ impl Datapath {
                     what: prog.into(),
                     source,
                 })?;
-            p.load().map_err(|source| Error::Program {
+            load_retrying(p).map_err(|source| Error::Program {
                 verb: "load program",
                 what: prog.into(),
                 source,
@@ -806,6 +806,27 @@ enum Step {
     Admitted,
     PodOwners,
     Nodes,
+}
+
+/// Load `p`, again when the verifier gave up with `EAGAIN` (it does when the loading
+/// thread has a signal pending, e.g. in a busy test process): a transient refusal, not a
+/// verdict on the program.
+fn load_retrying(p: &mut SchedClassifier) -> Result<(), ProgramError> {
+    const TRIES: u32 = 5;
+    let mut tries = 1;
+    loop {
+        match p.load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < TRIES =>
+            {
+                tracing::debug!(
+                    "the verifier returned EAGAIN (try {tries} of {TRIES}): loading again"
+                );
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Whether a map write failed because the map is full (E2BIG from a hash, ENOSPC from an
