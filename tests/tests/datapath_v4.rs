@@ -1771,6 +1771,72 @@ fn from_secondary_loads_and_attaches() {
     attach(FROM_SECONDARY);
 }
 
+/// The number of TCX ingress programs on `dev` (in the calling thread's namespace).
+fn tcx_ingress_programs(dev: &str) -> usize {
+    aya::programs::SchedClassifier::query_tcx(dev, aya::programs::TcAttachType::Ingress)
+        .map(|(_, progs)| progs.len())
+        .unwrap_or_else(|e| panic!("failed to query the TCX programs on {dev}: {e}"))
+}
+
+/// A link pinned by an earlier agent is adopted by swapping the new agent's program
+/// into it; the pin alone must then hold it. The 30-minute soak found an adopted
+/// `from_secondary` link that was unpinned when no longer wanted but stayed attached
+/// through the agent's own reference, could not be attached again when wanted back
+/// (`bpf_mprog_attach` failed), and went away when that agent exited: the gateway's
+/// kernel answered its egress IPs' replies with RSTs until the next agent attached.
+#[test]
+fn an_adopted_link_detaches_when_unwanted_and_when_wanted_again_outlives_its_agent() {
+    use egress_agent::datapath::{Attachment, Datapath};
+    in_netns(|| {
+        ip("link add att0 type veth peer name att0p");
+        ip("link set att0 up");
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/egress-test-adopt-{}",
+            std::process::id()
+        ));
+        let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+        let want = std::collections::BTreeSet::from([Attachment {
+            program: FROM_SECONDARY,
+            ifname: "att0".to_owned(),
+            ifindex: ifindex("att0"),
+        }]);
+        let none = std::collections::BTreeSet::new();
+
+        let mut first = Datapath::open(&dir).expect("the first agent opens its datapath");
+        assert!(first.sync_attachments(&want).is_empty());
+        drop(first);
+        assert_eq!(
+            tcx_ingress_programs("att0"),
+            1,
+            "the pinned link outlives its agent"
+        );
+
+        let mut second = Datapath::open(&dir).expect("the second agent opens its datapath");
+        let errors = second.sync_attachments(&want);
+        assert!(errors.is_empty(), "adopting the pinned link: {errors:?}");
+        assert_eq!(
+            tcx_ingress_programs("att0"),
+            1,
+            "adopted, not attached twice"
+        );
+        assert!(second.sync_attachments(&none).is_empty());
+        assert_eq!(
+            tcx_ingress_programs("att0"),
+            0,
+            "a link no longer wanted is detached, not only unpinned"
+        );
+        let errors = second.sync_attachments(&want);
+        assert!(errors.is_empty(), "attaching it again: {errors:?}");
+        assert_eq!(tcx_ingress_programs("att0"), 1);
+        drop(second);
+        assert_eq!(
+            tcx_ingress_programs("att0"),
+            1,
+            "the link attached again outlives the agent that attached it"
+        );
+    });
+}
+
 /// An agent of another version left pinned maps of another layout: the agent replaces
 /// them (rather than feed the programs entries they would misread), and every map it
 /// pins has the layout `egress_common::maps::LAYOUT` gives, which is the object's.

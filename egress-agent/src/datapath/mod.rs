@@ -706,7 +706,17 @@ impl Datapath {
                 .and_then(|l| SchedClassifierLink::try_from(l).ok())
                 .map(|l| prog.attach_to_link(l));
             match swapped {
-                Some(Ok(_)) => return Ok(()),
+                Some(Ok(id)) => {
+                    // aya keeps the link open in the program; the pin alone must hold
+                    // it. Else unpinning it later (no longer wanted) would leave it
+                    // attached by this process, attaching it again would fail, and this
+                    // process's exit would detach it: a gateway's kernel then answers
+                    // its egress IPs' replies with RSTs until the next agent attaches.
+                    if let Ok(link) = prog.take_link(id) {
+                        forget_fd(link);
+                    }
+                    return Ok(());
+                }
                 _ => {
                     // Defunct (the device went away): start over.
                     let _ = fs::remove_file(&path);
@@ -806,6 +816,14 @@ enum Step {
     Admitted,
     PodOwners,
     Nodes,
+}
+
+/// Close this process's descriptor of a pinned link without detaching it (dropping a
+/// program's link wrapper detaches it; closing an `FdLink` only drops a reference).
+fn forget_fd(link: SchedClassifierLink) {
+    if let Ok(fd) = FdLink::try_from(link) {
+        drop(fd);
+    }
 }
 
 /// Load `p`, again when the verifier gave up with `EAGAIN` (it does when the loading

@@ -381,6 +381,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         r.problems
             .push(format!("agent on {node} exited on its own ({status})"));
     }
+    r.problems.extend(failed_attachments(&lab));
     r.cycles = churn.cycles;
     r.events_by_kind = churn.counts();
     r.churn_errors = std::mem::take(&mut churn.errors);
@@ -394,6 +395,27 @@ pub fn run(cfg: &Config) -> Result<Report> {
     r.leftovers = remains.left();
     r.total_secs = t0.elapsed().as_secs_f64();
     Ok(r)
+}
+
+/// Programs an agent failed to attach, from the agents' logs: a program the datapath
+/// lacks (the soak once had `from_secondary` attached only through a dying agent's own
+/// reference, and its exit let the gateway's kernel reset streams).
+fn failed_attachments(lab: &Lab) -> Vec<String> {
+    let mut out = Vec::new();
+    for node in ["w1", "w2", "gw1", "gw2"] {
+        let log = std::fs::read_to_string(lab.agent_log_path(node)).unwrap_or_default();
+        let failed = log
+            .lines()
+            .filter(|l| l.contains("failed to attach"))
+            .count();
+        if failed > 0 {
+            out.push(format!(
+                "agent on {node}: {failed} log lines say a program failed to attach ({})",
+                lab.agent_log_path(node).display()
+            ));
+        }
+    }
+    out
 }
 
 /// The per-second check: captures, broken streams (restarted), wrong answers; each
