@@ -7,11 +7,31 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
-use crate::api::{EgressGatewayPolicy, EgressNode};
+use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
 pub mod kube;
 pub mod ovn;
 pub mod yaml;
+
+/// Where an agent tells the cluster what it decided: its EgressNode, the policy statuses
+/// (when it is the elected writer) and Events. Each source has its own, next to its
+/// reader: [`yaml::DirWriter`] (the EgressNode as a file in the state directory; statuses
+/// and Events only in the log), [`kube::writer::Writer`] (the API, in the background).
+pub trait StatusWriter: Send + Sync {
+    /// Publish this node's EgressNode (the latest one wins).
+    fn egress_node(&self, doc: &EgressNode) -> anyhow::Result<()>;
+    /// The status of every policy, as this node computed it.
+    fn policy_statuses(&self, statuses: &BTreeMap<String, PolicyStatus>);
+    /// Record an Event on a policy.
+    fn event(&self, ev: Event);
+}
+
+/// An Event to record on a policy.
+pub struct Event {
+    pub policy: String,
+    pub reason: &'static str,
+    pub message: String,
+}
 
 /// Pod addresses of both families (`status.podIPs`, else `status.podIP`), invalid ones
 /// left out, in listed order.

@@ -28,7 +28,7 @@ use crate::{
     liveness::{self, Membership, PeerView, Transition, service::Handle},
     metrics::{self, Stats},
     source::{
-        ClusterView, kube as kube_source,
+        ClusterView, Event, StatusWriter, kube as kube_source,
         yaml::{self, Snapshot},
     },
 };
@@ -39,7 +39,6 @@ pub mod problems;
 pub mod publish;
 
 use holding::{Holding, Lingering};
-use publish::{Event, KubeWriter, Sink};
 
 /// Where cluster state comes from.
 #[derive(Clone, Debug)]
@@ -136,7 +135,12 @@ const API_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Connect to the source of cluster state and read it once: the first thing `run` does,
 /// before it changes anything on the host.
-async fn connect(cfg: &RunConfig) -> Result<(tokio::sync::watch::Receiver<Arc<Snapshot>>, Sink)> {
+async fn connect(
+    cfg: &RunConfig,
+) -> Result<(
+    tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    Box<dyn StatusWriter>,
+)> {
     match &cfg.source {
         Source::Yaml(dir) => {
             std::fs::read_dir(dir).with_context(|| {
@@ -153,7 +157,7 @@ async fn connect(cfg: &RunConfig) -> Result<(tokio::sync::watch::Receiver<Arc<Sn
                 cfg.cluster_cidrs.clone(),
             )
             .await;
-            Ok((views, Sink::Yaml(dir.clone())))
+            Ok((views, Box::new(yaml::DirWriter(dir.clone()))))
         }
         Source::Kube { kubeconfig } => {
             let hint = "in a cluster, check the pod's ServiceAccount; outside, pass \
@@ -175,7 +179,10 @@ async fn connect(cfg: &RunConfig) -> Result<(tokio::sync::watch::Receiver<Arc<Sn
             let views = kube_source::watch(client.clone(), cfg.cluster_cidrs.clone())
                 .await
                 .context("failed to list the cluster (check the RBAC in deploy/daemonset.yaml)")?;
-            Ok((views, Sink::Kube(KubeWriter::start(client, &cfg.node_name))))
+            Ok((
+                views,
+                Box::new(kube_source::writer::Writer::start(client, &cfg.node_name)),
+            ))
         }
     }
 }
@@ -427,7 +434,7 @@ struct Reconciler<'a> {
     tunnel_mtu: u32,
     /// The largest MTU of the node's up interfaces, for the default `tunnel_mtu`.
     underlay_mtu: u32,
-    sink: Sink,
+    sink: Box<dyn StatusWriter>,
     probes: Handle,
     last_node_doc: Option<EgressNode>,
     /// The destinations routed out of each interface (by ifindex), from the last route
@@ -1025,13 +1032,11 @@ impl Reconciler<'_> {
         for (_, m) in &moves {
             info!("{m}");
         }
-        let Sink::Kube(w) = &self.sink else {
-            return;
-        };
         if !writer {
             return;
         }
-        w.statuses(&compiled.statuses);
+        let w = &self.sink;
+        w.policy_statuses(&compiled.statuses);
         for (ip, message) in moves {
             if let Some(h) = compiled.holders.iter().find(|h| h.ip == ip) {
                 w.event(Event {

@@ -1202,6 +1202,26 @@ pub fn write_egress_node(dir: &Path, node: &EgressNode) -> Result<bool, WriteErr
     Ok(true)
 }
 
+/// The YAML source's [`StatusWriter`](super::StatusWriter): this node's EgressNode as a
+/// file in the state directory ([`write_egress_node`]); policy statuses and Events have
+/// no file of their own (the agent logs them, `egress-agent status` shows them).
+pub struct DirWriter(pub PathBuf);
+
+impl super::StatusWriter for DirWriter {
+    fn egress_node(&self, doc: &EgressNode) -> anyhow::Result<()> {
+        write_egress_node(&self.0, doc).map(drop).map_err(|e| {
+            anyhow::anyhow!(
+                "failed to publish EgressNode {}: {e}",
+                doc.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+    }
+
+    fn policy_statuses(&self, _: &BTreeMap<String, crate::api::PolicyStatus>) {}
+
+    fn event(&self, _: super::Event) {}
+}
+
 /// The contents of `path` if it is a regular file of at most `limit` bytes, read without
 /// following a link (or blocking on a FIFO).
 fn read_own_file(path: &Path, limit: usize) -> Option<Vec<u8>> {

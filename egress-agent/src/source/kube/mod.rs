@@ -69,6 +69,8 @@ pub const DEBOUNCE: Duration = Duration::from_millis(50);
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of the Kubernetes source and writers.
+pub mod writer;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to read kubeconfig {path}: {source}")]
