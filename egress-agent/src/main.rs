@@ -49,18 +49,8 @@ enum Command {
         /// Kubeconfig for --kube outside a cluster (default: the usual inference).
         #[arg(long, requires = "kube")]
         kubeconfig: Option<PathBuf>,
-        /// Where this agent pins its maps and links (one directory per agent).
-        #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
-        bpffs_dir: PathBuf,
-        /// Name of the VXLAN device the agent owns.
-        #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
-        tunnel_device: String,
-        /// UDP port of the tunnel (clear of 4789, 8472 and 6081 used by CNIs).
-        #[arg(long, default_value_t = DEFAULT_TUNNEL_PORT)]
-        tunnel_port: u16,
-        /// MTU inside the tunnel; default: the largest underlay MTU minus 50.
-        #[arg(long)]
-        tunnel_mtu: Option<u32>,
+        #[command(flatten)]
+        node: NodeArgs,
         /// First SNAT port.
         #[arg(long, default_value_t = DEFAULT_PORT_MIN)]
         port_min: u16,
@@ -144,14 +134,8 @@ enum Command {
         /// Repeat the flag for several.
         #[arg(long = "egress-ip", value_name = "IP")]
         egress_ips: Vec<std::net::IpAddr>,
-        #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
-        bpffs_dir: PathBuf,
-        #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
-        tunnel_device: String,
-        #[arg(long, default_value_t = DEFAULT_TUNNEL_PORT)]
-        tunnel_port: u16,
-        #[arg(long)]
-        tunnel_mtu: Option<u32>,
+        #[command(flatten)]
+        node: NodeArgs,
         /// Do not probe the network for the egress IPs.
         #[arg(long)]
         no_dad: bool,
@@ -196,6 +180,24 @@ enum Command {
         #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
         tunnel_device: String,
     },
+}
+
+/// Where the agent's datapath lives on this node: `run` sets it up there, `doctor`
+/// checks it.
+#[derive(clap::Args)]
+struct NodeArgs {
+    /// Where this agent pins its maps and links (one directory per agent).
+    #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
+    bpffs_dir: PathBuf,
+    /// Name of the VXLAN device the agent owns.
+    #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
+    tunnel_device: String,
+    /// UDP port of the tunnel (clear of 4789, 8472 and 6081 used by CNIs).
+    #[arg(long, default_value_t = DEFAULT_TUNNEL_PORT)]
+    tunnel_port: u16,
+    /// MTU inside the tunnel; default: the largest underlay MTU minus 50.
+    #[arg(long)]
+    tunnel_mtu: Option<u32>,
 }
 
 /// What the agent is told about the cluster rather than reads from it.
@@ -249,10 +251,13 @@ fn real_main() -> Result<ExitCode> {
             state_dir,
             kube,
             kubeconfig,
-            bpffs_dir,
-            tunnel_device,
-            tunnel_port,
-            tunnel_mtu,
+            node:
+                NodeArgs {
+                    bpffs_dir,
+                    tunnel_device,
+                    tunnel_port,
+                    tunnel_mtu,
+                },
             port_min,
             port_max,
             metrics_addr,
@@ -335,10 +340,13 @@ fn real_main() -> Result<ExitCode> {
             node_name,
             state_dir,
             egress_ips,
-            bpffs_dir,
-            tunnel_device,
-            tunnel_port,
-            tunnel_mtu,
+            node:
+                NodeArgs {
+                    bpffs_dir,
+                    tunnel_device,
+                    tunnel_port,
+                    tunnel_mtu,
+                },
             no_dad,
         } => {
             let view = state_dir.map(|dir| egress_agent::source::yaml::load_dir(&dir).view);
