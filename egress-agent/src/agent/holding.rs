@@ -164,6 +164,45 @@ pub fn adopt(
     adopted
 }
 
+/// An address to remove from an interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    pub ifindex: u32,
+    pub interface: String,
+    pub ip: IpAddr,
+    pub prefix_len: u8,
+}
+
+/// The egress addresses to remove now: every address on an interface that this agent may
+/// remove (`removable`: egress IPs that a policy names, that this node holds or published
+/// as held) and that `desired` does not hold, dedicated, on that very interface. Other
+/// addresses (the node's own, shared egress IPs, anything an operator added) stay.
+pub fn to_release(
+    ifaces: &[crate::iface::Interface],
+    desired: &Desired,
+    removable: &BTreeSet<IpAddr>,
+) -> Vec<Release> {
+    let mut out = Vec::new();
+    for i in ifaces {
+        for (a, len) in &i.addresses {
+            let ours = match a {
+                IpAddr::V4(a) => desired.egress_ips_v4.get(a),
+                IpAddr::V6(a) => desired.egress_ips_v6.get(a),
+            }
+            .is_some_and(|h| !h.shared && h.interface == i.name);
+            if removable.contains(a) && !ours {
+                out.push(Release {
+                    ifindex: i.ifindex,
+                    interface: i.name.clone(),
+                    ip: *a,
+                    prefix_len: *len,
+                });
+            }
+        }
+    }
+    out
+}
+
 /// What this node says it holds, for its hellos.
 pub fn claims(holdings: &BTreeMap<IpAddr, Holding>) -> BTreeMap<IpAddr, Claim> {
     holdings
@@ -313,5 +352,64 @@ mod tests {
             },
         );
         assert_eq!(other_claimant(ip, "gw2", &peers), None, "nor the cut off");
+    }
+
+    fn iface(name: &str, ifindex: u32, addresses: &[(&str, u8)]) -> crate::iface::Interface {
+        crate::iface::Interface {
+            name: name.to_owned(),
+            ifindex,
+            up: true,
+            mtu: 1500,
+            mac: None,
+            addresses: addresses
+                .iter()
+                .map(|(a, l)| (a.parse().unwrap(), *l))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn release_removes_only_removable_addresses_not_held_here_on_their_interface() {
+        let a: Ipv4Addr = "192.168.101.50".parse().unwrap();
+        let desired = desired_holding(a, 1);
+        let ifaces = [
+            iface(
+                "sec-a",
+                3,
+                &[
+                    ("192.168.101.12", 24),
+                    ("192.168.101.50", 24),
+                    ("192.168.101.51", 24),
+                ],
+            ),
+            // A held on the wrong interface (moved there by hand): removed there.
+            iface(
+                "sec-b",
+                4,
+                &[("192.168.102.12", 24), ("192.168.101.50", 32)],
+            ),
+        ];
+        let removable: BTreeSet<IpAddr> = ["192.168.101.50", "192.168.101.51", "192.168.102.99"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let out = to_release(&ifaces, &desired, &removable);
+        let got: Vec<(u32, String, u8)> = out
+            .iter()
+            .map(|r| (r.ifindex, r.ip.to_string(), r.prefix_len))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (3, "192.168.101.51".to_owned(), 24),
+                (4, "192.168.101.50".to_owned(), 32)
+            ],
+            "the held IP stays on its interface; the node's own and unnamed addresses stay"
+        );
+
+        assert!(
+            to_release(&ifaces, &desired, &BTreeSet::new()).is_empty(),
+            "nothing the agent may not remove"
+        );
     }
 }

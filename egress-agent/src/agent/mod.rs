@@ -651,39 +651,30 @@ impl Reconciler<'_> {
                 .filter_map(|h| h.ip.parse::<IpAddr>().ok()),
         );
         let mut changed = 0;
-        for i in ifaces {
-            for (a, len) in &i.addresses {
-                let ours = match a {
-                    IpAddr::V4(a) => desired.egress_ips_v4.get(a),
-                    IpAddr::V6(a) => desired.egress_ips_v6.get(a),
-                }
-                .is_some_and(|h| !h.shared && h.interface == i.name);
-                if !removable.contains(a) || ours {
-                    continue;
-                }
-                match self.nl.del_address(i.ifindex, *a, *len).await {
-                    Ok(()) => {
-                        changed += 1;
-                        let why = self.holdings.remove(a).map(|h| h.epoch);
-                        if let Some(part) = self.parts.get(a) {
-                            self.lingering.insert(
-                                *a,
-                                Lingering {
-                                    until: now + holding::LINGER,
-                                    part: part.clone(),
-                                },
-                            );
-                        }
-                        let because = release_reason(*a, compiled);
-                        info!(
-                            ip = %a,
-                            interface = %i.name,
-                            epoch = ?why,
-                            "released egress IP: {because}"
+        for r in holding::to_release(ifaces, desired, &removable) {
+            let a = &r.ip;
+            match self.nl.del_address(r.ifindex, r.ip, r.prefix_len).await {
+                Ok(()) => {
+                    changed += 1;
+                    let why = self.holdings.remove(a).map(|h| h.epoch);
+                    if let Some(part) = self.parts.get(a) {
+                        self.lingering.insert(
+                            *a,
+                            Lingering {
+                                until: now + holding::LINGER,
+                                part: part.clone(),
+                            },
                         );
                     }
-                    Err(e) => problems.push(format!("egress IP {a}: {e}")),
+                    let because = release_reason(*a, compiled);
+                    info!(
+                        ip = %a,
+                        interface = %r.interface,
+                        epoch = ?why,
+                        "released egress IP: {because}"
+                    );
                 }
+                Err(e) => problems.push(format!("egress IP {a}: {e}")),
             }
         }
         // Held IPs whose address vanished (the interface went away): not held any more.
