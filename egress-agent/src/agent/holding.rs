@@ -203,6 +203,58 @@ pub fn to_release(
     out
 }
 
+/// What to do now about an egress IP the compiler gives this node and that is not on its
+/// interface yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// Not before this agent has heard its peers (agents that start together would each
+    /// elect from a different partial view).
+    AfterWarmUp,
+    /// `holder`, a live node, still claims it (a planned move): wait until it lets go,
+    /// for one detection time at most, counted from `since`.
+    AfterHandover { holder: String, since: Instant },
+    /// Add it now. `probe`: a first claim, to be checked for another host answering for
+    /// it (moves between our gateways are not probed: failover must not wait);
+    /// `overdue`: the previous holder that still claims it after the detection time.
+    Now {
+        probe: bool,
+        overdue: Option<String>,
+    },
+}
+
+/// When to add `ip` (assigned for `reason`): `warm_at` is when this agent has heard its
+/// peers, `waiting_since` when it started waiting for another claimant to let go, if it
+/// did, and `detection` the longest such a wait may last.
+#[allow(clippy::too_many_arguments)]
+pub fn take(
+    ip: IpAddr,
+    reason: &str,
+    me: &str,
+    peers: &PeerView,
+    now: Instant,
+    warm_at: Instant,
+    waiting_since: Option<Instant>,
+    detection: Duration,
+) -> Take {
+    if now < warm_at {
+        return Take::AfterWarmUp;
+    }
+    let claimant = other_claimant(ip, me, peers).map(str::to_owned);
+    if let Some(holder) = &claimant {
+        let since = waiting_since.unwrap_or(now);
+        if now.duration_since(since) < detection {
+            return Take::AfterHandover {
+                holder: holder.clone(),
+                since,
+            };
+        }
+    }
+    Take::Now {
+        probe: reason == crate::compiler::move_reason::ASSIGNED && claimant.is_none(),
+        overdue: claimant,
+    }
+}
+
 /// What this node says it holds, for its hellos.
 pub fn claims(holdings: &BTreeMap<IpAddr, Holding>) -> BTreeMap<IpAddr, Claim> {
     holdings
@@ -410,6 +462,75 @@ mod tests {
         assert!(
             to_release(&ifaces, &desired, &BTreeSet::new()).is_empty(),
             "nothing the agent may not remove"
+        );
+    }
+
+    #[test]
+    fn an_address_is_taken_after_the_warm_up_and_a_live_claimants_handover_at_most_one_detection_time()
+     {
+        use crate::compiler::move_reason::{ASSIGNED, REASSIGNED};
+        let ip: IpAddr = "192.168.101.50".parse().unwrap();
+        let t0 = Instant::now();
+        let detection = Duration::from_millis(400);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let none = PeerView::default();
+        let mut claimed = PeerView::default();
+        claimed.reports.insert(
+            "gw1".into(),
+            Report {
+                claims: BTreeMap::from([(
+                    ip,
+                    Claim {
+                        interface: "sec-a".into(),
+                        epoch: 1,
+                    },
+                )]),
+                ..Report::default()
+            },
+        );
+        let take_at = |peers: &PeerView, now, waiting, reason| {
+            take(ip, reason, "gw2", peers, now, at(100), waiting, detection)
+        };
+        assert_eq!(take_at(&none, at(50), None, ASSIGNED), Take::AfterWarmUp);
+        assert_eq!(
+            take_at(&none, at(100), None, ASSIGNED),
+            Take::Now {
+                probe: true,
+                overdue: None
+            },
+            "a first claim nobody else makes is probed"
+        );
+        assert_eq!(
+            take_at(&none, at(100), None, REASSIGNED),
+            Take::Now {
+                probe: false,
+                overdue: None
+            },
+            "a move between gateways is not"
+        );
+        assert_eq!(
+            take_at(&claimed, at(200), None, ASSIGNED),
+            Take::AfterHandover {
+                holder: "gw1".into(),
+                since: at(200)
+            },
+            "a live claimant: wait, from now"
+        );
+        assert_eq!(
+            take_at(&claimed, at(500), Some(at(200)), ASSIGNED),
+            Take::AfterHandover {
+                holder: "gw1".into(),
+                since: at(200)
+            },
+            "still within one detection time"
+        );
+        assert_eq!(
+            take_at(&claimed, at(600), Some(at(200)), ASSIGNED),
+            Take::Now {
+                probe: false,
+                overdue: Some("gw1".into())
+            },
+            "overdue: taken without a probe (the claimant would answer it)"
         );
     }
 }

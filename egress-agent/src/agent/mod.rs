@@ -786,31 +786,33 @@ impl Reconciler<'_> {
                     .epoch = h.epoch;
                 continue;
             }
-            // Until this agent has heard its peers, it takes no new address: agents that
-            // start together would each elect from a different partial view.
-            if now < warm_at {
-                self.warm_pending = true;
-                continue;
-            }
-            if let Some(other) = holding::other_claimant(h.ip, me, peers) {
-                let since = *self.handover_since.entry(h.ip).or_insert(now);
-                if now.duration_since(since) < detection {
-                    debug!(ip = %h.ip, holder = %other, "waiting for the previous holder to release");
-                    continue;
-                }
-                warn!(
-                    ip = %h.ip,
-                    holder = %other,
-                    "the previous holder still claims the address after the detection time; taking it"
-                );
-            }
+            let waiting = self.handover_since.get(&h.ip).copied();
+            let probe =
+                match holding::take(h.ip, h.reason, me, peers, now, warm_at, waiting, detection) {
+                    holding::Take::AfterWarmUp => {
+                        self.warm_pending = true;
+                        continue;
+                    }
+                    holding::Take::AfterHandover { holder, since } => {
+                        self.handover_since.insert(h.ip, since);
+                        debug!(ip = %h.ip, %holder, "waiting for the previous holder to release");
+                        continue;
+                    }
+                    holding::Take::Now { probe, overdue } => {
+                        if let Some(holder) = overdue {
+                            warn!(
+                                ip = %h.ip,
+                                %holder,
+                                "the previous holder still claims the address after the \
+                                 detection time; taking it"
+                            );
+                        }
+                        probe
+                    }
+                };
             self.handover_since.remove(&h.ip);
-            // A first claim asks the network; a move from a gateway of ours does not (the
-            // previous holder may still answer, and failover must not wait).
-            let first = h.reason == compiler::move_reason::ASSIGNED
-                && holding::other_claimant(h.ip, me, peers).is_none();
             if self.cfg.dad
-                && first
+                && probe
                 && let Some(refused) = self.answered_elsewhere(h.ip, i, now).await
             {
                 problems.push(format!("egress IP {}: {refused}", h.ip));
