@@ -30,93 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent for one node.
-    Run {
-        /// This node's name, as in its Node object (the Downward API's spec.nodeName).
-        #[arg(long, env = "NODE_NAME")]
-        node_name: String,
-        /// Read cluster state from this directory of Kubernetes-shaped YAML documents
-        /// (Nodes, Namespaces, Pods, EgressGatewayPolicies), watched for changes.
-        #[arg(
-            long,
-            env = "EGRESS_STATE_DIR",
-            required_unless_present = "kube",
-            conflicts_with = "kube"
-        )]
-        state_dir: Option<PathBuf>,
-        /// Read cluster state from the Kubernetes API (in cluster, or --kubeconfig).
-        #[arg(long)]
-        kube: bool,
-        /// Kubeconfig for --kube outside a cluster (default: the usual inference).
-        #[arg(long, requires = "kube")]
-        kubeconfig: Option<PathBuf>,
-        #[command(flatten)]
-        node: NodeArgs,
-        /// First SNAT port.
-        #[arg(long, default_value_t = DEFAULT_PORT_MIN)]
-        port_min: u16,
-        /// Last SNAT port.
-        #[arg(long, default_value_t = DEFAULT_PORT_MAX)]
-        port_max: u16,
-        /// Serve /metrics, /healthz and /readyz here.
-        #[arg(long)]
-        metrics_addr: Option<SocketAddr>,
-        /// Full resync interval in seconds, on top of change notifications.
-        #[arg(long, default_value_t = 10)]
-        resync_secs: u64,
-        /// Milliseconds between two liveness probes (hellos) to each peer.
-        #[arg(long, env = "EGRESS_PROBE_INTERVAL_MS", default_value_t = 100,
-              value_parser = clap::value_parser!(u64).range(10..=60_000))]
-        probe_interval_ms: u64,
-        /// Probes missed in a row before a peer counts as unreachable (detection time =
-        /// interval x misses, plus one interval for what other nodes relay).
-        #[arg(long, env = "EGRESS_PROBE_MISSES", default_value_t = 3,
-              value_parser = clap::value_parser!(u32).range(1..=100))]
-        probe_misses: u32,
-        /// Seconds peers keep this node alive after its agent stops with SIGTERM (a
-        /// restart: the pinned datapath keeps forwarding meanwhile). 0: fail over at once.
-        /// Cordon a gateway before shutting it down: its egress IPs then move first.
-        #[arg(long, env = "EGRESS_RESTART_GRACE_SECS", default_value_t = 15,
-              value_parser = clap::value_parser!(u16))]
-        restart_grace_secs: u16,
-        /// UDP port of the liveness probes on the underlay; default: the tunnel port + 1.
-        #[arg(long, env = "EGRESS_PROBE_PORT")]
-        probe_port: Option<u16>,
-        /// A routing table (by number) whose routes this node publishes for rules with
-        /// `destinationsFrom: Routes`, besides the main table: for policy routing (NMState
-        /// route rules). Repeat the flag, or separate numbers with commas in the variable.
-        #[arg(long = "route-table", value_name = "ID", env = "EGRESS_ROUTE_TABLES",
-              value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
-        route_tables: Vec<u32>,
-        /// Entries of each policy map (POLICY_V4, POLICY_V6): the selected pods on this
-        /// node times their destination prefixes (listed or learned from routes) must fit.
-        /// Changing it replaces the pinned maps at start (refilled on the first pass).
-        #[arg(long, env = "EGRESS_POLICY_MAP_ENTRIES",
-              default_value_t = egress_common::maps::POLICY_MAX_ENTRIES,
-              value_parser = clap::value_parser!(u32).range(1_024..=16_777_216))]
-        policy_map_entries: u32,
-        /// What this node does with packets from a pod address it has not seen yet (its
-        /// Pod object has not reached the agent, or it is not Running) toward a destination
-        /// that any rule of any policy covers: `pass` them (normal routing, the node's
-        /// address) or `drop` and count them (DROP_UNKNOWN_POD) until the agent has seen
-        /// the pod. `drop` attaches to every device a route of this node's pod CIDRs uses.
-        #[arg(long, env = "EGRESS_UNKNOWN_PODS", value_enum, default_value_t = agent::UnknownPods::Pass)]
-        unknown_pods: agent::UnknownPods,
-        /// Live flows a pod may hold on this gateway: new flows over it are dropped and
-        /// counted (DROP_POD_FLOW_LIMIT, and against the pod in `egress-agent maps`), so
-        /// that one pod cannot take every SNAT port of a destination. Default: half the
-        /// port range (--port-min..--port-max); 0: no limit.
-        #[arg(long, env = "EGRESS_MAX_FLOWS_PER_POD")]
-        max_flows_per_pod: Option<u32>,
-        /// Claim egress IPs without duplicate address detection. By default a gateway
-        /// sends ARP probes (IPv6: DAD neighbour solicitations) before it first claims an
-        /// egress IP and refuses one that another host answers for; this costs 200 ms per
-        /// address nobody answers for, and nothing on failover (moves between gateways are
-        /// not probed).
-        #[arg(long, env = "EGRESS_NO_DAD")]
-        no_dad: bool,
-        #[command(flatten)]
-        cluster: ClusterArgs,
-    },
+    Run(Box<RunArgs>),
     /// Check this node for what the agent needs: kernel (BTF, TCX, LPM tries, JIT), bpffs,
     /// capabilities, the tunnel port, rp_filter, MTU headroom, egress IPs (subnet on an
     /// up interface, nobody else answering for them). One line per check: ok, warn or
@@ -180,6 +94,164 @@ enum Command {
         #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
         tunnel_device: String,
     },
+}
+
+/// `run`'s flags.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// This node's name, as in its Node object (the Downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Read cluster state from this directory of Kubernetes-shaped YAML documents
+    /// (Nodes, Namespaces, Pods, EgressGatewayPolicies), watched for changes.
+    #[arg(
+        long,
+        env = "EGRESS_STATE_DIR",
+        required_unless_present = "kube",
+        conflicts_with = "kube"
+    )]
+    state_dir: Option<PathBuf>,
+    /// Read cluster state from the Kubernetes API (in cluster, or --kubeconfig).
+    #[arg(long)]
+    kube: bool,
+    /// Kubeconfig for --kube outside a cluster (default: the usual inference).
+    #[arg(long, requires = "kube")]
+    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// First SNAT port.
+    #[arg(long, default_value_t = DEFAULT_PORT_MIN)]
+    port_min: u16,
+    /// Last SNAT port.
+    #[arg(long, default_value_t = DEFAULT_PORT_MAX)]
+    port_max: u16,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Full resync interval in seconds, on top of change notifications.
+    #[arg(long, default_value_t = 10)]
+    resync_secs: u64,
+    /// Milliseconds between two liveness probes (hellos) to each peer.
+    #[arg(long, env = "EGRESS_PROBE_INTERVAL_MS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    probe_interval_ms: u64,
+    /// Probes missed in a row before a peer counts as unreachable (detection time =
+    /// interval x misses, plus one interval for what other nodes relay).
+    #[arg(long, env = "EGRESS_PROBE_MISSES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    probe_misses: u32,
+    /// Seconds peers keep this node alive after its agent stops with SIGTERM (a
+    /// restart: the pinned datapath keeps forwarding meanwhile). 0: fail over at once.
+    /// Cordon a gateway before shutting it down: its egress IPs then move first.
+    #[arg(long, env = "EGRESS_RESTART_GRACE_SECS", default_value_t = 15,
+          value_parser = clap::value_parser!(u16))]
+    restart_grace_secs: u16,
+    /// UDP port of the liveness probes on the underlay; default: the tunnel port + 1.
+    #[arg(long, env = "EGRESS_PROBE_PORT")]
+    probe_port: Option<u16>,
+    /// A routing table (by number) whose routes this node publishes for rules with
+    /// `destinationsFrom: Routes`, besides the main table: for policy routing (NMState
+    /// route rules). Repeat the flag, or separate numbers with commas in the variable.
+    #[arg(long = "route-table", value_name = "ID", env = "EGRESS_ROUTE_TABLES",
+          value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    route_tables: Vec<u32>,
+    /// Entries of each policy map (POLICY_V4, POLICY_V6): the selected pods on this
+    /// node times their destination prefixes (listed or learned from routes) must fit.
+    /// Changing it replaces the pinned maps at start (refilled on the first pass).
+    #[arg(long, env = "EGRESS_POLICY_MAP_ENTRIES",
+          default_value_t = egress_common::maps::POLICY_MAX_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1_024..=16_777_216))]
+    policy_map_entries: u32,
+    /// What this node does with packets from a pod address it has not seen yet (its
+    /// Pod object has not reached the agent, or it is not Running) toward a destination
+    /// that any rule of any policy covers: `pass` them (normal routing, the node's
+    /// address) or `drop` and count them (DROP_UNKNOWN_POD) until the agent has seen
+    /// the pod. `drop` attaches to every device a route of this node's pod CIDRs uses.
+    #[arg(long, env = "EGRESS_UNKNOWN_PODS", value_enum, default_value_t = agent::UnknownPods::Pass)]
+    unknown_pods: agent::UnknownPods,
+    /// Live flows a pod may hold on this gateway: new flows over it are dropped and
+    /// counted (DROP_POD_FLOW_LIMIT, and against the pod in `egress-agent maps`), so
+    /// that one pod cannot take every SNAT port of a destination. Default: half the
+    /// port range (--port-min..--port-max); 0: no limit.
+    #[arg(long, env = "EGRESS_MAX_FLOWS_PER_POD")]
+    max_flows_per_pod: Option<u32>,
+    /// Claim egress IPs without duplicate address detection. By default a gateway
+    /// sends ARP probes (IPv6: DAD neighbour solicitations) before it first claims an
+    /// egress IP and refuses one that another host answers for; this costs 200 ms per
+    /// address nobody answers for, and nothing on failover (moves between gateways are
+    /// not probed).
+    #[arg(long, env = "EGRESS_NO_DAD")]
+    no_dad: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+impl RunArgs {
+    /// The agent's configuration, once the flags agree with each other.
+    fn into_config(self) -> Result<agent::RunConfig> {
+        let Self {
+            node_name,
+            state_dir,
+            kube,
+            kubeconfig,
+            node:
+                NodeArgs {
+                    bpffs_dir,
+                    tunnel_device,
+                    tunnel_port,
+                    tunnel_mtu,
+                },
+            port_min,
+            port_max,
+            metrics_addr,
+            resync_secs,
+            probe_interval_ms,
+            probe_misses,
+            probe_port,
+            restart_grace_secs,
+            route_tables,
+            policy_map_entries,
+            unknown_pods,
+            max_flows_per_pod,
+            no_dad,
+            cluster,
+        } = self;
+        anyhow::ensure!(
+            port_min <= port_max,
+            "invalid --port-min {port_min} / --port-max {port_max}: the range is empty"
+        );
+        let source = match (state_dir, kube) {
+            (Some(dir), false) => agent::Source::Yaml(dir),
+            _ => agent::Source::Kube { kubeconfig },
+        };
+        Ok(agent::RunConfig {
+            node_name,
+            source,
+            bpffs_dir,
+            tunnel_device,
+            tunnel_port,
+            tunnel_mtu,
+            port_min,
+            port_max,
+            metrics_addr,
+            resync: Duration::from_secs(resync_secs.max(1)),
+            probe: liveness::Settings {
+                interval: Duration::from_millis(probe_interval_ms),
+                misses: probe_misses,
+                restart_grace: Duration::from_secs(restart_grace_secs.into()),
+            },
+            probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
+            route_tables,
+            cluster_cidrs: cluster.cluster_cidrs,
+            capacities: datapath::Capacities {
+                policy: policy_map_entries,
+            },
+            unknown_pods,
+            max_flows_per_pod: max_flows_per_pod
+                .unwrap_or_else(|| (u32::from(port_max) - u32::from(port_min) + 1).div_ceil(2)),
+            dad: !no_dad,
+        })
+    }
 }
 
 /// Where the agent's datapath lives on this node: `run` sets it up there, `doctor`
@@ -246,68 +318,8 @@ fn real_main() -> Result<ExitCode> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Command::Run {
-            node_name,
-            state_dir,
-            kube,
-            kubeconfig,
-            node:
-                NodeArgs {
-                    bpffs_dir,
-                    tunnel_device,
-                    tunnel_port,
-                    tunnel_mtu,
-                },
-            port_min,
-            port_max,
-            metrics_addr,
-            resync_secs,
-            probe_interval_ms,
-            probe_misses,
-            probe_port,
-            restart_grace_secs,
-            route_tables,
-            policy_map_entries,
-            unknown_pods,
-            max_flows_per_pod,
-            no_dad,
-            cluster,
-        } => {
-            anyhow::ensure!(
-                port_min <= port_max,
-                "invalid --port-min {port_min} / --port-max {port_max}: the range is empty"
-            );
-            let source = match (state_dir, kube) {
-                (Some(dir), false) => agent::Source::Yaml(dir),
-                _ => agent::Source::Kube { kubeconfig },
-            };
-            let cfg = agent::RunConfig {
-                node_name,
-                source,
-                bpffs_dir,
-                tunnel_device,
-                tunnel_port,
-                tunnel_mtu,
-                port_min,
-                port_max,
-                metrics_addr,
-                resync: Duration::from_secs(resync_secs.max(1)),
-                probe: liveness::Settings {
-                    interval: Duration::from_millis(probe_interval_ms),
-                    misses: probe_misses,
-                    restart_grace: Duration::from_secs(restart_grace_secs.into()),
-                },
-                probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
-                route_tables,
-                cluster_cidrs: cluster.cluster_cidrs,
-                capacities: datapath::Capacities {
-                    policy: policy_map_entries,
-                },
-                unknown_pods,
-                max_flows_per_pod: max_flows_per_pod
-                    .unwrap_or_else(|| (u32::from(port_max) - u32::from(port_min) + 1).div_ceil(2)),
-                dad: !no_dad,
-            };
+        Command::Run(args) => {
+            let cfg = args.into_config()?;
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

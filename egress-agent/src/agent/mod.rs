@@ -223,15 +223,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         }
     };
     let _lock = lock;
-    // Containers often see /proc/sys read-only: then the node must already forward
-    // (every CNI that routes pods enables it).
-    if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
-        warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
-    }
-    // IPv6 pods: best effort, as hosts without IPv6 have no such sysctl.
-    if let Err(e) = iface::sysctl("net/ipv6/conf/all/forwarding", "1") {
-        debug!("failed to enable IPv6 forwarding (IPv6 pods need it on): {e}");
-    }
+    enable_forwarding();
     let nl = iface::Netlink::new().context("failed to open netlink")?;
     let underlay_mtu = nl
         .interfaces()
@@ -274,29 +266,15 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut peer_views = probes.views;
     let mut transitions = probes.transitions;
-    let mut r = Reconciler {
-        cfg: &cfg,
+    let mut r = Reconciler::new(
+        &cfg,
         nl,
-        tunnel_ifindex,
-        tunnel_mtu,
-        underlay_mtu,
+        (tunnel_ifindex, tunnel_mtu, underlay_mtu),
         sink,
-        probes: probes.handle,
-        last_node_doc: None,
-        route_prefixes: BTreeMap::new(),
-        routes_capped: BTreeSet::new(),
-        last_holders: BTreeMap::new(),
-        holdings: BTreeMap::new(),
-        parts: BTreeMap::new(),
-        lingering: BTreeMap::new(),
-        handover_since: BTreeMap::new(),
-        wake_at: None,
-        warm_pending: false,
-        last_accepted: BTreeMap::new(),
-        stats: stats.clone(),
+        probes.handle,
+        stats.clone(),
         preflight,
-        refused: BTreeMap::new(),
-    };
+    );
     let mut problem_log = problems::ProblemLog::default();
     loop {
         let wake = r.wake_at;
@@ -335,33 +313,14 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         let t0 = Instant::now();
         let outcome = r.reconcile(&mut dp, &snap.view, peers).await;
         let took = t0.elapsed();
-        let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.reconciles += 1;
-        s.last_reconcile = took;
-        s.source_errors = source_errors.len();
-        match outcome {
-            Ok(o) => {
-                s.ready = true;
-                s.holders = o.holders;
-                s.problems = o.problems.len();
-                let state = source_errors.iter().map(|e| format!("state: {e}"));
-                let all: Vec<String> = state.chain(o.problems).collect();
-                problem_log.log(&all);
-                if o.changed > 0 || trigger == "state" {
-                    info!(
-                        trigger,
-                        changed = o.changed,
-                        problems = all.len(),
-                        took_ms = took.as_secs_f64() * 1e3,
-                        "reconciled"
-                    );
-                }
-            }
-            Err(e) => {
-                s.errors += 1;
-                warn!("failed to reconcile: {}", crate::report::chain(e.as_ref()));
-            }
-        }
+        record_pass(
+            &stats,
+            &mut problem_log,
+            trigger,
+            source_errors,
+            outcome,
+            took,
+        );
     }
     // The datapath stays: peers keep this node alive while its next agent starts.
     r.probes.farewell().await;
@@ -372,6 +331,56 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         cfg.tunnel_device
     );
     Ok(())
+}
+
+/// Turn on forwarding (best effort). Containers often see /proc/sys read-only: then the
+/// node must already forward (every CNI that routes pods enables it).
+fn enable_forwarding() {
+    if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
+        warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
+    }
+    // IPv6 pods: best effort, as hosts without IPv6 have no such sysctl.
+    if let Err(e) = iface::sysctl("net/ipv6/conf/all/forwarding", "1") {
+        debug!("failed to enable IPv6 forwarding (IPv6 pods need it on): {e}");
+    }
+}
+
+/// Count a pass in the stats and log what it changed and the problems it found.
+fn record_pass(
+    stats: &Mutex<Stats>,
+    problem_log: &mut problems::ProblemLog,
+    trigger: &str,
+    source_errors: Vec<String>,
+    outcome: Result<Outcome>,
+    took: Duration,
+) {
+    let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+    s.reconciles += 1;
+    s.last_reconcile = took;
+    s.source_errors = source_errors.len();
+    match outcome {
+        Ok(o) => {
+            s.ready = true;
+            s.holders = o.holders;
+            s.problems = o.problems.len();
+            let state = source_errors.iter().map(|e| format!("state: {e}"));
+            let all: Vec<String> = state.chain(o.problems).collect();
+            problem_log.log(&all);
+            if o.changed > 0 || trigger == "state" {
+                info!(
+                    trigger,
+                    changed = o.changed,
+                    problems = all.len(),
+                    took_ms = took.as_secs_f64() * 1e3,
+                    "reconciled"
+                );
+            }
+        }
+        Err(e) => {
+            s.errors += 1;
+            warn!("failed to reconcile: {}", crate::report::chain(e.as_ref()));
+        }
+    }
 }
 
 /// Why this node no longer holds egress IP `ip`, in words for the log.
@@ -462,6 +471,44 @@ struct Reconciler<'a> {
     preflight: Vec<PreflightCheck>,
     /// Egress IPs another host answered for, when, and the problem that names it.
     refused: BTreeMap<IpAddr, (Instant, String)>,
+}
+
+impl<'a> Reconciler<'a> {
+    /// A reconciler that holds nothing yet (the first pass adopts what an earlier agent
+    /// left): `tunnel` is the tunnel's ifindex and MTU, and the underlay's MTU.
+    fn new(
+        cfg: &'a RunConfig,
+        nl: iface::Netlink,
+        (tunnel_ifindex, tunnel_mtu, underlay_mtu): (u32, u32, u32),
+        sink: Box<dyn StatusWriter>,
+        probes: Handle,
+        stats: Arc<Mutex<Stats>>,
+        preflight: Vec<PreflightCheck>,
+    ) -> Self {
+        Self {
+            cfg,
+            nl,
+            tunnel_ifindex,
+            tunnel_mtu,
+            underlay_mtu,
+            sink,
+            probes,
+            last_node_doc: None,
+            route_prefixes: BTreeMap::new(),
+            routes_capped: BTreeSet::new(),
+            last_holders: BTreeMap::new(),
+            holdings: BTreeMap::new(),
+            parts: BTreeMap::new(),
+            lingering: BTreeMap::new(),
+            handover_since: BTreeMap::new(),
+            wake_at: None,
+            warm_pending: false,
+            last_accepted: BTreeMap::new(),
+            stats,
+            preflight,
+            refused: BTreeMap::new(),
+        }
+    }
 }
 
 impl Reconciler<'_> {
