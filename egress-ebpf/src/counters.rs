@@ -30,8 +30,8 @@ pub fn verdict(ctx: &TcContext, reason: u32, verdict: i32) -> i32 {
     verdict
 }
 
-/// Count a new flow of `pod` refused for want of a SNAT port (`DROP_PORT_EXHAUSTED`)
-/// against the pod, so that one pod's flood is attributable (`egress-agent maps`).
+/// Count a new flow of `pod` refused (no SNAT port free, `DROP_PORT_EXHAUSTED`, or over
+/// the per-pod flow limit, `DROP_POD_FLOW_LIMIT`) against the pod, so that one pod's flood is attributable (`egress-agent maps`).
 #[inline(always)]
 pub fn exhausted4(pod: &[u8; 4]) {
     bump(&EXHAUSTED_V4, pod);

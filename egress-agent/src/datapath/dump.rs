@@ -78,7 +78,8 @@ pub fn counters(pin_dir: &Path) -> Result<Vec<(u32, Counter)>> {
     Ok(out)
 }
 
-/// New flows refused as `DROP_PORT_EXHAUSTED`, by pod (summed over CPUs), most first.
+/// New flows refused as `DROP_PORT_EXHAUSTED` or `DROP_POD_FLOW_LIMIT`, by pod (summed
+/// over CPUs), most first.
 pub fn exhausted(pin_dir: &Path) -> Result<Vec<(IpAddr, u64)>> {
     fn read<K: aya::Pod>(
         pin_dir: &Path,
@@ -107,7 +108,8 @@ pub fn exhausted(pin_dir: &Path) -> Result<Vec<(IpAddr, u64)>> {
 fn write_exhausted(s: &mut String, rows: &[(IpAddr, u64)]) {
     let _ = writeln!(
         s,
-        "\nnew flows refused for want of a SNAT port (DROP_PORT_EXHAUSTED), by pod: {}",
+        "\nnew flows refused, by pod (no SNAT port free: DROP_PORT_EXHAUSTED; over \
+         --max-flows-per-pod: DROP_POD_FLOW_LIMIT): {}",
         rows.len()
     );
     for (pod, n) in rows {
