@@ -162,15 +162,21 @@ struct BatchAttr {
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
-/// Read up to `keys.len()` entries of a hash map from bucket `cursor` on. Returns how
-/// many were read and the next cursor (`None`: the walk reached the end).
-fn lookup_batch<K: Pod, V: Pod>(
+/// Read up to `keys.len()` entries of a hash map or an array (`BPF_MAP_LOOKUP_BATCH`) from
+/// `cursor` (a bucket or an index) on. `values` holds `keys.len()` values, or for a
+/// per-CPU map as many times the possible CPUs (each CPU's slot padded to 8 bytes: `V`
+/// is then the padded slot). Returns how many were read and the next cursor (`None`:
+/// the walk reached the end).
+pub fn lookup_batch<K: Pod, V: Pod>(
     fd: BorrowedFd<'_>,
     cursor: Option<u32>,
     keys: &mut [K],
     values: &mut [V],
 ) -> std::io::Result<(usize, Option<u32>)> {
-    debug_assert_eq!(keys.len(), values.len());
+    assert!(
+        !keys.is_empty() && values.len().is_multiple_of(keys.len()),
+        "a value (or one per CPU) for every key"
+    );
     let in_batch = cursor.unwrap_or(0);
     let mut out_batch = 0u32;
     let mut attr = BatchAttr {
