@@ -89,16 +89,11 @@ pub enum UnknownPods {
     Drop,
 }
 
-/// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
-pub(crate) const VXLAN_OVERHEAD: u32 = 50;
-/// VXLAN over IPv6: the outer header is 40 bytes instead of 20.
-pub(crate) const VXLAN_OVERHEAD_V6: u32 = 70;
-
 /// MTU inside the tunnel for an underlay of `node_ip`'s family.
 fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
     let overhead = match node_ip {
-        IpAddr::V4(_) => VXLAN_OVERHEAD,
-        IpAddr::V6(_) => VXLAN_OVERHEAD_V6,
+        IpAddr::V4(_) => iface::VXLAN_OVERHEAD,
+        IpAddr::V6(_) => iface::VXLAN_OVERHEAD_V6,
     };
     underlay_mtu.saturating_sub(overhead)
 }
@@ -235,7 +230,9 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         .unwrap_or(1500);
     // Until the first pass knows this node's underlay family, assume IPv4; the pass lowers
     // it for an IPv6 underlay.
-    let tunnel_mtu = cfg.tunnel_mtu.unwrap_or(underlay_mtu - VXLAN_OVERHEAD);
+    let tunnel_mtu = cfg
+        .tunnel_mtu
+        .unwrap_or(underlay_mtu - iface::VXLAN_OVERHEAD);
     let tunnel_ifindex = nl
         .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
         .await

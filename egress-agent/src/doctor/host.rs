@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::{Check, fail, ok, warn};
-use crate::agent::{VXLAN_OVERHEAD, VXLAN_OVERHEAD_V6};
+use crate::iface::{VXLAN_OVERHEAD, VXLAN_OVERHEAD_V6};
 
 /// `BPF_FS_MAGIC` of statfs(2).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

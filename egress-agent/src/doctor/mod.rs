@@ -276,9 +276,9 @@ fn mtu(
         .max()
         .unwrap_or(ul.mtu);
     let overhead = if v6 {
-        crate::agent::VXLAN_OVERHEAD_V6
+        iface::VXLAN_OVERHEAD_V6
     } else {
-        crate::agent::VXLAN_OVERHEAD
+        iface::VXLAN_OVERHEAD
     };
     // Pods of this node, by the device their host route leaves from.
     let pods = view.zip(me).zip(routes).and_then(|((v, me), r)| {

@@ -42,6 +42,11 @@ use rtnetlink::{
 };
 use tokio::sync::mpsc;
 
+/// VXLAN over IPv4: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+pub(crate) const VXLAN_OVERHEAD: u32 = 50;
+/// VXLAN over IPv6: the outer header is 40 bytes instead of 20.
+pub(crate) const VXLAN_OVERHEAD_V6: u32 = 70;
+
 /// Errors of the interface layer. Each names the object (interface, address, sysctl) and
 /// carries the kernel's or the caller's detail in its message.
 #[derive(Debug, thiserror::Error)]
