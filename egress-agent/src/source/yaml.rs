@@ -663,12 +663,43 @@ fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
             message,
         })
     };
-    let unknown = |message: String| Parsed::Invalid {
-        key: None,
-        errors: vec![error(None, None, message)],
+    let value = match read_value(doc) {
+        Ok(Some(v)) => v,
+        Ok(None) => return Parsed::Empty,
+        Err(message) => {
+            return Parsed::Invalid {
+                key: None,
+                errors: vec![error(None, None, message)],
+            };
+        }
     };
+    let (api_version, key, value) = match identify(value) {
+        Ok(identified) => identified,
+        Err((kind, field, message)) => {
+            return Parsed::Invalid {
+                key: None,
+                errors: vec![error(kind, Some(field.to_owned()), message.to_owned())],
+            };
+        }
+    };
+    let object = Some(object_label(&key));
+    match decode(&api_version, &key.0, value) {
+        Ok(added) => Parsed::Object(key, added),
+        Err(field_errors) => Parsed::Invalid {
+            key: Some(key),
+            errors: field_errors
+                .into_iter()
+                .map(|fe| error(object.clone(), fe.field, fe.message))
+                .collect(),
+        },
+    }
+}
+
+/// The document as a JSON value within the size and depth limits; `None` for an empty
+/// document; the message when it is not a YAML mapping.
+fn read_value(doc: &Document<'_>) -> Result<Option<serde_json::Value>, String> {
     if doc.text.len() > MAX_DOCUMENT_BYTES {
-        return unknown(format!(
+        return Err(format!(
             "failed to parse YAML: the document is {} bytes, over the limit of {} MiB per \
              object",
             doc.text.len(),
@@ -676,44 +707,39 @@ fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
         ));
     }
     if let Some(line) = too_deep(doc.text, MAX_DEPTH) {
-        return unknown(format!(
+        return Err(format!(
             "failed to parse YAML: nested deeper than {MAX_DEPTH} levels (brackets and \
              indentation together) at line {}",
             doc.line + line - 1
         ));
     }
-    let value: serde_json::Value = match serde_yaml_ng::from_str(doc.text) {
-        Ok(v) => v,
-        Err(e) => return unknown(format!("failed to parse YAML: {e}")),
-    };
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(doc.text).map_err(|e| format!("failed to parse YAML: {e}"))?;
     if value.is_null() {
-        return Parsed::Empty;
+        return Ok(None);
     }
-    let Some(map) = value.as_object() else {
-        return unknown("failed to read object: the document is not a mapping".to_owned());
+    if !value.is_object() {
+        return Err("failed to read object: the document is not a mapping".to_owned());
+    }
+    Ok(Some(value))
+}
+
+/// An object's apiVersion and key (kind, namespace, name), with the value (an EgressNode
+/// given an empty spec if it had none); else (the kind if known, the field, what is
+/// wrong with it).
+#[allow(clippy::type_complexity)]
+fn identify(
+    mut value: serde_json::Value,
+) -> Result<(String, ObjectKey, serde_json::Value), (Option<String>, &'static str, &'static str)> {
+    let text_field = |value: &serde_json::Value, key: &str| {
+        value
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
     };
-    let text_field = |key: &str| map.get(key).and_then(serde_json::Value::as_str);
-    let Some(api_version) = text_field("apiVersion").map(str::to_owned) else {
-        return Parsed::Invalid {
-            key: None,
-            errors: vec![error(
-                None,
-                Some("apiVersion".to_owned()),
-                "missing or not a string".to_owned(),
-            )],
-        };
-    };
-    let Some(kind) = text_field("kind").map(str::to_owned) else {
-        return Parsed::Invalid {
-            key: None,
-            errors: vec![error(
-                None,
-                Some("kind".to_owned()),
-                "missing or not a string".to_owned(),
-            )],
-        };
-    };
-    let mut value = value;
+    let api_version =
+        text_field(&value, "apiVersion").ok_or((None, "apiVersion", "missing or not a string"))?;
+    let kind = text_field(&value, "kind").ok_or((None, "kind", "missing or not a string"))?;
     // The agent's own EgressNodes always have a spec; hand-written ones may omit it.
     if kind == "EgressNode"
         && let Some(map) = value.as_object_mut()
@@ -721,37 +747,31 @@ fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
         map.entry("spec")
             .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
     }
-    let Some(map) = value.as_object() else {
-        return Parsed::Empty;
-    };
-    let metadata = map.get("metadata");
     let meta_text = |key: &str| {
-        metadata
+        value
+            .get("metadata")
             .and_then(|m| m.get(key))
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned)
     };
-    let name = meta_text("name");
-    let namespaced = kind == "Pod";
-    let namespace = if namespaced {
-        Some(meta_text("namespace").unwrap_or_else(|| "default".to_owned()))
+    let namespace = if kind == "Pod" {
+        meta_text("namespace").unwrap_or_else(|| "default".to_owned())
     } else {
-        None
+        String::new()
     };
-    let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return Parsed::Invalid {
-            key: None,
-            errors: vec![error(
-                Some(kind),
-                Some("metadata.name".to_owned()),
-                "missing or empty".to_owned(),
-            )],
-        };
+    let Some(name) = meta_text("name").filter(|n| !n.is_empty()) else {
+        return Err((Some(kind), "metadata.name", "missing or empty"));
     };
-    let key = (kind.clone(), namespace.unwrap_or_default(), name);
-    let object = Some(object_label(&key));
+    Ok((api_version, (kind, namespace, name), value))
+}
 
-    let result = match (api_version.as_str(), kind.as_str()) {
+/// The object `value` of `api_version` and `kind`, typed and checked.
+fn decode(
+    api_version: &str,
+    kind: &str,
+    value: serde_json::Value,
+) -> Result<Added, Vec<FieldError>> {
+    match (api_version, kind) {
         ("v1", "Pod") => typed::<Pod>(value, check_pod).map(|p| Added::Pod(PodSummary::from(&p))),
         ("v1", "Node") => typed::<Node>(value, check_node).map(|n| Added::Node(Box::new(n))),
         ("v1", "Namespace") => {
@@ -778,16 +798,6 @@ fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
                 ovn::KIND
             ),
         )]),
-    };
-    match result {
-        Ok(added) => Parsed::Object(key, added),
-        Err(field_errors) => Parsed::Invalid {
-            key: Some(key),
-            errors: field_errors
-                .into_iter()
-                .map(|fe| error(object.clone(), fe.field, fe.message))
-                .collect(),
-        },
     }
 }
 
