@@ -189,67 +189,47 @@ struct RunArgs {
 impl RunArgs {
     /// The agent's configuration, once the flags agree with each other.
     fn into_config(self) -> Result<agent::RunConfig> {
-        let Self {
-            node_name,
-            state_dir,
-            kube,
-            kubeconfig,
-            node:
-                NodeArgs {
-                    bpffs_dir,
-                    tunnel_device,
-                    tunnel_port,
-                    tunnel_mtu,
-                },
-            port_min,
-            port_max,
-            metrics_addr,
-            resync_secs,
-            probe_interval_ms,
-            probe_misses,
-            probe_port,
-            restart_grace_secs,
-            route_tables,
-            policy_map_entries,
-            unknown_pods,
-            max_flows_per_pod,
-            no_dad,
-            cluster,
-        } = self;
         anyhow::ensure!(
-            port_min <= port_max,
-            "invalid --port-min {port_min} / --port-max {port_max}: the range is empty"
+            self.port_min <= self.port_max,
+            "invalid --port-min {} / --port-max {}: the range is empty",
+            self.port_min,
+            self.port_max
         );
-        let source = match (state_dir, kube) {
+        let source = match (self.state_dir, self.kube) {
             (Some(dir), false) => agent::Source::Yaml(dir),
-            _ => agent::Source::Kube { kubeconfig },
+            _ => agent::Source::Kube {
+                kubeconfig: self.kubeconfig,
+            },
         };
         Ok(agent::RunConfig {
-            node_name,
+            node_name: self.node_name,
             source,
-            bpffs_dir,
-            tunnel_device,
-            tunnel_port,
-            tunnel_mtu,
-            port_min,
-            port_max,
-            metrics_addr,
-            resync: Duration::from_secs(resync_secs.max(1)),
+            bpffs_dir: self.node.bpffs_dir,
+            tunnel_device: self.node.tunnel_device,
+            tunnel_port: self.node.tunnel_port,
+            tunnel_mtu: self.node.tunnel_mtu,
+            port_min: self.port_min,
+            port_max: self.port_max,
+            metrics_addr: self.metrics_addr,
+            resync: Duration::from_secs(self.resync_secs.max(1)),
             probe: liveness::Settings {
-                interval: Duration::from_millis(probe_interval_ms),
-                misses: probe_misses,
-                restart_grace: Duration::from_secs(restart_grace_secs.into()),
+                interval: Duration::from_millis(self.probe_interval_ms),
+                misses: self.probe_misses,
+                restart_grace: Duration::from_secs(self.restart_grace_secs.into()),
             },
-            probe_port: probe_port.unwrap_or(tunnel_port.wrapping_add(1)),
-            route_tables,
-            cluster_cidrs: cluster.cluster_cidrs,
+            probe_port: self
+                .probe_port
+                .unwrap_or(self.node.tunnel_port.wrapping_add(1)),
+            route_tables: self.route_tables,
+            cluster_cidrs: self.cluster.cluster_cidrs,
             capacities: datapath::Capacities {
-                policy: policy_map_entries,
+                policy: self.policy_map_entries,
             },
-            unknown_pods,
-            max_flows_per_pod: max_flows_per_pod
-                .unwrap_or_else(|| (u32::from(port_max) - u32::from(port_min) + 1).div_ceil(2)),
-            dad: !no_dad,
+            unknown_pods: self.unknown_pods,
+            max_flows_per_pod: self.max_flows_per_pod.unwrap_or_else(|| {
+                (u32::from(self.port_max) - u32::from(self.port_min) + 1).div_ceil(2)
+            }),
+            dad: !self.no_dad,
         })
     }
 }

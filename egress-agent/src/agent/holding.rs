@@ -372,10 +372,9 @@ mod tests {
         assert!(adopt(&mut holdings, &published, present).is_empty(), "once");
     }
 
-    #[test]
-    fn a_handover_waits_for_a_live_claimant_only() {
-        let ip: IpAddr = "192.168.101.50".parse().expect("ip");
-        let claim = Report {
+    /// A peer's report that claims `ip` on sec-a at epoch 1.
+    fn claiming(ip: IpAddr) -> Report {
+        Report {
             claims: BTreeMap::from([(
                 ip,
                 Claim {
@@ -384,7 +383,13 @@ mod tests {
                 },
             )]),
             ..Report::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_handover_waits_for_a_live_claimant_only() {
+        let ip: IpAddr = "192.168.101.50".parse().expect("ip");
+        let claim = claiming(ip);
         let mut peers = PeerView::default();
         peers.reports.insert("gw1".into(), claim.clone());
         assert_eq!(other_claimant(ip, "gw2", &peers), Some("gw1"));
@@ -475,19 +480,7 @@ mod tests {
         let at = |ms| t0 + Duration::from_millis(ms);
         let none = PeerView::default();
         let mut claimed = PeerView::default();
-        claimed.reports.insert(
-            "gw1".into(),
-            Report {
-                claims: BTreeMap::from([(
-                    ip,
-                    Claim {
-                        interface: "sec-a".into(),
-                        epoch: 1,
-                    },
-                )]),
-                ..Report::default()
-            },
-        );
+        claimed.reports.insert("gw1".into(), claiming(ip));
         let take_at = |peers: &PeerView, now, waiting, reason| {
             take(ip, reason, "gw2", peers, now, at(100), waiting, detection)
         };
