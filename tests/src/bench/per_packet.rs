@@ -214,6 +214,16 @@ struct Bed {
     egress_ips: HashMap<MapData, [u8; 4], EgressIpValue>,
     admitted: HashMap<MapData, AdmittedKeyV4, AdmittedValue>,
     counters: PerCpuArray<MapData, Counter>,
+    /// Set when conntrack is kept full: new flows evict background flows, so every new
+    /// flow removed again is replaced by a fresh background flow.
+    refill: Option<Refill>,
+}
+
+/// The next background flow to insert when conntrack is kept full, and its interface.
+#[derive(Clone, Copy, Debug)]
+struct Refill {
+    next: u32,
+    ifindex: u32,
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
@@ -261,6 +271,7 @@ impl Bed {
             egress_ips: take(&mut ebpf, maps::EGRESS_IPS_V4)?.try_into()?,
             admitted: take(&mut ebpf, maps::ADMITTED_V4)?.try_into()?,
             counters: take(&mut ebpf, maps::COUNTERS)?.try_into()?,
+            refill: None,
             ebpf,
         };
         bed.config.set(
@@ -377,13 +388,14 @@ impl Bed {
         Ok(())
     }
 
-    /// [`CT_FLOWS`] established flows that the measured packets never touch.
-    fn fill_ct(&mut self, ifindex: u32) -> Result<()> {
+    /// Background established flows `flows` (indexes) that the measured packets never
+    /// touch.
+    fn fill_ct(&mut self, ifindex: u32, flows: std::ops::Range<u32>) -> Result<()> {
         let now = ktime_ns()?;
         let pod_base = u32::from(a(10, 246, 0, 0));
         let dst_base = u32::from(a(198, 18, 0, 0));
-        for i in 0..CT_FLOWS {
-            // 2,000 destinations x 50 egress ports: unique reply tuples.
+        for i in flows {
+            // 2,000 destinations x up to 250 egress ports: unique reply tuples.
             self.ct_flow(
                 Ipv4Addr::from(pod_base + i),
                 30_000 + (i % 1000) as u16,
@@ -397,6 +409,25 @@ impl Bed {
             .with_context(|| format!("failed to fill conntrack entry {i}"))?;
         }
         Ok(())
+    }
+
+    /// Keep conntrack full: `flows` flows were removed, insert as many fresh background
+    /// flows (nothing unless [`Bed::refill`] is set).
+    fn refill(&mut self, flows: u32) -> Result<()> {
+        let Some(r) = self.refill else {
+            return Ok(());
+        };
+        self.fill_ct(r.ifindex, r.next..r.next + flows)?;
+        self.refill = Some(Refill {
+            next: r.next + flows,
+            ..r
+        });
+        Ok(())
+    }
+
+    /// Entries in conntrack now (one map walk).
+    fn ct_entries(&self) -> usize {
+        self.ct.keys().filter(Result::is_ok).count()
     }
 
     fn counters(&self) -> Result<Vec<u64>> {
@@ -759,12 +790,8 @@ fn new_flow_check(_data: &[u8], out: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn ct_cases() -> Vec<Case> {
-    let state = format!(
-        "{}k CT flows ({}k entries)",
-        CT_FLOWS / 1000,
-        CT_FLOWS / 500
-    );
+/// The gateway's rows with conntrack in `state` (the report's label).
+fn ct_cases(state: String) -> Vec<Case> {
     vec![
         Case {
             meta: Meta {
@@ -916,6 +943,7 @@ fn verify(bed: &mut Bed, empty: &EmptyProgram, case: &Case) -> Result<()> {
     }
     if let Mode::NewFlows = case.mode {
         NewFlows::remove(bed, NEW_FLOW_CHECK)?;
+        bed.refill(1)?;
     }
     eprintln!(
         "  verified {:>2} {} [{}]: verdict {}, counters {}",
@@ -982,6 +1010,7 @@ fn round(bed: &mut Bed, empty: &EmptyProgram, case: &Case, plan: &Plan) -> Resul
         for i in 0..plan.singles {
             NewFlows::remove(bed, i)?;
         }
+        bed.refill(plan.singles)?;
     }
     Ok(ns)
 }
@@ -1079,57 +1108,113 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
         }
 
         eprintln!("per-packet: gateway with {CT_FLOWS} conntrack flows");
-        let mut bed = Bed::load(&net)?;
-        bed.fill_ct(net.sec0)?;
-        bed.pod_owner.insert(
-            FLOW_POD.octets(),
-            PodOwnerValue {
-                node: underlay::from_v4(PEER.octets()),
-            },
-            0,
-        )?;
-        bed.pod_owner.insert(
-            NEW_POD.octets(),
-            PodOwnerValue {
-                node: underlay::from_v4(PEER.octets()),
-            },
-            0,
-        )?;
-        for pod in [FLOW_POD, NEW_POD] {
-            let key = AdmittedKeyV4 {
-                pod: pod.octets(),
-                rule_id: RULE,
-            };
-            bed.admitted.insert(key, AdmittedValue::default(), 0)?;
-        }
-        // Partner flows: each established flow's translation is a flow that translates
-        // back (see the module docs).
-        let now = ktime_ns()?;
-        let sec0 = net.sec0;
-        bed.ct_flow(
-            FLOW_POD, FLOW_SPORT, DEST, DPORT, EGRESS, FLOW_EPORT, sec0, now,
-        )?;
-        bed.ct_flow(
-            EGRESS, FLOW_EPORT, DEST, DPORT, FLOW_POD, FLOW_SPORT, sec0, now,
-        )?;
-        bed.pod_owner.insert(
-            EGRESS.octets(),
-            PodOwnerValue {
-                node: underlay::from_v4(PEER.octets()),
-            },
-            0,
-        )?;
-        bed.egress_ips.insert(
-            FLOW_POD.octets(),
-            EgressIpValue {
-                ifindex: sec0,
-                flags: 0,
-            },
-            0,
-        )?;
+        let mut bed = gateway_bed(&net, CT_FLOWS)?;
         let mut cases = floor_cases();
-        cases.extend(ct_cases());
+        cases.extend(ct_cases(format!(
+            "{}k CT flows ({}k entries)",
+            CT_FLOWS / 1000,
+            CT_FLOWS / 500
+        )));
         measure(&mut bed, &empty, &cases, &plan, &mut out)?;
+        drop(bed);
+        ct_full(&net, &empty, &plan, &mut out)?;
         Ok(out)
     })
+}
+
+/// Only the gateway's rows with conntrack full (`egress-bench --scale`), floors included.
+pub fn run_ct_full(plan: Plan) -> Result<Vec<Timing>> {
+    in_private_netns(move || {
+        let net = topology()?;
+        let empty = EmptyProgram::load()?;
+        let mut out = Vec::new();
+        ct_full(&net, &empty, &plan, &mut out)?;
+        Ok(out)
+    })
+}
+
+/// Background flows that fill CT_V4 to its capacity next to the measured flows' four
+/// entries (two flows and their partners, [`gateway_bed`]).
+const CT_FULL_FLOWS: u32 = maps::CT_MAX_ENTRIES / 2 - 2;
+
+/// The gateway's rows with CT_V4 at its full size (issue 15): the LRU map then evicts an
+/// old flow for every entry a new flow creates, and new flows removed after a round are
+/// replaced by fresh background flows, so every round starts full.
+fn ct_full(net: &Net, empty: &EmptyProgram, plan: &Plan, out: &mut Vec<Timing>) -> Result<()> {
+    eprintln!("per-packet: gateway with CT_V4 full ({CT_FULL_FLOWS} background flows)");
+    let mut bed = gateway_bed(net, CT_FULL_FLOWS)?;
+    bed.refill = Some(Refill {
+        next: CT_FULL_FLOWS,
+        ifindex: net.sec0,
+    });
+    let held = bed.ct_entries();
+    let capacity = maps::CT_MAX_ENTRIES as usize;
+    // A full LRU map may have evicted a few entries early (per-CPU free lists).
+    ensure!(
+        held * 100 >= capacity * 99,
+        "CT_V4 holds {held} entries after filling, expected about {capacity}"
+    );
+    let mut cases = floor_cases();
+    cases.extend(ct_cases(format!(
+        "CT_V4 full: {} of {} entries",
+        super::report::thousands(held as u64),
+        super::report::thousands(capacity as u64)
+    )));
+    measure(&mut bed, empty, &cases, plan, out)?;
+    let after = bed.ct_entries();
+    ensure!(
+        after * 100 >= capacity * 99,
+        "CT_V4 held {after} entries after the rounds, expected about {capacity}: the rows \
+         were not timed on a full table"
+    );
+    eprintln!("per-packet: CT_V4 held {held} entries before the rounds, {after} after");
+    Ok(())
+}
+
+/// A gateway with `background` established flows in conntrack, the measured flows (an
+/// established one and its partner, see the module docs), their pods' owners and
+/// admissions, and the new-flow pod's.
+fn gateway_bed(net: &Net, background: u32) -> Result<Bed> {
+    let mut bed = Bed::load(net)?;
+    bed.fill_ct(net.sec0, 0..background)?;
+    for pod in [FLOW_POD, NEW_POD] {
+        bed.pod_owner.insert(
+            pod.octets(),
+            PodOwnerValue {
+                node: underlay::from_v4(PEER.octets()),
+            },
+            0,
+        )?;
+        let key = AdmittedKeyV4 {
+            pod: pod.octets(),
+            rule_id: RULE,
+        };
+        bed.admitted.insert(key, AdmittedValue::default(), 0)?;
+    }
+    // Partner flows: each established flow's translation is a flow that translates
+    // back (see the module docs). Inserted last: the newest entries of a full LRU map.
+    let now = ktime_ns()?;
+    let sec0 = net.sec0;
+    bed.ct_flow(
+        FLOW_POD, FLOW_SPORT, DEST, DPORT, EGRESS, FLOW_EPORT, sec0, now,
+    )?;
+    bed.ct_flow(
+        EGRESS, FLOW_EPORT, DEST, DPORT, FLOW_POD, FLOW_SPORT, sec0, now,
+    )?;
+    bed.pod_owner.insert(
+        EGRESS.octets(),
+        PodOwnerValue {
+            node: underlay::from_v4(PEER.octets()),
+        },
+        0,
+    )?;
+    bed.egress_ips.insert(
+        FLOW_POD.octets(),
+        EgressIpValue {
+            ifindex: sec0,
+            flags: 0,
+        },
+        0,
+    )?;
+    Ok(bed)
 }
