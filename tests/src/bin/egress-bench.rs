@@ -20,6 +20,8 @@ const USAGE: &str =
   --no-write   print the report only
   --probes     the liveness probes' cost only, printed (not written)
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
+  --like-for-like
+               ours, the tunneled and the routed baseline at one served pod only, printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
                fewer changes with --quick first), printed";
 
@@ -68,6 +70,14 @@ fn args() -> Result<Args> {
                 )?;
             }
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
+            "--like-for-like" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let run = lab::run_like_for_like(&plan)?;
+                let mut t = lab::like_for_like(Some(&run));
+                t.notes
+                    .extend(run.errors.iter().map(|e| format!("Failed step: {e}")));
+                print_alone(plan, t)?;
+            }
             "--routes" => {
                 egress_tests::netns::install_signal_teardown()?;
                 let run = lab::run_routes(&plan)?;
@@ -122,6 +132,7 @@ fn main() -> Result<()> {
     };
     for mut t in [
         lab::throughput(run.as_ref(), &plan)?,
+        lab::like_for_like(run.as_ref()),
         lab::new_flows(run.as_ref(), &plan)?,
         lab::control_plane(run.as_ref(), &plan)?,
     ] {

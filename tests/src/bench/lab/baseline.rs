@@ -1,14 +1,19 @@
-//! The kernel baseline on the lab's topology: how OVN-Kubernetes implements EgressIP on
-//! secondary host networks, rebuilt with `ip rule` and nftables.
+//! The kernel baselines on the lab's topology: how OVN-Kubernetes implements EgressIP on
+//! secondary host networks, rebuilt with `ip rule` and nftables, in two variants
+//! ([`Steering`]) that differ only in how w1 carries the pod's packets to gw1.
 //!
-//! * w1 steers the pod's traffic to network A to gw1 over the underlay (policy routing:
-//!   `ip rule from <pod> lookup 100`, table 100 `192.168.101.0/24 via <gw1>`). No tunnel:
-//!   the real OVN-K carries it in Geneve between the nodes' OVS bridges; here it is plain
-//!   routing, which costs less than any tunnel.
-//! * gw1 holds the egress IP on `sec-a`, has one `ip rule from <pod IP> lookup 200
-//!   pref 6000` per served pod (table 200: network A via `sec-a`), and SNATs in nftables
-//!   postrouting through a map keyed by `ip saddr . oifname`. Replies are un-SNATed by
-//!   conntrack and routed back to w1 over the underlay (main table).
+//! * [`Steering::Underlay`] (the routed baseline): w1 steers the pod's traffic to network
+//!   A to gw1 over the underlay (policy routing: `ip rule from <pod> lookup 100`, table
+//!   100 `192.168.101.0/24 via <gw1>`). No tunnel, which costs less than any tunnel.
+//! * [`Steering::Vxlan`] (the tunneled baseline): the same rule on w1 points table 100 into
+//!   a plain kernel VXLAN device between w1 and gw1 ([`VXLAN_DEV`], its own UDP port, MTU
+//!   underlay - 50 like ours), and gw1 routes the replies to the pod back into it: the
+//!   real OVN-K carries this traffic in Geneve, which this kernel lacks.
+//! * Either way gw1 holds the egress IP on `sec-a`, has one `ip rule from <pod IP> lookup
+//!   200 pref 6000` per served pod (table 200: network A via `sec-a`), and SNATs in
+//!   nftables postrouting through a map keyed by `ip saddr . oifname`. Replies are
+//!   un-SNATed by conntrack and routed back to w1 (main table: over the underlay, or the
+//!   tunnel's /32 route to the pod).
 //! * All rules share one priority, so the kernel keeps them in creation order; the
 //!   measured pod's rule is created last, after the other served pods' rules, and every
 //!   packet of the measured flow walks all of them (replies too: they match none).
@@ -19,8 +24,9 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::lab::{Lab, addr};
 
-/// Routing table of the steering rule on the worker.
+/// Routing table and priority of the steering rule on the worker.
 const STEER_TABLE: u32 = 100;
+const STEER_PREF: u32 = 1000;
 /// Routing table of the per-pod rules on the gateway.
 const GW_TABLE: u32 = 200;
 /// Priority of every per-pod rule on the gateway (OVN-K uses one fixed priority).
@@ -36,11 +42,66 @@ fn rule_for(pod: Ipv4Addr) -> String {
     format!("rule add from {pod} lookup {GW_TABLE} pref {GW_PREF}")
 }
 
-/// Build the baseline for the measured pod w1-p1 (1 served pod). Expects our datapath
-/// gone (agents stopped, pins removed).
-pub fn up(lab: &Lab) -> Result<()> {
-    let pod = addr::W1_P1;
-    // The agents may have left the egress IPs on either gateway: one holder only, gw1.
+/// How w1 carries the measured pod's packets to gw1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steering {
+    /// Routed over the underlay, no tunnel.
+    Underlay,
+    /// In a kernel VXLAN device between w1 and gw1, both directions.
+    Vxlan,
+}
+
+/// The tunneled baseline's VXLAN device on w1 and gw1.
+pub const VXLAN_DEV: &str = "bvx0";
+const VXLAN_VNI: u32 = 4242;
+/// Neither the agents' tunnel port (4789) nor their probes' (4790): the agents' devices
+/// stay, idle, and hold theirs.
+const VXLAN_PORT: u16 = 8472;
+/// The tunnel's own addresses (a /30 inside the tunnel: the next hops of the routes).
+const W1_TUN: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
+const GW1_TUN: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
+
+/// Build a baseline for the measured pod w1-p1 (1 served pod), steered by `steering`.
+/// Expects our datapath gone (agents stopped, pins removed) and no other baseline up.
+pub fn up(lab: &Lab, steering: Steering) -> Result<()> {
+    release_egress_ips(lab)?;
+    match steering {
+        Steering::Underlay => steer(lab, &format!("via {}", addr::GW1))?,
+        Steering::Vxlan => {
+            tunnel_up(lab)?;
+            steer(lab, &format!("via {GW1_TUN} dev {VXLAN_DEV}"))?;
+        }
+    }
+    gateway_up(lab)?;
+    // host-a may still map the egress IP to the other gateway's MAC.
+    lab.ns("host-a")?.exec("ip", &["neigh", "flush", "all"])?;
+    Ok(())
+}
+
+/// Remove what [`up`] built (at 1 served pod), so that the other baseline can follow.
+pub fn down(lab: &Lab, steering: Steering) -> Result<()> {
+    lab.exec("gw1", "nft", &["delete", "table", "ip", NFT_TABLE])
+        .context("failed to delete the baseline's nftables table on gw1")?;
+    let mut gw = vec![
+        format!("rule del pref {GW_PREF}"),
+        format!("route flush table {GW_TABLE}"),
+        format!("addr del {}/24 dev sec-a", addr::EGRESS_IP_A),
+    ];
+    let mut w1 = vec![
+        format!("rule del pref {STEER_PREF}"),
+        format!("route flush table {STEER_TABLE}"),
+    ];
+    if steering == Steering::Vxlan {
+        // The routes through the devices go with them.
+        gw.push(format!("link del {VXLAN_DEV}"));
+        w1.push(format!("link del {VXLAN_DEV}"));
+    }
+    lab.ns("gw1")?.ip_batch(&gw)?;
+    lab.ns("w1")?.ip_batch(&w1)
+}
+
+/// The agents may have left the egress IPs on either gateway: one holder only, gw1.
+fn release_egress_ips(lab: &Lab) -> Result<()> {
     for gw in ["gw1", "gw2"] {
         for (ip, dev) in [(addr::EGRESS_IP_A, "sec-a"), (addr::EGRESS_IP_B, "sec-b")] {
             let _ = lab
@@ -48,14 +109,46 @@ pub fn up(lab: &Lab) -> Result<()> {
                 .exec_unchecked("ip", &["addr", "del", &format!("{ip}/24"), "dev", dev]);
         }
     }
+    Ok(())
+}
+
+/// w1: the pod's packets to network A go by table [`STEER_TABLE`], `route_tail` after
+/// the prefix (`via <gw1>`, or into the tunnel).
+fn steer(lab: &Lab, route_tail: &str) -> Result<()> {
     lab.ns("w1")?.ip_batch(&[
-        format!("rule add from {pod} lookup {STEER_TABLE} pref 1000"),
         format!(
-            "route add {} via {} table {STEER_TABLE}",
-            addr::NET_A,
-            addr::GW1
+            "rule add from {} lookup {STEER_TABLE} pref {STEER_PREF}",
+            addr::W1_P1
         ),
-    ])?;
+        format!("route add {} {route_tail} table {STEER_TABLE}", addr::NET_A),
+    ])
+}
+
+/// The VXLAN device on w1 and gw1 (point to point over the underlay), and gw1's route
+/// back to the pod through it.
+fn tunnel_up(lab: &Lab) -> Result<()> {
+    for (node, local, remote, tun) in [
+        ("w1", addr::W1, addr::GW1, W1_TUN),
+        ("gw1", addr::GW1, addr::W1, GW1_TUN),
+    ] {
+        lab.ns(node)?.ip_batch(&[
+            format!(
+                "link add {VXLAN_DEV} type vxlan id {VXLAN_VNI} local {local} remote {remote} \
+                 dstport {VXLAN_PORT} dev eth0"
+            ),
+            format!("addr add {tun}/30 dev {VXLAN_DEV}"),
+            format!("link set {VXLAN_DEV} up"),
+        ])?;
+    }
+    lab.ns("gw1")?.ip_batch(&[format!(
+        "route add {}/32 via {W1_TUN} dev {VXLAN_DEV}",
+        addr::W1_P1
+    )])
+}
+
+/// gw1: the egress IP on `sec-a`, the measured pod's rule, and the SNAT map.
+fn gateway_up(lab: &Lab) -> Result<()> {
+    let pod = addr::W1_P1;
     lab.ns("gw1")?.ip_batch(&[
         format!("addr add {}/24 dev sec-a", addr::EGRESS_IP_A),
         format!("route add {} dev sec-a table {GW_TABLE}", addr::NET_A),
@@ -75,10 +168,52 @@ pub fn up(lab: &Lab) -> Result<()> {
 ",
         egress = addr::EGRESS_IP_A
     );
-    nft_file(lab, "baseline-1.nft", &nft)?;
-    // host-a may still map the egress IP to the other gateway's MAC.
-    lab.ns("host-a")?.exec("ip", &["neigh", "flush", "all"])?;
-    Ok(())
+    nft_file(lab, "baseline-1.nft", &nft)
+}
+
+/// Packets (received, sent) on `member`'s [`VXLAN_DEV`].
+pub fn tunnel_packets(lab: &Lab, member: &str) -> Result<(u64, u64)> {
+    let out = lab.exec(
+        member,
+        "ip",
+        &["-s", "-j", "link", "show", "dev", VXLAN_DEV],
+    )?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("failed to parse `ip -s -j link show {VXLAN_DEV}` on {member}"))?;
+    let count = |dir: &str| {
+        v.pointer(&format!("/0/stats64/{dir}/packets"))
+            .and_then(serde_json::Value::as_u64)
+            .with_context(|| format!("no {dir} packet count for {VXLAN_DEV} on {member}"))
+    };
+    Ok((count("rx")?, count("tx")?))
+}
+
+/// Run `probe` (traffic from the pod through the baseline) and check that it crossed the
+/// tunnel both ways: w1 sent and gw1 received, gw1 sent and w1 received. Returns what
+/// was seen.
+pub fn verify_tunnel(lab: &Lab, probe: impl FnOnce() -> Result<()>) -> Result<String> {
+    let (w1_before, gw1_before) = (tunnel_packets(lab, "w1")?, tunnel_packets(lab, "gw1")?);
+    probe()?;
+    let (w1_after, gw1_after) = (tunnel_packets(lab, "w1")?, tunnel_packets(lab, "gw1")?);
+    let moved = |after: u64, before: u64| after.saturating_sub(before);
+    let (w1_tx, gw1_rx) = (
+        moved(w1_after.1, w1_before.1),
+        moved(gw1_after.0, gw1_before.0),
+    );
+    let (gw1_tx, w1_rx) = (
+        moved(gw1_after.1, gw1_before.1),
+        moved(w1_after.0, w1_before.0),
+    );
+    if [w1_tx, gw1_rx, gw1_tx, w1_rx].contains(&0) {
+        bail!(
+            "the probe did not cross {VXLAN_DEV} both ways: w1 sent {w1_tx}, gw1 received \
+             {gw1_rx}, gw1 sent {gw1_tx}, w1 received {w1_rx} packets"
+        );
+    }
+    Ok(format!(
+        "during one probe w1's {VXLAN_DEV} sent {w1_tx} and received {w1_rx} packets, gw1's \
+         received {gw1_rx} and sent {gw1_tx}"
+    ))
 }
 
 /// Grow the baseline to `served` pods: `served - 1` decoy rules and map elements first,
