@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use egress_tests::bench::{
     Plan, failover, lab, per_packet, probes,
-    report::{Machine, Report, datapath_source, per_packet_table},
+    report::{Machine, Report, Table, datapath_source, per_packet_table},
+    scale,
 };
 
 const USAGE: &str =
@@ -22,6 +23,8 @@ const USAGE: &str =
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
   --like-for-like
                ours, the tunneled and the routed baseline at one served pod only, printed
+  --scale      the cluster-scale rows only (compiler, apply and map memory at 100 nodes
+               and 100k pods; the gateway's per-packet rows with conntrack full), printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
                fewer changes with --quick first), printed";
 
@@ -38,15 +41,32 @@ fn workspace() -> PathBuf {
 }
 
 /// Print one section with the machine header, and exit.
-fn print_alone(plan: Plan, table: egress_tests::bench::report::Table) -> Result<()> {
+fn print_alone(plan: Plan, table: Table) -> Result<()> {
+    print_tables(plan, vec![table])
+}
+
+/// Print sections with the machine header, and exit.
+fn print_tables(plan: Plan, tables: Vec<Table>) -> Result<()> {
     let report = Report {
         machine: Machine::probe()?,
         source: datapath_source(&workspace()),
         plan,
-        tables: vec![table],
+        tables,
     };
     println!("{}", report.markdown());
     std::process::exit(0);
+}
+
+/// The cluster-scale sections: the gateway's rows with conntrack full (per packet), the
+/// compiler and the maps at 100 nodes and 100k pods.
+fn scale_tables(plan: Plan) -> Result<Vec<Table>> {
+    let timings = per_packet::run_ct_full(plan).context("failed to run the full-conntrack rows")?;
+    let run = scale::run(&plan);
+    Ok(vec![
+        per_packet_table(&timings, &plan),
+        scale::table(&run),
+        scale::memory_table(&run),
+    ])
 }
 
 fn args() -> Result<Args> {
@@ -69,6 +89,7 @@ fn args() -> Result<Args> {
                     failover::table(egress_tests::cluster::default_spec()?, rounds)?,
                 )?;
             }
+            "--scale" => print_tables(plan, scale_tables(plan)?)?,
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
             "--like-for-like" => {
                 egress_tests::netns::install_signal_teardown()?;
@@ -116,6 +137,8 @@ fn main() -> Result<()> {
     if args.per_packet {
         let timings = per_packet::run(plan).context("failed to run the per-packet benchmarks")?;
         tables.push(per_packet_table(&timings, &plan));
+        let run = scale::run(&plan);
+        tables.extend([scale::table(&run), scale::memory_table(&run)]);
     }
     // A lab that cannot start costs its three sections, not the per-packet report.
     let (run, lab_error) = if args.lab {
