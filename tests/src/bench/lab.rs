@@ -34,6 +34,7 @@ use crate::{
 
 pub mod baseline;
 pub mod control;
+pub mod preload;
 pub mod routes;
 pub mod traffic;
 
@@ -48,6 +49,8 @@ pub enum Side {
     Baseline,
     /// The tunneled kernel baseline ([`baseline::Steering::Vxlan`]), at one served pod.
     Tunneled,
+    /// Ours with [`preload::FLOWS`] conntrack flows preloaded on the serving gateway.
+    Preloaded,
 }
 
 impl Side {
@@ -56,6 +59,7 @@ impl Side {
             Side::Ours => "Ours",
             Side::Baseline => "Routed baseline",
             Side::Tunneled => "Tunneled baseline",
+            Side::Preloaded => "Ours with preloaded conntrack",
         }
     }
 }
@@ -130,6 +134,8 @@ pub struct LabRun {
     pub took: Duration,
     /// How long the tunneled baseline took (up, checks, timed runs, down).
     pub tunneled_took: Option<Duration>,
+    /// Preloaded conntrack: the serving gateway, CT_V4 entries before and after the runs.
+    pub preloaded: Option<(String, usize, usize)>,
 }
 
 impl LabRun {
@@ -177,6 +183,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     ));
 
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
+    measure_preloaded(&mut r, &s.lab, &s.echo, &lp);
     r.step("change-to-map latency", |r| {
         r.latency_ms = control::change_latency(&s.lab, lp.edits)?;
         Ok(())
@@ -239,6 +246,7 @@ pub fn run_like_for_like(plan: &Plan) -> Result<LabRun> {
     };
     let mut s = Session::open()?;
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
+    measure_preloaded(&mut r, &s.lab, &s.echo, &lp);
     if remove_ours_step(&mut r, &mut s.lab) {
         measure_tunneled(&mut r, &s.lab, &s.echo, &lp);
         measure_routed(&mut r, &s.lab, &s.echo, &lp);
@@ -303,6 +311,40 @@ fn start_iperf_server(lab: &Lab) -> Result<crate::netns::NsChild> {
         .sysctl("net.ipv4.ip_local_port_range", "10000 65000")?;
     thread::sleep(Duration::from_millis(300));
     Ok(server)
+}
+
+/// Ours at one served pod with [`preload::FLOWS`] flows preloaded into the serving
+/// gateway's conntrack: loaded, checked (the table holds them, host-a still sees the
+/// egress IP), timed, checked again, removed.
+fn measure_preloaded(r: &mut LabRun, lab: &Lab, echo: &str, lp: &LabPlan) {
+    let Some(node) = holder(lab, addr::EGRESS_IP_A).map(|h| h.0) else {
+        r.errors.push(format!(
+            "preloaded conntrack: nobody holds {}",
+            addr::EGRESS_IP_A
+        ));
+        return;
+    };
+    let loaded = r
+        .step("preload conntrack on the serving gateway", |r| {
+            let held = preload::load(lab, &node)?;
+            converged(lab, addr::EGRESS_IP_A)?;
+            r.preloaded = Some((node.clone(), held, 0));
+            Ok(())
+        })
+        .is_some();
+    if loaded {
+        measure(r, lab, echo, Side::Preloaded, 1, lp);
+        r.step("conntrack after the preloaded runs", |r| {
+            let after = preload::entries(lab, &node)?;
+            if let Some(p) = r.preloaded.as_mut() {
+                p.2 = after;
+            }
+            Ok(())
+        });
+    }
+    r.step("remove the preloaded conntrack", |_| {
+        preload::unload(lab, &node)
+    });
 }
 
 /// The tunneled baseline at one served pod: up, checked (host-a sees the egress IP, the
@@ -753,6 +795,67 @@ pub fn like_for_like(run: Option<&LabRun>) -> Table {
     Table {
         title: "Like for like at one served pod".to_owned(),
         intro,
+        header: cols,
+        rows,
+        notes,
+    }
+}
+
+/// Ours at one served pod, with and without [`preload::FLOWS`] conntrack flows on the
+/// serving gateway (issue 15).
+pub fn preloaded(run: Option<&LabRun>) -> Table {
+    let cols = header(&[
+        "traffic (1 served pod)",
+        "ours",
+        "ours, 100k flows in the gateway's conntrack",
+        "preloaded / not",
+    ]);
+    let empty = BTreeMap::new();
+    let pick = |f: fn(&LabRun) -> &Samples| run.map_or(&empty, f);
+    let row = |metric: &str, m: &Samples, fmt: fn(Option<Spread>) -> String| {
+        let (ours, loaded) = (get(m, Side::Ours, 1), get(m, Side::Preloaded, 1));
+        vec![
+            metric.to_owned(),
+            fmt(ours),
+            fmt(loaded),
+            ratio(loaded, ours).map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
+        ]
+    };
+    let rows = vec![
+        row("TCP, iperf3 (Gbit/s)", pick(|r| &r.tcp_gbps), |s| {
+            spread_text(s, 2)
+        }),
+        row(
+            "UDP, 64-byte (packets/s received)",
+            pick(|r| &r.udp_pps),
+            spread_big,
+        ),
+        row(
+            "new TCP flows/s through the gateway",
+            pick(|r| &r.flows),
+            spread_big,
+        ),
+    ];
+    let notes = run
+        .and_then(|r| r.preloaded.as_ref())
+        .map(|(node, before, after)| {
+            format!(
+                "{} established flows (two entries each: pods 10.246.x.y to 198.18.x.y, \
+                 translated to {}) written into {node}'s pinned CT_V4 while its agent ran, \
+                 last seen now (the sweeper keeps them); checked before timing: CT_V4 held \
+                 {} entries and host-a still saw the egress IP; {} entries after the runs; \
+                 removed afterwards.",
+                thousands(u64::from(preload::FLOWS)),
+                addr::EGRESS_IP_A,
+                thousands(*before as u64),
+                thousands(*after as u64),
+            )
+        })
+        .into_iter()
+        .collect();
+    Table {
+        title: "Ours with a loaded conntrack".to_owned(),
+        intro: vec![],
         header: cols,
         rows,
         notes,

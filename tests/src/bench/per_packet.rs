@@ -364,27 +364,15 @@ impl Bed {
         ifindex: u32,
         now: u64,
     ) -> Result<()> {
-        let (orig, reply) = ct_keys(pod, sport, dst, dport, xaddr, xport);
-        let entry = CtEntryV4 {
-            xlate_addr: xaddr.octets(),
-            xlate_port_be: xport.to_be(),
-            state: state::ESTABLISHED,
-            _pad0: 0,
-            pod_node: underlay::from_v4(PEER.octets()),
+        let site = FlowSite {
+            egress: xaddr,
             ifindex,
+            pod_node: PEER,
             rule_id: RULE,
-            last_seen_ns: now,
         };
-        self.ct.insert(orig, entry, 0)?;
-        self.ct.insert(
-            reply,
-            CtEntryV4 {
-                xlate_addr: pod.octets(),
-                xlate_port_be: sport.to_be(),
-                ..entry
-            },
-            0,
-        )?;
+        for (key, entry) in flow_entries((pod, sport), (dst, dport), xport, &site, now) {
+            self.ct.insert(key, entry, 0)?;
+        }
         Ok(())
     }
 
@@ -392,21 +380,18 @@ impl Bed {
     /// touch.
     fn fill_ct(&mut self, ifindex: u32, flows: std::ops::Range<u32>) -> Result<()> {
         let now = ktime_ns()?;
-        let pod_base = u32::from(a(10, 246, 0, 0));
-        let dst_base = u32::from(a(198, 18, 0, 0));
+        let site = FlowSite {
+            egress: EGRESS,
+            ifindex,
+            pod_node: PEER,
+            rule_id: RULE,
+        };
         for i in flows {
-            // 2,000 destinations x up to 250 egress ports: unique reply tuples.
-            self.ct_flow(
-                Ipv4Addr::from(pod_base + i),
-                30_000 + (i % 1000) as u16,
-                Ipv4Addr::from(dst_base + i % 2000),
-                DPORT,
-                EGRESS,
-                1024 + (i / 2000) as u16,
-                ifindex,
-                now,
-            )
-            .with_context(|| format!("failed to fill conntrack entry {i}"))?;
+            for (key, entry) in background_flow(i, &site, now) {
+                self.ct
+                    .insert(key, entry, 0)
+                    .with_context(|| format!("failed to fill conntrack entry {i}"))?;
+            }
         }
         Ok(())
     }
@@ -479,6 +464,59 @@ impl Bed {
             }
         }
     }
+}
+
+/// What a conntrack flow's entries point at on the gateway: the egress IP (the
+/// translation), its interface, the pod's node and the rule.
+#[derive(Clone, Copy, Debug)]
+pub struct FlowSite {
+    pub egress: Ipv4Addr,
+    pub ifindex: u32,
+    pub pod_node: Ipv4Addr,
+    pub rule_id: u32,
+}
+
+/// Both entries (original, reply) of an established TCP flow `pod` -> `dst`, translated
+/// to the site's egress IP and `xport`, last seen at `now`.
+pub fn flow_entries(
+    pod: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    xport: u16,
+    site: &FlowSite,
+    now: u64,
+) -> [(CtKeyV4, CtEntryV4); 2] {
+    let (orig, reply) = ct_keys(pod.0, pod.1, dst.0, dst.1, site.egress, xport);
+    let entry = CtEntryV4 {
+        xlate_addr: site.egress.octets(),
+        xlate_port_be: xport.to_be(),
+        state: state::ESTABLISHED,
+        _pad0: 0,
+        pod_node: underlay::from_v4(site.pod_node.octets()),
+        ifindex: site.ifindex,
+        rule_id: site.rule_id,
+        last_seen_ns: now,
+    };
+    let back = CtEntryV4 {
+        xlate_addr: pod.0.octets(),
+        xlate_port_be: pod.1.to_be(),
+        ..entry
+    };
+    [(orig, entry), (reply, back)]
+}
+
+/// Background flow `i`: pod 10.246.0.0 + i to one of 2,000 destinations (198.18.x.y) on
+/// port 443, translated to egress port 1024 + i / 2000 (unique tuples both ways); no
+/// measured packet shares a tuple with it.
+pub fn background_flow(i: u32, site: &FlowSite, now: u64) -> [(CtKeyV4, CtEntryV4); 2] {
+    let pod = Ipv4Addr::from(u32::from(a(10, 246, 0, 0)) + i);
+    let dst = Ipv4Addr::from(u32::from(a(198, 18, 0, 0)) + i % 2000);
+    flow_entries(
+        (pod, 30_000 + (i % 1000) as u16),
+        (dst, DPORT),
+        1024 + (i / 2000) as u16,
+        site,
+        now,
+    )
 }
 
 fn pod(i: u32) -> Ipv4Addr {

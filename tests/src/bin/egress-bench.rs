@@ -22,7 +22,8 @@ const USAGE: &str =
   --probes     the liveness probes' cost only, printed (not written)
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
   --like-for-like
-               ours, the tunneled and the routed baseline at one served pod only, printed
+               ours (also with 100k conntrack flows preloaded on the gateway), the tunneled
+               and the routed baseline at one served pod only, printed
   --scale      the cluster-scale rows only (compiler, apply and map memory at 100 nodes
                and 100k pods; the gateway's per-packet rows with conntrack full), printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
@@ -97,7 +98,7 @@ fn args() -> Result<Args> {
                 let mut t = lab::like_for_like(Some(&run));
                 t.notes
                     .extend(run.errors.iter().map(|e| format!("Failed step: {e}")));
-                print_alone(plan, t)?;
+                print_tables(plan, vec![t, lab::preloaded(Some(&run))])?;
             }
             "--routes" => {
                 egress_tests::netns::install_signal_teardown()?;
@@ -156,6 +157,7 @@ fn main() -> Result<()> {
     for mut t in [
         lab::throughput(run.as_ref(), &plan)?,
         lab::like_for_like(run.as_ref()),
+        lab::preloaded(run.as_ref()),
         lab::new_flows(run.as_ref(), &plan)?,
         lab::control_plane(run.as_ref(), &plan)?,
     ] {
