@@ -1258,3 +1258,31 @@ pub fn routes_table(run: Option<&LabRun>) -> Table {
         notes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_for_like_judges_each_baseline_by_its_own_target() {
+        let mut r = LabRun::default();
+        for (side, gbps) in [
+            (Side::Ours, 9.0),
+            (Side::Tunneled, 9.0),
+            (Side::Baseline, 10.0),
+        ] {
+            r.tcp_gbps.insert((side, 1), vec![gbps]);
+        }
+        let t = like_for_like(Some(&r));
+        let tcp = &t.rows[0];
+        assert_eq!((tcp[3].as_str(), tcp[5].as_str()), ("1.00x", "0.90x"));
+        assert_eq!(tcp[6], ">= 1.0x tunneled: met; >= 0.95x routed: **missed**");
+        // Missing the routed target says why, once.
+        assert_eq!(
+            t.notes.iter().filter(|n| **n == ROUTED_TRADE_OFF).count(),
+            1
+        );
+        // UDP was not measured: no verdict either way.
+        assert!(t.rows[1][6].contains("not measured"), "{:?}", t.rows[1]);
+    }
+}
