@@ -818,16 +818,7 @@ impl Reconciler<'_> {
             .map_or(32, |held| held.prefix_len);
             if i.addresses.iter().any(|(a, _)| *a == h.ip) {
                 // Already there (held before, or by the agent before this one).
-                self.holdings
-                    .entry(h.ip)
-                    .or_insert_with(|| Holding {
-                        interface: h.interface.clone(),
-                        epoch: h.epoch,
-                        since: published_since(self.last_node_doc.as_ref(), h.ip, h.epoch)
-                            .unwrap_or_else(kube_source::now_rfc3339),
-                        reason: h.reason.to_owned(),
-                    })
-                    .epoch = h.epoch;
+                self.keep_holding(h);
                 continue;
             }
             let waiting = self.handover_since.get(&h.ip).copied();
@@ -862,40 +853,64 @@ impl Reconciler<'_> {
                 problems.push(format!("egress IP {}: {refused}", h.ip));
                 continue;
             }
-            // The kernel's own IPv6 DAD stays off (see `add_address`).
-            match self.nl.add_address(i.ifindex, h.ip, prefix_len).await {
-                Ok(()) => {
-                    changed += 1;
-                    self.lingering.remove(&h.ip);
-                    self.holdings.insert(
-                        h.ip,
-                        Holding {
-                            interface: h.interface.clone(),
-                            epoch: h.epoch,
-                            since: kube_source::now_rfc3339(),
-                            reason: h.reason.to_owned(),
-                        },
-                    );
-                    info!(
-                        ip = %h.ip,
-                        interface = %h.interface,
-                        epoch = h.epoch,
-                        reason = h.reason,
-                        "holding egress IP"
-                    );
-                    let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                    *s.liveness.acquired.entry(h.reason.to_owned()).or_default() += 1;
-                    drop(s);
-                    if let Some(mac) = i.mac {
-                        announce(i.ifindex, mac, h.ip);
-                    }
-                }
+            match self.add_held(h, i, prefix_len).await {
+                Ok(()) => changed += 1,
                 Err(e) => problems.push(format!("egress IP {}: {e}", h.ip)),
             }
         }
         self.handover_since.retain(|ip, _| wanted.contains(ip));
         self.refused.retain(|ip, _| wanted.contains(ip));
         changed
+    }
+
+    /// Record `h`, whose address is already on its interface, as held (keeping the
+    /// `since` this node published for its epoch).
+    fn keep_holding(&mut self, h: &compiler::Holder) {
+        self.holdings
+            .entry(h.ip)
+            .or_insert_with(|| Holding {
+                interface: h.interface.clone(),
+                epoch: h.epoch,
+                since: published_since(self.last_node_doc.as_ref(), h.ip, h.epoch)
+                    .unwrap_or_else(kube_source::now_rfc3339),
+                reason: h.reason.to_owned(),
+            })
+            .epoch = h.epoch;
+    }
+
+    /// Add `h`'s address to `i` (the kernel's own IPv6 DAD stays off: see
+    /// `add_address`), record it as held, count it and announce it.
+    async fn add_held(
+        &mut self,
+        h: &compiler::Holder,
+        i: &iface::Interface,
+        prefix_len: u8,
+    ) -> Result<(), iface::Error> {
+        self.nl.add_address(i.ifindex, h.ip, prefix_len).await?;
+        self.lingering.remove(&h.ip);
+        self.holdings.insert(
+            h.ip,
+            Holding {
+                interface: h.interface.clone(),
+                epoch: h.epoch,
+                since: kube_source::now_rfc3339(),
+                reason: h.reason.to_owned(),
+            },
+        );
+        info!(
+            ip = %h.ip,
+            interface = %h.interface,
+            epoch = h.epoch,
+            reason = h.reason,
+            "holding egress IP"
+        );
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        *s.liveness.acquired.entry(h.reason.to_owned()).or_default() += 1;
+        drop(s);
+        if let Some(mac) = i.mac {
+            announce(i.ifindex, mac, h.ip);
+        }
+        Ok(())
     }
 
     /// Duplicate address detection before this node first claims `ip` on `i`
