@@ -152,87 +152,27 @@ pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Res
     let view_tx = Arc::new(view_tx);
     let (tx, transitions) = mpsc::unbounded_channel();
 
-    // Receiver.
-    {
-        let (socket, tracker, view_tx, tx, refused) = (
-            socket.clone(),
-            tracker.clone(),
-            view_tx.clone(),
-            tx.clone(),
-            refused.clone(),
-        );
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
-            loop {
-                let (n, from) = match socket.recv_from(&mut buf).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        warn!("failed to receive a hello: {e}");
-                        tokio::time::sleep(settings.interval).await;
-                        continue;
-                    }
-                };
-                let result = Hello::decode(&buf[..n])
-                    .map_err(|e| e.to_string())
-                    .and_then(|h| {
-                        let now = Instant::now();
-                        let mut t = lock(&tracker);
-                        if t.on_hello(h, from.ip(), now).map_err(|e| e.to_string())? {
-                            publish(&mut t, now, &view_tx, &tx);
-                        }
-                        Ok(())
-                    });
-                if let Err(e) = result {
-                    *lock(&refused) += 1;
-                    debug!("refused a hello from {from}: {e}");
-                }
-            }
-        });
-    }
-    // Sender.
-    {
-        let (tracker, kick, socket, reporting) = (
-            tracker.clone(),
-            kick.clone(),
-            socket.clone(),
-            reporting.clone(),
-        );
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(settings.interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = kick.notified() => {}
-                }
-                if !reporting.load(Ordering::Relaxed) {
-                    continue;
-                }
-                let now = Instant::now();
-                let hellos: Vec<(SocketAddr, Result<_, _>)> = {
-                    let mut t = lock(&tracker);
-                    publish(&mut t, now, &view_tx, &tx);
-                    t.targets()
-                        .into_iter()
-                        .map(|(name, ip)| {
-                            let to = SocketAddr::new(mapped(ip, v6_socket), port);
-                            (to, t.hello_for(&name, now).encode())
-                        })
-                        .collect()
-                };
-                for (to, bytes) in hellos {
-                    match bytes {
-                        Ok(b) => {
-                            if let Err(e) = socket.send_to(&b, to).await {
-                                debug!("failed to send a hello to {to}: {e}");
-                            }
-                        }
-                        Err(e) => warn!("{e}"),
-                    }
-                }
-            }
-        });
-    }
+    spawn_receiver(
+        Peers {
+            tracker: tracker.clone(),
+            view_tx: view_tx.clone(),
+            tx: tx.clone(),
+        },
+        socket.clone(),
+        refused.clone(),
+        settings,
+    );
+    spawn_sender(
+        Peers {
+            tracker: tracker.clone(),
+            view_tx,
+            tx,
+        },
+        socket.clone(),
+        (kick.clone(), reporting.clone()),
+        (port, v6_socket),
+        settings,
+    );
     Ok(Started {
         handle: Handle {
             tracker,
@@ -247,6 +187,108 @@ pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Res
         transitions,
         port,
     })
+}
+
+/// What the receiver and the sender share: the tracker, and where its views and
+/// transitions go.
+struct Peers {
+    tracker: Arc<Mutex<Tracker>>,
+    view_tx: Arc<watch::Sender<PeerView>>,
+    tx: mpsc::UnboundedSender<Transition>,
+}
+
+/// Receive hellos: each decoded one goes to the tracker (a new view is published when it
+/// changes something); refused ones are counted.
+fn spawn_receiver(
+    peers: Peers,
+    socket: Arc<UdpSocket>,
+    refused: Arc<Mutex<u64>>,
+    settings: Settings,
+) {
+    let Peers {
+        tracker,
+        view_tx,
+        tx,
+    } = peers;
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
+        loop {
+            let (n, from) = match socket.recv_from(&mut buf).await {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!("failed to receive a hello: {e}");
+                    tokio::time::sleep(settings.interval).await;
+                    continue;
+                }
+            };
+            let result = Hello::decode(&buf[..n])
+                .map_err(|e| e.to_string())
+                .and_then(|h| {
+                    let now = Instant::now();
+                    let mut t = lock(&tracker);
+                    if t.on_hello(h, from.ip(), now).map_err(|e| e.to_string())? {
+                        publish(&mut t, now, &view_tx, &tx);
+                    }
+                    Ok(())
+                });
+            if let Err(e) = result {
+                *lock(&refused) += 1;
+                debug!("refused a hello from {from}: {e}");
+            }
+        }
+    });
+}
+
+/// Send this node's hellos to every target, every interval and at once when kicked,
+/// once the agent reports (`reporting`); `to` is the peers' port and whether the socket
+/// is IPv6 (IPv4 peers then at mapped addresses).
+fn spawn_sender(
+    peers: Peers,
+    socket: Arc<UdpSocket>,
+    (kick, reporting): (Arc<Notify>, Arc<AtomicBool>),
+    (port, v6_socket): (u16, bool),
+    settings: Settings,
+) {
+    let Peers {
+        tracker,
+        view_tx,
+        tx,
+    } = peers;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = kick.notified() => {}
+            }
+            if !reporting.load(Ordering::Relaxed) {
+                continue;
+            }
+            let now = Instant::now();
+            let hellos: Vec<(SocketAddr, Result<_, _>)> = {
+                let mut t = lock(&tracker);
+                publish(&mut t, now, &view_tx, &tx);
+                t.targets()
+                    .into_iter()
+                    .map(|(name, ip)| {
+                        let to = SocketAddr::new(mapped(ip, v6_socket), port);
+                        (to, t.hello_for(&name, now).encode())
+                    })
+                    .collect()
+            };
+            for (to, bytes) in hellos {
+                match bytes {
+                    Ok(b) => {
+                        if let Err(e) = socket.send_to(&b, to).await {
+                            debug!("failed to send a hello to {to}: {e}");
+                        }
+                    }
+                    Err(e) => warn!("{e}"),
+                }
+            }
+        }
+    });
 }
 
 /// Note transitions and publish the view if it changed.
