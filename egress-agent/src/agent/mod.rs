@@ -219,29 +219,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     };
     let _lock = lock;
     enable_forwarding();
-    let nl = iface::Netlink::new().context("failed to open netlink")?;
-    let underlay_mtu = nl
-        .interfaces()
-        .await?
-        .iter()
-        .filter(|i| i.up && i.name != "lo")
-        .map(|i| i.mtu)
-        .max()
-        .unwrap_or(1500);
-    // Until the first pass knows this node's underlay family, assume IPv4; the pass lowers
-    // it for an IPv6 underlay.
-    let tunnel_mtu = cfg
-        .tunnel_mtu
-        .unwrap_or(underlay_mtu - iface::VXLAN_OVERHEAD);
-    let tunnel_ifindex = nl
-        .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
-        .await
-        .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
-    let mut dp = Datapath::open_with(&cfg.bpffs_dir, &cfg.capacities)
-        .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
-    // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
-    crate::datapath::sweep::start(&cfg.bpffs_dir)
-        .context("failed to start the conntrack sweeper")?;
+    let (nl, tunnel, mut dp) = set_up_node(&cfg).await?;
+    let (tunnel_ifindex, tunnel_mtu, underlay_mtu) = tunnel;
     // Started last: its warm-up and detection clocks run from here, and a pass must follow
     // at once (loading the programs takes a second, long enough to declare peers dead).
     let probes = liveness::service::start_on(probe_socket, &cfg.node_name, cfg.probe)
@@ -328,6 +307,36 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         cfg.tunnel_device
     );
     Ok(())
+}
+
+/// Set this node up for the datapath: netlink, the tunnel device (its MTU from the
+/// underlay's), the programs and pinned maps, the conntrack sweeper. Returns the netlink
+/// handle, (tunnel ifindex, tunnel MTU, underlay MTU) and the datapath.
+async fn set_up_node(cfg: &RunConfig) -> Result<(iface::Netlink, (u32, u32, u32), Datapath)> {
+    let nl = iface::Netlink::new().context("failed to open netlink")?;
+    let underlay_mtu = nl
+        .interfaces()
+        .await?
+        .iter()
+        .filter(|i| i.up && i.name != "lo")
+        .map(|i| i.mtu)
+        .max()
+        .unwrap_or(1500);
+    // Until the first pass knows this node's underlay family, assume IPv4; the pass lowers
+    // it for an IPv6 underlay.
+    let tunnel_mtu = cfg
+        .tunnel_mtu
+        .unwrap_or(underlay_mtu - iface::VXLAN_OVERHEAD);
+    let tunnel_ifindex = nl
+        .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
+        .await
+        .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
+    let dp = Datapath::open_with(&cfg.bpffs_dir, &cfg.capacities)
+        .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
+    crate::datapath::sweep::start(&cfg.bpffs_dir)
+        .context("failed to start the conntrack sweeper")?;
+    Ok((nl, (tunnel_ifindex, tunnel_mtu, underlay_mtu), dp))
 }
 
 /// Turn on forwarding (best effort). Containers often see /proc/sys read-only: then the
