@@ -54,9 +54,9 @@ pub const TC_ACT_REDIRECT: u32 = 7;
 pub const TTL_CHUNK: u32 = 250;
 
 /// The policy trie's capacity in the benchmark object. The agent's object holds 65,536
-/// entries (its own pods only); 100k entries need more. LPM tries are never
+/// entries (its own pods only); the 100k and 1M rows need more. LPM tries are never
 /// preallocated, so the limit does not change the cost of a lookup.
-pub const POLICY_BENCH_MAX_ENTRIES: u32 = 131_072;
+pub const POLICY_BENCH_MAX_ENTRIES: u32 = 1_048_576;
 
 const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, d)
@@ -76,8 +76,8 @@ const RULE: u32 = 1;
 
 /// First pod of the policy tables: 10.244.0.1, 10.244.0.2, ...
 const POD_BASE: Ipv4Addr = a(10, 244, 0, 1);
-/// A local pod that no rule selects.
-const UNSELECTED_POD: Ipv4Addr = a(10, 244, 200, 9);
+/// A local pod that no rule selects (outside the 100k pods of the largest table).
+const UNSELECTED_POD: Ipv4Addr = a(10, 247, 200, 9);
 /// Destination of the tunnel case, inside the 4th prefix (10.100.0.0/16).
 const TUNNEL_DEST: Ipv4Addr = a(10, 100, 7, 9);
 /// Destination prefixes of every selected pod (ten per pod, mixed lengths).
@@ -1098,10 +1098,11 @@ fn measure(
 }
 
 /// Policy table sizes: (label, pods, prefixes per pod).
-const POLICY_SIZES: [(&str, u32, usize); 3] = [
+const POLICY_SIZES: [(&str, u32, usize); 4] = [
     ("1 policy entry", 1, 1),
     ("10k entries (1k pods x 10)", 1_000, 10),
     ("100k entries (10k pods x 10)", 10_000, 10),
+    ("1M entries (100k pods x 10)", 100_000, 10),
 ];
 
 /// Every per-packet row, floors first. Runs in a private network namespace.

@@ -377,11 +377,12 @@ const NOTES: [&str; 4] = [
     "Floors F0 and F1 are measured in every phase (each table size and the gateway) and \
      pooled, hence more rounds. F1 is `from_pod` on an ARP frame: the cheapest path \
      through a real program (one ethertype load).",
-    "Rows 1-2: pods 10.244.0.1 upwards, ten destination prefixes each (/10 to /28), all \
-     tunneled to a remote gateway; SELECTED_V4 holds the selected pods. Row 2 sends from \
+    "Rows 1-2: pods 10.244.0.1 upwards (row 1's unselected pod is 10.247.200.9), ten \
+     destination prefixes each (/10 to /28), all tunneled to a remote gateway; \
+     SELECTED_V4 holds the selected pods. Row 2 sends from \
      the pod in the middle of the table, to a destination in its 4th prefix. The policy \
-     trie's capacity is raised to 131,072 in this object (the agent's is 65,536: a node \
-     holds only its own pods' entries) so that 100k entries fit; LPM tries are not \
+     trie's capacity is raised to 1,048,576 in this object (the agent's is 65,536: a node \
+     holds only its own pods' entries) so that 100k and 1M entries fit; LPM tries are not \
      preallocated, so the limit does not change the lookup.",
     "The FIB lookups run in a private network namespace with the egress device (veth), \
      its address and route, a permanent neighbour for the destination and forwarding on.",
