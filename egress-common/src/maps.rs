@@ -63,10 +63,24 @@ pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
 /// the union of the routes its gateways publish (16,384 per gateway interface at most).
 pub const COVERED_MAX_ENTRIES: u32 = 131_072;
 
+/// The kernel map type of a registry entry (`BPF_MAP_TYPE_*`). Two layouts may share
+/// key and value sizes (a hash and an LPM trie of the same key, say), so the agent checks
+/// the type of a pinned map too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hash,
+    Array,
+    PerCpuArray,
+    LruHash,
+    LruPerCpuHash,
+    LpmTrie,
+}
+
 /// One pinned map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSpec {
     pub name: &'static str,
+    pub kind: MapKind,
     /// Key bytes (an LPM trie's include its 4-byte prefix length).
     pub key_size: u32,
     pub value_size: u32,
@@ -93,6 +107,7 @@ pub const REGISTRY: &[MapSpec] = {
     const fn map(name: &'static str, key_size: u32, value_size: u32, max: u32) -> MapSpec {
         MapSpec {
             name,
+            kind: MapKind::Hash,
             key_size,
             value_size,
             max_entries: max,
@@ -105,13 +120,19 @@ pub const REGISTRY: &[MapSpec] = {
             ..spec
         }
     }
+    const fn kind(kind: MapKind, spec: MapSpec) -> MapSpec {
+        MapSpec { kind, ..spec }
+    }
     const LPM: u32 = 4;
     &[
-        map(
-            POLICY_V4,
-            LPM + sz::<PolicyKeyV4>(),
-            sz::<PolicyValue>(),
-            POLICY_MAX_ENTRIES,
+        kind(
+            MapKind::LpmTrie,
+            map(
+                POLICY_V4,
+                LPM + sz::<PolicyKeyV4>(),
+                sz::<PolicyValue>(),
+                POLICY_MAX_ENTRIES,
+            ),
         ),
         map(SELECTED_V4, 4, sz::<SelectedValue>(), SELECTED_MAX_ENTRIES),
         map(RULES_V4, 4, sz::<RuleValueV4>(), RULES_MAX_ENTRIES),
@@ -127,20 +148,29 @@ pub const REGISTRY: &[MapSpec] = {
             sz::<PodOwnerValue>(),
             POD_OWNER_MAX_ENTRIES,
         ),
-        map(CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>(), CT_MAX_ENTRIES),
-        map(EXHAUSTED_V4, 4, 8, EXHAUSTED_MAX_ENTRIES),
+        kind(
+            MapKind::LruHash,
+            map(CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>(), CT_MAX_ENTRIES),
+        ),
+        kind(
+            MapKind::LruPerCpuHash,
+            map(EXHAUSTED_V4, 4, 8, EXHAUSTED_MAX_ENTRIES),
+        ),
         map(
             EGRESS_IPS_V4,
             4,
             sz::<EgressIpValue>(),
             EGRESS_IPS_MAX_ENTRIES,
         ),
-        v6(map(
-            POLICY_V6,
-            LPM + sz::<PolicyKeyV6>(),
-            sz::<PolicyValueV6>(),
-            POLICY_MAX_ENTRIES,
-        )),
+        kind(
+            MapKind::LpmTrie,
+            v6(map(
+                POLICY_V6,
+                LPM + sz::<PolicyKeyV6>(),
+                sz::<PolicyValueV6>(),
+                POLICY_MAX_ENTRIES,
+            )),
+        ),
         v6(map(
             SELECTED_V6,
             16,
@@ -154,21 +184,30 @@ pub const REGISTRY: &[MapSpec] = {
             sz::<PodOwnerValue>(),
             POD_OWNER_MAX_ENTRIES,
         )),
-        v6(map(
-            CT_V6,
-            sz::<CtKeyV6>(),
-            sz::<CtEntryV6>(),
-            CT_MAX_ENTRIES,
-        )),
-        v6(map(EXHAUSTED_V6, 16, 8, EXHAUSTED_MAX_ENTRIES)),
+        kind(
+            MapKind::LruHash,
+            v6(map(
+                CT_V6,
+                sz::<CtKeyV6>(),
+                sz::<CtEntryV6>(),
+                CT_MAX_ENTRIES,
+            )),
+        ),
+        kind(
+            MapKind::LruPerCpuHash,
+            v6(map(EXHAUSTED_V6, 16, 8, EXHAUSTED_MAX_ENTRIES)),
+        ),
         v6(map(
             EGRESS_IPS_V6,
             16,
             sz::<EgressIpValue>(),
             EGRESS_IPS_MAX_ENTRIES,
         )),
-        map(COUNTERS, 4, sz::<Counter>(), MAX_REASONS),
-        map(CONFIG, 4, sz::<Config>(), 1),
+        kind(
+            MapKind::PerCpuArray,
+            map(COUNTERS, 4, sz::<Counter>(), MAX_REASONS),
+        ),
+        kind(MapKind::Array, map(CONFIG, 4, sz::<Config>(), 1)),
         map(
             ADMITTED_V4,
             sz::<AdmittedKeyV4>(),
@@ -195,18 +234,24 @@ pub const REGISTRY: &[MapSpec] = {
             sz::<KnownPodValue>(),
             KNOWN_PODS_MAX_ENTRIES,
         )),
-        map(
-            COVERED_V4,
-            LPM + 4,
-            sz::<CoveredValue>(),
-            COVERED_MAX_ENTRIES,
+        kind(
+            MapKind::LpmTrie,
+            map(
+                COVERED_V4,
+                LPM + 4,
+                sz::<CoveredValue>(),
+                COVERED_MAX_ENTRIES,
+            ),
         ),
-        v6(map(
-            COVERED_V6,
-            LPM + 16,
-            sz::<CoveredValue>(),
-            COVERED_MAX_ENTRIES,
-        )),
+        kind(
+            MapKind::LpmTrie,
+            v6(map(
+                COVERED_V6,
+                LPM + 16,
+                sz::<CoveredValue>(),
+                COVERED_MAX_ENTRIES,
+            )),
+        ),
     ]
 };
 

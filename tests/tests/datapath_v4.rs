@@ -1869,6 +1869,21 @@ fn pinned_maps_of_another_layout_are_replaced() {
             "map {}: the object's key, value and capacity are the registry's",
             spec.name
         );
+        use aya::maps::MapType;
+        let kind = match spec.kind {
+            maps::MapKind::Hash => MapType::Hash,
+            maps::MapKind::Array => MapType::Array,
+            maps::MapKind::PerCpuArray => MapType::PerCpuArray,
+            maps::MapKind::LruHash => MapType::LruHash,
+            maps::MapKind::LruPerCpuHash => MapType::LruPerCpuHash,
+            maps::MapKind::LpmTrie => MapType::LpmTrie,
+        };
+        assert_eq!(
+            info.map_type().unwrap(),
+            kind,
+            "map {}: the object's type is the registry's",
+            spec.name
+        );
     }
     drop(dp);
 }

@@ -20,7 +20,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, LpmTrie, MapData, MapError, MapInfo, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, MapData, MapError, MapInfo, MapType, lpm_trie::Key},
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         links::{FdLink, PinnedLink},
@@ -213,7 +213,8 @@ fn replace_foreign_pins(pin_dir: &Path, capacities: &Capacities) -> Result<()> {
             })?;
             continue;
         }
-        if (info.key_size(), info.value_size()) == (key_size, value_size) {
+        let same_kind = info.map_type().is_ok_and(|t| t == map_type(spec.kind));
+        if same_kind && (info.key_size(), info.value_size()) == (key_size, value_size) {
             continue;
         }
         tracing::warn!(
@@ -221,7 +222,8 @@ fn replace_foreign_pins(pin_dir: &Path, capacities: &Capacities) -> Result<()> {
             path = %path.display(),
             pinned = %format!("{}/{}", info.key_size(), info.value_size()),
             ours = %format!("{key_size}/{value_size}"),
-            "pinned map has another layout (key/value bytes): replacing it"
+            kind = ?spec.kind,
+            "pinned map has another layout (map type or key/value bytes): replacing it"
         );
         fs::remove_file(&path).map_err(|source| Error::Io {
             verb: "unpin the map of another layout at",
@@ -230,6 +232,19 @@ fn replace_foreign_pins(pin_dir: &Path, capacities: &Capacities) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// The kernel map type of a registry entry.
+fn map_type(kind: names::MapKind) -> MapType {
+    use names::MapKind;
+    match kind {
+        MapKind::Hash => MapType::Hash,
+        MapKind::Array => MapType::Array,
+        MapKind::PerCpuArray => MapType::PerCpuArray,
+        MapKind::LruHash => MapType::LruHash,
+        MapKind::LruPerCpuHash => MapType::LruPerCpuHash,
+        MapKind::LpmTrie => MapType::LpmTrie,
+    }
 }
 
 impl Datapath {
