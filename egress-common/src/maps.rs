@@ -31,14 +31,22 @@ pub const FLOWS_V6: &str = "FLOWS_V6";
 /// Local pod addresses the agent has seen (`--unknown-pods drop`).
 pub const KNOWN_PODS_V4: &str = "KNOWN_PODS_V4";
 pub const KNOWN_PODS_V6: &str = "KNOWN_PODS_V6";
+/// The destination prefixes of this node's policy entries, by destination.
+pub const DESTS_V4: &str = "DESTS_V4";
+pub const DESTS_V6: &str = "DESTS_V6";
 /// What any rule covers, by destination (`--unknown-pods drop`).
 pub const COVERED_V4: &str = "COVERED_V4";
 pub const COVERED_V6: &str = "COVERED_V6";
 
-/// Capacities. The policy trie holds only this node's pods (source side), so 64k entries
+/// Capacities. The policy map holds only this node's pods (source side), so 64k entries
 /// cover 1,000 local pods with 64 prefixes each; conntrack is sized for a busy gateway.
+/// Not preallocated (`BPF_F_NO_PREALLOC`): memory follows the entries.
 pub const POLICY_MAX_ENTRIES: u32 = 65_536;
-/// Local pods with at least one policy entry.
+/// Distinct destination prefixes of the policy entries (an LPM trie, never preallocated):
+/// at most one per policy entry, so the policy map's capacity is enough (the agent gives
+/// both the operator's `--policy-map-entries`).
+pub const DESTS_MAX_ENTRIES: u32 = POLICY_MAX_ENTRIES;
+/// Local pods with at least one policy entry (not preallocated).
 pub const SELECTED_MAX_ENTRIES: u32 = 262_144;
 pub const RULES_MAX_ENTRIES: u32 = 16_384;
 pub const NODES_MAX_ENTRIES: u32 = 16_384;
@@ -64,8 +72,8 @@ pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
 pub const COVERED_MAX_ENTRIES: u32 = 131_072;
 
 /// The kernel map type of a registry entry (`BPF_MAP_TYPE_*`). Two layouts may share
-/// key and value sizes (a hash and an LPM trie of the same key, say), so the agent checks
-/// the type of a pinned map too.
+/// key and value sizes (the policy maps were LPM tries of the same sizes before they were
+/// hashes), so the agent checks the type of a pinned map too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapKind {
     Hash,
@@ -125,14 +133,15 @@ pub const REGISTRY: &[MapSpec] = {
     }
     const LPM: u32 = 4;
     &[
+        map(
+            POLICY_V4,
+            sz::<PolicyKeyV4>(),
+            sz::<PolicyValue>(),
+            POLICY_MAX_ENTRIES,
+        ),
         kind(
             MapKind::LpmTrie,
-            map(
-                POLICY_V4,
-                LPM + sz::<PolicyKeyV4>(),
-                sz::<PolicyValue>(),
-                POLICY_MAX_ENTRIES,
-            ),
+            map(DESTS_V4, LPM + 4, sz::<DestValue>(), DESTS_MAX_ENTRIES),
         ),
         map(SELECTED_V4, 4, sz::<SelectedValue>(), SELECTED_MAX_ENTRIES),
         map(RULES_V4, 4, sz::<RuleValueV4>(), RULES_MAX_ENTRIES),
@@ -162,19 +171,25 @@ pub const REGISTRY: &[MapSpec] = {
             sz::<EgressIpValue>(),
             EGRESS_IPS_MAX_ENTRIES,
         ),
+        v6(map(
+            POLICY_V6,
+            sz::<PolicyKeyV6>(),
+            sz::<PolicyValueV6>(),
+            POLICY_MAX_ENTRIES,
+        )),
         kind(
             MapKind::LpmTrie,
             v6(map(
-                POLICY_V6,
-                LPM + sz::<PolicyKeyV6>(),
-                sz::<PolicyValueV6>(),
-                POLICY_MAX_ENTRIES,
+                DESTS_V6,
+                LPM + 16,
+                sz::<DestValueV6>(),
+                DESTS_MAX_ENTRIES,
             )),
         ),
         v6(map(
             SELECTED_V6,
             16,
-            sz::<SelectedValue>(),
+            sz::<SelectedValueV6>(),
             SELECTED_MAX_ENTRIES,
         )),
         v6(map(RULES_V6, 4, sz::<RuleValueV6>(), RULES_MAX_ENTRIES)),

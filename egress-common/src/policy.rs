@@ -1,4 +1,4 @@
-//! The policy trie (source side), the rule table (gateway side) and the tables used to
+//! The policy map (source side), the rule table (gateway side) and the tables used to
 //! check who sent a tunneled packet.
 //!
 //! Node addresses (`gateway`, `node`, the `NODES` key) are [`Underlay`] addresses: 16
@@ -6,18 +6,54 @@
 
 use crate::underlay::Underlay;
 
-/// Data part of an LPM key for the IPv4 policy trie. The trie key's prefix length is
-/// `POD_PREFIX_BITS_V4 + destination prefix length`: the pod address always matches in
-/// full, the destination by longest prefix.
+/// Key of the IPv4 policy map (`POLICY_V4`, a hash): one destination prefix of one pod.
+/// `dst` is the prefix's network address (the bits past `dst_len` are zero). `from_pod`
+/// finds a packet's entry by masking its destination to each length that both its pod
+/// uses ([`SelectedValue::lengths`]) and the chain of prefixes containing the destination
+/// has ([`DestValue`]), longest first: the first hit is the longest prefix match among
+/// that pod's entries, and an `except` hole is an entry of its own length.
+/// Unlike an LPM trie keyed by (pod, destination), the cost does not grow with the number
+/// of pods in front of the destination bits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyKeyV4 {
     pub pod: [u8; 4],
     pub dst: [u8; 4],
+    /// Destination prefix length, 0..=[`MAX_PREFIX_LEN_V4`].
+    pub dst_len: u32,
 }
-const _: () = assert!(core::mem::size_of::<PolicyKeyV4>() == 8);
+const _: () = assert!(core::mem::size_of::<PolicyKeyV4>() == 12);
 
-pub const POD_PREFIX_BITS_V4: u32 = 32;
+pub const MAX_PREFIX_LEN_V4: u32 = 32;
+
+impl PolicyKeyV4 {
+    /// The key of `pod`'s prefix `dst/dst_len` (`dst` masked to `dst_len`, which is
+    /// clamped to 32).
+    pub const fn new(pod: [u8; 4], dst: [u8; 4], dst_len: u32) -> Self {
+        let dst_len = if dst_len > MAX_PREFIX_LEN_V4 {
+            MAX_PREFIX_LEN_V4
+        } else {
+            dst_len
+        };
+        Self {
+            pod,
+            dst: (u32::from_be_bytes(dst) & mask_v4(dst_len)).to_be_bytes(),
+            dst_len,
+        }
+    }
+}
+
+/// The netmask of an IPv4 prefix of length `len` (0..=32), host order.
+#[inline(always)]
+pub const fn mask_v4(len: u32) -> u32 {
+    if len == 0 {
+        0
+    } else if len >= 32 {
+        u32::MAX
+    } else {
+        u32::MAX << (32 - len)
+    }
+}
 
 /// What `from_pod` does with a packet whose (pod, destination) matched.
 pub mod action {
@@ -32,7 +68,7 @@ pub mod action {
     pub const NO_GATEWAY_PASS: u8 = 4;
 }
 
-/// Value of the policy trie.
+/// Value of the policy map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PolicyValue {
@@ -53,6 +89,36 @@ const _: () = assert!(core::mem::size_of::<PolicyValue>() == 28);
 /// a gateway to the pod's node.
 pub const MAX_RULE_ID: u32 = 0x00ff_fffe;
 pub const RETURN_VNI: u32 = 0x00ff_ffff;
+
+/// Source side, `DESTS_V4` (an LPM trie keyed by destination): every destination prefix
+/// of this node's `POLICY_V4` entries (of any pod) -> the lengths of that prefix and of
+/// every other such prefix that contains it (bit n: length n). The longest match for a
+/// packet's destination names the chain of prefixes that contain it; `from_pod` probes
+/// `POLICY_V4` only at the lengths of that chain that its pod also uses
+/// ([`SelectedValue::lengths`]), longest first: usually one probe, whatever the number of
+/// pods and prefixes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DestValue {
+    /// The 64-bit set as two halves, low first (an LPM trie's value must be 4-aligned
+    /// here: its 4-byte key leaves no room for an 8-byte alignment).
+    pub lengths: [u32; 2],
+}
+const _: () = assert!(core::mem::size_of::<DestValue>() == 8);
+
+impl DestValue {
+    /// Bit n set: a prefix of length n.
+    #[inline(always)]
+    pub const fn lengths(&self) -> u64 {
+        self.lengths[0] as u64 | (self.lengths[1] as u64) << 32
+    }
+
+    pub const fn from_lengths(lengths: u64) -> Self {
+        Self {
+            lengths: [lengths as u32, (lengths >> 32) as u32],
+        }
+    }
+}
 
 /// Gateway side: rule id -> what to do with a tunneled packet of that rule.
 #[repr(C)]
@@ -99,30 +165,96 @@ pub mod egress_ip_flags {
     pub const SHARED: u32 = 1 << 0;
 }
 
-/// Source side: local pod IPv4 selected by at least one rule -> number of trie entries.
-/// Checked before the trie so that packets of unselected pods cost one hash lookup.
+/// Source side, `SELECTED_V4`: local pod IPv4 selected by at least one rule -> the
+/// destination prefix lengths of its `POLICY_V4` entries. Checked first, so that packets
+/// of unselected pods cost one hash lookup; a selected pod's packet then costs one
+/// `DESTS_V4` lookup and one `POLICY_V4` lookup per length that both name (see
+/// [`DestValue`]), longest first, until one hits.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SelectedValue {
+    /// Bit `n` set: the pod has at least one entry of destination prefix length `n`
+    /// (bits 0..=32).
+    pub lengths: u64,
+    /// Number of policy entries of the pod.
     pub entries: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<SelectedValue>() == 4);
+const _: () = assert!(core::mem::size_of::<SelectedValue>() == 16);
+
+impl SelectedValue {
+    /// Note an entry of destination prefix length `len` (clamped to 32) in `lengths`.
+    pub fn add_length(&mut self, len: u32) {
+        self.lengths |= 1u64 << len.min(MAX_PREFIX_LEN_V4);
+    }
+}
 
 // ---- IPv6 pods and egress IPs (the underlay is either family, see above) ----
 
-/// Data part of an LPM key for the IPv6 policy trie: prefix length is
-/// `POD_PREFIX_BITS_V6 + destination prefix length`.
+/// Key of the IPv6 policy map (`POLICY_V6`, a hash): as [`PolicyKeyV4`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyKeyV6 {
     pub pod: [u8; 16],
     pub dst: [u8; 16],
+    /// Destination prefix length, 0..=[`MAX_PREFIX_LEN_V6`].
+    pub dst_len: u32,
 }
-const _: () = assert!(core::mem::size_of::<PolicyKeyV6>() == 32);
+const _: () = assert!(core::mem::size_of::<PolicyKeyV6>() == 36);
 
-pub const POD_PREFIX_BITS_V6: u32 = 128;
+pub const MAX_PREFIX_LEN_V6: u32 = 128;
 
-/// Value of the IPv6 policy trie (same meaning as [`PolicyValue`]).
+impl PolicyKeyV6 {
+    /// The key of `pod`'s prefix `dst/dst_len` (`dst` masked to `dst_len`, which is
+    /// clamped to 128).
+    pub fn new(pod: [u8; 16], dst: [u8; 16], dst_len: u32) -> Self {
+        let dst_len = dst_len.min(MAX_PREFIX_LEN_V6);
+        let (hi, lo) = split_v6(&dst);
+        let (mhi, mlo) = mask_v6(dst_len);
+        Self {
+            pod,
+            dst: join_v6(hi & mhi, lo & mlo),
+            dst_len,
+        }
+    }
+}
+
+/// An IPv6 address as its (high, low) 64-bit halves, host order.
+#[inline(always)]
+pub fn split_v6(a: &[u8; 16]) -> (u64, u64) {
+    (
+        u64::from_be_bytes([a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]),
+        u64::from_be_bytes([a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]]),
+    )
+}
+
+/// The inverse of [`split_v6`].
+#[inline(always)]
+pub fn join_v6(hi: u64, lo: u64) -> [u8; 16] {
+    let (h, l) = (hi.to_be_bytes(), lo.to_be_bytes());
+    [
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], l[0], l[1], l[2], l[3], l[4], l[5], l[6],
+        l[7],
+    ]
+}
+
+/// The netmask of an IPv6 prefix of length `len` (0..=128) as (high, low) halves.
+#[inline(always)]
+pub const fn mask_v6(len: u32) -> (u64, u64) {
+    if len == 0 {
+        (0, 0)
+    } else if len < 64 {
+        (u64::MAX << (64 - len), 0)
+    } else if len == 64 {
+        (u64::MAX, 0)
+    } else if len < 128 {
+        (u64::MAX, u64::MAX << (128 - len))
+    } else {
+        (u64::MAX, u64::MAX)
+    }
+}
+
+/// Value of the IPv6 policy map (same meaning as [`PolicyValue`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PolicyValueV6 {
@@ -136,6 +268,37 @@ pub struct PolicyValueV6 {
     pub egress_ip: [u8; 16],
 }
 const _: () = assert!(core::mem::size_of::<PolicyValueV6>() == 40);
+
+/// Source side, `SELECTED_V6`: as [`SelectedValue`], for IPv6 pods: bit `n % 64` of
+/// `lengths[n / 64]` set means an entry of destination prefix length `n` (0..=128).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SelectedValueV6 {
+    pub lengths: [u64; 3],
+    /// Number of policy entries of the pod.
+    pub entries: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<SelectedValueV6>() == 32);
+
+impl SelectedValueV6 {
+    /// Note an entry of destination prefix length `len` (clamped to 128) in `lengths`.
+    pub fn add_length(&mut self, len: u32) {
+        let len = len.min(MAX_PREFIX_LEN_V6);
+        if let Some(w) = self.lengths.get_mut((len / 64) as usize) {
+            *w |= 1u64 << (len % 64);
+        }
+    }
+}
+
+/// Source side, `DESTS_V6`: as [`DestValue`], with the lengths laid out as in
+/// [`SelectedValueV6`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DestValueV6 {
+    pub lengths: [u64; 3],
+}
+const _: () = assert!(core::mem::size_of::<DestValueV6>() == 24);
 
 /// Gateway side, IPv6 rules: rule id -> egress IPv6 and interface.
 #[repr(C)]
@@ -204,4 +367,67 @@ const _: () = assert!(core::mem::size_of::<CoveredValue>() == 4);
 pub mod coverage {
     pub const EXCEPTED: u32 = 0;
     pub const COVERED: u32 = 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_hold_the_network_address_of_their_prefix() {
+        let k = PolicyKeyV4::new([10, 1, 2, 3], [192, 168, 101, 77], 24);
+        assert_eq!((k.dst, k.dst_len), ([192, 168, 101, 0], 24));
+        assert_eq!(PolicyKeyV4::new([0; 4], [255; 4], 0).dst, [0; 4]);
+        assert_eq!(PolicyKeyV4::new([0; 4], [255; 4], 32).dst, [255; 4]);
+        assert_eq!(PolicyKeyV4::new([0; 4], [255; 4], 40).dst_len, 32);
+        for (len, want) in [
+            (0, [0u8; 16]),
+            (1, [0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            (
+                63,
+                [
+                    255, 255, 255, 255, 255, 255, 255, 254, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
+            ),
+            (
+                64,
+                [
+                    255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
+            ),
+            (
+                65,
+                [
+                    255, 255, 255, 255, 255, 255, 255, 255, 0x80, 0, 0, 0, 0, 0, 0, 0,
+                ],
+            ),
+            (
+                127,
+                [
+                    255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 254,
+                ],
+            ),
+            (128, [255; 16]),
+        ] {
+            assert_eq!(
+                PolicyKeyV6::new([0; 16], [255; 16], len).dst,
+                want,
+                "/{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn selected_values_hold_one_bit_per_length() {
+        let mut v = SelectedValue::default();
+        for len in [0, 16, 24, 32, 24] {
+            v.add_length(len);
+        }
+        assert_eq!(v.lengths, 1 | 1 << 16 | 1 << 24 | 1 << 32);
+        let mut v = SelectedValueV6::default();
+        for len in [0, 63, 64, 127, 128] {
+            v.add_length(len);
+        }
+        assert_eq!(v.lengths, [1 | 1 << 63, 1 | 1 << 63, 1]);
+    }
 }

@@ -5,34 +5,32 @@
 //! frame: `reset::deferred4`).
 
 use aya_ebpf::{btf_maps::lpm_trie::Key, programs::TcContext};
-use egress_common::{
-    counters::reason,
-    policy::{POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PolicyKeyV4, PolicyKeyV6, action},
-};
+use egress_common::{counters::reason, policy::action};
 
 use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
-    maps::{self, POLICY_V4, POLICY_V6, SELECTED_V4, SELECTED_V6},
-    parse, parse6, reset, tunnel, unknown,
+    maps::{self, SELECTED_V4, SELECTED_V6},
+    parse, parse6, policy, reset, tunnel, unknown,
 };
 
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
     if let Some(src) = parse::ipv4_src(ctx) {
-        if unsafe { SELECTED_V4.get(src) }.is_none() {
+        let Some(sel) = (unsafe { SELECTED_V4.get(src) }) else {
             return unknown::check4(ctx, &src);
-        }
-        return reset::deferred4(ctx, selected(ctx));
+        };
+        return reset::deferred4(ctx, selected(ctx, sel.lengths));
     }
     if !parse6::IPV6_DATAPATH {
         return OK;
     }
     if let Some(src) = parse6::ipv6_src(ctx) {
-        if unsafe { SELECTED_V6.get(src) }.is_none() {
+        let Some(sel) = (unsafe { SELECTED_V6.get(src) }) else {
             return unknown::check6(ctx, &src);
-        }
-        return reset::deferred6(ctx, selected6(ctx));
+        };
+        let l = &sel.lengths;
+        return reset::deferred6(ctx, selected6(ctx, l[0], l[1], l[2]));
     }
     OK
 }
@@ -52,9 +50,10 @@ fn non_forward(ctx: &TcContext, act: u8) -> Option<i32> {
 /// A packet of a selected IPv6 pod. Neighbour discovery and link-scoped destinations
 /// (link-local, multicast) are the kernel's whatever the policy says: a `::/0` rule must
 /// not tunnel a neighbour solicitation. The parsed headers and the policy key live in the
-/// per-CPU scratch slot, which the gateway path then reads.
+/// per-CPU scratch slot, which the gateway path then reads. `l0..l2`: the pod's prefix
+/// lengths (`SelectedValueV6::lengths`).
 #[inline(never)]
-fn selected6(ctx: &TcContext) -> i32 {
+fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64) -> i32 {
     let Some(s) = maps::scratch() else {
         return OK;
     };
@@ -66,14 +65,10 @@ fn selected6(ctx: &TcContext) -> i32 {
     if parse6::link_scoped(&s.ip6.dst) || parse6::is_ndp(ctx, &s.ip6) {
         return OK;
     }
-    s.policy6 = Key::new(
-        POD_PREFIX_BITS_V6 + 128,
-        PolicyKeyV6 {
-            pod: s.ip6.src,
-            dst: s.ip6.dst,
-        },
-    );
-    let Some(entry) = POLICY_V6.get(&s.policy6) else {
+    s.policy6.pod = s.ip6.src;
+    s.dest6 = Key::new(128, s.ip6.dst);
+    // No entry: the destination is outside every rule of this pod.
+    let Some(entry) = policy::lookup6(&mut s.policy6, &s.dest6, &[l0, l1, l2]) else {
         return OK;
     };
     if let Some(v) = non_forward(ctx, entry.action) {
@@ -111,21 +106,16 @@ fn selected6(ctx: &TcContext) -> i32 {
     )
 }
 
+/// A packet of a selected IPv4 pod whose prefix lengths are `lengths`
+/// (`SelectedValue::lengths`).
 #[inline(never)]
-fn selected(ctx: &TcContext) -> i32 {
+fn selected(ctx: &TcContext, lengths: u64) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
     };
-    let key = Key::new(
-        POD_PREFIX_BITS_V4 + 32,
-        PolicyKeyV4 {
-            pod: ip.src,
-            dst: ip.dst,
-        },
-    );
     // No entry: the destination is outside every rule of this pod.
-    let Some(entry) = POLICY_V4.get(&key) else {
+    let Some(entry) = policy::lookup4(ip.src, ip.dst, lengths) else {
         return OK;
     };
     if let Some(v) = non_forward(ctx, entry.action) {

@@ -16,6 +16,7 @@ mod maps;
 mod mem;
 mod parse;
 mod parse6;
+mod policy;
 mod reset;
 mod rewrite;
 mod tunnel;

@@ -11,9 +11,9 @@ use egress_common::{
     counters::{Counter, MAX_REASONS},
     maps::*,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
-        NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
-        RuleValueV4, RuleValueV6, SelectedValue,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValue, DestValueV6,
+        EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
+        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6,
     },
     underlay::Underlay,
 };
@@ -26,13 +26,31 @@ use crate::{
     reset::{Segment4, TcpHdr},
 };
 
+/// `BPF_F_NO_PREALLOC`: entries are allocated as the agent inserts them, so memory
+/// follows the entries (see `POLICY_MAX_ENTRIES`, `ADMITTED_MAX_ENTRIES`). Only the agent
+/// writes the maps that use it.
+const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
+
+/// (pod, destination prefix, length) -> entry; probed by `policy::lookup4`.
 #[btf_map]
-pub static POLICY_V4: LpmTrie<PolicyKeyV4, PolicyValue, { POLICY_MAX_ENTRIES as usize }> =
-    LpmTrie::new();
+pub static POLICY_V4: HashMap<
+    PolicyKeyV4,
+    PolicyValue,
+    { POLICY_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+/// Destination prefix -> lengths of the prefixes containing it; see `policy`.
+#[btf_map]
+pub static DESTS_V4: LpmTrie<[u8; 4], DestValue, { DESTS_MAX_ENTRIES as usize }> = LpmTrie::new();
 
 #[btf_map]
-pub static SELECTED_V4: HashMap<[u8; 4], SelectedValue, { SELECTED_MAX_ENTRIES as usize }> =
-    HashMap::new();
+pub static SELECTED_V4: HashMap<
+    [u8; 4],
+    SelectedValue,
+    { SELECTED_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
 
 #[btf_map]
 pub static RULES_V4: HashMap<u32, RuleValueV4, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
@@ -59,12 +77,24 @@ pub static EGRESS_IPS_V4: HashMap<[u8; 4], EgressIpValue, { EGRESS_IPS_MAX_ENTRI
 // ---- IPv6 pods and egress IPs (the underlay, and so node keys, is either family) ----
 
 #[btf_map]
-pub static POLICY_V6: LpmTrie<PolicyKeyV6, PolicyValueV6, { POLICY_MAX_ENTRIES as usize }> =
+pub static POLICY_V6: HashMap<
+    PolicyKeyV6,
+    PolicyValueV6,
+    { POLICY_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+#[btf_map]
+pub static DESTS_V6: LpmTrie<[u8; 16], DestValueV6, { DESTS_MAX_ENTRIES as usize }> =
     LpmTrie::new();
 
 #[btf_map]
-pub static SELECTED_V6: HashMap<[u8; 16], SelectedValue, { SELECTED_MAX_ENTRIES as usize }> =
-    HashMap::new();
+pub static SELECTED_V6: HashMap<
+    [u8; 16],
+    SelectedValueV6,
+    { SELECTED_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
 
 #[btf_map]
 pub static RULES_V6: HashMap<u32, RuleValueV6, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
@@ -85,10 +115,6 @@ pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTR
     HashMap::new();
 
 // ---- the (pod, rule) pairs this gateway admits (both families) ----
-
-/// `BPF_F_NO_PREALLOC`: entries are allocated as the agent inserts them (see
-/// `ADMITTED_MAX_ENTRIES`). Only the agent writes these maps.
-const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 
 #[btf_map]
 pub static ADMITTED_V4: HashMap<
@@ -155,7 +181,8 @@ pub struct Scratch {
     pub x6: Xlate6,
     pub fib: bpf_fib_lookup,
     pub tunnel: bpf_tunnel_key,
-    pub policy6: Key<PolicyKeyV6>,
+    pub policy6: PolicyKeyV6,
+    pub dest6: Key<[u8; 16]>,
     pub reset4: Segment4,
     pub rst: TcpHdr,
 }

@@ -9,7 +9,7 @@
 use std::{
     collections::BTreeMap,
     ffi::CString,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     process::Command,
     thread,
 };
@@ -19,16 +19,19 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
 };
-use egress_agent::ebpf::{OBJECT, TEST_TUNNEL_FROM_CB};
+use egress_agent::{
+    datapath::state,
+    ebpf::{OBJECT, TEST_TUNNEL_FROM_CB},
+};
 use egress_common::{
     config::Config,
     conntrack::{CtEntryV4, CtKeyV4, FlowCount},
     counters::{Counter, MAX_REASONS},
     maps,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
-        NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4,
-        SelectedValue, coverage,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValue, DestValueV6,
+        EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
+        PolicyValue, PolicyValueV6, RuleValueV4, SelectedValue, SelectedValueV6, coverage,
     },
     underlay::{self, Underlay},
 };
@@ -210,24 +213,80 @@ impl Datapath {
         a.set(0, cfg, 0).unwrap();
     }
 
-    /// A policy trie entry for (pod, dst/len).
+    /// A policy entry for (pod, dst/len); the pod's prefix lengths in `SELECTED_V4` follow
+    /// when it is selected already (as the agent keeps them).
     pub fn policy(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, value: PolicyValue) {
-        let mut t: LpmTrie<&mut MapData, PolicyKeyV4, PolicyValue> =
-            LpmTrie::try_from(self.map(maps::POLICY_V4)).unwrap();
-        let key = Key::new(
-            POD_PREFIX_BITS_V4 + len,
-            PolicyKeyV4 {
-                pod: v4(pod),
-                dst: v4(dst),
-            },
-        );
-        t.insert(&key, value, 0).unwrap();
-    }
-
-    pub fn selected(&mut self, pod: Ipv4Addr) {
+        let mut t: HashMap<&mut MapData, PolicyKeyV4, PolicyValue> =
+            HashMap::try_from(self.map(maps::POLICY_V4)).unwrap();
+        t.insert(PolicyKeyV4::new(v4(pod), v4(dst), len), value, 0)
+            .unwrap();
         let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
             HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
-        m.insert(v4(pod), SelectedValue { entries: 1 }, 0).unwrap();
+        if let Ok(mut v) = m.get(&v4(pod), 0) {
+            v.add_length(len);
+            v.entries += 1;
+            m.insert(v4(pod), v, 0).unwrap();
+        }
+        // The destination chains of every entry so far, as the agent computes them.
+        let t: HashMap<&mut MapData, PolicyKeyV4, PolicyValue> =
+            HashMap::try_from(self.map(maps::POLICY_V4)).unwrap();
+        let keys: Vec<PolicyKeyV4> = t.keys().map(Result::unwrap).collect();
+        let mut d: LpmTrie<&mut MapData, [u8; 4], DestValue> =
+            LpmTrie::try_from(self.map(maps::DESTS_V4)).unwrap();
+        for ((len, net), v) in state::dests_v4(keys.iter()) {
+            d.insert(&Key::new(len, net), v, 0).unwrap();
+        }
+    }
+
+    /// Select `pod`, with the prefix lengths of its policy entries so far.
+    pub fn selected(&mut self, pod: Ipv4Addr) {
+        let t: HashMap<&mut MapData, PolicyKeyV4, PolicyValue> =
+            HashMap::try_from(self.map(maps::POLICY_V4)).unwrap();
+        let mut v = SelectedValue::default();
+        for k in t.keys().flatten().filter(|k| k.pod == v4(pod)) {
+            v.add_length(k.dst_len);
+            v.entries += 1;
+        }
+        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
+            HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
+        m.insert(v4(pod), v, 0).unwrap();
+    }
+
+    /// [`Datapath::policy`] for an IPv6 pod.
+    pub fn policy_v6(&mut self, pod: Ipv6Addr, dst: Ipv6Addr, len: u32, value: PolicyValueV6) {
+        let mut t: HashMap<&mut MapData, PolicyKeyV6, PolicyValueV6> =
+            HashMap::try_from(self.map(maps::POLICY_V6)).unwrap();
+        t.insert(PolicyKeyV6::new(pod.octets(), dst.octets(), len), value, 0)
+            .unwrap();
+        let mut m: HashMap<&mut MapData, [u8; 16], SelectedValueV6> =
+            HashMap::try_from(self.map(maps::SELECTED_V6)).unwrap();
+        if let Ok(mut v) = m.get(&pod.octets(), 0) {
+            v.add_length(len);
+            v.entries += 1;
+            m.insert(pod.octets(), v, 0).unwrap();
+        }
+        let t: HashMap<&mut MapData, PolicyKeyV6, PolicyValueV6> =
+            HashMap::try_from(self.map(maps::POLICY_V6)).unwrap();
+        let keys: Vec<PolicyKeyV6> = t.keys().map(Result::unwrap).collect();
+        let mut d: LpmTrie<&mut MapData, [u8; 16], DestValueV6> =
+            LpmTrie::try_from(self.map(maps::DESTS_V6)).unwrap();
+        for ((len, net), v) in state::dests_v6(keys.iter()) {
+            d.insert(&Key::new(len, net), v, 0).unwrap();
+        }
+    }
+
+    /// [`Datapath::selected`] for an IPv6 pod.
+    pub fn selected_v6(&mut self, pod: Ipv6Addr) {
+        let t: HashMap<&mut MapData, PolicyKeyV6, PolicyValueV6> =
+            HashMap::try_from(self.map(maps::POLICY_V6)).unwrap();
+        let mut v = SelectedValueV6::default();
+        for k in t.keys().flatten().filter(|k| k.pod == pod.octets()) {
+            v.add_length(k.dst_len);
+            v.entries += 1;
+        }
+        let mut m: HashMap<&mut MapData, [u8; 16], SelectedValueV6> =
+            HashMap::try_from(self.map(maps::SELECTED_V6)).unwrap();
+        m.insert(pod.octets(), v, 0).unwrap();
     }
 
     pub fn rule(&mut self, id: u32, egress_ip: Ipv4Addr, ifindex: u32) {

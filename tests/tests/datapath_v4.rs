@@ -388,6 +388,60 @@ fn from_pod_table() {
             &[(EXCLUDED, 1), (TUNNELED, 1)],
         ),
         case(
+            "nested prefixes of two pods: each pod's longest prefix wins, except holes pass",
+            |dp, _| {
+                // LOCAL_POD: /8 drops, /16 falls through, /24 tunnels, /28 is a hole.
+                dp.selected(LOCAL_POD);
+                let drop = sentinel(action::NO_GATEWAY_DROP);
+                dp.policy(LOCAL_POD, a(10, 0, 0, 0), 8, drop);
+                let pass = sentinel(action::NO_GATEWAY_PASS);
+                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 16, pass);
+                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, forward(PEER, RULE_A));
+                let hole = sentinel(action::EXCLUDE);
+                dp.policy(LOCAL_POD, a(10, 100, 0, 16), 28, hole);
+                // Another pod's prefixes in between: lengths LOCAL_POD does not use.
+                dp.selected(UNSELECTED_POD);
+                dp.policy(UNSELECTED_POD, a(10, 100, 0, 0), 20, drop);
+                dp.policy(UNSELECTED_POD, a(10, 100, 0, 128), 25, hole);
+            },
+            vec![
+                // The /28 hole, inside the /24.
+                from_pod(&to_a.clone().dst(a(10, 100, 0, 20))).passes(),
+                // The /24, also inside the other pod's /20 and /25.
+                from_pod(&to_a).tunneled(),
+                from_pod(&to_a.clone().dst(a(10, 100, 0, 200))).tunneled(),
+                // The /16, inside the other pod's /20.
+                from_pod(&to_a.clone().dst(a(10, 100, 9, 9))).passes(),
+                // The /8.
+                from_pod(&to_a.clone().dst(a(10, 7, 7, 7))).dropped(),
+                // Outside the /8.
+                from_pod(&to_a.clone().dst(a(11, 0, 0, 1))).passes(),
+                // The other pod: its /20 and its /25 hole, never LOCAL_POD's prefixes.
+                from_pod(&to_a.clone().src(UNSELECTED_POD)).dropped(),
+                from_pod(&to_a.clone().src(UNSELECTED_POD).dst(a(10, 100, 0, 200))).passes(),
+                from_pod(&to_a.clone().src(UNSELECTED_POD).dst(a(10, 100, 99, 1))).passes(),
+            ],
+            &[
+                (EXCLUDED, 2),
+                (TUNNELED, 2),
+                (FALLTHROUGH, 1),
+                (DROP_NO_GATEWAY, 2),
+            ],
+        ),
+        case(
+            "a /0 and a /32 of one pod: both ends of the prefix lengths",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(LOCAL_POD, a(0, 0, 0, 0), 0, forward(PEER, RULE_A));
+                dp.policy(LOCAL_POD, DEST_A, 32, sentinel(action::EXCLUDE));
+            },
+            vec![
+                from_pod(&to_a).passes(),
+                from_pod(&to_a.clone().dst(INTERNET)).tunneled(),
+            ],
+            &[(EXCLUDED, 1), (TUNNELED, 1)],
+        ),
+        case(
             "no gateway, failurePolicy Drop: dropped",
             |dp, _| {
                 dp.selected(LOCAL_POD);
@@ -1847,14 +1901,20 @@ fn pinned_maps_of_another_layout_are_replaced() {
         std::process::id()
     ));
     let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
-    // The layouts of the first release: 4-byte underlay addresses, a 16-byte Config.
-    for (name, kind, key, value) in [(maps::CONFIG, "array", 4, 16), (maps::NODES, "hash", 4, 4)] {
+    // The layouts of the first release: 4-byte underlay addresses, a 16-byte Config; and
+    // the policy map as the LPM trie it was, of the same key and value sizes as the hash.
+    for (name, kind, key, value, flags) in [
+        (maps::CONFIG, "array", 4, 16, "0"),
+        (maps::NODES, "hash", 4, 4, "0"),
+        (maps::POLICY_V4, "lpm_trie", 12, 28, "1"),
+    ] {
         let path = dir.join(name);
         let o = std::process::Command::new("bpftool")
             .args(["map", "create"])
             .arg(&path)
             .args(["type", kind, "key", &key.to_string(), "value"])
             .args([&value.to_string(), "entries", "16", "name", name])
+            .args(["flags", flags])
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -1888,8 +1948,9 @@ fn pinned_maps_of_another_layout_are_replaced() {
     drop(dp);
 }
 
-/// `--policy-map-entries` sizes both policy tries; a pinned trie of another size is
-/// replaced at start (and refilled by the first pass), one of the same size adopted.
+/// `--policy-map-entries` sizes both policy maps (and their destination tries); a pinned
+/// map of another size is replaced at start (and refilled by the first pass), one of the
+/// same size adopted.
 #[test]
 fn the_policy_map_capacity_is_the_operators() {
     use egress_agent::datapath::{Capacities, Datapath};
@@ -1907,6 +1968,8 @@ fn the_policy_map_capacity_is_the_operators() {
     drop(Datapath::open_with(&dir, &small).expect("opens with 2,048 entries"));
     assert_eq!(capacity(maps::POLICY_V4), 2_048);
     assert_eq!(capacity(maps::POLICY_V6), 2_048);
+    assert_eq!(capacity(maps::DESTS_V4), 2_048);
+    assert_eq!(capacity(maps::DESTS_V6), 2_048);
     drop(Datapath::open(&dir).expect("reopens with the default"));
     assert_eq!(capacity(maps::POLICY_V4), maps::POLICY_MAX_ENTRIES);
     assert_eq!(capacity(maps::POLICY_V6), maps::POLICY_MAX_ENTRIES);

@@ -21,7 +21,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::maps::{HashMap, LpmTrie, MapData, lpm_trie::Key};
+use aya::maps::{HashMap, MapData};
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
 use egress_common::{
     config::{Config, flags},
@@ -29,8 +29,8 @@ use egress_common::{
     counters::reason::*,
     maps,
     policy::{
-        EgressIpValue, POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV6, PolicyValueV6, RETURN_VNI,
-        RuleValueV6, SelectedValue, action, egress_ip_flags,
+        EgressIpValue, PodOwnerValue, PolicyValueV6, RETURN_VNI, RuleValueV6, action,
+        egress_ip_flags,
     },
     underlay,
 };
@@ -200,23 +200,11 @@ fn config(net: &Net) -> Config {
 // ---- IPv6 map setters ----
 
 fn policy6(dp: &mut Datapath, pod: Ipv6Addr, dst: Ipv6Addr, len: u32, value: PolicyValueV6) {
-    let mut t: LpmTrie<&mut MapData, PolicyKeyV6, PolicyValueV6> =
-        LpmTrie::try_from(dp.map(maps::POLICY_V6)).unwrap();
-    let key = Key::new(
-        POD_PREFIX_BITS_V6 + len,
-        PolicyKeyV6 {
-            pod: pod.octets(),
-            dst: dst.octets(),
-        },
-    );
-    t.insert(&key, value, 0).unwrap();
+    dp.policy_v6(pod, dst, len, value);
 }
 
 fn selected6(dp: &mut Datapath, pod: Ipv6Addr) {
-    let mut m: HashMap<&mut MapData, [u8; 16], SelectedValue> =
-        HashMap::try_from(dp.map(maps::SELECTED_V6)).unwrap();
-    m.insert(pod.octets(), SelectedValue { entries: 1 }, 0)
-        .unwrap();
+    dp.selected_v6(pod);
 }
 
 fn rule6(dp: &mut Datapath, id: u32, egress_ip: Ipv6Addr, ifindex: u32) {
@@ -550,6 +538,73 @@ fn from_pod_table(u: UnderlayNet) {
                 vec![
                     from_pod(&to_a).passes(),
                     from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 9))).tunneled(),
+                ],
+                &[(EXCLUDED, 1), (TUNNELED, 1)],
+            ),
+            case(
+                "nested prefixes of two pods: each pod's longest prefix wins, except holes pass",
+                move |dp, _| {
+                    // LOCAL_POD: /16 drops, /48 falls through, /64 tunnels, /124 is a hole.
+                    selected6(dp, LOCAL_POD);
+                    let drop = sentinel(action::NO_GATEWAY_DROP);
+                    policy6(dp, LOCAL_POD, v6(0xfd00, 0, 0, 0), 16, drop);
+                    let pass = sentinel(action::NO_GATEWAY_PASS);
+                    policy6(dp, LOCAL_POD, NET_A, 48, pass);
+                    policy6(dp, LOCAL_POD, NET_A, 64, forward(u.peer, RULE_A));
+                    let hole = sentinel(action::EXCLUDE);
+                    policy6(dp, LOCAL_POD, v6(0xfd00, 0x100, 0, 0x10), 124, hole);
+                    // Another pod's prefixes in between: lengths LOCAL_POD does not use.
+                    selected6(dp, UNSELECTED_POD);
+                    policy6(dp, UNSELECTED_POD, NET_A, 56, drop);
+                    policy6(dp, UNSELECTED_POD, v6(0xfd00, 0x100, 0, 0x80), 121, hole);
+                    policy6(dp, UNSELECTED_POD, v6(0xfd00, 0x100, 0, 0x99), 128, hole);
+                },
+                vec![
+                    // The /124 hole, inside the /64.
+                    from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 0x14))).passes(),
+                    // The /64, also inside the other pod's /56, /121 and /128.
+                    from_pod(&to_a).tunneled(),
+                    from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 0x99))).tunneled(),
+                    // The /48, inside the other pod's /56 (fd00:100:0:9::1).
+                    from_pod(&to_a.clone().dst("fd00:100:0:9::1".parse().unwrap())).passes(),
+                    // The /16.
+                    from_pod(&to_a.clone().dst(v6(0xfd00, 0x7, 0, 7))).dropped(),
+                    // Outside the /16.
+                    from_pod(&to_a.clone().dst(INTERNET)).passes(),
+                    // The other pod: its /56, its /121 hole and its /128 hole.
+                    from_pod(&to_a.clone().src(UNSELECTED_POD)).dropped(),
+                    from_pod(
+                        &to_a
+                            .clone()
+                            .src(UNSELECTED_POD)
+                            .dst(v6(0xfd00, 0x100, 0, 0x81)),
+                    )
+                    .passes(),
+                    from_pod(
+                        &to_a
+                            .clone()
+                            .src(UNSELECTED_POD)
+                            .dst(v6(0xfd00, 0x100, 0, 0x99)),
+                    )
+                    .passes(),
+                ],
+                &[
+                    (EXCLUDED, 3),
+                    (TUNNELED, 2),
+                    (FALLTHROUGH, 1),
+                    (DROP_NO_GATEWAY, 2),
+                ],
+            ),
+            case(
+                "a ::/0 and a /128 of one pod: both ends of the prefix lengths",
+                move |dp, _| {
+                    selected6(dp, LOCAL_POD);
+                    policy6(dp, LOCAL_POD, v6(0, 0, 0, 0), 0, forward(u.peer, RULE_A));
+                    policy6(dp, LOCAL_POD, DEST_A, 128, sentinel(action::EXCLUDE));
+                },
+                vec![
+                    from_pod(&to_a).passes(),
+                    from_pod(&to_a.clone().dst(DEST_FAR)).tunneled(),
                 ],
                 &[(EXCLUDED, 1), (TUNNELED, 1)],
             ),

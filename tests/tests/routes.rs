@@ -10,13 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Map, MapData, lpm_trie::LpmTrie};
+use aya::maps::{HashMap, Map, MapData};
 use egress_common::{
     maps as names,
-    policy::{
-        POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PolicyKeyV4, PolicyKeyV6, PolicyValue,
-        PolicyValueV6,
-    },
+    policy::{PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6},
 };
 use egress_tests::{
     cluster::{seen, spec_for, up_with_agents, wait_until},
@@ -29,38 +26,32 @@ const GATEWAYS: [&str; 2] = ["gw1", "gw2"];
 /// A loose bound: the target is about a second, CI machines are noisy.
 const WITHIN: Duration = Duration::from_secs(10);
 
-/// The destination prefixes of `pod`'s entries in `node`'s pinned policy trie (of the
+/// The destination prefixes of `pod`'s entries in `node`'s pinned policy map (of the
 /// pod address's family), as `ip/len`.
 fn policy_prefixes(lab: &Lab, node: &str, pod: IpAddr) -> Vec<String> {
-    let trie = |name: &str| {
+    let open = |name: &str| {
         let path = lab.bpffs_dir(node).join(name);
         let data = MapData::from_pin(&path)
             .unwrap_or_else(|e| panic!("failed to open {}: {e}", path.display()));
-        Map::LpmTrie(data)
+        Map::HashMap(data)
     };
     match pod {
         IpAddr::V4(pod) => {
-            let t: LpmTrie<_, PolicyKeyV4, PolicyValue> =
-                LpmTrie::try_from(trie(names::POLICY_V4)).unwrap();
+            let t: HashMap<_, PolicyKeyV4, PolicyValue> =
+                HashMap::try_from(open(names::POLICY_V4)).unwrap();
             t.keys()
                 .map(Result::unwrap)
-                .filter(|k| k.data().pod == pod.octets())
-                .map(|k| {
-                    let len = k.prefix_len() - POD_PREFIX_BITS_V4;
-                    format!("{}/{len}", Ipv4Addr::from(k.data().dst))
-                })
+                .filter(|k| k.pod == pod.octets())
+                .map(|k| format!("{}/{}", Ipv4Addr::from(k.dst), k.dst_len))
                 .collect()
         }
         IpAddr::V6(pod) => {
-            let t: LpmTrie<_, PolicyKeyV6, PolicyValueV6> =
-                LpmTrie::try_from(trie(names::POLICY_V6)).unwrap();
+            let t: HashMap<_, PolicyKeyV6, PolicyValueV6> =
+                HashMap::try_from(open(names::POLICY_V6)).unwrap();
             t.keys()
                 .map(Result::unwrap)
-                .filter(|k| k.data().pod == pod.octets())
-                .map(|k| {
-                    let len = k.prefix_len() - POD_PREFIX_BITS_V6;
-                    format!("{}/{len}", Ipv6Addr::from(k.data().dst))
-                })
+                .filter(|k| k.pod == pod.octets())
+                .map(|k| format!("{}/{}", Ipv6Addr::from(k.dst), k.dst_len))
                 .collect()
         }
     }

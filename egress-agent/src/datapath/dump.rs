@@ -14,9 +14,9 @@ use egress_common::{
     counters::{self, Counter},
     maps as names,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, PodOwnerValue,
-        PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6,
-        SelectedValue, action, egress_ip_flags,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, DestValue, DestValueV6, EgressIpValue,
+        NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
+        RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6, action, egress_ip_flags,
     },
     underlay::{self, Underlay},
 };
@@ -121,9 +121,15 @@ fn write_exhausted(s: &mut String, rows: &[(IpAddr, u64)]) {
 pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
     let mut out = Vec::new();
     let name = names::POLICY_V4;
-    let t: LpmTrie<MapData, PolicyKeyV4, PolicyValue> =
-        LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let t: HashMap<MapData, PolicyKeyV4, PolicyValue> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     out.push((name, t.keys().count()));
+    if pinned(pin_dir, names::DESTS_V4) {
+        let name = names::DESTS_V4;
+        let t: LpmTrie<MapData, [u8; 4], DestValue> = LpmTrie::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
+        out.push((name, t.keys().count()));
+    }
     fn count<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &'static str) -> Result<usize> {
         let m: HashMap<MapData, K, V> = HashMap::try_from(open(pin_dir, name)?)
             .map_err(|source| Error::Map { name, source })?;
@@ -155,15 +161,21 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
     ));
     if pinned(pin_dir, names::POLICY_V6) {
         let name = names::POLICY_V6;
-        let t: LpmTrie<MapData, PolicyKeyV6, PolicyValueV6> =
-            LpmTrie::try_from(open(pin_dir, name)?)
+        let t: HashMap<MapData, PolicyKeyV6, PolicyValueV6> =
+            HashMap::try_from(open(pin_dir, name)?)
                 .map_err(|source| Error::Map { name, source })?;
+        out.push((name, t.keys().count()));
+    }
+    if pinned(pin_dir, names::DESTS_V6) {
+        let name = names::DESTS_V6;
+        let t: LpmTrie<MapData, [u8; 16], DestValueV6> = LpmTrie::try_from(open(pin_dir, name)?)
+            .map_err(|source| Error::Map { name, source })?;
         out.push((name, t.keys().count()));
     }
     for (name, n) in [
         (
             names::SELECTED_V6,
-            count::<[u8; 16], SelectedValue> as fn(_, _) -> _,
+            count::<[u8; 16], SelectedValueV6> as fn(_, _) -> _,
         ),
         (names::RULES_V6, count::<u32, RuleValueV6>),
         (names::POD_OWNER_V6, count::<[u8; 16], PodOwnerValue>),
@@ -238,23 +250,22 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     );
 
     let name = names::POLICY_V4;
-    let t: LpmTrie<MapData, PolicyKeyV4, PolicyValue> =
-        LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let t: HashMap<MapData, PolicyKeyV4, PolicyValue> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     let mut rows: Vec<_> = t.iter().flatten().collect();
-    rows.sort_by_key(|(k, _)| (k.data(), k.prefix_len()));
+    rows.sort_by_key(|(k, _)| *k);
     let _ = writeln!(
         s,
         "\npolicy (pod, destination -> action, gateway, egress IP, rule): {}",
         rows.len()
     );
     for (k, v) in rows {
-        let d = k.data();
         let act = action_name(v.action);
         let _ = writeln!(
             s,
             "  {:<15} {:>18} -> {:<17} gw {:<15} egress {:<15} rule {}",
-            ip(d.pod).to_string(),
-            format!("{}/{}", ip(d.dst), k.prefix_len().saturating_sub(32)),
+            ip(k.pod).to_string(),
+            format!("{}/{}", ip(k.dst), k.dst_len),
             act,
             node(v.gateway).to_string(),
             ip(v.egress_ip).to_string(),
@@ -387,22 +398,21 @@ fn render_admitted(pin_dir: &Path, s: &mut String) -> Result<()> {
 /// addresses of either family).
 fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
     let name = names::POLICY_V6;
-    let t: LpmTrie<MapData, PolicyKeyV6, PolicyValueV6> =
-        LpmTrie::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let t: HashMap<MapData, PolicyKeyV6, PolicyValueV6> =
+        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     let mut rows: Vec<_> = t.iter().flatten().collect();
-    rows.sort_by_key(|(k, _)| (k.data(), k.prefix_len()));
+    rows.sort_by_key(|(k, _)| *k);
     let _ = writeln!(
         s,
         "\nIPv6 policy (pod, destination -> action, gateway, egress IP, rule): {}",
         rows.len()
     );
     for (k, v) in rows {
-        let d = k.data();
         let _ = writeln!(
             s,
             "  {:<24} {:>30} -> {:<17} gw {:<15} egress {:<24} rule {}",
-            ip6(d.pod).to_string(),
-            format!("{}/{}", ip6(d.dst), k.prefix_len().saturating_sub(128)),
+            ip6(k.pod).to_string(),
+            format!("{}/{}", ip6(k.dst), k.dst_len),
             action_name(v.action),
             node(v.gateway).to_string(),
             ip6(v.egress_ip).to_string(),

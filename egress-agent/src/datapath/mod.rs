@@ -164,8 +164,9 @@ pub struct Datapath {
 /// The capacities an operator may set (the others are the object's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacities {
-    /// Entries of each policy trie (`POLICY_V4`, `POLICY_V6`): (selected pods on the node)
-    /// x (their prefixes).
+    /// Entries of each policy map (`POLICY_V4`, `POLICY_V6`): (selected pods on the node)
+    /// x (their prefixes); also the capacity of `DESTS_V4` / `_V6`, which hold at most one
+    /// entry per policy entry.
     pub policy: u32,
 }
 
@@ -180,7 +181,14 @@ impl Default for Capacities {
 impl Capacities {
     /// The capacity this build gives map `name`, when an operator may change it.
     fn of(&self, name: &str) -> Option<u32> {
-        (name == names::POLICY_V4 || name == names::POLICY_V6).then_some(self.policy)
+        [
+            names::POLICY_V4,
+            names::POLICY_V6,
+            names::DESTS_V4,
+            names::DESTS_V6,
+        ]
+        .contains(&name)
+        .then_some(self.policy)
     }
 }
 
@@ -310,13 +318,15 @@ impl Datapath {
 
     fn read_state(&mut self) -> Result<MapState> {
         let s = MapState {
-            policy_v4: self.read_lpm::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?,
+            policy_v4: self.read_hash::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?,
+            dests_v4: self.read_lpm(names::DESTS_V4)?,
             selected_v4: self.read_hash(names::SELECTED_V4)?,
             rules_v4: self.read_hash(names::RULES_V4)?,
             nodes: self.read_hash(names::NODES)?,
             pod_owner_v4: self.read_hash(names::POD_OWNER_V4)?,
             egress_ips_v4: self.read_hash(names::EGRESS_IPS_V4)?,
-            policy_v6: self.read_lpm::<PolicyKeyV6, PolicyValueV6>(names::POLICY_V6)?,
+            policy_v6: self.read_hash::<PolicyKeyV6, PolicyValueV6>(names::POLICY_V6)?,
+            dests_v6: self.read_lpm(names::DESTS_V6)?,
             selected_v6: self.read_hash(names::SELECTED_V6)?,
             rules_v6: self.read_hash(names::RULES_V6)?,
             pod_owner_v6: self.read_hash(names::POD_OWNER_V6)?,
@@ -402,8 +412,8 @@ impl Datapath {
     }
 
     /// Bring every map in line with `want`, touching only entries that differ.
-    /// Additions go in dependency order (who may send, then rules, then the trie and the
-    /// selected set last), removals in the reverse order. A failed entry is counted and
+    /// Additions go in dependency order (who may send, then rules, then the policy maps,
+    /// their destination tries and the selected set last), removals in the reverse order. A failed entry is counted and
     /// logged; the rest still applies.
     pub fn apply(&mut self, want: &MapState) -> Result<ApplyStats> {
         let mut stats = ApplyStats::default();
@@ -420,8 +430,8 @@ impl Datapath {
         Ok(stats)
     }
 
-    /// The trie and the selected set of both families (selected set first on removal,
-    /// last on insertion).
+    /// The policy maps, their destination chains and the selected set of both families
+    /// (selected set first on removal, last on insertion; chains after the entries).
     fn sync_source_side(
         &mut self,
         held: &mut MapState,
@@ -433,17 +443,33 @@ impl Datapath {
             self.sync_unknown_pods(held, want, phase, stats)?;
             self.sync_selected(held, want, phase, stats)?;
         }
-        self.sync_lpm(
+        self.sync_hash(
             names::POLICY_V4,
             &mut held.policy_v4,
             &want.policy_v4,
             phase,
             stats,
         )?;
-        self.sync_lpm(
+        self.sync_hash(
             names::POLICY_V6,
             &mut held.policy_v6,
             &want.policy_v6,
+            phase,
+            stats,
+        )?;
+        // The chains after the entries they lead to: a chain naming a length whose entry
+        // is not in yet, or gone already, only costs a probe that misses.
+        self.sync_lpm(
+            names::DESTS_V4,
+            &mut held.dests_v4,
+            &want.dests_v4,
+            phase,
+            stats,
+        )?;
+        self.sync_lpm(
+            names::DESTS_V6,
+            &mut held.dests_v6,
+            &want.dests_v6,
             phase,
             stats,
         )?;

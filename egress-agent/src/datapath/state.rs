@@ -10,31 +10,30 @@ use ipnet::IpNet;
 use egress_common::{
     config::Config,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
-        NodeValue, POD_PREFIX_BITS_V4, POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
-        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, action, coverage,
-        egress_ip_flags,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValue, DestValueV6,
+        EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
+        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6,
+        action, coverage, egress_ip_flags,
     },
     underlay::{self, Underlay},
 };
 
 use crate::desired::{Desired, HeldIpV4, PolicyAction};
 
-/// An LPM key as (prefix length, data), ordered, so it can live in a `BTreeMap`.
-pub type LpmKeyV4 = (u32, PolicyKeyV4);
-pub type LpmKeyV6 = (u32, PolicyKeyV6);
-
 /// What every map should hold. Keys and values are the ABI types of `egress-common`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
-    pub policy_v4: BTreeMap<LpmKeyV4, PolicyValue>,
+    pub policy_v4: BTreeMap<PolicyKeyV4, PolicyValue>,
+    /// `DESTS_V4`: (prefix length, network) -> lengths of the prefixes containing it.
+    pub dests_v4: BTreeMap<(u32, [u8; 4]), DestValue>,
     pub selected_v4: BTreeMap<[u8; 4], SelectedValue>,
     pub rules_v4: BTreeMap<u32, RuleValueV4>,
     pub nodes: BTreeMap<Underlay, NodeValue>,
     pub pod_owner_v4: BTreeMap<[u8; 4], PodOwnerValue>,
     pub egress_ips_v4: BTreeMap<[u8; 4], EgressIpValue>,
-    pub policy_v6: BTreeMap<LpmKeyV6, PolicyValueV6>,
-    pub selected_v6: BTreeMap<[u8; 16], SelectedValue>,
+    pub policy_v6: BTreeMap<PolicyKeyV6, PolicyValueV6>,
+    pub dests_v6: BTreeMap<(u32, [u8; 16]), DestValueV6>,
+    pub selected_v6: BTreeMap<[u8; 16], SelectedValueV6>,
     pub rules_v6: BTreeMap<u32, RuleValueV6>,
     pub pod_owner_v6: BTreeMap<[u8; 16], PodOwnerValue>,
     pub egress_ips_v6: BTreeMap<[u8; 16], EgressIpValue>,
@@ -64,6 +63,65 @@ impl std::fmt::Display for Unresolved {
             }
         }
     }
+}
+
+/// Each distinct prefix among `prefixes` ((network, length), the network left-aligned in
+/// 128 bits: an IPv4 network shifted up by 96) with the lengths of every prefix among
+/// them that contains it, itself included (bit n % 64 of word n / 64: length n): the
+/// values of `DESTS_V4` / `_V6`.
+fn chains(prefixes: impl Iterator<Item = (u128, u32)>) -> Vec<((u128, u32), [u64; 3])> {
+    let mut sorted: Vec<(u128, u32)> = prefixes.collect();
+    // By network, then length: a prefix comes after every prefix containing it, and the
+    // prefixes a prefix contains follow it without a gap.
+    sorted.sort_unstable();
+    sorted.dedup();
+    let contains = |(net, len): (u128, u32), (other, _): (u128, u32)| {
+        let mask = if len == 0 {
+            0
+        } else {
+            u128::MAX << (128 - len.min(128))
+        };
+        other & mask == net
+    };
+    let mut out = Vec::with_capacity(sorted.len());
+    // The chain of prefixes containing the current one, with their lengths.
+    let mut stack: Vec<((u128, u32), [u64; 3])> = Vec::new();
+    for p in sorted {
+        while stack.last().is_some_and(|(q, _)| !contains(*q, p)) {
+            stack.pop();
+        }
+        let mut lengths = stack.last().map_or([0; 3], |(_, l)| *l);
+        let len = p.1.min(128);
+        lengths[(len / 64) as usize] |= 1 << (len % 64);
+        stack.push((p, lengths));
+        out.push((p, lengths));
+    }
+    out
+}
+
+/// The `DESTS_V4` entries for the policy entries `keys` (of every pod).
+pub fn dests_v4<'a>(
+    keys: impl Iterator<Item = &'a PolicyKeyV4>,
+) -> BTreeMap<(u32, [u8; 4]), DestValue> {
+    let prefixes = keys.map(|k| (u128::from(u32::from_be_bytes(k.dst)) << 96, k.dst_len));
+    chains(prefixes)
+        .into_iter()
+        .map(|((net, len), lengths)| {
+            let net = ((net >> 96) as u32).to_be_bytes();
+            ((len, net), DestValue::from_lengths(lengths[0]))
+        })
+        .collect()
+}
+
+/// The `DESTS_V6` entries for the policy entries `keys` (of every pod).
+pub fn dests_v6<'a>(
+    keys: impl Iterator<Item = &'a PolicyKeyV6>,
+) -> BTreeMap<(u32, [u8; 16]), DestValueV6> {
+    let prefixes = keys.map(|k| (u128::from_be_bytes(k.dst), k.dst_len));
+    chains(prefixes)
+        .into_iter()
+        .map(|((net, len), lengths)| ((len, net.to_be_bytes()), DestValueV6 { lengths }))
+        .collect()
 }
 
 /// An optional underlay address as the maps hold it (zero for none).
@@ -107,13 +165,14 @@ impl MapState {
         let mut s = Self::default();
         let mut unresolved = Vec::new();
         for ((pod, dst), e) in &desired.policy_v4 {
-            let key = PolicyKeyV4 {
-                pod: pod.octets(),
-                dst: dst.network().octets(),
-            };
+            let key = PolicyKeyV4::new(
+                pod.octets(),
+                dst.network().octets(),
+                u32::from(dst.prefix_len()),
+            );
             let action = action_code(e.action);
             s.policy_v4.insert(
-                (POD_PREFIX_BITS_V4 + u32::from(dst.prefix_len()), key),
+                key,
                 PolicyValue {
                     gateway: underlay_of(e.gateway),
                     egress_ip: octets(e.egress_ip),
@@ -124,9 +183,19 @@ impl MapState {
             );
         }
         for (pod, n) in &desired.selected_v4 {
-            s.selected_v4
-                .insert(pod.octets(), SelectedValue { entries: *n });
+            let v = SelectedValue {
+                entries: *n,
+                ..SelectedValue::default()
+            };
+            s.selected_v4.insert(pod.octets(), v);
         }
+        // The prefix lengths each pod's lookups probe.
+        for key in s.policy_v4.keys() {
+            if let Some(v) = s.selected_v4.get_mut(&key.pod) {
+                v.add_length(key.dst_len);
+            }
+        }
+        s.dests_v4 = dests_v4(s.policy_v4.keys());
         for (id, r) in &desired.rules_v4 {
             match ifindex(&r.interface) {
                 Some(ifindex) => {
@@ -233,12 +302,13 @@ impl MapState {
         unresolved: &mut Vec<Unresolved>,
     ) {
         for ((pod, dst), e) in &desired.policy_v6 {
-            let key = PolicyKeyV6 {
-                pod: pod.octets(),
-                dst: dst.network().octets(),
-            };
+            let key = PolicyKeyV6::new(
+                pod.octets(),
+                dst.network().octets(),
+                u32::from(dst.prefix_len()),
+            );
             self.policy_v6.insert(
-                (POD_PREFIX_BITS_V6 + u32::from(dst.prefix_len()), key),
+                key,
                 PolicyValueV6 {
                     gateway: underlay_of(e.gateway),
                     rule_id: e.rule_id,
@@ -249,9 +319,18 @@ impl MapState {
             );
         }
         for (pod, n) in &desired.selected_v6 {
-            self.selected_v6
-                .insert(pod.octets(), SelectedValue { entries: *n });
+            let v = SelectedValueV6 {
+                entries: *n,
+                ..SelectedValueV6::default()
+            };
+            self.selected_v6.insert(pod.octets(), v);
         }
+        for key in self.policy_v6.keys() {
+            if let Some(v) = self.selected_v6.get_mut(&key.pod) {
+                v.add_length(key.dst_len);
+            }
+        }
+        self.dests_v6 = dests_v6(self.policy_v6.keys());
         for (id, r) in &desired.rules_v6 {
             match ifindex(&r.interface) {
                 Some(ifindex) => {
@@ -300,16 +379,18 @@ impl MapState {
     }
 
     /// Number of entries per map, by map name.
-    pub fn sizes(&self) -> [(&'static str, usize); 17] {
+    pub fn sizes(&self) -> [(&'static str, usize); 19] {
         use egress_common::maps::*;
         [
             (POLICY_V4, self.policy_v4.len()),
+            (DESTS_V4, self.dests_v4.len()),
             (SELECTED_V4, self.selected_v4.len()),
             (RULES_V4, self.rules_v4.len()),
             (NODES, self.nodes.len()),
             (POD_OWNER_V4, self.pod_owner_v4.len()),
             (EGRESS_IPS_V4, self.egress_ips_v4.len()),
             (POLICY_V6, self.policy_v6.len()),
+            (DESTS_V6, self.dests_v6.len()),
             (SELECTED_V6, self.selected_v6.len()),
             (RULES_V6, self.rules_v6.len()),
             (POD_OWNER_V6, self.pod_owner_v6.len()),
@@ -393,9 +474,10 @@ mod tests {
         );
         let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
         let (key, v) = s.policy_v4.iter().next().unwrap();
-        assert_eq!(key.0, 32 + 24);
-        assert_eq!(key.1.pod, [10, 244, 1, 5]);
-        assert_eq!(key.1.dst, [192, 0, 2, 0]);
+        assert_eq!(key.dst_len, 24);
+        assert_eq!(key.pod, [10, 244, 1, 5]);
+        assert_eq!(key.dst, [192, 0, 2, 0]);
+        assert_eq!(s.selected_v4[&key.pod].lengths, 1 << 24);
         assert_eq!(v.gateway, underlay::from_v4([10, 200, 0, 21]));
         assert_eq!(v.action, action::FORWARD);
         assert_eq!(s.rules_v4[&7].ifindex, 4);
@@ -449,23 +531,19 @@ mod tests {
         );
         let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
         assert!(unresolved.is_empty());
-        let forward = s
-            .policy_v6
-            .iter()
-            .find(|((len, _), _)| *len == 128 + 64)
-            .unwrap();
-        assert_eq!(forward.0.1.pod, pod.octets());
+        let forward = s.policy_v6.iter().find(|(k, _)| k.dst_len == 64).unwrap();
+        assert_eq!(forward.0.pod, pod.octets());
         assert_eq!(forward.1.gateway, underlay::from_v4([10, 200, 0, 21]));
         assert_eq!(forward.1.egress_ip, egress.octets());
         assert_eq!(forward.1.action, action::FORWARD);
-        let except = s
-            .policy_v6
-            .iter()
-            .find(|((len, _), _)| *len == 128 + 120)
-            .unwrap();
+        let except = s.policy_v6.iter().find(|(k, _)| k.dst_len == 120).unwrap();
         assert_eq!(except.1.action, action::EXCLUDE);
         assert_eq!(except.1.egress_ip, [0; 16]);
         assert_eq!(s.selected_v6[&pod.octets()].entries, 2);
+        assert_eq!(
+            s.selected_v6[&pod.octets()].lengths,
+            [0, 1 | 1 << (120 - 64), 0]
+        );
         assert_eq!(s.rules_v6[&9].ifindex, 4);
         assert_eq!(s.rules_v6[&9].egress_ip, egress.octets());
         assert_eq!(
@@ -477,6 +555,61 @@ mod tests {
             egress_ip_flags::SHARED
         );
         assert!(s.policy_v4.is_empty());
+    }
+
+    #[test]
+    fn dests_hold_the_lengths_of_every_prefix_containing_theirs() {
+        let key = |pod: u8, net: [u8; 4], len| PolicyKeyV4::new([10, 244, 1, pod], net, len);
+        let keys = [
+            key(5, [10, 0, 0, 0], 8),
+            key(5, [10, 100, 0, 0], 16),
+            key(5, [10, 100, 0, 0], 24),
+            key(5, [10, 100, 0, 16], 28),
+            // Another pod: a prefix in between, one beside, and one of the first pod's again.
+            key(9, [10, 100, 0, 0], 20),
+            key(9, [10, 100, 1, 0], 24),
+            key(9, [10, 100, 0, 0], 16),
+            key(9, [192, 0, 2, 0], 24),
+            key(9, [0, 0, 0, 0], 0),
+        ];
+        let d = dests_v4(keys.iter());
+        let bits = |lens: &[u32]| lens.iter().fold(0u64, |m, l| m | 1 << l);
+        let want: BTreeMap<(u32, [u8; 4]), u64> = [
+            ((0, [0, 0, 0, 0]), bits(&[0])),
+            ((8, [10, 0, 0, 0]), bits(&[0, 8])),
+            ((16, [10, 100, 0, 0]), bits(&[0, 8, 16])),
+            ((20, [10, 100, 0, 0]), bits(&[0, 8, 16, 20])),
+            ((24, [10, 100, 0, 0]), bits(&[0, 8, 16, 20, 24])),
+            ((28, [10, 100, 0, 16]), bits(&[0, 8, 16, 20, 24, 28])),
+            ((24, [10, 100, 1, 0]), bits(&[0, 8, 16, 20, 24])),
+            ((24, [192, 0, 2, 0]), bits(&[0, 24])),
+        ]
+        .into_iter()
+        .collect();
+        let got: BTreeMap<_, _> = d.into_iter().map(|(k, v)| (k, v.lengths())).collect();
+        assert_eq!(got, want);
+
+        let key6 = |net: &str, len| {
+            let net: Ipv6Addr = net.parse().unwrap();
+            PolicyKeyV6::new([0; 16], net.octets(), len)
+        };
+        let keys = [
+            key6("fd00::", 16),
+            key6("fd00:100::", 64),
+            key6("fd00:100::10", 124),
+            key6("fd00:100::10", 128),
+            key6("fd00:200::", 64),
+        ];
+        let d = dests_v6(keys.iter());
+        let net = |a: &str| a.parse::<Ipv6Addr>().unwrap().octets();
+        assert_eq!(d[&(16, net("fd00::"))].lengths, [1 << 16, 0, 0]);
+        assert_eq!(d[&(64, net("fd00:100::"))].lengths, [1 << 16, 1, 0]);
+        assert_eq!(
+            d[&(128, net("fd00:100::10"))].lengths,
+            [1 << 16, 1 | 1 << 60, 1]
+        );
+        assert_eq!(d[&(64, net("fd00:200::"))].lengths, [1 << 16, 1, 0]);
+        assert_eq!(d.len(), 5);
     }
 
     #[test]

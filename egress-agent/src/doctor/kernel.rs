@@ -50,7 +50,7 @@ pub fn tcx() -> Check {
     }
 }
 
-/// Create (and drop) a one-entry LPM trie, as the policy maps are.
+/// Create (and drop) a one-entry LPM trie, as the destination and coverage maps are.
 pub fn lpm_trie() -> Check {
     match aya::sys::is_map_supported(MapType::LpmTrie) {
         Ok(true) => ok("lpm-trie", "created a test LPM trie map".to_owned()),

@@ -28,14 +28,17 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
 };
-use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, OBJECT, TEST_TUNNEL_FROM_CB};
+use egress_agent::{
+    datapath::state::dests_v4,
+    ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, OBJECT, TEST_TUNNEL_FROM_CB},
+};
 use egress_common::{
     config::{Config, flags},
     conntrack::{CtEntryV4, CtKeyV4, dir, state},
     counters::{self, Counter, MAX_REASONS, reason},
     maps,
     policy::{
-        AdmittedKeyV4, AdmittedValue, EgressIpValue, NodeValue, POD_PREFIX_BITS_V4, PodOwnerValue,
+        AdmittedKeyV4, AdmittedValue, DestValue, EgressIpValue, NodeValue, PodOwnerValue,
         PolicyKeyV4, PolicyValue, RuleValueV4, SelectedValue, action,
     },
     underlay::{self, Underlay},
@@ -53,8 +56,8 @@ pub const TC_ACT_REDIRECT: u32 = 7;
 /// Repeats per call on the paths that decrement the TTL (frames start at 255).
 pub const TTL_CHUNK: u32 = 250;
 
-/// The policy trie's capacity in the benchmark object. The agent's object holds 65,536
-/// entries (its own pods only); the 100k and 1M rows need more. LPM tries are never
+/// The policy map's capacity in the benchmark object. The agent's object holds 65,536
+/// entries (its own pods only); the 100k and 1M rows need more. The map is not
 /// preallocated, so the limit does not change the cost of a lookup.
 pub const POLICY_BENCH_MAX_ENTRIES: u32 = 1_048_576;
 
@@ -205,7 +208,8 @@ fn topology() -> Result<Net> {
 struct Bed {
     ebpf: Ebpf,
     config: Array<MapData, Config>,
-    policy: LpmTrie<MapData, PolicyKeyV4, PolicyValue>,
+    policy: HashMap<MapData, PolicyKeyV4, PolicyValue>,
+    dests: LpmTrie<MapData, [u8; 4], DestValue>,
     selected: HashMap<MapData, [u8; 4], SelectedValue>,
     rules: HashMap<MapData, u32, RuleValueV4>,
     nodes: HashMap<MapData, Underlay, NodeValue>,
@@ -236,6 +240,7 @@ impl Bed {
         let mut ebpf = EbpfLoader::new()
             .override_global(TEST_TUNNEL_FROM_CB, &1u8, true)
             .map_max_entries(maps::POLICY_V4, POLICY_BENCH_MAX_ENTRIES)
+            .map_max_entries(maps::DESTS_V4, POLICY_BENCH_MAX_ENTRIES)
             .load(OBJECT)
             .context("failed to load the eBPF object")?;
         for name in [FROM_POD, FROM_TUNNEL, FROM_SECONDARY] {
@@ -263,6 +268,7 @@ impl Bed {
         let mut bed = Bed {
             config: take(&mut ebpf, maps::CONFIG)?.try_into()?,
             policy: take(&mut ebpf, maps::POLICY_V4)?.try_into()?,
+            dests: take(&mut ebpf, maps::DESTS_V4)?.try_into()?,
             selected: take(&mut ebpf, maps::SELECTED_V4)?.try_into()?,
             rules: take(&mut ebpf, maps::RULES_V4)?.try_into()?,
             nodes: take(&mut ebpf, maps::NODES)?.try_into()?,
@@ -320,34 +326,45 @@ impl Bed {
     fn fill_policy(&mut self, pods: u32, per_pod: usize) -> Result<()> {
         for i in 0..pods {
             let pod = pod(i);
+            let mut selected = SelectedValue::default();
             for (j, (dst, len)) in PREFIXES.iter().take(per_pod).enumerate() {
-                let key = Key::new(
-                    POD_PREFIX_BITS_V4 + len,
-                    PolicyKeyV4 {
-                        pod: pod.octets(),
-                        dst: dst.octets(),
-                    },
-                );
-                let value = PolicyValue {
-                    gateway: underlay::from_v4(PEER.octets()),
-                    egress_ip: EGRESS.octets(),
-                    rule_id: RULE + j as u32,
-                    action: action::FORWARD,
-                    _pad: [0; 3],
-                };
-                self.policy
-                    .insert(&key, value, 0)
-                    .with_context(|| format!("failed to insert policy entry {pod} -> {dst}"))?;
+                self.policy_entry(pod, *dst, *len, RULE + j as u32)?;
+                selected.add_length(*len);
+                selected.entries += 1;
             }
-            self.selected.insert(
-                pod.octets(),
-                SelectedValue {
-                    entries: per_pod as u32,
-                },
-                0,
-            )?;
+            self.selected.insert(pod.octets(), selected, 0)?;
+        }
+        self.dests(per_pod)
+    }
+
+    /// `DESTS_V4` for the first `per_pod` prefixes (every pod has the same ones).
+    fn dests(&mut self, per_pod: usize) -> Result<()> {
+        let keys: Vec<PolicyKeyV4> = PREFIXES
+            .iter()
+            .take(per_pod)
+            .map(|(dst, len)| PolicyKeyV4::new(pod(0).octets(), dst.octets(), *len))
+            .collect();
+        for ((len, net), v) in dests_v4(keys.iter()) {
+            self.dests
+                .insert(&Key::new(len, net), v, 0)
+                .context("failed to insert a DESTS_V4 entry")?;
         }
         Ok(())
+    }
+
+    /// One policy entry of `pod`, tunneled to `PEER` under `rule`.
+    fn policy_entry(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, rule: u32) -> Result<()> {
+        let key = PolicyKeyV4::new(pod.octets(), dst.octets(), len);
+        let value = PolicyValue {
+            gateway: underlay::from_v4(PEER.octets()),
+            egress_ip: EGRESS.octets(),
+            rule_id: rule,
+            action: action::FORWARD,
+            _pad: [0; 3],
+        };
+        self.policy
+            .insert(key, value, 0)
+            .with_context(|| format!("failed to insert policy entry {pod} -> {dst}/{len}"))
     }
 
     /// Both entries of an established TCP flow (pod:sport -> dst:dport, seen as
@@ -1117,26 +1134,18 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
             if pods == 1 {
                 // The single entry covers the tunnel destination.
                 let (dst, len) = PREFIXES[TUNNEL_PREFIX];
-                let key = Key::new(
-                    POD_PREFIX_BITS_V4 + len,
-                    PolicyKeyV4 {
-                        pod: pod(0).octets(),
-                        dst: dst.octets(),
-                    },
-                );
-                bed.policy.insert(
-                    &key,
-                    PolicyValue {
-                        gateway: underlay::from_v4(PEER.octets()),
-                        egress_ip: EGRESS.octets(),
-                        rule_id: RULE,
-                        action: action::FORWARD,
-                        _pad: [0; 3],
-                    },
+                bed.policy_entry(pod(0), dst, len, RULE)?;
+                bed.dests.insert(
+                    &Key::new(len, dst.octets()),
+                    DestValue::from_lengths(1 << len),
                     0,
                 )?;
-                bed.selected
-                    .insert(pod(0).octets(), SelectedValue { entries: 1 }, 0)?;
+                let mut selected = SelectedValue {
+                    entries: 1,
+                    ..SelectedValue::default()
+                };
+                selected.add_length(len);
+                bed.selected.insert(pod(0).octets(), selected, 0)?;
             } else {
                 bed.fill_policy(pods, per_pod)?;
             }

@@ -379,10 +379,11 @@ const NOTES: [&str; 4] = [
      through a real program (one ethertype load).",
     "Rows 1-2: pods 10.244.0.1 upwards (row 1's unselected pod is 10.247.200.9), ten \
      destination prefixes each (/10 to /28), all tunneled to a remote gateway; \
-     SELECTED_V4 holds the selected pods. Row 2 sends from \
-     the pod in the middle of the table, to a destination in its 4th prefix. The policy \
-     trie's capacity is raised to 1,048,576 in this object (the agent's is 65,536: a node \
-     holds only its own pods' entries) so that 100k and 1M entries fit; LPM tries are not \
+     SELECTED_V4 holds the selected pods and their prefix lengths, DESTS_V4 the ten \
+     prefixes. Row 2 sends from the pod in the middle of the table, to a destination in \
+     its 4th prefix. The policy \
+     map's capacity is raised to 1,048,576 in this object (the agent's is 65,536: a node \
+     holds only its own pods' entries) so that 100k and 1M entries fit; the map is not \
      preallocated, so the limit does not change the lookup.",
     "The FIB lookups run in a private network namespace with the egress device (veth), \
      its address and route, a permanent neighbour for the destination and forwarding on.",

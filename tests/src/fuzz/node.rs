@@ -28,14 +28,14 @@ use std::{
     sync::LazyLock,
 };
 
-use aya::maps::{HashMap, LpmTrie, MapData, lpm_trie::Key};
+use aya::maps::{HashMap, MapData};
 use egress_common::{
     config::{Config, flags},
     conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state},
     maps,
     policy::{
-        EgressIpValue, POD_PREFIX_BITS_V6, PodOwnerValue, PolicyKeyV6, PolicyValue, PolicyValueV6,
-        RuleValueV6, SelectedValue, action, egress_ip_flags,
+        EgressIpValue, PodOwnerValue, PolicyValue, PolicyValueV6, RuleValueV6, action,
+        egress_ip_flags,
     },
     underlay,
 };
@@ -575,21 +575,13 @@ fn fill_plan(dp: &mut Datapath, net: &Net, plan: &Plan) {
             },
         );
     }
-    let selected = if plan.local_pod.is_ipv4() {
-        maps::SELECTED_V4
-    } else {
-        maps::SELECTED_V6
-    };
-    insert(
-        dp,
-        selected,
-        octets(plan.local_pod),
-        SelectedValue {
-            entries: plan.policy.len() as u32,
-        },
-    );
     for p in &plan.policy {
         policy_entry(dp, plan.local_pod, p);
+    }
+    // Selected after its entries, with their prefix lengths.
+    match plan.local_pod {
+        IpAddr::V4(pod) => dp.selected(pod),
+        IpAddr::V6(pod) => dp.selected_v6(pod),
     }
     for r in &plan.rules {
         rule_entry(dp, net, r);
@@ -668,25 +660,18 @@ fn policy_entry(dp: &mut Datapath, pod: IpAddr, p: &Policy) {
                 _pad: [0; 3],
             },
         ),
-        (IpAddr::V6(pod), IpAddr::V6(net)) => {
-            let mut t: LpmTrie<&mut MapData, PolicyKeyV6, PolicyValueV6> =
-                LpmTrie::try_from(dp.map(maps::POLICY_V6)).unwrap();
-            let key = Key::new(
-                POD_PREFIX_BITS_V6 + u32::from(p.len),
-                PolicyKeyV6 {
-                    pod: pod.octets(),
-                    dst: net.octets(),
-                },
-            );
-            let value = PolicyValueV6 {
+        (IpAddr::V6(pod), IpAddr::V6(net)) => dp.policy_v6(
+            pod,
+            net,
+            u32::from(p.len),
+            PolicyValueV6 {
                 gateway,
                 rule_id: p.rule,
                 action: p.action,
                 _pad: [0; 3],
                 egress_ip: [0; 16],
-            };
-            t.insert(&key, value, 0).expect("failed to fill POLICY_V6");
-        }
+            },
+        ),
         _ => panic!("a policy entry of the other family: {p:?}"),
     }
 }

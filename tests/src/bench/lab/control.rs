@@ -11,13 +11,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use aya::maps::{
-    HashMap as BpfHash, Map, MapData,
-    lpm_trie::{Key, LpmTrie},
-};
+use aya::maps::{HashMap as BpfHash, Map, MapData};
 use egress_common::{
     maps as names,
-    policy::{POD_PREFIX_BITS_V4, PodOwnerValue, PolicyKeyV4, PolicyValue, action},
+    policy::{PodOwnerValue, PolicyKeyV4, PolicyValue, action},
 };
 
 use super::baseline::decoy_ip;
@@ -123,12 +120,12 @@ fn open_pinned(lab: &Lab, node: &str, map: &str) -> Result<MapData> {
     MapData::from_pin(&path).with_context(|| format!("failed to open {}", path.display()))
 }
 
-pub(super) fn policy_trie(
+pub(super) fn policy_map(
     lab: &Lab,
     node: &str,
-) -> Result<LpmTrie<MapData, PolicyKeyV4, PolicyValue>> {
+) -> Result<BpfHash<MapData, PolicyKeyV4, PolicyValue>> {
     let data = open_pinned(lab, node, names::POLICY_V4)?;
-    LpmTrie::try_from(Map::LpmTrie(data)).context("POLICY_V4 is not an LPM trie")
+    BpfHash::try_from(Map::HashMap(data)).context("POLICY_V4 is not a hash")
 }
 
 fn pod_owner(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], PodOwnerValue>> {
@@ -136,17 +133,10 @@ fn pod_owner(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], PodOwner
     BpfHash::try_from(Map::HashMap(data)).context("POD_OWNER_V4 is not a hash")
 }
 
-/// Is the except entry of w1-p1 in w1's policy trie?
-fn except_present(trie: &LpmTrie<MapData, PolicyKeyV4, PolicyValue>) -> bool {
-    let key = Key::new(
-        POD_PREFIX_BITS_V4 + u32::from(EXCEPT.1),
-        PolicyKeyV4 {
-            pod: addr::W1_P1.octets(),
-            dst: EXCEPT.0.octets(),
-        },
-    );
-    // An exact-prefix lookup finds the longest match: check it is the except entry.
-    matches!(trie.get(&key, 0), Ok(v) if v.action == action::EXCLUDE)
+/// Is the except entry of w1-p1 in w1's policy map?
+fn except_present(map: &BpfHash<MapData, PolicyKeyV4, PolicyValue>) -> bool {
+    let key = PolicyKeyV4::new(addr::W1_P1.octets(), EXCEPT.0.octets(), u32::from(EXCEPT.1));
+    matches!(map.get(&key, 0), Ok(v) if v.action == action::EXCLUDE)
 }
 
 /// A pseudo-random pause between samples (30 to 230 ms), so they do not lock onto the
@@ -174,15 +164,15 @@ impl Pause {
 /// rename to the entry appearing in (or leaving) w1's pinned POLICY_V4, polled every
 /// 0.5 ms. Leaves the policy without the except.
 pub fn change_latency(lab: &Lab, n: usize) -> Result<Vec<f64>> {
-    let trie = policy_trie(lab, "w1")?;
+    let map = policy_map(lab, "w1")?;
     let mut samples = Vec::new();
     let mut pause = Pause::default();
-    let mut want = !except_present(&trie);
+    let mut want = !except_present(&map);
     for _ in 0..n {
         let t0 = Instant::now();
         lab.write_policy(&lab_policy(want))?;
         loop {
-            if except_present(&trie) == want {
+            if except_present(&map) == want {
                 samples.push(t0.elapsed().as_secs_f64() * 1e3);
                 break;
             }
@@ -235,18 +225,12 @@ pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
     let t0 = Instant::now();
     lab.write_state_file(PODS_FILE, &text)?;
     let mut out = Apply::default();
-    let w2 = policy_trie(lab, "w2")?;
+    let w2 = policy_map(lab, "w2")?;
     let owners: Vec<_> = ["gw1", "gw2"]
         .iter()
         .map(|g| pod_owner(lab, g))
         .collect::<Result<_>>()?;
-    let last_key = Key::new(
-        POD_PREFIX_BITS_V4 + 24,
-        PolicyKeyV4 {
-            pod: last.octets(),
-            dst: addr::HOST_A.octets(),
-        },
-    );
+    let last_key = PolicyKeyV4::new(last.octets(), addr::HOST_A.octets(), 24);
     let mut done = [false; 4];
     while !done.iter().all(|d| *d) {
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -287,7 +271,7 @@ pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
         if let Some(ms) = reconcile_took(lab, node, *off) {
             out.reconcile_ms.push(((*node).to_owned(), ms));
         }
-        let policy = count(policy_trie(lab, node)?.keys());
+        let policy = count(policy_map(lab, node)?.keys());
         let owners = count(pod_owner(lab, node)?.keys());
         out.sizes.push(((*node).to_owned(), policy, owners));
     }

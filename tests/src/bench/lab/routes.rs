@@ -13,13 +13,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use aya::maps::{
-    MapData,
-    lpm_trie::{Key, LpmTrie},
-};
-use egress_common::policy::{POD_PREFIX_BITS_V4, PolicyKeyV4, PolicyValue, action};
+use aya::maps::{HashMap as BpfHash, MapData};
+use egress_common::policy::{PolicyKeyV4, PolicyValue, action};
 
-use super::control::{Pause, lab_policy, policy_trie, reconcile_took, sample_policy};
+use super::control::{Pause, lab_policy, policy_map, reconcile_took, sample_policy};
 use crate::{
     cluster::holder,
     lab::{GatewayRoute, Lab, PAYMENTS, addr},
@@ -68,30 +65,24 @@ fn via_rtr_b((ip, len): (Ipv4Addr, u8)) -> String {
 /// (node, ms) until a node's map showed a change.
 type NodeMs = (String, f64);
 
-/// A selected pod and its node's pinned policy trie.
+/// A selected pod and its node's pinned policy map.
 struct Source {
     node: String,
     pod: Ipv4Addr,
-    trie: LpmTrie<MapData, PolicyKeyV4, PolicyValue>,
+    map: BpfHash<MapData, PolicyKeyV4, PolicyValue>,
 }
 
 impl Source {
     /// Does the pod's entry for `prefix` forward to egress IP B?
     fn shows(&self, (dst, len): (Ipv4Addr, u8)) -> bool {
-        let key = Key::new(
-            POD_PREFIX_BITS_V4 + u32::from(len),
-            PolicyKeyV4 {
-                pod: self.pod.octets(),
-                dst: dst.octets(),
-            },
-        );
-        // Nothing shorter covers these prefixes for rule B: a match is the entry itself.
-        matches!(self.trie.get(&key, 0), Ok(v)
+        let key = PolicyKeyV4::new(self.pod.octets(), dst.octets(), u32::from(len));
+        // An exact key: the entry of that prefix itself.
+        matches!(self.map.get(&key, 0), Ok(v)
             if v.action == action::FORWARD && v.egress_ip == addr::EGRESS_IP_B.octets())
     }
 }
 
-/// Every pod the sample policy selects (payments, app=api), with its node's trie.
+/// Every pod the sample policy selects (payments, app=api), with its node's policy map.
 fn sources(lab: &Lab) -> Result<Vec<Source>> {
     let out: Vec<Source> = lab
         .pods()
@@ -101,7 +92,7 @@ fn sources(lab: &Lab) -> Result<Vec<Source>> {
             Ok(Source {
                 node: p.node.clone(),
                 pod: p.ip,
-                trie: policy_trie(lab, &p.node)?,
+                map: policy_map(lab, &p.node)?,
             })
         })
         .collect::<Result<_>>()?;
@@ -306,7 +297,7 @@ pub fn route_scale(lab: &Lab, rounds: usize) -> Result<RouteScale> {
                 out.reconcile_ms.push(((*node).to_owned(), ms));
             }
         }
-        out.w1_entries = policy_trie(lab, "w1")?.keys().count();
+        out.w1_entries = policy_map(lab, "w1")?.keys().count();
         let file = state.join(yaml::egress_node_file_name(GATEWAYS[0]));
         out.egress_node_bytes = std::fs::metadata(&file)
             .with_context(|| format!("failed to stat {}", file.display()))?
