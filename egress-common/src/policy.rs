@@ -103,8 +103,11 @@ pub struct DestValue {
     /// The 64-bit set as two halves, low first (an LPM trie's value must be 4-aligned
     /// here: its 4-byte key leaves no room for an 8-byte alignment).
     pub lengths: [u32; 2],
+    /// The length of this entry's own prefix (the highest bit of `lengths`): the probe
+    /// to try first.
+    pub len: u32,
 }
-const _: () = assert!(core::mem::size_of::<DestValue>() == 8);
+const _: () = assert!(core::mem::size_of::<DestValue>() == 12);
 
 impl DestValue {
     /// Bit n set: a prefix of length n.
@@ -113,9 +116,11 @@ impl DestValue {
         self.lengths[0] as u64 | (self.lengths[1] as u64) << 32
     }
 
-    pub const fn from_lengths(lengths: u64) -> Self {
+    /// The value of a prefix of length `len` within the prefixes of lengths `lengths`.
+    pub const fn new(len: u32, lengths: u64) -> Self {
         Self {
             lengths: [lengths as u32, (lengths >> 32) as u32],
+            len,
         }
     }
 }
@@ -168,8 +173,8 @@ pub mod egress_ip_flags {
 /// Source side, `SELECTED_V4`: local pod IPv4 selected by at least one rule -> the
 /// destination prefix lengths of its `POLICY_V4` entries. Checked first, so that packets
 /// of unselected pods cost one hash lookup; a selected pod's packet then costs one
-/// `DESTS_V4` lookup and one `POLICY_V4` lookup per length that both name (see
-/// [`DestValue`]), longest first, until one hits.
+/// `DESTS_V4` lookup (none when the pod uses a single length) and one `POLICY_V4` lookup
+/// per length that both name (see [`DestValue`]), longest first, until one hits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SelectedValue {
@@ -297,8 +302,11 @@ impl SelectedValueV6 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DestValueV6 {
     pub lengths: [u64; 3],
+    /// As [`DestValue::len`].
+    pub len: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<DestValueV6>() == 24);
+const _: () = assert!(core::mem::size_of::<DestValueV6>() == 32);
 
 /// Gateway side, IPv6 rules: rule id -> egress IPv6 and interface.
 #[repr(C)]

@@ -403,6 +403,8 @@ fn from_pod_table() {
                 dp.selected(UNSELECTED_POD);
                 dp.policy(UNSELECTED_POD, a(10, 100, 0, 0), 20, drop);
                 dp.policy(UNSELECTED_POD, a(10, 100, 0, 128), 25, hole);
+                // ... and one of a length LOCAL_POD uses, on another network.
+                dp.policy(UNSELECTED_POD, a(10, 100, 5, 0), 24, drop);
             },
             vec![
                 // The /28 hole, inside the /24.
@@ -412,6 +414,8 @@ fn from_pod_table() {
                 from_pod(&to_a.clone().dst(a(10, 100, 0, 200))).tunneled(),
                 // The /16, inside the other pod's /20.
                 from_pod(&to_a.clone().dst(a(10, 100, 9, 9))).passes(),
+                // The /16, inside the other pod's /20 and /24 (LOCAL_POD has /24s too).
+                from_pod(&to_a.clone().dst(a(10, 100, 5, 5))).passes(),
                 // The /8.
                 from_pod(&to_a.clone().dst(a(10, 7, 7, 7))).dropped(),
                 // Outside the /8.
@@ -424,7 +428,7 @@ fn from_pod_table() {
             &[
                 (EXCLUDED, 2),
                 (TUNNELED, 2),
-                (FALLTHROUGH, 1),
+                (FALLTHROUGH, 2),
                 (DROP_NO_GATEWAY, 2),
             ],
         ),

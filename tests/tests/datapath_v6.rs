@@ -558,6 +558,9 @@ fn from_pod_table(u: UnderlayNet) {
                     policy6(dp, UNSELECTED_POD, NET_A, 56, drop);
                     policy6(dp, UNSELECTED_POD, v6(0xfd00, 0x100, 0, 0x80), 121, hole);
                     policy6(dp, UNSELECTED_POD, v6(0xfd00, 0x100, 0, 0x99), 128, hole);
+                    // ... and one of a length LOCAL_POD uses, on another network.
+                    let net: Ipv6Addr = "fd00:100:0:5::".parse().unwrap();
+                    policy6(dp, UNSELECTED_POD, net, 64, drop);
                 },
                 vec![
                     // The /124 hole, inside the /64.
@@ -567,6 +570,8 @@ fn from_pod_table(u: UnderlayNet) {
                     from_pod(&to_a.clone().dst(v6(0xfd00, 0x100, 0, 0x99))).tunneled(),
                     // The /48, inside the other pod's /56 (fd00:100:0:9::1).
                     from_pod(&to_a.clone().dst("fd00:100:0:9::1".parse().unwrap())).passes(),
+                    // The /48, inside the other pod's /56 and /64 (LOCAL_POD has /64s too).
+                    from_pod(&to_a.clone().dst("fd00:100:0:5::1".parse().unwrap())).passes(),
                     // The /16.
                     from_pod(&to_a.clone().dst(v6(0xfd00, 0x7, 0, 7))).dropped(),
                     // Outside the /16.
@@ -591,7 +596,7 @@ fn from_pod_table(u: UnderlayNet) {
                 &[
                     (EXCLUDED, 3),
                     (TUNNELED, 2),
-                    (FALLTHROUGH, 1),
+                    (FALLTHROUGH, 2),
                     (DROP_NO_GATEWAY, 2),
                 ],
             ),

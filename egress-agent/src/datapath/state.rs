@@ -108,7 +108,7 @@ pub fn dests_v4<'a>(
         .into_iter()
         .map(|((net, len), lengths)| {
             let net = ((net >> 96) as u32).to_be_bytes();
-            ((len, net), DestValue::from_lengths(lengths[0]))
+            ((len, net), DestValue::new(len, lengths[0]))
         })
         .collect()
 }
@@ -120,7 +120,14 @@ pub fn dests_v6<'a>(
     let prefixes = keys.map(|k| (u128::from_be_bytes(k.dst), k.dst_len));
     chains(prefixes)
         .into_iter()
-        .map(|((net, len), lengths)| ((len, net.to_be_bytes()), DestValueV6 { lengths }))
+        .map(|((net, len), lengths)| {
+            let v = DestValueV6 {
+                lengths,
+                len,
+                _pad: 0,
+            };
+            ((len, net.to_be_bytes()), v)
+        })
         .collect()
 }
 
@@ -586,6 +593,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
+        assert!(d.iter().all(|((len, _), v)| v.len == *len));
         let got: BTreeMap<_, _> = d.into_iter().map(|(k, v)| (k, v.lengths())).collect();
         assert_eq!(got, want);
 

@@ -1137,7 +1137,7 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
                 bed.policy_entry(pod(0), dst, len, RULE)?;
                 bed.dests.insert(
                     &Key::new(len, dst.octets()),
-                    DestValue::from_lengths(1 << len),
+                    DestValue::new(len, 1 << len),
                     0,
                 )?;
                 let mut selected = SelectedValue {
