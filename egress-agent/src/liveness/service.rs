@@ -205,11 +205,6 @@ fn spawn_receiver(
     refused: Arc<Mutex<u64>>,
     settings: Settings,
 ) {
-    let Peers {
-        tracker,
-        view_tx,
-        tx,
-    } = peers;
     tokio::spawn(async move {
         let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
         loop {
@@ -225,9 +220,9 @@ fn spawn_receiver(
                 .map_err(|e| e.to_string())
                 .and_then(|h| {
                     let now = Instant::now();
-                    let mut t = lock(&tracker);
+                    let mut t = lock(&peers.tracker);
                     if t.on_hello(h, from.ip(), now).map_err(|e| e.to_string())? {
-                        publish(&mut t, now, &view_tx, &tx);
+                        publish(&mut t, now, &peers.view_tx, &peers.tx);
                     }
                     Ok(())
                 });
@@ -249,11 +244,6 @@ fn spawn_sender(
     (port, v6_socket): (u16, bool),
     settings: Settings,
 ) {
-    let Peers {
-        tracker,
-        view_tx,
-        tx,
-    } = peers;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(settings.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -267,8 +257,8 @@ fn spawn_sender(
             }
             let now = Instant::now();
             let hellos: Vec<(SocketAddr, Result<_, _>)> = {
-                let mut t = lock(&tracker);
-                publish(&mut t, now, &view_tx, &tx);
+                let mut t = lock(&peers.tracker);
+                publish(&mut t, now, &peers.view_tx, &peers.tx);
                 t.targets()
                     .into_iter()
                     .map(|(name, ip)| {
