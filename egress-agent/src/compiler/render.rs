@@ -20,41 +20,37 @@ fn or_dash(x: Option<impl std::fmt::Display>) -> String {
     x.map_or_else(|| "-".to_owned(), |x| x.to_string())
 }
 
+/// One policy entry, the same line for both families.
+fn policy_line(
+    s: &mut String,
+    pod: &dyn std::fmt::Display,
+    dst: &dyn std::fmt::Display,
+    act: PolicyAction,
+    gateway: Option<IpAddr>,
+    egress: Option<IpAddr>,
+    rule: u32,
+) {
+    let _ = writeln!(
+        s,
+        "policy {pod} -> {dst}: {} gw {} egress {} rule {rule}",
+        action(act),
+        or_dash(gateway),
+        or_dash(egress),
+    );
+}
+
 /// This node's desired datapath state (the source side, then the gateway side).
 pub fn node(c: &Compiled) -> String {
     let d = &c.desired;
     let mut s = String::new();
     let _ = writeln!(s, "node address {}", or_dash(d.node_ip));
-    let v4 = d.policy_v4.iter().map(|((pod, dst), e)| {
+    for ((pod, dst), e) in &d.policy_v4 {
         let egress = e.egress_ip.map(IpAddr::V4);
-        (
-            pod.to_string(),
-            dst.to_string(),
-            e.action,
-            e.gateway,
-            egress,
-            e.rule_id,
-        )
-    });
-    let v6 = d.policy_v6.iter().map(|((pod, dst), e)| {
+        policy_line(&mut s, pod, dst, e.action, e.gateway, egress, e.rule_id);
+    }
+    for ((pod, dst), e) in &d.policy_v6 {
         let egress = e.egress_ip.map(IpAddr::V6);
-        (
-            pod.to_string(),
-            dst.to_string(),
-            e.action,
-            e.gateway,
-            egress,
-            e.rule_id,
-        )
-    });
-    for (pod, dst, act, gateway, egress, rule) in v4.chain(v6) {
-        let _ = writeln!(
-            s,
-            "policy {pod} -> {dst}: {} gw {} egress {} rule {rule}",
-            action(act),
-            or_dash(gateway),
-            or_dash(egress),
-        );
+        policy_line(&mut s, pod, dst, e.action, e.gateway, egress, e.rule_id);
     }
     for (id, r) in &d.rules_v4 {
         let _ = writeln!(
