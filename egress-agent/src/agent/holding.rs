@@ -471,8 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn an_address_is_taken_after_the_warm_up_and_a_live_claimants_handover_at_most_one_detection_time()
-     {
+    fn taken_after_the_warm_up_and_a_live_claimants_handover_of_one_detection_time_at_most() {
         use crate::compiler::move_reason::{ASSIGNED, REASSIGNED};
         let ip: IpAddr = "192.168.101.50".parse().unwrap();
         let t0 = Instant::now();

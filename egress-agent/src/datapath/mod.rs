@@ -413,8 +413,8 @@ impl Datapath {
 
     /// Bring every map in line with `want`, touching only entries that differ.
     /// Additions go in dependency order (who may send, then rules, then the policy maps,
-    /// their destination tries and the selected set last), removals in the reverse order. A failed entry is counted and
-    /// logged; the rest still applies.
+    /// their destination tries and the selected set last), removals in the reverse order.
+    /// A failed entry is counted and logged; the rest still applies.
     pub fn apply(&mut self, want: &MapState) -> Result<ApplyStats> {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
