@@ -1836,6 +1836,18 @@ fn tcx_ingress_programs(dev: &str) -> usize {
         .unwrap_or_else(|e| panic!("failed to query the TCX programs on {dev}: {e}"))
 }
 
+/// The number of TCX ingress programs on `dev` once it is `want`, or at `within`.
+fn programs_within(dev: &str, want: usize, within: std::time::Duration) -> usize {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let n = tcx_ingress_programs(dev);
+        if n == want || std::time::Instant::now() >= until {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A link pinned by an earlier agent is adopted by swapping the new agent's program
 /// into it; the pin alone must then hold it. The 30-minute soak found an adopted
 /// `from_secondary` link that was unpinned when no longer wanted but stayed attached
@@ -1878,8 +1890,10 @@ fn an_adopted_link_detaches_when_unwanted_and_when_wanted_again_outlives_its_age
             "adopted, not attached twice"
         );
         assert!(second.sync_attachments(&none).is_empty());
+        // The kernel drops the pin's reference from a work queue: the detach follows
+        // shortly, not always before unpinning returns.
         assert_eq!(
-            tcx_ingress_programs("att0"),
+            programs_within("att0", 0, std::time::Duration::from_secs(5)),
             0,
             "a link no longer wanted is detached, not only unpinned"
         );
