@@ -6,10 +6,12 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
 };
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
+
+pub use crate::family::{Family, V4, V6};
 
 /// What `from_pod` does for one (pod, destination prefix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -24,30 +26,35 @@ pub enum PolicyAction {
     NoGatewayPass,
 }
 
+/// What `from_pod` does for one (pod, destination prefix) of family `F`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PolicyEntryV4 {
+pub struct PolicyEntry<F: Family> {
     pub action: PolicyAction,
     /// Underlay address (either family) of the gateway node (`Some` iff `action == Forward`).
     pub gateway: Option<IpAddr>,
     /// The egress address the gateway will use (observability; `None` when unknown).
-    pub egress_ip: Option<Ipv4Addr>,
+    pub egress_ip: Option<F::Addr>,
     /// Cluster-wide rule id (1..=`egress_common::policy::MAX_RULE_ID`); every node derives
     /// the same id for the same (policy, rule index).
     pub rule_id: u32,
 }
+pub type PolicyEntryV4 = PolicyEntry<V4>;
+pub type PolicyEntryV6 = PolicyEntry<V6>;
 
 /// Gateway side: what to do with tunneled packets of one rule on this node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GatewayRuleV4 {
-    pub egress_ip: Ipv4Addr,
+pub struct GatewayRule<F: Family> {
+    pub egress_ip: F::Addr,
     /// Interface the packets leave from (must carry `egress_ip`, or a route for the
     /// destinations).
     pub interface: String,
 }
+pub type GatewayRuleV4 = GatewayRule<V4>;
+pub type GatewayRuleV6 = GatewayRule<V6>;
 
-/// An egress address this node must hold on one of its interfaces.
+/// An egress address (of either family) this node must hold on one of its interfaces.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HeldIpV4 {
+pub struct HeldIp {
     pub interface: String,
     /// Prefix length of the interface's subnet that contains the address (for `ip addr add`).
     pub prefix_len: u8,
@@ -56,20 +63,33 @@ pub struct HeldIpV4 {
     pub shared: bool,
 }
 
-/// IPv6 counterpart of [`PolicyEntryV4`]: the pod and egress IP are IPv6, the gateway is
-/// the underlay address of the gateway node (either family, like every underlay address).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PolicyEntryV6 {
-    pub action: PolicyAction,
-    pub gateway: Option<IpAddr>,
-    pub egress_ip: Option<Ipv6Addr>,
-    pub rule_id: u32,
+/// The part of a node's desired state that each family has for itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyDesired<F: Family> {
+    /// Source side: (local pod, destination prefix) -> entry. Only pods of this node.
+    pub policy: BTreeMap<(F::Addr, F::Net), PolicyEntry<F>>,
+    /// Source side: local pods with at least one entry -> number of entries.
+    pub selected: BTreeMap<F::Addr, u32>,
+    /// Gateway side: rule id -> egress address and interface, for every rule this node
+    /// may serve.
+    pub rules: BTreeMap<u32, GatewayRule<F>>,
+    /// Every pod address of the family in the cluster -> underlay address of its node
+    /// (spoofing check and return path).
+    pub pod_owner: BTreeMap<F::Addr, IpAddr>,
+    /// Egress addresses this node holds (dedicated) or uses (shared), by address.
+    pub egress_ips: BTreeMap<F::Addr, HeldIp>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GatewayRuleV6 {
-    pub egress_ip: Ipv6Addr,
-    pub interface: String,
+impl<F: Family> Default for FamilyDesired<F> {
+    fn default() -> Self {
+        Self {
+            policy: BTreeMap::new(),
+            selected: BTreeMap::new(),
+            rules: BTreeMap::new(),
+            pod_owner: BTreeMap::new(),
+            egress_ips: BTreeMap::new(),
+        }
+    }
 }
 
 /// The desired datapath state of one node.
@@ -79,30 +99,15 @@ pub struct Desired {
     pub node_ip: Option<IpAddr>,
     /// This node's pod CIDRs (its Node's `spec.podCIDRs`).
     pub pod_cidrs: Vec<IpNet>,
-    /// Source side: (local pod, destination prefix) -> entry. Only pods of this node.
-    pub policy_v4: BTreeMap<(Ipv4Addr, Ipv4Net), PolicyEntryV4>,
-    /// Source side: local pods with at least one entry -> number of entries.
-    pub selected_v4: BTreeMap<Ipv4Addr, u32>,
-    /// Gateway side: rule id -> egress address and interface, for every rule this node
-    /// may serve.
-    pub rules_v4: BTreeMap<u32, GatewayRuleV4>,
+    /// IPv4: pods, rules and egress addresses of IPv4.
+    pub v4: FamilyDesired<V4>,
+    /// IPv6: the same for IPv6 (dual-stack and IPv6-only pods).
+    pub v6: FamilyDesired<V6>,
     /// Every node's underlay address -> small stable id (tunnel sender check).
     pub nodes: BTreeMap<IpAddr, u32>,
-    /// Every pod IPv4 in the cluster -> underlay address of its node (spoofing check and
-    /// return path).
-    pub pod_owner_v4: BTreeMap<Ipv4Addr, IpAddr>,
-    /// Egress addresses this node holds (dedicated) or uses (shared), by address.
-    pub egress_ips_v4: BTreeMap<Ipv4Addr, HeldIpV4>,
     /// Interfaces that need `from_secondary` (those of the rules and egress IPs of both
     /// families).
     pub egress_interfaces: BTreeSet<String>,
-    /// IPv6 counterparts of the maps above (dual-stack and IPv6-only pods).
-    pub policy_v6: BTreeMap<(Ipv6Addr, Ipv6Net), PolicyEntryV6>,
-    pub selected_v6: BTreeMap<Ipv6Addr, u32>,
-    pub rules_v6: BTreeMap<u32, GatewayRuleV6>,
-    pub pod_owner_v6: BTreeMap<Ipv6Addr, IpAddr>,
-    /// `HeldIpV4` carries what an IPv6 address needs too (interface, prefix, shared).
-    pub egress_ips_v6: BTreeMap<Ipv6Addr, HeldIpV4>,
     /// Gateway side: the (pod address, rule id) pairs this node admits from the tunnel:
     /// pods whose policy selects them for a rule, with at least one destination of it
     /// forwarded through this node. Anything else claiming a served rule is forged.
@@ -117,10 +122,11 @@ pub struct Desired {
 
 impl Desired {
     /// Local pods whose traffic `from_pod` must see.
-    pub fn local_selected_pods(&self) -> impl Iterator<Item = std::net::IpAddr> + '_ {
-        self.selected_v4
+    pub fn local_selected_pods(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.v4
+            .selected
             .keys()
-            .map(|a| std::net::IpAddr::V4(*a))
-            .chain(self.selected_v6.keys().map(|a| std::net::IpAddr::V6(*a)))
+            .map(|a| IpAddr::V4(*a))
+            .chain(self.v6.selected.keys().map(|a| IpAddr::V6(*a)))
     }
 }

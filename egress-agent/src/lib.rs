@@ -10,6 +10,7 @@ pub mod datapath;
 pub mod desired;
 pub mod doctor;
 pub mod ebpf;
+pub mod family;
 pub mod iface;
 pub mod liveness;
 pub mod metrics;

@@ -5,39 +5,6 @@
 //!
 //! The kernel truncates map names to 15 characters; every name here fits.
 
-pub const POLICY_V4: &str = "POLICY_V4";
-pub const SELECTED_V4: &str = "SELECTED_V4";
-pub const RULES_V4: &str = "RULES_V4";
-pub const NODES: &str = "NODES";
-pub const POD_OWNER_V4: &str = "POD_OWNER_V4";
-pub const CT_V4: &str = "CT_V4";
-/// New flows refused for want of a SNAT port (`DROP_PORT_EXHAUSTED`), by pod.
-pub const EXHAUSTED_V4: &str = "EXHAUSTED_V4";
-pub const EGRESS_IPS_V4: &str = "EGRESS_IPS_V4";
-pub const POLICY_V6: &str = "POLICY_V6";
-pub const SELECTED_V6: &str = "SELECTED_V6";
-pub const RULES_V6: &str = "RULES_V6";
-pub const POD_OWNER_V6: &str = "POD_OWNER_V6";
-pub const CT_V6: &str = "CT_V6";
-pub const EXHAUSTED_V6: &str = "EXHAUSTED_V6";
-pub const EGRESS_IPS_V6: &str = "EGRESS_IPS_V6";
-pub const COUNTERS: &str = "COUNTERS";
-pub const CONFIG: &str = "CONFIG";
-pub const ADMITTED_V4: &str = "ADMITTED_V4";
-pub const ADMITTED_V6: &str = "ADMITTED_V6";
-/// Live flows per pod on this gateway (`--max-flows-per-pod`).
-pub const FLOWS_V4: &str = "FLOWS_V4";
-pub const FLOWS_V6: &str = "FLOWS_V6";
-/// Local pod addresses the agent has seen (`--unknown-pods drop`).
-pub const KNOWN_PODS_V4: &str = "KNOWN_PODS_V4";
-pub const KNOWN_PODS_V6: &str = "KNOWN_PODS_V6";
-/// The destination prefixes of this node's policy entries, by destination.
-pub const DESTS_V4: &str = "DESTS_V4";
-pub const DESTS_V6: &str = "DESTS_V6";
-/// What any rule covers, by destination (`--unknown-pods drop`).
-pub const COVERED_V4: &str = "COVERED_V4";
-pub const COVERED_V6: &str = "COVERED_V6";
-
 /// Capacities. The policy map holds only this node's pods (source side), so 64k entries
 /// cover 1,000 local pods with 64 prefixes each; conntrack is sized for a busy gateway.
 /// Not preallocated (`BPF_F_NO_PREALLOC`): memory follows the entries.
@@ -98,177 +65,130 @@ pub struct MapSpec {
     pub optional: bool,
 }
 
-/// Every map the agent pins, in a stable order.
-pub const REGISTRY: &[MapSpec] = {
-    use core::mem::size_of;
+/// A pinned map's declaration: its registry entry and its key and value types, one
+/// zero-sized type per map in [`def`]. The agent's typed handles and its wanted and held
+/// contents are parameterised by these, so pairing a map's name with another map's types
+/// does not compile.
+pub trait Map {
+    const SPEC: MapSpec;
+    /// The key; for an LPM trie, the data after the 4-byte prefix length.
+    type Key: Pod + core::fmt::Debug + 'static;
+    type Value: Pod + core::fmt::Debug + 'static;
+}
 
-    use crate::{
-        config::Config,
-        conntrack::*,
-        counters::{Counter, MAX_REASONS},
-        policy::*,
-        underlay::Underlay,
+/// Plain old data: in userspace (feature `user`) what aya can put in a map, so that a
+/// [`Map`]'s types go into aya's typed handles as they are.
+#[cfg(feature = "user")]
+pub trait Pod: aya::Pod {}
+#[cfg(feature = "user")]
+impl<T: aya::Pod> Pod for T {}
+/// Plain old data (the eBPF side needs no more than `Copy`).
+#[cfg(not(feature = "user"))]
+pub trait Pod: Copy {}
+#[cfg(not(feature = "user"))]
+impl<T: Copy> Pod for T {}
+
+/// Something done for each map of the registry, with its types ([`visit`]).
+pub trait Visit {
+    fn map<M: Map>(&mut self);
+}
+
+/// The bytes of a map's key as the kernel sees it.
+const fn key_size(kind: MapKind, data: usize) -> u32 {
+    match kind {
+        MapKind::LpmTrie => 4 + data as u32,
+        _ => data as u32,
+    }
+}
+
+/// Declares each map once: its name constant, its [`def`] type and its [`REGISTRY`] entry
+/// (in the order written). `optional` marks a map an older object may lack.
+macro_rules! maps {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident = $ty:ident: $kind:ident<$key:ty, $value:ty>, $max:expr $(, $optional:ident)?;
+    )*) => {
+        $(
+            $(#[$doc])*
+            pub const $name: &str = stringify!($name);
+        )*
+
+        /// One type per pinned map (see [`Map`]).
+        pub mod def {
+            #[allow(unused_imports, reason = "each map uses some of them")]
+            use super::*;
+            use crate::{
+                config::Config as ConfigValue,
+                conntrack::*,
+                counters::{Counter, MAX_REASONS},
+                policy::*,
+                underlay::Underlay,
+            };
+            $(
+                $(#[$doc])*
+                #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+                pub struct $ty;
+                impl Map for $ty {
+                    type Key = $key;
+                    type Value = $value;
+                    const SPEC: MapSpec = MapSpec {
+                        name: $name,
+                        kind: MapKind::$kind,
+                        key_size: key_size(MapKind::$kind, core::mem::size_of::<$key>()),
+                        value_size: core::mem::size_of::<$value>() as u32,
+                        max_entries: $max,
+                        optional: maps!(@optional $($optional)?),
+                    };
+                }
+            )*
+        }
+
+        /// Every map the agent pins, in a stable order.
+        pub const REGISTRY: &[MapSpec] = &[$(<def::$ty as Map>::SPEC),*];
+
+        /// `v.map::<M>()` for every map `M`, in [`REGISTRY`] order.
+        pub fn visit(v: &mut impl Visit) {
+            $(v.map::<def::$ty>();)*
+        }
     };
-    const fn sz<T>() -> u32 {
-        size_of::<T>() as u32
-    }
-    const fn map(name: &'static str, key_size: u32, value_size: u32, max: u32) -> MapSpec {
-        MapSpec {
-            name,
-            kind: MapKind::Hash,
-            key_size,
-            value_size,
-            max_entries: max,
-            optional: false,
-        }
-    }
-    const fn v6(spec: MapSpec) -> MapSpec {
-        MapSpec {
-            optional: true,
-            ..spec
-        }
-    }
-    const fn kind(kind: MapKind, spec: MapSpec) -> MapSpec {
-        MapSpec { kind, ..spec }
-    }
-    const LPM: u32 = 4;
-    &[
-        map(
-            POLICY_V4,
-            sz::<PolicyKeyV4>(),
-            sz::<PolicyValue>(),
-            POLICY_MAX_ENTRIES,
-        ),
-        kind(
-            MapKind::LpmTrie,
-            map(DESTS_V4, LPM + 4, sz::<DestValue>(), DESTS_MAX_ENTRIES),
-        ),
-        map(SELECTED_V4, 4, sz::<SelectedValue>(), SELECTED_MAX_ENTRIES),
-        map(RULES_V4, 4, sz::<RuleValueV4>(), RULES_MAX_ENTRIES),
-        map(
-            NODES,
-            sz::<Underlay>(),
-            sz::<NodeValue>(),
-            NODES_MAX_ENTRIES,
-        ),
-        map(
-            POD_OWNER_V4,
-            4,
-            sz::<PodOwnerValue>(),
-            POD_OWNER_MAX_ENTRIES,
-        ),
-        kind(
-            MapKind::LruHash,
-            map(CT_V4, sz::<CtKeyV4>(), sz::<CtEntryV4>(), CT_MAX_ENTRIES),
-        ),
-        kind(
-            MapKind::LruPerCpuHash,
-            map(EXHAUSTED_V4, 4, 8, EXHAUSTED_MAX_ENTRIES),
-        ),
-        map(
-            EGRESS_IPS_V4,
-            4,
-            sz::<EgressIpValue>(),
-            EGRESS_IPS_MAX_ENTRIES,
-        ),
-        v6(map(
-            POLICY_V6,
-            sz::<PolicyKeyV6>(),
-            sz::<PolicyValueV6>(),
-            POLICY_MAX_ENTRIES,
-        )),
-        kind(
-            MapKind::LpmTrie,
-            v6(map(
-                DESTS_V6,
-                LPM + 16,
-                sz::<DestValueV6>(),
-                DESTS_MAX_ENTRIES,
-            )),
-        ),
-        v6(map(
-            SELECTED_V6,
-            16,
-            sz::<SelectedValueV6>(),
-            SELECTED_MAX_ENTRIES,
-        )),
-        v6(map(RULES_V6, 4, sz::<RuleValueV6>(), RULES_MAX_ENTRIES)),
-        v6(map(
-            POD_OWNER_V6,
-            16,
-            sz::<PodOwnerValue>(),
-            POD_OWNER_MAX_ENTRIES,
-        )),
-        kind(
-            MapKind::LruHash,
-            v6(map(
-                CT_V6,
-                sz::<CtKeyV6>(),
-                sz::<CtEntryV6>(),
-                CT_MAX_ENTRIES,
-            )),
-        ),
-        kind(
-            MapKind::LruPerCpuHash,
-            v6(map(EXHAUSTED_V6, 16, 8, EXHAUSTED_MAX_ENTRIES)),
-        ),
-        v6(map(
-            EGRESS_IPS_V6,
-            16,
-            sz::<EgressIpValue>(),
-            EGRESS_IPS_MAX_ENTRIES,
-        )),
-        kind(
-            MapKind::PerCpuArray,
-            map(COUNTERS, 4, sz::<Counter>(), MAX_REASONS),
-        ),
-        kind(MapKind::Array, map(CONFIG, 4, sz::<Config>(), 1)),
-        map(
-            ADMITTED_V4,
-            sz::<AdmittedKeyV4>(),
-            sz::<AdmittedValue>(),
-            ADMITTED_MAX_ENTRIES,
-        ),
-        v6(map(
-            ADMITTED_V6,
-            sz::<AdmittedKeyV6>(),
-            sz::<AdmittedValue>(),
-            ADMITTED_MAX_ENTRIES,
-        )),
-        map(FLOWS_V4, 4, sz::<FlowCount>(), FLOWS_MAX_ENTRIES),
-        v6(map(FLOWS_V6, 16, sz::<FlowCount>(), FLOWS_MAX_ENTRIES)),
-        map(
-            KNOWN_PODS_V4,
-            4,
-            sz::<KnownPodValue>(),
-            KNOWN_PODS_MAX_ENTRIES,
-        ),
-        v6(map(
-            KNOWN_PODS_V6,
-            16,
-            sz::<KnownPodValue>(),
-            KNOWN_PODS_MAX_ENTRIES,
-        )),
-        kind(
-            MapKind::LpmTrie,
-            map(
-                COVERED_V4,
-                LPM + 4,
-                sz::<CoveredValue>(),
-                COVERED_MAX_ENTRIES,
-            ),
-        ),
-        kind(
-            MapKind::LpmTrie,
-            v6(map(
-                COVERED_V6,
-                LPM + 16,
-                sz::<CoveredValue>(),
-                COVERED_MAX_ENTRIES,
-            )),
-        ),
-    ]
-};
+    (@optional optional) => { true };
+    (@optional) => { false };
+}
+
+maps! {
+    POLICY_V4 = PolicyV4: Hash<PolicyKeyV4, PolicyValue>, POLICY_MAX_ENTRIES;
+    /// The destination prefixes of this node's policy entries, by destination.
+    DESTS_V4 = DestsV4: LpmTrie<[u8; 4], DestValue>, DESTS_MAX_ENTRIES;
+    SELECTED_V4 = SelectedV4: Hash<[u8; 4], SelectedValue>, SELECTED_MAX_ENTRIES;
+    RULES_V4 = RulesV4: Hash<u32, RuleValueV4>, RULES_MAX_ENTRIES;
+    NODES = Nodes: Hash<Underlay, NodeValue>, NODES_MAX_ENTRIES;
+    POD_OWNER_V4 = PodOwnerV4: Hash<[u8; 4], PodOwnerValue>, POD_OWNER_MAX_ENTRIES;
+    CT_V4 = CtV4: LruHash<CtKeyV4, CtEntryV4>, CT_MAX_ENTRIES;
+    /// New flows refused for want of a SNAT port (`DROP_PORT_EXHAUSTED`), by pod.
+    EXHAUSTED_V4 = ExhaustedV4: LruPerCpuHash<[u8; 4], u64>, EXHAUSTED_MAX_ENTRIES;
+    EGRESS_IPS_V4 = EgressIpsV4: Hash<[u8; 4], EgressIpValue>, EGRESS_IPS_MAX_ENTRIES;
+    POLICY_V6 = PolicyV6: Hash<PolicyKeyV6, PolicyValueV6>, POLICY_MAX_ENTRIES, optional;
+    DESTS_V6 = DestsV6: LpmTrie<[u8; 16], DestValueV6>, DESTS_MAX_ENTRIES, optional;
+    SELECTED_V6 = SelectedV6: Hash<[u8; 16], SelectedValueV6>, SELECTED_MAX_ENTRIES, optional;
+    RULES_V6 = RulesV6: Hash<u32, RuleValueV6>, RULES_MAX_ENTRIES, optional;
+    POD_OWNER_V6 = PodOwnerV6: Hash<[u8; 16], PodOwnerValue>, POD_OWNER_MAX_ENTRIES, optional;
+    CT_V6 = CtV6: LruHash<CtKeyV6, CtEntryV6>, CT_MAX_ENTRIES, optional;
+    EXHAUSTED_V6 = ExhaustedV6: LruPerCpuHash<[u8; 16], u64>, EXHAUSTED_MAX_ENTRIES, optional;
+    EGRESS_IPS_V6 = EgressIpsV6: Hash<[u8; 16], EgressIpValue>, EGRESS_IPS_MAX_ENTRIES, optional;
+    COUNTERS = Counters: PerCpuArray<u32, Counter>, MAX_REASONS;
+    CONFIG = Config: Array<u32, ConfigValue>, 1;
+    ADMITTED_V4 = AdmittedV4: Hash<AdmittedKeyV4, AdmittedValue>, ADMITTED_MAX_ENTRIES;
+    ADMITTED_V6 = AdmittedV6: Hash<AdmittedKeyV6, AdmittedValue>, ADMITTED_MAX_ENTRIES, optional;
+    /// Live flows per pod on this gateway (`--max-flows-per-pod`).
+    FLOWS_V4 = FlowsV4: Hash<[u8; 4], FlowCount>, FLOWS_MAX_ENTRIES;
+    FLOWS_V6 = FlowsV6: Hash<[u8; 16], FlowCount>, FLOWS_MAX_ENTRIES, optional;
+    /// Local pod addresses the agent has seen (`--unknown-pods drop`).
+    KNOWN_PODS_V4 = KnownPodsV4: Hash<[u8; 4], KnownPodValue>, KNOWN_PODS_MAX_ENTRIES;
+    KNOWN_PODS_V6 = KnownPodsV6: Hash<[u8; 16], KnownPodValue>, KNOWN_PODS_MAX_ENTRIES, optional;
+    /// What any rule covers, by destination (`--unknown-pods drop`).
+    COVERED_V4 = CoveredV4: LpmTrie<[u8; 4], CoveredValue>, COVERED_MAX_ENTRIES;
+    COVERED_V6 = CoveredV6: LpmTrie<[u8; 16], CoveredValue>, COVERED_MAX_ENTRIES, optional;
+}
 
 /// The registry entry of map `name`.
 pub fn spec(name: &str) -> Option<&'static MapSpec> {

@@ -20,8 +20,8 @@ use aya::{
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
 };
 use egress_agent::{
-    datapath::state,
     ebpf::{OBJECT, TEST_TUNNEL_FROM_CB},
+    family::{Family, V4, V6},
 };
 use egress_common::{
     config::Config,
@@ -233,7 +233,7 @@ impl Datapath {
         let keys: Vec<PolicyKeyV4> = t.keys().map(Result::unwrap).collect();
         let mut d: LpmTrie<&mut MapData, [u8; 4], DestValue> =
             LpmTrie::try_from(self.map(maps::DESTS_V4)).unwrap();
-        for ((len, net), v) in state::dests_v4(keys.iter()) {
+        for ((len, net), v) in V4::dests(keys.iter()) {
             d.insert(&Key::new(len, net), v, 0).unwrap();
         }
     }
@@ -270,7 +270,7 @@ impl Datapath {
         let keys: Vec<PolicyKeyV6> = t.keys().map(Result::unwrap).collect();
         let mut d: LpmTrie<&mut MapData, [u8; 16], DestValueV6> =
             LpmTrie::try_from(self.map(maps::DESTS_V6)).unwrap();
-        for ((len, net), v) in state::dests_v6(keys.iter()) {
+        for ((len, net), v) in V6::dests(keys.iter()) {
             d.insert(&Key::new(len, net), v, 0).unwrap();
         }
     }

@@ -2147,3 +2147,120 @@ fn a_new_flow_finds_the_last_free_port_of_the_range() {
         assert_eq!(c.get(&SNAT_NEW), Some(&1));
     });
 }
+
+/// The agent's map sync, for both families through one code path: a desired state goes
+/// into pinned maps, a new agent reads back exactly what the first wrote, and the dump
+/// (`egress-agent maps`) and the entry counts (metrics) show it.
+#[test]
+fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
+    use egress_agent::{
+        datapath::{Datapath, MapState, dump},
+        desired::{Desired, GatewayRule, HeldIp, PolicyAction, PolicyEntry},
+    };
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-families-{}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    let gw: std::net::IpAddr = "10.200.0.21".parse().unwrap();
+    let mut d = Desired::default();
+    d.nodes.insert(gw, 3);
+    let pod4: std::net::Ipv4Addr = "10.244.1.5".parse().unwrap();
+    let egress4: std::net::Ipv4Addr = "192.0.2.50".parse().unwrap();
+    d.v4.policy.insert(
+        (pod4, "198.51.100.0/24".parse().unwrap()),
+        PolicyEntry {
+            action: PolicyAction::Forward,
+            gateway: Some(gw),
+            egress_ip: Some(egress4),
+            rule_id: 7,
+        },
+    );
+    d.v4.selected.insert(pod4, 1);
+    d.v4.rules.insert(
+        7,
+        GatewayRule {
+            egress_ip: egress4,
+            interface: "lo".into(),
+        },
+    );
+    d.v4.egress_ips.insert(
+        egress4,
+        HeldIp {
+            interface: "lo".into(),
+            prefix_len: 24,
+            shared: false,
+        },
+    );
+    let pod6: std::net::Ipv6Addr = "fd00:244:1::5".parse().unwrap();
+    let egress6: std::net::Ipv6Addr = "fd00:101::50".parse().unwrap();
+    d.v6.policy.insert(
+        (pod6, "2001:db8::/64".parse().unwrap()),
+        PolicyEntry {
+            action: PolicyAction::Forward,
+            gateway: Some(gw),
+            egress_ip: Some(egress6),
+            rule_id: 9,
+        },
+    );
+    d.v6.selected.insert(pod6, 1);
+    d.v6.rules.insert(
+        9,
+        GatewayRule {
+            egress_ip: egress6,
+            interface: "lo".into(),
+        },
+    );
+    d.v6.pod_owner.insert(pod6, gw);
+    d.admitted.insert((pod6.into(), 9));
+    let (want, unresolved) = MapState::from_desired(&d, |n| (n == "lo").then_some(1));
+    assert!(unresolved.is_empty());
+
+    let mut first = Datapath::open(&dir).expect("the first agent opens its datapath");
+    let stats = first.apply(&want).expect("applies");
+    assert!(stats.problems().is_empty(), "{:?}", stats.problems());
+    // Policy, dests, selected, rules, egress IPs (IPv4); policy, dests, selected, rules,
+    // pod owner, admitted (IPv6); the node.
+    assert_eq!(stats.inserted, 12);
+    drop(first);
+
+    let second = Datapath::open(&dir).expect("the next agent opens the pinned maps");
+    assert_eq!(
+        second.held(),
+        &want,
+        "the next agent reads back what was written"
+    );
+    let sizes = dump::sizes(&dir).expect("counts the entries");
+    for (name, n) in [
+        (maps::POLICY_V4, 1),
+        (maps::DESTS_V4, 1),
+        (maps::EGRESS_IPS_V4, 1),
+        (maps::POLICY_V6, 1),
+        (maps::POD_OWNER_V6, 1),
+        (maps::ADMITTED_V6, 1),
+        (maps::NODES, 1),
+        (maps::CT_V4, 0),
+    ] {
+        assert!(sizes.contains(&(name, n)), "{name}: {n} in {sizes:?}");
+    }
+    let text = dump::render(&dir).expect("renders");
+    for line in [
+        "IPv4 policy (pod, destination -> action, gateway, egress IP, rule): 1",
+        "IPv6 policy (pod, destination -> action, gateway, egress IP, rule): 1",
+        "rule 9        -> fd00:101::50             ifindex 1",
+        "192.0.2.50      ifindex 1    dedicated",
+        "known IPv6 pods: 1",
+        "known nodes: 1",
+        "rule 9        ->       0 IPv4       1 IPv6",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+    assert!(
+        text.lines().any(|l| l.contains("fd00:244:1::5")
+            && l.contains("2001:db8::/64")
+            && l.contains("forward")
+            && l.contains("gw 10.200.0.21")),
+        "the IPv6 policy row in:\n{text}"
+    );
+    drop(second);
+}

@@ -191,7 +191,7 @@ mod tests {
 
     fn desired() -> Desired {
         let mut d = Desired::default();
-        d.selected_v4.insert("10.244.1.11".parse().unwrap(), 1);
+        d.v4.selected.insert("10.244.1.11".parse().unwrap(), 1);
         d.egress_interfaces.insert("ens224".to_owned());
         d.egress_interfaces.insert("ens999".to_owned());
         d.pod_cidrs = vec!["10.244.1.0/24".parse().unwrap()];
@@ -258,7 +258,7 @@ mod tests {
             .or_default()
             .insert("fd00:244:1::14/128".parse().unwrap());
         let mut d = desired();
-        d.selected_v6.insert("fd00:244:1::14".parse().unwrap(), 1);
+        d.v6.selected.insert("fd00:244:1::14".parse().unwrap(), 1);
         let mut i = ifaces();
         i.push(iface("cali14", 14));
         let (a, problems) = wanted(&TUNNEL, &d, &i, Some(&t), UnknownPods::Pass);
@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn a_selected_pod_without_a_route_is_a_problem_and_no_dump_decides_no_pod_device() {
         let mut d = desired();
-        d.selected_v4.insert("10.244.1.99".parse().unwrap(), 1);
+        d.v4.selected.insert("10.244.1.99".parse().unwrap(), 1);
         let (_, problems) = wanted(&TUNNEL, &d, &ifaces(), Some(&table()), UnknownPods::Pass);
         assert_eq!(
             problems,

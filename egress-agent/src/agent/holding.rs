@@ -21,7 +21,7 @@ use std::{
 };
 
 use crate::{
-    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIpV4},
+    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIp},
     liveness::{Claim, PeerView},
 };
 
@@ -52,7 +52,7 @@ pub struct Holding {
 /// What a dedicated egress IP needs in the gateway-side maps of this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GatewayPart {
-    pub held: Option<HeldIpV4>,
+    pub held: Option<HeldIp>,
     pub rules_v4: BTreeMap<u32, GatewayRuleV4>,
     pub rules_v6: BTreeMap<u32, GatewayRuleV6>,
 }
@@ -67,22 +67,22 @@ pub struct Lingering {
 /// The gateway-side map contents of every dedicated egress IP in `desired`, by address.
 pub fn gateway_parts(desired: &Desired) -> BTreeMap<IpAddr, GatewayPart> {
     let mut out: BTreeMap<IpAddr, GatewayPart> = BTreeMap::new();
-    for (ip, h) in &desired.egress_ips_v4 {
+    for (ip, h) in &desired.v4.egress_ips {
         if !h.shared {
             out.entry(IpAddr::V4(*ip)).or_default().held = Some(h.clone());
         }
     }
-    for (ip, h) in &desired.egress_ips_v6 {
+    for (ip, h) in &desired.v6.egress_ips {
         if !h.shared {
             out.entry(IpAddr::V6(*ip)).or_default().held = Some(h.clone());
         }
     }
-    for (id, r) in &desired.rules_v4 {
+    for (id, r) in &desired.v4.rules {
         if let Some(p) = out.get_mut(&IpAddr::V4(r.egress_ip)) {
             p.rules_v4.insert(*id, r.clone());
         }
     }
-    for (id, r) in &desired.rules_v6 {
+    for (id, r) in &desired.v6.rules {
         if let Some(p) = out.get_mut(&IpAddr::V6(r.egress_ip)) {
             p.rules_v6.insert(*id, r.clone());
         }
@@ -97,26 +97,26 @@ pub fn with_lingering(desired: &Desired, lingering: &BTreeMap<IpAddr, Lingering>
     for (ip, l) in lingering {
         let Some(held) = &l.part.held else { continue };
         let fresh = match ip {
-            IpAddr::V4(a) => !out.egress_ips_v4.contains_key(a),
-            IpAddr::V6(a) => !out.egress_ips_v6.contains_key(a),
+            IpAddr::V4(a) => !out.v4.egress_ips.contains_key(a),
+            IpAddr::V6(a) => !out.v6.egress_ips.contains_key(a),
         };
         if !fresh {
             continue;
         }
         match ip {
             IpAddr::V4(a) => {
-                out.egress_ips_v4.insert(*a, held.clone());
+                out.v4.egress_ips.insert(*a, held.clone());
             }
             IpAddr::V6(a) => {
-                out.egress_ips_v6.insert(*a, held.clone());
+                out.v6.egress_ips.insert(*a, held.clone());
             }
         }
         out.egress_interfaces.insert(held.interface.clone());
         for (id, r) in &l.part.rules_v4 {
-            out.rules_v4.entry(*id).or_insert_with(|| r.clone());
+            out.v4.rules.entry(*id).or_insert_with(|| r.clone());
         }
         for (id, r) in &l.part.rules_v6 {
-            out.rules_v6.entry(*id).or_insert_with(|| r.clone());
+            out.v6.rules.entry(*id).or_insert_with(|| r.clone());
         }
     }
     out
@@ -186,8 +186,8 @@ pub fn to_release(
     for i in ifaces {
         for (a, len) in &i.addresses {
             let ours = match a {
-                IpAddr::V4(a) => desired.egress_ips_v4.get(a),
-                IpAddr::V6(a) => desired.egress_ips_v6.get(a),
+                IpAddr::V4(a) => desired.v4.egress_ips.get(a),
+                IpAddr::V6(a) => desired.v6.egress_ips.get(a),
             }
             .is_some_and(|h| !h.shared && h.interface == i.name);
             if removable.contains(a) && !ours {
@@ -289,15 +289,15 @@ mod tests {
 
     fn desired_holding(ip: Ipv4Addr, rule: u32) -> Desired {
         let mut d = Desired::default();
-        d.egress_ips_v4.insert(
+        d.v4.egress_ips.insert(
             ip,
-            HeldIpV4 {
+            HeldIp {
                 interface: "sec-a".into(),
                 prefix_len: 24,
                 shared: false,
             },
         );
-        d.rules_v4.insert(
+        d.v4.rules.insert(
             rule,
             GatewayRuleV4 {
                 egress_ip: ip,
@@ -321,8 +321,8 @@ mod tests {
             },
         )]);
         let after = with_lingering(&Desired::default(), &lingering);
-        assert_eq!(after.egress_ips_v4, before.egress_ips_v4);
-        assert_eq!(after.rules_v4, before.rules_v4);
+        assert_eq!(after.v4.egress_ips, before.v4.egress_ips);
+        assert_eq!(after.v4.rules, before.v4.rules);
         assert!(after.egress_interfaces.contains("sec-a"));
     }
 
@@ -341,8 +341,8 @@ mod tests {
         // Rule 7 now serves another egress IP: it keeps it.
         let now = desired_holding(b, 7);
         let merged = with_lingering(&now, &lingering);
-        assert_eq!(merged.rules_v4[&7].egress_ip, b);
-        assert!(merged.egress_ips_v4.contains_key(&a));
+        assert_eq!(merged.v4.rules[&7].egress_ip, b);
+        assert!(merged.v4.egress_ips.contains_key(&a));
     }
 
     #[test]

@@ -231,7 +231,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         tunnel_ifindex,
         tunnel_mtu,
         pins = %cfg.bpffs_dir.display(),
-        adopted = dp.held().policy_v4.len() + dp.held().pod_owner_v4.len(),
+        adopted = dp.held().v4.policy.len() + dp.held().v4.pod_owner.len(),
         probe_port = probes.port,
         probe_interval_ms = cfg.probe.interval.as_millis(),
         probe_misses = cfg.probe.misses,
@@ -821,8 +821,8 @@ impl Reconciler<'_> {
             };
             wanted.insert(h.ip);
             let prefix_len = match h.ip {
-                IpAddr::V4(a) => compiled.desired.egress_ips_v4.get(&a),
-                IpAddr::V6(a) => compiled.desired.egress_ips_v6.get(&a),
+                IpAddr::V4(a) => compiled.desired.v4.egress_ips.get(&a),
+                IpAddr::V6(a) => compiled.desired.v6.egress_ips.get(&a),
             }
             .map_or(32, |held| held.prefix_len);
             if i.addresses.iter().any(|(a, _)| *a == h.ip) {

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     api::EgressIpStatus,
-    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIpV4},
+    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIp},
 };
 
 /// The holders of every plan's addresses (sorted), the addresses by policy (for the
@@ -59,31 +59,31 @@ pub(super) fn serve(
 
 /// This node serves rule `rule_id` with `g`'s address.
 fn serve_locally(desired: &mut Desired, rule_id: u32, g: &GatewayAddr, shared: bool) {
-    let held = HeldIpV4 {
+    let held = HeldIp {
         interface: g.interface.clone(),
         prefix_len: g.prefix_len,
         shared,
     };
     match g.ip {
         IpAddr::V4(egress_ip) => {
-            desired.rules_v4.insert(
+            desired.v4.rules.insert(
                 rule_id,
                 GatewayRuleV4 {
                     egress_ip,
                     interface: g.interface.clone(),
                 },
             );
-            desired.egress_ips_v4.insert(egress_ip, held);
+            desired.v4.egress_ips.insert(egress_ip, held);
         }
         IpAddr::V6(egress_ip) => {
-            desired.rules_v6.insert(
+            desired.v6.rules.insert(
                 rule_id,
                 GatewayRuleV6 {
                     egress_ip,
                     interface: g.interface.clone(),
                 },
             );
-            desired.egress_ips_v6.insert(egress_ip, held);
+            desired.v6.egress_ips.insert(egress_ip, held);
         }
     }
     desired.egress_interfaces.insert(g.interface.clone());

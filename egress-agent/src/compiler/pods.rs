@@ -72,10 +72,10 @@ impl<'a> Pods<'a> {
             for ip in &pod.ips {
                 match ip {
                     IpAddr::V4(ip) => {
-                        desired.pod_owner_v4.insert(*ip, *underlay);
+                        desired.v4.pod_owner.insert(*ip, *underlay);
                     }
                     IpAddr::V6(ip) => {
-                        desired.pod_owner_v6.insert(*ip, *underlay);
+                        desired.v6.pod_owner.insert(*ip, *underlay);
                     }
                 }
             }

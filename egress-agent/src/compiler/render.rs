@@ -44,33 +44,33 @@ pub fn node(c: &Compiled) -> String {
     let d = &c.desired;
     let mut s = String::new();
     let _ = writeln!(s, "node address {}", or_dash(d.node_ip));
-    for ((pod, dst), e) in &d.policy_v4 {
+    for ((pod, dst), e) in &d.v4.policy {
         let egress = e.egress_ip.map(IpAddr::V4);
         policy_line(&mut s, pod, dst, e.action, e.gateway, egress, e.rule_id);
     }
-    for ((pod, dst), e) in &d.policy_v6 {
+    for ((pod, dst), e) in &d.v6.policy {
         let egress = e.egress_ip.map(IpAddr::V6);
         policy_line(&mut s, pod, dst, e.action, e.gateway, egress, e.rule_id);
     }
-    for (id, r) in &d.rules_v4 {
+    for (id, r) in &d.v4.rules {
         let _ = writeln!(
             s,
             "serves rule {id}: egress {} on {}",
             r.egress_ip, r.interface
         );
     }
-    for (id, r) in &d.rules_v6 {
+    for (id, r) in &d.v6.rules {
         let _ = writeln!(
             s,
             "serves rule {id}: egress {} on {}",
             r.egress_ip, r.interface
         );
     }
-    let held = d
-        .egress_ips_v4
-        .iter()
-        .map(|(ip, h)| (ip.to_string(), h))
-        .chain(d.egress_ips_v6.iter().map(|(ip, h)| (ip.to_string(), h)));
+    let held =
+        d.v4.egress_ips
+            .iter()
+            .map(|(ip, h)| (ip.to_string(), h))
+            .chain(d.v6.egress_ips.iter().map(|(ip, h)| (ip.to_string(), h)));
     for (ip, h) in held {
         let how = if h.shared { "uses" } else { "holds" };
         let _ = writeln!(s, "{how} {ip}/{} on {}", h.prefix_len, h.interface);

@@ -194,8 +194,8 @@ impl Entry {
     /// [`Entry::insert`] unless (pod, prefix) has an entry already.
     fn insert_new(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
         let taken = match (pod, prefix) {
-            (IpAddr::V4(pod), IpNet::V4(prefix)) => desired.policy_v4.contains_key(&(pod, prefix)),
-            (IpAddr::V6(pod), IpNet::V6(prefix)) => desired.policy_v6.contains_key(&(pod, prefix)),
+            (IpAddr::V4(pod), IpNet::V4(prefix)) => desired.v4.policy.contains_key(&(pod, prefix)),
+            (IpAddr::V6(pod), IpNet::V6(prefix)) => desired.v6.policy.contains_key(&(pod, prefix)),
             _ => true,
         };
         if !taken {
@@ -206,7 +206,7 @@ impl Entry {
     fn insert(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
         match (pod, prefix) {
             (IpAddr::V4(pod), IpNet::V4(prefix)) => {
-                desired.policy_v4.insert(
+                desired.v4.policy.insert(
                     (pod, prefix),
                     PolicyEntryV4 {
                         action: self.action,
@@ -218,10 +218,10 @@ impl Entry {
                         rule_id: self.rule_id,
                     },
                 );
-                *desired.selected_v4.entry(pod).or_insert(0) += 1;
+                *desired.v4.selected.entry(pod).or_insert(0) += 1;
             }
             (IpAddr::V6(pod), IpNet::V6(prefix)) => {
-                desired.policy_v6.insert(
+                desired.v6.policy.insert(
                     (pod, prefix),
                     PolicyEntryV6 {
                         action: self.action,
@@ -233,7 +233,7 @@ impl Entry {
                         rule_id: self.rule_id,
                     },
                 );
-                *desired.selected_v6.entry(pod).or_insert(0) += 1;
+                *desired.v6.selected.entry(pod).or_insert(0) += 1;
             }
             _ => {}
         }

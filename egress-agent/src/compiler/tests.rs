@@ -21,7 +21,7 @@ use crate::{
         EgressIpStatus, EgressNode, EgressNodeSpec, EgressNodeStatus, EgressRule, FailurePolicy,
         HeldEgressIp, NodeInterface, PolicyCondition,
     },
-    desired::{GatewayRuleV4, GatewayRuleV6, HeldIpV4, PolicyAction, PolicyEntryV4, PolicyEntryV6},
+    desired::{GatewayRuleV4, GatewayRuleV6, HeldIp, PolicyAction, PolicyEntryV4, PolicyEntryV6},
     liveness::{PeerView, Report},
     source::PodSummary,
 };
@@ -270,7 +270,7 @@ fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
             .collect()
     );
     assert_eq!(
-        w1.desired.pod_owner_v4[&ip("10.244.2.13")],
+        w1.desired.v4.pod_owner[&ip("10.244.2.13")],
         node_ip("fd00::2")
     );
     let holder = holder_of(&w1, "198.51.100.10").expect("a holder");
@@ -279,7 +279,7 @@ fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
     } else {
         "fd00::12"
     };
-    let e = w1.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
+    let e = w1.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
     assert_eq!(e.gateway, Some(node_ip(want)));
 }
 
@@ -336,9 +336,9 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
             (node_ip("10.0.0.2"), 4)
         ])
     );
-    assert_eq!(w1.desired.pod_owner_v4.len(), 5);
+    assert_eq!(w1.desired.v4.pod_owner.len(), 5);
     assert_eq!(
-        w1.desired.pod_owner_v4[&ip("10.244.2.13")],
+        w1.desired.v4.pod_owner[&ip("10.244.2.13")],
         node_ip("10.0.0.2")
     );
 
@@ -352,12 +352,12 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
     let r1 = rule_id("payments", 1);
     // api-1 and api-2 are local and selected; web-1 (label) and api-9 (namespace) are not;
     // api-3 is on another node.
-    let pods: BTreeSet<_> = w1.desired.selected_v4.keys().copied().collect();
+    let pods: BTreeSet<_> = w1.desired.v4.selected.keys().copied().collect();
     assert_eq!(pods, BTreeSet::from([ip("10.244.1.11"), ip("10.244.1.12")]));
     for pod in [ip("10.244.1.11"), ip("10.244.1.12")] {
-        assert_eq!(w1.desired.selected_v4[&pod], 3);
+        assert_eq!(w1.desired.v4.selected[&pod], 3);
         assert_eq!(
-            w1.desired.policy_v4[&(pod, net("192.0.2.0/24"))],
+            w1.desired.v4.policy[&(pod, net("192.0.2.0/24"))],
             PolicyEntryV4 {
                 action: PolicyAction::Forward,
                 gateway: Some(holder_ip),
@@ -366,10 +366,10 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
             }
         );
         assert_eq!(
-            w1.desired.policy_v4[&(pod, net("192.0.2.128/25"))].action,
+            w1.desired.v4.policy[&(pod, net("192.0.2.128/25"))].action,
             PolicyAction::Exclude
         );
-        let e = w1.desired.policy_v4[&(pod, net("203.0.113.0/24"))];
+        let e = w1.desired.v4.policy[&(pod, net("203.0.113.0/24"))];
         assert_eq!(e.action, PolicyAction::Forward);
         assert_eq!(e.rule_id, r1);
         // SNAT to the chosen gateway's own ens256 address.
@@ -381,23 +381,23 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
         assert_eq!(e.egress_ip, Some(expected_src));
     }
     // A source node serves no rule.
-    assert!(w1.desired.rules_v4.is_empty());
-    assert!(w1.desired.egress_ips_v4.is_empty());
+    assert!(w1.desired.v4.rules.is_empty());
+    assert!(w1.desired.v4.egress_ips.is_empty());
 
     // The holder serves both rules and holds the egress IP; the other gateway only the
     // interface rule.
     let h = compile(&view, &holder);
-    assert!(h.desired.policy_v4.is_empty(), "no local pods on gateways");
+    assert!(h.desired.v4.policy.is_empty(), "no local pods on gateways");
     assert_eq!(
-        h.desired.rules_v4[&r0],
+        h.desired.v4.rules[&r0],
         GatewayRuleV4 {
             egress_ip: ip("198.51.100.10"),
             interface: "ens224".to_owned()
         }
     );
     assert_eq!(
-        h.desired.egress_ips_v4[&ip("198.51.100.10")],
-        HeldIpV4 {
+        h.desired.v4.egress_ips[&ip("198.51.100.10")],
+        HeldIp {
             interface: "ens224".to_owned(),
             prefix_len: 24,
             shared: false
@@ -409,12 +409,12 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
     );
     let other = if holder == "gw-1" { "gw-2" } else { "gw-1" };
     let o = compile(&view, other);
-    assert!(!o.desired.rules_v4.contains_key(&r0));
-    assert!(o.desired.rules_v4.contains_key(&r1));
-    let own = o.desired.rules_v4[&r1].egress_ip;
+    assert!(!o.desired.v4.rules.contains_key(&r0));
+    assert!(o.desired.v4.rules.contains_key(&r1));
+    let own = o.desired.v4.rules[&r1].egress_ip;
     assert_eq!(
-        o.desired.egress_ips_v4[&own],
-        HeldIpV4 {
+        o.desired.v4.egress_ips[&own],
+        HeldIp {
             interface: "ens256".to_owned(),
             prefix_len: 24,
             shared: true
@@ -510,10 +510,10 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
     let w1 = compile(&view, "worker-1");
     assert_eq!(w1.problems, [], "{:#?}", w1.statuses);
     assert_eq!(status(&w1, "payments", "Ready").status, "True");
-    assert_eq!(w1.desired.pod_owner_v4.len(), 5);
-    assert_eq!(w1.desired.pod_owner_v6.len(), 5);
+    assert_eq!(w1.desired.v4.pod_owner.len(), 5);
+    assert_eq!(w1.desired.v6.pod_owner.len(), 5);
     assert_eq!(
-        w1.desired.pod_owner_v6[&ip6("fd00:244:2::13")],
+        w1.desired.v6.pod_owner[&ip6("fd00:244:2::13")],
         ip("10.0.0.2"),
         "IPv6 pods are owned by their node's IPv4 underlay address"
     );
@@ -538,11 +538,11 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
     ] {
         let (v4, v6) = (ip(v4), ip6(v6));
         // IPv4 rules only in the IPv4 maps, IPv6 rules only in the IPv6 maps.
-        assert_eq!(w1.desired.selected_v4[&v4], 3);
-        assert_eq!(w1.desired.selected_v6[&v6], 3);
-        assert_eq!(w1.desired.policy_v4[&(v4, net("192.0.2.0/24"))].rule_id, r0);
+        assert_eq!(w1.desired.v4.selected[&v4], 3);
+        assert_eq!(w1.desired.v6.selected[&v6], 3);
+        assert_eq!(w1.desired.v4.policy[&(v4, net("192.0.2.0/24"))].rule_id, r0);
         assert_eq!(
-            w1.desired.policy_v6[&(v6, net6("2001:db8:100::/48"))],
+            w1.desired.v6.policy[&(v6, net6("2001:db8:100::/48"))],
             PolicyEntryV6 {
                 action: PolicyAction::Forward,
                 gateway: Some(underlay(&holder6)),
@@ -551,10 +551,10 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
             }
         );
         assert_eq!(
-            w1.desired.policy_v6[&(v6, net6("2001:db8:100:ff::/64"))].action,
+            w1.desired.v6.policy[&(v6, net6("2001:db8:100:ff::/64"))].action,
             PolicyAction::Exclude
         );
-        let e = w1.desired.policy_v6[&(v6, net6("2001:db8:200::/48"))];
+        let e = w1.desired.v6.policy[&(v6, net6("2001:db8:200::/48"))];
         assert_eq!(e.rule_id, r3);
         let expected_src = match e.gateway {
             Some(g) if g == ip("10.0.0.11") => ip6("2001:db8:b::2"),
@@ -567,36 +567,36 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
             "global address, not fe80::1"
         );
     }
-    assert_eq!(w1.desired.policy_v4.len(), 6);
-    assert_eq!(w1.desired.policy_v6.len(), 6);
-    assert!(w1.desired.rules_v6.is_empty() && w1.desired.egress_ips_v6.is_empty());
+    assert_eq!(w1.desired.v4.policy.len(), 6);
+    assert_eq!(w1.desired.v6.policy.len(), 6);
+    assert!(w1.desired.v6.rules.is_empty() && w1.desired.v6.egress_ips.is_empty());
 
     // The IPv6 holder serves the IPv6 rule and holds the address with the /64 of ens224.
     let h6 = compile(&view, &holder6);
     assert_eq!(
-        h6.desired.rules_v6[&r2],
+        h6.desired.v6.rules[&r2],
         GatewayRuleV6 {
             egress_ip: ip6("2001:db8:a::10"),
             interface: "ens224".to_owned()
         }
     );
     assert_eq!(
-        h6.desired.egress_ips_v6[&ip6("2001:db8:a::10")],
-        HeldIpV4 {
+        h6.desired.v6.egress_ips[&ip6("2001:db8:a::10")],
+        HeldIp {
             interface: "ens224".to_owned(),
             prefix_len: 64,
             shared: false
         }
     );
-    assert!(h6.desired.rules_v6.contains_key(&r3));
+    assert!(h6.desired.v6.rules.contains_key(&r3));
     assert!(h6.desired.egress_interfaces.contains("ens224"));
     let h4 = compile(&view, &holder4);
-    assert!(h4.desired.rules_v4.contains_key(&r0));
-    assert!(h4.desired.rules_v4.contains_key(&r1));
+    assert!(h4.desired.v4.rules.contains_key(&r0));
+    assert!(h4.desired.v4.rules.contains_key(&r1));
     // Rule ids share one space: no id is both an IPv4 and an IPv6 rule.
     for c in [&h4, &h6] {
-        for id in c.desired.rules_v6.keys() {
-            assert!(!c.desired.rules_v4.contains_key(id));
+        for id in c.desired.v6.rules.keys() {
+            assert!(!c.desired.v4.rules.contains_key(id));
         }
     }
     let st = &w1.statuses["payments"];
@@ -622,9 +622,9 @@ fn ipv6_only_pods_get_only_ipv6_entries() {
     }
     let w1 = compile(&view, "worker-1");
     assert_eq!(w1.problems, []);
-    assert!(w1.desired.policy_v4.is_empty() && w1.desired.pod_owner_v4.is_empty());
+    assert!(w1.desired.v4.policy.is_empty() && w1.desired.v4.pod_owner.is_empty());
     assert_eq!(
-        w1.desired.selected_v6.keys().copied().collect::<Vec<_>>(),
+        w1.desired.v6.selected.keys().copied().collect::<Vec<_>>(),
         [ip6("fd00:244:1::11"), ip6("fd00:244:1::12")]
     );
     // IPv4 rules still get their holders (statuses do not depend on which pods exist).
@@ -684,11 +684,11 @@ fn ipv6_egress_ip_fails_over_and_conflicts_like_ipv4() {
     }
     let c = compile(&view, "worker-1");
     assert_eq!(
-        c.desired.policy_v6[&(ip6("fd00:244:1::11"), net6("2001:db8:100::/48"))].action,
+        c.desired.v6.policy[&(ip6("fd00:244:1::11"), net6("2001:db8:100::/48"))].action,
         PolicyAction::NoGatewayDrop
     );
     assert_eq!(
-        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
+        c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
         PolicyAction::NoGatewayDrop
     );
 }
@@ -998,7 +998,7 @@ rules:
                 case.name
             );
             assert_eq!(
-                c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
+                c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
                 PolicyAction::Forward,
                 "{}",
                 case.name
@@ -1030,7 +1030,7 @@ rules:
         let c = compile(&view, "worker-1");
         let pod = ip("10.244.1.11");
         assert_eq!(
-            c.desired.policy_v4[&(pod, net("192.0.2.0/24"))],
+            c.desired.v4.policy[&(pod, net("192.0.2.0/24"))],
             PolicyEntryV4 {
                 action,
                 gateway: None,
@@ -1039,14 +1039,14 @@ rules:
             }
         );
         assert_eq!(
-            c.desired.policy_v4[&(pod, net("192.0.2.0/28"))].action,
+            c.desired.v4.policy[&(pod, net("192.0.2.0/28"))].action,
             PolicyAction::Exclude
         );
         assert_eq!(
-            c.desired.policy_v4[&(pod, net("192.0.3.0/24"))].action,
+            c.desired.v4.policy[&(pod, net("192.0.3.0/24"))].action,
             action
         );
-        assert_eq!(c.desired.selected_v4[&pod], 3);
+        assert_eq!(c.desired.v4.selected[&pod], 3);
     }
 }
 
@@ -1080,12 +1080,12 @@ fn failover_when_the_holder_becomes_not_ready() {
     let c = compile(&view, "worker-1");
     let second = holder_of(&c, "198.51.100.10").expect("a new holder");
     assert_ne!(second, first);
-    let e = c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
+    let e = c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
     assert_eq!(e.gateway, Some(underlay_of(&view, &second)));
     assert_eq!(status(&c, "payments", "Ready").status, "True");
     // The old holder no longer serves the rule.
     let old = compile(&view, &first);
-    assert!(old.desired.egress_ips_v4.is_empty());
+    assert!(old.desired.v4.egress_ips.is_empty());
     // Both gateways down: Drop entries, Ready False.
     let m = view
         .nodes
@@ -1097,7 +1097,7 @@ fn failover_when_the_holder_becomes_not_ready() {
     let c = compile(&view, "worker-1");
     assert_eq!(holder_of(&c, "198.51.100.10"), None);
     assert_eq!(
-        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
+        c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))].action,
         PolicyAction::NoGatewayDrop
     );
     let ready = status(&c, "payments", "Ready");
@@ -1227,7 +1227,7 @@ rules:
     }
     let c = compile(&view, "worker-1");
     let mut per_gateway: BTreeMap<IpAddr, usize> = BTreeMap::new();
-    for ((_, _), e) in &c.desired.policy_v4 {
+    for ((_, _), e) in &c.desired.v4.policy {
         assert_eq!(e.action, PolicyAction::Forward);
         let gw = e.gateway.expect("gateway");
         let src = e.egress_ip.expect("egress ip");
@@ -1249,7 +1249,8 @@ rules:
         assert!(
             compile(&view, gw)
                 .desired
-                .rules_v4
+                .v4
+                .rules
                 .contains_key(&rule_id("spread", 0))
         );
     }
@@ -1272,16 +1273,16 @@ rules:
 "#;
     let view = with_policies(base(), vec![policy("beta", beta), policy("alpha", alpha)]);
     let c = compile(&view, "worker-1");
-    let e = c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
+    let e = c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))];
     assert_eq!(e.egress_ip, Some(ip("198.51.100.20")), "alpha wins");
     assert_eq!(e.rule_id, rule_id("alpha", 0));
     // beta still applies where it does not conflict: its other prefix, and web-1.
     assert_eq!(
-        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.9.0/24"))].egress_ip,
+        c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.9.0/24"))].egress_ip,
         Some(ip("198.51.100.30"))
     );
     assert_eq!(
-        c.desired.policy_v4[&(ip("10.244.1.21"), net("192.0.2.0/24"))].egress_ip,
+        c.desired.v4.policy[&(ip("10.244.1.21"), net("192.0.2.0/24"))].egress_ip,
         Some(ip("198.51.100.30"))
     );
     let conflict = status(&c, "beta", "Conflict");
@@ -1319,7 +1320,7 @@ fn only_local_pods_get_source_entries() {
         ("gw-1", vec![]),
     ] {
         let c = compile(&view, node);
-        let got: BTreeSet<Ipv4Addr> = c.desired.policy_v4.keys().map(|(p, _)| *p).collect();
+        let got: BTreeSet<Ipv4Addr> = c.desired.v4.policy.keys().map(|(p, _)| *p).collect();
         let want: BTreeSet<Ipv4Addr> = pods.iter().map(|p| ip(p)).collect();
         assert_eq!(got, want, "{node}");
     }
@@ -1331,9 +1332,9 @@ fn pods_that_are_not_running_or_use_host_network_are_skipped() {
     view.pods[0].running = false;
     view.pods[1].host_network = true;
     let c = compile(&view, "worker-1");
-    assert!(c.desired.selected_v4.is_empty());
-    assert!(!c.desired.pod_owner_v4.contains_key(&ip("10.244.1.11")));
-    assert!(!c.desired.pod_owner_v4.contains_key(&ip("10.244.1.12")));
+    assert!(c.desired.v4.selected.is_empty());
+    assert!(!c.desired.v4.pod_owner.contains_key(&ip("10.244.1.11")));
+    assert!(!c.desired.v4.pod_owner.contains_key(&ip("10.244.1.12")));
 }
 
 #[test]
@@ -1424,7 +1425,7 @@ struct AnyEntry {
 }
 
 fn all_entries(d: &Desired) -> Vec<AnyEntry> {
-    let v4 = d.policy_v4.iter().map(|((pod, prefix), e)| AnyEntry {
+    let v4 = d.v4.policy.iter().map(|((pod, prefix), e)| AnyEntry {
         pod: IpAddr::V4(*pod),
         prefix: IpNet::V4(*prefix),
         action: e.action,
@@ -1432,7 +1433,7 @@ fn all_entries(d: &Desired) -> Vec<AnyEntry> {
         egress_ip: e.egress_ip.map(IpAddr::V4),
         rule_id: e.rule_id,
     });
-    let v6 = d.policy_v6.iter().map(|((pod, prefix), e)| AnyEntry {
+    let v6 = d.v6.policy.iter().map(|((pod, prefix), e)| AnyEntry {
         pod: IpAddr::V6(*pod),
         prefix: IpNet::V6(*prefix),
         action: e.action,
@@ -1692,9 +1693,9 @@ proptest! {
                         // (Each family's traffic with an egress address of its family.)
                         let gc = &compiled[names[g].as_str()];
                         let served = if rule.v6 {
-                            gc.desired.rules_v6.get(&e.rule_id).map(|s| IpAddr::V6(s.egress_ip))
+                            gc.desired.v6.rules.get(&e.rule_id).map(|s| IpAddr::V6(s.egress_ip))
                         } else {
-                            gc.desired.rules_v4.get(&e.rule_id).map(|s| IpAddr::V4(s.egress_ip))
+                            gc.desired.v4.rules.get(&e.rule_id).map(|s| IpAddr::V4(s.egress_ip))
                         };
                         prop_assert_eq!(served, e.egress_ip);
                         prop_assert_eq!(e.egress_ip.map(|a| a.is_ipv6()), Some(rule.v6));
@@ -1714,18 +1715,18 @@ proptest! {
             }
             let selected: BTreeMap<IpAddr, u32> = c
                 .desired
-                .selected_v4
+                .v4.selected
                 .iter()
                 .map(|(a, n)| (IpAddr::V4(*a), *n))
-                .chain(c.desired.selected_v6.iter().map(|(a, n)| (IpAddr::V6(*a), *n)))
+                .chain(c.desired.v6.selected.iter().map(|(a, n)| (IpAddr::V6(*a), *n)))
                 .collect();
             prop_assert_eq!(&counts, &selected);
             let held_ips = c
                 .desired
-                .egress_ips_v4
+                .v4.egress_ips
                 .iter()
                 .map(|(a, h)| (IpAddr::V4(*a), h))
-                .chain(c.desired.egress_ips_v6.iter().map(|(a, h)| (IpAddr::V6(*a), h)));
+                .chain(c.desired.v6.egress_ips.iter().map(|(a, h)| (IpAddr::V6(*a), h)));
             for (egress_ip, held) in held_ips {
                 prop_assert!(c.desired.egress_interfaces.contains(&held.interface));
                 if !held.shared {
@@ -1756,12 +1757,12 @@ rules:
     );
     let c = compile(&view, "worker-1");
     assert_eq!(
-        c.desired.policy_v4[&(ip("10.244.1.11"), net("192.0.2.0/24"))].rule_id,
+        c.desired.v4.policy[&(ip("10.244.1.11"), net("192.0.2.0/24"))].rule_id,
         rule_id("payments", 0)
     );
     // Where nothing else claims, the broken rule fails closed.
     assert_eq!(
-        c.desired.policy_v4[&(ip("10.244.1.21"), net("192.0.2.0/24"))].action,
+        c.desired.v4.policy[&(ip("10.244.1.21"), net("192.0.2.0/24"))].action,
         PolicyAction::NoGatewayDrop
     );
     let conflict = status(&c, "aaa-broken", "Conflict");
@@ -1801,8 +1802,8 @@ fn compiles_10k_pods_times_10_prefixes_quickly() {
     let start = std::time::Instant::now();
     let c = compile(&view, "worker-1");
     let took = start.elapsed();
-    assert_eq!(c.desired.policy_v4.len(), 5_000 * 10);
-    assert_eq!(c.desired.pod_owner_v4.len(), 10_000);
+    assert_eq!(c.desired.v4.policy.len(), 5_000 * 10);
+    assert_eq!(c.desired.v4.pod_owner.len(), 10_000);
     // The budget (compile and apply within 1 s) is measured in release by the bench; this
     // only guards against an accidental blow-up, in a debug build.
     assert!(
@@ -1878,7 +1879,7 @@ fn a_dead_holder_loses_its_ip_to_a_newer_epoch_with_reason_unreachable() {
     );
     // The dead node itself, cut off (it counts itself dead): holds nothing.
     let c = compile_with(&view, &dead(&["gw-1"]), "gw-1");
-    assert!(c.desired.egress_ips_v4.is_empty());
+    assert!(c.desired.v4.egress_ips.is_empty());
 }
 
 #[test]
@@ -1893,7 +1894,8 @@ fn a_holder_back_from_the_dead_does_not_take_its_ip_back() {
     assert!(
         !compile_with(&view, &PeerView::default(), "gw-1")
             .desired
-            .egress_ips_v4
+            .v4
+            .egress_ips
             .contains_key(&Ipv4Addr::new(198, 51, 100, 10))
     );
 }
@@ -2050,7 +2052,7 @@ proptest! {
                 // Exactly the holder's own compile puts A on an interface.
                 for (me, _) in names.iter().zip(&results) {
                     let c = compile_with(&view, &peers, me);
-                    let holds = c.desired.egress_ips_v4.contains_key(&Ipv4Addr::new(198, 51, 100, 10));
+                    let holds = c.desired.v4.egress_ips.contains_key(&Ipv4Addr::new(198, 51, 100, 10));
                     prop_assert_eq!(holds, *me == h.node, "on {}", me);
                 }
             }

@@ -9,19 +9,18 @@ use std::{
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap};
 use egress_common::{
-    config::Config,
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir},
+    conntrack::{CtKeyV4, CtKeyV6},
     counters::{self, Counter},
-    maps as names,
-    policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, DestValue, DestValueV6, EgressIpValue,
-        NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
-        RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6, action, egress_ip_flags,
-    },
+    maps::{self as names, MapKind, def},
+    policy::{action, egress_ip_flags},
     underlay::{self, Underlay},
 };
 
-use super::{Error, Result};
+use super::{
+    Error, Result,
+    sweep::{CtKey, Flow},
+};
+use crate::family::{Family, V4, V6};
 
 fn open(pin_dir: &Path, name: &'static str) -> Result<Map> {
     let data =
@@ -117,78 +116,62 @@ fn write_exhausted(s: &mut String, rows: &[(IpAddr, u64)]) {
     }
 }
 
-/// Entries per map (for metrics).
+/// Entries per map (for metrics): every pinned hash map and trie of the registry.
 pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
-    let mut out = Vec::new();
-    let name = names::POLICY_V4;
-    let t: HashMap<MapData, PolicyKeyV4, PolicyValue> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    out.push((name, t.keys().count()));
-    if pinned(pin_dir, names::DESTS_V4) {
-        let name = names::DESTS_V4;
-        let t: LpmTrie<MapData, [u8; 4], DestValue> = LpmTrie::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        out.push((name, t.keys().count()));
+    struct Count<'a> {
+        pin_dir: &'a Path,
+        out: Result<Vec<(&'static str, usize)>>,
     }
-    fn count<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &'static str) -> Result<usize> {
-        let m: HashMap<MapData, K, V> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        Ok(m.keys().count())
-    }
-    out.push((
-        names::SELECTED_V4,
-        count::<[u8; 4], SelectedValue>(pin_dir, names::SELECTED_V4)?,
-    ));
-    out.push((
-        names::RULES_V4,
-        count::<u32, RuleValueV4>(pin_dir, names::RULES_V4)?,
-    ));
-    out.push((
-        names::NODES,
-        count::<Underlay, NodeValue>(pin_dir, names::NODES)?,
-    ));
-    out.push((
-        names::POD_OWNER_V4,
-        count::<[u8; 4], PodOwnerValue>(pin_dir, names::POD_OWNER_V4)?,
-    ));
-    out.push((
-        names::CT_V4,
-        count::<CtKeyV4, CtEntryV4>(pin_dir, names::CT_V4)?,
-    ));
-    out.push((
-        names::EGRESS_IPS_V4,
-        count::<[u8; 4], EgressIpValue>(pin_dir, names::EGRESS_IPS_V4)?,
-    ));
-    if pinned(pin_dir, names::POLICY_V6) {
-        let name = names::POLICY_V6;
-        let t: HashMap<MapData, PolicyKeyV6, PolicyValueV6> =
-            HashMap::try_from(open(pin_dir, name)?)
-                .map_err(|source| Error::Map { name, source })?;
-        out.push((name, t.keys().count()));
-    }
-    if pinned(pin_dir, names::DESTS_V6) {
-        let name = names::DESTS_V6;
-        let t: LpmTrie<MapData, [u8; 16], DestValueV6> = LpmTrie::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        out.push((name, t.keys().count()));
-    }
-    for (name, n) in [
-        (
-            names::SELECTED_V6,
-            count::<[u8; 16], SelectedValueV6> as fn(_, _) -> _,
-        ),
-        (names::RULES_V6, count::<u32, RuleValueV6>),
-        (names::POD_OWNER_V6, count::<[u8; 16], PodOwnerValue>),
-        (names::CT_V6, count::<CtKeyV6, CtEntryV6>),
-        (names::EGRESS_IPS_V6, count::<[u8; 16], EgressIpValue>),
-        (names::ADMITTED_V4, count::<AdmittedKeyV4, AdmittedValue>),
-        (names::ADMITTED_V6, count::<AdmittedKeyV6, AdmittedValue>),
-    ] {
-        if pinned(pin_dir, name) {
-            out.push((name, n(pin_dir, name)?));
+    impl names::Visit for Count<'_> {
+        fn map<M: names::Map>(&mut self) {
+            let Ok(out) = &mut self.out else { return };
+            let name = M::SPEC.name;
+            if !pinned(self.pin_dir, name) {
+                return;
+            }
+            let n = match M::SPEC.kind {
+                MapKind::Hash | MapKind::LruHash => {
+                    hash::<M>(self.pin_dir).map(|m| m.keys().count())
+                }
+                MapKind::LruPerCpuHash => open(self.pin_dir, name).and_then(|m| {
+                    PerCpuHashMap::<_, M::Key, M::Value>::try_from(m)
+                        .map(|m| m.keys().count())
+                        .map_err(|source| Error::Map { name, source })
+                }),
+                MapKind::LpmTrie => open(self.pin_dir, name).and_then(|m| {
+                    LpmTrie::<_, M::Key, M::Value>::try_from(m)
+                        .map(|m| m.keys().count())
+                        .map_err(|source| Error::Map { name, source })
+                }),
+                // Arrays: every index is an entry.
+                MapKind::Array | MapKind::PerCpuArray => return,
+            };
+            match n {
+                Ok(n) => out.push((name, n)),
+                Err(e) => self.out = Err(e),
+            }
         }
     }
-    Ok(out)
+    let mut count = Count {
+        pin_dir,
+        out: Ok(Vec::new()),
+    };
+    names::visit(&mut count);
+    count.out
+}
+
+/// The pinned hash map `M`, typed by its declaration.
+fn hash<M: names::Map>(pin_dir: &Path) -> Result<HashMap<MapData, M::Key, M::Value>> {
+    let name = M::SPEC.name;
+    HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })
+}
+
+/// The entries of the pinned hash map `M` (none when an older object lacks it).
+fn entries<M: names::Map>(pin_dir: &Path) -> Result<Vec<(M::Key, M::Value)>> {
+    if !pinned(pin_dir, M::SPEC.name) {
+        return Ok(Vec::new());
+    }
+    Ok(hash::<M>(pin_dir)?.iter().flatten().collect())
 }
 
 /// Are an agent's maps pinned under `pin_dir`? (Its configuration map is pinned first.)
@@ -199,23 +182,15 @@ pub fn has_maps(pin_dir: &Path) -> bool {
 /// The dedicated egress IPs in the pinned maps, with the ifindex they serve: addresses
 /// an agent added to this node's interfaces (shared ones are the interface's own address).
 pub fn dedicated_egress_ips(pin_dir: &Path) -> Result<Vec<(IpAddr, u32)>> {
-    fn read<K: aya::Pod>(pin_dir: &Path, name: &'static str) -> Result<Vec<(IpAddr, u32)>>
-    where
-        IpAddr: From<K>,
-    {
-        if !pinned(pin_dir, name) {
-            return Ok(Vec::new());
-        }
-        let m: HashMap<MapData, K, EgressIpValue> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        Ok(m.iter()
-            .flatten()
+    fn read<F: Family>(pin_dir: &Path) -> Result<Vec<(IpAddr, u32)>> {
+        Ok(entries::<F::EgressIps>(pin_dir)?
+            .into_iter()
             .filter(|(_, v)| v.flags & egress_ip_flags::SHARED == 0)
-            .map(|(k, v)| (IpAddr::from(k), v.ifindex))
+            .map(|(k, v)| (F::Addr::from(k).into(), v.ifindex))
             .collect())
     }
-    let mut out = read::<[u8; 4]>(pin_dir, names::EGRESS_IPS_V4)?;
-    out.extend(read::<[u8; 16]>(pin_dir, names::EGRESS_IPS_V6)?);
+    let mut out = read::<V4>(pin_dir)?;
+    out.extend(read::<V6>(pin_dir)?);
     out.sort();
     Ok(out)
 }
@@ -228,8 +203,21 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         });
     }
     let mut s = String::new();
+    render_config(pin_dir, &mut s)?;
+    render_family::<V4>(pin_dir, &mut s)?;
+    render_family::<V6>(pin_dir, &mut s)?;
+    let nodes = hash::<def::Nodes>(pin_dir)?.keys().count();
+    let _ = writeln!(s, "\nknown nodes: {nodes}");
+    render_admitted(pin_dir, &mut s)?;
+    write_exhausted(&mut s, &exhausted(pin_dir)?);
+    render_counters(pin_dir, &mut s)?;
+    Ok(s)
+}
+
+/// This node's `CONFIG` entry, on one line.
+fn render_config(pin_dir: &Path, s: &mut String) -> Result<()> {
     let name = names::CONFIG;
-    let cfg: Array<MapData, Config> =
+    let cfg: Array<MapData, <def::Config as names::Map>::Value> =
         Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
     let c = cfg
         .get(&0, 0)
@@ -248,58 +236,78 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             "NOT READY"
         }
     );
+    Ok(())
+}
 
-    let name = names::POLICY_V4;
-    let t: HashMap<MapData, PolicyKeyV4, PolicyValue> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let mut rows: Vec<_> = t.iter().flatten().collect();
-    rows.sort_by_key(|(k, _)| *k);
+/// What the dump reads of a family beyond [`Family`]: its conntrack map.
+trait Tracked: Family {
+    type CtKey: CtKey;
+    type Ct: names::Map<Key = Self::CtKey, Value = <Self::CtKey as CtKey>::Entry>;
+}
+
+impl Tracked for V4 {
+    type CtKey = CtKeyV4;
+    type Ct = def::CtV4;
+}
+
+impl Tracked for V6 {
+    type CtKey = CtKeyV6;
+    type Ct = def::CtV6;
+}
+
+/// One family's maps: policy entries, rules served, egress IPs, pods known, conntrack.
+/// Pods and egress IPs are of the family; gateways and pod nodes are underlay addresses
+/// of either.
+fn render_family<F: Tracked>(pin_dir: &Path, s: &mut String) -> Result<()> {
+    let fam = F::NAME;
+    // Columns for an address and for a prefix: IPv4 15 and 18, IPv6 24 and 30.
+    let (w, dw) = if size_of::<F::Octets>() == 4 {
+        (15, 18)
+    } else {
+        (24, 30)
+    };
+    let mut rows: Vec<_> = entries::<F::Policy>(pin_dir)?
+        .iter()
+        .map(|(k, v)| F::policy_row(k, v))
+        .collect();
+    rows.sort_by_key(|r| (r.pod, r.dst));
     let _ = writeln!(
         s,
-        "\npolicy (pod, destination -> action, gateway, egress IP, rule): {}",
+        "\n{fam} policy (pod, destination -> action, gateway, egress IP, rule): {}",
         rows.len()
     );
-    for (k, v) in rows {
-        let act = action_name(v.action);
+    for r in rows {
         let _ = writeln!(
             s,
-            "  {:<15} {:>18} -> {:<17} gw {:<15} egress {:<15} rule {}",
-            ip(k.pod).to_string(),
-            format!("{}/{}", ip(k.dst), k.dst_len),
-            act,
-            node(v.gateway).to_string(),
-            ip(v.egress_ip).to_string(),
-            v.rule_id
+            "  {:<w$} {:>dw$} -> {:<17} gw {:<15} egress {:<w$} rule {}",
+            r.pod.to_string(),
+            format!("{}/{}", r.dst.0, r.dst.1),
+            action_name(r.action),
+            node(r.gateway).to_string(),
+            r.egress_ip.to_string(),
+            r.rule_id,
         );
     }
 
-    let name = names::RULES_V4;
-    let r: HashMap<MapData, u32, RuleValueV4> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let mut rows: Vec<_> = r.iter().flatten().collect();
+    let mut rows: Vec<_> = entries::<F::Rules>(pin_dir)?;
     rows.sort_by_key(|(k, _)| *k);
     let _ = writeln!(
         s,
-        "\nrules served here (rule -> egress IP, ifindex): {}",
+        "\n{fam} rules served here (rule -> egress IP, ifindex): {}",
         rows.len()
     );
     for (k, v) in rows {
+        let (egress_ip, ifindex) = F::rule_row(&v);
         let _ = writeln!(
             s,
-            "  rule {k:<8} -> {:<15} ifindex {}",
-            ip(v.egress_ip).to_string(),
-            v.ifindex
+            "  rule {k:<8} -> {:<w$} ifindex {ifindex}",
+            egress_ip.to_string()
         );
     }
 
-    render_admitted(pin_dir, &mut s)?;
-
-    let name = names::EGRESS_IPS_V4;
-    let e: HashMap<MapData, [u8; 4], EgressIpValue> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let mut rows: Vec<_> = e.iter().flatten().collect();
+    let mut rows: Vec<_> = entries::<F::EgressIps>(pin_dir)?;
     rows.sort_by_key(|(k, _)| *k);
-    let _ = writeln!(s, "\negress IPs on this node: {}", rows.len());
+    let _ = writeln!(s, "\n{fam} egress IPs on this node: {}", rows.len());
     for (k, v) in rows {
         let kind = if v.flags & egress_ip_flags::SHARED != 0 {
             "interface address (shared)"
@@ -308,44 +316,24 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         };
         let _ = writeln!(
             s,
-            "  {:<15} ifindex {:<4} {kind}",
-            ip(k).to_string(),
+            "  {:<w$} ifindex {:<4} {kind}",
+            F::Addr::from(k).to_string(),
             v.ifindex
         );
     }
+    let pods = entries::<F::PodOwner>(pin_dir)?.len();
+    let _ = writeln!(s, "known {fam} pods: {pods}");
 
-    let name = names::NODES;
-    let n: HashMap<MapData, Underlay, NodeValue> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let _ = writeln!(s, "\nknown nodes: {}", n.keys().count());
-    let name = names::POD_OWNER_V4;
-    let p: HashMap<MapData, [u8; 4], PodOwnerValue> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let _ = writeln!(s, "known pods: {}", p.keys().count());
-
-    let name = names::CT_V4;
-    let ct: HashMap<MapData, CtKeyV4, CtEntryV4> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let flows = ct
+    let flows = entries::<F::Ct>(pin_dir)?
         .iter()
-        .flatten()
-        .filter(|(k, _)| k.dir == dir::ORIGINAL)
-        .map(|(k, v)| Flow {
-            proto: k.proto,
-            src: (IpAddr::from(k.src), k.src_port_be),
-            dst: (IpAddr::from(k.dst), k.dst_port_be),
-            xlate: (IpAddr::from(v.xlate_addr), v.xlate_port_be),
-            rule_id: v.rule_id,
-            ifindex: v.ifindex,
-            pod_node: v.pod_node,
-        });
-    write_flows(&mut s, "conntrack", flows.collect());
-    write_exhausted(&mut s, &exhausted(pin_dir)?);
+        .filter_map(|(k, v)| k.flow(v))
+        .collect();
+    write_flows(s, &format!("{fam} conntrack"), flows);
+    Ok(())
+}
 
-    if pinned(pin_dir, names::POLICY_V6) {
-        render_v6(pin_dir, &mut s)?;
-    }
-
+/// Every reason counted so far.
+fn render_counters(pin_dir: &Path, s: &mut String) -> Result<()> {
     let _ = writeln!(s, "\ncounters (packets, bytes):");
     for (reason, c) in counters(pin_dir)? {
         let (_, n, desc) = counters::ALL
@@ -359,28 +347,22 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             c.packets, c.bytes
         );
     }
-    Ok(s)
+    Ok(())
 }
 
 /// How many pods of each family this gateway admits from the tunnel, per rule.
 fn render_admitted(pin_dir: &Path, s: &mut String) -> Result<()> {
-    fn rule_ids<K: aya::Pod>(
-        pin_dir: &Path,
-        name: &'static str,
-        rule_id: fn(&K) -> u32,
-    ) -> Result<Vec<u32>> {
-        if !pinned(pin_dir, name) {
-            return Ok(Vec::new());
-        }
-        let m: HashMap<MapData, K, AdmittedValue> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        Ok(m.keys().flatten().map(|k| rule_id(&k)).collect())
+    fn rule_ids<F: Family>(pin_dir: &Path) -> Result<Vec<u32>> {
+        Ok(entries::<F::Admitted>(pin_dir)?
+            .iter()
+            .map(|(k, _)| F::admitted_rule(k))
+            .collect())
     }
     let mut per_rule: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
-    for id in rule_ids::<AdmittedKeyV4>(pin_dir, names::ADMITTED_V4, |k| k.rule_id)? {
+    for id in rule_ids::<V4>(pin_dir)? {
         per_rule.entry(id).or_default().0 += 1;
     }
-    for id in rule_ids::<AdmittedKeyV6>(pin_dir, names::ADMITTED_V6, |k| k.rule_id)? {
+    for id in rule_ids::<V6>(pin_dir)? {
         per_rule.entry(id).or_default().1 += 1;
     }
     let _ = writeln!(
@@ -392,112 +374,6 @@ fn render_admitted(pin_dir: &Path, s: &mut String) -> Result<()> {
         let _ = writeln!(s, "  rule {id:<8} -> {v4:>7} IPv4 {v6:>7} IPv6");
     }
     Ok(())
-}
-
-/// The IPv6 maps (pods and egress IPs are IPv6; gateways and pod nodes are underlay
-/// addresses of either family).
-fn render_v6(pin_dir: &Path, s: &mut String) -> Result<()> {
-    let name = names::POLICY_V6;
-    let t: HashMap<MapData, PolicyKeyV6, PolicyValueV6> =
-        HashMap::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let mut rows: Vec<_> = t.iter().flatten().collect();
-    rows.sort_by_key(|(k, _)| *k);
-    let _ = writeln!(
-        s,
-        "\nIPv6 policy (pod, destination -> action, gateway, egress IP, rule): {}",
-        rows.len()
-    );
-    for (k, v) in rows {
-        let _ = writeln!(
-            s,
-            "  {:<24} {:>30} -> {:<17} gw {:<15} egress {:<24} rule {}",
-            ip6(k.pod).to_string(),
-            format!("{}/{}", ip6(k.dst), k.dst_len),
-            action_name(v.action),
-            node(v.gateway).to_string(),
-            ip6(v.egress_ip).to_string(),
-            v.rule_id
-        );
-    }
-    if pinned(pin_dir, names::RULES_V6) {
-        let name = names::RULES_V6;
-        let r: HashMap<MapData, u32, RuleValueV6> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        let mut rows: Vec<_> = r.iter().flatten().collect();
-        rows.sort_by_key(|(k, _)| *k);
-        let _ = writeln!(
-            s,
-            "\nIPv6 rules served here (rule -> egress IP, ifindex): {}",
-            rows.len()
-        );
-        for (k, v) in rows {
-            let _ = writeln!(
-                s,
-                "  rule {k:<8} -> {:<24} ifindex {}",
-                ip6(v.egress_ip).to_string(),
-                v.ifindex
-            );
-        }
-    }
-    if pinned(pin_dir, names::EGRESS_IPS_V6) {
-        let name = names::EGRESS_IPS_V6;
-        let e: HashMap<MapData, [u8; 16], EgressIpValue> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        let mut rows: Vec<_> = e.iter().flatten().collect();
-        rows.sort_by_key(|(k, _)| *k);
-        let _ = writeln!(s, "\nIPv6 egress IPs on this node: {}", rows.len());
-        for (k, v) in rows {
-            let kind = if v.flags & egress_ip_flags::SHARED != 0 {
-                "interface address (shared)"
-            } else {
-                "dedicated"
-            };
-            let _ = writeln!(
-                s,
-                "  {:<24} ifindex {:<4} {kind}",
-                ip6(k).to_string(),
-                v.ifindex
-            );
-        }
-    }
-    if pinned(pin_dir, names::POD_OWNER_V6) {
-        let name = names::POD_OWNER_V6;
-        let p: HashMap<MapData, [u8; 16], PodOwnerValue> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        let _ = writeln!(s, "known IPv6 pods: {}", p.keys().count());
-    }
-    if pinned(pin_dir, names::CT_V6) {
-        let name = names::CT_V6;
-        let ct: HashMap<MapData, CtKeyV6, CtEntryV6> = HashMap::try_from(open(pin_dir, name)?)
-            .map_err(|source| Error::Map { name, source })?;
-        let flows = ct
-            .iter()
-            .flatten()
-            .filter(|(k, _)| k.dir == dir::ORIGINAL)
-            .map(|(k, v)| Flow {
-                proto: k.proto,
-                src: (IpAddr::from(k.src), k.src_port_be),
-                dst: (IpAddr::from(k.dst), k.dst_port_be),
-                xlate: (IpAddr::from(v.xlate_addr), v.xlate_port_be),
-                rule_id: v.rule_id,
-                ifindex: v.ifindex,
-                pod_node: v.pod_node,
-            });
-        write_flows(s, "IPv6 conntrack", flows.collect());
-    }
-    Ok(())
-}
-
-/// A conntrack flow (its original-direction entry), of either family. Ports in network
-/// order, as in the map.
-struct Flow {
-    proto: u8,
-    src: (IpAddr, u16),
-    dst: (IpAddr, u16),
-    xlate: (IpAddr, u16),
-    rule_id: u32,
-    ifindex: u32,
-    pod_node: Underlay,
 }
 
 /// The first 50 flows, ordered by addresses and ports, under `title`.

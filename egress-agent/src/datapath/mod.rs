@@ -29,12 +29,14 @@ use aya::{
 };
 use egress_common::{
     config::Config,
-    maps as names,
-    policy::{PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6},
+    maps::{self as names, Map, def},
 };
-pub use state::MapState;
+pub use state::{FamilyMaps, MapState};
 
-use crate::ebpf;
+use crate::{
+    ebpf,
+    family::{Entries, Family, Prefixes, Synced},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -317,28 +319,25 @@ impl Datapath {
     }
 
     fn read_state(&mut self) -> Result<MapState> {
-        let s = MapState {
-            policy_v4: self.read_hash::<PolicyKeyV4, PolicyValue>(names::POLICY_V4)?,
-            dests_v4: self.read_lpm(names::DESTS_V4)?,
-            selected_v4: self.read_hash(names::SELECTED_V4)?,
-            rules_v4: self.read_hash(names::RULES_V4)?,
-            nodes: self.read_hash(names::NODES)?,
-            pod_owner_v4: self.read_hash(names::POD_OWNER_V4)?,
-            egress_ips_v4: self.read_hash(names::EGRESS_IPS_V4)?,
-            policy_v6: self.read_hash::<PolicyKeyV6, PolicyValueV6>(names::POLICY_V6)?,
-            dests_v6: self.read_lpm(names::DESTS_V6)?,
-            selected_v6: self.read_hash(names::SELECTED_V6)?,
-            rules_v6: self.read_hash(names::RULES_V6)?,
-            pod_owner_v6: self.read_hash(names::POD_OWNER_V6)?,
-            egress_ips_v6: self.read_hash(names::EGRESS_IPS_V6)?,
-            admitted_v4: self.read_hash(names::ADMITTED_V4)?,
-            admitted_v6: self.read_hash(names::ADMITTED_V6)?,
-            known_pods_v4: self.read_hash(names::KNOWN_PODS_V4)?,
-            known_pods_v6: self.read_hash(names::KNOWN_PODS_V6)?,
-            covered_v4: self.read_lpm(names::COVERED_V4)?,
-            covered_v6: self.read_lpm(names::COVERED_V6)?,
-        };
-        Ok(s)
+        Ok(MapState {
+            v4: self.read_family()?,
+            v6: self.read_family()?,
+            nodes: self.read_hash::<def::Nodes>()?,
+        })
+    }
+
+    fn read_family<F: Family>(&mut self) -> Result<FamilyMaps<F>> {
+        Ok(FamilyMaps {
+            policy: self.read_hash::<F::Policy>()?,
+            dests: self.read_lpm::<F::Dests>()?,
+            selected: self.read_hash::<F::Selected>()?,
+            rules: self.read_hash::<F::Rules>()?,
+            pod_owner: self.read_hash::<F::PodOwner>()?,
+            egress_ips: self.read_hash::<F::EgressIps>()?,
+            admitted: self.read_hash::<F::Admitted>()?,
+            known_pods: self.read_hash::<F::KnownPods>()?,
+            covered: self.read_lpm::<F::Covered>()?,
+        })
     }
 
     /// Is `name` an optional map that this object lacks? The IPv6 maps are optional: an
@@ -352,25 +351,19 @@ impl Datapath {
         skip
     }
 
-    fn read_hash<K: aya::Pod + Ord, V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-    ) -> Result<BTreeMap<K, V>> {
-        if self.skip_missing(name) {
+    fn read_hash<M: Synced>(&mut self) -> Result<Entries<M>> {
+        if self.skip_missing(M::SPEC.name) {
             return Ok(BTreeMap::new());
         }
-        Ok(self.hash::<K, V>(name)?.iter().flatten().collect())
+        Ok(self.hash::<M>()?.iter().flatten().collect())
     }
 
-    fn read_lpm<K: aya::Pod + Ord, V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-    ) -> Result<BTreeMap<(u32, K), V>> {
-        if self.skip_missing(name) {
+    fn read_lpm<M: Synced>(&mut self) -> Result<Prefixes<M>> {
+        if self.skip_missing(M::SPEC.name) {
             return Ok(BTreeMap::new());
         }
         Ok(self
-            .lpm::<K, V>(name)?
+            .lpm::<M>()?
             .iter()
             .flatten()
             .map(|(k, v)| ((k.prefix_len(), k.data()), v))
@@ -381,32 +374,30 @@ impl Datapath {
         self.ebpf.map_mut(name).ok_or(Error::MissingMap { name })
     }
 
-    fn hash<K: aya::Pod, V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-    ) -> Result<HashMap<&mut MapData, K, V>> {
+    /// The handle of hash map `M`, typed by its declaration.
+    fn hash<M: Synced>(&mut self) -> Result<HashMap<&mut MapData, M::Key, M::Value>> {
+        let name = M::SPEC.name;
         HashMap::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })
     }
 
-    fn lpm<K: aya::Pod, V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-    ) -> Result<LpmTrie<&mut MapData, K, V>> {
+    /// The handle of LPM trie `M`, typed by its declaration.
+    fn lpm<M: Synced>(&mut self) -> Result<LpmTrie<&mut MapData, M::Key, M::Value>> {
+        let name = M::SPEC.name;
         LpmTrie::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })
     }
 
     /// Write this node's configuration (programs pass everything until it is written).
     pub fn set_config(&mut self, cfg: &Config) -> Result<()> {
-        let name = names::CONFIG;
-        let mut a: Array<&mut MapData, Config> =
+        let name = def::Config::SPEC.name;
+        let mut a: Array<&mut MapData, <def::Config as Map>::Value> =
             Array::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
         a.set(0, cfg, 0)
             .map_err(|source| Error::Map { name, source })
     }
 
     pub fn config(&mut self) -> Result<Config> {
-        let name = names::CONFIG;
-        let a: Array<&mut MapData, Config> =
+        let name = def::Config::SPEC.name;
+        let a: Array<&mut MapData, <def::Config as Map>::Value> =
             Array::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
         a.get(&0, 0).map_err(|source| Error::Map { name, source })
     }
@@ -439,42 +430,28 @@ impl Datapath {
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
+        self.sync_source_side_of(&mut held.v4, &want.v4, phase, stats)?;
+        self.sync_source_side_of(&mut held.v6, &want.v6, phase, stats)
+    }
+
+    /// [`Self::sync_source_side`] for one family.
+    fn sync_source_side_of<F: Family>(
+        &mut self,
+        held: &mut FamilyMaps<F>,
+        want: &FamilyMaps<F>,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
         if phase == Phase::Remove {
             self.sync_unknown_pods(held, want, phase, stats)?;
-            self.sync_selected(held, want, phase, stats)?;
+            self.sync_hash::<F::Selected>(&mut held.selected, &want.selected, phase, stats)?;
         }
-        self.sync_hash(
-            names::POLICY_V4,
-            &mut held.policy_v4,
-            &want.policy_v4,
-            phase,
-            stats,
-        )?;
-        self.sync_hash(
-            names::POLICY_V6,
-            &mut held.policy_v6,
-            &want.policy_v6,
-            phase,
-            stats,
-        )?;
+        self.sync_hash::<F::Policy>(&mut held.policy, &want.policy, phase, stats)?;
         // The chains after the entries they lead to: a chain naming a length whose entry
         // is not in yet, or gone already, only costs a probe that misses.
-        self.sync_lpm(
-            names::DESTS_V4,
-            &mut held.dests_v4,
-            &want.dests_v4,
-            phase,
-            stats,
-        )?;
-        self.sync_lpm(
-            names::DESTS_V6,
-            &mut held.dests_v6,
-            &want.dests_v6,
-            phase,
-            stats,
-        )?;
+        self.sync_lpm::<F::Dests>(&mut held.dests, &want.dests, phase, stats)?;
         if phase == Phase::Upsert {
-            self.sync_selected(held, want, phase, stats)?;
+            self.sync_hash::<F::Selected>(&mut held.selected, &want.selected, phase, stats)?;
             self.sync_unknown_pods(held, want, phase, stats)?;
         }
         Ok(())
@@ -483,68 +460,20 @@ impl Datapath {
     /// Known pods and covered destinations (`--unknown-pods drop`). A pod is made known
     /// only after its selected entry is in (a new pod that is selected never passes
     /// untranslated in between).
-    fn sync_unknown_pods(
+    fn sync_unknown_pods<F: Family>(
         &mut self,
-        held: &mut MapState,
-        want: &MapState,
+        held: &mut FamilyMaps<F>,
+        want: &FamilyMaps<F>,
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
-        self.sync_hash(
-            names::KNOWN_PODS_V4,
-            &mut held.known_pods_v4,
-            &want.known_pods_v4,
-            phase,
-            stats,
-        )?;
-        self.sync_hash(
-            names::KNOWN_PODS_V6,
-            &mut held.known_pods_v6,
-            &want.known_pods_v6,
-            phase,
-            stats,
-        )?;
-        self.sync_lpm(
-            names::COVERED_V4,
-            &mut held.covered_v4,
-            &want.covered_v4,
-            phase,
-            stats,
-        )?;
-        self.sync_lpm(
-            names::COVERED_V6,
-            &mut held.covered_v6,
-            &want.covered_v6,
-            phase,
-            stats,
-        )
-    }
-
-    fn sync_selected(
-        &mut self,
-        held: &mut MapState,
-        want: &MapState,
-        phase: Phase,
-        stats: &mut ApplyStats,
-    ) -> Result<()> {
-        self.sync_hash(
-            names::SELECTED_V4,
-            &mut held.selected_v4,
-            &want.selected_v4,
-            phase,
-            stats,
-        )?;
-        self.sync_hash(
-            names::SELECTED_V6,
-            &mut held.selected_v6,
-            &want.selected_v6,
-            phase,
-            stats,
-        )
+        self.sync_hash::<F::KnownPods>(&mut held.known_pods, &want.known_pods, phase, stats)?;
+        self.sync_lpm::<F::Covered>(&mut held.covered, &want.covered, phase, stats)
     }
 
     /// Nodes, pod owners, admitted pairs, rules and egress IPs of both families: removed
-    /// egress IPs -> rules -> admitted pairs -> owners -> nodes, added in the reverse order.
+    /// egress IPs -> rules -> admitted pairs -> owners (each family) -> nodes, added in
+    /// the reverse order.
     fn sync_gateway_side(
         &mut self,
         held: &mut MapState,
@@ -552,102 +481,71 @@ impl Datapath {
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
-        let mut steps: Vec<Step> = vec![
+        if phase == Phase::Upsert {
+            self.sync_hash::<def::Nodes>(&mut held.nodes, &want.nodes, phase, stats)?;
+        }
+        self.sync_gateway_side_of(&mut held.v4, &want.v4, phase, stats)?;
+        self.sync_gateway_side_of(&mut held.v6, &want.v6, phase, stats)?;
+        if phase == Phase::Remove {
+            self.sync_hash::<def::Nodes>(&mut held.nodes, &want.nodes, phase, stats)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::sync_gateway_side`] for one family's maps.
+    fn sync_gateway_side_of<F: Family>(
+        &mut self,
+        held: &mut FamilyMaps<F>,
+        want: &FamilyMaps<F>,
+        phase: Phase,
+        stats: &mut ApplyStats,
+    ) -> Result<()> {
+        let mut steps = [
             Step::EgressIps,
             Step::Rules,
             Step::Admitted,
             Step::PodOwners,
-            Step::Nodes,
         ];
         if phase == Phase::Upsert {
             steps.reverse();
         }
         for step in steps {
             match step {
-                Step::EgressIps => {
-                    self.sync_hash(
-                        names::EGRESS_IPS_V4,
-                        &mut held.egress_ips_v4,
-                        &want.egress_ips_v4,
-                        phase,
-                        stats,
-                    )?;
-                    self.sync_hash(
-                        names::EGRESS_IPS_V6,
-                        &mut held.egress_ips_v6,
-                        &want.egress_ips_v6,
-                        phase,
-                        stats,
-                    )?;
-                }
+                Step::EgressIps => self.sync_hash::<F::EgressIps>(
+                    &mut held.egress_ips,
+                    &want.egress_ips,
+                    phase,
+                    stats,
+                ),
                 Step::Rules => {
-                    self.sync_hash(
-                        names::RULES_V4,
-                        &mut held.rules_v4,
-                        &want.rules_v4,
-                        phase,
-                        stats,
-                    )?;
-                    self.sync_hash(
-                        names::RULES_V6,
-                        &mut held.rules_v6,
-                        &want.rules_v6,
-                        phase,
-                        stats,
-                    )?;
+                    self.sync_hash::<F::Rules>(&mut held.rules, &want.rules, phase, stats)
                 }
                 Step::Admitted => {
-                    self.sync_hash(
-                        names::ADMITTED_V4,
-                        &mut held.admitted_v4,
-                        &want.admitted_v4,
-                        phase,
-                        stats,
-                    )?;
-                    self.sync_hash(
-                        names::ADMITTED_V6,
-                        &mut held.admitted_v6,
-                        &want.admitted_v6,
-                        phase,
-                        stats,
-                    )?;
+                    self.sync_hash::<F::Admitted>(&mut held.admitted, &want.admitted, phase, stats)
                 }
-                Step::PodOwners => {
-                    self.sync_hash(
-                        names::POD_OWNER_V4,
-                        &mut held.pod_owner_v4,
-                        &want.pod_owner_v4,
-                        phase,
-                        stats,
-                    )?;
-                    self.sync_hash(
-                        names::POD_OWNER_V6,
-                        &mut held.pod_owner_v6,
-                        &want.pod_owner_v6,
-                        phase,
-                        stats,
-                    )?;
-                }
-                Step::Nodes => {
-                    self.sync_hash(names::NODES, &mut held.nodes, &want.nodes, phase, stats)?;
-                }
-            }
+                Step::PodOwners => self.sync_hash::<F::PodOwner>(
+                    &mut held.pod_owner,
+                    &want.pod_owner,
+                    phase,
+                    stats,
+                ),
+            }?;
         }
         Ok(())
     }
 
-    fn sync_hash<K: aya::Pod + Ord + std::fmt::Debug, V: aya::Pod + PartialEq>(
+    fn sync_hash<M: Synced>(
         &mut self,
-        name: &'static str,
-        held: &mut BTreeMap<K, V>,
-        want: &BTreeMap<K, V>,
+        held: &mut Entries<M>,
+        want: &Entries<M>,
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
+        let name = M::SPEC.name;
         if self.skip_missing(name) {
             return Ok(());
         }
-        let mut map = self.hash::<K, V>(name)?;
+        let mut map = self.hash::<M>()?;
         sync(name, held, want, phase, stats, |k, v| match v {
             Some(v) => map.insert(k, v, 0),
             None => map.remove(k),
@@ -655,18 +553,18 @@ impl Datapath {
         Ok(())
     }
 
-    fn sync_lpm<K: aya::Pod + Ord + std::fmt::Debug, V: aya::Pod + PartialEq>(
+    fn sync_lpm<M: Synced>(
         &mut self,
-        name: &'static str,
-        held: &mut BTreeMap<(u32, K), V>,
-        want: &BTreeMap<(u32, K), V>,
+        held: &mut Prefixes<M>,
+        want: &Prefixes<M>,
         phase: Phase,
         stats: &mut ApplyStats,
     ) -> Result<()> {
+        let name = M::SPEC.name;
         if self.skip_missing(name) {
             return Ok(());
         }
-        let mut map = self.lpm::<K, V>(name)?;
+        let mut map = self.lpm::<M>()?;
         sync(name, held, want, phase, stats, |(len, data), v| match v {
             Some(v) => map.insert(&Key::new(*len, *data), v, 0),
             None => map.remove(&Key::new(*len, *data)),
@@ -856,7 +754,6 @@ enum Step {
     Rules,
     Admitted,
     PodOwners,
-    Nodes,
 }
 
 /// Close this process's descriptor of a pinned link without detaching it (dropping a

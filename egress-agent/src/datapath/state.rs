@@ -1,48 +1,62 @@
-//! The desired contents of every map in ABI form, derived from `Desired` (pure).
+//! The desired contents of every map in ABI form, derived from `Desired` (pure): each
+//! family's maps converted by one generic code path ([`FamilyMaps`]).
 
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
-
-use ipnet::IpNet;
+use std::net::IpAddr;
 
 use egress_common::{
     config::Config,
+    maps::{Map, def},
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValue, DestValueV6,
-        EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
-        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6,
+        AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue,
         action, coverage, egress_ip_flags,
     },
     underlay::{self, Underlay},
 };
 
-use crate::desired::{Desired, HeldIpV4, PolicyAction};
+use crate::{
+    desired::{Desired, FamilyDesired, HeldIp, PolicyAction},
+    family::{Entries, Family, Prefixes, V4, V6},
+};
 
-/// What every map should hold. Keys and values are the ABI types of `egress-common`.
+/// What one family's maps should hold. Keys and values are the ABI types of
+/// `egress-common`, by way of each map's [`Map`] declaration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilyMaps<F: Family> {
+    pub policy: Entries<F::Policy>,
+    /// `DESTS_*`: (prefix length, network) -> lengths of the prefixes containing it.
+    pub dests: Prefixes<F::Dests>,
+    pub selected: Entries<F::Selected>,
+    pub rules: Entries<F::Rules>,
+    pub pod_owner: Entries<F::PodOwner>,
+    pub egress_ips: Entries<F::EgressIps>,
+    pub admitted: Entries<F::Admitted>,
+    pub known_pods: Entries<F::KnownPods>,
+    pub covered: Prefixes<F::Covered>,
+}
+
+impl<F: Family> Default for FamilyMaps<F> {
+    fn default() -> Self {
+        Self {
+            policy: Default::default(),
+            dests: Default::default(),
+            selected: Default::default(),
+            rules: Default::default(),
+            pod_owner: Default::default(),
+            egress_ips: Default::default(),
+            admitted: Default::default(),
+            known_pods: Default::default(),
+            covered: Default::default(),
+        }
+    }
+}
+
+/// What every map should hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapState {
-    pub policy_v4: BTreeMap<PolicyKeyV4, PolicyValue>,
-    /// `DESTS_V4`: (prefix length, network) -> lengths of the prefixes containing it.
-    pub dests_v4: BTreeMap<(u32, [u8; 4]), DestValue>,
-    pub selected_v4: BTreeMap<[u8; 4], SelectedValue>,
-    pub rules_v4: BTreeMap<u32, RuleValueV4>,
-    pub nodes: BTreeMap<Underlay, NodeValue>,
-    pub pod_owner_v4: BTreeMap<[u8; 4], PodOwnerValue>,
-    pub egress_ips_v4: BTreeMap<[u8; 4], EgressIpValue>,
-    pub policy_v6: BTreeMap<PolicyKeyV6, PolicyValueV6>,
-    pub dests_v6: BTreeMap<(u32, [u8; 16]), DestValueV6>,
-    pub selected_v6: BTreeMap<[u8; 16], SelectedValueV6>,
-    pub rules_v6: BTreeMap<u32, RuleValueV6>,
-    pub pod_owner_v6: BTreeMap<[u8; 16], PodOwnerValue>,
-    pub egress_ips_v6: BTreeMap<[u8; 16], EgressIpValue>,
-    pub admitted_v4: BTreeMap<AdmittedKeyV4, AdmittedValue>,
-    pub admitted_v6: BTreeMap<AdmittedKeyV6, AdmittedValue>,
-    pub known_pods_v4: BTreeMap<[u8; 4], KnownPodValue>,
-    pub known_pods_v6: BTreeMap<[u8; 16], KnownPodValue>,
-    pub covered_v4: BTreeMap<(u32, [u8; 4]), CoveredValue>,
-    pub covered_v6: BTreeMap<(u32, [u8; 16]), CoveredValue>,
+    pub v4: FamilyMaps<V4>,
+    pub v6: FamilyMaps<V6>,
+    /// `NODES`, shared by both families (an underlay address is of either).
+    pub nodes: Entries<def::Nodes>,
 }
 
 /// Something in the desired state that cannot be put in the maps yet.
@@ -65,83 +79,9 @@ impl std::fmt::Display for Unresolved {
     }
 }
 
-/// Each distinct prefix among `prefixes` ((network, length), the network left-aligned in
-/// 128 bits: an IPv4 network shifted up by 96) with the lengths of every prefix among
-/// them that contains it, itself included (bit n % 64 of word n / 64: length n): the
-/// values of `DESTS_V4` / `_V6`.
-fn chains(prefixes: impl Iterator<Item = (u128, u32)>) -> Vec<((u128, u32), [u64; 3])> {
-    let mut sorted: Vec<(u128, u32)> = prefixes.collect();
-    // By network, then length: a prefix comes after every prefix containing it, and the
-    // prefixes a prefix contains follow it without a gap.
-    sorted.sort_unstable();
-    sorted.dedup();
-    let contains = |(net, len): (u128, u32), (other, _): (u128, u32)| {
-        let mask = if len == 0 {
-            0
-        } else {
-            u128::MAX << (128 - len.min(128))
-        };
-        other & mask == net
-    };
-    let mut out = Vec::with_capacity(sorted.len());
-    // The chain of prefixes containing the current one, with their lengths.
-    let mut stack: Vec<((u128, u32), [u64; 3])> = Vec::new();
-    for p in sorted {
-        while stack.last().is_some_and(|(q, _)| !contains(*q, p)) {
-            stack.pop();
-        }
-        let mut lengths = stack.last().map_or([0; 3], |(_, l)| *l);
-        let len = p.1.min(128);
-        lengths[(len / 64) as usize] |= 1 << (len % 64);
-        stack.push((p, lengths));
-        out.push((p, lengths));
-    }
-    out
-}
-
-/// The `DESTS_V4` entries for the policy entries `keys` (of every pod).
-pub fn dests_v4<'a>(
-    keys: impl Iterator<Item = &'a PolicyKeyV4>,
-) -> BTreeMap<(u32, [u8; 4]), DestValue> {
-    let prefixes = keys.map(|k| (u128::from(u32::from_be_bytes(k.dst)) << 96, k.dst_len));
-    chains(prefixes)
-        .into_iter()
-        .map(|((net, len), lengths)| {
-            let net = ((net >> 96) as u32).to_be_bytes();
-            ((len, net), DestValue::new(len, lengths[0]))
-        })
-        .collect()
-}
-
-/// The `DESTS_V6` entries for the policy entries `keys` (of every pod).
-pub fn dests_v6<'a>(
-    keys: impl Iterator<Item = &'a PolicyKeyV6>,
-) -> BTreeMap<(u32, [u8; 16]), DestValueV6> {
-    let prefixes = keys.map(|k| (u128::from_be_bytes(k.dst), k.dst_len));
-    chains(prefixes)
-        .into_iter()
-        .map(|((net, len), lengths)| {
-            let v = DestValueV6 {
-                lengths,
-                len,
-                _pad: 0,
-            };
-            ((len, net.to_be_bytes()), v)
-        })
-        .collect()
-}
-
 /// An optional underlay address as the maps hold it (zero for none).
 fn underlay_of(ip: Option<IpAddr>) -> Underlay {
     ip.map_or([0; 16], underlay::from_ip)
-}
-
-fn octets(ip: Option<Ipv4Addr>) -> [u8; 4] {
-    ip.map_or([0; 4], |ip| ip.octets())
-}
-
-fn octets_v6(ip: Option<Ipv6Addr>) -> [u8; 16] {
-    ip.map_or([0; 16], |ip| ip.octets())
 }
 
 fn action_code(a: PolicyAction) -> u8 {
@@ -153,13 +93,138 @@ fn action_code(a: PolicyAction) -> u8 {
     }
 }
 
-fn egress_ip_value(held: &HeldIpV4, ifindex: u32) -> EgressIpValue {
+fn egress_ip_value(held: &HeldIp, ifindex: u32) -> EgressIpValue {
     let flags = if held.shared {
         egress_ip_flags::SHARED
     } else {
         0
     };
     EgressIpValue { ifindex, flags }
+}
+
+impl<F: Family> FamilyMaps<F> {
+    /// Convert one family's part of `desired`, resolving interface names with `ifindex`.
+    /// Entries whose interface is missing are left out and added to `unresolved`.
+    fn from_desired(
+        d: &FamilyDesired<F>,
+        desired: &Desired,
+        ifindex: &impl Fn(&str) -> Option<u32>,
+        unresolved: &mut Vec<Unresolved>,
+    ) -> Self {
+        let mut s = Self::default();
+        s.add_source_side(d);
+        s.add_gateway_side(d, ifindex, unresolved);
+        s.add_admitted(desired);
+        s.add_unknown_pods(desired);
+        s
+    }
+
+    /// The policy entries, the selected pods with the prefix lengths each pod's lookups
+    /// probe, and the destination chains.
+    fn add_source_side(&mut self, d: &FamilyDesired<F>) {
+        for ((pod, dst), e) in &d.policy {
+            let value = F::policy_value(
+                underlay_of(e.gateway),
+                e.egress_ip.map(F::octets).unwrap_or_default(),
+                e.rule_id,
+                action_code(e.action),
+            );
+            self.policy.insert(F::policy_key(*pod, *dst), value);
+        }
+        for (pod, n) in &d.selected {
+            self.selected.insert(F::octets(*pod), F::selected(*n));
+        }
+        for key in self.policy.keys() {
+            let (pod, len) = F::policy_key_parts(key);
+            if let Some(v) = self.selected.get_mut(&pod) {
+                F::add_length(v, len);
+            }
+        }
+        self.dests = F::dests(self.policy.keys());
+    }
+
+    /// Rules, pod owners and egress addresses.
+    fn add_gateway_side(
+        &mut self,
+        d: &FamilyDesired<F>,
+        ifindex: &impl Fn(&str) -> Option<u32>,
+        unresolved: &mut Vec<Unresolved>,
+    ) {
+        for (id, r) in &d.rules {
+            match ifindex(&r.interface) {
+                Some(i) => {
+                    self.rules.insert(*id, F::rule(F::octets(r.egress_ip), i));
+                }
+                None => unresolved.push(Unresolved::MissingInterface {
+                    what: format!("rule {id} (egress IP {})", r.egress_ip),
+                    interface: r.interface.clone(),
+                }),
+            }
+        }
+        for (pod, node) in &d.pod_owner {
+            let node = underlay::from_ip(*node);
+            self.pod_owner
+                .insert(F::octets(*pod), PodOwnerValue { node });
+        }
+        for (ip, held) in &d.egress_ips {
+            match ifindex(&held.interface) {
+                Some(i) => {
+                    self.egress_ips
+                        .insert(F::octets(*ip), egress_ip_value(held, i));
+                }
+                None => unresolved.push(Unresolved::MissingInterface {
+                    what: format!("egress IP {ip}"),
+                    interface: held.interface.clone(),
+                }),
+            }
+        }
+    }
+
+    /// The (pod, rule) pairs of this family that this node admits from the tunnel.
+    fn add_admitted(&mut self, desired: &Desired) {
+        for &(pod, rule_id) in &desired.admitted {
+            if let Some(pod) = F::addr(pod) {
+                let key = F::admitted_key(F::octets(pod), rule_id);
+                self.admitted.insert(key, AdmittedValue::default());
+            }
+        }
+    }
+
+    /// Known local pods and covered destinations of this family.
+    fn add_unknown_pods(&mut self, desired: &Desired) {
+        for pod in desired.known_pods.iter().filter_map(|p| F::addr(*p)) {
+            self.known_pods
+                .insert(F::octets(pod), KnownPodValue::default());
+        }
+        for (prefix, covered) in &desired.covered {
+            let Some(prefix) = F::net(*prefix) else {
+                continue;
+            };
+            let covered = if *covered {
+                coverage::COVERED
+            } else {
+                coverage::EXCEPTED
+            };
+            let (net, len) = F::split(prefix);
+            self.covered
+                .insert((u32::from(len), net), CoveredValue { covered });
+        }
+    }
+
+    /// Number of entries per map, by map name.
+    fn sizes(&self) -> [(&'static str, usize); 9] {
+        [
+            (F::Policy::SPEC.name, self.policy.len()),
+            (F::Dests::SPEC.name, self.dests.len()),
+            (F::Selected::SPEC.name, self.selected.len()),
+            (F::Rules::SPEC.name, self.rules.len()),
+            (F::PodOwner::SPEC.name, self.pod_owner.len()),
+            (F::EgressIps::SPEC.name, self.egress_ips.len()),
+            (F::Admitted::SPEC.name, self.admitted.len()),
+            (F::KnownPods::SPEC.name, self.known_pods.len()),
+            (F::Covered::SPEC.name, self.covered.len()),
+        ]
+    }
 }
 
 impl MapState {
@@ -169,246 +234,33 @@ impl MapState {
         desired: &Desired,
         ifindex: impl Fn(&str) -> Option<u32>,
     ) -> (Self, Vec<Unresolved>) {
-        let mut s = Self::default();
         let mut unresolved = Vec::new();
-        for ((pod, dst), e) in &desired.policy_v4 {
-            let key = PolicyKeyV4::new(
-                pod.octets(),
-                dst.network().octets(),
-                u32::from(dst.prefix_len()),
-            );
-            let action = action_code(e.action);
-            s.policy_v4.insert(
-                key,
-                PolicyValue {
-                    gateway: underlay_of(e.gateway),
-                    egress_ip: octets(e.egress_ip),
-                    rule_id: e.rule_id,
-                    action,
-                    _pad: [0; 3],
-                },
-            );
-        }
-        for (pod, n) in &desired.selected_v4 {
-            let v = SelectedValue {
-                entries: *n,
-                ..SelectedValue::default()
-            };
-            s.selected_v4.insert(pod.octets(), v);
-        }
-        // The prefix lengths each pod's lookups probe.
-        for key in s.policy_v4.keys() {
-            if let Some(v) = s.selected_v4.get_mut(&key.pod) {
-                v.add_length(key.dst_len);
-            }
-        }
-        s.dests_v4 = dests_v4(s.policy_v4.keys());
-        for (id, r) in &desired.rules_v4 {
-            match ifindex(&r.interface) {
-                Some(ifindex) => {
-                    s.rules_v4.insert(
-                        *id,
-                        RuleValueV4 {
-                            egress_ip: r.egress_ip.octets(),
-                            ifindex,
-                        },
-                    );
-                }
-                None => unresolved.push(Unresolved::MissingInterface {
-                    what: format!("rule {id} (egress IP {})", r.egress_ip),
-                    interface: r.interface.clone(),
-                }),
-            }
-        }
-        for (ip, id) in &desired.nodes {
-            s.nodes
-                .insert(underlay::from_ip(*ip), NodeValue { node_id: *id });
-        }
-        for (pod, node) in &desired.pod_owner_v4 {
-            s.pod_owner_v4.insert(
-                pod.octets(),
-                PodOwnerValue {
-                    node: underlay::from_ip(*node),
-                },
-            );
-        }
-        for (ip, held) in &desired.egress_ips_v4 {
-            match ifindex(&held.interface) {
-                Some(ifindex) => {
-                    s.egress_ips_v4
-                        .insert(ip.octets(), egress_ip_value(held, ifindex));
-                }
-                None => unresolved.push(Unresolved::MissingInterface {
-                    what: format!("egress IP {ip}"),
-                    interface: held.interface.clone(),
-                }),
-            }
-        }
-        s.add_v6(desired, &ifindex, &mut unresolved);
-        s.add_admitted(desired);
-        s.add_unknown_pods(desired);
-        (s, unresolved)
-    }
-
-    /// Known local pods and covered destinations, each in its family's map.
-    fn add_unknown_pods(&mut self, desired: &Desired) {
-        for pod in &desired.known_pods {
-            match pod {
-                IpAddr::V4(a) => self
-                    .known_pods_v4
-                    .insert(a.octets(), KnownPodValue::default()),
-                IpAddr::V6(a) => self
-                    .known_pods_v6
-                    .insert(a.octets(), KnownPodValue::default()),
-            };
-        }
-        for (prefix, covered) in &desired.covered {
-            let value = CoveredValue {
-                covered: if *covered {
-                    coverage::COVERED
-                } else {
-                    coverage::EXCEPTED
-                },
-            };
-            let len = u32::from(prefix.prefix_len());
-            match prefix {
-                IpNet::V4(p) => self.covered_v4.insert((len, p.network().octets()), value),
-                IpNet::V6(p) => self.covered_v6.insert((len, p.network().octets()), value),
-            };
-        }
-    }
-
-    /// The (pod, rule) pairs this node admits from the tunnel, each in its family's map.
-    fn add_admitted(&mut self, desired: &Desired) {
-        for &(pod, rule_id) in &desired.admitted {
-            match pod {
-                IpAddr::V4(pod) => {
-                    let key = AdmittedKeyV4 {
-                        pod: pod.octets(),
-                        rule_id,
-                    };
-                    self.admitted_v4.insert(key, AdmittedValue::default());
-                }
-                IpAddr::V6(pod) => {
-                    let key = AdmittedKeyV6 {
-                        pod: pod.octets(),
-                        rule_id,
-                    };
-                    self.admitted_v6.insert(key, AdmittedValue::default());
-                }
-            }
-        }
-    }
-
-    /// The IPv6 maps: pods and egress IPs of IPv6 (node addresses, of either family, are
-    /// in the shared `NODES` and owner values).
-    fn add_v6(
-        &mut self,
-        desired: &Desired,
-        ifindex: &impl Fn(&str) -> Option<u32>,
-        unresolved: &mut Vec<Unresolved>,
-    ) {
-        for ((pod, dst), e) in &desired.policy_v6 {
-            let key = PolicyKeyV6::new(
-                pod.octets(),
-                dst.network().octets(),
-                u32::from(dst.prefix_len()),
-            );
-            self.policy_v6.insert(
-                key,
-                PolicyValueV6 {
-                    gateway: underlay_of(e.gateway),
-                    rule_id: e.rule_id,
-                    action: action_code(e.action),
-                    _pad: [0; 3],
-                    egress_ip: octets_v6(e.egress_ip),
-                },
-            );
-        }
-        for (pod, n) in &desired.selected_v6 {
-            let v = SelectedValueV6 {
-                entries: *n,
-                ..SelectedValueV6::default()
-            };
-            self.selected_v6.insert(pod.octets(), v);
-        }
-        for key in self.policy_v6.keys() {
-            if let Some(v) = self.selected_v6.get_mut(&key.pod) {
-                v.add_length(key.dst_len);
-            }
-        }
-        self.dests_v6 = dests_v6(self.policy_v6.keys());
-        for (id, r) in &desired.rules_v6 {
-            match ifindex(&r.interface) {
-                Some(ifindex) => {
-                    self.rules_v6.insert(
-                        *id,
-                        RuleValueV6 {
-                            egress_ip: r.egress_ip.octets(),
-                            ifindex,
-                        },
-                    );
-                }
-                None => unresolved.push(Unresolved::MissingInterface {
-                    what: format!("rule {id} (egress IP {})", r.egress_ip),
-                    interface: r.interface.clone(),
-                }),
-            }
-        }
-        for (pod, node) in &desired.pod_owner_v6 {
-            self.pod_owner_v6.insert(
-                pod.octets(),
-                PodOwnerValue {
-                    node: underlay::from_ip(*node),
-                },
-            );
-        }
-        for (ip, held) in &desired.egress_ips_v6 {
-            match ifindex(&held.interface) {
-                Some(ifindex) => {
-                    self.egress_ips_v6
-                        .insert(ip.octets(), egress_ip_value(held, ifindex));
-                }
-                None => unresolved.push(Unresolved::MissingInterface {
-                    what: format!("egress IP {ip}"),
-                    interface: held.interface.clone(),
-                }),
-            }
-        }
+        let v4 = FamilyMaps::from_desired(&desired.v4, desired, &ifindex, &mut unresolved);
+        let v6 = FamilyMaps::from_desired(&desired.v6, desired, &ifindex, &mut unresolved);
+        let nodes = desired
+            .nodes
+            .iter()
+            .map(|(ip, id)| (underlay::from_ip(*ip), NodeValue { node_id: *id }))
+            .collect();
+        (Self { v4, v6, nodes }, unresolved)
     }
 
     /// Leave the maps of `--unknown-pods drop` empty (the mode is off).
     pub fn forget_unknown_pods(&mut self) {
-        self.known_pods_v4.clear();
-        self.known_pods_v6.clear();
-        self.covered_v4.clear();
-        self.covered_v6.clear();
+        self.v4.known_pods.clear();
+        self.v4.covered.clear();
+        self.v6.known_pods.clear();
+        self.v6.covered.clear();
     }
 
     /// Number of entries per map, by map name.
-    pub fn sizes(&self) -> [(&'static str, usize); 19] {
-        use egress_common::maps::*;
-        [
-            (POLICY_V4, self.policy_v4.len()),
-            (DESTS_V4, self.dests_v4.len()),
-            (SELECTED_V4, self.selected_v4.len()),
-            (RULES_V4, self.rules_v4.len()),
-            (NODES, self.nodes.len()),
-            (POD_OWNER_V4, self.pod_owner_v4.len()),
-            (EGRESS_IPS_V4, self.egress_ips_v4.len()),
-            (POLICY_V6, self.policy_v6.len()),
-            (DESTS_V6, self.dests_v6.len()),
-            (SELECTED_V6, self.selected_v6.len()),
-            (RULES_V6, self.rules_v6.len()),
-            (POD_OWNER_V6, self.pod_owner_v6.len()),
-            (EGRESS_IPS_V6, self.egress_ips_v6.len()),
-            (ADMITTED_V4, self.admitted_v4.len()),
-            (ADMITTED_V6, self.admitted_v6.len()),
-            (KNOWN_PODS_V4, self.known_pods_v4.len()),
-            (KNOWN_PODS_V6, self.known_pods_v6.len()),
-            (COVERED_V4, self.covered_v4.len()),
-            (COVERED_V6, self.covered_v6.len()),
-        ]
+    pub fn sizes(&self) -> impl Iterator<Item = (&'static str, usize)> {
+        let nodes = (def::Nodes::SPEC.name, self.nodes.len());
+        self.v4
+            .sizes()
+            .into_iter()
+            .chain(self.v6.sizes())
+            .chain([nodes])
     }
 }
 
@@ -440,14 +292,18 @@ pub fn config(
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use egress_common::policy::{AdmittedKeyV4, AdmittedKeyV6};
+
     use super::*;
-    use crate::desired::{GatewayRuleV4, HeldIpV4, PolicyEntryV4};
+    use crate::desired::{GatewayRuleV4, HeldIp, PolicyEntryV4};
 
     #[test]
     fn converts_entries_and_reports_missing_interfaces() {
         let mut d = Desired::default();
         let pod: Ipv4Addr = "10.244.1.5".parse().unwrap();
-        d.policy_v4.insert(
+        d.v4.policy.insert(
             (pod, "192.0.2.0/24".parse().unwrap()),
             PolicyEntryV4 {
                 action: PolicyAction::Forward,
@@ -456,43 +312,43 @@ mod tests {
                 rule_id: 7,
             },
         );
-        d.selected_v4.insert(pod, 1);
-        d.rules_v4.insert(
+        d.v4.selected.insert(pod, 1);
+        d.v4.rules.insert(
             7,
             GatewayRuleV4 {
                 egress_ip: "192.0.2.50".parse().unwrap(),
                 interface: "sec-a".into(),
             },
         );
-        d.rules_v4.insert(
+        d.v4.rules.insert(
             8,
             GatewayRuleV4 {
                 egress_ip: "198.51.100.9".parse().unwrap(),
                 interface: "nope".into(),
             },
         );
-        d.egress_ips_v4.insert(
+        d.v4.egress_ips.insert(
             "192.0.2.50".parse().unwrap(),
-            HeldIpV4 {
+            HeldIp {
                 interface: "sec-a".into(),
                 prefix_len: 24,
                 shared: false,
             },
         );
         let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
-        let (key, v) = s.policy_v4.iter().next().unwrap();
+        let (key, v) = s.v4.policy.iter().next().unwrap();
         assert_eq!(key.dst_len, 24);
         assert_eq!(key.pod, [10, 244, 1, 5]);
         assert_eq!(key.dst, [192, 0, 2, 0]);
-        assert_eq!(s.selected_v4[&key.pod].lengths, 1 << 24);
+        assert_eq!(s.v4.selected[&key.pod].lengths, 1 << 24);
         assert_eq!(v.gateway, underlay::from_v4([10, 200, 0, 21]));
         assert_eq!(v.action, action::FORWARD);
-        assert_eq!(s.rules_v4[&7].ifindex, 4);
-        assert!(!s.rules_v4.contains_key(&8));
-        assert_eq!(s.egress_ips_v4[&[192, 0, 2, 50]].flags, 0);
+        assert_eq!(s.v4.rules[&7].ifindex, 4);
+        assert!(!s.v4.rules.contains_key(&8));
+        assert_eq!(s.v4.egress_ips[&[192, 0, 2, 50]].flags, 0);
         assert_eq!(unresolved.len(), 1);
         assert!(unresolved[0].to_string().contains("\"nope\""));
-        assert!(s.policy_v6.is_empty() && s.egress_ips_v6.is_empty());
+        assert!(s.v6.policy.is_empty() && s.v6.egress_ips.is_empty());
     }
 
     #[test]
@@ -501,7 +357,7 @@ mod tests {
         let mut d = Desired::default();
         let pod: Ipv6Addr = "fd00:244:1::5".parse().unwrap();
         let egress: Ipv6Addr = "fd00:101::50".parse().unwrap();
-        d.policy_v6.insert(
+        d.v6.policy.insert(
             (pod, "fd00:101::/64".parse().unwrap()),
             PolicyEntryV6 {
                 action: PolicyAction::Forward,
@@ -510,7 +366,7 @@ mod tests {
                 rule_id: 9,
             },
         );
-        d.policy_v6.insert(
+        d.v6.policy.insert(
             (pod, "fd00:101::/120".parse().unwrap()),
             PolicyEntryV6 {
                 action: PolicyAction::Exclude,
@@ -519,18 +375,18 @@ mod tests {
                 rule_id: 9,
             },
         );
-        d.selected_v6.insert(pod, 2);
-        d.rules_v6.insert(
+        d.v6.selected.insert(pod, 2);
+        d.v6.rules.insert(
             9,
             GatewayRuleV6 {
                 egress_ip: egress,
                 interface: "sec-a".into(),
             },
         );
-        d.pod_owner_v6.insert(pod, "10.200.0.1".parse().unwrap());
-        d.egress_ips_v6.insert(
+        d.v6.pod_owner.insert(pod, "10.200.0.1".parse().unwrap());
+        d.v6.egress_ips.insert(
             egress,
-            HeldIpV4 {
+            HeldIp {
                 interface: "sec-a".into(),
                 prefix_len: 64,
                 shared: true,
@@ -538,86 +394,30 @@ mod tests {
         );
         let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
         assert!(unresolved.is_empty());
-        let forward = s.policy_v6.iter().find(|(k, _)| k.dst_len == 64).unwrap();
+        let forward = s.v6.policy.iter().find(|(k, _)| k.dst_len == 64).unwrap();
         assert_eq!(forward.0.pod, pod.octets());
         assert_eq!(forward.1.gateway, underlay::from_v4([10, 200, 0, 21]));
         assert_eq!(forward.1.egress_ip, egress.octets());
         assert_eq!(forward.1.action, action::FORWARD);
-        let except = s.policy_v6.iter().find(|(k, _)| k.dst_len == 120).unwrap();
+        let except = s.v6.policy.iter().find(|(k, _)| k.dst_len == 120).unwrap();
         assert_eq!(except.1.action, action::EXCLUDE);
         assert_eq!(except.1.egress_ip, [0; 16]);
-        assert_eq!(s.selected_v6[&pod.octets()].entries, 2);
+        assert_eq!(s.v6.selected[&pod.octets()].entries, 2);
         assert_eq!(
-            s.selected_v6[&pod.octets()].lengths,
+            s.v6.selected[&pod.octets()].lengths,
             [0, 1 | 1 << (120 - 64), 0]
         );
-        assert_eq!(s.rules_v6[&9].ifindex, 4);
-        assert_eq!(s.rules_v6[&9].egress_ip, egress.octets());
+        assert_eq!(s.v6.rules[&9].ifindex, 4);
+        assert_eq!(s.v6.rules[&9].egress_ip, egress.octets());
         assert_eq!(
-            s.pod_owner_v6[&pod.octets()].node,
+            s.v6.pod_owner[&pod.octets()].node,
             underlay::from_v4([10, 200, 0, 1])
         );
         assert_eq!(
-            s.egress_ips_v6[&egress.octets()].flags,
+            s.v6.egress_ips[&egress.octets()].flags,
             egress_ip_flags::SHARED
         );
-        assert!(s.policy_v4.is_empty());
-    }
-
-    #[test]
-    fn dests_hold_the_lengths_of_every_prefix_containing_theirs() {
-        let key = |pod: u8, net: [u8; 4], len| PolicyKeyV4::new([10, 244, 1, pod], net, len);
-        let keys = [
-            key(5, [10, 0, 0, 0], 8),
-            key(5, [10, 100, 0, 0], 16),
-            key(5, [10, 100, 0, 0], 24),
-            key(5, [10, 100, 0, 16], 28),
-            // Another pod: a prefix in between, one beside, and one of the first pod's again.
-            key(9, [10, 100, 0, 0], 20),
-            key(9, [10, 100, 1, 0], 24),
-            key(9, [10, 100, 0, 0], 16),
-            key(9, [192, 0, 2, 0], 24),
-            key(9, [0, 0, 0, 0], 0),
-        ];
-        let d = dests_v4(keys.iter());
-        let bits = |lens: &[u32]| lens.iter().fold(0u64, |m, l| m | 1 << l);
-        let want: BTreeMap<(u32, [u8; 4]), u64> = [
-            ((0, [0, 0, 0, 0]), bits(&[0])),
-            ((8, [10, 0, 0, 0]), bits(&[0, 8])),
-            ((16, [10, 100, 0, 0]), bits(&[0, 8, 16])),
-            ((20, [10, 100, 0, 0]), bits(&[0, 8, 16, 20])),
-            ((24, [10, 100, 0, 0]), bits(&[0, 8, 16, 20, 24])),
-            ((28, [10, 100, 0, 16]), bits(&[0, 8, 16, 20, 24, 28])),
-            ((24, [10, 100, 1, 0]), bits(&[0, 8, 16, 20, 24])),
-            ((24, [192, 0, 2, 0]), bits(&[0, 24])),
-        ]
-        .into_iter()
-        .collect();
-        assert!(d.iter().all(|((len, _), v)| v.len == *len));
-        let got: BTreeMap<_, _> = d.into_iter().map(|(k, v)| (k, v.lengths())).collect();
-        assert_eq!(got, want);
-
-        let key6 = |net: &str, len| {
-            let net: Ipv6Addr = net.parse().unwrap();
-            PolicyKeyV6::new([0; 16], net.octets(), len)
-        };
-        let keys = [
-            key6("fd00::", 16),
-            key6("fd00:100::", 64),
-            key6("fd00:100::10", 124),
-            key6("fd00:100::10", 128),
-            key6("fd00:200::", 64),
-        ];
-        let d = dests_v6(keys.iter());
-        let net = |a: &str| a.parse::<Ipv6Addr>().unwrap().octets();
-        assert_eq!(d[&(16, net("fd00::"))].lengths, [1 << 16, 0, 0]);
-        assert_eq!(d[&(64, net("fd00:100::"))].lengths, [1 << 16, 1, 0]);
-        assert_eq!(
-            d[&(128, net("fd00:100::10"))].lengths,
-            [1 << 16, 1 | 1 << 60, 1]
-        );
-        assert_eq!(d[&(64, net("fd00:200::"))].lengths, [1 << 16, 1, 0]);
-        assert_eq!(d.len(), 5);
+        assert!(s.v4.policy.is_empty());
     }
 
     #[test]
@@ -629,7 +429,7 @@ mod tests {
         d.admitted.insert((v4.into(), 8));
         d.admitted.insert((v6.into(), 9));
         let (s, _) = MapState::from_desired(&d, |_| None);
-        let v4_keys: Vec<_> = s.admitted_v4.keys().copied().collect();
+        let v4_keys: Vec<_> = s.v4.admitted.keys().copied().collect();
         assert_eq!(
             v4_keys,
             [7, 8].map(|rule_id| AdmittedKeyV4 {
@@ -637,7 +437,7 @@ mod tests {
                 rule_id
             })
         );
-        let v6_keys: Vec<_> = s.admitted_v6.keys().copied().collect();
+        let v6_keys: Vec<_> = s.v6.admitted.keys().copied().collect();
         assert_eq!(
             v6_keys,
             [AdmittedKeyV6 {
@@ -645,6 +445,6 @@ mod tests {
                 rule_id: 9
             }]
         );
-        assert!(s.admitted_v4.values().all(|v| v.flags == 0));
+        assert!(s.v4.admitted.values().all(|v| v.flags == 0));
     }
 }

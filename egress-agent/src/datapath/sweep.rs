@@ -22,6 +22,7 @@ use std::{
     borrow::{Borrow, BorrowMut},
     collections::BTreeMap,
     fmt::Debug,
+    net::IpAddr,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     thread,
@@ -36,6 +37,7 @@ use egress_common::{
     conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, FlowCount, dir, expired},
     counters::{Counter, reason},
     maps as names,
+    underlay::Underlay,
 };
 
 use super::{Error, Result};
@@ -58,6 +60,21 @@ pub trait CtKey: Pod + PartialEq + Debug {
     fn partner(&self, e: &Self::Entry) -> Self;
     /// Whether `e`, this key's entry, is idle past its timeout at `now`.
     fn expired(&self, e: &Self::Entry, now: u64) -> bool;
+    /// This key and its entry in plain types; `None` for a reply-direction key.
+    fn flow(&self, e: &Self::Entry) -> Option<Flow>;
+}
+
+/// A conntrack flow (its original-direction entry), of either family. Ports in network
+/// order, as in the map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub proto: u8,
+    pub src: (IpAddr, u16),
+    pub dst: (IpAddr, u16),
+    pub xlate: (IpAddr, u16),
+    pub rule_id: u32,
+    pub ifindex: u32,
+    pub pod_node: Underlay,
 }
 
 macro_rules! ct_key {
@@ -96,6 +113,18 @@ macro_rules! ct_key {
 
             fn expired(&self, e: &$Entry, now: u64) -> bool {
                 expired(self.proto, e.state, e.last_seen_ns, now)
+            }
+
+            fn flow(&self, e: &$Entry) -> Option<Flow> {
+                (self.dir == dir::ORIGINAL).then(|| Flow {
+                    proto: self.proto,
+                    src: (IpAddr::from(self.src), self.src_port_be),
+                    dst: (IpAddr::from(self.dst), self.dst_port_be),
+                    xlate: (IpAddr::from(e.xlate_addr), e.xlate_port_be),
+                    rule_id: e.rule_id,
+                    ifindex: e.ifindex,
+                    pod_node: e.pod_node,
+                })
             }
         }
     };

@@ -29,8 +29,8 @@ use aya::{
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
 };
 use egress_agent::{
-    datapath::state::dests_v4,
     ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, OBJECT, TEST_TUNNEL_FROM_CB},
+    family::{Family, V4},
 };
 use egress_common::{
     config::{Config, flags},
@@ -344,7 +344,7 @@ impl Bed {
             .take(per_pod)
             .map(|(dst, len)| PolicyKeyV4::new(pod(0).octets(), dst.octets(), *len))
             .collect();
-        for ((len, net), v) in dests_v4(keys.iter()) {
+        for ((len, net), v) in V4::dests(keys.iter()) {
             self.dests
                 .insert(&Key::new(len, net), v, 0)
                 .context("failed to insert a DESTS_V4 entry")?;

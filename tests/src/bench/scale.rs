@@ -191,7 +191,7 @@ pub fn cluster(shape: &Shape) -> Result<ClusterView> {
 fn serving_gateway(shape: &Shape, view: &ClusterView) -> Result<String> {
     (0..shape.gateways)
         .map(|g| node_name(shape, g))
-        .find(|n| !compile(view, n).desired.rules_v4.is_empty())
+        .find(|n| !compile(view, n).desired.v4.rules.is_empty())
         .context("no gateway of the synthetic cluster serves a rule")
 }
 
@@ -205,20 +205,20 @@ fn check_compiled(shape: &Shape, node: &str, c: &Compiled, gateway: bool) -> Res
         joined(&c.problems)
     );
     ensure!(
-        d.pod_owner_v4.len() == shape.pods as usize,
+        d.v4.pod_owner.len() == shape.pods as usize,
         "compile for {node}: {} pod owners, expected {}",
-        d.pod_owner_v4.len(),
+        d.v4.pod_owner.len(),
         shape.pods
     );
     ensure!(
-        d.policy_v4.len() == shape.entries_per_node(),
+        d.v4.policy.len() == shape.entries_per_node(),
         "compile for {node}: {} policy entries, expected {}",
-        d.policy_v4.len(),
+        d.v4.policy.len(),
         shape.entries_per_node()
     );
     if gateway {
         ensure!(
-            !d.rules_v4.is_empty() && !d.admitted.is_empty(),
+            !d.v4.rules.is_empty() && !d.admitted.is_empty(),
             "compile for {node}: the gateway serves no rule or admits no pod"
         );
     }
@@ -296,7 +296,7 @@ fn memlock(path: &Path) -> Result<u64> {
 
 /// Every map of the registry: what `state` puts in it, and its pinned memlock.
 fn map_use(state: &MapState, pin_dir: &Path) -> Vec<MapUse> {
-    let sizes = state.sizes();
+    let sizes: Vec<(&str, usize)> = state.sizes().collect();
     REGISTRY
         .iter()
         .map(|spec| {
@@ -353,7 +353,7 @@ fn measure_node(
     let t = Instant::now();
     let stats = dp.apply(&want)?;
     let apply_ms = ms_since(t);
-    let total: usize = want.sizes().iter().map(|(_, n)| n).sum();
+    let total: usize = want.sizes().map(|(_, n)| n).sum();
     ensure!(
         stats.failed == 0 && stats.inserted == total,
         "{node}: apply inserted {} of {total} entries, {} failed: {:?}",

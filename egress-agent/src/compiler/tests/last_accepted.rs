@@ -59,7 +59,8 @@ fn a_broken_edit_keeps_the_last_accepted_translation_and_says_what_to_fix() {
     assert!(
         fixed
             .desired
-            .policy_v4
+            .v4
+            .policy
             .keys()
             .any(|(_, n)| *n == net("192.0.3.0/24"))
     );
@@ -87,6 +88,6 @@ fn a_deleted_policy_is_not_kept() {
     );
     let c = compile_after(&base(), &first.accepted);
     assert!(c.statuses.is_empty() && c.holders.is_empty());
-    assert!(c.desired.policy_v4.is_empty());
+    assert!(c.desired.v4.policy.is_empty());
     assert!(c.accepted.is_empty());
 }

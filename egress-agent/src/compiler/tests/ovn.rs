@@ -40,7 +40,7 @@ fn an_egress_ip_ovn_claims_is_left_to_it_and_reported_as_a_conflict() {
     // On the gateways, nothing holds or serves the address.
     for gw in ["gw-1", "gw-2"] {
         let d = compile(&view, gw).desired;
-        assert!(!d.egress_ips_v4.contains_key(&ip("198.51.100.10")), "{gw}");
+        assert!(!d.v4.egress_ips.contains_key(&ip("198.51.100.10")), "{gw}");
     }
     // Without the OVN object, it is ours again.
     view.ovn_egress_ips.clear();

@@ -57,7 +57,8 @@ fn with_rules(rules: &str) -> String {
 fn entries_v4(c: &Compiled, pod: &str) -> Vec<(String, PolicyAction, Option<IpAddr>)> {
     let pod = ip(pod);
     c.desired
-        .policy_v4
+        .v4
+        .policy
         .iter()
         .filter(|((p, _), _)| *p == pod)
         .map(|((_, prefix), e)| (prefix.to_string(), e.action, e.gateway))
@@ -317,7 +318,8 @@ fn listed_destinations_win_over_the_same_learned_prefix_and_longest_prefix_wins_
     let entries = entries_v4(&c, "10.244.1.11");
     let rule_of = |prefix: &str| {
         c.desired
-            .policy_v4
+            .v4
+            .policy
             .iter()
             .find(|((p, n), _)| *p == ip("10.244.1.11") && n.to_string() == prefix)
             .map(|(_, e)| e.rule_id)
@@ -429,7 +431,7 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
     ]
     .into();
     // Each pod address gets its own gateway's prefixes, never the other's.
-    for ((pod, prefix), e) in &c.desired.policy_v4 {
+    for ((pod, prefix), e) in &c.desired.v4.policy {
         let gw = by_gateway[&e.gateway.expect("forward")];
         let other = if gw == "gw-1" {
             "10.82.0.0/16"
@@ -438,7 +440,7 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
         };
         assert_ne!(prefix.to_string(), other, "{pod} via {gw}");
     }
-    for ((pod, prefix), e) in &c.desired.policy_v6 {
+    for ((pod, prefix), e) in &c.desired.v6.policy {
         let gw = by_gateway[&e.gateway.expect("forward")];
         let other = if gw == "gw-1" {
             "2001:db8:82::/48"
@@ -449,7 +451,7 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
         assert!(e.egress_ip.is_some());
     }
     assert!(
-        !c.desired.policy_v6.is_empty(),
+        !c.desired.v6.policy.is_empty(),
         "IPv6 routes are learned too"
     );
     let degraded = status(&c, "p", condition::ROUTES_DEGRADED);
@@ -483,10 +485,11 @@ fn ipv6_egress_ip_rules_learn_only_ipv6_routes() {
         );
     }
     let c = compile(&with_policies(view, vec![policy("p", &spec)]), "worker-1");
-    assert!(c.desired.policy_v4.is_empty(), "{:?}", c.desired.policy_v4);
+    assert!(c.desired.v4.policy.is_empty(), "{:?}", c.desired.v4.policy);
     let v6: BTreeSet<String> = c
         .desired
-        .policy_v6
+        .v6
+        .policy
         .keys()
         .map(|(_, n)| n.to_string())
         .collect();
@@ -529,8 +532,8 @@ fn ten_thousand_routes_compile_into_entries_for_each_local_pod() {
     }
     let c = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
     // api-1 and api-2 are local: 10k entries each.
-    assert_eq!(c.desired.policy_v4.len(), 20_000);
-    assert_eq!(c.desired.selected_v4[&ip("10.244.1.11")], 10_000);
+    assert_eq!(c.desired.v4.policy.len(), 20_000);
+    assert_eq!(c.desired.v4.selected[&ip("10.244.1.11")], 10_000);
 }
 
 #[test]

@@ -341,7 +341,7 @@ pub fn compile_10_prefixes(state_dir: &Path, rounds: usize) -> Result<(Vec<f64>,
         let t = Instant::now();
         let c = compile(&snap.view, "w2");
         w2.push(t.elapsed().as_secs_f64() * 1e3);
-        entries = c.desired.policy_v4.len();
+        entries = c.desired.v4.policy.len();
         let t = Instant::now();
         let c = compile(&snap.view, "gw1");
         gw1.push(t.elapsed().as_secs_f64() * 1e3);

@@ -376,7 +376,7 @@ fn compile_routes(
     let mut out = Vec::new();
     for name in ["w1", gateway] {
         let (ms, c) = timed(rounds, || compile(&view, name));
-        out.push((name.to_owned(), ms, c.desired.policy_v4.len()));
+        out.push((name.to_owned(), ms, c.desired.v4.policy.len()));
     }
     Ok(out)
 }

@@ -1,0 +1,412 @@
+//! The agent's one per-family abstraction: what differs between IPv4 and IPv6 (the
+//! address and prefix types, and each family's pinned maps with their ABI types). Code
+//! that handles both families is written once over `F: Family` and run for [`V4`] and
+//! [`V6`]: the desired state (`desired::FamilyDesired`), its conversion to map contents
+//! (`datapath::state::FamilyMaps`) and the map sync.
+//!
+//! The eBPF side keeps a copy per family where the verifier's stack budget needs it.
+
+use std::{
+    collections::BTreeMap,
+    fmt::{Debug, Display},
+    hash::Hash,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use egress_common::{
+    maps::{Map, def},
+    policy::{
+        AdmittedKeyV4, AdmittedKeyV6, DestValue, DestValueV6, PolicyKeyV4, PolicyKeyV6,
+        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6,
+    },
+    underlay::Underlay,
+};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+/// A pinned map the agent keeps in line with a [`BTreeMap`] of its entries: ordered keys,
+/// comparable values, both plain old data.
+pub trait Synced: Map<Key: Ord + Hash, Value: Eq> {}
+impl<M: Map<Key: Ord + Hash, Value: Eq>> Synced for M {}
+
+/// A hash map's entries.
+pub type Entries<M> = BTreeMap<<M as Map>::Key, <M as Map>::Value>;
+/// An LPM trie's entries, by (prefix length, network).
+pub type Prefixes<M> = BTreeMap<(u32, <M as Map>::Key), <M as Map>::Value>;
+
+/// IPv4 or IPv6.
+pub trait Family: Copy + Default + Debug + Eq + Ord + Hash + 'static {
+    /// "IPv4" or "IPv6", for messages.
+    const NAME: &'static str;
+    type Addr: Copy + Ord + Hash + Debug + Display + Into<IpAddr> + From<Self::Octets>;
+    type Net: Copy + Ord + Hash + Debug + Display + Into<IpNet>;
+    /// An address as the maps hold it (network order).
+    type Octets: Copy + Ord + Hash + Debug + Default + aya::Pod;
+
+    /// `POLICY_*`: (pod, destination prefix) -> what `from_pod` does.
+    type Policy: Synced;
+    /// `DESTS_*`: destination prefix -> the lengths of the policy prefixes containing it.
+    type Dests: Synced<Key = Self::Octets>;
+    /// `SELECTED_*`: local pod -> its number of entries and prefix lengths.
+    type Selected: Synced<Key = Self::Octets>;
+    /// `RULES_*`: rule id -> egress address and interface.
+    type Rules: Synced<Key = u32>;
+    /// `POD_OWNER_*`: pod -> underlay address of its node.
+    type PodOwner: Synced<Key = Self::Octets, Value = egress_common::policy::PodOwnerValue>;
+    /// `EGRESS_IPS_*`: egress address -> interface and flags.
+    type EgressIps: Synced<Key = Self::Octets, Value = egress_common::policy::EgressIpValue>;
+    /// `ADMITTED_*`: the (pod, rule) pairs this gateway admits.
+    type Admitted: Synced<Value = egress_common::policy::AdmittedValue>;
+    /// `KNOWN_PODS_*`: local pods the agent has seen.
+    type KnownPods: Synced<Key = Self::Octets, Value = egress_common::policy::KnownPodValue>;
+    /// `COVERED_*`: what any rule covers, by destination.
+    type Covered: Synced<Key = Self::Octets, Value = egress_common::policy::CoveredValue>;
+
+    fn octets(a: Self::Addr) -> Self::Octets;
+    /// `a` if it is of this family.
+    fn addr(a: IpAddr) -> Option<Self::Addr>;
+    /// `n` if it is of this family.
+    fn net(n: IpNet) -> Option<Self::Net>;
+    /// A prefix's network address and length.
+    fn split(n: Self::Net) -> (Self::Octets, u8);
+
+    fn policy_key(pod: Self::Addr, dst: Self::Net) -> <Self::Policy as Map>::Key;
+    /// The pod and the destination prefix's length of a policy key.
+    fn policy_key_parts(k: &<Self::Policy as Map>::Key) -> (Self::Octets, u32);
+    fn policy_value(
+        gateway: Underlay,
+        egress_ip: Self::Octets,
+        rule_id: u32,
+        action: u8,
+    ) -> <Self::Policy as Map>::Value;
+    /// The `SELECTED_*` value of a pod with `entries` entries, before its lengths.
+    fn selected(entries: u32) -> <Self::Selected as Map>::Value;
+    fn add_length(v: &mut <Self::Selected as Map>::Value, len: u32);
+    /// The `DESTS_*` entries for the policy entries `keys` (of every pod).
+    fn dests<'a>(
+        keys: impl Iterator<Item = &'a <Self::Policy as Map>::Key>,
+    ) -> Prefixes<Self::Dests>;
+    fn rule(egress_ip: Self::Octets, ifindex: u32) -> <Self::Rules as Map>::Value;
+    fn admitted_key(pod: Self::Octets, rule_id: u32) -> <Self::Admitted as Map>::Key;
+
+    /// A policy map entry read back.
+    fn policy_row(
+        k: &<Self::Policy as Map>::Key,
+        v: &<Self::Policy as Map>::Value,
+    ) -> PolicyRow<Self>;
+    /// A rule read back: egress address and ifindex.
+    fn rule_row(v: &<Self::Rules as Map>::Value) -> (Self::Addr, u32);
+    /// The rule of an admitted pair.
+    fn admitted_rule(k: &<Self::Admitted as Map>::Key) -> u32;
+}
+
+/// A policy map entry in plain types (for printing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyRow<F: Family> {
+    pub pod: F::Addr,
+    /// Network and prefix length.
+    pub dst: (F::Addr, u32),
+    /// One of `egress_common::policy::action`.
+    pub action: u8,
+    pub gateway: Underlay,
+    pub egress_ip: F::Addr,
+    pub rule_id: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct V4;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct V6;
+
+impl Family for V4 {
+    const NAME: &'static str = "IPv4";
+    type Addr = Ipv4Addr;
+    type Net = Ipv4Net;
+    type Octets = [u8; 4];
+    type Policy = def::PolicyV4;
+    type Dests = def::DestsV4;
+    type Selected = def::SelectedV4;
+    type Rules = def::RulesV4;
+    type PodOwner = def::PodOwnerV4;
+    type EgressIps = def::EgressIpsV4;
+    type Admitted = def::AdmittedV4;
+    type KnownPods = def::KnownPodsV4;
+    type Covered = def::CoveredV4;
+
+    fn octets(a: Ipv4Addr) -> [u8; 4] {
+        a.octets()
+    }
+    fn addr(a: IpAddr) -> Option<Ipv4Addr> {
+        match a {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }
+    }
+    fn net(n: IpNet) -> Option<Ipv4Net> {
+        match n {
+            IpNet::V4(n) => Some(n),
+            IpNet::V6(_) => None,
+        }
+    }
+    fn split(n: Ipv4Net) -> ([u8; 4], u8) {
+        (n.network().octets(), n.prefix_len())
+    }
+    fn policy_key(pod: Ipv4Addr, dst: Ipv4Net) -> PolicyKeyV4 {
+        let (net, len) = Self::split(dst);
+        PolicyKeyV4::new(pod.octets(), net, u32::from(len))
+    }
+    fn policy_key_parts(k: &PolicyKeyV4) -> ([u8; 4], u32) {
+        (k.pod, k.dst_len)
+    }
+    fn policy_value(
+        gateway: Underlay,
+        egress_ip: [u8; 4],
+        rule_id: u32,
+        action: u8,
+    ) -> PolicyValue {
+        PolicyValue {
+            gateway,
+            egress_ip,
+            rule_id,
+            action,
+            _pad: [0; 3],
+        }
+    }
+    fn selected(entries: u32) -> SelectedValue {
+        SelectedValue {
+            entries,
+            ..SelectedValue::default()
+        }
+    }
+    fn add_length(v: &mut SelectedValue, len: u32) {
+        v.add_length(len);
+    }
+    fn dests<'a>(keys: impl Iterator<Item = &'a PolicyKeyV4>) -> Prefixes<def::DestsV4> {
+        let prefixes = keys.map(|k| (u128::from(u32::from_be_bytes(k.dst)) << 96, k.dst_len));
+        chains(prefixes)
+            .into_iter()
+            .map(|((net, len), lengths)| {
+                let net = ((net >> 96) as u32).to_be_bytes();
+                ((len, net), DestValue::new(len, lengths[0]))
+            })
+            .collect()
+    }
+    fn rule(egress_ip: [u8; 4], ifindex: u32) -> RuleValueV4 {
+        RuleValueV4 { egress_ip, ifindex }
+    }
+    fn admitted_key(pod: [u8; 4], rule_id: u32) -> AdmittedKeyV4 {
+        AdmittedKeyV4 { pod, rule_id }
+    }
+    fn policy_row(k: &PolicyKeyV4, v: &PolicyValue) -> PolicyRow<Self> {
+        PolicyRow {
+            pod: k.pod.into(),
+            dst: (k.dst.into(), k.dst_len),
+            action: v.action,
+            gateway: v.gateway,
+            egress_ip: v.egress_ip.into(),
+            rule_id: v.rule_id,
+        }
+    }
+    fn rule_row(v: &RuleValueV4) -> (Self::Addr, u32) {
+        (v.egress_ip.into(), v.ifindex)
+    }
+    fn admitted_rule(k: &AdmittedKeyV4) -> u32 {
+        k.rule_id
+    }
+}
+
+impl Family for V6 {
+    const NAME: &'static str = "IPv6";
+    type Addr = Ipv6Addr;
+    type Net = Ipv6Net;
+    type Octets = [u8; 16];
+    type Policy = def::PolicyV6;
+    type Dests = def::DestsV6;
+    type Selected = def::SelectedV6;
+    type Rules = def::RulesV6;
+    type PodOwner = def::PodOwnerV6;
+    type EgressIps = def::EgressIpsV6;
+    type Admitted = def::AdmittedV6;
+    type KnownPods = def::KnownPodsV6;
+    type Covered = def::CoveredV6;
+
+    fn octets(a: Ipv6Addr) -> [u8; 16] {
+        a.octets()
+    }
+    fn addr(a: IpAddr) -> Option<Ipv6Addr> {
+        match a {
+            IpAddr::V6(a) => Some(a),
+            IpAddr::V4(_) => None,
+        }
+    }
+    fn net(n: IpNet) -> Option<Ipv6Net> {
+        match n {
+            IpNet::V6(n) => Some(n),
+            IpNet::V4(_) => None,
+        }
+    }
+    fn split(n: Ipv6Net) -> ([u8; 16], u8) {
+        (n.network().octets(), n.prefix_len())
+    }
+    fn policy_key(pod: Ipv6Addr, dst: Ipv6Net) -> PolicyKeyV6 {
+        let (net, len) = Self::split(dst);
+        PolicyKeyV6::new(pod.octets(), net, u32::from(len))
+    }
+    fn policy_key_parts(k: &PolicyKeyV6) -> ([u8; 16], u32) {
+        (k.pod, k.dst_len)
+    }
+    fn policy_value(
+        gateway: Underlay,
+        egress_ip: [u8; 16],
+        rule_id: u32,
+        action: u8,
+    ) -> PolicyValueV6 {
+        PolicyValueV6 {
+            gateway,
+            rule_id,
+            action,
+            _pad: [0; 3],
+            egress_ip,
+        }
+    }
+    fn selected(entries: u32) -> SelectedValueV6 {
+        SelectedValueV6 {
+            entries,
+            ..SelectedValueV6::default()
+        }
+    }
+    fn add_length(v: &mut SelectedValueV6, len: u32) {
+        v.add_length(len);
+    }
+    fn dests<'a>(keys: impl Iterator<Item = &'a PolicyKeyV6>) -> Prefixes<def::DestsV6> {
+        let prefixes = keys.map(|k| (u128::from_be_bytes(k.dst), k.dst_len));
+        chains(prefixes)
+            .into_iter()
+            .map(|((net, len), lengths)| {
+                let v = DestValueV6 {
+                    lengths,
+                    len,
+                    _pad: 0,
+                };
+                ((len, net.to_be_bytes()), v)
+            })
+            .collect()
+    }
+    fn rule(egress_ip: [u8; 16], ifindex: u32) -> RuleValueV6 {
+        RuleValueV6 { egress_ip, ifindex }
+    }
+    fn admitted_key(pod: [u8; 16], rule_id: u32) -> AdmittedKeyV6 {
+        AdmittedKeyV6 { pod, rule_id }
+    }
+    fn policy_row(k: &PolicyKeyV6, v: &PolicyValueV6) -> PolicyRow<Self> {
+        PolicyRow {
+            pod: k.pod.into(),
+            dst: (k.dst.into(), k.dst_len),
+            action: v.action,
+            gateway: v.gateway,
+            egress_ip: v.egress_ip.into(),
+            rule_id: v.rule_id,
+        }
+    }
+    fn rule_row(v: &RuleValueV6) -> (Self::Addr, u32) {
+        (v.egress_ip.into(), v.ifindex)
+    }
+    fn admitted_rule(k: &AdmittedKeyV6) -> u32 {
+        k.rule_id
+    }
+}
+
+/// Each distinct prefix among `prefixes` ((network, length), the network left-aligned in
+/// 128 bits: an IPv4 network shifted up by 96) with the lengths of every prefix among
+/// them that contains it, itself included (bit n % 64 of word n / 64: length n): the
+/// values of `DESTS_V4` / `_V6`.
+fn chains(prefixes: impl Iterator<Item = (u128, u32)>) -> Vec<((u128, u32), [u64; 3])> {
+    let mut sorted: Vec<(u128, u32)> = prefixes.collect();
+    // By network, then length: a prefix comes after every prefix containing it, and the
+    // prefixes a prefix contains follow it without a gap.
+    sorted.sort_unstable();
+    sorted.dedup();
+    let contains = |(net, len): (u128, u32), (other, _): (u128, u32)| {
+        let mask = if len == 0 {
+            0
+        } else {
+            u128::MAX << (128 - len.min(128))
+        };
+        other & mask == net
+    };
+    let mut out = Vec::with_capacity(sorted.len());
+    // The chain of prefixes containing the current one, with their lengths.
+    let mut stack: Vec<((u128, u32), [u64; 3])> = Vec::new();
+    for p in sorted {
+        while stack.last().is_some_and(|(q, _)| !contains(*q, p)) {
+            stack.pop();
+        }
+        let mut lengths = stack.last().map_or([0; 3], |(_, l)| *l);
+        let len = p.1.min(128);
+        lengths[(len / 64) as usize] |= 1 << (len % 64);
+        stack.push((p, lengths));
+        out.push((p, lengths));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dests_hold_the_lengths_of_every_prefix_containing_theirs() {
+        let key = |pod: u8, net: [u8; 4], len| PolicyKeyV4::new([10, 244, 1, pod], net, len);
+        let keys = [
+            key(5, [10, 0, 0, 0], 8),
+            key(5, [10, 100, 0, 0], 16),
+            key(5, [10, 100, 0, 0], 24),
+            key(5, [10, 100, 0, 16], 28),
+            // Another pod: a prefix in between, one beside, and one of the first pod's again.
+            key(9, [10, 100, 0, 0], 20),
+            key(9, [10, 100, 1, 0], 24),
+            key(9, [10, 100, 0, 0], 16),
+            key(9, [192, 0, 2, 0], 24),
+            key(9, [0, 0, 0, 0], 0),
+        ];
+        let d = V4::dests(keys.iter());
+        let bits = |lens: &[u32]| lens.iter().fold(0u64, |m, l| m | 1 << l);
+        let want: BTreeMap<(u32, [u8; 4]), u64> = [
+            ((0, [0, 0, 0, 0]), bits(&[0])),
+            ((8, [10, 0, 0, 0]), bits(&[0, 8])),
+            ((16, [10, 100, 0, 0]), bits(&[0, 8, 16])),
+            ((20, [10, 100, 0, 0]), bits(&[0, 8, 16, 20])),
+            ((24, [10, 100, 0, 0]), bits(&[0, 8, 16, 20, 24])),
+            ((28, [10, 100, 0, 16]), bits(&[0, 8, 16, 20, 24, 28])),
+            ((24, [10, 100, 1, 0]), bits(&[0, 8, 16, 20, 24])),
+            ((24, [192, 0, 2, 0]), bits(&[0, 24])),
+        ]
+        .into_iter()
+        .collect();
+        assert!(d.iter().all(|((len, _), v)| v.len == *len));
+        let got: BTreeMap<_, _> = d.into_iter().map(|(k, v)| (k, v.lengths())).collect();
+        assert_eq!(got, want);
+
+        let key6 = |net: &str, len| {
+            let net: Ipv6Addr = net.parse().unwrap();
+            PolicyKeyV6::new([0; 16], net.octets(), len)
+        };
+        let keys = [
+            key6("fd00::", 16),
+            key6("fd00:100::", 64),
+            key6("fd00:100::10", 124),
+            key6("fd00:100::10", 128),
+            key6("fd00:200::", 64),
+        ];
+        let d = V6::dests(keys.iter());
+        let net = |a: &str| a.parse::<Ipv6Addr>().unwrap().octets();
+        assert_eq!(d[&(16, net("fd00::"))].lengths, [1 << 16, 0, 0]);
+        assert_eq!(d[&(64, net("fd00:100::"))].lengths, [1 << 16, 1, 0]);
+        assert_eq!(
+            d[&(128, net("fd00:100::10"))].lengths,
+            [1 << 16, 1 | 1 << 60, 1]
+        );
+        assert_eq!(d[&(64, net("fd00:200::"))].lengths, [1 << 16, 1, 0]);
+        assert_eq!(d.len(), 5);
+    }
+}
