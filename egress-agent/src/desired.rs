@@ -120,6 +120,30 @@ pub struct Desired {
     pub covered: BTreeMap<IpNet, bool>,
 }
 
+/// A family's part of a [`Desired`], for code written once over both families.
+pub trait Part: Family {
+    fn of(d: &Desired) -> &FamilyDesired<Self>;
+    fn of_mut(d: &mut Desired) -> &mut FamilyDesired<Self>;
+}
+
+impl Part for V4 {
+    fn of(d: &Desired) -> &FamilyDesired<V4> {
+        &d.v4
+    }
+    fn of_mut(d: &mut Desired) -> &mut FamilyDesired<V4> {
+        &mut d.v4
+    }
+}
+
+impl Part for V6 {
+    fn of(d: &Desired) -> &FamilyDesired<V6> {
+        &d.v6
+    }
+    fn of_mut(d: &mut Desired) -> &mut FamilyDesired<V6> {
+        &mut d.v6
+    }
+}
+
 impl Desired {
     /// Local pods whose traffic `from_pod` must see.
     pub fn local_selected_pods(&self) -> impl Iterator<Item = IpAddr> + '_ {

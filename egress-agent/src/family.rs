@@ -112,208 +112,150 @@ pub struct PolicyRow<F: Family> {
     pub rule_id: u32,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct V4;
+/// Both impls of [`Family`]: the same code over each family's types (`dests` differs and
+/// is passed in).
+macro_rules! family {
+    (
+        $F:ident, $name:literal, $Ip:ident, $Addr:ty, $Net:ty, [u8; $n:literal],
+        $PolicyKey:ident, $PolicyValue:ident, $SelectedValue:ident, $RuleValue:ident,
+        $AdmittedKey:ident, $dests:ident,
+        maps: $Policy:ident, $Dests:ident, $Selected:ident, $Rules:ident, $PodOwner:ident,
+        $EgressIps:ident, $Admitted:ident, $KnownPods:ident, $Covered:ident $(,)?
+    ) => {
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $F;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct V6;
+        impl Family for $F {
+            const NAME: &'static str = $name;
+            type Addr = $Addr;
+            type Net = $Net;
+            type Octets = [u8; $n];
+            type Policy = def::$Policy;
+            type Dests = def::$Dests;
+            type Selected = def::$Selected;
+            type Rules = def::$Rules;
+            type PodOwner = def::$PodOwner;
+            type EgressIps = def::$EgressIps;
+            type Admitted = def::$Admitted;
+            type KnownPods = def::$KnownPods;
+            type Covered = def::$Covered;
 
-impl Family for V4 {
-    const NAME: &'static str = "IPv4";
-    type Addr = Ipv4Addr;
-    type Net = Ipv4Net;
-    type Octets = [u8; 4];
-    type Policy = def::PolicyV4;
-    type Dests = def::DestsV4;
-    type Selected = def::SelectedV4;
-    type Rules = def::RulesV4;
-    type PodOwner = def::PodOwnerV4;
-    type EgressIps = def::EgressIpsV4;
-    type Admitted = def::AdmittedV4;
-    type KnownPods = def::KnownPodsV4;
-    type Covered = def::CoveredV4;
-
-    fn octets(a: Ipv4Addr) -> [u8; 4] {
-        a.octets()
-    }
-    fn addr(a: IpAddr) -> Option<Ipv4Addr> {
-        match a {
-            IpAddr::V4(a) => Some(a),
-            IpAddr::V6(_) => None,
+            fn octets(a: $Addr) -> [u8; $n] {
+                a.octets()
+            }
+            fn addr(a: IpAddr) -> Option<$Addr> {
+                match a {
+                    IpAddr::$Ip(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn net(n: IpNet) -> Option<$Net> {
+                match n {
+                    IpNet::$Ip(n) => Some(n),
+                    _ => None,
+                }
+            }
+            fn split(n: $Net) -> ([u8; $n], u8) {
+                (n.network().octets(), n.prefix_len())
+            }
+            fn policy_key(pod: $Addr, dst: $Net) -> $PolicyKey {
+                let (net, len) = Self::split(dst);
+                $PolicyKey::new(pod.octets(), net, u32::from(len))
+            }
+            fn policy_key_parts(k: &$PolicyKey) -> ([u8; $n], u32) {
+                (k.pod, k.dst_len)
+            }
+            fn policy_value(
+                gateway: Underlay,
+                egress_ip: [u8; $n],
+                rule_id: u32,
+                action: u8,
+            ) -> $PolicyValue {
+                $PolicyValue {
+                    gateway,
+                    egress_ip,
+                    rule_id,
+                    action,
+                    _pad: [0; 3],
+                }
+            }
+            fn selected(entries: u32) -> $SelectedValue {
+                $SelectedValue {
+                    entries,
+                    ..$SelectedValue::default()
+                }
+            }
+            fn add_length(v: &mut $SelectedValue, len: u32) {
+                v.add_length(len);
+            }
+            fn dests<'a>(keys: impl Iterator<Item = &'a $PolicyKey>) -> Prefixes<def::$Dests> {
+                $dests(keys)
+            }
+            fn rule(egress_ip: [u8; $n], ifindex: u32) -> $RuleValue {
+                $RuleValue { egress_ip, ifindex }
+            }
+            fn admitted_key(pod: [u8; $n], rule_id: u32) -> $AdmittedKey {
+                $AdmittedKey { pod, rule_id }
+            }
+            fn policy_row(k: &$PolicyKey, v: &$PolicyValue) -> PolicyRow<Self> {
+                PolicyRow {
+                    pod: k.pod.into(),
+                    dst: (k.dst.into(), k.dst_len),
+                    action: v.action,
+                    gateway: v.gateway,
+                    egress_ip: v.egress_ip.into(),
+                    rule_id: v.rule_id,
+                }
+            }
+            fn rule_row(v: &$RuleValue) -> ($Addr, u32) {
+                (v.egress_ip.into(), v.ifindex)
+            }
+            fn admitted_rule(k: &$AdmittedKey) -> u32 {
+                k.rule_id
+            }
         }
-    }
-    fn net(n: IpNet) -> Option<Ipv4Net> {
-        match n {
-            IpNet::V4(n) => Some(n),
-            IpNet::V6(_) => None,
-        }
-    }
-    fn split(n: Ipv4Net) -> ([u8; 4], u8) {
-        (n.network().octets(), n.prefix_len())
-    }
-    fn policy_key(pod: Ipv4Addr, dst: Ipv4Net) -> PolicyKeyV4 {
-        let (net, len) = Self::split(dst);
-        PolicyKeyV4::new(pod.octets(), net, u32::from(len))
-    }
-    fn policy_key_parts(k: &PolicyKeyV4) -> ([u8; 4], u32) {
-        (k.pod, k.dst_len)
-    }
-    fn policy_value(
-        gateway: Underlay,
-        egress_ip: [u8; 4],
-        rule_id: u32,
-        action: u8,
-    ) -> PolicyValue {
-        PolicyValue {
-            gateway,
-            egress_ip,
-            rule_id,
-            action,
-            _pad: [0; 3],
-        }
-    }
-    fn selected(entries: u32) -> SelectedValue {
-        SelectedValue {
-            entries,
-            ..SelectedValue::default()
-        }
-    }
-    fn add_length(v: &mut SelectedValue, len: u32) {
-        v.add_length(len);
-    }
-    fn dests<'a>(keys: impl Iterator<Item = &'a PolicyKeyV4>) -> Prefixes<def::DestsV4> {
-        let prefixes = keys.map(|k| (u128::from(u32::from_be_bytes(k.dst)) << 96, k.dst_len));
-        chains(prefixes)
-            .into_iter()
-            .map(|((net, len), lengths)| {
-                let net = ((net >> 96) as u32).to_be_bytes();
-                ((len, net), DestValue::new(len, lengths[0]))
-            })
-            .collect()
-    }
-    fn rule(egress_ip: [u8; 4], ifindex: u32) -> RuleValueV4 {
-        RuleValueV4 { egress_ip, ifindex }
-    }
-    fn admitted_key(pod: [u8; 4], rule_id: u32) -> AdmittedKeyV4 {
-        AdmittedKeyV4 { pod, rule_id }
-    }
-    fn policy_row(k: &PolicyKeyV4, v: &PolicyValue) -> PolicyRow<Self> {
-        PolicyRow {
-            pod: k.pod.into(),
-            dst: (k.dst.into(), k.dst_len),
-            action: v.action,
-            gateway: v.gateway,
-            egress_ip: v.egress_ip.into(),
-            rule_id: v.rule_id,
-        }
-    }
-    fn rule_row(v: &RuleValueV4) -> (Self::Addr, u32) {
-        (v.egress_ip.into(), v.ifindex)
-    }
-    fn admitted_rule(k: &AdmittedKeyV4) -> u32 {
-        k.rule_id
-    }
+    };
 }
 
-impl Family for V6 {
-    const NAME: &'static str = "IPv6";
-    type Addr = Ipv6Addr;
-    type Net = Ipv6Net;
-    type Octets = [u8; 16];
-    type Policy = def::PolicyV6;
-    type Dests = def::DestsV6;
-    type Selected = def::SelectedV6;
-    type Rules = def::RulesV6;
-    type PodOwner = def::PodOwnerV6;
-    type EgressIps = def::EgressIpsV6;
-    type Admitted = def::AdmittedV6;
-    type KnownPods = def::KnownPodsV6;
-    type Covered = def::CoveredV6;
+family!(
+    V4, "IPv4", V4, Ipv4Addr, Ipv4Net, [u8; 4],
+    PolicyKeyV4, PolicyValue, SelectedValue, RuleValueV4, AdmittedKeyV4, dests_v4,
+    maps: PolicyV4, DestsV4, SelectedV4, RulesV4, PodOwnerV4, EgressIpsV4, AdmittedV4,
+    KnownPodsV4, CoveredV4,
+);
+family!(
+    V6, "IPv6", V6, Ipv6Addr, Ipv6Net, [u8; 16],
+    PolicyKeyV6, PolicyValueV6, SelectedValueV6, RuleValueV6, AdmittedKeyV6, dests_v6,
+    maps: PolicyV6, DestsV6, SelectedV6, RulesV6, PodOwnerV6, EgressIpsV6, AdmittedV6,
+    KnownPodsV6, CoveredV6,
+);
 
-    fn octets(a: Ipv6Addr) -> [u8; 16] {
-        a.octets()
-    }
-    fn addr(a: IpAddr) -> Option<Ipv6Addr> {
-        match a {
-            IpAddr::V6(a) => Some(a),
-            IpAddr::V4(_) => None,
-        }
-    }
-    fn net(n: IpNet) -> Option<Ipv6Net> {
-        match n {
-            IpNet::V6(n) => Some(n),
-            IpNet::V4(_) => None,
-        }
-    }
-    fn split(n: Ipv6Net) -> ([u8; 16], u8) {
-        (n.network().octets(), n.prefix_len())
-    }
-    fn policy_key(pod: Ipv6Addr, dst: Ipv6Net) -> PolicyKeyV6 {
-        let (net, len) = Self::split(dst);
-        PolicyKeyV6::new(pod.octets(), net, u32::from(len))
-    }
-    fn policy_key_parts(k: &PolicyKeyV6) -> ([u8; 16], u32) {
-        (k.pod, k.dst_len)
-    }
-    fn policy_value(
-        gateway: Underlay,
-        egress_ip: [u8; 16],
-        rule_id: u32,
-        action: u8,
-    ) -> PolicyValueV6 {
-        PolicyValueV6 {
-            gateway,
-            rule_id,
-            action,
-            _pad: [0; 3],
-            egress_ip,
-        }
-    }
-    fn selected(entries: u32) -> SelectedValueV6 {
-        SelectedValueV6 {
-            entries,
-            ..SelectedValueV6::default()
-        }
-    }
-    fn add_length(v: &mut SelectedValueV6, len: u32) {
-        v.add_length(len);
-    }
-    fn dests<'a>(keys: impl Iterator<Item = &'a PolicyKeyV6>) -> Prefixes<def::DestsV6> {
-        let prefixes = keys.map(|k| (u128::from_be_bytes(k.dst), k.dst_len));
-        chains(prefixes)
-            .into_iter()
-            .map(|((net, len), lengths)| {
-                let v = DestValueV6 {
-                    lengths,
-                    len,
-                    _pad: 0,
-                };
-                ((len, net.to_be_bytes()), v)
-            })
-            .collect()
-    }
-    fn rule(egress_ip: [u8; 16], ifindex: u32) -> RuleValueV6 {
-        RuleValueV6 { egress_ip, ifindex }
-    }
-    fn admitted_key(pod: [u8; 16], rule_id: u32) -> AdmittedKeyV6 {
-        AdmittedKeyV6 { pod, rule_id }
-    }
-    fn policy_row(k: &PolicyKeyV6, v: &PolicyValueV6) -> PolicyRow<Self> {
-        PolicyRow {
-            pod: k.pod.into(),
-            dst: (k.dst.into(), k.dst_len),
-            action: v.action,
-            gateway: v.gateway,
-            egress_ip: v.egress_ip.into(),
-            rule_id: v.rule_id,
-        }
-    }
-    fn rule_row(v: &RuleValueV6) -> (Self::Addr, u32) {
-        (v.egress_ip.into(), v.ifindex)
-    }
-    fn admitted_rule(k: &AdmittedKeyV6) -> u32 {
-        k.rule_id
-    }
+/// The `DESTS_V4` entries for the policy entries `keys` (of every pod).
+fn dests_v4<'a>(keys: impl Iterator<Item = &'a PolicyKeyV4>) -> Prefixes<def::DestsV4> {
+    let prefixes = keys.map(|k| (u128::from(u32::from_be_bytes(k.dst)) << 96, k.dst_len));
+    chains(prefixes)
+        .into_iter()
+        .map(|((net, len), lengths)| {
+            let net = ((net >> 96) as u32).to_be_bytes();
+            ((len, net), DestValue::new(len, lengths[0]))
+        })
+        .collect()
+}
+
+/// The `DESTS_V6` entries for the policy entries `keys` (of every pod).
+fn dests_v6<'a>(keys: impl Iterator<Item = &'a PolicyKeyV6>) -> Prefixes<def::DestsV6> {
+    let prefixes = keys.map(|k| (u128::from_be_bytes(k.dst), k.dst_len));
+    chains(prefixes)
+        .into_iter()
+        .map(|((net, len), lengths)| {
+            let v = DestValueV6 {
+                lengths,
+                len,
+                _pad: 0,
+            };
+            ((len, net.to_be_bytes()), v)
+        })
+        .collect()
 }
 
 /// Each distinct prefix among `prefixes` ((network, length), the network left-aligned in

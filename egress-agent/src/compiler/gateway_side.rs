@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     api::EgressIpStatus,
-    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIp},
+    desired::{Desired, GatewayRule, HeldIp, Part, V4, V6},
 };
 
 /// The holders of every plan's addresses (sorted), the addresses by policy (for the
@@ -65,26 +65,22 @@ fn serve_locally(desired: &mut Desired, rule_id: u32, g: &GatewayAddr, shared: b
         shared,
     };
     match g.ip {
-        IpAddr::V4(egress_ip) => {
-            desired.v4.rules.insert(
-                rule_id,
-                GatewayRuleV4 {
-                    egress_ip,
-                    interface: g.interface.clone(),
-                },
-            );
-            desired.v4.egress_ips.insert(egress_ip, held);
-        }
-        IpAddr::V6(egress_ip) => {
-            desired.v6.rules.insert(
-                rule_id,
-                GatewayRuleV6 {
-                    egress_ip,
-                    interface: g.interface.clone(),
-                },
-            );
-            desired.v6.egress_ips.insert(egress_ip, held);
-        }
+        IpAddr::V4(a) => hold_and_serve::<V4>(desired, rule_id, a, held),
+        IpAddr::V6(a) => hold_and_serve::<V6>(desired, rule_id, a, held),
     }
     desired.egress_interfaces.insert(g.interface.clone());
+}
+
+/// Rule `rule_id` leaves by `held`'s interface with `egress_ip`, which this node holds.
+fn hold_and_serve<F: Part>(desired: &mut Desired, rule_id: u32, egress_ip: F::Addr, held: HeldIp) {
+    let part = F::of_mut(desired);
+    let interface = held.interface.clone();
+    part.rules.insert(
+        rule_id,
+        GatewayRule {
+            egress_ip,
+            interface,
+        },
+    );
+    part.egress_ips.insert(egress_ip, held);
 }

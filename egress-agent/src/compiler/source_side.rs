@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     api::FailurePolicy,
-    desired::{Desired, PolicyAction, PolicyEntryV4, PolicyEntryV6},
+    desired::{Desired, Part, PolicyAction, PolicyEntry, V4, V6},
 };
 
 /// Who claimed a (pod address, prefix) pair: policy index, rule index, and whether the
@@ -137,7 +137,7 @@ impl Claimer<'_, '_, '_> {
                             Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
                             Kind::Except | Kind::Carve => Entry::exclude(rule.rule_id),
                         };
-                        entry.insert_new(desired, *ip, *prefix);
+                        entry.insert(desired, *ip, *prefix, false);
                     }
                 }
                 continue;
@@ -174,7 +174,7 @@ impl Claimer<'_, '_, '_> {
                     Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
                     Kind::Except | Kind::Carve => Entry::exclude(rule.rule_id),
                 };
-                entry.insert(desired, *ip, *prefix);
+                entry.insert(desired, *ip, *prefix, true);
             }
         }
     }
@@ -190,52 +190,42 @@ struct Entry {
 
 impl Entry {
     /// Store the entry for (pod, prefix) in the maps of their family (the caller pairs
-    /// pod addresses and prefixes of one family; a stray pair is left out).
-    /// [`Entry::insert`] unless (pod, prefix) has an entry already.
-    fn insert_new(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
-        let taken = match (pod, prefix) {
-            (IpAddr::V4(pod), IpNet::V4(prefix)) => desired.v4.policy.contains_key(&(pod, prefix)),
-            (IpAddr::V6(pod), IpNet::V6(prefix)) => desired.v6.policy.contains_key(&(pod, prefix)),
-            _ => true,
-        };
-        if !taken {
-            self.insert(desired, pod, prefix);
+    /// pod addresses and prefixes of one family; a stray pair is left out). An entry
+    /// already there for (pod, prefix) stays unless `replace`.
+    fn insert(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet, replace: bool) {
+        match (pod, prefix) {
+            (IpAddr::V4(pod), IpNet::V4(p)) => self.insert_in::<V4>(desired, pod, p, replace),
+            (IpAddr::V6(pod), IpNet::V6(p)) => self.insert_in::<V6>(desired, pod, p, replace),
+            _ => {}
         }
     }
 
-    fn insert(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet) {
-        match (pod, prefix) {
-            (IpAddr::V4(pod), IpNet::V4(prefix)) => {
-                desired.v4.policy.insert(
-                    (pod, prefix),
-                    PolicyEntryV4 {
-                        action: self.action,
-                        gateway: self.gateway,
-                        egress_ip: match self.egress_ip {
-                            Some(IpAddr::V4(ip)) => Some(ip),
-                            _ => None,
-                        },
-                        rule_id: self.rule_id,
-                    },
-                );
-                *desired.v4.selected.entry(pod).or_insert(0) += 1;
+    /// [`Entry::insert`] in family `F`'s part; an entry already there stays unless
+    /// `replace`. A pod's first entry selects it; the count is of its entries.
+    fn insert_in<F: Part>(
+        self,
+        desired: &mut Desired,
+        pod: F::Addr,
+        prefix: F::Net,
+        replace: bool,
+    ) {
+        let part = F::of_mut(desired);
+        let entry = PolicyEntry {
+            action: self.action,
+            gateway: self.gateway,
+            egress_ip: self.egress_ip.and_then(F::addr),
+            rule_id: self.rule_id,
+        };
+        match part.policy.entry((pod, prefix)) {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if replace {
+                    o.insert(entry);
+                }
             }
-            (IpAddr::V6(pod), IpNet::V6(prefix)) => {
-                desired.v6.policy.insert(
-                    (pod, prefix),
-                    PolicyEntryV6 {
-                        action: self.action,
-                        gateway: self.gateway,
-                        egress_ip: match self.egress_ip {
-                            Some(IpAddr::V6(ip)) => Some(ip),
-                            _ => None,
-                        },
-                        rule_id: self.rule_id,
-                    },
-                );
-                *desired.v6.selected.entry(pod).or_insert(0) += 1;
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(entry);
+                *part.selected.entry(pod).or_insert(0) += 1;
             }
-            _ => {}
         }
     }
 
