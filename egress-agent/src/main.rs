@@ -290,22 +290,11 @@ fn main() -> ExitCode {
 
 fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logs();
     match cli.command {
         Command::Run(args) => {
             let cfg = args.into_config()?;
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("failed to start the runtime")?
-                .block_on(agent::run(cfg))?;
+            runtime(2)?.block_on(agent::run(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { metrics_addr } => {
@@ -316,37 +305,20 @@ fn real_main() -> Result<ExitCode> {
             print!("{}", datapath::dump::render(&bpffs_dir)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { state_dir, cluster } => {
-            let problems = check::check_dir(&state_dir, &cluster.cluster_cidrs);
-            for p in &problems {
-                println!("{p}");
-            }
-            if problems.is_empty() {
-                println!("{}: no problems", state_dir.display());
-                Ok(ExitCode::SUCCESS)
-            } else {
-                Ok(ExitCode::FAILURE)
-            }
-        }
+        Command::Check { state_dir, cluster } => Ok(check(&state_dir, &cluster.cluster_cidrs)),
         Command::Doctor {
             node_name,
             state_dir,
             egress_ips,
-            node:
-                NodeArgs {
-                    bpffs_dir,
-                    tunnel_device,
-                    tunnel_port,
-                    tunnel_mtu,
-                },
+            node,
             no_dad,
         } => {
             let view = state_dir.map(|dir| egress_agent::source::yaml::load_dir(&dir).view);
             let settings = doctor::Settings {
-                bpffs_dir,
-                tunnel_device,
-                tunnel_port,
-                tunnel_mtu,
+                bpffs_dir: node.bpffs_dir,
+                tunnel_device: node.tunnel_device,
+                tunnel_port: node.tunnel_port,
+                tunnel_mtu: node.tunnel_mtu,
                 node_name,
                 egress_ips,
                 dad: if no_dad {
@@ -355,24 +327,7 @@ fn real_main() -> Result<ExitCode> {
                     doctor::Dad::Now
                 },
             };
-            let checks = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("failed to start the runtime")?
-                .block_on(doctor::run(&settings, view.as_ref()));
-            for c in &checks {
-                println!("{}", doctor::line(c));
-            }
-            let failed = checks
-                .iter()
-                .filter(|c| c.result == doctor::Level::Fail)
-                .count();
-            if failed == 0 {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                println!("{failed} check(s) failed");
-                Ok(ExitCode::FAILURE)
-            }
+            doctor(&settings, view.as_ref())
         }
         Command::Crd => {
             print!("{}", api::crd_yaml());
@@ -381,25 +336,84 @@ fn real_main() -> Result<ExitCode> {
         Command::Cleanup {
             bpffs_dir,
             tunnel_device,
-        } => {
-            let removed = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("failed to start the runtime")?
-                .block_on(datapath::cleanup::uninstall(
-                    &bpffs_dir,
-                    &tunnel_device,
-                    |line| println!("{line}"),
-                ))?;
-            if removed == 0 {
-                println!(
-                    "nothing to remove: no pins under {}, no device {tunnel_device}",
-                    bpffs_dir.display()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => cleanup(&bpffs_dir, &tunnel_device),
     }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), coloured on a terminal.
+fn init_logs() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// A tokio runtime: multi-threaded with `workers` threads, or on this thread for 0.
+fn runtime(workers: usize) -> Result<tokio::runtime::Runtime> {
+    let mut b = if workers == 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    b.enable_all()
+        .build()
+        .context("failed to start the runtime")
+}
+
+/// `egress-agent check`: every problem of the state directory, one per line.
+fn check(state_dir: &std::path::Path, cluster_cidrs: &[ipnet::IpNet]) -> ExitCode {
+    let problems = check::check_dir(state_dir, cluster_cidrs);
+    for p in &problems {
+        println!("{p}");
+    }
+    if problems.is_empty() {
+        println!("{}: no problems", state_dir.display());
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `egress-agent doctor`: every check, one per line; fails if any failed.
+fn doctor(
+    settings: &doctor::Settings,
+    view: Option<&egress_agent::source::ClusterView>,
+) -> Result<ExitCode> {
+    let checks = runtime(0)?.block_on(doctor::run(settings, view));
+    for c in &checks {
+        println!("{}", doctor::line(c));
+    }
+    let failed = checks
+        .iter()
+        .filter(|c| c.result == doctor::Level::Fail)
+        .count();
+    if failed == 0 {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("{failed} check(s) failed");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// `egress-agent cleanup`: remove what an agent left on this node, saying what.
+fn cleanup(bpffs_dir: &std::path::Path, tunnel_device: &str) -> Result<ExitCode> {
+    let removed = runtime(0)?.block_on(datapath::cleanup::uninstall(
+        bpffs_dir,
+        tunnel_device,
+        |line| println!("{line}"),
+    ))?;
+    if removed == 0 {
+        println!(
+            "nothing to remove: no pins under {}, no device {tunnel_device}",
+            bpffs_dir.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// GET /status from a running agent's metrics endpoint.
