@@ -237,11 +237,13 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         probe_misses = cfg.probe.misses,
         "agent started"
     );
-    let mut changes = iface::Netlink::subscribe_changes().await?;
-    let mut tick = tokio::time::interval(cfg.resync);
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut peer_views = probes.views;
-    let mut transitions = probes.transitions;
+    let mut wakers = Wakers {
+        changes: iface::Netlink::subscribe_changes().await?,
+        tick: tokio::time::interval(cfg.resync),
+        sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+        peer_views: probes.views,
+        transitions: probes.transitions,
+    };
     let mut r = Reconciler::new(
         &cfg,
         nl,
@@ -252,37 +254,8 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         preflight,
     );
     let mut problem_log = problems::ProblemLog::default();
-    loop {
-        let wake = r.wake_at;
-        let trigger = tokio::select! {
-            res = views.changed() => {
-                if res.is_err() {
-                    anyhow::bail!("the state source stopped");
-                }
-                "state"
-            }
-            res = peer_views.changed() => {
-                if res.is_err() {
-                    anyhow::bail!("the probe service stopped");
-                }
-                "probe"
-            }
-            Some(t) = transitions.recv() => {
-                r.note(&t);
-                continue;
-            }
-            _ = changes.recv() => "netlink",
-            _ = tick.tick() => "resync",
-            () = sleep_until(wake) => "timer",
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
-        };
-        // Coalesce bursts of netlink events (our own address changes cause some).
-        while changes.try_recv().is_ok() {}
-        while let Ok(t) = transitions.try_recv() {
-            r.note(&t);
-        }
-        let peers = peer_views.borrow_and_update().clone();
+    while let Some(trigger) = wakers.next(&mut views, &mut r).await? {
+        let peers = wakers.peer_views.borrow_and_update().clone();
         // Shared with the source, not copied (a copy of 10k Pods is tens of MiB).
         let snap = Arc::clone(&views.borrow_and_update());
         let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
@@ -307,6 +280,62 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         cfg.tunnel_device
     );
     Ok(())
+}
+
+/// What wakes the agent for a pass, besides the state source.
+struct Wakers {
+    /// Link and address changes on this node.
+    changes: tokio::sync::mpsc::Receiver<()>,
+    /// The periodic resync (`--resync`).
+    tick: tokio::time::Interval,
+    sigterm: tokio::signal::unix::Signal,
+    /// The liveness service's view of the peers.
+    peer_views: tokio::sync::watch::Receiver<liveness::tracker::PeerView>,
+    /// Peers' transitions (noted as they come, for the failover table).
+    transitions: tokio::sync::mpsc::UnboundedReceiver<liveness::tracker::Transition>,
+}
+
+impl Wakers {
+    /// Wait for the next reason for a pass (its name, for the metrics), noting peer
+    /// transitions in `r` meanwhile; `None` on SIGINT or SIGTERM.
+    async fn next(
+        &mut self,
+        views: &mut tokio::sync::watch::Receiver<Arc<Snapshot>>,
+        r: &mut Reconciler<'_>,
+    ) -> Result<Option<&'static str>> {
+        loop {
+            let wake = r.wake_at;
+            let trigger = tokio::select! {
+                res = views.changed() => {
+                    if res.is_err() {
+                        anyhow::bail!("the state source stopped");
+                    }
+                    "state"
+                }
+                res = self.peer_views.changed() => {
+                    if res.is_err() {
+                        anyhow::bail!("the probe service stopped");
+                    }
+                    "probe"
+                }
+                Some(t) = self.transitions.recv() => {
+                    r.note(&t);
+                    continue;
+                }
+                _ = self.changes.recv() => "netlink",
+                _ = self.tick.tick() => "resync",
+                () = sleep_until(wake) => "timer",
+                _ = tokio::signal::ctrl_c() => return Ok(None),
+                _ = self.sigterm.recv() => return Ok(None),
+            };
+            // Coalesce bursts of netlink events (our own address changes cause some).
+            while self.changes.try_recv().is_ok() {}
+            while let Ok(t) = self.transitions.try_recv() {
+                r.note(&t);
+            }
+            return Ok(Some(trigger));
+        }
+    }
 }
 
 /// Set this node up for the datapath: netlink, the tunnel device (its MTU from the
