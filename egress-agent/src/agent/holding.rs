@@ -21,7 +21,7 @@ use std::{
 };
 
 use crate::{
-    desired::{Desired, GatewayRuleV4, GatewayRuleV6, HeldIp},
+    desired::{Desired, GatewayRule, HeldIp, Part, V4, V6},
     liveness::{Claim, PeerView},
 };
 
@@ -53,8 +53,8 @@ pub struct Holding {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GatewayPart {
     pub held: Option<HeldIp>,
-    pub rules_v4: BTreeMap<u32, GatewayRuleV4>,
-    pub rules_v6: BTreeMap<u32, GatewayRuleV6>,
+    /// The rules leaving with this address: rule id -> interface.
+    pub rules: BTreeMap<u32, String>,
 }
 
 /// A released egress IP still served from the maps until `until`.
@@ -67,27 +67,22 @@ pub struct Lingering {
 /// The gateway-side map contents of every dedicated egress IP in `desired`, by address.
 pub fn gateway_parts(desired: &Desired) -> BTreeMap<IpAddr, GatewayPart> {
     let mut out: BTreeMap<IpAddr, GatewayPart> = BTreeMap::new();
-    for (ip, h) in &desired.v4.egress_ips {
-        if !h.shared {
-            out.entry(IpAddr::V4(*ip)).or_default().held = Some(h.clone());
-        }
-    }
-    for (ip, h) in &desired.v6.egress_ips {
-        if !h.shared {
-            out.entry(IpAddr::V6(*ip)).or_default().held = Some(h.clone());
-        }
-    }
-    for (id, r) in &desired.v4.rules {
-        if let Some(p) = out.get_mut(&IpAddr::V4(r.egress_ip)) {
-            p.rules_v4.insert(*id, r.clone());
-        }
-    }
-    for (id, r) in &desired.v6.rules {
-        if let Some(p) = out.get_mut(&IpAddr::V6(r.egress_ip)) {
-            p.rules_v6.insert(*id, r.clone());
-        }
-    }
+    add_parts::<V4>(desired, &mut out);
+    add_parts::<V6>(desired, &mut out);
     out
+}
+
+/// [`gateway_parts`] of family `F`.
+fn add_parts<F: Part>(desired: &Desired, out: &mut BTreeMap<IpAddr, GatewayPart>) {
+    let d = F::of(desired);
+    for (ip, h) in d.egress_ips.iter().filter(|(_, h)| !h.shared) {
+        out.entry((*ip).into()).or_default().held = Some(h.clone());
+    }
+    for (id, r) in &d.rules {
+        if let Some(p) = out.get_mut(&r.egress_ip.into()) {
+            p.rules.insert(*id, r.interface.clone());
+        }
+    }
 }
 
 /// `desired` with the lingering IPs' entries added where nothing current takes their
@@ -96,30 +91,37 @@ pub fn with_lingering(desired: &Desired, lingering: &BTreeMap<IpAddr, Lingering>
     let mut out = desired.clone();
     for (ip, l) in lingering {
         let Some(held) = &l.part.held else { continue };
-        let fresh = match ip {
-            IpAddr::V4(a) => !out.v4.egress_ips.contains_key(a),
-            IpAddr::V6(a) => !out.v6.egress_ips.contains_key(a),
+        let added = match ip {
+            IpAddr::V4(a) => linger::<V4>(&mut out, *a, held, &l.part.rules),
+            IpAddr::V6(a) => linger::<V6>(&mut out, *a, held, &l.part.rules),
         };
-        if !fresh {
-            continue;
-        }
-        match ip {
-            IpAddr::V4(a) => {
-                out.v4.egress_ips.insert(*a, held.clone());
-            }
-            IpAddr::V6(a) => {
-                out.v6.egress_ips.insert(*a, held.clone());
-            }
-        }
-        out.egress_interfaces.insert(held.interface.clone());
-        for (id, r) in &l.part.rules_v4 {
-            out.v4.rules.entry(*id).or_insert_with(|| r.clone());
-        }
-        for (id, r) in &l.part.rules_v6 {
-            out.v6.rules.entry(*id).or_insert_with(|| r.clone());
+        if added {
+            out.egress_interfaces.insert(held.interface.clone());
         }
     }
     out
+}
+
+/// Add the lingering `ip` and its `rules` to `out` unless `ip` is in use now; rule ids
+/// in use now keep their entries. Whether it was added.
+fn linger<F: Part>(
+    out: &mut Desired,
+    ip: F::Addr,
+    held: &HeldIp,
+    rules: &BTreeMap<u32, String>,
+) -> bool {
+    let part = F::of_mut(out);
+    if part.egress_ips.contains_key(&ip) {
+        return false;
+    }
+    part.egress_ips.insert(ip, held.clone());
+    for (id, interface) in rules {
+        part.rules.entry(*id).or_insert_with(|| GatewayRule {
+            egress_ip: ip,
+            interface: interface.clone(),
+        });
+    }
+    true
 }
 
 /// Another live node that still claims `ip` in its hellos (it is on its way out: the
@@ -299,7 +301,7 @@ mod tests {
         );
         d.v4.rules.insert(
             rule,
-            GatewayRuleV4 {
+            GatewayRule {
                 egress_ip: ip,
                 interface: "sec-a".into(),
             },
