@@ -11,6 +11,7 @@ pub mod dump;
 pub mod lock;
 pub mod state;
 pub mod sweep;
+pub mod table;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,7 +21,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, LpmTrie, MapData, MapError, MapInfo, MapType, lpm_trie::Key},
+    maps::{Array, MapData, MapError, MapInfo, MapType},
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         links::{FdLink, PinnedLink},
@@ -33,10 +34,8 @@ use egress_common::{
 };
 pub use state::{FamilyMaps, MapState};
 
-use crate::{
-    ebpf,
-    family::{Entries, Family, Prefixes, Synced},
-};
+use crate::{ebpf, family::Family};
+use table::{Hash, Lpm, Table, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -322,21 +321,21 @@ impl Datapath {
         Ok(MapState {
             v4: self.read_family()?,
             v6: self.read_family()?,
-            nodes: self.read_hash::<def::Nodes>()?,
+            nodes: self.read::<Hash<def::Nodes>>()?,
         })
     }
 
     fn read_family<F: Family>(&mut self) -> Result<FamilyMaps<F>> {
         Ok(FamilyMaps {
-            policy: self.read_hash::<F::Policy>()?,
-            dests: self.read_lpm::<F::Dests>()?,
-            selected: self.read_hash::<F::Selected>()?,
-            rules: self.read_hash::<F::Rules>()?,
-            pod_owner: self.read_hash::<F::PodOwner>()?,
-            egress_ips: self.read_hash::<F::EgressIps>()?,
-            admitted: self.read_hash::<F::Admitted>()?,
-            known_pods: self.read_hash::<F::KnownPods>()?,
-            covered: self.read_lpm::<F::Covered>()?,
+            policy: self.read::<Hash<F::Policy>>()?,
+            dests: self.read::<Lpm<F::Dests>>()?,
+            selected: self.read::<Hash<F::Selected>>()?,
+            rules: self.read::<Hash<F::Rules>>()?,
+            pod_owner: self.read::<Hash<F::PodOwner>>()?,
+            egress_ips: self.read::<Hash<F::EgressIps>>()?,
+            admitted: self.read::<Hash<F::Admitted>>()?,
+            known_pods: self.read::<Hash<F::KnownPods>>()?,
+            covered: self.read::<Lpm<F::Covered>>()?,
         })
     }
 
@@ -351,39 +350,18 @@ impl Datapath {
         skip
     }
 
-    fn read_hash<M: Synced>(&mut self) -> Result<Entries<M>> {
-        if self.skip_missing(M::SPEC.name) {
+    /// Every entry of table `T` (none when an older object lacks its map).
+    fn read<T: Table>(&mut self) -> Result<BTreeMap<T::At, Value<T>>> {
+        let name = T::Map::SPEC.name;
+        if self.skip_missing(name) {
             return Ok(BTreeMap::new());
         }
-        Ok(self.hash::<M>()?.iter().flatten().collect())
-    }
-
-    fn read_lpm<M: Synced>(&mut self) -> Result<Prefixes<M>> {
-        if self.skip_missing(M::SPEC.name) {
-            return Ok(BTreeMap::new());
-        }
-        Ok(self
-            .lpm::<M>()?
-            .iter()
-            .flatten()
-            .map(|(k, v)| ((k.prefix_len(), k.data()), v))
-            .collect())
+        let h = T::open(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
+        Ok(T::read(&h))
     }
 
     fn map_data(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
         self.ebpf.map_mut(name).ok_or(Error::MissingMap { name })
-    }
-
-    /// The handle of hash map `M`, typed by its declaration.
-    fn hash<M: Synced>(&mut self) -> Result<HashMap<&mut MapData, M::Key, M::Value>> {
-        let name = M::SPEC.name;
-        HashMap::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })
-    }
-
-    /// The handle of LPM trie `M`, typed by its declaration.
-    fn lpm<M: Synced>(&mut self) -> Result<LpmTrie<&mut MapData, M::Key, M::Value>> {
-        let name = M::SPEC.name;
-        LpmTrie::try_from(self.map_data(name)?).map_err(|source| Error::Map { name, source })
     }
 
     /// Write this node's configuration (programs pass everything until it is written).
@@ -409,166 +387,132 @@ impl Datapath {
     pub fn apply(&mut self, want: &MapState) -> Result<ApplyStats> {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
-        // Removals first, source side first (stop selecting before forgetting).
-        let result = self
-            .sync_source_side(&mut held, want, Phase::Remove, &mut stats)
-            .and_then(|()| self.sync_gateway_side(&mut held, want, Phase::Remove, &mut stats))
-            // Then additions and changes, in dependency order.
-            .and_then(|()| self.sync_gateway_side(&mut held, want, Phase::Upsert, &mut stats))
-            .and_then(|()| self.sync_source_side(&mut held, want, Phase::Upsert, &mut stats));
+        let mut result = Ok(());
+        // Removals first, source side first (stop selecting before forgetting); then
+        // additions and changes, in dependency order.
+        for (phase, sides) in [
+            (Phase::Remove, [Side::Source, Side::Gateway]),
+            (Phase::Upsert, [Side::Gateway, Side::Source]),
+        ] {
+            let mut pass = Pass {
+                phase,
+                stats: &mut stats,
+            };
+            for side in sides {
+                result = result.and_then(|()| self.sync_side(side, &mut held, want, &mut pass));
+            }
+        }
         self.held = held;
         result?;
         Ok(stats)
     }
 
-    /// The policy maps, their destination chains and the selected set of both families
-    /// (selected set first on removal, last on insertion; chains after the entries).
-    fn sync_source_side(
+    /// One side's maps of both families, and `NODES` (first on insertion, last on
+    /// removal: every pod owner names a node).
+    fn sync_side(
         &mut self,
+        side: Side,
         held: &mut MapState,
         want: &MapState,
-        phase: Phase,
-        stats: &mut ApplyStats,
+        pass: &mut Pass<'_>,
     ) -> Result<()> {
-        self.sync_source_side_of(&mut held.v4, &want.v4, phase, stats)?;
-        self.sync_source_side_of(&mut held.v6, &want.v6, phase, stats)
-    }
-
-    /// [`Self::sync_source_side`] for one family.
-    fn sync_source_side_of<F: Family>(
-        &mut self,
-        held: &mut FamilyMaps<F>,
-        want: &FamilyMaps<F>,
-        phase: Phase,
-        stats: &mut ApplyStats,
-    ) -> Result<()> {
-        if phase == Phase::Remove {
-            self.sync_unknown_pods(held, want, phase, stats)?;
-            self.sync_hash::<F::Selected>(&mut held.selected, &want.selected, phase, stats)?;
+        let nodes = side == Side::Gateway;
+        if nodes && pass.phase == Phase::Upsert {
+            self.sync::<Hash<def::Nodes>>(&mut held.nodes, &want.nodes, pass)?;
         }
-        self.sync_hash::<F::Policy>(&mut held.policy, &want.policy, phase, stats)?;
-        // The chains after the entries they lead to: a chain naming a length whose entry
-        // is not in yet, or gone already, only costs a probe that misses.
-        self.sync_lpm::<F::Dests>(&mut held.dests, &want.dests, phase, stats)?;
-        if phase == Phase::Upsert {
-            self.sync_hash::<F::Selected>(&mut held.selected, &want.selected, phase, stats)?;
-            self.sync_unknown_pods(held, want, phase, stats)?;
+        self.sync_family_side(side, &mut held.v4, &want.v4, pass)?;
+        self.sync_family_side(side, &mut held.v6, &want.v6, pass)?;
+        if nodes && pass.phase == Phase::Remove {
+            self.sync::<Hash<def::Nodes>>(&mut held.nodes, &want.nodes, pass)?;
         }
         Ok(())
     }
 
-    /// Known pods and covered destinations (`--unknown-pods drop`). A pod is made known
-    /// only after its selected entry is in (a new pod that is selected never passes
-    /// untranslated in between).
-    fn sync_unknown_pods<F: Family>(
+    /// One side's maps of family `F`, in dependency order:
+    ///
+    /// * source side: the selected set after the policy entries on insertion, first on
+    ///   removal; the destination chains after the entries they lead to (a chain naming a
+    ///   length whose entry is not in yet, or gone already, only costs a probe that
+    ///   misses); known pods (`--unknown-pods drop`) only after their selected entry is
+    ///   in, so that a new selected pod never passes untranslated in between;
+    /// * gateway side: egress IPs -> rules -> admitted pairs -> pod owners on removal,
+    ///   the reverse on insertion.
+    fn sync_family_side<F: Family>(
         &mut self,
+        side: Side,
         held: &mut FamilyMaps<F>,
         want: &FamilyMaps<F>,
-        phase: Phase,
-        stats: &mut ApplyStats,
+        pass: &mut Pass<'_>,
     ) -> Result<()> {
-        self.sync_hash::<F::KnownPods>(&mut held.known_pods, &want.known_pods, phase, stats)?;
-        self.sync_lpm::<F::Covered>(&mut held.covered, &want.covered, phase, stats)
-    }
-
-    /// Nodes, pod owners, admitted pairs, rules and egress IPs of both families: removed
-    /// egress IPs -> rules -> admitted pairs -> owners (each family) -> nodes, added in
-    /// the reverse order.
-    fn sync_gateway_side(
-        &mut self,
-        held: &mut MapState,
-        want: &MapState,
-        phase: Phase,
-        stats: &mut ApplyStats,
-    ) -> Result<()> {
-        if phase == Phase::Upsert {
-            self.sync_hash::<def::Nodes>(&mut held.nodes, &want.nodes, phase, stats)?;
-        }
-        self.sync_gateway_side_of(&mut held.v4, &want.v4, phase, stats)?;
-        self.sync_gateway_side_of(&mut held.v6, &want.v6, phase, stats)?;
-        if phase == Phase::Remove {
-            self.sync_hash::<def::Nodes>(&mut held.nodes, &want.nodes, phase, stats)?;
-        }
-        Ok(())
-    }
-
-    /// [`Self::sync_gateway_side`] for one family's maps.
-    fn sync_gateway_side_of<F: Family>(
-        &mut self,
-        held: &mut FamilyMaps<F>,
-        want: &FamilyMaps<F>,
-        phase: Phase,
-        stats: &mut ApplyStats,
-    ) -> Result<()> {
-        let mut steps = [
-            Step::EgressIps,
-            Step::Rules,
-            Step::Admitted,
-            Step::PodOwners,
-        ];
-        if phase == Phase::Upsert {
-            steps.reverse();
-        }
+        let steps: &[Step] = match (side, pass.phase) {
+            (Side::Source, Phase::Remove) => &[
+                Step::KnownPods,
+                Step::Covered,
+                Step::Selected,
+                Step::Policy,
+                Step::Dests,
+            ],
+            (Side::Source, Phase::Upsert) => &[
+                Step::Policy,
+                Step::Dests,
+                Step::Selected,
+                Step::KnownPods,
+                Step::Covered,
+            ],
+            (Side::Gateway, Phase::Remove) => &[
+                Step::EgressIps,
+                Step::Rules,
+                Step::Admitted,
+                Step::PodOwners,
+            ],
+            (Side::Gateway, Phase::Upsert) => &[
+                Step::PodOwners,
+                Step::Admitted,
+                Step::Rules,
+                Step::EgressIps,
+            ],
+        };
+        let (h, w) = (held, want);
         for step in steps {
-            match step {
-                Step::EgressIps => self.sync_hash::<F::EgressIps>(
-                    &mut held.egress_ips,
-                    &want.egress_ips,
-                    phase,
-                    stats,
-                ),
-                Step::Rules => {
-                    self.sync_hash::<F::Rules>(&mut held.rules, &want.rules, phase, stats)
+            match *step {
+                Step::KnownPods => {
+                    self.sync::<Hash<F::KnownPods>>(&mut h.known_pods, &w.known_pods, pass)
                 }
+                Step::Covered => self.sync::<Lpm<F::Covered>>(&mut h.covered, &w.covered, pass),
+                Step::Selected => {
+                    self.sync::<Hash<F::Selected>>(&mut h.selected, &w.selected, pass)
+                }
+                Step::Policy => self.sync::<Hash<F::Policy>>(&mut h.policy, &w.policy, pass),
+                Step::Dests => self.sync::<Lpm<F::Dests>>(&mut h.dests, &w.dests, pass),
+                Step::EgressIps => {
+                    self.sync::<Hash<F::EgressIps>>(&mut h.egress_ips, &w.egress_ips, pass)
+                }
+                Step::Rules => self.sync::<Hash<F::Rules>>(&mut h.rules, &w.rules, pass),
                 Step::Admitted => {
-                    self.sync_hash::<F::Admitted>(&mut held.admitted, &want.admitted, phase, stats)
+                    self.sync::<Hash<F::Admitted>>(&mut h.admitted, &w.admitted, pass)
                 }
-                Step::PodOwners => self.sync_hash::<F::PodOwner>(
-                    &mut held.pod_owner,
-                    &want.pod_owner,
-                    phase,
-                    stats,
-                ),
+                Step::PodOwners => {
+                    self.sync::<Hash<F::PodOwner>>(&mut h.pod_owner, &w.pod_owner, pass)
+                }
             }?;
         }
         Ok(())
     }
 
-    fn sync_hash<M: Synced>(
+    /// One phase of bringing table `T` from `held` to `want` (nothing when an older
+    /// object lacks its map).
+    fn sync<T: Table>(
         &mut self,
-        held: &mut Entries<M>,
-        want: &Entries<M>,
-        phase: Phase,
-        stats: &mut ApplyStats,
+        held: &mut BTreeMap<T::At, Value<T>>,
+        want: &BTreeMap<T::At, Value<T>>,
+        pass: &mut Pass<'_>,
     ) -> Result<()> {
-        let name = M::SPEC.name;
+        let name = T::Map::SPEC.name;
         if self.skip_missing(name) {
             return Ok(());
         }
-        let mut map = self.hash::<M>()?;
-        sync(name, held, want, phase, stats, |k, v| match v {
-            Some(v) => map.insert(k, v, 0),
-            None => map.remove(k),
-        });
-        Ok(())
-    }
-
-    fn sync_lpm<M: Synced>(
-        &mut self,
-        held: &mut Prefixes<M>,
-        want: &Prefixes<M>,
-        phase: Phase,
-        stats: &mut ApplyStats,
-    ) -> Result<()> {
-        let name = M::SPEC.name;
-        if self.skip_missing(name) {
-            return Ok(());
-        }
-        let mut map = self.lpm::<M>()?;
-        sync(name, held, want, phase, stats, |(len, data), v| match v {
-            Some(v) => map.insert(&Key::new(*len, *data), v, 0),
-            None => map.remove(&Key::new(*len, *data)),
-        });
+        let mut h = T::open(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
+        sync(name, held, want, pass, |at, v| T::write(&mut h, at, v));
         Ok(())
     }
 
@@ -747,9 +691,28 @@ enum Phase {
     Upsert,
 }
 
-/// Groups of gateway-side maps, in removal order.
+/// One phase of an apply, with the counts of the whole apply.
+struct Pass<'a> {
+    phase: Phase,
+    stats: &'a mut ApplyStats,
+}
+
+/// The maps an apply syncs together: the source side (what this node's pods send) and
+/// the gateway side (what this node serves, and who may send to it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Source,
+    Gateway,
+}
+
+/// One family's maps, one step each.
 #[derive(Clone, Copy)]
 enum Step {
+    KnownPods,
+    Covered,
+    Selected,
+    Policy,
+    Dests,
     EgressIps,
     Rules,
     Admitted,
@@ -797,11 +760,11 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
     name: &'static str,
     held: &mut BTreeMap<K, V>,
     want: &BTreeMap<K, V>,
-    phase: Phase,
-    stats: &mut ApplyStats,
+    pass: &mut Pass<'_>,
     mut write: impl FnMut(&K, Option<&V>) -> Result<(), MapError>,
 ) {
-    match phase {
+    let stats = &mut *pass.stats;
+    match pass.phase {
         Phase::Remove => {
             let stale: Vec<K> = held
                 .keys()
