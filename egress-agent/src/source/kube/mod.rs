@@ -585,35 +585,33 @@ async fn apply_egress_node(client: &Client, node: &EgressNode) -> Result<()> {
     if let Some(labels) = node.metadata.labels.as_ref().filter(|l| !l.is_empty()) {
         metadata["labels"] = to_json(&format!("EgressNode {name} labels"), labels)?;
     }
-    let main = serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "EgressNode",
-        "metadata": metadata,
-        "spec": to_json(&format!("EgressNode {name} spec"), &node.spec)?,
-    });
-    api.patch(&name, &params, &Patch::Apply(&main))
-        .await
-        .map_err(|source| Error::ApplyEgressNode {
+    let spec = to_json(&format!("EgressNode {name} spec"), &node.spec)?;
+    let status = to_json(
+        &format!("EgressNode {name} status"),
+        &node.status.clone().unwrap_or_default(),
+    )?;
+    for (part, metadata, body) in [
+        ("spec", metadata, spec),
+        ("status", serde_json::json!({ "name": name }), status),
+    ] {
+        let object = serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": "EgressNode",
+            "metadata": metadata,
+            part: body,
+        });
+        let patch = Patch::Apply(&object);
+        let applied = if part == "spec" {
+            api.patch(&name, &params, &patch).await
+        } else {
+            api.patch_status(&name, &params, &patch).await
+        };
+        applied.map_err(|source| Error::ApplyEgressNode {
             name: name.clone(),
-            part: "spec",
+            part,
             source,
         })?;
-    let status = serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "EgressNode",
-        "metadata": { "name": name },
-        "status": to_json(
-            &format!("EgressNode {name} status"),
-            &node.status.clone().unwrap_or_default(),
-        )?,
-    });
-    api.patch_status(&name, &params, &Patch::Apply(&status))
-        .await
-        .map_err(|source| Error::ApplyEgressNode {
-            name: name.clone(),
-            part: "status",
-            source,
-        })?;
+    }
     Ok(())
 }
 
@@ -730,72 +728,60 @@ pub async fn record_event(
     message: &str,
 ) -> Result<()> {
     let what = format!("record Event {reason} on EgressGatewayPolicy {policy_name}");
-    bounded(
-        what,
-        create_event(client, policy_name, node, type_, reason, message),
-    )
-    .await
-}
-
-async fn create_event(
-    client: &Client,
-    policy_name: &str,
-    node: &str,
-    type_: EventType,
-    reason: &str,
-    message: &str,
-) -> Result<()> {
-    let event_error = |source| Error::RecordEvent {
-        name: policy_name.to_owned(),
-        reason: reason.to_owned(),
-        source,
-    };
-    // `kubectl describe` finds events by the object's uid.
-    let policy = dynamic_api::<EgressGatewayPolicy>(client)
-        .get(policy_name)
-        .await
-        .map_err(|source| Error::GetPolicy {
+    bounded(what, async {
+        let event_error = |source| Error::RecordEvent {
             name: policy_name.to_owned(),
+            reason: reason.to_owned(),
             source,
-        })?;
-    let now = Time(Timestamp::now());
-    let unique = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let event = CoreEvent {
-        metadata: ObjectMeta {
-            name: Some(format!("{policy_name}.{unique:x}")),
-            namespace: Some(EVENT_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some(API_VERSION.to_owned()),
-            kind: Some("EgressGatewayPolicy".to_owned()),
-            name: Some(policy_name.to_owned()),
-            uid: policy.metadata.uid.clone(),
-            resource_version: policy.metadata.resource_version.clone(),
-            ..ObjectReference::default()
-        },
-        type_: Some(type_.as_str().to_owned()),
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-        count: Some(1),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        source: Some(EventSource {
-            component: Some(FIELD_MANAGER.to_owned()),
-            host: Some(node.to_owned()),
-        }),
-        reporting_component: Some(FIELD_MANAGER.to_owned()),
-        reporting_instance: Some(node.to_owned()),
-        ..CoreEvent::default()
-    };
-    let api: Api<CoreEvent> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
-    api.create(&PostParams::default(), &event)
-        .await
-        .map_err(event_error)?;
-    Ok(())
+        };
+        // `kubectl describe` finds events by the object's uid.
+        let policy = dynamic_api::<EgressGatewayPolicy>(client)
+            .get(policy_name)
+            .await
+            .map_err(|source| Error::GetPolicy {
+                name: policy_name.to_owned(),
+                source,
+            })?;
+        let now = Time(Timestamp::now());
+        let unique = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let event = CoreEvent {
+            metadata: ObjectMeta {
+                name: Some(format!("{policy_name}.{unique:x}")),
+                namespace: Some(EVENT_NAMESPACE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(API_VERSION.to_owned()),
+                kind: Some("EgressGatewayPolicy".to_owned()),
+                name: Some(policy_name.to_owned()),
+                uid: policy.metadata.uid.clone(),
+                resource_version: policy.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            },
+            type_: Some(type_.as_str().to_owned()),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(EventSource {
+                component: Some(FIELD_MANAGER.to_owned()),
+                host: Some(node.to_owned()),
+            }),
+            reporting_component: Some(FIELD_MANAGER.to_owned()),
+            reporting_instance: Some(node.to_owned()),
+            ..CoreEvent::default()
+        };
+        let api: Api<CoreEvent> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
+        api.create(&PostParams::default(), &event)
+            .await
+            .map_err(event_error)?;
+        Ok(())
+    })
+    .await
 }
 
 #[cfg(test)]
