@@ -347,11 +347,7 @@ impl Netlink {
     /// holder still answered. The agents decide ownership; DAD has nothing to add.
     pub async fn add_address(&self, ifindex: u32, ip: IpAddr, prefix_len: u8) -> Result<()> {
         let object = || format!("address {ip}/{prefix_len} to ifindex {ifindex}");
-        IpNet::new(ip, prefix_len).map_err(|e| Error::Invalid {
-            verb: "add",
-            object: object(),
-            detail: e.to_string(),
-        })?;
+        valid_prefix("add", object, ip, prefix_len)?;
         let mut request = self.handle.address().add(ifindex, ip, prefix_len);
         if ip.is_ipv6() {
             request.message_mut().header.flags |= AddressHeaderFlags::Nodad;
@@ -382,11 +378,7 @@ impl Netlink {
     /// an error (it points at a stale inventory).
     pub async fn del_address(&self, ifindex: u32, ip: IpAddr, prefix_len: u8) -> Result<()> {
         let object = || format!("address {ip}/{prefix_len} from ifindex {ifindex}");
-        IpNet::new(ip, prefix_len).map_err(|e| Error::Invalid {
-            verb: "remove",
-            object: object(),
-            detail: e.to_string(),
-        })?;
+        valid_prefix("remove", object, ip, prefix_len)?;
         let message = match ip {
             IpAddr::V4(v4) => rtnetlink::AddressMessageBuilder::<Ipv4Addr>::new()
                 .index(ifindex)
@@ -605,6 +597,21 @@ pub fn sysctl(path: &str, value: &str) -> Result<()> {
             object: format!("sysctl {path} = {value}"),
             error,
         })
+}
+
+/// `Error::Invalid` naming `object` unless `prefix_len` fits `ip`'s family.
+fn valid_prefix(
+    verb: &'static str,
+    object: impl Fn() -> String,
+    ip: IpAddr,
+    prefix_len: u8,
+) -> Result<()> {
+    IpNet::new(ip, prefix_len).map_err(|e| Error::Invalid {
+        verb,
+        object: object(),
+        detail: e.to_string(),
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]

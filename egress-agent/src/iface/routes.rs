@@ -195,24 +195,20 @@ fn publishable(net: IpNet) -> bool {
         .any(|outside| outside.contains(&net))
 }
 
+/// The route's table: its attribute (any id), else the header's (ids below 256).
 fn route_table(route: &RouteMessage) -> u32 {
-    route
-        .attributes
-        .iter()
-        .find_map(|a| match a {
-            RouteAttribute::Table(table) => Some(*table),
-            _ => None,
-        })
-        .unwrap_or(u32::from(route.header.table))
+    let table = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Table(table) => Some(*table),
+        _ => None,
+    });
+    table.unwrap_or(u32::from(route.header.table))
 }
 
+/// The route's metric (0 when it has none).
 fn route_metric(route: &RouteMessage) -> u32 {
-    route
-        .attributes
-        .iter()
-        .find_map(|a| match a {
-            RouteAttribute::Priority(metric) => Some(*metric),
-            _ => None,
-        })
-        .unwrap_or(0)
+    let metric = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Priority(metric) => Some(*metric),
+        _ => None,
+    });
+    metric.unwrap_or(0)
 }
