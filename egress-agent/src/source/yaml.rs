@@ -339,62 +339,95 @@ fn split_documents(text: &str) -> Vec<Document<'_>> {
 /// too) together. Linear, and cautious: quoted scalars, comments and block scalars (`|`,
 /// `>`) are skipped; a bracket inside a plain scalar is not counted.
 fn too_deep(text: &str, max: usize) -> Option<usize> {
-    // Columns of the open block levels.
-    let mut levels: Vec<usize> = Vec::new();
-    let mut flow = 0usize;
-    // An open quoted scalar (its quote), which may span lines.
-    let mut quote: Option<u8> = None;
-    // Inside a block scalar: the column its content must be deeper than.
-    let mut block_scalar: Option<usize> = None;
-    for (i, line) in text.lines().enumerate() {
+    let mut depth = Depth {
+        max,
+        ..Depth::default()
+    };
+    text.lines()
+        .position(|line| depth.too_deep(line))
+        .map(|i| i + 1)
+}
+
+/// [`too_deep`]'s state between lines.
+#[derive(Default)]
+struct Depth {
+    max: usize,
+    /// Columns of the open block levels.
+    levels: Vec<usize>,
+    /// Open flow collections.
+    flow: usize,
+    /// An open quoted scalar (its quote), which may span lines.
+    quote: Option<u8>,
+    /// Inside a block scalar: the column its content must be deeper than.
+    block_scalar: Option<usize>,
+}
+
+impl Depth {
+    /// Read the next line: whether nesting goes deeper than `max` on it.
+    fn too_deep(&mut self, line: &str) -> bool {
         let bytes = line.as_bytes();
         let indent = bytes.iter().take_while(|&&b| b == b' ').count();
         let blank = bytes[indent..].iter().all(u8::is_ascii_whitespace);
-        if let Some(parent) = block_scalar {
+        if let Some(parent) = self.block_scalar {
             if blank || indent > parent {
-                continue;
+                return false;
             }
-            block_scalar = None;
+            self.block_scalar = None;
         }
-        if blank && quote.is_none() {
-            continue;
+        if blank && self.quote.is_none() {
+            return false;
         }
         let mut pos = indent;
-        if quote.is_none() && flow == 0 {
+        if self.quote.is_none() && self.flow == 0 {
             if bytes[indent] == b'#' {
-                continue;
+                return false;
             }
-            while levels.last().is_some_and(|&top| top > indent) {
-                levels.pop();
-            }
-            if levels.last() != Some(&indent) {
-                levels.push(indent);
-            }
-            // `- - x` and `- key: v`: each entry opens a level at its content's column.
-            while bytes.get(pos) == Some(&b'-') && matches!(bytes.get(pos + 1), None | Some(b' ')) {
-                pos += 1;
-                while bytes.get(pos) == Some(&b' ') {
-                    pos += 1;
-                }
-                if pos < bytes.len() {
-                    levels.push(pos);
-                }
-            }
-            if levels.len() > max {
-                return Some(i + 1);
+            pos = self.open_block_levels(bytes, indent);
+            if self.levels.len() > self.max {
+                return true;
             }
         }
+        self.scan(line, pos)
+    }
+
+    /// Close the block levels deeper than `indent` and open this line's (its own, and
+    /// one at each entry's content for `- - x` and `- key: v`). Returns where the
+    /// content starts.
+    fn open_block_levels(&mut self, bytes: &[u8], indent: usize) -> usize {
+        while self.levels.last().is_some_and(|&top| top > indent) {
+            self.levels.pop();
+        }
+        if self.levels.last() != Some(&indent) {
+            self.levels.push(indent);
+        }
+        let mut pos = indent;
+        while bytes.get(pos) == Some(&b'-') && matches!(bytes.get(pos + 1), None | Some(b' ')) {
+            pos += 1;
+            while bytes.get(pos) == Some(&b' ') {
+                pos += 1;
+            }
+            if pos < bytes.len() {
+                self.levels.push(pos);
+            }
+        }
+        pos
+    }
+
+    /// Scan `line` from `pos` for quotes, flow collections and block scalar headers:
+    /// whether flow nesting goes deeper than `max`.
+    fn scan(&mut self, line: &str, mut pos: usize) -> bool {
+        let bytes = line.as_bytes();
         // Could a flow collection, quoted or block scalar start here?
-        let mut token_start = quote.is_none();
+        let mut token_start = self.quote.is_none();
         let mut after_space = true;
         while pos < bytes.len() {
             let b = bytes[pos];
             pos += 1;
-            if let Some(q) = quote {
+            if let Some(q) = self.quote {
                 match (q, b) {
                     (b'"', b'\\') => pos += 1,
                     (b'\'', b'\'') if bytes.get(pos) == Some(&b'\'') => pos += 1,
-                    _ if b == q => quote = None,
+                    _ if b == q => self.quote = None,
                     _ => {}
                 }
                 after_space = false;
@@ -402,22 +435,22 @@ fn too_deep(text: &str, max: usize) -> Option<usize> {
             }
             match b {
                 b'#' if after_space => break,
-                b'"' | b'\'' if token_start => quote = Some(b),
-                b'[' | b'{' if token_start || flow > 0 => {
-                    flow += 1;
-                    if levels.len() + flow > max {
-                        return Some(i + 1);
+                b'"' | b'\'' if token_start => self.quote = Some(b),
+                b'[' | b'{' if token_start || self.flow > 0 => {
+                    self.flow += 1;
+                    if self.levels.len() + self.flow > self.max {
+                        return true;
                     }
                 }
-                b']' | b'}' if flow > 0 => flow -= 1,
-                b'|' | b'>' if token_start && flow == 0 => {
+                b']' | b'}' if self.flow > 0 => self.flow -= 1,
+                b'|' | b'>' if token_start && self.flow == 0 => {
                     let header = bytes[pos..]
                         .iter()
                         .take_while(|b| matches!(b, b'-' | b'+' | b'0'..=b'9'))
                         .count();
                     let rest = line[pos + header..].trim_start();
                     if rest.is_empty() || rest.starts_with('#') {
-                        block_scalar = Some(levels.last().copied().unwrap_or(0));
+                        self.block_scalar = Some(self.levels.last().copied().unwrap_or(0));
                         break;
                     }
                 }
@@ -426,14 +459,14 @@ fn too_deep(text: &str, max: usize) -> Option<usize> {
             let space = b == b' ' || b == b'\t';
             token_start = match b {
                 _ if space => token_start,
-                b'[' | b'{' | b',' => flow > 0 || token_start,
+                b'[' | b'{' | b',' => self.flow > 0 || token_start,
                 b':' => matches!(bytes.get(pos), None | Some(b' ' | b'\t')),
                 _ => false,
             };
             after_space = space;
         }
+        false
     }
-    None
 }
 
 /// Key of an object for duplicate detection: (kind, namespace, name).
