@@ -110,17 +110,10 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         host::bpffs(&s.bpffs_dir),
         host::capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default()),
     ];
-    let nl = match iface::Netlink::new() {
-        Ok(nl) => nl,
+    let (nl, ifaces) = match interfaces().await {
+        Ok(found) => found,
         Err(e) => {
-            out.push(fail("interfaces", format!("{e}")));
-            return out;
-        }
-    };
-    let ifaces = match nl.interfaces().await {
-        Ok(i) => i,
-        Err(e) => {
-            out.push(fail("interfaces", format!("{e}")));
+            out.push(fail("interfaces", e));
             return out;
         }
     };
@@ -147,7 +140,6 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         me.as_deref(),
         routes.as_ref(),
     ));
-
     let (candidates, gateway) = candidates(s, view, me.as_deref());
     let placed: Vec<(Candidate, Option<&Interface>)> = candidates
         .into_iter()
@@ -168,7 +160,28 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         &s.tunnel_device,
         egress.as_ref(),
     ));
+    out.extend(egress_ip_checks(s, view, me.as_deref(), gateway, &placed, &ifaces).await);
+    out
+}
 
+/// The netlink handle and this host's interfaces.
+async fn interfaces() -> Result<(iface::Netlink, Vec<Interface>), String> {
+    let nl = iface::Netlink::new().map_err(|e| e.to_string())?;
+    let ifaces = nl.interfaces().await.map_err(|e| e.to_string())?;
+    Ok((nl, ifaces))
+}
+
+/// The checks of each egress IP this node may hold (`placed`: with the interface whose
+/// subnet contains it), or why there are none.
+async fn egress_ip_checks(
+    s: &Settings,
+    view: Option<&ClusterView>,
+    me: Option<&str>,
+    gateway: bool,
+    placed: &[(Candidate, Option<&Interface>)],
+    ifaces: &[Interface],
+) -> Vec<Check> {
+    let mut out = Vec::new();
     match (view.is_some() || !s.egress_ips.is_empty(), gateway) {
         (false, _) => out.push(warn(
             "egress-ips",
@@ -179,18 +192,18 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
             format!(
                 "node {} is no gateway (no policy's gatewaySelector matches it): no egress IP \
                  to hold",
-                me.as_deref().unwrap_or("?")
+                me.unwrap_or("?")
             ),
         )),
         _ => {}
     }
-    let held_elsewhere = held_by_others(view, me.as_deref());
-    for (c, i) in &placed {
+    let held_elsewhere = held_by_others(view, me);
+    for (c, i) in placed {
         out.push(subnet_check(c, *i));
         if let Some(i) = i
             && s.dad != Dad::WhenClaimed
         {
-            out.push(duplicate_check(s, c.ip, i, &ifaces, &held_elsewhere).await);
+            out.push(duplicate_check(s, c.ip, i, ifaces, &held_elsewhere).await);
         }
     }
     out
