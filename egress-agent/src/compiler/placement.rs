@@ -398,21 +398,20 @@ fn plan_rule(
     report: &mut PolicyReport,
 ) -> Vec<RulePlan> {
     let checked = at.checked;
-    let plan = |destinations, target| RulePlan {
+    let plan = |(destinations, target)| RulePlan {
         index: at.index,
         rule_id,
         destinations,
         target,
     };
-    let listed = || Destinations::Listed(Prefixes::listed(&checked.destinations, &checked.except));
     if !checked.valid {
-        return vec![plan(listed(), Target::None)];
+        return vec![plan((listed(at), Target::None))];
     }
     match (checked.egress_ip, checked.interface.as_deref()) {
         (Some(ip), None) => {
             let holder = place_egress_ip(at, ip, gateways, cx, placed, report);
             let destinations = match checked.from_routes {
-                None => listed(),
+                None => listed(at),
                 Some(include_default) => {
                     let serving = hosting(&gateways.eligible, ip);
                     let selected = hosting(&gateways.selected_nodes, ip);
@@ -423,62 +422,101 @@ fn plan_rule(
                     learn.destinations(at, &serving, &selected, cx, report)
                 }
             };
-            vec![plan(destinations, Target::Dedicated { ip, holder })]
+            vec![plan((destinations, Target::Dedicated { ip, holder }))]
         }
-        (None, Some(interface)) => {
-            let Some(include_default) = checked.from_routes else {
-                let served = interface_gateways(interface, checked.v6, gateways);
-                if served.is_none() {
-                    interface_not_found(at.index, interface, Some(checked.v6), gateways, report);
-                }
-                return vec![plan(
-                    listed(),
-                    served.map_or(Target::None, |gateways| Target::Interface { gateways }),
-                )];
-            };
-            let families =
-                [false, true].map(|v6| (v6, interface_gateways(interface, v6, gateways)));
-            let none_served = families.iter().all(|(_, served)| served.is_none());
-            if none_served {
-                interface_not_found(at.index, interface, None, gateways, report);
+        (None, Some(interface)) => match checked.from_routes {
+            None => vec![plan(listed_on_interface(at, interface, gateways, report))],
+            Some(include_default) => {
+                let learn = LearnOn {
+                    at,
+                    interface,
+                    include_default,
+                };
+                learn
+                    .per_family(gateways, cx, report)
+                    .into_iter()
+                    .map(plan)
+                    .collect()
             }
-            let selected: Vec<_> = gateways
-                .selected_nodes
-                .iter()
-                .map(|n| (n.name, interface.to_owned()))
-                .collect();
-            families
-                .into_iter()
-                .map(|(v6, served)| {
-                    let serving: Vec<_> = served
-                        .iter()
-                        .flat_map(|g| g.keys())
-                        .map(|name| (name.as_str(), interface.to_owned()))
-                        .collect();
-                    let learn = Learn {
-                        v6,
-                        include_default,
-                    };
-                    let destinations = learn.destinations(at, &serving, &selected, cx, report);
-                    // Routed out of the interface, but no gateway has an address of the
-                    // family there to SNAT to: those follow the failure policy.
-                    let stranded = match &destinations {
-                        Destinations::Learned { fallback, .. } => {
-                            fallback.forwards().next().is_some()
-                        }
-                        Destinations::Listed(_) => false,
-                    };
-                    if served.is_none() && !none_served && stranded {
-                        interface_not_found(at.index, interface, Some(v6), gateways, report);
-                    }
-                    plan(
-                        destinations,
-                        served.map_or(Target::None, |gateways| Target::Interface { gateways }),
-                    )
-                })
-                .collect()
+        },
+        _ => vec![plan((listed(at), Target::None))],
+    }
+}
+
+/// A rule's listed destinations (and except prefixes).
+fn listed(at: &RuleAt<'_>) -> Destinations {
+    Destinations::Listed(Prefixes::listed(
+        &at.checked.destinations,
+        &at.checked.except,
+    ))
+}
+
+/// An interface rule's listed destinations, through the gateways with an address of the
+/// rule's family on `interface` (none found: reported).
+fn listed_on_interface(
+    at: &RuleAt<'_>,
+    interface: &str,
+    gateways: &Gateways<'_, '_>,
+    report: &mut PolicyReport,
+) -> (Destinations, Target) {
+    let v6 = at.checked.v6;
+    let served = interface_gateways(interface, v6, gateways);
+    if served.is_none() {
+        interface_not_found(at.index, interface, Some(v6), gateways, report);
+    }
+    let target = served.map_or(Target::None, |gateways| Target::Interface { gateways });
+    (listed(at), target)
+}
+
+/// An interface rule whose destinations are learned from the routes out of `interface`.
+struct LearnOn<'a, 'r> {
+    at: &'a RuleAt<'r>,
+    interface: &'a str,
+    include_default: bool,
+}
+
+impl LearnOn<'_, '_> {
+    /// The destinations and target of each family (IPv4, IPv6): an interface routes both.
+    fn per_family(
+        &self,
+        gateways: &Gateways<'_, '_>,
+        cx: &Context<'_, '_>,
+        report: &mut PolicyReport,
+    ) -> [(Destinations, Target); 2] {
+        let (at, interface) = (self.at, self.interface);
+        let families = [false, true].map(|v6| (v6, interface_gateways(interface, v6, gateways)));
+        let none_served = families.iter().all(|(_, served)| served.is_none());
+        if none_served {
+            interface_not_found(at.index, interface, None, gateways, report);
         }
-        _ => vec![plan(listed(), Target::None)],
+        let selected: Vec<_> = gateways
+            .selected_nodes
+            .iter()
+            .map(|n| (n.name, interface.to_owned()))
+            .collect();
+        families.map(|(v6, served)| {
+            let serving: Vec<_> = served
+                .iter()
+                .flat_map(|g| g.keys())
+                .map(|name| (name.as_str(), interface.to_owned()))
+                .collect();
+            let learn = Learn {
+                v6,
+                include_default: self.include_default,
+            };
+            let destinations = learn.destinations(at, &serving, &selected, cx, report);
+            // Routed out of the interface, but no gateway has an address of the family
+            // there to SNAT to: those follow the failure policy.
+            let stranded = match &destinations {
+                Destinations::Learned { fallback, .. } => fallback.forwards().next().is_some(),
+                Destinations::Listed(_) => false,
+            };
+            if served.is_none() && !none_served && stranded {
+                interface_not_found(at.index, interface, Some(v6), gateways, report);
+            }
+            let target = served.map_or(Target::None, |gateways| Target::Interface { gateways });
+            (destinations, target)
+        })
     }
 }
 
