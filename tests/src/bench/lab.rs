@@ -134,8 +134,9 @@ pub struct LabRun {
     pub took: Duration,
     /// How long the tunneled baseline took (up, checks, timed runs, down).
     pub tunneled_took: Option<Duration>,
-    /// Preloaded conntrack: the serving gateway, CT_V4 entries before and after the runs.
-    pub preloaded: Option<(String, usize, usize)>,
+    /// Preloaded conntrack, by served-pod count: the serving gateway, CT_V4 entries
+    /// before and after the runs.
+    pub preloaded: BTreeMap<u32, (String, usize, usize)>,
 }
 
 impl LabRun {
@@ -183,7 +184,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     ));
 
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
-    measure_preloaded(&mut r, &s.lab, &s.echo, &lp);
+    measure_preloaded(&mut r, &s.lab, &s.echo, &lp, 1);
     r.step("change-to-map latency", |r| {
         r.latency_ms = control::change_latency(&s.lab, lp.edits)?;
         Ok(())
@@ -200,6 +201,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
         .is_some();
     if applied {
         measure(&mut r, &s.lab, &s.echo, Side::Ours, pods, &lp);
+        measure_preloaded(&mut r, &s.lab, &s.echo, &lp, pods);
     }
     r.memory_10k = control::agent_memory(&s.lab).unwrap_or_default();
     r.step("compile 10k pods x 10 prefixes in process", |r| {
@@ -246,7 +248,7 @@ pub fn run_like_for_like(plan: &Plan) -> Result<LabRun> {
     };
     let mut s = Session::open()?;
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
-    measure_preloaded(&mut r, &s.lab, &s.echo, &lp);
+    measure_preloaded(&mut r, &s.lab, &s.echo, &lp, 1);
     if remove_ours_step(&mut r, &mut s.lab) {
         measure_tunneled(&mut r, &s.lab, &s.echo, &lp);
         measure_routed(&mut r, &s.lab, &s.echo, &lp);
@@ -313,30 +315,33 @@ fn start_iperf_server(lab: &Lab) -> Result<crate::netns::NsChild> {
     Ok(server)
 }
 
-/// Ours at one served pod with [`preload::FLOWS`] flows preloaded into the serving
+/// Ours at `pods` served pods with [`preload::FLOWS`] flows preloaded into the serving
 /// gateway's conntrack: loaded, checked (the table holds them, host-a still sees the
 /// egress IP), timed, checked again, removed.
-fn measure_preloaded(r: &mut LabRun, lab: &Lab, echo: &str, lp: &LabPlan) {
+fn measure_preloaded(r: &mut LabRun, lab: &Lab, echo: &str, lp: &LabPlan, pods: u32) {
     let Some(node) = holder(lab, addr::EGRESS_IP_A).map(|h| h.0) else {
         r.errors.push(format!(
-            "preloaded conntrack: nobody holds {}",
+            "preloaded conntrack at {pods} served pods: nobody holds {}",
             addr::EGRESS_IP_A
         ));
         return;
     };
     let loaded = r
-        .step("preload conntrack on the serving gateway", |r| {
-            let held = preload::load(lab, &node)?;
-            converged(lab, addr::EGRESS_IP_A)?;
-            r.preloaded = Some((node.clone(), held, 0));
-            Ok(())
-        })
+        .step(
+            &format!("preload conntrack on the serving gateway at {pods} served pods"),
+            |r| {
+                let held = preload::load(lab, &node)?;
+                converged(lab, addr::EGRESS_IP_A)?;
+                r.preloaded.insert(pods, (node.clone(), held, 0));
+                Ok(())
+            },
+        )
         .is_some();
     if loaded {
-        measure(r, lab, echo, Side::Preloaded, 1, lp);
+        measure(r, lab, echo, Side::Preloaded, pods, lp);
         r.step("conntrack after the preloaded runs", |r| {
             let after = preload::entries(lab, &node)?;
-            if let Some(p) = r.preloaded.as_mut() {
+            if let Some(p) = r.preloaded.get_mut(&pods) {
                 p.2 = after;
             }
             Ok(())
@@ -801,57 +806,78 @@ pub fn like_for_like(run: Option<&LabRun>) -> Table {
     }
 }
 
-/// Ours at one served pod, with and without [`preload::FLOWS`] conntrack flows on the
-/// serving gateway (issue 15).
+/// A table row's metric: its name, its samples in a run, how a spread of them prints.
+type Metric = (
+    &'static str,
+    fn(&LabRun) -> &Samples,
+    fn(Option<Spread>) -> String,
+);
+
+/// Ours at 1 and 10k served pods, with and without [`preload::FLOWS`] conntrack flows
+/// on the serving gateway (issue 15).
 pub fn preloaded(run: Option<&LabRun>) -> Table {
     let cols = header(&[
-        "traffic (1 served pod)",
+        "traffic",
+        "served pods",
         "ours",
         "ours, 100k flows in the gateway's conntrack",
         "preloaded / not",
     ]);
     let empty = BTreeMap::new();
     let pick = |f: fn(&LabRun) -> &Samples| run.map_or(&empty, f);
-    let row = |metric: &str, m: &Samples, fmt: fn(Option<Spread>) -> String| {
-        let (ours, loaded) = (get(m, Side::Ours, 1), get(m, Side::Preloaded, 1));
+    let row = |metric: &str, pods: u32, m: &Samples, fmt: fn(Option<Spread>) -> String| {
+        let (ours, loaded) = (get(m, Side::Ours, pods), get(m, Side::Preloaded, pods));
         vec![
             metric.to_owned(),
+            thousands(u64::from(pods)),
             fmt(ours),
             fmt(loaded),
             ratio(loaded, ours).map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
         ]
     };
-    let rows = vec![
-        row("TCP, iperf3 (Gbit/s)", pick(|r| &r.tcp_gbps), |s| {
-            spread_text(s, 2)
-        }),
-        row(
+    let metrics: [Metric; 3] = [
+        (
+            "TCP, iperf3 (Gbit/s)",
+            |r| &r.tcp_gbps,
+            |s| spread_text(s, 2),
+        ),
+        (
             "UDP, 64-byte (packets/s received)",
-            pick(|r| &r.udp_pps),
+            |r| &r.udp_pps,
             spread_big,
         ),
-        row(
+        (
             "new TCP flows/s through the gateway",
-            pick(|r| &r.flows),
+            |r| &r.flows,
             spread_big,
         ),
     ];
+    let rows = SERVED_PODS
+        .iter()
+        .flat_map(|&pods| {
+            metrics
+                .iter()
+                .map(move |(metric, f, fmt)| (pods, *metric, *f, *fmt))
+        })
+        .map(|(pods, metric, f, fmt)| row(metric, pods, pick(f), fmt))
+        .collect();
     let notes = run
-        .and_then(|r| r.preloaded.as_ref())
-        .map(|(node, before, after)| {
+        .iter()
+        .flat_map(|r| r.preloaded.iter())
+        .map(|(pods, (node, before, after))| {
             format!(
-                "{} established flows (two entries each: pods 10.246.x.y to 198.18.x.y, \
-                 translated to {}) written into {node}'s pinned CT_V4 while its agent ran, \
-                 last seen now (the sweeper keeps them); checked before timing: CT_V4 held \
-                 {} entries and host-a still saw the egress IP; {} entries after the runs; \
-                 removed afterwards.",
+                "At {} served pods: {} established flows (two entries each: pods 10.246.x.y \
+                 to 198.18.x.y, translated to {}) written into {node}'s pinned CT_V4 while \
+                 its agent ran, last seen now (the sweeper keeps them); checked before \
+                 timing: CT_V4 held {} entries and host-a still saw the egress IP; {} \
+                 entries after the runs; removed afterwards.",
+                thousands(u64::from(*pods)),
                 thousands(u64::from(preload::FLOWS)),
                 addr::EGRESS_IP_A,
                 thousands(*before as u64),
                 thousands(*after as u64),
             )
         })
-        .into_iter()
         .collect();
     Table {
         title: "Ours with a loaded conntrack".to_owned(),
