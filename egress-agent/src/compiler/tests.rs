@@ -242,6 +242,26 @@ fn rule_id(policy: &str, index: usize) -> u32 {
     rule_ids([(policy, index)])[&(policy.to_owned(), index)]
 }
 
+/// The Node named `name` in `view`, to change in place.
+fn node_mut<'a>(view: &'a mut ClusterView, name: &str) -> &'a mut Node {
+    view.nodes
+        .iter_mut()
+        .find(|n| n.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no node {name} in the test view"))
+}
+
+/// Node `name` reports Ready=False; nothing else about it changes.
+fn mark_not_ready(view: &mut ClusterView, name: &str) {
+    let conditions = node_mut(view, name)
+        .status
+        .as_mut()
+        .and_then(|st| st.conditions.as_mut())
+        .expect("test node conditions");
+    for c in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+        c.status = "False".to_owned();
+    }
+}
+
 #[test]
 fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
     // A dual-stack cluster whose primary family is IPv6: every node lists an IPv6
@@ -287,12 +307,8 @@ fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
 fn a_node_whose_underlay_is_of_the_other_family_is_reported_the_same_on_every_node() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
     // worker-2 lists an IPv6 InternalIP first; the three others tunnel over IPv4.
-    let w2 = view
-        .nodes
-        .iter_mut()
-        .find(|n| n.metadata.name.as_deref() == Some("worker-2"))
-        .unwrap();
-    w2.status
+    node_mut(&mut view, "worker-2")
+        .status
         .as_mut()
         .unwrap()
         .addresses
@@ -650,38 +666,12 @@ fn ipv6_egress_ip_fails_over_and_conflicts_like_ipv4() {
         "{conflict:?}"
     );
     // The holder goes NotReady: the other gateway takes the address.
-    for n in &mut view.nodes {
-        if n.metadata.name.as_deref() == Some(first.as_str()) {
-            *n = node(
-                &first,
-                if first == "gw-1" {
-                    "10.0.0.11"
-                } else {
-                    "10.0.0.12"
-                },
-                true,
-                false,
-            );
-        }
-    }
+    mark_not_ready(&mut view, &first);
     let c = compile(&view, "worker-1");
     let second = holder_of(&c, "2001:db8:a::10").expect("a new holder");
     assert_ne!(first, second);
     // failurePolicy applies per family when no gateway is left.
-    for n in &mut view.nodes {
-        if n.metadata.name.as_deref() == Some(second.as_str()) {
-            *n = node(
-                &second,
-                if second == "gw-1" {
-                    "10.0.0.11"
-                } else {
-                    "10.0.0.12"
-                },
-                true,
-                false,
-            );
-        }
-    }
+    mark_not_ready(&mut view, &second);
     let c = compile(&view, "worker-1");
     assert_eq!(
         c.desired.v6.policy[&(ip6("fd00:244:1::11"), net6("2001:db8:100::/48"))].action,
@@ -811,7 +801,7 @@ rules:
   egressIP: 198.51.100.10
 "#,
             tweak: |v| {
-                v.nodes[2] = node("gw-1", "10.0.0.11", true, false);
+                mark_not_ready(v, "gw-1");
                 v.egress_nodes
                     .retain(|e| e.metadata.name.as_deref() != Some("gw-2"));
             },
@@ -1070,13 +1060,7 @@ fn failover_when_the_holder_becomes_not_ready() {
         Some(first.as_str())
     );
     // Not Ready: the other gateway takes over, and the source side follows.
-    let n = view
-        .nodes
-        .iter()
-        .position(|n| n.metadata.name.as_deref() == Some(first.as_str()))
-        .expect("node");
-    let underlay = node_underlay(&view.nodes[n]).expect("underlay").to_string();
-    view.nodes[n] = node(&first, &underlay, true, false);
+    mark_not_ready(&mut view, &first);
     let c = compile(&view, "worker-1");
     let second = holder_of(&c, "198.51.100.10").expect("a new holder");
     assert_ne!(second, first);
@@ -1087,13 +1071,7 @@ fn failover_when_the_holder_becomes_not_ready() {
     let old = compile(&view, &first);
     assert!(old.desired.v4.egress_ips.is_empty());
     // Both gateways down: Drop entries, Ready False.
-    let m = view
-        .nodes
-        .iter()
-        .position(|n| n.metadata.name.as_deref() == Some(second.as_str()))
-        .expect("node");
-    let u2 = underlay_of(&view, &second).to_string();
-    view.nodes[m] = node(&second, &u2, true, false);
+    mark_not_ready(&mut view, &second);
     let c = compile(&view, "worker-1");
     assert_eq!(holder_of(&c, "198.51.100.10"), None);
     assert_eq!(
@@ -1904,11 +1882,7 @@ fn a_holder_back_from_the_dead_does_not_take_its_ip_back() {
 fn a_drained_or_cordoned_holder_hands_its_ip_over() {
     for how in ["annotation", "cordon"] {
         let mut view = held_view("gw-1", 1, None);
-        let n = view
-            .nodes
-            .iter_mut()
-            .find(|n| n.metadata.name.as_deref() == Some("gw-1"))
-            .expect("gw-1");
+        let n = node_mut(&mut view, "gw-1");
         match how {
             "annotation" => {
                 n.metadata.annotations = Some(BTreeMap::from([(

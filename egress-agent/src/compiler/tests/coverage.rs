@@ -10,19 +10,27 @@ fn covered(c: &Compiled) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// The base view with PAYMENTS and a policy `other` that sends team x's `api` pods to
+/// `destination` by 198.51.100.20.
+fn payments_and_other(destination: &str) -> ClusterView {
+    let other = format!(
+        r#"
+namespaceSelector: {{matchLabels: {{team: x}}}}
+podSelector: {{matchLabels: {{app: api}}}}
+gatewaySelector: {{matchLabels: {{egress.dev/gateway: "true"}}}}
+rules:
+- {{destinations: ["{destination}"], egressIP: 198.51.100.20}}
+"#
+    );
+    with_policies(
+        base(),
+        vec![policy("payments", PAYMENTS), policy("other", &other)],
+    )
+}
+
 #[test]
 fn every_rules_destinations_are_covered_with_their_except_holes() {
-    let other = r#"
-namespaceSelector: {matchLabels: {team: x}}
-podSelector: {matchLabels: {app: api}}
-gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
-rules:
-- {destinations: ["192.0.2.128/26"], egressIP: 198.51.100.20}
-"#;
-    let view = with_policies(
-        base(),
-        vec![policy("payments", PAYMENTS), policy("other", other)],
-    );
+    let view = payments_and_other("192.0.2.128/26");
     for node in ["worker-1", "worker-2", "gw-1"] {
         let c = compile(&view, node);
         assert_eq!(
@@ -42,17 +50,7 @@ rules:
 
 #[test]
 fn a_destination_one_rule_excepts_and_another_covers_is_covered() {
-    let other = r#"
-namespaceSelector: {matchLabels: {team: x}}
-podSelector: {matchLabels: {app: api}}
-gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
-rules:
-- {destinations: ["192.0.2.128/25"], egressIP: 198.51.100.20}
-"#;
-    let view = with_policies(
-        base(),
-        vec![policy("payments", PAYMENTS), policy("other", other)],
-    );
+    let view = payments_and_other("192.0.2.128/25");
     let c = compile(&view, "worker-1");
     assert_eq!(
         c.desired.covered.get(&"192.0.2.128/25".parse().unwrap()),
@@ -62,19 +60,7 @@ rules:
 
 #[test]
 fn learned_destinations_of_every_gateway_are_covered() {
-    let mut view = with_policies(
-        base(),
-        vec![policy(
-            "payments",
-            r#"
-namespaceSelector: {matchLabels: {team: payments}}
-podSelector: {matchLabels: {app: api}}
-gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
-rules:
-- {destinationsFrom: Routes, egressIP: 198.51.100.10}
-"#,
-        )],
-    );
+    let mut view = with_policies(base(), vec![policy("payments", routes::LEARNED)]);
     routes::set_routes(
         &mut view,
         "gw-1",

@@ -19,23 +19,31 @@ pub(super) fn set_routes(view: &mut ClusterView, node: &str, iface: &str, routes
     entry.routes = routes.iter().map(|r| (*r).to_owned()).collect();
 }
 
+/// Set the same routes out of `iface` on both gateways of the base view.
+fn set_routes_on_both(view: &mut ClusterView, iface: &str, routes: &[&str]) {
+    for gw in ["gw-1", "gw-2"] {
+        set_routes(view, gw, iface, routes);
+    }
+}
+
 /// The base cluster where both gateways route 198.51.100.0/24 (connected) and
 /// 10.50.0.0/16 (static) out of ens224, and 203.0.113.0/24 out of ens256.
 fn routed() -> ClusterView {
     let mut view = base();
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(
-            &mut view,
-            gw,
-            "ens224",
-            &["198.51.100.0/24", "10.50.0.0/16"],
-        );
-        set_routes(&mut view, gw, "ens256", &["203.0.113.0/24"]);
-    }
+    set_routes_on_both(&mut view, "ens224", &["198.51.100.0/24", "10.50.0.0/16"]);
+    set_routes_on_both(&mut view, "ens256", &["203.0.113.0/24"]);
     view
 }
 
-const LEARNED: &str = r#"
+/// The address of pod shop/api-1, selected and local to worker-1.
+const API_1: &str = "10.244.1.11";
+
+/// What worker-1 compiles from `view` with `spec` as its one policy, `p`.
+fn compile_p(view: ClusterView, spec: &str) -> Compiled {
+    compile(&with_policies(view, vec![policy("p", spec)]), "worker-1")
+}
+
+pub(super) const LEARNED: &str = r#"
 namespaceSelector: {matchLabels: {team: payments}}
 podSelector: {matchLabels: {app: api}}
 gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
@@ -80,7 +88,7 @@ fn a_rule_learns_the_holders_routes_out_of_the_egress_ips_interface() {
     let holder = holder_of(&c, "198.51.100.10").expect("a holder");
     let gw = underlay_of(&view, &holder);
     assert_eq!(
-        entries_v4(&c, "10.244.1.11"),
+        entries_v4(&c, API_1),
         vec![
             ("10.50.0.0/16".to_owned(), PolicyAction::Forward, Some(gw)),
             (
@@ -109,26 +117,21 @@ fn a_rule_learns_the_holders_routes_out_of_the_egress_ips_interface() {
 fn a_route_added_or_removed_on_the_gateways_changes_the_entries_without_a_policy_edit() {
     let mut view = with_policies(routed(), vec![policy("p", LEARNED)]);
     let before = compile(&view, "worker-1");
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(
-            &mut view,
-            gw,
-            "ens224",
-            &["198.51.100.0/24", "10.50.0.0/16", "10.60.0.0/16"],
-        );
-    }
+    set_routes_on_both(
+        &mut view,
+        "ens224",
+        &["198.51.100.0/24", "10.50.0.0/16", "10.60.0.0/16"],
+    );
     let added = compile(&view, "worker-1");
     assert_eq!(
-        prefixes_v4(&added, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&added, API_1, PolicyAction::Forward),
         ["10.50.0.0/16", "10.60.0.0/16", "198.51.100.0/24"]
     );
     assert_eq!(before.statuses, added.statuses, "no status churn");
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(&mut view, gw, "ens224", &["198.51.100.0/24"]);
-    }
+    set_routes_on_both(&mut view, "ens224", &["198.51.100.0/24"]);
     let removed = compile(&view, "worker-1");
     assert_eq!(
-        prefixes_v4(&removed, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&removed, API_1, PolicyAction::Forward),
         ["198.51.100.0/24"]
     );
 }
@@ -137,27 +140,22 @@ fn a_route_added_or_removed_on_the_gateways_changes_the_entries_without_a_policy
 fn default_routes_only_with_include_default_and_then_the_cluster_is_carved_out() {
     let mut view = routed();
     view.cluster_cidrs = vec!["10.96.0.0/12".parse().expect("cidr")];
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(&mut view, gw, "ens224", &["0.0.0.0/0", "198.51.100.0/24"]);
-    }
-    let without = compile(
-        &with_policies(view.clone(), vec![policy("p", LEARNED)]),
-        "worker-1",
-    );
+    set_routes_on_both(&mut view, "ens224", &["0.0.0.0/0", "198.51.100.0/24"]);
+    let without = compile_p(view.clone(), LEARNED);
     assert_eq!(
-        prefixes_v4(&without, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&without, API_1, PolicyAction::Forward),
         ["198.51.100.0/24"]
     );
     let with = LEARNED.replace("egressIP:", "includeDefault: true, egressIP:");
-    let c = compile(&with_policies(view, vec![policy("p", &with)]), "worker-1");
+    let c = compile_p(view, &with);
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&c, API_1, PolicyAction::Forward),
         ["0.0.0.0/0", "198.51.100.0/24"]
     );
     // The service CIDR and every node's underlay stay off the gateway, and so does what
     // the gateways route out of another interface (ens256).
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Exclude),
+        prefixes_v4(&c, API_1, PolicyAction::Exclude),
         [
             "10.0.0.1/32",
             "10.0.0.2/32",
@@ -173,23 +171,20 @@ fn default_routes_only_with_include_default_and_then_the_cluster_is_carved_out()
 fn routes_that_overlap_the_cluster_are_ignored_and_reported() {
     let mut view = routed();
     view.cluster_cidrs = vec!["10.96.0.0/12".parse().expect("cidr")];
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(
-            &mut view,
-            gw,
-            "ens224",
-            &[
-                "198.51.100.0/24",
-                "10.244.0.0/16", // holds pods
-                "10.0.0.0/24",   // holds node underlays
-                "10.100.0.0/16", // inside the service CIDR
-                "10.50.0.0/16",
-            ],
-        );
-    }
-    let c = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
+    set_routes_on_both(
+        &mut view,
+        "ens224",
+        &[
+            "198.51.100.0/24",
+            "10.244.0.0/16", // holds pods
+            "10.0.0.0/24",   // holds node underlays
+            "10.100.0.0/16", // inside the service CIDR
+            "10.50.0.0/16",
+        ],
+    );
+    let c = compile_p(view, LEARNED);
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&c, API_1, PolicyAction::Forward),
         ["10.50.0.0/16", "198.51.100.0/24"]
     );
     let degraded = status(&c, "p", condition::ROUTES_DEGRADED);
@@ -236,10 +231,7 @@ fn disagreeing() -> ClusterView {
 #[test]
 fn gateways_that_disagree_are_named_and_traffic_follows_the_holders_routes() {
     let mut view = disagreeing();
-    let c = compile(
-        &with_policies(view.clone(), vec![policy("p", LEARNED)]),
-        "worker-1",
-    );
+    let c = compile_p(view.clone(), LEARNED);
     let degraded = status(&c, "p", condition::ROUTES_DEGRADED);
     assert_eq!(degraded.reason, reason::ROUTES_DISAGREE);
     assert!(
@@ -256,51 +248,36 @@ fn gateways_that_disagree_are_named_and_traffic_follows_the_holders_routes() {
         ["10.70.0.0/16", "198.51.100.0/24"]
     };
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&c, API_1, PolicyAction::Forward),
         expected,
         "held by {holder}"
     );
     // The other gateway takes over (the holder is not Ready): its routes follow.
     let other = if holder == "gw-1" { "gw-2" } else { "gw-1" };
-    let underlay = underlay_of(&view, &holder).to_string();
-    for n in &mut view.nodes {
-        if n.metadata.name.as_deref() == Some(holder.as_str()) {
-            *n = node(&holder, &underlay, true, false);
-        }
-    }
-    let after = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
+    mark_not_ready(&mut view, &holder);
+    let after = compile_p(view, LEARNED);
     assert_eq!(holder_of(&after, "198.51.100.10").as_deref(), Some(other));
     let expected = if other == "gw-1" {
         ["10.50.0.0/16", "198.51.100.0/24"]
     } else {
         ["10.70.0.0/16", "198.51.100.0/24"]
     };
-    assert_eq!(
-        prefixes_v4(&after, "10.244.1.11", PolicyAction::Forward),
-        expected
-    );
+    assert_eq!(prefixes_v4(&after, API_1, PolicyAction::Forward), expected);
 }
 
 #[test]
 fn more_specific_routes_out_of_other_interfaces_are_carved_out() {
     let mut view = routed();
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(
-            &mut view,
-            gw,
-            "ens224",
-            &["10.50.0.0/16", "198.51.100.0/24"],
-        );
-        // Inside 10.50.0.0/16, one /24 leaves by ens256 instead.
-        set_routes(&mut view, gw, "ens256", &["10.50.7.0/24", "203.0.113.0/24"]);
-    }
-    let c = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
+    set_routes_on_both(&mut view, "ens224", &["10.50.0.0/16", "198.51.100.0/24"]);
+    // Inside 10.50.0.0/16, one /24 leaves by ens256 instead.
+    set_routes_on_both(&mut view, "ens256", &["10.50.7.0/24", "203.0.113.0/24"]);
+    let c = compile_p(view, LEARNED);
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&c, API_1, PolicyAction::Forward),
         ["10.50.0.0/16", "198.51.100.0/24"]
     );
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Exclude),
+        prefixes_v4(&c, API_1, PolicyAction::Exclude),
         ["10.50.7.0/24"]
     );
 }
@@ -311,17 +288,14 @@ fn listed_destinations_win_over_the_same_learned_prefix_and_longest_prefix_wins_
         r#"- {destinationsFrom: Routes, egressIP: 198.51.100.10}
 - {destinations: ["10.50.0.0/16", "10.50.9.0/24"], interface: ens256}"#,
     );
-    let c = compile(
-        &with_policies(routed(), vec![policy("p", &spec)]),
-        "worker-1",
-    );
-    let entries = entries_v4(&c, "10.244.1.11");
+    let c = compile_p(routed(), &spec);
+    let entries = entries_v4(&c, API_1);
     let rule_of = |prefix: &str| {
         c.desired
             .v4
             .policy
             .iter()
-            .find(|((p, n), _)| *p == ip("10.244.1.11") && n.to_string() == prefix)
+            .find(|((p, n), _)| *p == ip(API_1) && n.to_string() == prefix)
             .map(|(_, e)| e.rule_id)
     };
     assert_eq!(
@@ -352,22 +326,19 @@ fn except_applies_inside_learned_destinations() {
         "except: [10.50.3.0/24, 10.51.0.0/16], egressIP: 198.51.100.10",
     );
     let mut view = routed();
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(
-            &mut view,
-            gw,
-            "ens224",
-            &["10.50.0.0/16", "10.51.4.0/24", "198.51.100.0/24"],
-        );
-    }
-    let c = compile(&with_policies(view, vec![policy("p", &spec)]), "worker-1");
+    set_routes_on_both(
+        &mut view,
+        "ens224",
+        &["10.50.0.0/16", "10.51.4.0/24", "198.51.100.0/24"],
+    );
+    let c = compile_p(view, &spec);
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Forward),
+        prefixes_v4(&c, API_1, PolicyAction::Forward),
         ["10.50.0.0/16", "198.51.100.0/24"],
         "10.51.4.0/24 lies inside an except"
     );
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::Exclude),
+        prefixes_v4(&c, API_1, PolicyAction::Exclude),
         ["10.50.3.0/24"]
     );
 }
@@ -375,20 +346,13 @@ fn except_applies_inside_learned_destinations() {
 #[test]
 fn with_no_gateway_the_failure_policy_covers_every_route_a_selected_gateway_publishes() {
     let mut view = disagreeing();
-    for n in &mut view.nodes {
-        if let Some(name @ ("gw-1" | "gw-2")) = n.metadata.name.clone().as_deref() {
-            let underlay = if name == "gw-1" {
-                "10.0.0.11"
-            } else {
-                "10.0.0.12"
-            };
-            *n = node(name, underlay, true, false);
-        }
+    for gw in ["gw-1", "gw-2"] {
+        mark_not_ready(&mut view, gw);
     }
-    let c = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
+    let c = compile_p(view, LEARNED);
     assert_eq!(holder_of(&c, "198.51.100.10"), None);
     assert_eq!(
-        prefixes_v4(&c, "10.244.1.11", PolicyAction::NoGatewayDrop),
+        prefixes_v4(&c, API_1, PolicyAction::NoGatewayDrop),
         ["10.50.0.0/16", "10.70.0.0/16", "198.51.100.0/24"]
     );
 }
@@ -421,10 +385,7 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
             "2001:db8:82::/48",
         ],
     );
-    let c = compile(
-        &with_policies(view.clone(), vec![policy("p", &spec)]),
-        "worker-1",
-    );
+    let c = compile_p(view.clone(), &spec);
     let by_gateway: BTreeMap<IpAddr, &str> = [
         (underlay_of(&view, "gw-1"), "gw-1"),
         (underlay_of(&view, "gw-2"), "gw-2"),
@@ -458,7 +419,7 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
     assert_eq!(degraded.reason, reason::ROUTES_DISAGREE);
     assert_eq!(status(&c, "p", condition::READY).status, "True");
     // Every local pod address has its gateway's own prefix.
-    for pod in ["10.244.1.11", "10.244.1.12"] {
+    for pod in [API_1, "10.244.1.12"] {
         let forwards = prefixes_v4(&c, pod, PolicyAction::Forward);
         assert_eq!(forwards.len(), 2, "{pod}: {forwards:?}");
         assert!(forwards.contains(&"203.0.113.0/24".to_owned()));
@@ -471,20 +432,17 @@ fn ipv6_egress_ip_rules_learn_only_ipv6_routes() {
     let mut view = routed();
     dual_stack_gateways(&mut view);
     dual_stack_pods(&mut view);
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(
-            &mut view,
-            gw,
-            "ens224",
-            &[
-                "198.51.100.0/24",
-                "2001:db8:a::/64",
-                "2001:db8:99::/48",
-                "::/0",
-            ],
-        );
-    }
-    let c = compile(&with_policies(view, vec![policy("p", &spec)]), "worker-1");
+    set_routes_on_both(
+        &mut view,
+        "ens224",
+        &[
+            "198.51.100.0/24",
+            "2001:db8:a::/64",
+            "2001:db8:99::/48",
+            "::/0",
+        ],
+    );
+    let c = compile_p(view, &spec);
     assert!(c.desired.v4.policy.is_empty(), "{:?}", c.desired.v4.policy);
     let v6: BTreeSet<String> = c
         .desired
@@ -510,7 +468,7 @@ fn a_gateway_over_the_route_cap_is_reported_not_silently_truncated() {
             }
         }
     }
-    let c = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
+    let c = compile_p(view, LEARNED);
     let degraded = status(&c, "p", condition::ROUTES_DEGRADED);
     assert_eq!(degraded.reason, reason::ROUTES_TRUNCATED);
     assert!(
@@ -527,13 +485,11 @@ fn ten_thousand_routes_compile_into_entries_for_each_local_pod() {
         .map(|i| format!("10.{}.{}.0/24", 100 + i / 256, i % 256))
         .collect();
     let refs: Vec<&str> = routes.iter().map(String::as_str).collect();
-    for gw in ["gw-1", "gw-2"] {
-        set_routes(&mut view, gw, "ens224", &refs);
-    }
-    let c = compile(&with_policies(view, vec![policy("p", LEARNED)]), "worker-1");
+    set_routes_on_both(&mut view, "ens224", &refs);
+    let c = compile_p(view, LEARNED);
     // api-1 and api-2 are local: 10k entries each.
     assert_eq!(c.desired.v4.policy.len(), 20_000);
-    assert_eq!(c.desired.v4.selected[&ip("10.244.1.11")], 10_000);
+    assert_eq!(c.desired.v4.selected[&ip(API_1)], 10_000);
 }
 
 #[test]
@@ -559,10 +515,7 @@ fn a_rule_gives_exactly_one_of_destinations_and_destinations_from() {
         let spec = format!(
             "gatewaySelector: {{matchLabels: {{egress.dev/gateway: \"true\"}}}}\nrules:\n{rule}\n"
         );
-        let c = compile(
-            &with_policies(routed(), vec![policy("p", &spec)]),
-            "worker-1",
-        );
+        let c = compile_p(routed(), &spec);
         let accepted = status(&c, "p", condition::ACCEPTED);
         assert_eq!(accepted.status, "False", "{rule}");
         assert_eq!(accepted.reason, want_reason, "{rule}");
