@@ -168,14 +168,7 @@ mod tests {
     }
 
     fn iface(name: &str, ifindex: u32) -> iface::Interface {
-        iface::Interface {
-            name: name.to_owned(),
-            ifindex,
-            up: true,
-            mtu: 1500,
-            mac: None,
-            addresses: Vec::new(),
-        }
+        iface::Interface::up_for_test(name, ifindex, &[])
     }
 
     fn ifaces() -> Vec<iface::Interface> {
@@ -209,15 +202,14 @@ mod tests {
             .collect()
     }
 
+    /// What `wanted` gives for the tunnel, `desired()`, `ifaces()` and `table()`.
+    fn wanted_here(unknown_pods: UnknownPods) -> (BTreeSet<Attachment>, Vec<String>) {
+        wanted(&TUNNEL, &desired(), &ifaces(), Some(&table()), unknown_pods)
+    }
+
     #[test]
     fn the_tunnel_the_egress_interfaces_present_and_the_selected_pods_devices() {
-        let (a, problems) = wanted(
-            &TUNNEL,
-            &desired(),
-            &ifaces(),
-            Some(&table()),
-            UnknownPods::Pass,
-        );
+        let (a, problems) = wanted_here(UnknownPods::Pass);
         let mut got = names(&a);
         got.sort();
         assert_eq!(
@@ -233,13 +225,7 @@ mod tests {
 
     #[test]
     fn unknown_pods_drop_also_takes_every_pod_device_and_nothing_else() {
-        let (a, _) = wanted(
-            &TUNNEL,
-            &desired(),
-            &ifaces(),
-            Some(&table()),
-            UnknownPods::Drop,
-        );
+        let (a, _) = wanted_here(UnknownPods::Drop);
         let pods: Vec<String> = names(&a)
             .into_iter()
             .filter(|n| n.starts_with("from_pod"))

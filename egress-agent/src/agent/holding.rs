@@ -414,17 +414,7 @@ mod tests {
     }
 
     fn iface(name: &str, ifindex: u32, addresses: &[(&str, u8)]) -> crate::iface::Interface {
-        crate::iface::Interface {
-            name: name.to_owned(),
-            ifindex,
-            up: true,
-            mtu: 1500,
-            mac: None,
-            addresses: addresses
-                .iter()
-                .map(|(a, l)| (a.parse().unwrap(), *l))
-                .collect(),
-        }
+        crate::iface::Interface::up_for_test(name, ifindex, addresses)
     }
 
     #[test]

@@ -165,14 +165,7 @@ mod tests {
     use super::*;
 
     fn interface(name: &str, ifindex: u32) -> iface::Interface {
-        iface::Interface {
-            name: name.to_owned(),
-            ifindex,
-            up: true,
-            mtu: 1500,
-            mac: None,
-            addresses: vec![(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), 24)],
-        }
+        iface::Interface::up_for_test(name, ifindex, &[("192.0.2.1", 24)])
     }
 
     fn nets(list: &[&str]) -> BTreeSet<IpNet> {

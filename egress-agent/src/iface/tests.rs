@@ -90,6 +90,21 @@ async fn add_route(nl: &Netlink, destination: &str, oif: Option<u32>, metric: u3
         .unwrap_or_else(|e| panic!("add route {destination} dev {oif:?} metric {metric}: {e}"));
 }
 
+impl Interface {
+    /// An up interface with MTU 1500, no MAC and `addresses` (literal, prefix length), for
+    /// the tests elsewhere in the crate that take interfaces as a listing gave them.
+    pub(crate) fn up_for_test(name: &str, ifindex: u32, addresses: &[(&str, u8)]) -> Self {
+        Self {
+            name: name.to_owned(),
+            ifindex,
+            up: true,
+            mtu: 1500,
+            mac: None,
+            addresses: addresses.iter().map(|(a, len)| (ip(a), *len)).collect(),
+        }
+    }
+}
+
 async fn interface(nl: &Netlink, ifindex: u32) -> Interface {
     nl.interfaces()
         .await
@@ -195,12 +210,11 @@ fn addresses_are_idempotent_and_listed() {
         let v6 = (ip("2001:db8::10"), 64);
 
         for (address, prefix_len) in [v4, v6] {
-            nl.add_address(index, address, prefix_len)
-                .await
-                .expect("add");
-            nl.add_address(index, address, prefix_len)
-                .await
-                .expect("add again");
+            for attempt in ["add", "add again"] {
+                nl.add_address(index, address, prefix_len)
+                    .await
+                    .expect(attempt);
+            }
         }
         let listed = interface(&nl, index).await.addresses;
         assert!(listed.contains(&v4) && listed.contains(&v6), "{listed:?}");
@@ -220,12 +234,11 @@ fn addresses_are_idempotent_and_listed() {
         assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
 
         for (address, prefix_len) in [v4, v6] {
-            nl.del_address(index, address, prefix_len)
-                .await
-                .expect("remove");
-            nl.del_address(index, address, prefix_len)
-                .await
-                .expect("remove again");
+            for attempt in ["remove", "remove again"] {
+                nl.del_address(index, address, prefix_len)
+                    .await
+                    .expect(attempt);
+            }
         }
         let listed = interface(&nl, index).await.addresses;
         assert!(!listed.contains(&v4) && !listed.contains(&v6), "{listed:?}");
