@@ -297,7 +297,33 @@ mod tests {
     use egress_common::policy::{AdmittedKeyV4, AdmittedKeyV6};
 
     use super::*;
-    use crate::desired::{GatewayRuleV4, HeldIp, PolicyEntryV4};
+    use crate::desired::{GatewayRule, PolicyEntry};
+
+    /// A Forward entry of rule `rule_id` by the gateway at 10.200.0.21 as `egress_ip`.
+    fn forward<F: Family>(egress_ip: F::Addr, rule_id: u32) -> PolicyEntry<F> {
+        PolicyEntry {
+            action: PolicyAction::Forward,
+            gateway: Some("10.200.0.21".parse().unwrap()),
+            egress_ip: Some(egress_ip),
+            rule_id,
+        }
+    }
+
+    fn rule<F: Family>(egress_ip: F::Addr, interface: &str) -> GatewayRule<F> {
+        GatewayRule {
+            egress_ip,
+            interface: interface.into(),
+        }
+    }
+
+    /// An egress address held on interface sec-a.
+    fn held_on_sec_a(prefix_len: u8, shared: bool) -> HeldIp {
+        HeldIp {
+            interface: "sec-a".into(),
+            prefix_len,
+            shared,
+        }
+    }
 
     #[test]
     fn converts_entries_and_reports_missing_interfaces() {
@@ -305,36 +331,15 @@ mod tests {
         let pod: Ipv4Addr = "10.244.1.5".parse().unwrap();
         d.v4.policy.insert(
             (pod, "192.0.2.0/24".parse().unwrap()),
-            PolicyEntryV4 {
-                action: PolicyAction::Forward,
-                gateway: Some("10.200.0.21".parse().unwrap()),
-                egress_ip: Some("192.0.2.50".parse().unwrap()),
-                rule_id: 7,
-            },
+            forward("192.0.2.50".parse().unwrap(), 7),
         );
         d.v4.selected.insert(pod, 1);
-        d.v4.rules.insert(
-            7,
-            GatewayRuleV4 {
-                egress_ip: "192.0.2.50".parse().unwrap(),
-                interface: "sec-a".into(),
-            },
-        );
-        d.v4.rules.insert(
-            8,
-            GatewayRuleV4 {
-                egress_ip: "198.51.100.9".parse().unwrap(),
-                interface: "nope".into(),
-            },
-        );
-        d.v4.egress_ips.insert(
-            "192.0.2.50".parse().unwrap(),
-            HeldIp {
-                interface: "sec-a".into(),
-                prefix_len: 24,
-                shared: false,
-            },
-        );
+        d.v4.rules
+            .insert(7, rule("192.0.2.50".parse().unwrap(), "sec-a"));
+        d.v4.rules
+            .insert(8, rule("198.51.100.9".parse().unwrap(), "nope"));
+        d.v4.egress_ips
+            .insert("192.0.2.50".parse().unwrap(), held_on_sec_a(24, false));
         let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
         let (key, v) = s.v4.policy.iter().next().unwrap();
         assert_eq!(key.dst_len, 24);
@@ -353,19 +358,12 @@ mod tests {
 
     #[test]
     fn converts_ipv6_entries_with_the_ipv4_underlay_gateway() {
-        use crate::desired::{GatewayRuleV6, PolicyEntryV6};
+        use crate::desired::PolicyEntryV6;
         let mut d = Desired::default();
         let pod: Ipv6Addr = "fd00:244:1::5".parse().unwrap();
         let egress: Ipv6Addr = "fd00:101::50".parse().unwrap();
-        d.v6.policy.insert(
-            (pod, "fd00:101::/64".parse().unwrap()),
-            PolicyEntryV6 {
-                action: PolicyAction::Forward,
-                gateway: Some("10.200.0.21".parse().unwrap()),
-                egress_ip: Some(egress),
-                rule_id: 9,
-            },
-        );
+        d.v6.policy
+            .insert((pod, "fd00:101::/64".parse().unwrap()), forward(egress, 9));
         d.v6.policy.insert(
             (pod, "fd00:101::/120".parse().unwrap()),
             PolicyEntryV6 {
@@ -376,22 +374,9 @@ mod tests {
             },
         );
         d.v6.selected.insert(pod, 2);
-        d.v6.rules.insert(
-            9,
-            GatewayRuleV6 {
-                egress_ip: egress,
-                interface: "sec-a".into(),
-            },
-        );
+        d.v6.rules.insert(9, rule(egress, "sec-a"));
         d.v6.pod_owner.insert(pod, "10.200.0.1".parse().unwrap());
-        d.v6.egress_ips.insert(
-            egress,
-            HeldIp {
-                interface: "sec-a".into(),
-                prefix_len: 64,
-                shared: true,
-            },
-        );
+        d.v6.egress_ips.insert(egress, held_on_sec_a(64, true));
         let (s, unresolved) = MapState::from_desired(&d, |n| (n == "sec-a").then_some(4));
         assert!(unresolved.is_empty());
         let forward = s.v6.policy.iter().find(|(k, _)| k.dst_len == 64).unwrap();
