@@ -604,6 +604,33 @@ fn assert_never_emptied(emptied: &Mutex<bool>) {
     );
 }
 
+/// A watched `cluster()` whose pods' first watch is open, with a guard that no view
+/// published from then on loses every pod.
+struct Recovering {
+    fake: Fake,
+    rx: watch::Receiver<Arc<Snapshot>>,
+    emptied: Arc<Mutex<bool>>,
+}
+
+async fn recovering() -> Recovering {
+    let fake = cluster().await;
+    let rx = start_watch(&fake).await;
+    let emptied = watch_for_empty_views(rx.clone());
+    fake.wait_watches(PODS, 1).await;
+    Recovering { fake, rx, emptied }
+}
+
+impl Recovering {
+    /// Once the pods' second watch is open, pod `name` is added: the view must come to
+    /// hold the pods `want` (`what` names the wait), and never have been empty.
+    async fn a_pod_added_arrives(&mut self, what: &str, name: &str, ip: &str, want: &[&str]) {
+        self.fake.wait_watches(PODS, 2).await;
+        self.fake.apply(PODS, pod("payments", name, ip));
+        wait_for(&mut self.rx, what, |s| pod_names(s) == want).await;
+        assert_never_emptied(&self.emptied);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Reading
 
@@ -691,70 +718,56 @@ async fn watch_events_update_the_view() {
 
 #[tokio::test]
 async fn a_watch_that_ends_is_reestablished() {
-    let fake = cluster().await;
-    let mut rx = start_watch(&fake).await;
-    let emptied = watch_for_empty_views(rx.clone());
-    fake.wait_watches(PODS, 1).await;
-    let lists = fake.lists(PODS);
+    let mut r = recovering().await;
+    let lists = r.fake.lists(PODS);
 
-    fake.end_watches(PODS);
-    fake.wait_watches(PODS, 2).await;
-    fake.apply(PODS, pod("payments", "c", "10.0.0.3"));
-    wait_for(&mut rx, "pod c after the watch ended", |s| {
-        pod_names(s) == ["a", "b", "c"]
-    })
+    r.fake.end_watches(PODS);
+    r.a_pod_added_arrives(
+        "pod c after the watch ended",
+        "c",
+        "10.0.0.3",
+        &["a", "b", "c"],
+    )
     .await;
     // Resumed from the last resourceVersion, without a new list.
-    assert_eq!(fake.lists(PODS), lists);
-    assert_never_emptied(&emptied);
+    assert_eq!(r.fake.lists(PODS), lists);
 }
 
 #[tokio::test]
 async fn gone_410_relists_and_the_view_converges() {
-    let fake = cluster().await;
-    let mut rx = start_watch(&fake).await;
-    let emptied = watch_for_empty_views(rx.clone());
-    fake.wait_watches(PODS, 1).await;
-    let lists = fake.lists(PODS);
+    let mut r = recovering().await;
+    let lists = r.fake.lists(PODS);
 
     // What happened while the watch was away: a went, c came.
-    fake.remove_silently(PODS, "payments/a");
-    fake.put_silently(PODS, pod("payments", "c", "10.0.0.3"));
-    fake.gone(PODS);
+    r.fake.remove_silently(PODS, "payments/a");
+    r.fake.put_silently(PODS, pod("payments", "c", "10.0.0.3"));
+    r.fake.gone(PODS);
     // The last good view is kept meanwhile.
-    assert_eq!(pod_names(&rx.borrow()), ["a", "b"]);
-    wait_for(&mut rx, "the re-listed pods", |s| {
+    assert_eq!(pod_names(&r.rx.borrow()), ["a", "b"]);
+    wait_for(&mut r.rx, "the re-listed pods", |s| {
         pod_names(s) == ["b", "c"]
     })
     .await;
-    assert!(fake.lists(PODS) > lists, "410 Gone must cause a new list");
+    assert!(r.fake.lists(PODS) > lists, "410 Gone must cause a new list");
 
     // And the new watch delivers later events.
-    fake.wait_watches(PODS, 2).await;
-    fake.apply(PODS, pod("payments", "d", "10.0.0.4"));
-    wait_for(&mut rx, "pod d after the re-list", |s| {
-        pod_names(s) == ["b", "c", "d"]
-    })
-    .await;
-    assert_never_emptied(&emptied);
+    r.a_pod_added_arrives("pod d after the re-list", "d", "10.0.0.4", &["b", "c", "d"])
+        .await;
 }
 
 #[tokio::test]
 async fn a_dropped_connection_is_survived() {
-    let fake = cluster().await;
-    let mut rx = start_watch(&fake).await;
-    let emptied = watch_for_empty_views(rx.clone());
-    fake.wait_watches(PODS, 1).await;
+    let mut r = recovering().await;
 
-    fake.drop_watches(PODS);
-    assert_eq!(pod_names(&rx.borrow()), ["a", "b"]);
-    fake.wait_watches(PODS, 2).await;
-    fake.apply(PODS, pod("payments", "c", "10.0.0.3"));
-    wait_for(&mut rx, "pod c after the connection dropped", |s| {
-        pod_names(s) == ["a", "b", "c"]
-    })
+    r.fake.drop_watches(PODS);
+    assert_eq!(pod_names(&r.rx.borrow()), ["a", "b"]);
+    r.a_pod_added_arrives(
+        "pod c after the connection dropped",
+        "c",
+        "10.0.0.3",
+        &["a", "b", "c"],
+    )
     .await;
-    assert_never_emptied(&emptied);
 }
 
 #[tokio::test]
