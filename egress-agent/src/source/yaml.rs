@@ -1512,11 +1512,7 @@ metadata: {name: two}
     fn directory_reads_yaml_and_yml_files_and_skips_others() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("a.yaml"), GOOD).expect("write");
-        std::fs::write(
-            dir.path().join("b.yml"),
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: other}\n",
-        )
-        .expect("write");
+        std::fs::write(dir.path().join("b.yml"), namespace_doc("other")).expect("write");
         std::fs::write(dir.path().join("notes.txt"), "not yaml: [").expect("write");
         std::fs::write(dir.path().join(".hidden.yaml"), "not yaml: [").expect("write");
         let snap = load_dir(dir.path());
@@ -1561,11 +1557,7 @@ metadata: {name: two}
     async fn polling_alone_notices_an_edit_within_a_second() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("ns.yaml");
-        std::fs::write(
-            &file,
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
-        )
-        .expect("write");
+        std::fs::write(&file, namespace_doc("a")).expect("write");
         let cidrs = vec!["10.244.0.0/16".parse().expect("CIDR")];
         let mut rx = watch_with(
             dir.path().to_owned(),
@@ -1581,15 +1573,8 @@ metadata: {name: two}
         // granularity).
         tokio::time::sleep(Duration::from_millis(50)).await;
         let start = Instant::now();
-        std::fs::write(
-            &file,
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n",
-        )
-        .expect("write");
-        tokio::time::timeout(Duration::from_secs(1), rx.changed())
-            .await
-            .expect("no change within 1 s")
-            .expect("watcher alive");
+        std::fs::write(&file, namespace_doc("b")).expect("write");
+        next_change(&mut rx).await;
         let snap = rx.borrow_and_update().clone();
         assert_eq!(
             snap.view.namespaces[0].metadata.name.as_deref(),
@@ -1600,23 +1585,13 @@ metadata: {name: two}
         assert_eq!(snap.view.cluster_cidrs, cidrs);
 
         // A new file.
-        std::fs::write(
-            dir.path().join("more.yml"),
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: c}\n",
-        )
-        .expect("write");
-        tokio::time::timeout(Duration::from_secs(1), rx.changed())
-            .await
-            .expect("no change within 1 s")
-            .expect("watcher alive");
+        std::fs::write(dir.path().join("more.yml"), namespace_doc("c")).expect("write");
+        next_change(&mut rx).await;
         assert_eq!(rx.borrow().view.namespaces.len(), 2);
 
         // A file removed.
         std::fs::remove_file(&file).expect("remove");
-        tokio::time::timeout(Duration::from_secs(1), rx.changed())
-            .await
-            .expect("no change within 1 s")
-            .expect("watcher alive");
+        next_change(&mut rx).await;
         assert_eq!(rx.borrow().view.namespaces.len(), 1);
     }
 
@@ -1641,6 +1616,19 @@ metadata: {name: two}
         .expect("no matching snapshot within 10 s (inotify)")
     }
 
+    /// A Namespace document for `name`.
+    fn namespace_doc(name: &str) -> String {
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n")
+    }
+
+    /// Waits for the next snapshot, 1 s at most.
+    async fn next_change(rx: &mut tokio_watch::Receiver<Arc<Snapshot>>) {
+        tokio::time::timeout(Duration::from_secs(1), rx.changed())
+            .await
+            .expect("no change within 1 s")
+            .expect("watcher alive");
+    }
+
     fn names(snap: &Snapshot) -> Vec<&str> {
         snap.view
             .namespaces
@@ -1655,16 +1643,14 @@ metadata: {name: two}
     async fn inotify_notices_an_editors_write_and_rename() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("ns.yaml");
-        let ns =
-            |name: &str| format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n");
-        std::fs::write(&file, ns("a")).expect("write");
+        std::fs::write(&file, namespace_doc("a")).expect("write");
         let mut rx = watch(dir.path(), HOUR, Vec::new()).await;
         assert_eq!(names(&rx.borrow_and_update()), ["a"]);
 
         // An editor's save: a backup, a temporary file renamed over the original.
-        std::fs::write(dir.path().join("ns.yaml~"), ns("a")).expect("write backup");
+        std::fs::write(dir.path().join("ns.yaml~"), namespace_doc("a")).expect("write backup");
         let tmp = dir.path().join(".ns.yaml.swp");
-        std::fs::write(&tmp, ns("b")).expect("write temporary");
+        std::fs::write(&tmp, namespace_doc("b")).expect("write temporary");
         std::fs::rename(&tmp, &file).expect("rename");
         let snap = wait_for(&mut rx, |s| names(s) != ["a"]).await;
         assert_eq!(names(&snap), ["b"]);
@@ -1672,7 +1658,7 @@ metadata: {name: two}
 
         // Rewritten in place with the same length: named by inotify, so read even if the
         // mtime did not move.
-        std::fs::write(&file, ns("c")).expect("write");
+        std::fs::write(&file, namespace_doc("c")).expect("write");
         let snap = wait_for(&mut rx, |s| names(s) != ["b"]).await;
         assert_eq!(names(&snap), ["c"]);
 
@@ -1685,11 +1671,7 @@ metadata: {name: two}
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_half_written_file_is_reported_and_read_again_once_whole() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            dir.path().join("a.yaml"),
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
-        )
-        .expect("write");
+        std::fs::write(dir.path().join("a.yaml"), namespace_doc("a")).expect("write");
         let mut rx = watch(dir.path(), HOUR, Vec::new()).await;
         assert_eq!(names(&rx.borrow_and_update()), ["a"]);
 
