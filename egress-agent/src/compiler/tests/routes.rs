@@ -81,6 +81,16 @@ fn prefixes_v4(c: &Compiled, pod: &str, action: PolicyAction) -> Vec<String> {
         .collect()
 }
 
+/// The prefixes api-1 forwards to a gateway.
+fn forwarded(c: &Compiled) -> Vec<String> {
+    prefixes_v4(c, API_1, PolicyAction::Forward)
+}
+
+/// The prefixes api-1 keeps off the gateway.
+fn excluded(c: &Compiled) -> Vec<String> {
+    prefixes_v4(c, API_1, PolicyAction::Exclude)
+}
+
 #[test]
 fn a_rule_learns_the_holders_routes_out_of_the_egress_ips_interface() {
     let view = with_policies(routed(), vec![policy("p", LEARNED)]);
@@ -124,16 +134,13 @@ fn a_route_added_or_removed_on_the_gateways_changes_the_entries_without_a_policy
     );
     let added = compile(&view, "worker-1");
     assert_eq!(
-        prefixes_v4(&added, API_1, PolicyAction::Forward),
+        forwarded(&added),
         ["10.50.0.0/16", "10.60.0.0/16", "198.51.100.0/24"]
     );
     assert_eq!(before.statuses, added.statuses, "no status churn");
     set_routes_on_both(&mut view, "ens224", &["198.51.100.0/24"]);
     let removed = compile(&view, "worker-1");
-    assert_eq!(
-        prefixes_v4(&removed, API_1, PolicyAction::Forward),
-        ["198.51.100.0/24"]
-    );
+    assert_eq!(forwarded(&removed), ["198.51.100.0/24"]);
 }
 
 #[test]
@@ -142,20 +149,14 @@ fn default_routes_only_with_include_default_and_then_the_cluster_is_carved_out()
     view.cluster_cidrs = vec!["10.96.0.0/12".parse().expect("cidr")];
     set_routes_on_both(&mut view, "ens224", &["0.0.0.0/0", "198.51.100.0/24"]);
     let without = compile_p(view.clone(), LEARNED);
-    assert_eq!(
-        prefixes_v4(&without, API_1, PolicyAction::Forward),
-        ["198.51.100.0/24"]
-    );
+    assert_eq!(forwarded(&without), ["198.51.100.0/24"]);
     let with = LEARNED.replace("egressIP:", "includeDefault: true, egressIP:");
     let c = compile_p(view, &with);
-    assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Forward),
-        ["0.0.0.0/0", "198.51.100.0/24"]
-    );
+    assert_eq!(forwarded(&c), ["0.0.0.0/0", "198.51.100.0/24"]);
     // The service CIDR and every node's underlay stay off the gateway, and so does what
     // the gateways route out of another interface (ens256).
     assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Exclude),
+        excluded(&c),
         [
             "10.0.0.1/32",
             "10.0.0.2/32",
@@ -183,10 +184,7 @@ fn routes_that_overlap_the_cluster_are_ignored_and_reported() {
         ],
     );
     let c = compile_p(view, LEARNED);
-    assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Forward),
-        ["10.50.0.0/16", "198.51.100.0/24"]
-    );
+    assert_eq!(forwarded(&c), ["10.50.0.0/16", "198.51.100.0/24"]);
     let degraded = status(&c, "p", condition::ROUTES_DEGRADED);
     assert_eq!(degraded.status, "True");
     assert_eq!(degraded.reason, reason::ROUTES_OVERLAP_CLUSTER);
@@ -247,11 +245,7 @@ fn gateways_that_disagree_are_named_and_traffic_follows_the_holders_routes() {
     } else {
         ["10.70.0.0/16", "198.51.100.0/24"]
     };
-    assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Forward),
-        expected,
-        "held by {holder}"
-    );
+    assert_eq!(forwarded(&c), expected, "held by {holder}");
     // The other gateway takes over (the holder is not Ready): its routes follow.
     let other = if holder == "gw-1" { "gw-2" } else { "gw-1" };
     mark_not_ready(&mut view, &holder);
@@ -262,7 +256,7 @@ fn gateways_that_disagree_are_named_and_traffic_follows_the_holders_routes() {
     } else {
         ["10.70.0.0/16", "198.51.100.0/24"]
     };
-    assert_eq!(prefixes_v4(&after, API_1, PolicyAction::Forward), expected);
+    assert_eq!(forwarded(&after), expected);
 }
 
 #[test]
@@ -272,14 +266,8 @@ fn more_specific_routes_out_of_other_interfaces_are_carved_out() {
     // Inside 10.50.0.0/16, one /24 leaves by ens256 instead.
     set_routes_on_both(&mut view, "ens256", &["10.50.7.0/24", "203.0.113.0/24"]);
     let c = compile_p(view, LEARNED);
-    assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Forward),
-        ["10.50.0.0/16", "198.51.100.0/24"]
-    );
-    assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Exclude),
-        ["10.50.7.0/24"]
-    );
+    assert_eq!(forwarded(&c), ["10.50.0.0/16", "198.51.100.0/24"]);
+    assert_eq!(excluded(&c), ["10.50.7.0/24"]);
 }
 
 #[test]
@@ -333,14 +321,11 @@ fn except_applies_inside_learned_destinations() {
     );
     let c = compile_p(view, &spec);
     assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Forward),
+        forwarded(&c),
         ["10.50.0.0/16", "198.51.100.0/24"],
         "10.51.4.0/24 lies inside an except"
     );
-    assert_eq!(
-        prefixes_v4(&c, API_1, PolicyAction::Exclude),
-        ["10.50.3.0/24"]
-    );
+    assert_eq!(excluded(&c), ["10.50.3.0/24"]);
 }
 
 #[test]
@@ -391,26 +376,33 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
         (underlay_of(&view, "gw-2"), "gw-2"),
     ]
     .into();
-    // Each pod address gets its own gateway's prefixes, never the other's.
-    for ((pod, prefix), e) in &c.desired.v4.policy {
-        let gw = by_gateway[&e.gateway.expect("forward")];
-        let other = if gw == "gw-1" {
-            "10.82.0.0/16"
+    // Each pod address (of either family) gets its own gateway's prefixes, never the
+    // other's.
+    let v4 = c
+        .desired
+        .v4
+        .policy
+        .iter()
+        .map(|((pod, prefix), e)| (pod.to_string(), prefix.to_string(), e.gateway));
+    let v6 = c
+        .desired
+        .v6
+        .policy
+        .iter()
+        .map(|((pod, prefix), e)| (pod.to_string(), prefix.to_string(), e.gateway));
+    for (pod, prefix, gateway) in v4.chain(v6) {
+        let gw = by_gateway[&gateway.expect("forward")];
+        let others = if gw == "gw-1" {
+            ["10.82.0.0/16", "2001:db8:82::/48"]
         } else {
-            "10.81.0.0/16"
+            ["10.81.0.0/16", "2001:db8:81::/48"]
         };
-        assert_ne!(prefix.to_string(), other, "{pod} via {gw}");
+        assert!(
+            !others.contains(&prefix.as_str()),
+            "{pod} via {gw}: {prefix}"
+        );
     }
-    for ((pod, prefix), e) in &c.desired.v6.policy {
-        let gw = by_gateway[&e.gateway.expect("forward")];
-        let other = if gw == "gw-1" {
-            "2001:db8:82::/48"
-        } else {
-            "2001:db8:81::/48"
-        };
-        assert_ne!(prefix.to_string(), other, "{pod} via {gw}");
-        assert!(e.egress_ip.is_some());
-    }
+    assert!(c.desired.v6.policy.values().all(|e| e.egress_ip.is_some()));
     assert!(
         !c.desired.v6.policy.is_empty(),
         "IPv6 routes are learned too"
