@@ -378,19 +378,9 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
     .into();
     // Each pod address (of either family) gets its own gateway's prefixes, never the
     // other's.
-    let v4 = c
-        .desired
-        .v4
-        .policy
-        .iter()
-        .map(|((pod, prefix), e)| (pod.to_string(), prefix.to_string(), e.gateway));
-    let v6 = c
-        .desired
-        .v6
-        .policy
-        .iter()
-        .map(|((pod, prefix), e)| (pod.to_string(), prefix.to_string(), e.gateway));
-    for (pod, prefix, gateway) in v4.chain(v6) {
+    let v4 = as_text(&c.desired.v4);
+    let v6 = as_text(&c.desired.v6);
+    for (pod, prefix, gateway) in v4.into_iter().chain(v6) {
         let gw = by_gateway[&gateway.expect("forward")];
         let others = if gw == "gw-1" {
             ["10.82.0.0/16", "2001:db8:82::/48"]
@@ -416,6 +406,16 @@ fn an_interface_rule_learns_each_family_from_the_gateway_each_pod_is_spread_to()
         assert_eq!(forwards.len(), 2, "{pod}: {forwards:?}");
         assert!(forwards.contains(&"203.0.113.0/24".to_owned()));
     }
+}
+
+/// Every source entry of one family as (pod, prefix, gateway), addresses as text.
+fn as_text<F: crate::family::Family>(
+    d: &crate::desired::FamilyDesired<F>,
+) -> Vec<(String, String, Option<IpAddr>)> {
+    d.policy
+        .iter()
+        .map(|((pod, prefix), e)| (pod.to_string(), prefix.to_string(), e.gateway))
+        .collect()
 }
 
 #[test]
