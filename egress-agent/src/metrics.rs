@@ -166,18 +166,37 @@ impl<T: Send + Sync + 'static> Cached<T> {
 /// The metrics text for one scrape.
 pub fn render(maps: &MapStats, stats: &Stats) -> String {
     let mut reg = Registry::with_prefix("egress");
+    register_datapath(&mut reg, maps);
+    register_holders(&mut reg, stats);
+    register_passes(&mut reg, stats);
+    register_routes(&mut reg, stats);
+    register_liveness(&mut reg, &stats.liveness);
+    let mut out = String::new();
+    if encode(&mut out, &reg).is_err() {
+        let _ = writeln!(out, "# failed to encode metrics");
+    }
+    out
+}
+
+/// A gauge of `v` (saturated at `i64::MAX`).
+fn gauge(v: u64) -> Gauge {
+    let g = Gauge::<i64>::default();
+    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+    g
+}
+
+/// Packets and bytes by datapath reason, entries by map.
+fn register_datapath(reg: &mut Registry, maps: &MapStats) {
     let packets = Family::<ReasonLabels, Counter>::default();
     let bytes = Family::<ReasonLabels, Counter>::default();
-    {
-        for &(reason, c) in &maps.counters {
-            let name = egress_common::counters::name(reason).unwrap_or("unknown");
-            let l = ReasonLabels {
-                reason: name.to_ascii_lowercase(),
-                drop: egress_common::counters::is_drop(reason).to_string(),
-            };
-            packets.get_or_create(&l).inc_by(c.packets);
-            bytes.get_or_create(&l).inc_by(c.bytes);
-        }
+    for &(reason, c) in &maps.counters {
+        let name = egress_common::counters::name(reason).unwrap_or("unknown");
+        let l = ReasonLabels {
+            reason: name.to_ascii_lowercase(),
+            drop: egress_common::counters::is_drop(reason).to_string(),
+        };
+        packets.get_or_create(&l).inc_by(c.packets);
+        bytes.get_or_create(&l).inc_by(c.bytes);
     }
     reg.register("datapath_packets", "Packets by datapath reason", packets);
     reg.register("datapath_bytes", "Bytes by datapath reason", bytes);
@@ -188,6 +207,10 @@ pub fn render(maps: &MapStats, stats: &Stats) -> String {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     reg.register("map_entries", "Entries per BPF map", entries);
+}
+
+/// Which node and interface hold each egress IP.
+fn register_holders(reg: &mut Registry, stats: &Stats) {
     let holders = Family::<HolderLabels, Gauge>::default();
     for h in &stats.holders {
         holders
@@ -203,32 +226,36 @@ pub fn render(maps: &MapStats, stats: &Stats) -> String {
         "Which node and interface hold each egress IP",
         holders,
     );
-    let g = |v: u64| {
-        let g = Gauge::<i64>::default();
-        g.set(i64::try_from(v).unwrap_or(i64::MAX));
-        g
-    };
-    reg.register("reconciles", "Reconcile passes", g(stats.reconciles));
-    reg.register(
-        "reconcile_errors",
-        "Failed reconcile passes",
-        g(stats.errors),
-    );
-    reg.register(
-        "problems",
-        "Problems in the last pass (see log)",
-        g(stats.problems as u64),
-    );
-    reg.register(
-        "state_errors",
-        "Objects the state source could not parse",
-        g(stats.source_errors as u64),
-    );
-    reg.register(
-        "last_reconcile_microseconds",
-        "Duration of the last reconcile",
-        g(u64::try_from(stats.last_reconcile.as_micros()).unwrap_or(u64::MAX)),
-    );
+}
+
+/// The reconcile passes: how many, failed, their problems and the last one's duration.
+fn register_passes(reg: &mut Registry, stats: &Stats) {
+    let last_us = u64::try_from(stats.last_reconcile.as_micros()).unwrap_or(u64::MAX);
+    for (name, help, v) in [
+        ("reconciles", "Reconcile passes", stats.reconciles),
+        ("reconcile_errors", "Failed reconcile passes", stats.errors),
+        (
+            "problems",
+            "Problems in the last pass (see log)",
+            stats.problems as u64,
+        ),
+        (
+            "state_errors",
+            "Objects the state source could not parse",
+            stats.source_errors as u64,
+        ),
+        (
+            "last_reconcile_microseconds",
+            "Duration of the last reconcile",
+            last_us,
+        ),
+    ] {
+        reg.register(name, help, gauge(v));
+    }
+}
+
+/// Routes published per interface in this node's EgressNode.
+fn register_routes(reg: &mut Registry, stats: &Stats) {
     let routes = Family::<InterfaceLabels, Gauge>::default();
     for (interface, n) in &stats.routes_published {
         routes
@@ -242,12 +269,6 @@ pub fn render(maps: &MapStats, stats: &Stats) -> String {
         "Routes out of each interface listed in this node's EgressNode",
         routes,
     );
-    register_liveness(&mut reg, &stats.liveness);
-    let mut out = String::new();
-    if encode(&mut out, &reg).is_err() {
-        let _ = writeln!(out, "# failed to encode metrics");
-    }
-    out
 }
 
 fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
