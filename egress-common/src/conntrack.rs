@@ -50,8 +50,40 @@ pub struct CtEntryV4 {
     pub rule_id: u32,
     /// `bpf_ktime_get_ns` of the last packet, either direction.
     pub last_seen_ns: u64,
+    /// Where this direction's packets went last (see [`NextHop`]).
+    pub next_hop: NextHop,
 }
-const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 40);
+const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 72);
+
+/// The next hop a flow's packets took, cached in its conntrack entry by the first packet
+/// whose FIB lookup succeeded (next hop resolved), so that later packets skip the lookup
+/// and write the MAC addresses themselves. Valid while `ifindex` is non-zero, `generation`
+/// equals the value in `NH_GEN` (bumped by the agent on every route or neighbour change)
+/// and the entry was filled less than [`NEXT_HOP_MAX_AGE_NS`] ago (a missed event heals
+/// by itself). All-zero: nothing cached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NextHop {
+    /// Destination and source MAC of the output frame.
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    /// The output device's MTU (`bpf_fib_lookup`'s `mtu_result`): a larger packet that is
+    /// not GSO is looked up again, so that the FIB's MTU check refuses it as before.
+    pub mtu: u16,
+    pub _pad0: u16,
+    /// Output interface; 0 when nothing is cached.
+    pub ifindex: u32,
+    /// `NH_GEN` when it was filled.
+    pub generation: u32,
+    /// `bpf_ktime_get_ns` when it was filled.
+    pub filled_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<NextHop>() == 32);
+
+/// A cached next hop older than this is looked up again: the bound on how long a route
+/// or neighbour change that the agent missed (or made while it was down) can keep a flow
+/// on the old next hop. One FIB lookup per flow and second costs nothing measurable.
+pub const NEXT_HOP_MAX_AGE_NS: u64 = 1_000_000_000;
 
 /// `FLOWS_V4` / `FLOWS_V6`: a pod's live translated flows on this gateway (the flows it
 /// started here: original-direction conntrack entries whose source it is).
@@ -136,5 +168,7 @@ pub struct CtEntryV6 {
     pub rule_id: u32,
     pub _pad1: u32,
     pub last_seen_ns: u64,
+    /// See [`NextHop`].
+    pub next_hop: NextHop,
 }
-const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 56);
+const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 88);

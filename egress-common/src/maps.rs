@@ -188,6 +188,9 @@ maps! {
     /// What any rule covers, by destination (`--unknown-pods drop`).
     COVERED_V4 = CoveredV4: LpmTrie<[u8; 4], CoveredValue>, COVERED_MAX_ENTRIES;
     COVERED_V6 = CoveredV6: LpmTrie<[u8; 16], CoveredValue>, COVERED_MAX_ENTRIES, optional;
+    /// The next-hop generation (one `u32`), bumped by the agent on route and neighbour
+    /// changes: conntrack entries' cached next hops of an older one are looked up again.
+    NH_GEN = NhGen: Array<u32, u32>, 1;
 }
 
 /// The registry entry of map `name`.

@@ -44,7 +44,7 @@ macro_rules! family {
             };
             use egress_common::{
                 config::Config,
-                conntrack::{$Entry, $Key, PORT_ALLOC_TRIES, PORT_SCAN_LEN, dir, state},
+                conntrack::{$Entry, $Key, NextHop, PORT_ALLOC_TRIES, PORT_SCAN_LEN, dir, state},
             };
 
             use super::{AllocError, next_state};
@@ -166,15 +166,24 @@ macro_rules! family {
                 !expired(key.proto, p, now) && partners(key, pk, p)
             }
 
-            /// A live entry for `key`: refreshes its last-seen time and TCP state, and returns a copy.
+            /// A live entry for `key`: refreshes its last-seen time and TCP state, and returns it
+            /// (in the map: a copy of the 72-byte entry would be a `memmove` call).
             /// Entries of flows idle in both directions count as absent.
             #[allow(dead_code, reason = "IPv4 only")]
             #[inline(always)]
-            pub fn lookup(key: &$Key, tcp_flags: u8, now: u64) -> Option<$Entry> {
+            pub fn lookup(key: &$Key, tcp_flags: u8, now: u64) -> Option<&'static $Entry> {
+                lookup_mut(key, tcp_flags, now).map(|e| &*e)
+            }
+
+            /// [`lookup`] returning the entry in the map, whose next-hop cache the
+            /// caller may fill.
+            #[allow(dead_code, reason = "IPv4 only")]
+            #[inline(always)]
+            pub fn lookup_mut(key: &$Key, tcp_flags: u8, now: u64) -> Option<&'static mut $Entry> {
                 // SAFETY: all-zero is a valid key.
                 let mut slot = core::mem::MaybeUninit::<$Key>::uninit();
                 let pk = unsafe { crate::mem::zeroed_in(&mut slot) };
-                lookup_in(key, tcp_flags, now, pk).map(|e| *e)
+                lookup_in(key, tcp_flags, now, pk)
             }
 
             /// [`lookup`] with the partner key's room given by the caller; returns the entry
@@ -185,7 +194,7 @@ macro_rules! family {
                 tcp_flags: u8,
                 now: u64,
                 pk: &mut $Key,
-            ) -> Option<&'static $Entry> {
+            ) -> Option<&'static mut $Entry> {
                 let e = $MAP.get_ptr_mut(key)?;
                 // SAFETY: valid map value pointer; concurrent updates of these fields only race on
                 // timestamps and state, which are advisory.
@@ -202,11 +211,11 @@ macro_rules! family {
             /// state changes (an ICMP error about a flow is no sign of its life).
             #[allow(dead_code, reason = "IPv4 only")]
             #[inline(always)]
-            pub fn peek(key: &$Key, now: u64) -> Option<$Entry> {
+            pub fn peek(key: &$Key, now: u64) -> Option<&'static $Entry> {
                 // SAFETY: all-zero is a valid key.
                 let mut slot = core::mem::MaybeUninit::<$Key>::uninit();
                 let pk = unsafe { crate::mem::zeroed_in(&mut slot) };
-                peek_in(key, now, pk).map(|e| *e)
+                peek_in(key, now, pk)
             }
 
             /// [`peek`] with the partner key's room given by the caller; returns the entry
@@ -241,11 +250,23 @@ macro_rules! family {
                 rule_id: u32,
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
+                next_hop: &NextHop,
             ) -> Result<u16, AllocError> {
                 // SAFETY: all-zero keys and entries are valid.
                 let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
                 let slots = unsafe { crate::mem::zeroed_in(&mut slot) };
-                create_in(cfg, ip, l4, &egress_ip, ifindex, rule_id, pod_node, now, slots)
+                create_in(
+                    cfg,
+                    ip,
+                    l4,
+                    &egress_ip,
+                    ifindex,
+                    rule_id,
+                    pod_node,
+                    now,
+                    Some(next_hop),
+                    slots,
+                )
             }
 
             /// A scan in progress: the reply key being tried (the caller's `Slots::key`),
@@ -323,6 +344,7 @@ macro_rules! family {
                 rule_id: u32,
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
+                next_hop: Option<&NextHop>,
                 s: &mut Slots,
             ) -> Result<u16, AllocError> {
                 let st = if ip.proto == PROTO_TCP {
@@ -340,17 +362,20 @@ macro_rules! family {
                     dir: dir::REPLY,
                     _pad: [0; 2],
                 };
-                s.entry = $Entry {
-                    xlate_addr: ip.src,
-                    xlate_port_be: l4.sport_be,
-                    state: st,
-                    _pad0: 0,
-                    pod_node,
-                    ifindex,
-                    rule_id,
-                    $($pad: 0,)?
-                    last_seen_ns: now,
-                };
+                // Field by field: a struct literal would zero the next hop with a
+                // `memset` call. `s` may be the per-CPU scratch slot, so every field
+                // is written, the cache zeroed (the reply entry caches nothing).
+                s.entry.xlate_addr = ip.src;
+                s.entry.xlate_port_be = l4.sport_be;
+                s.entry.state = st;
+                s.entry._pad0 = 0;
+                s.entry.pod_node = pod_node;
+                s.entry.ifindex = ifindex;
+                s.entry.rule_id = rule_id;
+                $(s.entry.$pad = 0;)?
+                s.entry.last_seen_ns = now;
+                // SAFETY: all-zero is a valid NextHop.
+                unsafe { crate::mem::zero(&mut s.entry.next_hop) };
                 let lo = u32::from(cfg.port_min);
                 let span = u32::from(cfg.port_max).saturating_sub(lo) + 1;
                 let mut claimed = false;
@@ -382,6 +407,13 @@ macro_rules! family {
                     return Err(AllocError::PortsExhausted);
                 }
                 s.peer = original_key(ip, l4);
+                // The original entry carries the next hop that the first packet's FIB
+                // lookup found (one lookup for both; none on the reply side, which
+                // tunnels).
+                if let Some(nh) = next_hop {
+                    // SAFETY: a caller's value and the slot: distinct, valid.
+                    unsafe { core::ptr::copy_nonoverlapping(nh, &mut s.entry.next_hop, 1) };
+                }
                 s.entry.xlate_addr = *egress_ip;
                 s.entry.xlate_port_be = s.key.dst_port_be;
                 if $MAP.insert(&s.peer, &s.entry, u64::from(BPF_ANY)).is_err() {

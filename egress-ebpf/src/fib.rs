@@ -11,6 +11,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 
+use egress_common::conntrack::{NEXT_HOP_MAX_AGE_NS, NextHop};
+
 use crate::{parse::Ipv4, rewrite};
 
 const AF_INET: u8 = 2;
@@ -40,12 +42,129 @@ pub fn redirect(
     let p = unsafe { crate::mem::zeroed_in(&mut slot) };
     p.family = AF_INET;
     p.l4_protocol = ip.proto;
-    // tot_len stays 0: the kernel then checks the MTU with is_skb_forwardable(), which
-    // understands GSO/GRO packets (a non-zero tot_len would refuse every aggregated
-    // TCP packet as "fragmentation needed").
+    // tot_len stays 0: see `lookup4`.
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    // Not `lookup4` + `send4`: the ICMP-error and local-delivery paths that call this
+    // are deep in `from_secondary`'s call chain, and the `Next4` copy would take their
+    // stack past 512 bytes.
     lookup_and_redirect(ctx, p, from)
+}
+
+/// [`Next4::kind`]: no usable route (or one out of another interface than required).
+pub const UNROUTED: u32 = 0;
+/// The next hop is resolved: `nh` is what a conntrack entry caches (`generation` and
+/// `filled_ns` left 0 for the caller).
+pub const RESOLVED: u32 = 1;
+/// A route, but its neighbour is not resolved (yet): `nh.ifindex` and `via` say where,
+/// and the kernel resolves the neighbour when the packet goes (`bpf_redirect_neigh`).
+/// Never cached.
+pub const NO_NEIGH: u32 = 2;
+
+/// Where the FIB sends an IPv4 packet, before it is sent ([`send4`]). Plain integers,
+/// every field set on every path: an enum with data let LLVM copy uninitialised bytes
+/// between variants, which the verifier refuses.
+#[repr(C)]
+pub struct Next4 {
+    pub nh: NextHop,
+    pub kind: u32,
+    /// The next hop's address ([`NO_NEIGH`]).
+    pub via: u32,
+}
+
+/// The FIB lookup of [`redirect`] alone, so that a new flow's conntrack entry can be
+/// made with its next hop in it (one lookup for both).
+#[inline(always)]
+pub fn lookup4(ctx: &TcContext, proto: u8, src: [u8; 4], dst: [u8; 4], from: From) -> Next4 {
+    // SAFETY: all-zero is a valid bpf_fib_lookup.
+    let mut slot = core::mem::MaybeUninit::<FibParams>::uninit();
+    let p = unsafe { crate::mem::zeroed_in(&mut slot) };
+    p.family = AF_INET;
+    p.l4_protocol = proto;
+    // tot_len stays 0: the kernel then checks the MTU with is_skb_forwardable(), which
+    // understands GSO/GRO packets (a non-zero tot_len would refuse every aggregated
+    // TCP packet as "fragmentation needed"), and returns the device's MTU.
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
+    p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    let kind = match fib_call(ctx, p, from) {
+        Ok(r) if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS) => RESOLVED,
+        Ok(r) if r == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) => NO_NEIGH,
+        _ => UNROUTED,
+    };
+    Next4 {
+        nh: NextHop {
+            dmac: p.dmac,
+            smac: p.smac,
+            // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
+            mtu: unsafe { p.__bindgen_anon_1.mtu_result },
+            _pad0: 0,
+            ifindex: p.ifindex,
+            generation: 0,
+            filled_ns: 0,
+        },
+        kind,
+        // The lookup left the next hop in the destination field.
+        via: unsafe { p.__bindgen_anon_4.ipv4_dst },
+    }
+}
+
+/// Send the packet where [`lookup4`] said: MACs written and redirected, or handed to
+/// the kernel to resolve the neighbour.
+#[inline(always)]
+pub fn send4(ctx: &TcContext, next: &Next4) -> Result<i32, ()> {
+    match next.kind {
+        RESOLVED => {
+            rewrite::set_macs(ctx, &next.nh.dmac, &next.nh.smac).map_err(|_| ())?;
+            Ok(unsafe { bpf_redirect(next.nh.ifindex, 0) } as i32)
+        }
+        NO_NEIGH => {
+            // SAFETY: all-zero is a valid bpf_redir_neigh.
+            let mut slot = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
+            let nh = unsafe { crate::mem::zeroed_in(&mut slot) };
+            nh.nh_family = u32::from(AF_INET);
+            nh.__bindgen_anon_1.ipv4_nh = next.via;
+            Ok(unsafe {
+                bpf_redirect_neigh(next.nh.ifindex, nh, size_of::<bpf_redir_neigh>() as i32, 0)
+            } as i32)
+        }
+        _ => Err(()),
+    }
+}
+
+/// Whether `nh`, a conntrack entry's cached next hop, may carry this packet: filled, of
+/// the current generation `generation` (`maps::nh_gen`), younger than
+/// [`NEXT_HOP_MAX_AGE_NS`] at `now`, and the packet within the device's MTU (or GSO,
+/// which the FIB's own check lets through as well: `is_skb_forwardable`). Otherwise the
+/// packet takes the FIB lookup, which refreshes the cache.
+#[inline(always)]
+pub fn cache_valid(ctx: &TcContext, nh: &NextHop, generation: u32, now: u64) -> bool {
+    // Frame = MTU + Ethernet header + one VLAN tag, as `is_skb_forwardable` allows.
+    const L2_ROOM: u32 = 14 + 4;
+    nh.ifindex != 0
+        && nh.generation == generation
+        && now.wrapping_sub(nh.filled_ns) < NEXT_HOP_MAX_AGE_NS
+        && (ctx.len() <= u32::from(nh.mtu) + L2_ROOM
+            // SAFETY: the context pointer is valid for the program's lifetime.
+            || unsafe { (*ctx.skb.skb).gso_size } != 0)
+}
+
+/// Store `nh` (a [`Next4::Resolved`] result) as the cached next hop `slot` of a
+/// conntrack entry, stamped with `generation` and `now`. Another CPU may read the entry
+/// meanwhile: `ifindex`, which makes the cache valid, is cleared first and set last
+/// (x86 keeps stores in order; volatile keeps the compiler from merging them), so a
+/// reader sees the old next hop, none, or the new one, never half of each.
+#[inline(always)]
+pub fn cache_store(slot: &mut NextHop, nh: &NextHop, generation: u32, now: u64) {
+    // SAFETY: `slot` is a valid, aligned map value field.
+    unsafe {
+        core::ptr::write_volatile(&mut slot.ifindex, 0);
+        core::ptr::write_volatile(&mut slot.dmac, nh.dmac);
+        core::ptr::write_volatile(&mut slot.smac, nh.smac);
+        core::ptr::write_volatile(&mut slot.mtu, nh.mtu);
+        core::ptr::write_volatile(&mut slot.generation, generation);
+        core::ptr::write_volatile(&mut slot.filled_ns, now);
+        core::ptr::write_volatile(&mut slot.ifindex, nh.ifindex);
+    }
 }
 
 /// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason). The lookup's
@@ -122,8 +241,10 @@ fn words(a: &[u8; 16]) -> [u32; 4] {
     ]
 }
 
+/// `bpf_fib_lookup` from `from`; `Err` when the route leaves by another interface than
+/// an `Output` lookup requires. Returns the helper's result.
 #[inline(always)]
-fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i32, ()> {
+fn fib_call(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i64, ()> {
     let (flags, required) = match from {
         From::Output(ifindex) => {
             p.ifindex = ifindex;
@@ -145,6 +266,12 @@ fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result
     if required != 0 && p.ifindex != required {
         return Err(());
     }
+    Ok(ret)
+}
+
+#[inline(always)]
+fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i32, ()> {
+    let ret = fib_call(ctx, p, from)?;
     if ret == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         rewrite::set_macs(ctx, &p.dmac, &p.smac).map_err(|_| ())?;
         Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)

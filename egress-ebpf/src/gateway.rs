@@ -24,9 +24,10 @@
 //! packet; a deselected pod's established flows end when their entries expire (the pod's
 //! node stops tunneling them as soon as its own policy entries go).
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{helpers::generated::bpf_redirect, programs::TcContext};
 use egress_common::{
     config::Config,
+    conntrack::NextHop,
     counters::reason,
     policy::{AdmittedKeyV4, AdmittedKeyV6, egress_ip_flags},
     underlay::Underlay,
@@ -58,13 +59,27 @@ pub fn forward(
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
     let now = conntrack::now();
+    let generation = maps::nh_gen();
     // An established flow keeps the egress IP and interface it started with, even if the
-    // rule changed since: decided once per flow.
-    let (egress_ip, port_be, ifindex) =
-        match v4::lookup(&v4::original_key(ip, l4), l4.tcp_flags, now) {
+    // rule changed since: decided once per flow. Its entry caches the next hop.
+    let (egress_ip, port_be, next) =
+        match v4::lookup_mut(&v4::original_key(ip, l4), l4.tcp_flags, now) {
             Some(e) => {
                 count(ctx, reason::SNAT_HIT);
-                (e.xlate_addr, e.xlate_port_be, e.ifindex)
+                if fib::cache_valid(ctx, &e.next_hop, generation, now) {
+                    return send_cached(ctx, ip, l4, e.xlate_addr, e.xlate_port_be, &e.next_hop);
+                }
+                let next = fib::lookup4(
+                    ctx,
+                    ip.proto,
+                    e.xlate_addr,
+                    ip.dst,
+                    fib::From::Output(e.ifindex),
+                );
+                if next.kind == fib::RESOLVED {
+                    fib::cache_store(&mut e.next_hop, &next.nh, generation, now);
+                }
+                (e.xlate_addr, e.xlate_port_be, next)
             }
             None => {
                 let Some(rule) = (unsafe { RULES_V4.get(rule_id) }) else {
@@ -80,6 +95,23 @@ pub fn forward(
                     counters::exhausted4(&ip.src);
                     return verdict(ctx, reason::DROP_POD_FLOW_LIMIT, SHOT);
                 }
+                // The next hop first, so that the flow's entry is made with it. A failed
+                // lookup still makes the flow (as before the cache): the packet is dropped
+                // below, and the next one looks again.
+                let mut next = fib::lookup4(
+                    ctx,
+                    ip.proto,
+                    rule.egress_ip,
+                    ip.dst,
+                    fib::From::Output(rule.ifindex),
+                );
+                // In place, not a copy (a copy of the struct becomes a `memmove` call).
+                if next.kind == fib::RESOLVED {
+                    next.nh.generation = generation;
+                    next.nh.filled_ns = now;
+                } else {
+                    next.nh.ifindex = 0;
+                }
                 match v4::create(
                     cfg,
                     ip,
@@ -89,11 +121,12 @@ pub fn forward(
                     rule_id,
                     pod_node,
                     now,
+                    &next.nh,
                 ) {
                     Ok(port_be) => {
                         count(ctx, reason::SNAT_NEW);
                         flows::opened4(&ip.src);
-                        (rule.egress_ip, port_be, rule.ifindex)
+                        (rule.egress_ip, port_be, next)
                     }
                     Err(AllocError::PortsExhausted) => {
                         counters::exhausted4(&ip.src);
@@ -105,13 +138,56 @@ pub fn forward(
                 }
             }
         };
-    if rewrite::snat(ctx, ip, l4, egress_ip, port_be).is_err() || rewrite::dec_ttl(ctx, ip).is_err()
-    {
+    if snat4(ctx, ip, l4, egress_ip, port_be, None).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
-    match fib::redirect(ctx, ip, egress_ip, ip.dst, fib::From::Output(ifindex)) {
+    match fib::send4(ctx, &next) {
         Ok(v) => verdict(ctx, reason::FORWARDED, v),
         Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+    }
+}
+
+/// An established flow's packet with a valid cached next hop `nh`: translated, MACs
+/// written, redirected; no FIB lookup.
+#[inline(always)]
+fn send_cached(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    l4: &L4,
+    addr: [u8; 4],
+    port_be: u16,
+    nh: &NextHop,
+) -> i32 {
+    if snat4(ctx, ip, l4, addr, port_be, Some(nh)).is_err() {
+        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    }
+    verdict(
+        ctx,
+        reason::FORWARDED,
+        unsafe { bpf_redirect(nh.ifindex, 0) } as i32,
+    )
+}
+
+/// SNAT and TTL (and the MACs of `macs`): written in place where the packet allows
+/// (`rewrite::nat4_direct`), else through the helpers.
+#[inline(always)]
+fn snat4(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    l4: &L4,
+    addr: [u8; 4],
+    port_be: u16,
+    macs: Option<&NextHop>,
+) -> rewrite::Result {
+    let m = macs.map(|nh| (&nh.dmac, &nh.smac));
+    if rewrite::nat4_direct(ctx, ip, rewrite::Side::Source, addr, port_be, m)? {
+        return Ok(());
+    }
+    rewrite::snat(ctx, ip, l4, addr, port_be)?;
+    rewrite::dec_ttl(ctx, ip)?;
+    match macs {
+        Some(nh) => rewrite::set_macs(ctx, &nh.dmac, &nh.smac),
+        None => Ok(()),
     }
 }
 
@@ -275,6 +351,8 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
         rule_id,
         pod_node,
         conntrack::now(),
+        // IPv6 keeps its FIB lookup per packet (no next-hop cache yet).
+        None,
         &mut s.ct6,
     ) {
         Ok(port_be) => {

@@ -203,6 +203,20 @@ pub static COUNTERS: PerCpuArray<Counter, { MAX_REASONS as usize }> = PerCpuArra
 #[btf_map]
 pub static CONFIG: Array<Config, 1> = Array::new();
 
+/// The next-hop generation: the agent adds one on every route or neighbour change, and
+/// a conntrack entry's cached next hop of another generation is looked up again
+/// (`egress_common::conntrack::NextHop`). A map of its own rather than a field of
+/// `CONFIG`: the agent bumps it from its netlink listener without rewriting (and racing)
+/// the configuration entry.
+#[btf_map]
+pub static NH_GEN: Array<u32, 1> = Array::new();
+
+/// The current next-hop generation (0 before the agent's first bump).
+#[inline(always)]
+pub fn nh_gen() -> u32 {
+    NH_GEN.get(0).copied().unwrap_or(0)
+}
+
 /// This node's configuration, or `None` until the agent has written it.
 #[inline(always)]
 pub fn config() -> Option<&'static Config> {

@@ -213,6 +213,12 @@ impl Datapath {
         a.set(0, cfg, 0).unwrap();
     }
 
+    /// Set the next-hop generation (`NH_GEN`), as the agent's bump does.
+    pub fn nh_gen(&mut self, generation: u32) {
+        let mut a: Array<&mut MapData, u32> = Array::try_from(self.map(maps::NH_GEN)).unwrap();
+        a.set(0, generation, 0).unwrap();
+    }
+
     /// A policy entry for (pod, dst/len); the pod's prefix lengths in `SELECTED_V4` follow
     /// when it is selected already (as the agent keeps them).
     pub fn policy(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, value: PolicyValue) {

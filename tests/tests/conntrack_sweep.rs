@@ -52,6 +52,7 @@ fn insert_flow(dp: &mut Datapath, i: u32, kind: Kind, now: u64) {
         ifindex: 1,
         rule_id: 1,
         last_seen_ns: now - age * SEC,
+        next_hop: Default::default(),
     };
     let key = |src, dst, sport: u16, dport: u16, d| CtKeyV4 {
         src,

@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV4, CtKeyV4, dir, state},
+    conntrack::{CtEntryV4, CtKeyV4, NextHop, dir, state},
     counters::reason::*,
     maps,
     policy::{AdmittedKeyV4, AdmittedValue, PolicyValue, RETURN_VNI, action, egress_ip_flags},
@@ -709,6 +709,7 @@ fn udp_flow_entries(dp: &mut Datapath, net: &Net, orig_age_s: u64, reply_age_s: 
         ifindex: net.sec0,
         rule_id: RULE_A,
         last_seen_ns: now.saturating_sub(age_s * 1_000_000_000),
+        next_hop: Default::default(),
     };
     dp.ct_insert(
         CtKeyV4 {
@@ -1052,6 +1053,82 @@ fn from_tunnel_table() {
     ]);
 }
 
+/// The next hop an established flow's packets take comes from its conntrack entry, not
+/// from a FIB lookup per packet, until the agent bumps `NH_GEN` (a route or neighbour
+/// change) or the cache is older than a second. The flow goes through router A
+/// (172.16.0.0/16 via 10.100.0.1 on sec0); the router's MAC changes under it.
+#[test]
+fn an_established_flow_uses_its_cached_next_hop_until_the_generation_changes() {
+    in_netns(|| {
+        const FAR: Ipv4Addr = a(172, 16, 0, 9);
+        const NEW_ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0xee];
+        const POISON: [u8; 6] = [0x02, 0, 0, 0, 0xba, 0xd0];
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        dp.nh_gen(7);
+        let send = |dp: &mut Datapath, flags: u8| {
+            let o = dp.run(
+                FROM_TUNNEL,
+                &tcp(REMOTE_POD, 40_000, FAR, 443, flags).build(),
+                net.tun0,
+                Some((PEER.into(), RULE_A)),
+            );
+            assert_eq!(o.verdict, TC_ACT_REDIRECT);
+            // The frame's destination and source MAC.
+            (
+                <[u8; 6]>::try_from(&o.frame[0..6]).unwrap(),
+                <[u8; 6]>::try_from(&o.frame[6..12]).unwrap(),
+            )
+        };
+        let original = |dp: &mut Datapath| {
+            dp.ct()
+                .into_iter()
+                .find(|(k, _)| k.dir == dir::ORIGINAL)
+                .expect("the flow's original entry")
+        };
+        // The first packet looks the route up and leaves the answer in the entry.
+        assert_eq!(send(&mut dp, 0x02), (ROUTER_A_MAC, SEC0_MAC));
+        let (key, e) = original(&mut dp);
+        assert_eq!(e.next_hop.dmac, ROUTER_A_MAC);
+        assert_eq!(e.next_hop.smac, SEC0_MAC);
+        assert_eq!(e.next_hop.ifindex, net.sec0);
+        assert_eq!(e.next_hop.generation, 7);
+        // The router's MAC changes, and nobody says so: the flow keeps the cached one
+        // (proof that no FIB lookup ran).
+        ip(&format!(
+            "neigh replace 10.100.0.1 lladdr {} dev sec0 nud permanent",
+            mac(NEW_ROUTER_MAC)
+        ));
+        assert_eq!(send(&mut dp, 0x10), (ROUTER_A_MAC, SEC0_MAC));
+        // The agent bumps the generation: the next packet looks again, and caches that.
+        dp.nh_gen(8);
+        assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
+        let (_, e) = original(&mut dp);
+        assert_eq!((e.next_hop.dmac, e.next_hop.generation), (NEW_ROUTER_MAC, 8));
+        assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
+        // A cache of another generation, or one older than a second, is never used.
+        let now = ktime_ns();
+        for (generation, filled_ns, case) in [
+            (7, now, "older generation"),
+            (8, now - 2_000_000_000, "filled 2 s ago"),
+        ] {
+            let mut stale = e;
+            stale.next_hop.dmac = POISON;
+            stale.next_hop.generation = generation;
+            stale.next_hop.filled_ns = filled_ns;
+            dp.ct_insert(key, stale);
+            assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC), "{case}");
+        }
+        // And a valid one is: the poisoned MAC goes out (the cache, not the FIB, decided).
+        let mut cached = e;
+        cached.next_hop.dmac = POISON;
+        cached.next_hop.filled_ns = ktime_ns();
+        dp.ct_insert(key, cached);
+        assert_eq!(send(&mut dp, 0x10), (POISON, SEC0_MAC));
+    });
+}
+
 /// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
 #[test]
 fn from_tunnel_conntrack_entries() {
@@ -1072,9 +1149,22 @@ fn from_tunnel_conntrack_entries() {
         let strip = |mut e: CtEntryV4| {
             assert_ne!(e.last_seen_ns, 0);
             e.last_seen_ns = 0;
+            if e.next_hop.ifindex != 0 {
+                assert_ne!(e.next_hop.filled_ns, 0);
+                e.next_hop.filled_ns = 0;
+            }
             e
         };
         let got: Vec<_> = ct.into_iter().map(|(k, e)| (k, strip(e))).collect();
+        // The original entry caches the next hop the first packet's FIB lookup found
+        // (DEST_A's neighbour on sec0); the reply entry, which tunnels, caches nothing.
+        let learned = NextHop {
+            dmac: DEST_A_MAC,
+            smac: SEC0_MAC,
+            mtu: 1500,
+            ifindex: net.sec0,
+            ..NextHop::default()
+        };
         let common = CtEntryV4 {
             xlate_addr: EGRESS_A.octets(),
             xlate_port_be: 40_000u16.to_be(),
@@ -1084,6 +1174,7 @@ fn from_tunnel_conntrack_entries() {
             ifindex: net.sec0,
             rule_id: RULE_A,
             last_seen_ns: 0,
+            next_hop: Default::default(),
         };
         assert_eq!(
             got,
@@ -1098,7 +1189,10 @@ fn from_tunnel_conntrack_entries() {
                         dir: dir::ORIGINAL,
                         _pad: [0; 2],
                     },
-                    common
+                    CtEntryV4 {
+                        next_hop: learned,
+                        ..common
+                    }
                 ),
                 (
                     CtKeyV4 {
@@ -1523,6 +1617,7 @@ fn from_secondary_table() {
                         ifindex: net.sec0,
                         rule_id: RULE_A,
                         last_seen_ns: old,
+                        next_hop: Default::default(),
                     },
                 );
             },
@@ -2135,6 +2230,7 @@ fn a_new_flow_finds_the_last_free_port_of_the_range() {
                     ifindex: net.sec0,
                     rule_id: RULE_A,
                     last_seen_ns: now,
+                    next_hop: Default::default(),
                 },
             );
         }

@@ -1099,6 +1099,7 @@ fn from_tunnel_conntrack_entries(u: UnderlayNet) {
             rule_id: RULE_A,
             _pad1: 0,
             last_seen_ns: 0,
+            next_hop: Default::default(),
         };
         assert_eq!(
             got,

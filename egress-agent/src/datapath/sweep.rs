@@ -541,6 +541,7 @@ mod tests {
             ifindex: 7,
             rule_id: 1,
             last_seen_ns: NOW - age,
+            next_hop: Default::default(),
         }
     }
 
@@ -707,6 +708,7 @@ mod tests {
             rule_id: 1,
             _pad1: 0,
             last_seen_ns: NOW - age,
+            next_hop: Default::default(),
         };
         let oe = e([0x21; 16], 6000, 121 * SEC);
         let rk = ok.partner(&oe);

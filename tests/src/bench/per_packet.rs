@@ -512,6 +512,7 @@ pub fn flow_entries(
         ifindex: site.ifindex,
         rule_id: site.rule_id,
         last_seen_ns: now,
+        next_hop: Default::default(),
     };
     let back = CtEntryV4 {
         xlate_addr: pod.0.octets(),

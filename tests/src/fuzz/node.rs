@@ -731,6 +731,7 @@ fn flow_entries(dp: &mut Datapath, f: &Flow, ifindex: u32, now: u64) {
                 ifindex,
                 rule_id: f.rule,
                 last_seen_ns: now,
+                next_hop: Default::default(),
             };
             dp.ct_insert(
                 key(pod, remote, f.pod_port, f.remote_port, dir::ORIGINAL),
@@ -761,6 +762,7 @@ fn flow_entries(dp: &mut Datapath, f: &Flow, ifindex: u32, now: u64) {
                 rule_id: f.rule,
                 _pad1: 0,
                 last_seen_ns: now,
+                next_hop: Default::default(),
             };
             let mut m: HashMap<&mut MapData, CtKeyV6, CtEntryV6> =
                 HashMap::try_from(dp.map(maps::CT_V6)).unwrap();
