@@ -35,6 +35,7 @@ use crate::{
 
 mod attachments;
 pub mod holding;
+mod nexthop;
 pub mod problems;
 pub mod publish;
 
@@ -365,6 +366,8 @@ async fn set_up_node(cfg: &RunConfig) -> Result<(iface::Netlink, (u32, u32, u32)
     // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
     crate::datapath::sweep::start(&cfg.bpffs_dir)
         .context("failed to start the conntrack sweeper")?;
+    // Established flows' cached next hops follow route and neighbour changes.
+    nexthop::start(&cfg.bpffs_dir)?;
     Ok((nl, (tunnel_ifindex, tunnel_mtu, underlay_mtu), dp))
 }
 
