@@ -1105,7 +1105,10 @@ fn an_established_flow_uses_its_cached_next_hop_until_the_generation_changes() {
         dp.nh_gen(8);
         assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
         let (_, e) = original(&mut dp);
-        assert_eq!((e.next_hop.dmac, e.next_hop.generation), (NEW_ROUTER_MAC, 8));
+        assert_eq!(
+            (e.next_hop.dmac, e.next_hop.generation),
+            (NEW_ROUTER_MAC, 8)
+        );
         assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
         // A cache of another generation, or one older than a second, is never used.
         let now = ktime_ns();
