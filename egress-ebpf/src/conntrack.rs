@@ -250,7 +250,7 @@ macro_rules! family {
                 rule_id: u32,
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
-                next_hop: &NextHop,
+                next_hop: Option<&NextHop>,
             ) -> Result<u16, AllocError> {
                 // SAFETY: all-zero keys and entries are valid.
                 let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
@@ -264,7 +264,7 @@ macro_rules! family {
                     rule_id,
                     pod_node,
                     now,
-                    Some(next_hop),
+                    next_hop,
                     slots,
                 )
             }

@@ -105,13 +105,17 @@ pub fn forward(
                     ip.dst,
                     fib::From::Output(rule.ifindex),
                 );
-                // In place, not a copy (a copy of the struct becomes a `memmove` call).
-                if next.kind == fib::RESOLVED {
+                // Only a resolved next hop is cached; an unresolved one (`NO_NEIGH`) still
+                // carries the packet (`fib::send4` redirects to `nh.ifindex` and the kernel
+                // resolves the neighbour), so its ifindex must stay. In place, not a copy
+                // (a copy of the struct becomes a `memmove` call).
+                let cache = if next.kind == fib::RESOLVED {
                     next.nh.generation = generation;
                     next.nh.filled_ns = now;
+                    Some(&next.nh)
                 } else {
-                    next.nh.ifindex = 0;
-                }
+                    None
+                };
                 match v4::create(
                     cfg,
                     ip,
@@ -121,7 +125,7 @@ pub fn forward(
                     rule_id,
                     pod_node,
                     now,
-                    &next.nh,
+                    cache,
                 ) {
                     Ok(port_be) => {
                         count(ctx, reason::SNAT_NEW);
