@@ -18,7 +18,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, Map, MapData};
-use egress_common::maps as names;
+use egress_common::maps::{self as names, def::NhGen};
 use futures::{FutureExt as _, StreamExt as _};
 use rtnetlink::MulticastGroup;
 
@@ -29,8 +29,9 @@ pub fn start(pin_dir: &Path) -> Result<()> {
     let path = pin_dir.join(names::NH_GEN);
     let data = MapData::from_pin(&path)
         .with_context(|| format!("failed to open map {} at {}", names::NH_GEN, path.display()))?;
-    let mut generation: Array<MapData, u32> = Array::try_from(Map::Array(data))
-        .with_context(|| format!("failed to open map {} as an array", names::NH_GEN))?;
+    let mut generation: Array<MapData, <NhGen as names::Map>::Value> =
+        Array::try_from(Map::Array(data))
+            .with_context(|| format!("failed to open map {} as an array", names::NH_GEN))?;
     let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&[
         MulticastGroup::Ipv4Route,
         MulticastGroup::Ipv6Route,
@@ -54,7 +55,7 @@ pub fn start(pin_dir: &Path) -> Result<()> {
 }
 
 /// Add one to `NH_GEN` (wrapping). Logged, not fatal: the age bound still holds.
-fn bump(generation: &mut Array<MapData, u32>) {
+fn bump(generation: &mut Array<MapData, <NhGen as names::Map>::Value>) {
     let next = generation.get(&0, 0).unwrap_or(0).wrapping_add(1);
     if let Err(e) = generation.set(0, next, 0) {
         tracing::warn!(
