@@ -7,15 +7,8 @@ use aya_ebpf::{
 };
 use egress_common::{
     config::Config,
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, FlowCount},
-    counters::{Counter, MAX_REASONS},
-    maps::*,
-    policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValue, DestValueV6,
-        EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
-        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6,
-    },
-    underlay::Underlay,
+    maps::{Map, def},
+    policy::PolicyKeyV6,
 };
 
 use crate::{
@@ -26,6 +19,14 @@ use crate::{
     reset::{Segment4, TcpHdr},
 };
 
+/// A map's key type, value type and capacity, as `egress_common::maps` declares them: the
+/// maps here take theirs from there, so that the object and the agent cannot disagree.
+type K<M> = <M as Map>::Key;
+type V<M> = <M as Map>::Value;
+const fn cap<M: Map>() -> usize {
+    M::SPEC.max_entries as usize
+}
+
 /// `BPF_F_NO_PREALLOC`: entries are allocated as the agent inserts them, so memory
 /// follows the entries (see `POLICY_MAX_ENTRIES`, `ADMITTED_MAX_ENTRIES`). Only the agent
 /// writes the maps that use it.
@@ -34,138 +35,169 @@ const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 /// (pod, destination prefix, length) -> entry; probed by `policy::lookup4`.
 #[btf_map]
 pub static POLICY_V4: HashMap<
-    PolicyKeyV4,
-    PolicyValue,
-    { POLICY_MAX_ENTRIES as usize },
+    K<def::PolicyV4>,
+    V<def::PolicyV4>,
+    { cap::<def::PolicyV4>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 /// Destination prefix -> lengths of the prefixes containing it; see `policy`.
 #[btf_map]
-pub static DESTS_V4: LpmTrie<[u8; 4], DestValue, { DESTS_MAX_ENTRIES as usize }> = LpmTrie::new();
+pub static DESTS_V4: LpmTrie<K<def::DestsV4>, V<def::DestsV4>, { cap::<def::DestsV4>() }> =
+    LpmTrie::new();
 
 #[btf_map]
 pub static SELECTED_V4: HashMap<
-    [u8; 4],
-    SelectedValue,
-    { SELECTED_MAX_ENTRIES as usize },
+    K<def::SelectedV4>,
+    V<def::SelectedV4>,
+    { cap::<def::SelectedV4>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 #[btf_map]
-pub static RULES_V4: HashMap<u32, RuleValueV4, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
-
-#[btf_map]
-pub static NODES: HashMap<Underlay, NodeValue, { NODES_MAX_ENTRIES as usize }> = HashMap::new();
-
-#[btf_map]
-pub static POD_OWNER_V4: HashMap<[u8; 4], PodOwnerValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+pub static RULES_V4: HashMap<K<def::RulesV4>, V<def::RulesV4>, { cap::<def::RulesV4>() }> =
     HashMap::new();
 
 #[btf_map]
-pub static CT_V4: LruHashMap<CtKeyV4, CtEntryV4, { CT_MAX_ENTRIES as usize }> = LruHashMap::new();
+pub static NODES: HashMap<K<def::Nodes>, V<def::Nodes>, { cap::<def::Nodes>() }> = HashMap::new();
+
+#[btf_map]
+pub static POD_OWNER_V4: HashMap<
+    K<def::PodOwnerV4>,
+    V<def::PodOwnerV4>,
+    { cap::<def::PodOwnerV4>() },
+> = HashMap::new();
+
+#[btf_map]
+pub static CT_V4: LruHashMap<K<def::CtV4>, V<def::CtV4>, { cap::<def::CtV4>() }> =
+    LruHashMap::new();
 
 /// New flows refused as `DROP_PORT_EXHAUSTED`, per CPU, by pod address.
 #[btf_map]
-pub static EXHAUSTED_V4: LruPerCpuHashMap<[u8; 4], u64, { EXHAUSTED_MAX_ENTRIES as usize }> =
-    LruPerCpuHashMap::new();
+pub static EXHAUSTED_V4: LruPerCpuHashMap<
+    K<def::ExhaustedV4>,
+    V<def::ExhaustedV4>,
+    { cap::<def::ExhaustedV4>() },
+> = LruPerCpuHashMap::new();
 
 #[btf_map]
-pub static EGRESS_IPS_V4: HashMap<[u8; 4], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
-    HashMap::new();
+pub static EGRESS_IPS_V4: HashMap<
+    K<def::EgressIpsV4>,
+    V<def::EgressIpsV4>,
+    { cap::<def::EgressIpsV4>() },
+> = HashMap::new();
 
 // ---- IPv6 pods and egress IPs (the underlay, and so node keys, is either family) ----
 
 #[btf_map]
 pub static POLICY_V6: HashMap<
-    PolicyKeyV6,
-    PolicyValueV6,
-    { POLICY_MAX_ENTRIES as usize },
+    K<def::PolicyV6>,
+    V<def::PolicyV6>,
+    { cap::<def::PolicyV6>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 #[btf_map]
-pub static DESTS_V6: LpmTrie<[u8; 16], DestValueV6, { DESTS_MAX_ENTRIES as usize }> =
+pub static DESTS_V6: LpmTrie<K<def::DestsV6>, V<def::DestsV6>, { cap::<def::DestsV6>() }> =
     LpmTrie::new();
 
 #[btf_map]
 pub static SELECTED_V6: HashMap<
-    [u8; 16],
-    SelectedValueV6,
-    { SELECTED_MAX_ENTRIES as usize },
+    K<def::SelectedV6>,
+    V<def::SelectedV6>,
+    { cap::<def::SelectedV6>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 #[btf_map]
-pub static RULES_V6: HashMap<u32, RuleValueV6, { RULES_MAX_ENTRIES as usize }> = HashMap::new();
-
-#[btf_map]
-pub static POD_OWNER_V6: HashMap<[u8; 16], PodOwnerValue, { POD_OWNER_MAX_ENTRIES as usize }> =
+pub static RULES_V6: HashMap<K<def::RulesV6>, V<def::RulesV6>, { cap::<def::RulesV6>() }> =
     HashMap::new();
 
 #[btf_map]
-pub static CT_V6: LruHashMap<CtKeyV6, CtEntryV6, { CT_MAX_ENTRIES as usize }> = LruHashMap::new();
+pub static POD_OWNER_V6: HashMap<
+    K<def::PodOwnerV6>,
+    V<def::PodOwnerV6>,
+    { cap::<def::PodOwnerV6>() },
+> = HashMap::new();
 
 #[btf_map]
-pub static EXHAUSTED_V6: LruPerCpuHashMap<[u8; 16], u64, { EXHAUSTED_MAX_ENTRIES as usize }> =
-    LruPerCpuHashMap::new();
+pub static CT_V6: LruHashMap<K<def::CtV6>, V<def::CtV6>, { cap::<def::CtV6>() }> =
+    LruHashMap::new();
 
 #[btf_map]
-pub static EGRESS_IPS_V6: HashMap<[u8; 16], EgressIpValue, { EGRESS_IPS_MAX_ENTRIES as usize }> =
-    HashMap::new();
+pub static EXHAUSTED_V6: LruPerCpuHashMap<
+    K<def::ExhaustedV6>,
+    V<def::ExhaustedV6>,
+    { cap::<def::ExhaustedV6>() },
+> = LruPerCpuHashMap::new();
+
+#[btf_map]
+pub static EGRESS_IPS_V6: HashMap<
+    K<def::EgressIpsV6>,
+    V<def::EgressIpsV6>,
+    { cap::<def::EgressIpsV6>() },
+> = HashMap::new();
 
 // ---- the (pod, rule) pairs this gateway admits (both families) ----
 
 #[btf_map]
 pub static ADMITTED_V4: HashMap<
-    AdmittedKeyV4,
-    AdmittedValue,
-    { ADMITTED_MAX_ENTRIES as usize },
+    K<def::AdmittedV4>,
+    V<def::AdmittedV4>,
+    { cap::<def::AdmittedV4>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 #[btf_map]
 pub static ADMITTED_V6: HashMap<
-    AdmittedKeyV6,
-    AdmittedValue,
-    { ADMITTED_MAX_ENTRIES as usize },
+    K<def::AdmittedV6>,
+    V<def::AdmittedV6>,
+    { cap::<def::AdmittedV6>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 // ---- live flows per pod on this gateway (`--max-flows-per-pod`, both families) ----
 
 #[btf_map]
-pub static FLOWS_V4: HashMap<[u8; 4], FlowCount, { FLOWS_MAX_ENTRIES as usize }, NO_PREALLOC> =
-    HashMap::new();
+pub static FLOWS_V4: HashMap<
+    K<def::FlowsV4>,
+    V<def::FlowsV4>,
+    { cap::<def::FlowsV4>() },
+    NO_PREALLOC,
+> = HashMap::new();
 
 #[btf_map]
-pub static FLOWS_V6: HashMap<[u8; 16], FlowCount, { FLOWS_MAX_ENTRIES as usize }, NO_PREALLOC> =
-    HashMap::new();
+pub static FLOWS_V6: HashMap<
+    K<def::FlowsV6>,
+    V<def::FlowsV6>,
+    { cap::<def::FlowsV6>() },
+    NO_PREALLOC,
+> = HashMap::new();
 
 // ---- pods the agent has not seen yet (`--unknown-pods drop`, both families) ----
 
 #[btf_map]
 pub static KNOWN_PODS_V4: HashMap<
-    [u8; 4],
-    KnownPodValue,
-    { KNOWN_PODS_MAX_ENTRIES as usize },
+    K<def::KnownPodsV4>,
+    V<def::KnownPodsV4>,
+    { cap::<def::KnownPodsV4>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 #[btf_map]
 pub static KNOWN_PODS_V6: HashMap<
-    [u8; 16],
-    KnownPodValue,
-    { KNOWN_PODS_MAX_ENTRIES as usize },
+    K<def::KnownPodsV6>,
+    V<def::KnownPodsV6>,
+    { cap::<def::KnownPodsV6>() },
     NO_PREALLOC,
 > = HashMap::new();
 
 #[btf_map]
-pub static COVERED_V4: LpmTrie<[u8; 4], CoveredValue, { COVERED_MAX_ENTRIES as usize }> =
+pub static COVERED_V4: LpmTrie<K<def::CoveredV4>, V<def::CoveredV4>, { cap::<def::CoveredV4>() }> =
     LpmTrie::new();
 
 #[btf_map]
-pub static COVERED_V6: LpmTrie<[u8; 16], CoveredValue, { COVERED_MAX_ENTRIES as usize }> =
+pub static COVERED_V6: LpmTrie<K<def::CoveredV6>, V<def::CoveredV6>, { cap::<def::CoveredV6>() }> =
     LpmTrie::new();
 
 /// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
@@ -198,10 +230,10 @@ pub fn scratch() -> Option<&'static mut Scratch> {
 }
 
 #[btf_map]
-pub static COUNTERS: PerCpuArray<Counter, { MAX_REASONS as usize }> = PerCpuArray::new();
+pub static COUNTERS: PerCpuArray<V<def::Counters>, { cap::<def::Counters>() }> = PerCpuArray::new();
 
 #[btf_map]
-pub static CONFIG: Array<Config, 1> = Array::new();
+pub static CONFIG: Array<V<def::Config>, { cap::<def::Config>() }> = Array::new();
 
 /// The next-hop generation: the agent adds one on every route or neighbour change, and
 /// a conntrack entry's cached next hop of another generation is looked up again
@@ -209,7 +241,7 @@ pub static CONFIG: Array<Config, 1> = Array::new();
 /// `CONFIG`: the agent bumps it from its netlink listener without rewriting (and racing)
 /// the configuration entry.
 #[btf_map]
-pub static NH_GEN: Array<u32, 1> = Array::new();
+pub static NH_GEN: Array<V<def::NhGen>, { cap::<def::NhGen>() }> = Array::new();
 
 /// The current next-hop generation (0 before the agent's first bump).
 #[inline(always)]
