@@ -866,12 +866,13 @@ pub fn preloaded(run: Option<&LabRun>) -> Table {
         .flat_map(|r| r.preloaded.iter())
         .map(|(pods, (node, before, after))| {
             format!(
-                "At {} served pods: {} established flows (two entries each: pods 10.246.x.y \
+                "At {} served pod{}: {} established flows (two entries each: pods 10.246.x.y \
                  to 198.18.x.y, translated to {}) written into {node}'s pinned CT_V4 while \
                  its agent ran, last seen now (the sweeper keeps them); checked before \
                  timing: CT_V4 held {} entries and host-a still saw the egress IP; {} \
                  entries after the runs; removed afterwards.",
                 thousands(u64::from(*pods)),
+                if *pods == 1 { "" } else { "s" },
                 thousands(u64::from(preload::FLOWS)),
                 addr::EGRESS_IP_A,
                 thousands(*before as u64),
