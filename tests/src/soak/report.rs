@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use egress_common::maps as names;
+
 use super::{RSS_GROWTH_LIMIT_PCT, Report, STEADY_AGENTS};
 
 fn yes(ok: bool) -> &'static str {
@@ -160,8 +162,15 @@ impl Report {
             w,
             "  conntrack at the end: {:?} by node; {} in use, {} still to be swept, {} past \
              their timeout (target: 0 of each); {} lingering (established TCP, or halves of \
-             flows whose other half is: hours of idle timeout, by design)",
-            m.ct_by_node, m.ct_recent, m.ct_draining, m.ct_expired, m.ct_lingering
+             flows whose other half is: hours of idle timeout, by design); FLOWS_V4 \
+             counts {} pods, the pods of those entries are {} (target: equal)",
+            m.ct_by_node,
+            m.ct_recent,
+            m.ct_draining,
+            m.ct_expired,
+            m.ct_lingering,
+            m.per_map.get(names::FLOWS_V4).copied().unwrap_or(0),
+            m.ct_pods
         );
         let _ = writeln!(
             w,

@@ -41,6 +41,9 @@ pub struct MapCounts {
     pub ct_lingering: usize,
     /// Past their timeout both ways (or orphans past theirs): the sweeper's to remove.
     pub ct_expired: usize,
+    /// Pods with an original-direction conntrack entry, summed over the nodes: what
+    /// `FLOWS_V4` (live flows per pod) must hold.
+    pub ct_pods: usize,
 }
 
 impl MapCounts {
@@ -59,6 +62,12 @@ impl MapCounts {
             out.ct_by_node.insert(node.to_owned(), ct.len());
             let by_key: std::collections::HashMap<CtKeyV4, CtEntryV4> =
                 ct.iter().copied().collect();
+            let pods: std::collections::BTreeSet<[u8; 4]> = ct
+                .iter()
+                .filter(|(k, _)| k.dir == egress_common::conntrack::dir::ORIGINAL)
+                .map(|(k, _)| k.src)
+                .collect();
+            out.ct_pods += pods.len();
             for (k, e) in &ct {
                 let partner = by_key.get(&k.partner(e));
                 let established = |e: &CtEntryV4| k.proto == TCP && e.state == state::ESTABLISHED;
@@ -76,17 +85,23 @@ impl MapCounts {
         Ok(out)
     }
 
-    /// Back to the steady state of `start`: every map but conntrack has the same count;
-    /// conntrack holds no entry in use or still to be swept, only the lingering ones.
+    /// Back to the steady state of `start`: every map but conntrack and the flows per pod
+    /// has the same count; conntrack holds no entry in use or still to be swept, only the
+    /// lingering ones; and the flows per pod count exactly the pods those belong to.
     pub fn back_to(&self, start: &MapCounts) -> bool {
+        // Conntrack, and the live flows per pod that follow it, hold what is lingering
+        // now, not what the start had in use.
         let same = |m: &MapCounts| -> BTreeMap<String, usize> {
             m.per_map
                 .iter()
-                .filter(|(k, _)| !k.starts_with("CT_"))
+                .filter(|(k, _)| !k.starts_with("CT_") && k.as_str() != names::FLOWS_V4)
                 .map(|(k, v)| (k.clone(), *v))
                 .collect()
         };
-        same(self) == same(start) && self.ct_recent + self.ct_draining + self.ct_expired == 0
+        let flows = self.per_map.get(names::FLOWS_V4).copied().unwrap_or(0);
+        same(self) == same(start)
+            && self.ct_recent + self.ct_draining + self.ct_expired == 0
+            && flows == self.ct_pods
     }
 }
 
