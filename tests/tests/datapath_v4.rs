@@ -2363,3 +2363,66 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
     );
     drop(second);
 }
+
+/// An upgrade from an agent whose conntrack entries had no next-hop cache (40-byte
+/// values): the map is replaced by one of this layout, and its entries are carried over,
+/// so that the flows through the gateway keep their translation (a new source port
+/// would have the far host reset every established connection).
+#[test]
+fn conntrack_of_the_earlier_layout_is_carried_into_the_new_map() {
+    use egress_common::conntrack::{CtEntryV4, CtKeyV4, NextHop};
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-carry-{}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    let path = dir.join(maps::CT_V4);
+    let bpftool = |args: &[&str]| {
+        let o = std::process::Command::new("bpftool")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let path_s = path.to_string_lossy().into_owned();
+    bpftool(&[
+        "map", "create", &path_s, "type", "lru_hash", "key", "16", "value", "40", "entries",
+        "262144", "name", "CT_V4",
+    ]);
+    let key = CtKeyV4 {
+        src: [10, 244, 1, 5],
+        dst: [192, 0, 2, 10],
+        src_port_be: 40_000u16.to_be(),
+        dst_port_be: 443u16.to_be(),
+        proto: 6,
+        dir: 0,
+        _pad: [0; 2],
+    };
+    // SAFETY: CtKeyV4 is plain old data of 16 bytes.
+    let key_bytes: [u8; 16] = unsafe { std::mem::transmute(key) };
+    let old_value: Vec<u8> = (1..=40).collect();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
+    let mut args: Vec<String> = vec!["map".into(), "update".into(), "pinned".into(), path_s];
+    args.push("key".into());
+    args.extend(hex(&key_bytes));
+    args.push("value".into());
+    args.extend(hex(&old_value));
+    bpftool(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let dp = egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
+    let info = aya::maps::MapInfo::from_pin(&path).unwrap();
+    assert_eq!(info.value_size(), 72, "replaced by the new layout");
+    let data = aya::maps::MapData::from_pin(&path).unwrap();
+    let ct: aya::maps::HashMap<_, CtKeyV4, CtEntryV4> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
+    let entry = ct.get(&key, 0).expect("the flow's entry was carried over");
+    // SAFETY: CtEntryV4 is plain old data.
+    let bytes: [u8; 72] = unsafe { std::mem::transmute(entry) };
+    assert_eq!(
+        &bytes[..40],
+        old_value.as_slice(),
+        "every earlier byte kept"
+    );
+    assert_eq!(entry.next_hop, NextHop::default(), "no next hop cached yet");
+    drop(dp);
+}

@@ -6,6 +6,7 @@
 //! (traffic keeps flowing on the old programs meanwhile), swaps its new programs into the
 //! existing links atomically, reads what the maps hold and removes only what is stale.
 
+pub mod carry;
 pub mod cleanup;
 pub mod dump;
 pub mod lock;
@@ -270,6 +271,13 @@ impl Datapath {
             path: pin_dir.to_owned(),
             source,
         })?;
+        // Before the conntrack maps of the earlier layout are replaced.
+        let carried = carry::Carried::read(pin_dir).unwrap_or_else(|e| {
+            tracing::warn!(
+                "failed to read the earlier agent's conntrack: {e}: its flows start over"
+            );
+            carry::Carried::default()
+        });
         replace_foreign_pins(pin_dir, capacities)?;
         let mut loader = EbpfLoader::new();
         for name in names::names() {
@@ -279,6 +287,17 @@ impl Datapath {
             }
         }
         let mut ebpf = loader.load(ebpf::OBJECT)?;
+        if !carried.is_empty() {
+            let read = carried.len();
+            match carried.write(pin_dir) {
+                Ok(n) => tracing::info!(
+                    read,
+                    written = n,
+                    "conntrack of the earlier layout carried over into the new maps"
+                ),
+                Err(e) => tracing::warn!("failed to carry the earlier conntrack over: {e}"),
+            }
+        }
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             tracing::debug!("no eBPF log channel: {e}");
         }
