@@ -48,7 +48,7 @@ pub struct CtEntryV4 {
     /// Egress interface.
     pub ifindex: u32,
     pub rule_id: u32,
-    /// `bpf_ktime_get_ns` of the last packet, either direction.
+    /// The datapath's clock (`bpf_ktime_get_coarse_ns`) at this direction's last packet.
     pub last_seen_ns: u64,
     /// Where this direction's packets went last (see [`NextHop`]).
     pub next_hop: NextHop,
@@ -75,7 +75,7 @@ pub struct NextHop {
     pub ifindex: u32,
     /// `NH_GEN` when it was filled.
     pub generation: u32,
-    /// `bpf_ktime_get_ns` when it was filled.
+    /// The datapath's clock (`bpf_ktime_get_coarse_ns`) when it was filled.
     pub filled_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<NextHop>() == 32);
@@ -120,7 +120,7 @@ pub const fn idle_timeout(proto: u8, st: u8) -> u64 {
 }
 
 /// Whether an entry last seen at `last_seen_ns` is idle past its timeout at `now`
-/// (`bpf_ktime_get_ns`, that is `CLOCK_MONOTONIC`). A flow is over only when both of its
+/// (`bpf_ktime_get_coarse_ns`, that is `CLOCK_MONOTONIC_COARSE`). A flow is over only when both of its
 /// entries are (each direction refreshes its own).
 #[inline(always)]
 pub const fn expired(proto: u8, st: u8, last_seen_ns: u64, now: u64) -> bool {

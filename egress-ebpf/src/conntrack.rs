@@ -3,14 +3,20 @@
 //! per address family ([`v4`] on `CT_V4`, [`v6`] on `CT_V6`): the two differ only in
 //! their types.
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use egress_common::conntrack::state;
 
 use crate::parse::{PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
+/// The datapath's clock: `CLOCK_MONOTONIC_COARSE` (Linux 5.11), the monotonic clock as
+/// of the last tick (at most a jiffy, 1-10 ms, behind `CLOCK_MONOTONIC`); the agent's
+/// sweeper reads the same clock. Ample for idle timeouts of seconds and the next-hop
+/// cache's age bound of a second, without the clocksource read of `bpf_ktime_get_ns`
+/// on every packet. A stamp written from `CLOCK_MONOTONIC` may lie up to a jiffy ahead
+/// of it: age checks saturate at zero.
 #[inline(always)]
 pub fn now() -> u64 {
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
 #[inline(always)]

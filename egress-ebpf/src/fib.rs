@@ -142,7 +142,7 @@ pub fn cache_valid(ctx: &TcContext, nh: &NextHop, generation: u32, now: u64) -> 
     const L2_ROOM: u32 = 14 + 4;
     nh.ifindex != 0
         && nh.generation == generation
-        && now.wrapping_sub(nh.filled_ns) < NEXT_HOP_MAX_AGE_NS
+        && now.saturating_sub(nh.filled_ns) < NEXT_HOP_MAX_AGE_NS
         && (ctx.len() <= u32::from(nh.mtu) + L2_ROOM
             // SAFETY: the context pointer is valid for the program's lifetime.
             || unsafe { (*ctx.skb.skb).gso_size } != 0)

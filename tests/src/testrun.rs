@@ -88,14 +88,15 @@ pub fn ifindex(name: &str) -> u32 {
     i
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the datapath's clock
+/// (`bpf_ktime_get_coarse_ns`).
 pub fn ktime_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

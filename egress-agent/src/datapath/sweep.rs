@@ -12,8 +12,8 @@
 //! slot, which no program writes for that reason), so that the count survives agent
 //! restarts and shows in `egress-agent maps` and in the metrics.
 //!
-//! The decision ([`fate`]) is the datapath's, on the same clock (`bpf_ktime_get_ns` is
-//! `CLOCK_MONOTONIC`): an entry idle past its timeout goes unless its partner (the other
+//! The decision ([`fate`]) is the datapath's, on the same clock
+//! (`bpf_ktime_get_coarse_ns` is `CLOCK_MONOTONIC_COARSE`): an entry idle past its timeout goes unless its partner (the other
 //! direction's entry of the same flow) is still live. A packet that refreshes an entry
 //! between the sweeper's read and its delete loses the flow's translation; the next
 //! packet makes a new one. The window is a few microseconds at the edge of the timeout.
@@ -145,7 +145,7 @@ pub enum Fate {
 }
 
 /// The fate of the entry `e` at `key`, given the entry found at `key.partner(e)` (if
-/// any), at `now` (`CLOCK_MONOTONIC` ns). The datapath's `flow_live`, as a decision.
+/// any), at `now` (`CLOCK_MONOTONIC_COARSE` ns). The datapath's `flow_live`, as a decision.
 pub fn fate<K: CtKey>(key: &K, e: &K::Entry, partner: Option<&K::Entry>, now: u64) -> Fate {
     if !key.expired(e, now) {
         return Fate::Keep;
@@ -164,14 +164,15 @@ pub fn fate<K: CtKey>(key: &K, e: &K::Entry, partner: Option<&K::Entry>, now: u6
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the datapath's clock
+/// (`bpf_ktime_get_coarse_ns`).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -166,10 +166,11 @@ fn ktime_ns() -> Result<u64> {
         tv_nsec: 0,
     };
     // SAFETY: valid out pointer.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // The datapath's clock (`bpf_ktime_get_coarse_ns`).
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ensure!(
         rc == 0,
-        "failed to read CLOCK_MONOTONIC: {}",
+        "failed to read CLOCK_MONOTONIC_COARSE: {}",
         std::io::Error::last_os_error()
     );
     Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
