@@ -1,5 +1,8 @@
-//! Every bounds-checked read of packet headers lives here. Reads go through
-//! `bpf_skb_load_bytes` (`TcContext::load`), which is correct for non-linear skbs too.
+//! Every bounds-checked read of packet headers lives here. The IPv4 and transport
+//! headers of the fast paths are read in place when the linear part of the skb holds
+//! them (every frame a veth or the tunnel device hands over: [`read`]); every other read,
+//! and these ones when the headers are not linear, goes through `bpf_skb_load_bytes`
+//! (`TcContext::load`), which is correct for non-linear skbs too.
 
 use aya_ebpf::programs::TcContext;
 use egress_common::counters::reason;
@@ -110,11 +113,47 @@ pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
     Some(unsafe { core::ptr::read_unaligned((start + IP_SRC_OFF) as *const [u8; 4]) })
 }
 
+/// The transport header's offset in a packet without IP options, and in an IPv6 packet
+/// without extension headers.
+const L4_OFF_V4: usize = ETH_LEN + Ipv4Hdr::LEN;
+const L4_OFF_V6: usize = ETH_LEN + crate::parse6::IP6_HDR_LEN;
+
+/// The header `T` at the constant offset `OFF`, read in place when the linear part of
+/// the skb holds it (every frame a veth or the tunnel device hands over); `None` when
+/// it does not. A constant offset, so that the verifier checks the access against one
+/// bound. `bpf_skb_load_bytes` costs about as much as the rest of a header's parse.
+#[inline(always)]
+fn in_place<T: Copy, const OFF: usize>(ctx: &TcContext) -> Option<T> {
+    let start = ctx.data();
+    if start + OFF + core::mem::size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: within [data, data_end), checked just above; `T` is a plain header of byte
+    // fields, valid for any bytes.
+    Some(unsafe { core::ptr::read_unaligned((start + OFF) as *const T) })
+}
+
+/// The header `T` at offset `off`: in place at the usual offsets ([`in_place`]), else
+/// through `bpf_skb_load_bytes`. The paths join right after the read.
+#[inline(always)]
+fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
+    let direct = match off {
+        ETH_LEN => in_place::<T, ETH_LEN>(ctx),
+        L4_OFF_V4 => in_place::<T, L4_OFF_V4>(ctx),
+        L4_OFF_V6 => in_place::<T, L4_OFF_V6>(ctx),
+        _ => None,
+    };
+    match direct {
+        Some(h) => Ok(h),
+        None => ctx.load(off).map_err(|_| Bad::Malformed),
+    }
+}
+
 /// The IPv4 header of a frame whose ethertype the caller has already found to be IPv4
 /// ([`ethertype`], [`ipv4_src`]): it is not read again.
 #[inline(always)]
 pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
-    let h: Ipv4Hdr = ctx.load(ETH_LEN).map_err(|_| Bad::Malformed)?;
+    let h: Ipv4Hdr = read(ctx, ETH_LEN)?;
     // network-types' `ihl()` is already in bytes (the field times four).
     let ihl = usize::from(h.ihl());
     let tot_len = h.tot_len();
@@ -154,21 +193,22 @@ pub fn l4(ctx: &TcContext, ip: &Ipv4) -> Result<L4, Bad> {
 pub fn transport(ctx: &TcContext, proto: u8, off: usize, room: usize) -> Result<L4, Bad> {
     match proto {
         PROTO_TCP => {
-            let t: TcpHdr = ctx.load(off).map_err(|_| Bad::Malformed)?;
-            let hdr_len = usize::from(t.doff()) * 4;
+            // As bytes: the data offset (byte 12, high nibble) and the flags (byte 13)
+            // are plain bytes there.
+            let t: [u8; TcpHdr::LEN] = read(ctx, off)?;
+            let hdr_len = usize::from(t[12] >> 4) * 4;
             if room < TcpHdr::LEN || hdr_len < TcpHdr::LEN || hdr_len > room {
                 return Err(Bad::Malformed);
             }
-            let flags: u8 = ctx.load(off + 13).map_err(|_| Bad::Malformed)?;
             Ok(L4 {
-                sport_be: u16::from_ne_bytes(t.source),
-                dport_be: u16::from_ne_bytes(t.dest),
-                tcp_flags: flags,
+                sport_be: u16::from_ne_bytes([t[0], t[1]]),
+                dport_be: u16::from_ne_bytes([t[2], t[3]]),
+                tcp_flags: t[13],
                 tcp_hdr_len: hdr_len,
             })
         }
         PROTO_UDP => {
-            let u: UdpHdr = ctx.load(off).map_err(|_| Bad::Malformed)?;
+            let u: UdpHdr = read(ctx, off)?;
             if room < UdpHdr::LEN {
                 return Err(Bad::Malformed);
             }
@@ -180,7 +220,7 @@ pub fn transport(ctx: &TcContext, proto: u8, off: usize, room: usize) -> Result<
             })
         }
         PROTO_ICMP | PROTO_ICMPV6 => {
-            let h: [u8; 8] = ctx.load(off).map_err(|_| Bad::Malformed)?;
+            let h: [u8; 8] = read(ctx, off)?;
             if room < 8 {
                 return Err(Bad::Malformed);
             }
