@@ -26,6 +26,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use egress_agent::datapath::lock;
 
 /// Where `ip netns add` puts the namespace handles.
 pub const NETNS_RUN_DIR: &str = "/run/netns";
@@ -586,7 +587,8 @@ pub fn ensure_bpffs() -> Result<()> {
 }
 
 /// Remove everything a lab with this prefix may have left: processes in its namespaces, the
-/// namespaces, its bpffs pin directories (`/sys/fs/bpf/<prefix>-*`) and its temp directory.
+/// namespaces, its bpffs pin directories (`/sys/fs/bpf/<prefix>-*`) with their agents' lock
+/// files (`/run/egress-agent/`, free once the agents are killed) and its temp directory.
 pub fn teardown_prefix(prefix: &str) -> Result<()> {
     if prefix.is_empty() || prefix.contains('/') {
         bail!("failed to tear down lab: bad prefix {prefix:?}");
@@ -600,7 +602,8 @@ pub fn teardown_prefix(prefix: &str) -> Result<()> {
     for ns in &namespaces {
         delete_netns(ns);
     }
-    for dir in [Path::new("/sys/fs/bpf").to_path_buf(), std::env::temp_dir()] {
+    let bpffs = Path::new("/sys/fs/bpf");
+    for dir in [bpffs.to_path_buf(), std::env::temp_dir()] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -610,6 +613,11 @@ pub fn teardown_prefix(prefix: &str) -> Result<()> {
             let lab_dir = format!("egress-lab-{prefix}");
             if name.starts_with(&head) || name == lab_dir {
                 let _ = std::fs::remove_dir_all(entry.path());
+            }
+            if dir == bpffs && name.starts_with(&head) {
+                // A pin directory's agent lock (the agents were killed with the namespaces).
+                let lock_file = lock::lock_path(Path::new(lock::LOCK_DIR), &entry.path());
+                let _ = std::fs::remove_file(lock_file);
             }
         }
     }
