@@ -62,22 +62,22 @@ fn run4(ctx: &TcContext) -> i32 {
     if ip.ttl <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
-    if dnat4(ctx, &ip, &l4, e.xlate_addr, e.xlate_port_be).is_err() {
+    let (pod, port_be) = (e.xlate_addr, e.xlate_port_be);
+    if rewrite::nat4(
+        ctx,
+        &ip,
+        &l4,
+        rewrite::Side::Destination,
+        pod,
+        port_be,
+        None,
+    )
+    .is_err()
+    {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
     back4(ctx, cfg, &ip, &l4, e.xlate_addr, &e.pod_node)
-}
-
-/// DNAT back to the pod and TTL: written in place where the packet allows
-/// (`rewrite::nat4_direct`), else through the helpers.
-#[inline(always)]
-fn dnat4(ctx: &TcContext, ip: &Ipv4, l4: &L4, pod: [u8; 4], port_be: u16) -> rewrite::Result {
-    if rewrite::nat4_direct(ctx, ip, rewrite::Side::Destination, pod, port_be, None)? {
-        return Ok(());
-    }
-    rewrite::dnat(ctx, ip, l4, pod, port_be)?;
-    rewrite::dec_ttl(ctx, ip)
 }
 
 /// Send a packet translated back to `pod` (a reply, or an ICMP error about its flow) to

@@ -142,7 +142,7 @@ pub fn forward(
                 }
             }
         };
-    if snat4(ctx, ip, l4, egress_ip, port_be, None).is_err() {
+    if rewrite::nat4(ctx, ip, l4, rewrite::Side::Source, egress_ip, port_be, None).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     match fib::send4(ctx, &next) {
@@ -162,7 +162,8 @@ fn send_cached(
     port_be: u16,
     nh: &NextHop,
 ) -> i32 {
-    if snat4(ctx, ip, l4, addr, port_be, Some(nh)).is_err() {
+    let macs = Some((&nh.dmac, &nh.smac));
+    if rewrite::nat4(ctx, ip, l4, rewrite::Side::Source, addr, port_be, macs).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     verdict(
@@ -170,29 +171,6 @@ fn send_cached(
         reason::FORWARDED,
         unsafe { bpf_redirect(nh.ifindex, 0) } as i32,
     )
-}
-
-/// SNAT and TTL (and the MACs of `macs`): written in place where the packet allows
-/// (`rewrite::nat4_direct`), else through the helpers.
-#[inline(always)]
-fn snat4(
-    ctx: &TcContext,
-    ip: &Ipv4,
-    l4: &L4,
-    addr: [u8; 4],
-    port_be: u16,
-    macs: Option<&NextHop>,
-) -> rewrite::Result {
-    let m = macs.map(|nh| (&nh.dmac, &nh.smac));
-    if rewrite::nat4_direct(ctx, ip, rewrite::Side::Source, addr, port_be, m)? {
-        return Ok(());
-    }
-    rewrite::snat(ctx, ip, l4, addr, port_be)?;
-    rewrite::dec_ttl(ctx, ip)?;
-    match macs {
-        Some(nh) => rewrite::set_macs(ctx, &nh.dmac, &nh.smac),
-        None => Ok(()),
-    }
 }
 
 /// A TCP segment that only an established flow sends: neither SYN nor RST.

@@ -47,7 +47,7 @@ fn l4_csum(proto: u8, l4_off: usize) -> (usize, u64) {
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
-    reason = "two call sites (SNAT, DNAT); a struct would only rename the arguments"
+    reason = "the old and new value of each field; a struct would only rename them"
 )]
 fn rewrite_addr_port(
     ctx: &TcContext,
@@ -119,56 +119,66 @@ pub fn replace_addr4(
     ok(ctx.store(addr_off, &new, 0))
 }
 
-/// Source NAT: the source address becomes `addr`, the pod-side port (or ICMP echo
-/// identifier) becomes `port_be`.
-#[inline(always)]
-pub fn snat(ctx: &TcContext, ip: &Ipv4, l4: &L4, addr: [u8; 4], port_be: u16) -> Result {
-    // TCP/UDP source port at +0; ICMP echo identifier at +4.
-    let port_off = if ip.proto == PROTO_ICMP {
-        ip.l4 + 4
-    } else {
-        ip.l4
-    };
-    rewrite_addr_port(
-        ctx,
-        ip,
-        IP_SRC_OFF,
-        ip.src,
-        addr,
-        port_off,
-        l4.sport_be,
-        port_be,
-    )
-}
-
-/// Destination NAT of a reply: the destination address becomes `addr`, the pod-side port
-/// (or ICMP echo identifier) becomes `port_be`.
-#[inline(always)]
-pub fn dnat(ctx: &TcContext, ip: &Ipv4, l4: &L4, addr: [u8; 4], port_be: u16) -> Result {
-    let port_off = if ip.proto == PROTO_ICMP {
-        ip.l4 + 4
-    } else {
-        ip.l4 + 2
-    };
-    rewrite_addr_port(
-        ctx,
-        ip,
-        IP_DST_OFF,
-        ip.dst,
-        addr,
-        port_off,
-        l4.dport_be,
-        port_be,
-    )
-}
-
-/// Which side of an IPv4 packet [`nat4_direct`] translates.
+/// Which side of an IPv4 packet [`nat4`] translates.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Side {
     /// Source address and port (SNAT of a packet going out).
     Source,
     /// Destination address and port (a reply translated back).
     Destination,
+}
+
+/// Translate `side` of an IPv4 packet to `addr` and the pod-side port (or ICMP echo
+/// identifier) `port_be`, decrement the TTL (the caller has checked that it is above
+/// one), and write the Ethernet addresses `macs` (destination, source) when given:
+/// in place where the packet allows ([`nat4_direct`]), else through the helpers.
+#[inline(always)]
+pub fn nat4(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    l4: &L4,
+    side: Side,
+    addr: [u8; 4],
+    port_be: u16,
+    macs: Option<(&[u8; 6], &[u8; 6])>,
+) -> Result {
+    if nat4_direct(ctx, ip, side, addr, port_be, macs)? {
+        return Ok(());
+    }
+    // TCP/UDP ports at +0 (source) and +2 (destination); the ICMP echo identifier at +4
+    // either way.
+    let icmp = ip.proto == PROTO_ICMP;
+    let (addr_off, old_addr, port_off, old_port_be) = match side {
+        Side::Source => (
+            IP_SRC_OFF,
+            ip.src,
+            if icmp { ip.l4 + 4 } else { ip.l4 },
+            l4.sport_be,
+        ),
+        Side::Destination => (
+            IP_DST_OFF,
+            ip.dst,
+            if icmp { ip.l4 + 4 } else { ip.l4 + 2 },
+            l4.dport_be,
+        ),
+    };
+    // Through the helpers: any IPv4 packet (IP options, ICMP echo, headers outside the
+    // linear part).
+    rewrite_addr_port(
+        ctx,
+        ip,
+        addr_off,
+        old_addr,
+        addr,
+        port_off,
+        old_port_be,
+        port_be,
+    )?;
+    dec_ttl(ctx, ip)?;
+    match macs {
+        Some((dst, src)) => set_macs(ctx, dst, src),
+        None => Ok(()),
+    }
 }
 
 /// One's complement sum of 16-bit words folded to 16 bits.
@@ -186,8 +196,7 @@ fn diff32(old: u32, new: u32) -> u32 {
     fold((!old & 0xffff) + (!old >> 16) + (new & 0xffff) + (new >> 16))
 }
 
-/// [`snat`] or [`dnat`] together with [`dec_ttl`] (and the MAC addresses when `macs` is
-/// given), for a TCP or UDP packet whose headers sit in the linear part of the skb
+/// [`nat4`] for a TCP or UDP packet whose headers sit in the linear part of the skb
 /// without IP options (every packet the lab sends): the address, the port and the TTL
 /// are written in place, the IP header checksum is updated once for all three (RFC
 /// 1624), and the transport checksum by one `bpf_l4_csum_replace` for the address (and
@@ -200,7 +209,7 @@ fn diff32(old: u32, new: u32) -> u32 {
 /// helpers. Replaces eight helper calls (two loads, three stores, three checksum updates)
 /// by one or two.
 #[inline(always)]
-pub fn nat4_direct(
+fn nat4_direct(
     ctx: &TcContext,
     ip: &Ipv4,
     side: Side,
