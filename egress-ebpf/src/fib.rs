@@ -48,7 +48,7 @@ pub fn redirect(
     // Not `lookup4` + `send4`: the ICMP-error and local-delivery paths that call this
     // are deep in `from_secondary`'s call chain, and the `Next4` copy would take their
     // stack past 512 bytes.
-    lookup_and_redirect(ctx, p, from)
+    lookup_and_redirect(ctx, p, from, &mut false)
 }
 
 /// [`Next4::kind`]: no usable route (or one out of another interface than required).
@@ -167,8 +167,10 @@ pub fn cache_store(slot: &mut NextHop, nh: &NextHop, generation: u32, now: u64) 
     }
 }
 
-/// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason). The lookup's
-/// parameters live in `p` (the per-CPU scratch slot), not on the stack.
+/// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason), also saying
+/// whether the next hop was resolved: then `p` holds what a conntrack entry caches (MACs,
+/// output ifindex, MTU). The lookup's parameters live in `p` (the per-CPU scratch slot),
+/// not on the stack.
 #[inline(always)]
 pub fn redirect6(
     ctx: &TcContext,
@@ -177,28 +179,30 @@ pub fn redirect6(
     src: &[u8; 16],
     dst: &[u8; 16],
     from: &From,
-) -> Result<i32, ()> {
-    let q = Lookup6 {
+) -> Result<(i32, bool), ()> {
+    let mut q = Lookup6 {
         proto,
         output: u8::from(matches!(from, From::Output(_))),
-        _pad: [0; 2],
+        resolved: 0,
+        _pad: 0,
         ifindex: match from {
             From::Output(i) | From::Input(i) => *i,
         },
     };
-    match redirect6_call(ctx, p, &q, src, dst) {
+    match redirect6_call(ctx, p, &mut q, src, dst) {
         NO_ROUTE => Err(()),
-        v => Ok(v),
+        v => Ok((v, q.resolved != 0)),
     }
 }
 
 /// [`redirect6`]'s question, as plain integers (it crosses a BPF call, so BTF describes
-/// it, and BTF has no Rust enums with data).
+/// it, and BTF has no Rust enums with data); `resolved` is the answer's.
 #[repr(C)]
 struct Lookup6 {
     proto: u8,
     output: u8,
-    _pad: [u8; 2],
+    resolved: u8,
+    _pad: u8,
     ifindex: u32,
 }
 
@@ -212,7 +216,7 @@ const NO_ROUTE: i32 = i32::MIN;
 fn redirect6_call(
     ctx: &TcContext,
     p: &mut FibParams,
-    q: &Lookup6,
+    q: &mut Lookup6,
     src: &[u8; 16],
     dst: &[u8; 16],
 ) -> i32 {
@@ -227,7 +231,10 @@ fn redirect6_call(
     } else {
         From::Input(q.ifindex)
     };
-    lookup_and_redirect(ctx, p, from).unwrap_or(NO_ROUTE)
+    let mut resolved = false;
+    let v = lookup_and_redirect(ctx, p, from, &mut resolved).unwrap_or(NO_ROUTE);
+    q.resolved = u8::from(resolved);
+    v
 }
 
 /// An IPv6 address as the four network-order words of `bpf_fib_lookup`.
@@ -269,10 +276,18 @@ fn fib_call(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i64, ()> {
     Ok(ret)
 }
 
+/// The FIB lookup of `p` from `from`, and the redirect where it says; `resolved` set
+/// when the next hop was resolved (`p` then holds its MACs, ifindex and MTU).
 #[inline(always)]
-fn lookup_and_redirect(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i32, ()> {
+fn lookup_and_redirect(
+    ctx: &TcContext,
+    p: &mut FibParams,
+    from: From,
+    resolved: &mut bool,
+) -> Result<i32, ()> {
     let ret = fib_call(ctx, p, from)?;
     if ret == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        *resolved = true;
         rewrite::set_macs(ctx, &p.dmac, &p.smac).map_err(|_| ())?;
         Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
     } else if ret == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {

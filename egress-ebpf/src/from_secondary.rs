@@ -189,7 +189,7 @@ pub fn back6(
             pod,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
-            Ok(v) => verdict(ctx, reason::FORWARDED, v),
+            Ok((v, _)) => verdict(ctx, reason::FORWARDED, v),
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }

@@ -111,7 +111,7 @@ fn run6(ctx: &TcContext) -> i32 {
             &s.ip6.dst,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
         ) {
-            Ok(v) => verdict(ctx, reason::RETURN_DELIVERED, v),
+            Ok((v, _)) => verdict(ctx, reason::RETURN_DELIVERED, v),
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }

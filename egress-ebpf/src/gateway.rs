@@ -38,7 +38,8 @@ use crate::{
     counters::{self, SHOT, count, verdict},
     fib, flows,
     maps::{
-        self, ADMITTED_V4, ADMITTED_V6, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6, Scratch,
+        self, ADMITTED_V4, ADMITTED_V6, CT_V6, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6,
+        Scratch,
     },
     parse::{Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
     reset, rewrite,
@@ -230,13 +231,20 @@ pub struct Origin {
 }
 
 /// The translation of an IPv6 flow: in, who sent it; out, its egress IP, port and
-/// interface. Lives in the per-CPU scratch slot.
+/// interface, and its next hop when the flow's entry has a valid one cached. Lives in
+/// the per-CPU scratch slot.
 #[repr(C)]
 pub struct Xlate6 {
     pub origin: Origin,
     pub egress_ip: [u8; 16],
     pub port_be: u16,
     pub ifindex: u32,
+    /// `NH_GEN` as this packet found it, before any FIB lookup: a next hop that a lookup
+    /// finds is cached under it (a change meanwhile makes the cache stale, never wrong).
+    pub generation: u32,
+    /// 1 when `nh` holds the flow's valid cached next hop ([`lookup6`]).
+    pub cached: u32,
+    pub nh: NextHop,
 }
 
 /// [`forward`] for IPv6: NAT66 to the rule's egress IPv6, hop limit, FIB lookup (IPv6)
@@ -250,7 +258,7 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     if s.ip6.hop_limit <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
-    if lookup6(s) {
+    if lookup6(ctx, s) {
         count(ctx, reason::SNAT_HIT);
     } else {
         let v = create6(ctx, cfg, s);
@@ -263,6 +271,14 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
+    // An established flow with a valid cached next hop: no FIB lookup.
+    if s.x6.cached != 0 {
+        if rewrite::set_macs(ctx, &s.x6.nh.dmac, &s.x6.nh.smac).is_err() {
+            return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+        }
+        let v = unsafe { bpf_redirect(s.x6.nh.ifindex, 0) } as i32;
+        return verdict(ctx, reason::FORWARDED, v);
+    }
     match fib::redirect6(
         ctx,
         &mut s.fib,
@@ -271,8 +287,36 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
         &s.ip6.dst,
         &fib::From::Output(s.x6.ifindex),
     ) {
-        Ok(v) => verdict(ctx, reason::FORWARDED, v),
+        Ok((v, resolved)) => {
+            // The flow's entry (made above, for a new flow) keeps what the lookup found.
+            if resolved {
+                cache6(s);
+            }
+            verdict(ctx, reason::FORWARDED, v)
+        }
         Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+    }
+}
+
+/// Cache the next hop of the FIB lookup just made (`s.fib`, resolved) in the flow's
+/// original entry, under the generation the packet found (`s.x6.generation`). Field by
+/// field: a struct copy becomes a `memmove` call.
+#[inline(never)]
+fn cache6(s: &mut Scratch) {
+    let nh = &mut s.x6.nh;
+    nh.dmac = s.fib.dmac;
+    nh.smac = s.fib.smac;
+    // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
+    nh.mtu = unsafe { s.fib.__bindgen_anon_1.mtu_result };
+    nh._pad0 = 0;
+    nh.ifindex = s.fib.ifindex;
+    s.ct6.peer = v6::original_key(&s.ip6, &s.l4);
+    // By reference: the 40-byte key stays in the scratch slot.
+    let key = &s.ct6.peer;
+    if let Some(e) = CT_V6.get_ptr_mut(key) {
+        // SAFETY: a valid map value; see `fib::cache_store` for concurrent readers.
+        let slot = unsafe { &mut (*e).next_hop };
+        fib::cache_store(slot, &s.x6.nh, s.x6.generation, conntrack::now());
     }
 }
 
@@ -281,23 +325,27 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
 const TRANSLATED: i32 = i32::MIN;
 
 /// Whether the flow has a live entry (an established flow keeps the egress IP and
-/// interface it started with); fills in `s.x6` from it.
+/// interface it started with); fills in `s.x6` from it, with its cached next hop when
+/// that may carry this packet (`fib::cache_valid`).
 #[inline(never)]
-fn lookup6(s: &mut Scratch) -> bool {
+fn lookup6(ctx: &TcContext, s: &mut Scratch) -> bool {
+    let now = conntrack::now();
+    s.x6.generation = maps::nh_gen();
+    s.x6.cached = 0;
     s.ct6.key = v6::original_key(&s.ip6, &s.l4);
-    match v6::lookup_in(
-        &s.ct6.key,
-        s.l4.tcp_flags,
-        conntrack::now(),
-        &mut s.ct6.peer,
-    ) {
+    match v6::lookup_in(&s.ct6.key, s.l4.tcp_flags, now, &mut s.ct6.peer) {
         Some(e) => {
-            // A map value and the per-CPU scratch never overlap; said so, the copy stays
-            // inline instead of becoming a byte-at-a-time `memmove` call.
+            // A map value and the per-CPU scratch never overlap; said so, the copies
+            // stay inline instead of becoming byte-at-a-time `memmove` calls.
             // SAFETY: two distinct, valid 16-byte arrays.
             unsafe { core::ptr::copy_nonoverlapping(&e.xlate_addr, &mut s.x6.egress_ip, 1) };
             s.x6.port_be = e.xlate_port_be;
             s.x6.ifindex = e.ifindex;
+            if fib::cache_valid(ctx, &e.next_hop, s.x6.generation, now) {
+                // SAFETY: as above, two distinct, valid next hops.
+                unsafe { core::ptr::copy_nonoverlapping(&e.next_hop, &mut s.x6.nh, 1) };
+                s.x6.cached = 1;
+            }
             true
         }
         None => false,
@@ -333,7 +381,7 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
         rule_id,
         pod_node,
         conntrack::now(),
-        // IPv6 keeps its FIB lookup per packet (no next-hop cache yet).
+        // Cached after the FIB lookup (`cache6`): IPv6 looks up after the entry is made.
         None,
         &mut s.ct6,
     ) {

@@ -25,7 +25,7 @@ use aya::maps::{HashMap, MapData};
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV6, CtKeyV6, dir, state},
+    conntrack::{CtEntryV6, CtKeyV6, NextHop, dir, state},
     counters::reason::*,
     maps,
     policy::{
@@ -45,7 +45,7 @@ use egress_tests::{
         icmp6_error, l4_offset, ndp, pseudo_header6, solicited_node,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
-    testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, sysctl},
+    testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, ktime_ns, sysctl},
 };
 
 // ---- the cluster, as seen from this node ----
@@ -1086,9 +1086,22 @@ fn from_tunnel_conntrack_entries(u: UnderlayNet) {
         let strip = |mut e: CtEntryV6| {
             assert_ne!(e.last_seen_ns, 0);
             e.last_seen_ns = 0;
+            if e.next_hop.ifindex != 0 {
+                assert_ne!(e.next_hop.filled_ns, 0);
+                e.next_hop.filled_ns = 0;
+            }
             e
         };
         let got: Vec<_> = ct.into_iter().map(|(k, e)| (k, strip(e))).collect();
+        // The original entry caches the next hop the first packet's FIB lookup found
+        // (DEST_A's neighbour on sec0); the reply entry, which tunnels, caches nothing.
+        let learned = NextHop {
+            dmac: DEST_A_MAC,
+            smac: SEC0_MAC,
+            mtu: 1500,
+            ifindex: net.sec0,
+            ..NextHop::default()
+        };
         let common = CtEntryV6 {
             xlate_addr: EGRESS_A.octets(),
             xlate_port_be: 40_000u16.to_be(),
@@ -1114,7 +1127,10 @@ fn from_tunnel_conntrack_entries(u: UnderlayNet) {
                         dir: dir::ORIGINAL,
                         _pad: [0; 2],
                     },
-                    common
+                    CtEntryV6 {
+                        next_hop: learned,
+                        ..common
+                    }
                 ),
                 (
                     CtKeyV6 {
@@ -1133,6 +1149,85 @@ fn from_tunnel_conntrack_entries(u: UnderlayNet) {
                 ),
             ]
         );
+    });
+}
+
+/// An established IPv6 flow's packets take the next hop cached in its conntrack entry,
+/// not a FIB lookup per packet, until the agent bumps `NH_GEN` or the cache is older
+/// than a second (as for IPv4). The flow goes through router A (fd00:172:16::/48 via
+/// fd00:100::1 on sec0); the router's MAC changes under it.
+fn an_established_flow_uses_its_cached_next_hop(u: UnderlayNet) {
+    in_netns(move || {
+        const NEW_ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0xee];
+        const POISON: [u8; 6] = [0x02, 0, 0, 0, 0xba, 0xd0];
+        let net = topology(u);
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        dp.nh_gen(7);
+        let send = |dp: &mut Datapath, flags: u8| {
+            let p = tcp(REMOTE_POD, 40_000, DEST_FAR, 443, flags);
+            let o = dp.run(FROM_TUNNEL, &p.build(), net.tun0, Some((u.peer, RULE_A)));
+            assert_eq!(o.verdict, TC_ACT_REDIRECT);
+            // The frame's destination and source MAC.
+            (
+                <[u8; 6]>::try_from(&o.frame[0..6]).unwrap(),
+                <[u8; 6]>::try_from(&o.frame[6..12]).unwrap(),
+            )
+        };
+        let original = |dp: &mut Datapath| {
+            ct6(dp)
+                .into_iter()
+                .find(|(k, _)| k.dir == dir::ORIGINAL)
+                .expect("the flow's original entry")
+        };
+        // The first packet looks the route up and leaves the answer in the entry.
+        assert_eq!(send(&mut dp, 0x02), (ROUTER_A_MAC, SEC0_MAC));
+        let (key, e) = original(&mut dp);
+        assert_eq!(
+            (e.next_hop.dmac, e.next_hop.smac, e.next_hop.ifindex),
+            (ROUTER_A_MAC, SEC0_MAC, net.sec0)
+        );
+        assert_eq!((e.next_hop.mtu, e.next_hop.generation), (1500, 7));
+        // The router's MAC changes, and nobody says so: the flow keeps the cached one
+        // (proof that no FIB lookup ran).
+        ip(&format!(
+            "-6 neigh replace {ROUTER_A} lladdr {} dev sec0 nud permanent",
+            mac(NEW_ROUTER_MAC)
+        ));
+        assert_eq!(send(&mut dp, 0x10), (ROUTER_A_MAC, SEC0_MAC));
+        // The agent bumps the generation: the next packet looks again, and caches that.
+        dp.nh_gen(8);
+        assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
+        let (_, e) = original(&mut dp);
+        assert_eq!(
+            (e.next_hop.dmac, e.next_hop.generation),
+            (NEW_ROUTER_MAC, 8)
+        );
+        assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
+        // A cache of another generation, or one older than a second, is never used.
+        let insert = |dp: &mut Datapath, e: CtEntryV6| {
+            let mut m: HashMap<&mut MapData, CtKeyV6, CtEntryV6> =
+                HashMap::try_from(dp.map(maps::CT_V6)).unwrap();
+            m.insert(key, e, 0).unwrap();
+        };
+        let now = ktime_ns();
+        for (generation, filled_ns, case) in [
+            (7, now, "older generation"),
+            (8, now - 2_000_000_000, "filled 2 s ago"),
+        ] {
+            let mut stale = e;
+            stale.next_hop.dmac = POISON;
+            stale.next_hop.generation = generation;
+            stale.next_hop.filled_ns = filled_ns;
+            insert(&mut dp, stale);
+            assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC), "{case}");
+        }
+        // And a valid one is: the poisoned MAC goes out (the cache, not the FIB, decided).
+        let mut cached = e;
+        cached.next_hop.dmac = POISON;
+        cached.next_hop.filled_ns = ktime_ns();
+        insert(&mut dp, cached);
+        assert_eq!(send(&mut dp, 0x10), (POISON, SEC0_MAC));
     });
 }
 
@@ -1760,6 +1855,16 @@ fn from_tunnel_conntrack_entries_ipv4_underlay() {
 #[test]
 fn from_tunnel_conntrack_entries_ipv6_underlay() {
     from_tunnel_conntrack_entries(UL6);
+}
+
+#[test]
+fn an_established_flow_uses_its_cached_next_hop_ipv4_underlay() {
+    an_established_flow_uses_its_cached_next_hop(UL4);
+}
+
+#[test]
+fn an_established_flow_uses_its_cached_next_hop_ipv6_underlay() {
+    an_established_flow_uses_its_cached_next_hop(UL6);
 }
 
 #[test]
