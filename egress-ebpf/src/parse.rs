@@ -1,8 +1,8 @@
-//! Every bounds-checked read of packet headers lives here. The IPv4 and transport
-//! headers of the fast paths are read in place when the linear part of the skb holds
-//! them (every frame a veth or the tunnel device hands over: [`read`]); every other read,
-//! and these ones when the headers are not linear, goes through `bpf_skb_load_bytes`
-//! (`TcContext::load`), which is correct for non-linear skbs too.
+//! Every bounds-checked read of packet headers lives here. The ethertype, the IPv4 and
+//! the transport headers of the fast paths are read in place when the linear part of
+//! the skb holds them (every frame a veth or the tunnel device hands over: [`read`]);
+//! every other read, and these ones when the headers are not linear, goes through
+//! `bpf_skb_load_bytes` (`TcContext::load`), which is correct for non-linear skbs too.
 
 use aya_ebpf::programs::TcContext;
 use egress_common::counters::reason;
@@ -88,7 +88,7 @@ pub struct L4 {
 /// The ethertype (network order), `None` for a frame too short to have one.
 #[inline(always)]
 pub fn ethertype(ctx: &TcContext) -> Option<u16> {
-    ctx.load(ETH_TYPE_OFF).ok()
+    read(ctx, ETH_TYPE_OFF).ok()
 }
 
 /// The source address of an IPv4 packet, or `None` for anything else. The cheapest read
@@ -138,6 +138,7 @@ fn in_place<T: Copy, const OFF: usize>(ctx: &TcContext) -> Option<T> {
 #[inline(always)]
 fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
     let direct = match off {
+        ETH_TYPE_OFF => in_place::<T, ETH_TYPE_OFF>(ctx),
         ETH_LEN => in_place::<T, ETH_LEN>(ctx),
         L4_OFF_V4 => in_place::<T, L4_OFF_V4>(ctx),
         L4_OFF_V6 => in_place::<T, L4_OFF_V6>(ctx),
