@@ -2,6 +2,11 @@
 //! this for me" (gateway role); `RETURN_VNI` means "a reply for one of your pods".
 //! Either way the sender must be a known node, and the inner address must belong to it
 //! (forward) or to us (return). The inner packet is IPv4 or IPv6, and so is the underlay.
+//!
+//! On the forward path one lookup answers both: every pod owner names a known node (the
+//! agent inserts a node into `NODES` before its pods' owners and removes it after them),
+//! so an inner source owned by the sender proves the sender known. Only a packet that
+//! fails the owner check asks `NODES`, to count the right reason.
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{config::Config, counters::reason, policy::RETURN_VNI};
@@ -38,6 +43,9 @@ fn run4(ctx: &TcContext) -> i32 {
         Err(v) => return v,
     };
     if meta.vni == RETURN_VNI {
+        if !known(&meta) {
+            return verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT);
+        }
         // A reply the gateway translated back: the destination must be a pod of ours.
         match unsafe { POD_OWNER_V4.get(ip.dst) } {
             Some(o) if o.node == cfg.node_ip => {}
@@ -54,10 +62,11 @@ fn run4(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    // Gateway role: the inner source must be a pod of the sending node.
+    // Gateway role: the inner source must be a pod of the sending node (which is then
+    // known: see the module comment).
     match unsafe { POD_OWNER_V4.get(ip.src) } {
         Some(o) if o.node == meta.sender => {}
-        _ => return verdict(ctx, reason::DROP_SPOOFED_SOURCE, SHOT),
+        _ => return not_owned(ctx, &meta),
     }
     let l4 = match parse::l4(ctx, &ip) {
         Ok(l4) => l4,
@@ -66,8 +75,9 @@ fn run4(ctx: &TcContext) -> i32 {
     gateway::forward(ctx, cfg, &ip, &l4, meta.vni, meta.sender)
 }
 
-/// The node's configuration and the tunnel metadata of a packet from a known node, or
-/// the verdict of one that is not.
+/// The node's configuration and the tunnel metadata of a packet, or the verdict of one
+/// without. Whether the sender is known is the caller's check ([`known`], or the owner
+/// check with [`not_owned`]).
 #[inline(always)]
 fn sender(ctx: &TcContext) -> Result<(&'static Config, Received), i32> {
     let Some(cfg) = maps::config() else {
@@ -76,10 +86,24 @@ fn sender(ctx: &TcContext) -> Result<(&'static Config, Received), i32> {
     let Some(meta) = tunnel::received(ctx) else {
         return Err(verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT));
     };
-    if unsafe { NODES.get(meta.sender) }.is_none() {
-        return Err(verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT));
-    }
     Ok((cfg, meta))
+}
+
+/// Whether the packet's sender is a known node.
+#[inline(always)]
+fn known(meta: &Received) -> bool {
+    unsafe { NODES.get(meta.sender) }.is_some()
+}
+
+/// The verdict of a packet whose inner source is not a pod of its sender: from an
+/// unknown sender, or spoofed by a known one.
+#[inline(always)]
+fn not_owned(ctx: &TcContext, meta: &Received) -> i32 {
+    if known(meta) {
+        verdict(ctx, reason::DROP_SPOOFED_SOURCE, SHOT)
+    } else {
+        verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT)
+    }
 }
 
 /// The same for an inner IPv6 packet (kept out of line: the verifier sees each family's
@@ -99,6 +123,9 @@ fn run6(ctx: &TcContext) -> i32 {
         Err(v) => return v,
     };
     if meta.vni == RETURN_VNI {
+        if !known(&meta) {
+            return verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT);
+        }
         match unsafe { POD_OWNER_V6.get(s.ip6.dst) } {
             Some(o) if o.node == cfg.node_ip => {}
             _ => return verdict(ctx, reason::DROP_NOT_LOCAL_POD, SHOT),
@@ -117,7 +144,7 @@ fn run6(ctx: &TcContext) -> i32 {
     }
     match unsafe { POD_OWNER_V6.get(s.ip6.src) } {
         Some(o) if o.node == meta.sender => {}
-        _ => return verdict(ctx, reason::DROP_SPOOFED_SOURCE, SHOT),
+        _ => return not_owned(ctx, &meta),
     }
     s.l4 = match parse6::l4(ctx, &s.ip6) {
         Ok(l4) => l4,
