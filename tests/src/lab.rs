@@ -713,6 +713,8 @@ pub struct Lab {
     drained: std::collections::BTreeSet<String>,
     /// Pods whose Pod object is left out of `cluster.yaml` ([`Lab::set_pod_announced`]).
     unannounced: std::collections::BTreeSet<String>,
+    /// Pod CIDRs a Node lists after its own ([`Lab::add_pod_cidr`]).
+    extra_pod_cidrs: BTreeMap<String, Vec<String>>,
     leaked: bool,
 }
 
@@ -741,6 +743,7 @@ impl Lab {
             ready: NODES.iter().map(|n| (n.name.to_owned(), true)).collect(),
             drained: std::collections::BTreeSet::new(),
             unannounced: std::collections::BTreeSet::new(),
+            extra_pod_cidrs: BTreeMap::new(),
             leaked: false,
             spec,
         };
@@ -1201,6 +1204,18 @@ impl Lab {
         self.write_cluster()
     }
 
+    /// List `cidr` after the node's own pod CIDR in its Node's `spec.podCIDRs` in
+    /// `cluster.yaml` (Kubernetes allows one per family; the agents read them all). Only
+    /// the Node changes: the caller routes what it puts there.
+    pub fn add_pod_cidr(&mut self, node: &str, cidr: &str) -> Result<()> {
+        self.node(node)?;
+        self.extra_pod_cidrs
+            .entry(node.to_owned())
+            .or_default()
+            .push(cidr.to_owned());
+        self.write_cluster()
+    }
+
     /// Leave a pod's Pod object out of `cluster.yaml` (`false`: its network is there, as
     /// after the CNI ran, but no agent has heard of it) or put it back (`true`).
     pub fn set_pod_announced(&mut self, pod: &str, announced: bool) -> Result<()> {
@@ -1270,6 +1285,14 @@ impl Lab {
             }
             let ready = self.ready.get(node.name).copied().unwrap_or(true);
             let mut metadata = json!({"name": node.name, "labels": labels});
+            let mut pod_cidrs = vec![node.pod_cidr()];
+            pod_cidrs.extend(
+                self.extra_pod_cidrs
+                    .get(node.name)
+                    .into_iter()
+                    .flatten()
+                    .cloned(),
+            );
             if self.drained.contains(node.name) {
                 metadata["annotations"] = json!({DRAIN_ANNOTATION: "true"});
             }
@@ -1277,7 +1300,7 @@ impl Lab {
                 "apiVersion": "v1",
                 "kind": "Node",
                 "metadata": metadata,
-                "spec": {"podCIDR": node.pod_cidr(), "podCIDRs": [node.pod_cidr()]},
+                "spec": {"podCIDR": node.pod_cidr(), "podCIDRs": pod_cidrs},
                 "status": {
                     "addresses": self.node_addresses(node),
                     "conditions": [{

@@ -33,7 +33,12 @@ const GW_TABLE: u32 = 200;
 const GW_PREF: u32 = 6000;
 const NFT_TABLE: &str = "bench_egress";
 
-/// The decoy served pods (`10.245.x.y`, the same addresses as the 10k-pod state file).
+/// The pod CIDR that w2's Node lists for the decoy pods in the 10k-pod state (the lab's
+/// /24 per node holds 254).
+pub const DECOY_CIDR: &str = "10.245.0.0/16";
+
+/// The decoy served pods (`10.245.x.y` in [`DECOY_CIDR`], the same addresses as the
+/// 10k-pod state file).
 pub fn decoy_ip(i: u32) -> Ipv4Addr {
     Ipv4Addr::new(10, 245, (i / 250) as u8, (i % 250 + 1) as u8)
 }

@@ -3,6 +3,7 @@
 //! 10k pods x 10 prefixes in this process.
 
 use std::{
+    collections::HashSet,
     fmt::Write as _,
     net::Ipv4Addr,
     path::Path,
@@ -14,11 +15,17 @@ use anyhow::{Context as _, Result, bail};
 use aya::maps::{HashMap as BpfHash, Map, MapData};
 use egress_common::{
     maps as names,
-    policy::{PodOwnerValue, PolicyKeyV4, PolicyValue, action},
+    policy::{
+        AdmittedKeyV4, AdmittedValue, PodOwnerValue, PolicyKeyV4, PolicyValue, SelectedValue,
+        action,
+    },
+    underlay,
 };
 
-use super::baseline::decoy_ip;
+use super::baseline::{DECOY_CIDR, decoy_ip};
 use crate::{
+    bench::report::thousands,
+    cluster::{holder, wait_until},
     lab::{Lab, addr},
     netns,
 };
@@ -128,9 +135,19 @@ pub(super) fn policy_map(
     BpfHash::try_from(Map::HashMap(data)).context("POLICY_V4 is not a hash")
 }
 
+fn selected_map(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], SelectedValue>> {
+    let data = open_pinned(lab, node, names::SELECTED_V4)?;
+    BpfHash::try_from(Map::HashMap(data)).context("SELECTED_V4 is not a hash")
+}
+
 fn pod_owner(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], PodOwnerValue>> {
     let data = open_pinned(lab, node, names::POD_OWNER_V4)?;
     BpfHash::try_from(Map::HashMap(data)).context("POD_OWNER_V4 is not a hash")
+}
+
+fn admitted(lab: &Lab, node: &str) -> Result<BpfHash<MapData, AdmittedKeyV4, AdmittedValue>> {
+    let data = open_pinned(lab, node, names::ADMITTED_V4)?;
+    BpfHash::try_from(Map::HashMap(data)).context("ADMITTED_V4 is not a hash")
 }
 
 /// Is the except entry of w1-p1 in w1's policy map?
@@ -208,18 +225,41 @@ fn count<T>(it: impl Iterator<Item = T>) -> usize {
 
 /// Write the 10k-pod file and time until each node's maps (w2: the policy entries of
 /// the last pod; gateways: its pod-owner entry) or, for w1 (which none of them
-/// concern), the agent's next `reconciled` log line show it.
-pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
-    // The pods are routed on w2 to a veth (no dummy driver here), as real pods are to their veths: the
-    // agent finds the device each selected local pod is routed to.
-    lab.ns("w2")?.ip_batch(&[
+/// concern), the agent's next `reconciled` log line show it. Before that, untimed, w2 is
+/// set up for the pods as a CNI would be: [`DECOY_CIDR`] among its Node's pod CIDRs, a
+/// /32 route per pod to a veth, `bench0` (no dummy driver here; one device for all of
+/// them), and every agent has read the new Node.
+pub fn apply_pods(lab: &mut Lab, pods: u32) -> Result<Apply> {
+    let nodes = ["w1", "w2", "gw1", "gw2"];
+    let offsets: Vec<usize> = nodes.iter().map(|n| lab.agent_log(n).len()).collect();
+    lab.add_pod_cidr("w2", DECOY_CIDR)?;
+    let mut routes: Vec<String> = [
         "link add bench0 type veth peer name bench1",
         "link set bench1 up",
         "link set bench0 up",
-        "route add 10.245.0.0/16 dev bench0",
-    ])?;
+    ]
+    .map(str::to_owned)
+    .into();
+    routes.extend((0..pods).map(|i| format!("route add {}/32 dev bench0", decoy_ip(i))));
+    lab.ns("w2")?.ip_batch(&routes)?;
+    let read = wait_until(Duration::from_secs(10), || {
+        nodes.iter().zip(&offsets).all(|(n, off)| {
+            lab.agent_log(n)
+                .get(*off..)
+                .is_some_and(|l| l.contains("reconciled trigger=\"state\""))
+        })
+    });
+    read.context("the agents did not reconcile w2's new pod CIDR within 10 s")?;
+    // Quiet before the clock starts: the state source's one-second poll may read the new
+    // Node again, and a late `reconciled` line would pass for w1's apply.
+    let lengths = || nodes.map(|n| lab.agent_log(n).len());
+    let quiet = wait_until(Duration::from_secs(10), || {
+        let before = lengths();
+        thread::sleep(Duration::from_millis(1200));
+        lengths() == before
+    });
+    quiet.context("the agents' logs did not settle within 10 s of w2's new pod CIDR")?;
     let last = decoy_ip(pods - 1);
-    let nodes = ["w1", "w2", "gw1", "gw2"];
     let offsets: Vec<usize> = nodes.iter().map(|n| lab.agent_log(n).len()).collect();
     let text = pods_yaml(pods);
     let t0 = Instant::now();
@@ -276,6 +316,78 @@ pub fn apply_pods(lab: &Lab, pods: u32) -> Result<Apply> {
         out.sizes.push(((*node).to_owned(), policy, owners));
     }
     Ok(out)
+}
+
+/// Check that the `pods` decoy pods of [`apply_pods`] are served as the report says,
+/// before anything is timed with them: w2 selects each one (`SELECTED_V4`), logged no
+/// problem (such as "no route to its device") since byte `w2_log` of its log and has
+/// `from_pod` on `bench0` (its link pin); the gateway holding egress IP A knows each
+/// one's node (`POD_OWNER_V4`: w2) and admits it (`ADMITTED_V4`). Returns what was
+/// checked, for the report.
+pub fn check_served(lab: &Lab, pods: u32, w2_log: usize) -> Result<String> {
+    let each = |what: &str, ok: &dyn Fn(&[u8; 4]) -> bool| -> Result<()> {
+        let lacking: Vec<Ipv4Addr> = (0..pods)
+            .map(decoy_ip)
+            .filter(|ip| !ok(&ip.octets()))
+            .collect();
+        match lacking.first() {
+            None => Ok(()),
+            Some(first) => bail!(
+                "{} of the {pods} decoy pods have no {what} (first: {first})",
+                lacking.len()
+            ),
+        }
+    };
+    let selected = selected_map(lab, "w2")?;
+    each("SELECTED_V4 entry on w2", &|ip| selected.get(ip, 0).is_ok())?;
+    let log = lab.agent_log("w2");
+    let problems: Vec<&str> = log
+        .get(w2_log..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("problem: "))
+        .collect();
+    if let Some(first) = problems.first() {
+        bail!(
+            "w2's agent logged {} problems since the decoy pods came, first: {first}",
+            problems.len()
+        );
+    }
+    let pin = lab.bpffs_dir("w2");
+    let attached = std::fs::read_dir(&pin)
+        .with_context(|| format!("failed to read {}", pin.display()))?
+        .filter_map(|e| e.ok())
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("link-from_pod@bench0@")
+        });
+    if !attached {
+        bail!("w2's agent did not attach from_pod to bench0, the decoy pods' device");
+    }
+    let (gw, _) = holder(lab, addr::EGRESS_IP_A)
+        .with_context(|| format!("nobody holds {}", addr::EGRESS_IP_A))?;
+    let owners = pod_owner(lab, &gw)?;
+    let w2 = underlay::from_v4(addr::W2.octets());
+    each(
+        &format!("POD_OWNER_V4 entry (w2) on {gw}"),
+        &|ip| matches!(owners.get(ip, 0), Ok(o) if o.node == w2),
+    )?;
+    let admitted: HashSet<[u8; 4]> = admitted(lab, &gw)?
+        .keys()
+        .filter_map(Result::ok)
+        .map(|k| k.pod)
+        .collect();
+    each(&format!("ADMITTED_V4 entry on {gw}"), &|ip| {
+        admitted.contains(ip)
+    })?;
+    Ok(format!(
+        "Checked before the runs at {} served pods: w2's agent selects each decoy pod \
+         (SELECTED_V4), logged no problem and attached `from_pod` to `bench0`; {gw}, \
+         which holds {}, has a POD_OWNER_V4 entry (w2) and an ADMITTED_V4 entry for each.",
+        thousands(u64::from(pods)),
+        addr::EGRESS_IP_A,
+    ))
 }
 
 /// `took_ms` of the `reconciled` log line of `node`'s agent that changed the most map
