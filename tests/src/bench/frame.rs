@@ -1,9 +1,12 @@
 //! The frames the benchmarks send: Ethernet + IPv4 + TCP without payload (checksums
 //! computed), and an ARP request for the floor. Deliberately separate from the test
 //! packet builder: the benchmark needs only these two shapes and must not move when the
-//! test tables grow.
+//! test tables grow. The IPv6 rows' one shape, [`tcp6_ack`], is fixed here but built
+//! with the IPv6 test builder ([`crate::packet6`]) rather than a second serializer.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::{packet::L4, packet6::Ipv6Packet};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_ARP: u16 = 0x0806;
@@ -77,6 +80,14 @@ impl Tcp {
         f[tcp_start + 16..tcp_start + 18].copy_from_slice(&tcp_csum.to_be_bytes());
         f
     }
+}
+
+/// An IPv6 TCP ACK without payload at hop limit 255: 14 + 40 + 20 bytes, valid TCP
+/// checksum over the pseudo-header.
+pub fn tcp6_ack(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Vec<u8> {
+    Ipv6Packet::new(src, dst, L4::tcp(sport, dport, TCP_ACK))
+        .hop_limit(255)
+        .build()
 }
 
 /// An ARP request (who-has `target` tell `sender`): 42 bytes.

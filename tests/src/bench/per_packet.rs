@@ -20,7 +20,11 @@
 //!   [`TTL_CHUNK`] repeats; the time per run is the kernel's average per call, weighted
 //!   over the calls of a round.
 
-use std::{net::Ipv4Addr, process::Command, thread};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    process::Command,
+    thread,
+};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use aya::{
@@ -34,12 +38,12 @@ use egress_agent::{
 };
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV4, CtKeyV4, dir, state},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state},
     counters::{self, Counter, MAX_REASONS, reason},
     maps,
     policy::{
-        AdmittedKeyV4, AdmittedValue, DestValue, EgressIpValue, NodeValue, PodOwnerValue,
-        PolicyKeyV4, PolicyValue, RuleValueV4, SelectedValue, action,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, DestValue, EgressIpValue, NodeValue,
+        PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4, RuleValueV6, SelectedValue, action,
     },
     underlay::{self, Underlay},
 };
@@ -49,6 +53,7 @@ use super::{
     empty::EmptyProgram,
     frame::{self, TCP_ACK, TCP_SYN, Tcp},
 };
+use crate::packet6::ETH_P_IPV6;
 
 pub const TC_ACT_OK: u32 = 0;
 pub const TC_ACT_REDIRECT: u32 = 7;
@@ -107,6 +112,14 @@ const NEW_POD: Ipv4Addr = a(10, 244, 1, 7);
 const NEW_SPORT_BASE: u16 = 1024;
 /// The new flow of the check before timing (source port 65535), outside the timed range.
 const NEW_FLOW_CHECK: u32 = (u16::MAX - NEW_SPORT_BASE) as u32;
+
+/// The IPv6 (NAT66) rows' twins of the above, over the same IPv4 underlay: sec0's IPv6
+/// address, the egress IP and the destination behind it, the flow's pod (ports as
+/// above).
+const SEC0_ADDR6: &str = "fd00:101::11/64";
+const EGRESS6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x101, 0, 0, 0, 0, 0, 0x50);
+const DEST6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x101, 0, 0, 0, 0, 0, 0x100);
+const FLOW_POD6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 5);
 
 /// Background conntrack: this many flows (two entries each), pods 10.246.x.y to
 /// 198.18.x.y, none of which share a tuple with the measured flows.
@@ -178,7 +191,8 @@ fn ktime_ns() -> Result<u64> {
 
 /// Interfaces of the namespace:
 /// `tun0` (veth, stands in for the collect-metadata VXLAN device) and `sec0` (veth,
-/// 192.168.101.11/24, the egress network) with a permanent neighbour for `DEST`.
+/// 192.168.101.11/24 and fd00:101::11/64, the egress network) with permanent neighbours
+/// for `DEST` and `DEST6`; forwarding on for both families.
 struct Net {
     tun0: u32,
     sec0: u32,
@@ -190,13 +204,21 @@ fn topology() -> Result<Net> {
     ip("link set tun0 up")?;
     ip("link add sec0 address 02:00:00:00:65:0b type veth peer name sec0p")?;
     ip(&format!("addr add {SEC0_ADDR} dev sec0"))?;
+    // `nodad`: usable at once.
+    ip(&format!("addr add {SEC0_ADDR6} dev sec0 nodad"))?;
     ip("link set sec0 up")?;
     ip("link set sec0p up")?;
-    ip(&format!(
-        "neigh replace {DEST} lladdr {DEST_MAC} dev sec0 nud permanent"
-    ))?;
-    std::fs::write("/proc/sys/net/ipv4/conf/all/forwarding", "1")
-        .context("failed to enable forwarding in the benchmark namespace")?;
+    for dest in [IpAddr::V4(DEST), IpAddr::V6(DEST6)] {
+        ip(&format!(
+            "neigh replace {dest} lladdr {DEST_MAC} dev sec0 nud permanent"
+        ))?;
+    }
+    // The FIB helper refuses to forward otherwise.
+    for family in ["ipv4", "ipv6"] {
+        std::fs::write(format!("/proc/sys/net/{family}/conf/all/forwarding"), "1").with_context(
+            || format!("failed to enable {family} forwarding in the benchmark namespace"),
+        )?;
+    }
     Ok(Net {
         tun0: ifindex("tun0")?,
         sec0: ifindex("sec0")?,
@@ -796,52 +818,75 @@ fn unchanged(data: &[u8], out: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn addr_at(f: &[u8], off: usize) -> Result<Ipv4Addr> {
-    let b: [u8; 4] = f
-        .get(off..off + 4)
+fn octets_at<const N: usize>(f: &[u8], off: usize) -> Result<[u8; N]> {
+    f.get(off..off + N)
         .context("short frame")?
         .try_into()
-        .context("short frame")?;
-    Ok(Ipv4Addr::from(b))
+        .context("short frame")
 }
 
-fn port_at(f: &[u8], off: usize) -> Result<u16> {
-    let b: [u8; 2] = f
-        .get(off..off + 2)
-        .context("short frame")?
-        .try_into()
-        .context("short frame")?;
-    Ok(u16::from_be_bytes(b))
+fn be16_at(f: &[u8], off: usize) -> Result<u16> {
+    octets_at(f, off).map(u16::from_be_bytes)
 }
 
-/// Frame offsets (Ethernet + IPv4 without options + TCP).
-const SRC_OFF: usize = 26;
-const DST_OFF: usize = 30;
-const SPORT_OFF: usize = 34;
-const DPORT_OFF: usize = 36;
+/// A frame's (source, destination) endpoints: Ethernet, then IPv4 without options or
+/// IPv6 without extension headers, then TCP.
+fn endpoints(f: &[u8]) -> Result<[(IpAddr, u16); 2]> {
+    let (src, dst, l4): (IpAddr, IpAddr, usize) = match be16_at(f, 12)? {
+        frame::ETH_P_IP => (
+            Ipv4Addr::from(octets_at::<4>(f, 26)?).into(),
+            Ipv4Addr::from(octets_at::<4>(f, 30)?).into(),
+            34,
+        ),
+        ETH_P_IPV6 => (
+            Ipv6Addr::from(octets_at::<16>(f, 22)?).into(),
+            Ipv6Addr::from(octets_at::<16>(f, 38)?).into(),
+            54,
+        ),
+        other => bail!("the frame's ethertype is {other:#06x}, not IPv4 or IPv6"),
+    };
+    Ok([(src, be16_at(f, l4)?), (dst, be16_at(f, l4 + 2)?)])
+}
 
-fn snat_check(_data: &[u8], out: &[u8]) -> Result<()> {
-    let (src, sport) = (addr_at(out, SRC_OFF)?, port_at(out, SPORT_OFF)?);
+/// The rewrite `what` must have left `want` as the frame's (address, port).
+fn expect(what: &str, got: (IpAddr, u16), want: (IpAddr, u16)) -> Result<()> {
     ensure!(
-        (src, sport) == (EGRESS, FLOW_EPORT),
-        "SNAT wrote {src}:{sport}, expected {EGRESS}:{FLOW_EPORT}"
+        got == want,
+        "{what} wrote {}, expected {}",
+        SocketAddr::from(got),
+        SocketAddr::from(want)
     );
     Ok(())
+}
+
+fn snat_check(_data: &[u8], out: &[u8]) -> Result<()> {
+    expect("SNAT", endpoints(out)?[0], (EGRESS.into(), FLOW_EPORT))
 }
 
 fn reverse_nat_check(_data: &[u8], out: &[u8]) -> Result<()> {
-    let (dst, dport) = (addr_at(out, DST_OFF)?, port_at(out, DPORT_OFF)?);
-    ensure!(
-        (dst, dport) == (FLOW_POD, FLOW_SPORT),
-        "reverse NAT wrote {dst}:{dport}, expected {FLOW_POD}:{FLOW_SPORT}"
-    );
-    Ok(())
+    expect(
+        "reverse NAT",
+        endpoints(out)?[1],
+        (FLOW_POD.into(), FLOW_SPORT),
+    )
+}
+
+fn snat_check6(_data: &[u8], out: &[u8]) -> Result<()> {
+    expect("NAT66", endpoints(out)?[0], (EGRESS6.into(), FLOW_EPORT))
+}
+
+fn reverse_nat_check6(_data: &[u8], out: &[u8]) -> Result<()> {
+    expect(
+        "reverse NAT66",
+        endpoints(out)?[1],
+        (FLOW_POD6.into(), FLOW_SPORT),
+    )
 }
 
 fn new_flow_check(_data: &[u8], out: &[u8]) -> Result<()> {
-    let src = addr_at(out, SRC_OFF)?;
+    let (src, _) = endpoints(out)?[0];
     ensure!(
-        src == EGRESS,
+        src == IpAddr::V4(EGRESS),
         "new-flow SNAT wrote {src}, expected {EGRESS}"
     );
     Ok(())
@@ -884,8 +929,8 @@ fn ct_cases(state: String) -> Vec<Case> {
             counts: &[reason::SNAT_NEW, reason::FORWARDED],
             check: Some(new_flow_check),
         },
-        Case {
-            meta: Meta {
+        established(
+            Meta {
                 id: "4",
                 path: "SNAT of an established flow",
                 program: FROM_TUNNEL,
@@ -893,16 +938,11 @@ fn ct_cases(state: String) -> Vec<Case> {
                 floor: FloorKind::Repeated,
                 targets: vec![Target::Ns(200.0)],
             },
-            prog: Prog::Datapath(FROM_TUNNEL),
-            frame: Tcp::new(FLOW_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK)
+            Tcp::new(FLOW_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK)
                 .ttl(255)
                 .frame(),
-            ctx: ctx(Some((PEER, RULE))),
-            mode: Mode::Repeated { chunk: TTL_CHUNK },
-            verdict: TC_ACT_REDIRECT,
-            counts: &[reason::SNAT_HIT, reason::FORWARDED],
-            check: Some(snat_check),
-        },
+            snat_check,
+        ),
         Case {
             meta: Meta {
                 id: "4s",
@@ -922,8 +962,8 @@ fn ct_cases(state: String) -> Vec<Case> {
             counts: &[reason::SNAT_HIT, reason::FORWARDED],
             check: Some(snat_check),
         },
-        Case {
-            meta: Meta {
+        established(
+            Meta {
                 id: "5",
                 path: "reverse NAT of a reply, tunneled back to the pod's node",
                 program: FROM_SECONDARY,
@@ -931,17 +971,69 @@ fn ct_cases(state: String) -> Vec<Case> {
                 floor: FloorKind::Repeated,
                 targets: vec![Target::Ns(200.0)],
             },
-            prog: Prog::Datapath(FROM_SECONDARY),
-            frame: Tcp::new(DEST, DPORT, EGRESS, FLOW_EPORT, TCP_ACK)
+            Tcp::new(DEST, DPORT, EGRESS, FLOW_EPORT, TCP_ACK)
                 .ttl(255)
                 .frame(),
-            ctx: ctx(None),
-            mode: Mode::Repeated { chunk: TTL_CHUNK },
-            verdict: TC_ACT_REDIRECT,
-            counts: &[reason::REVERSE_NAT, reason::RETURN_TUNNELED],
-            check: Some(reverse_nat_check),
-        },
+            reverse_nat_check,
+        ),
     ]
+}
+
+/// The IPv6 twins of rows 4 and 5: NAT66 of the established IPv6 flow of [`gateway6`]
+/// (the inner packet of the IPv4 underlay) and of its reply.
+fn ct6_cases() -> Vec<Case> {
+    let state = || "1 flow (IPv6), and its partner".to_owned();
+    vec![
+        established(
+            Meta {
+                id: "4v6",
+                path: "NAT66 of an established flow",
+                program: FROM_TUNNEL,
+                state: state(),
+                floor: FloorKind::Repeated,
+                targets: vec![],
+            },
+            frame::tcp6_ack(FLOW_POD6, FLOW_SPORT, DEST6, DPORT),
+            snat_check6,
+        ),
+        established(
+            Meta {
+                id: "5v6",
+                path: "reverse NAT66 of a reply, tunneled back to the pod's node",
+                program: FROM_SECONDARY,
+                state: state(),
+                floor: FloorKind::Repeated,
+                targets: vec![],
+            },
+            frame::tcp6_ack(DEST6, DPORT, EGRESS6, FLOW_EPORT),
+            reverse_nat_check6,
+        ),
+    ]
+}
+
+/// A row of an established flow's packet (TTL or hop limit 255, see the module docs)
+/// through `meta.program` on the gateway: `from_tunnel` translates it (sent by `PEER`
+/// under `RULE`) and forwards it, `from_secondary` translates the reply back and
+/// tunnels it to the pod's node.
+fn established(meta: Meta, frame: Vec<u8>, check: Check) -> Case {
+    let (ctx, counts): (_, &'static [u32]) = if meta.program == FROM_TUNNEL {
+        (
+            ctx(Some((PEER, RULE))),
+            &[reason::SNAT_HIT, reason::FORWARDED],
+        )
+    } else {
+        (ctx(None), &[reason::REVERSE_NAT, reason::RETURN_TUNNELED])
+    };
+    Case {
+        prog: Prog::Datapath(meta.program),
+        meta,
+        frame,
+        ctx,
+        mode: Mode::Repeated { chunk: TTL_CHUNK },
+        verdict: TC_ACT_REDIRECT,
+        counts,
+        check: Some(check),
+    }
 }
 
 // ---- measuring ----
@@ -1157,14 +1249,16 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
             measure(&mut bed, &empty, &cases, &plan, &mut out)?;
         }
 
-        eprintln!("per-packet: gateway with {CT_FLOWS} conntrack flows");
+        eprintln!("per-packet: gateway with {CT_FLOWS} conntrack flows and one IPv6 flow");
         let mut bed = gateway_bed(&net, CT_FLOWS)?;
+        gateway6(&mut bed, &net)?;
         let mut cases = floor_cases();
         cases.extend(ct_cases(format!(
             "{}k CT flows ({}k entries)",
             CT_FLOWS / 1000,
             CT_FLOWS / 500
         )));
+        cases.extend(ct6_cases());
         measure(&mut bed, &empty, &cases, &plan, &mut out)?;
         drop(bed);
         ct_full(&net, &empty, &plan, &mut out)?;
@@ -1267,4 +1361,93 @@ fn gateway_bed(net: &Net, background: u32) -> Result<Bed> {
         0,
     )?;
     Ok(bed)
+}
+
+/// The IPv6 rows' state on a gateway bed, as [`gateway_bed`] sets up IPv4 but without
+/// background flows: the rule (egress IP `EGRESS6` on sec0), the flow's pod admitted,
+/// and in CT_V6 the established flow `FLOW_POD6` -> `DEST6` translated to `EGRESS6` and
+/// its partner (the translation, which translates back), each with its source's owner
+/// (`PEER`) and its translation's egress IP. The map handles are dropped after filling:
+/// the loaded programs hold the maps.
+fn gateway6(bed: &mut Bed, net: &Net) -> Result<()> {
+    let ebpf = &mut bed.ebpf;
+    let mut rules: HashMap<MapData, u32, RuleValueV6> = take(ebpf, maps::RULES_V6)?.try_into()?;
+    let mut admitted: HashMap<MapData, AdmittedKeyV6, AdmittedValue> =
+        take(ebpf, maps::ADMITTED_V6)?.try_into()?;
+    let mut pod_owner: HashMap<MapData, [u8; 16], PodOwnerValue> =
+        take(ebpf, maps::POD_OWNER_V6)?.try_into()?;
+    let mut egress_ips: HashMap<MapData, [u8; 16], EgressIpValue> =
+        take(ebpf, maps::EGRESS_IPS_V6)?.try_into()?;
+    let mut ct: HashMap<MapData, CtKeyV6, CtEntryV6> = take(ebpf, maps::CT_V6)?.try_into()?;
+    let rule = RuleValueV6 {
+        egress_ip: EGRESS6.octets(),
+        ifindex: net.sec0,
+    };
+    rules.insert(RULE, rule, 0)?;
+    let key = AdmittedKeyV6 {
+        pod: FLOW_POD6.octets(),
+        rule_id: RULE,
+    };
+    admitted.insert(key, AdmittedValue::default(), 0)?;
+    let now = ktime_ns()?;
+    let flow = (FLOW_POD6, FLOW_SPORT);
+    let xlate = (EGRESS6, FLOW_EPORT);
+    for (src, x) in [(flow, xlate), (xlate, flow)] {
+        for (key, entry) in flow_entries6(src, (DEST6, DPORT), x, net.sec0, now) {
+            ct.insert(key, entry, 0)
+                .with_context(|| format!("failed to insert the CT_V6 entries of {src:?}"))?;
+        }
+        let owner = PodOwnerValue {
+            node: underlay::from_v4(PEER.octets()),
+        };
+        pod_owner.insert(src.0.octets(), owner, 0)?;
+        let eip = EgressIpValue {
+            ifindex: net.sec0,
+            flags: 0,
+        };
+        egress_ips.insert(x.0.octets(), eip, 0)?;
+    }
+    Ok(())
+}
+
+/// Both CT_V6 entries (original, reply) of an established TCP flow `pod` -> `dst`
+/// translated to `xlate`, of `RULE` out of `ifindex`, its pod on `PEER`, last seen at
+/// `now`; no cached next hop (the first packet's FIB lookup fills it in).
+fn flow_entries6(
+    pod: (Ipv6Addr, u16),
+    dst: (Ipv6Addr, u16),
+    xlate: (Ipv6Addr, u16),
+    ifindex: u32,
+    now: u64,
+) -> [(CtKeyV6, CtEntryV6); 2] {
+    let key = |src: (Ipv6Addr, u16), dst: (Ipv6Addr, u16), dir| CtKeyV6 {
+        src: src.0.octets(),
+        dst: dst.0.octets(),
+        src_port_be: src.1.to_be(),
+        dst_port_be: dst.1.to_be(),
+        proto: frame::PROTO_TCP,
+        dir,
+        _pad: [0; 2],
+    };
+    let entry = CtEntryV6 {
+        xlate_addr: xlate.0.octets(),
+        xlate_port_be: xlate.1.to_be(),
+        state: state::ESTABLISHED,
+        _pad0: 0,
+        pod_node: underlay::from_v4(PEER.octets()),
+        ifindex,
+        rule_id: RULE,
+        _pad1: 0,
+        last_seen_ns: now,
+        next_hop: Default::default(),
+    };
+    let back = CtEntryV6 {
+        xlate_addr: pod.0.octets(),
+        xlate_port_be: pod.1.to_be(),
+        ..entry
+    };
+    [
+        (key(pod, dst, dir::ORIGINAL), entry),
+        (key(dst, xlate, dir::REPLY), back),
+    ]
 }

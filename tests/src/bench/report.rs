@@ -253,7 +253,9 @@ fn targets(t: &Timing, spread: Spread, ratio: Option<f64>) -> String {
 /// The per-packet table.
 pub fn per_packet_table(timings: &[Timing], plan: &Plan) -> Table {
     // Floors first, then by path; a path's table sizes stay in measured order.
-    const ORDER: [&str; 9] = ["F0", "F1", "F2", "1", "2", "3", "4s", "4", "5"];
+    const ORDER: [&str; 11] = [
+        "F0", "F1", "F2", "1", "2", "3", "4s", "4", "5", "4v6", "5v6",
+    ];
     let mut sorted: Vec<&Timing> = timings.iter().collect();
     sorted.sort_by_key(|t| ORDER.iter().position(|id| *id == t.meta.id));
     let mut rows = Vec::new();
@@ -327,6 +329,7 @@ pub fn per_packet_table(timings: &[Timing], plan: &Plan) -> Table {
         thousands(u64::from(per_packet::CT_FLOWS)),
         per_packet::TTL_CHUNK
     ));
+    notes.push(IPV6_NOTE.to_owned());
     notes.push(NEW_FLOW_NOTE.to_owned());
     notes.push(
         "Rows 3-5 at *CT_V4 full* (issue 15): the same rows with the background flows \
@@ -341,7 +344,8 @@ pub fn per_packet_table(timings: &[Timing], plan: &Plan) -> Table {
         title: "Per packet (`BPF_PROG_TEST_RUN`)".to_owned(),
         intro: vec![
             "Each datapath program from the embedded object (`egress_agent::ebpf::OBJECT`), \
-             run by the kernel on one 54-byte TCP frame (42-byte ARP for F1); ns per packet is \
+             run by the kernel on one 54-byte TCP frame (42-byte ARP for F1, 74-byte IPv6 \
+             TCP for rows 4v6 and 5v6); ns per packet is \
              the kernel's own average per run (`duration`), which covers the program and the \
              test loop (bh disable/enable, `bpf_prog_run`), not the syscall. The floor F0 is \
              an empty TC program (`r0 = TC_ACT_OK; exit`) loaded with `BPF_PROG_LOAD` and run \
@@ -388,6 +392,13 @@ const NOTES: [&str; 4] = [
     "The FIB lookups run in a private network namespace with the egress device (veth), \
      its address and route, a permanent neighbour for the destination and forwarding on.",
 ];
+
+const IPV6_NOTE: &str = "Rows 4v6 and 5v6: rows 4 and 5 for an IPv6 pod (NAT66, the \
+     inner packet of the IPv4 underlay), measured with the gateway of rows 3-5 and the same \
+     partner-flow scheme (frames start at hop limit 255, calls as for rows 4 and 5). CT_V6 holds \
+     only the flow and its partner (4 entries, no background flows); the IPv6 rule, egress \
+     IP, pod owners and admission are set up as the agent would, and sec0 has an IPv6 \
+     address and a permanent neighbour for the destination.";
 
 const NEW_FLOW_NOTE: &str = "Row 3: a new flow cannot be repeated on one skb, so each \
      sample is one call with `repeat = 1` and a fresh source port (TCP SYN: lookup miss, \
