@@ -136,7 +136,7 @@ fn in_place<T: Copy, const OFF: usize>(ctx: &TcContext) -> Option<T> {
 /// The header `T` at offset `off`: in place at the usual offsets ([`in_place`]), else
 /// through `bpf_skb_load_bytes`. The paths join right after the read.
 #[inline(always)]
-fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
+pub fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
     let direct = match off {
         ETH_TYPE_OFF => in_place::<T, ETH_TYPE_OFF>(ctx),
         ETH_LEN => in_place::<T, ETH_LEN>(ctx),

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 
-use crate::parse::{Bad, ETH_LEN, ETH_TYPE_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport};
+use crate::parse::{self, Bad, ETH_LEN, ETH_TYPE_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport};
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
 
@@ -91,28 +91,39 @@ pub fn load16(ctx: &TcContext, off: usize, out: &mut [u8; 16]) -> bool {
 /// Returns [`PARSED`], [`NOT_IPV6`] or [`MALFORMED`] (a plain integer across the call).
 #[inline(never)]
 pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
-    let Ok(ethertype) = ctx.load::<u16>(ETH_TYPE_OFF) else {
+    let Some(ethertype) = parse::ethertype(ctx) else {
         return MALFORMED;
     };
     if ethertype != ETH_P_IPV6_BE {
         return NOT_IPV6;
     }
-    // version/class/flow (4), payload length (2), next header, hop limit.
-    let Ok(fixed) = ctx.load::<[u8; 8]>(ETH_LEN) else {
+    // The whole fixed header, in place where the skb's linear part holds it:
+    // version/class/flow (4), payload length (2), next header, hop limit, the addresses.
+    let Ok(h) = parse::read::<[u8; IP6_HDR_LEN]>(ctx, ETH_LEN) else {
         return MALFORMED;
     };
-    if fixed[0] >> 4 != 6 {
+    if h[0] >> 4 != 6 {
         return MALFORMED;
     }
-    let payload_len = usize::from(u16::from_be_bytes([fixed[4], fixed[5]]));
+    let payload_len = usize::from(u16::from_be_bytes([h[4], h[5]]));
     let end = ETH_LEN + IP6_HDR_LEN + payload_len;
     if end > ctx.len() as usize {
         return MALFORMED;
     }
-    if !load16(ctx, IP6_SRC_OFF, &mut out.src) || !load16(ctx, IP6_DST_OFF, &mut out.dst) {
-        return MALFORMED;
+    // Word by word: a 16-byte slice copy becomes a byte-loop `memcpy` call.
+    for i in 0..4 {
+        let w = |at: usize| {
+            [
+                h[at + 4 * i],
+                h[at + 4 * i + 1],
+                h[at + 4 * i + 2],
+                h[at + 4 * i + 3],
+            ]
+        };
+        out.src[4 * i..4 * i + 4].copy_from_slice(&w(8));
+        out.dst[4 * i..4 * i + 4].copy_from_slice(&w(24));
     }
-    let mut next = fixed[6];
+    let mut next = h[6];
     let mut off = ETH_LEN + IP6_HDR_LEN;
     let mut stop = STOP_NONE;
     for _ in 0..MAX_EXT_HDRS {
@@ -144,7 +155,7 @@ pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
         }
     }
     out.proto = next;
-    out.hop_limit = fixed[7];
+    out.hop_limit = h[7];
     out.l4 = off;
     out.end = end;
     out.stop = stop;
