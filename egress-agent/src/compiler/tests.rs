@@ -518,6 +518,44 @@ rules:
   egressIP: "2001:db8:a::10"
 "#;
 
+/// `from_tunnel` takes a pod owner that names the tunnel's sender as proof that the sender
+/// is a known node, and asks `NODES` only when the owner check fails: every pod owner, of
+/// either family, must name a node of `nodes` (one of the minority underlay family too),
+/// on every node.
+#[test]
+fn every_pod_owner_names_a_known_node() {
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS_DUAL)]);
+    dual_stack_gateways(&mut view);
+    dual_stack_pods(&mut view);
+    // A node of the other underlay family, with a pod of its own.
+    view.nodes.push(node("odd-1", "fd00::99", false, true));
+    view.pods
+        .push(pod("payments", "odd-p1", "api", "odd-1", "10.244.9.9"));
+    for name in ["worker-1", "gw-1", "odd-1"] {
+        let c = compile(&view, name);
+        let owners: Vec<_> = c
+            .desired
+            .v4
+            .pod_owner
+            .values()
+            .chain(c.desired.v6.pod_owner.values())
+            .collect();
+        assert!(owners.len() > 10, "{name}: {owners:?}");
+        for owner in owners {
+            assert!(
+                c.desired.nodes.contains_key(owner),
+                "{name}: {owner} not in nodes"
+            );
+        }
+        assert!(
+            c.desired
+                .v4
+                .pod_owner
+                .contains_key(&"10.244.9.9".parse().unwrap())
+        );
+    }
+}
+
 #[test]
 fn dual_stack_pods_use_each_familys_egress_ip() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS_DUAL)]);
