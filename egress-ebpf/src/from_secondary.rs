@@ -161,8 +161,17 @@ fn run6(ctx: &TcContext) -> i32 {
     if s.ip6.hop_limit <= 1 {
         return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
     }
-    if rewrite::dnat6(ctx, &s.ip6, &s.l4, &e.xlate_addr, e.xlate_port_be).is_err()
-        || rewrite::dec_hop_limit(ctx, &s.ip6).is_err()
+    let side = rewrite::Side::Destination;
+    if rewrite::nat6(
+        ctx,
+        &s.ip6,
+        &s.l4,
+        side,
+        &e.xlate_addr,
+        e.xlate_port_be,
+        None,
+    )
+    .is_err()
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }

@@ -266,16 +266,25 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
             return v;
         }
     }
-    if rewrite::snat6(ctx, &s.ip6, &s.l4, &s.x6.egress_ip, s.x6.port_be).is_err()
-        || rewrite::dec_hop_limit(ctx, &s.ip6).is_err()
+    // An established flow with a valid cached next hop takes its MACs with the
+    // translation: no FIB lookup.
+    let cached = s.x6.cached != 0;
+    let macs = cached.then_some((&s.x6.nh.dmac, &s.x6.nh.smac));
+    let side = rewrite::Side::Source;
+    if rewrite::nat6(
+        ctx,
+        &s.ip6,
+        &s.l4,
+        side,
+        &s.x6.egress_ip,
+        s.x6.port_be,
+        macs,
+    )
+    .is_err()
     {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
-    // An established flow with a valid cached next hop: no FIB lookup.
-    if s.x6.cached != 0 {
-        if rewrite::set_macs(ctx, &s.x6.nh.dmac, &s.x6.nh.smac).is_err() {
-            return verdict(ctx, reason::DROP_MALFORMED, SHOT);
-        }
+    if cached {
         let v = unsafe { bpf_redirect(s.x6.nh.ifindex, 0) } as i32;
         return verdict(ctx, reason::FORWARDED, v);
     }
