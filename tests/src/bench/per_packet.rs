@@ -11,6 +11,15 @@
 //! that the counters moved by exactly (runs x expected reasons) and by nothing else, so
 //! a misconfigured bench fails instead of timing a drop path.
 //!
+//! The established rows of `from_tunnel` (4, 4s, 4v6) time the flow's cached next hop
+//! (`NextHop` in the conntrack entry), which no counter tells from a FIB lookup. Their
+//! flows' ORIGINAL entries are checked after verification and after every round: the
+//! cache is valid as the datapath judges it, and a packet sent with a poisoned
+//! destination MAC in the (otherwise valid) cache leaves with that MAC, which no FIB
+//! lookup gives. Each round starts with the caches' stamps renewed and must leave them
+//! as it found them: a cache that expired or went stale mid-round would have been filled
+//! again by the FIB lookup of the packet that found it so.
+//!
 //! `test_run` re-runs the *same* skb `repeat` times, so a path that rewrites the packet
 //! sees its own output on the next run. Two consequences, both handled here:
 //! * translated flows (established SNAT, reverse NAT) get a partner flow whose tuple is
@@ -24,6 +33,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     process::Command,
     thread,
+    time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -38,7 +48,7 @@ use egress_agent::{
 };
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, NEXT_HOP_MAX_AGE_NS, NextHop, dir, state},
     counters::{self, Counter, MAX_REASONS, reason},
     maps,
     policy::{
@@ -78,7 +88,9 @@ const PEER: Ipv4Addr = a(192, 168, 0, 20);
 const SEC0_ADDR: &str = "192.168.101.11/24";
 const EGRESS: Ipv4Addr = a(192, 168, 101, 50);
 const DEST: Ipv4Addr = a(192, 168, 101, 100);
-const DEST_MAC: &str = "02:00:00:00:65:64";
+const DEST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x65, 0x64];
+/// What the cache checks write into a cached next hop: no FIB lookup answers with it.
+const POISON_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xba, 0xd0];
 const DPORT: u16 = 443;
 const RULE: u32 = 1;
 
@@ -189,6 +201,10 @@ fn ktime_ns() -> Result<u64> {
     Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+fn mac(m: [u8; 6]) -> String {
+    m.map(|b| format!("{b:02x}")).join(":")
+}
+
 /// Interfaces of the namespace:
 /// `tun0` (veth, stands in for the collect-metadata VXLAN device) and `sec0` (veth,
 /// 192.168.101.11/24 and fd00:101::11/64, the egress network) with permanent neighbours
@@ -210,7 +226,8 @@ fn topology() -> Result<Net> {
     ip("link set sec0p up")?;
     for dest in [IpAddr::V4(DEST), IpAddr::V6(DEST6)] {
         ip(&format!(
-            "neigh replace {dest} lladdr {DEST_MAC} dev sec0 nud permanent"
+            "neigh replace {dest} lladdr {} dev sec0 nud permanent",
+            mac(DEST_MAC)
         ))?;
     }
     // The FIB helper refuses to forward otherwise.
@@ -238,6 +255,9 @@ struct Bed {
     nodes: HashMap<MapData, Underlay, NodeValue>,
     pod_owner: HashMap<MapData, [u8; 4], PodOwnerValue>,
     ct: HashMap<MapData, CtKeyV4, CtEntryV4>,
+    /// Set by [`gateway6`].
+    ct6: Option<HashMap<MapData, CtKeyV6, CtEntryV6>>,
+    nh_gen: Array<MapData, u32>,
     egress_ips: HashMap<MapData, [u8; 4], EgressIpValue>,
     admitted: HashMap<MapData, AdmittedKeyV4, AdmittedValue>,
     counters: PerCpuArray<MapData, Counter>,
@@ -297,6 +317,8 @@ impl Bed {
             nodes: take(&mut ebpf, maps::NODES)?.try_into()?,
             pod_owner: take(&mut ebpf, maps::POD_OWNER_V4)?.try_into()?,
             ct: take(&mut ebpf, maps::CT_V4)?.try_into()?,
+            ct6: None,
+            nh_gen: take(&mut ebpf, maps::NH_GEN)?.try_into()?,
             egress_ips: take(&mut ebpf, maps::EGRESS_IPS_V4)?.try_into()?,
             admitted: take(&mut ebpf, maps::ADMITTED_V4)?.try_into()?,
             counters: take(&mut ebpf, maps::COUNTERS)?.try_into()?,
@@ -453,6 +475,45 @@ impl Bed {
     /// Entries in conntrack now (one map walk).
     fn ct_entries(&self) -> usize {
         self.ct.keys().filter(Result::is_ok).count()
+    }
+
+    /// The next hop cached in `flow`'s ORIGINAL entry, and the interface the entry sends
+    /// its flow out of.
+    fn next_hop(&self, flow: &CachedFlow) -> Result<(NextHop, u32)> {
+        let e = match &flow.key {
+            FlowKey::V4(k) => self.ct.get(k, 0).map(|e| (e.next_hop, e.ifindex)),
+            FlowKey::V6(k) => self.ct6()?.get(k, 0).map(|e| (e.next_hop, e.ifindex)),
+        };
+        e.with_context(|| format!("failed to find the conntrack entry of {}", flow.name))
+    }
+
+    /// Replace the next hop cached in `flow`'s ORIGINAL entry (the rest stays).
+    fn set_next_hop(&mut self, flow: &CachedFlow, nh: NextHop) -> Result<()> {
+        let what = || format!("failed to write the cached next hop of {}", flow.name);
+        match &flow.key {
+            FlowKey::V4(k) => {
+                let e = self.ct.get(k, 0).with_context(what)?;
+                let e = CtEntryV4 { next_hop: nh, ..e };
+                self.ct.insert(k, e, 0).with_context(what)
+            }
+            FlowKey::V6(k) => {
+                let ct = self.ct6.as_mut().context("CT_V6 is not set up")?;
+                let e = ct.get(k, 0).with_context(what)?;
+                let e = CtEntryV6 { next_hop: nh, ..e };
+                ct.insert(k, e, 0).with_context(what)
+            }
+        }
+    }
+
+    fn ct6(&self) -> Result<&HashMap<MapData, CtKeyV6, CtEntryV6>> {
+        self.ct6.as_ref().context("CT_V6 is not set up")
+    }
+
+    /// `NH_GEN`: the generation a cached next hop must have to be used.
+    fn generation(&self) -> Result<u32> {
+        self.nh_gen
+            .get(&0, 0)
+            .context("failed to read the next-hop generation (NH_GEN)")
     }
 
     fn counters(&self) -> Result<Vec<u64>> {
@@ -721,6 +782,70 @@ struct Case {
     /// Reasons bumped by exactly one per run; every other counter must stay put.
     counts: &'static [u32],
     check: Option<Check>,
+    /// The flows whose cached next hops the timed runs take: the row's own flow first
+    /// (its verification packet fills the cache), then any partner. Empty when the path
+    /// has no cache.
+    cached: Vec<CachedFlow>,
+}
+
+impl Case {
+    /// "case 4 (path, state)", for messages.
+    fn label(&self) -> String {
+        format!(
+            "case {} ({}, {})",
+            self.meta.id, self.meta.path, self.meta.state
+        )
+    }
+}
+
+/// An ORIGINAL conntrack key of either family.
+#[derive(Clone, Copy, Debug)]
+enum FlowKey {
+    V4(CtKeyV4),
+    V6(CtKeyV6),
+}
+
+/// An established flow whose ORIGINAL entry caches the next hop that a row's packets
+/// take, and the packet of that flow as `from_tunnel` receives it.
+#[derive(Clone, Debug)]
+struct CachedFlow {
+    /// "pod:port -> destination:port", for messages.
+    name: String,
+    key: FlowKey,
+    frame: Vec<u8>,
+}
+
+impl CachedFlow {
+    /// The IPv4 flow `src` -> `DEST`:`DPORT` of [`gateway_bed`] (the measured flow or
+    /// its partner).
+    fn v4(src: (Ipv4Addr, u16)) -> CachedFlow {
+        // The reply key's translation is irrelevant here.
+        let (key, _) = ct_keys(src.0, src.1, DEST, DPORT, DEST, 0);
+        CachedFlow {
+            name: format!(
+                "{} -> {}",
+                SocketAddr::from(src),
+                SocketAddr::from((DEST, DPORT))
+            ),
+            key: FlowKey::V4(key),
+            frame: Tcp::new(src.0, src.1, DEST, DPORT, TCP_ACK)
+                .ttl(255)
+                .frame(),
+        }
+    }
+
+    /// The IPv6 flow `src` -> `DEST6`:`DPORT` of [`gateway6`].
+    fn v6(src: (Ipv6Addr, u16)) -> CachedFlow {
+        CachedFlow {
+            name: format!(
+                "{} -> {}",
+                SocketAddr::from(src),
+                SocketAddr::from((DEST6, DPORT))
+            ),
+            key: FlowKey::V6(ct_key6(src, (DEST6, DPORT), dir::ORIGINAL)),
+            frame: frame::tcp6_ack(src.0, src.1, DEST6, DPORT),
+        }
+    }
 }
 
 fn floor_cases() -> Vec<Case> {
@@ -742,6 +867,7 @@ fn floor_cases() -> Vec<Case> {
             verdict: TC_ACT_OK,
             counts: &[],
             check: None,
+            cached: Vec::new(),
         },
         Case {
             meta: Meta {
@@ -759,6 +885,7 @@ fn floor_cases() -> Vec<Case> {
             verdict: TC_ACT_OK,
             counts: &[],
             check: None,
+            cached: Vec::new(),
         },
     ]
 }
@@ -781,6 +908,7 @@ fn policy_cases(label: &str) -> Vec<Case> {
             verdict: TC_ACT_OK,
             counts: &[],
             check: Some(unchanged),
+            cached: Vec::new(),
         },
         // The tunnel case's frame depends on the table size: filled in by `policy_bed`.
     ]
@@ -807,6 +935,7 @@ fn tunnel_case(label: &str, pod: Ipv4Addr, at_100k: bool) -> Case {
         verdict: TC_ACT_REDIRECT,
         counts: &[reason::TUNNELED],
         check: Some(unchanged),
+        cached: Vec::new(),
     }
 }
 
@@ -894,6 +1023,9 @@ fn new_flow_check(_data: &[u8], out: &[u8]) -> Result<()> {
 
 /// The gateway's rows with conntrack in `state` (the report's label).
 fn ct_cases(state: String) -> Vec<Case> {
+    let flow = CachedFlow::v4((FLOW_POD, FLOW_SPORT));
+    // Row 4's every other run is the partner's packet (see the module docs).
+    let partner = CachedFlow::v4((EGRESS, FLOW_EPORT));
     vec![
         Case {
             meta: Meta {
@@ -911,6 +1043,7 @@ fn ct_cases(state: String) -> Vec<Case> {
             verdict: TC_ACT_OK,
             counts: &[],
             check: None,
+            cached: Vec::new(),
         },
         Case {
             meta: Meta {
@@ -928,6 +1061,7 @@ fn ct_cases(state: String) -> Vec<Case> {
             verdict: TC_ACT_REDIRECT,
             counts: &[reason::SNAT_NEW, reason::FORWARDED],
             check: Some(new_flow_check),
+            cached: Vec::new(),
         },
         established(
             Meta {
@@ -938,10 +1072,9 @@ fn ct_cases(state: String) -> Vec<Case> {
                 floor: FloorKind::Repeated,
                 targets: vec![Target::Ns(200.0)],
             },
-            Tcp::new(FLOW_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK)
-                .ttl(255)
-                .frame(),
+            flow.frame.clone(),
             snat_check,
+            vec![flow.clone(), partner],
         ),
         Case {
             meta: Meta {
@@ -953,14 +1086,13 @@ fn ct_cases(state: String) -> Vec<Case> {
                 targets: vec![],
             },
             prog: Prog::Datapath(FROM_TUNNEL),
-            frame: Tcp::new(FLOW_POD, FLOW_SPORT, DEST, DPORT, TCP_ACK)
-                .ttl(255)
-                .frame(),
+            frame: flow.frame.clone(),
             ctx: ctx(Some((PEER, RULE))),
             mode: Mode::Single,
             verdict: TC_ACT_REDIRECT,
             counts: &[reason::SNAT_HIT, reason::FORWARDED],
             check: Some(snat_check),
+            cached: vec![flow],
         },
         established(
             Meta {
@@ -975,6 +1107,7 @@ fn ct_cases(state: String) -> Vec<Case> {
                 .ttl(255)
                 .frame(),
             reverse_nat_check,
+            Vec::new(),
         ),
     ]
 }
@@ -983,6 +1116,8 @@ fn ct_cases(state: String) -> Vec<Case> {
 /// (the inner packet of the IPv4 underlay) and of its reply.
 fn ct6_cases() -> Vec<Case> {
     let state = || "1 flow (IPv6), and its partner".to_owned();
+    let flow = CachedFlow::v6((FLOW_POD6, FLOW_SPORT));
+    let partner = CachedFlow::v6((EGRESS6, FLOW_EPORT));
     vec![
         established(
             Meta {
@@ -993,8 +1128,9 @@ fn ct6_cases() -> Vec<Case> {
                 floor: FloorKind::Repeated,
                 targets: vec![],
             },
-            frame::tcp6_ack(FLOW_POD6, FLOW_SPORT, DEST6, DPORT),
+            flow.frame.clone(),
             snat_check6,
+            vec![flow, partner],
         ),
         established(
             Meta {
@@ -1007,15 +1143,17 @@ fn ct6_cases() -> Vec<Case> {
             },
             frame::tcp6_ack(DEST6, DPORT, EGRESS6, FLOW_EPORT),
             reverse_nat_check6,
+            Vec::new(),
         ),
     ]
 }
 
 /// A row of an established flow's packet (TTL or hop limit 255, see the module docs)
 /// through `meta.program` on the gateway: `from_tunnel` translates it (sent by `PEER`
-/// under `RULE`) and forwards it, `from_secondary` translates the reply back and
-/// tunnels it to the pod's node.
-fn established(meta: Meta, frame: Vec<u8>, check: Check) -> Case {
+/// under `RULE`) and forwards it by the `cached` next hops (the flow's and its
+/// partner's), `from_secondary` translates the reply back and tunnels it to the pod's
+/// node (no next hop cache: `cached` is empty).
+fn established(meta: Meta, frame: Vec<u8>, check: Check, cached: Vec<CachedFlow>) -> Case {
     let (ctx, counts): (_, &'static [u32]) = if meta.program == FROM_TUNNEL {
         (
             ctx(Some((PEER, RULE))),
@@ -1033,10 +1171,14 @@ fn established(meta: Meta, frame: Vec<u8>, check: Check) -> Case {
         verdict: TC_ACT_REDIRECT,
         counts,
         check: Some(check),
+        cached,
     }
 }
 
 // ---- measuring ----
+
+/// How a check that finds the row on another path than it names ends its message.
+const NOT_TIMED: &str = "the bench is not timing the path it names";
 
 fn check_counters(case: &Case, before: &[u64], after: &[u64], runs: u64) -> Result<()> {
     for (r, (b, a)) in before.iter().zip(after).enumerate() {
@@ -1045,11 +1187,8 @@ fn check_counters(case: &Case, before: &[u64], after: &[u64], runs: u64) -> Resu
         let got = a.wrapping_sub(*b);
         if got != want {
             bail!(
-                "case {} ({}, {}): counter {} moved by {got}, expected {want} over {runs} runs: \
-                 the bench is not timing the path it names",
-                case.meta.id,
-                case.meta.path,
-                case.meta.state,
+                "{}: counter {} moved by {got}, expected {want} over {runs} runs: {NOT_TIMED}",
+                case.label(),
                 counters::name(r).unwrap_or("(unassigned)"),
             );
         }
@@ -1060,10 +1199,8 @@ fn check_counters(case: &Case, before: &[u64], after: &[u64], runs: u64) -> Resu
 fn check_verdict(case: &Case, run: &Run) -> Result<()> {
     ensure!(
         run.verdict == case.verdict,
-        "case {} ({}, {}): verdict {}, expected {}",
-        case.meta.id,
-        case.meta.path,
-        case.meta.state,
+        "{}: verdict {}, expected {}",
+        case.label(),
         run.verdict,
         case.verdict
     );
@@ -1083,12 +1220,7 @@ fn verify(bed: &mut Bed, empty: &EmptyProgram, case: &Case) -> Result<()> {
     check_verdict(case, &run)?;
     check_counters(case, &before, &bed.counters()?, 1)?;
     if let Some(check) = case.check {
-        check(&data, &out).with_context(|| {
-            format!(
-                "case {} ({}, {})",
-                case.meta.id, case.meta.path, case.meta.state
-            )
-        })?;
+        check(&data, &out).with_context(|| case.label())?;
     }
     if let Mode::NewFlows = case.mode {
         NewFlows::remove(bed, NEW_FLOW_CHECK)?;
@@ -1119,6 +1251,8 @@ fn median(v: &[f64]) -> f64 {
 
 /// One round of a case: ns per packet.
 fn round(bed: &mut Bed, empty: &EmptyProgram, case: &Case, plan: &Plan) -> Result<f64> {
+    let stamped = stamp_caches(bed, case)?;
+    let started = Instant::now();
     let before = bed.counters()?;
     let (runs, ns) = match case.mode {
         Mode::Repeated { chunk } => {
@@ -1154,6 +1288,8 @@ fn round(bed: &mut Bed, empty: &EmptyProgram, case: &Case, plan: &Plan) -> Resul
         }
     };
     check_counters(case, &before, &bed.counters()?, runs)?;
+    check_caches_kept(bed, case, &stamped, started)?;
+    check_caches(bed, empty, case, "after a timed round")?;
     if let Mode::NewFlows = case.mode {
         // The next round starts from the same table.
         for i in 0..plan.singles {
@@ -1175,6 +1311,7 @@ fn measure(
 ) -> Result<()> {
     for case in cases {
         verify(bed, empty, case)?;
+        check_caches_filled(bed, empty, case)?;
     }
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for r in 0..plan.rounds {
@@ -1204,6 +1341,171 @@ fn measure(
                 rounds: samples,
             });
         }
+    }
+    Ok(())
+}
+
+// ---- the cached next hop (rows 4, 4s, 4v6) ----
+
+/// After a row's verification: the next hops its timed runs take are cached, each by its
+/// flow's first packet (the verification's for the row's own flow; a partner's is sent
+/// here, as the row's first timed run would), and pass [`check_caches`].
+fn check_caches_filled(bed: &mut Bed, empty: &EmptyProgram, case: &Case) -> Result<()> {
+    if case.cached.is_empty() {
+        return Ok(());
+    }
+    for partner in case.cached.iter().skip(1) {
+        let run = bed.call(empty, case.prog, &partner.frame, &case.ctx, 1, None)?;
+        check_verdict(case, &run)?;
+    }
+    check_caches(bed, empty, case, "after verification")?;
+    eprintln!(
+        "  verified {:>2} [{}]: cached next hop valid and taken (poisoned MAC out) by {}",
+        case.meta.id,
+        case.meta.state,
+        case.cached
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    Ok(())
+}
+
+/// For each flow of `case.cached`, `when` (after verification, after a round): its next
+/// hop is cached and valid now ([`cache_fault`]), holds what the FIB answers (the
+/// destination's MAC, the flow's interface), and is what a packet of the flow takes
+/// ([`poison_check`]).
+fn check_caches(bed: &mut Bed, empty: &EmptyProgram, case: &Case, when: &str) -> Result<()> {
+    let generation = bed.generation()?;
+    for flow in &case.cached {
+        let (nh, ifindex) = bed.next_hop(flow)?;
+        if let Some(fault) = cache_fault(&nh, generation, ktime_ns()?, flow.frame.len()) {
+            bail!(
+                "{}: {when}, the cached next hop of {} is not valid ({fault}), so its packets \
+                 take the FIB lookup: {NOT_TIMED}",
+                case.label(),
+                flow.name
+            );
+        }
+        ensure!(
+            nh.ifindex == ifindex && nh.dmac == DEST_MAC,
+            "{}: {when}, {} has {} on interface {} cached, expected the destination's MAC {} \
+             on the flow's interface {ifindex}",
+            case.label(),
+            flow.name,
+            mac(nh.dmac),
+            nh.ifindex,
+            mac(DEST_MAC)
+        );
+        poison_check(bed, empty, case, flow, nh, when)?;
+    }
+    Ok(())
+}
+
+/// Why `nh`, a flow's cached next hop, would not carry the flow's `len`-byte frame at
+/// `now` under the generation `generation`, judged as the datapath judges it
+/// (`fib::cache_valid`; the frames are not GSO); `None` when it would.
+fn cache_fault(nh: &NextHop, generation: u32, now: u64, len: usize) -> Option<String> {
+    // Frame = MTU + Ethernet header + one VLAN tag (`fib::cache_valid`).
+    const L2_ROOM: usize = 14 + 4;
+    let age = now.saturating_sub(nh.filled_ns);
+    if nh.ifindex == 0 {
+        Some("nothing is cached".to_owned())
+    } else if nh.generation != generation {
+        Some(format!(
+            "cached under generation {}, NH_GEN is {generation}",
+            nh.generation
+        ))
+    } else if age >= NEXT_HOP_MAX_AGE_NS {
+        Some(format!(
+            "cached {} ms ago, a cache lives {} ms",
+            age / 1_000_000,
+            NEXT_HOP_MAX_AGE_NS / 1_000_000
+        ))
+    } else if len > usize::from(nh.mtu) + L2_ROOM {
+        Some(format!("the {len}-byte frame exceeds its MTU {}", nh.mtu))
+    } else {
+        None
+    }
+}
+
+/// A packet of `flow` takes its valid cached next hop `nh`, not a FIB lookup: with
+/// [`POISON_MAC`] as the cache's destination MAC (otherwise as valid: same generation,
+/// stamped now), the packet leaves with that MAC, which no FIB lookup answers. `nh` is
+/// put back after.
+fn poison_check(
+    bed: &mut Bed,
+    empty: &EmptyProgram,
+    case: &Case,
+    flow: &CachedFlow,
+    nh: NextHop,
+    when: &str,
+) -> Result<()> {
+    let poisoned = NextHop {
+        dmac: POISON_MAC,
+        filled_ns: ktime_ns()?,
+        ..nh
+    };
+    bed.set_next_hop(flow, poisoned)?;
+    let mut out = vec![0u8; flow.frame.len() + 128];
+    let run = bed.call(empty, case.prog, &flow.frame, &case.ctx, 1, Some(&mut out));
+    bed.set_next_hop(flow, nh)?;
+    check_verdict(case, &run?)?;
+    let dmac = octets_at::<6>(&out, 0)?;
+    ensure!(
+        dmac == POISON_MAC,
+        "{}: {when}, the packet of {} left with destination MAC {}, not the poisoned {} of \
+         its valid cached next hop: it took a FIB lookup, {NOT_TIMED}",
+        case.label(),
+        flow.name,
+        mac(dmac),
+        mac(POISON_MAC)
+    );
+    Ok(())
+}
+
+/// Before a round: the stamps of the row's cached next hops renewed (outside the timed
+/// calls), so that only a round longer than a cache's life could see one expire (1 s; a
+/// quick round of row 4 takes about 20 ms, of 4v6 about 40 ms, a full one five times as
+/// long; the time between two rounds of a row may come near a second). Returns the next
+/// hops as written.
+fn stamp_caches(bed: &mut Bed, case: &Case) -> Result<Vec<NextHop>> {
+    let now = ktime_ns()?;
+    let mut stamped = Vec::with_capacity(case.cached.len());
+    for flow in &case.cached {
+        let (nh, _) = bed.next_hop(flow)?;
+        let nh = NextHop {
+            filled_ns: now,
+            ..nh
+        };
+        bed.set_next_hop(flow, nh)?;
+        stamped.push(nh);
+    }
+    Ok(stamped)
+}
+
+/// After a round (started at `started`): every cached next hop is as [`stamp_caches`]
+/// left it. A packet that found one invalid (expired, of another generation) took the
+/// FIB lookup, which fills the cache again; and one still valid now, unchanged, was
+/// valid for the whole round.
+fn check_caches_kept(bed: &Bed, case: &Case, stamped: &[NextHop], started: Instant) -> Result<()> {
+    for (flow, before) in case.cached.iter().zip(stamped) {
+        let (nh, _) = bed.next_hop(flow)?;
+        ensure!(
+            nh == *before,
+            "{}: the cached next hop of {} was filled again during the round (generation {} \
+             when the round started, {} after; filled {} ms after the round's stamp; the round \
+             took {} ms, a cache lives {} ms): a packet found it invalid and took the FIB \
+             lookup, {NOT_TIMED}",
+            case.label(),
+            flow.name,
+            before.generation,
+            nh.generation,
+            nh.filled_ns.saturating_sub(before.filled_ns) / 1_000_000,
+            started.elapsed().as_millis(),
+            NEXT_HOP_MAX_AGE_NS / 1_000_000
+        );
     }
     Ok(())
 }
@@ -1367,8 +1669,9 @@ fn gateway_bed(net: &Net, background: u32) -> Result<Bed> {
 /// background flows: the rule (egress IP `EGRESS6` on sec0), the flow's pod admitted,
 /// and in CT_V6 the established flow `FLOW_POD6` -> `DEST6` translated to `EGRESS6` and
 /// its partner (the translation, which translates back), each with its source's owner
-/// (`PEER`) and its translation's egress IP. The map handles are dropped after filling:
-/// the loaded programs hold the maps.
+/// (`PEER`) and its translation's egress IP. The map handles are dropped after filling
+/// (the loaded programs hold the maps), but CT_V6's, which the bed keeps for the cache
+/// checks.
 fn gateway6(bed: &mut Bed, net: &Net) -> Result<()> {
     let ebpf = &mut bed.ebpf;
     let mut rules: HashMap<MapData, u32, RuleValueV6> = take(ebpf, maps::RULES_V6)?.try_into()?;
@@ -1407,6 +1710,7 @@ fn gateway6(bed: &mut Bed, net: &Net) -> Result<()> {
         };
         egress_ips.insert(x.0.octets(), eip, 0)?;
     }
+    bed.ct6 = Some(ct);
     Ok(())
 }
 
@@ -1420,15 +1724,6 @@ fn flow_entries6(
     ifindex: u32,
     now: u64,
 ) -> [(CtKeyV6, CtEntryV6); 2] {
-    let key = |src: (Ipv6Addr, u16), dst: (Ipv6Addr, u16), dir| CtKeyV6 {
-        src: src.0.octets(),
-        dst: dst.0.octets(),
-        src_port_be: src.1.to_be(),
-        dst_port_be: dst.1.to_be(),
-        proto: frame::PROTO_TCP,
-        dir,
-        _pad: [0; 2],
-    };
     let entry = CtEntryV6 {
         xlate_addr: xlate.0.octets(),
         xlate_port_be: xlate.1.to_be(),
@@ -1447,7 +1742,20 @@ fn flow_entries6(
         ..entry
     };
     [
-        (key(pod, dst, dir::ORIGINAL), entry),
-        (key(dst, xlate, dir::REPLY), back),
+        (ct_key6(pod, dst, dir::ORIGINAL), entry),
+        (ct_key6(dst, xlate, dir::REPLY), back),
     ]
+}
+
+/// The CT_V6 key of TCP `src` -> `dst` in direction `dir`.
+fn ct_key6(src: (Ipv6Addr, u16), dst: (Ipv6Addr, u16), dir: u8) -> CtKeyV6 {
+    CtKeyV6 {
+        src: src.0.octets(),
+        dst: dst.0.octets(),
+        src_port_be: src.1.to_be(),
+        dst_port_be: dst.1.to_be(),
+        proto: frame::PROTO_TCP,
+        dir,
+        _pad: [0; 2],
+    }
 }

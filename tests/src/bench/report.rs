@@ -377,7 +377,14 @@ pub fn per_packet_table(timings: &[Timing], plan: &Plan) -> Table {
 const NOTES: [&str; 4] = [
     "Every row is checked before it is timed (verdict, the exact counters it bumps, the \
      rewritten addresses), and every round checks that the counters moved by exactly \
-     runs x expected reasons and nothing else: no row can be a drop path.",
+     runs x expected reasons and nothing else: no row can be a drop path. The \
+     established rows of `from_tunnel` (4, 4s, 4v6) are checked to take the flow's cached \
+     next hop, not a FIB lookup, which no counter tells apart: after verification and after \
+     every round, the flow's (and its partner's) conntrack entry holds a valid cache (the \
+     current NH_GEN generation, under 1 s old), a packet sent with a poisoned destination \
+     MAC in that cache leaves with it, and the cache is as the round found it (stamps \
+     renewed before each round, outside the timed calls: a cache that expired mid-round \
+     would have been filled again by a FIB lookup).",
     "Floors F0 and F1 are measured in every phase (each table size and the gateway) and \
      pooled, hence more rounds. F1 is `from_pod` on an ARP frame: the cheapest path \
      through a real program (one ethertype load).",
