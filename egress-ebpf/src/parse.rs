@@ -1,6 +1,6 @@
 //! Every bounds-checked read of packet headers lives here. The ethertype, the IPv4 and
-//! the transport headers of the fast paths are read in place when the linear part of
-//! the skb holds them (every frame a veth or the tunnel device hands over: [`read`]);
+//! fixed IPv6 headers, an IPv6 source (`parse6::ipv6_src`) and the transport headers of
+//! the fast paths are read in place when the linear part of the skb holds them (every frame a veth or the tunnel device hands over: [`read`]);
 //! every other read, and these ones when the headers are not linear, goes through
 //! `bpf_skb_load_bytes` (`TcContext::load`), which is correct for non-linear skbs too.
 
@@ -142,6 +142,7 @@ pub fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
         ETH_LEN => in_place::<T, ETH_LEN>(ctx),
         L4_OFF_V4 => in_place::<T, L4_OFF_V4>(ctx),
         L4_OFF_V6 => in_place::<T, L4_OFF_V6>(ctx),
+        crate::parse6::IP6_SRC_OFF => in_place::<T, { crate::parse6::IP6_SRC_OFF }>(ctx),
         _ => None,
     };
     match direct {

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 
-use crate::parse::{self, Bad, ETH_LEN, ETH_TYPE_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport};
+use crate::parse::{self, Bad, ETH_LEN, L4, PROTO_ICMPV6, PROTO_UDP, transport};
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
 
@@ -52,14 +52,14 @@ pub const STOP_NONE: u8 = 0;
 pub const STOP_FRAGMENT: u8 = 1;
 pub const STOP_EXT_HDR: u8 = 2;
 
-/// The source address of an IPv6 packet, or `None` for anything else.
+/// The source address of an IPv6 packet, or `None` for anything else; read in place
+/// when the skb's linear part holds it (`parse::read`).
 #[inline(always)]
 pub fn ipv6_src(ctx: &TcContext) -> Option<[u8; 16]> {
-    let ethertype: u16 = ctx.load(ETH_TYPE_OFF).ok()?;
-    if ethertype != ETH_P_IPV6_BE {
+    if parse::ethertype(ctx)? != ETH_P_IPV6_BE {
         return None;
     }
-    ctx.load::<[u8; 16]>(IP6_SRC_OFF).ok()
+    parse::read::<[u8; 16]>(ctx, IP6_SRC_OFF).ok()
 }
 
 /// What [`parse`] returns: the header is in `out`.
