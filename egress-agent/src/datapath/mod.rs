@@ -10,6 +10,7 @@ pub mod carry;
 pub mod cleanup;
 pub mod dump;
 pub mod lock;
+mod order;
 pub mod state;
 pub mod sweep;
 pub mod table;
@@ -36,6 +37,7 @@ use egress_common::{
 pub use state::{FamilyMaps, MapState};
 
 use crate::{ebpf, family::Family};
+use order::{FamilyMap, Phase, Step};
 use table::{Hash, Lpm, Table, Value};
 
 #[derive(Debug, thiserror::Error)]
@@ -399,123 +401,82 @@ impl Datapath {
         a.get(&0, 0).map_err(|source| Error::Map { name, source })
     }
 
-    /// Bring every map in line with `want`, touching only entries that differ.
-    /// Additions go in dependency order (who may send, then rules, then the policy maps,
-    /// their destination tries and the selected set last), removals in the reverse order.
+    /// Bring every map in line with `want`, touching only entries that differ: removals
+    /// first, then additions and changes, each map in the order of [`order::sequence`].
     /// A failed entry is counted and logged; the rest still applies.
     pub fn apply(&mut self, want: &MapState) -> Result<ApplyStats> {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
-        let mut result = Ok(());
-        // Removals first, source side first (stop selecting before forgetting); then
-        // additions and changes, in dependency order.
-        for (phase, sides) in [
-            (Phase::Remove, [Side::Source, Side::Gateway]),
-            (Phase::Upsert, [Side::Gateway, Side::Source]),
-        ] {
-            let mut pass = Pass {
-                phase,
-                stats: &mut stats,
-            };
-            for side in sides {
-                result = result.and_then(|()| self.sync_side(side, &mut held, want, &mut pass));
-            }
-        }
+        let result = self.sync_all(&mut held, want, &mut stats);
         self.held = held;
         result?;
         Ok(stats)
     }
 
-    /// One side's maps of both families, and `NODES` (first on insertion, last on
-    /// removal: every pod owner names a node).
-    fn sync_side(
+    /// Every step of [`order::sequence`], phase by phase; stops at the first map that
+    /// cannot be opened.
+    fn sync_all(
         &mut self,
-        side: Side,
         held: &mut MapState,
         want: &MapState,
-        pass: &mut Pass<'_>,
+        stats: &mut ApplyStats,
     ) -> Result<()> {
-        let nodes = side == Side::Gateway;
-        if nodes && pass.phase == Phase::Upsert {
-            self.sync::<Hash<def::Nodes>>(&mut held.nodes, &want.nodes, pass)?;
-        }
-        self.sync_family_side(side, &mut held.v4, &want.v4, pass)?;
-        self.sync_family_side(side, &mut held.v6, &want.v6, pass)?;
-        if nodes && pass.phase == Phase::Remove {
-            self.sync::<Hash<def::Nodes>>(&mut held.nodes, &want.nodes, pass)?;
+        for phase in Phase::ALL {
+            let mut pass = Pass {
+                phase,
+                stats: &mut *stats,
+            };
+            for (_, step) in order::sequence(phase) {
+                self.sync_step(step, held, want, &mut pass)?;
+            }
         }
         Ok(())
     }
 
-    /// One side's maps of family `F`, in dependency order:
-    ///
-    /// * source side: the selected set after the policy entries on insertion, first on
-    ///   removal; the destination chains after the entries they lead to (a chain naming a
-    ///   length whose entry is not in yet, or gone already, only costs a probe that
-    ///   misses); known pods (`--unknown-pods drop`) only after their selected entry is
-    ///   in, so that a new selected pod never passes untranslated in between;
-    /// * gateway side: egress IPs -> rules -> admitted pairs -> pod owners on removal,
-    ///   the reverse on insertion.
-    fn sync_family_side<F: Family>(
+    /// One step of an apply: one map.
+    fn sync_step(
         &mut self,
-        side: Side,
-        held: &mut FamilyMaps<F>,
-        want: &FamilyMaps<F>,
+        step: Step,
+        held: &mut MapState,
+        want: &MapState,
         pass: &mut Pass<'_>,
     ) -> Result<()> {
-        let steps: &[Step] = match (side, pass.phase) {
-            (Side::Source, Phase::Remove) => &[
-                Step::KnownPods,
-                Step::Covered,
-                Step::Selected,
-                Step::Policy,
-                Step::Dests,
-            ],
-            (Side::Source, Phase::Upsert) => &[
-                Step::Policy,
-                Step::Dests,
-                Step::Selected,
-                Step::KnownPods,
-                Step::Covered,
-            ],
-            (Side::Gateway, Phase::Remove) => &[
-                Step::EgressIps,
-                Step::Rules,
-                Step::Admitted,
-                Step::PodOwners,
-            ],
-            (Side::Gateway, Phase::Upsert) => &[
-                Step::PodOwners,
-                Step::Admitted,
-                Step::Rules,
-                Step::EgressIps,
-            ],
-        };
-        let (h, w) = (held, want);
-        for step in steps {
-            match *step {
-                Step::KnownPods => {
-                    self.sync::<Hash<F::KnownPods>>(&mut h.known_pods, &w.known_pods, pass)
-                }
-                Step::Covered => self.sync::<Lpm<F::Covered>>(&mut h.covered, &w.covered, pass),
-                Step::Selected => {
-                    self.sync::<Hash<F::Selected>>(&mut h.selected, &w.selected, pass)
-                }
-                Step::Policy => self.sync::<Hash<F::Policy>>(&mut h.policy, &w.policy, pass),
-                Step::Dests => self.sync::<Lpm<F::Dests>>(&mut h.dests, &w.dests, pass),
-                Step::EgressIps => {
-                    self.sync::<Hash<F::EgressIps>>(&mut h.egress_ips, &w.egress_ips, pass)
-                }
-                Step::Rules => self.sync::<Hash<F::Rules>>(&mut h.rules, &w.rules, pass),
-                Step::Admitted => {
-                    self.sync::<Hash<F::Admitted>>(&mut h.admitted, &w.admitted, pass)
-                }
-                Step::PodOwners => {
-                    self.sync::<Hash<F::PodOwner>>(&mut h.pod_owner, &w.pod_owner, pass)
-                }
-            }?;
+        match step {
+            Step::Nodes => self.sync::<Hash<def::Nodes>>(&mut held.nodes, &want.nodes, pass),
+            Step::V4(map) => self.sync_family_map(map, &mut held.v4, &want.v4, pass),
+            Step::V6(map) => self.sync_family_map(map, &mut held.v6, &want.v6, pass),
         }
-        Ok(())
+    }
+
+    /// One map of family `F`.
+    fn sync_family_map<F: Family>(
+        &mut self,
+        map: FamilyMap,
+        h: &mut FamilyMaps<F>,
+        w: &FamilyMaps<F>,
+        pass: &mut Pass<'_>,
+    ) -> Result<()> {
+        match map {
+            FamilyMap::KnownPods => {
+                self.sync::<Hash<F::KnownPods>>(&mut h.known_pods, &w.known_pods, pass)
+            }
+            FamilyMap::Covered => self.sync::<Lpm<F::Covered>>(&mut h.covered, &w.covered, pass),
+            FamilyMap::Selected => {
+                self.sync::<Hash<F::Selected>>(&mut h.selected, &w.selected, pass)
+            }
+            FamilyMap::Policy => self.sync::<Hash<F::Policy>>(&mut h.policy, &w.policy, pass),
+            FamilyMap::Dests => self.sync::<Lpm<F::Dests>>(&mut h.dests, &w.dests, pass),
+            FamilyMap::EgressIps => {
+                self.sync::<Hash<F::EgressIps>>(&mut h.egress_ips, &w.egress_ips, pass)
+            }
+            FamilyMap::Rules => self.sync::<Hash<F::Rules>>(&mut h.rules, &w.rules, pass),
+            FamilyMap::Admitted => {
+                self.sync::<Hash<F::Admitted>>(&mut h.admitted, &w.admitted, pass)
+            }
+            FamilyMap::PodOwners => {
+                self.sync::<Hash<F::PodOwner>>(&mut h.pod_owner, &w.pod_owner, pass)
+            }
+        }
     }
 
     /// One phase of bringing table `T` from `held` to `want` (nothing when an older
@@ -704,38 +665,10 @@ impl Datapath {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Remove,
-    Upsert,
-}
-
 /// One phase of an apply, with the counts of the whole apply.
 struct Pass<'a> {
     phase: Phase,
     stats: &'a mut ApplyStats,
-}
-
-/// The maps an apply syncs together: the source side (what this node's pods send) and
-/// the gateway side (what this node serves, and who may send to it).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Source,
-    Gateway,
-}
-
-/// One family's maps, one step each.
-#[derive(Clone, Copy)]
-enum Step {
-    KnownPods,
-    Covered,
-    Selected,
-    Policy,
-    Dests,
-    EgressIps,
-    Rules,
-    Admitted,
-    PodOwners,
 }
 
 /// Close this process's descriptor of a pinned link without detaching it (dropping a

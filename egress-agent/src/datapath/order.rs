@@ -1,0 +1,332 @@
+//! The order in which [`Datapath::apply`](super::Datapath::apply) writes the maps: one
+//! pure function, [`sequence`], which the apply walks. The programs read the maps between
+//! any two writes, so this order is what keeps a half-applied update safe; the tests
+//! below hold each invariant the datapath relies on.
+
+/// The phases of an apply, in the order it runs them: every removal, then every
+/// addition and change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    Remove,
+    Upsert,
+}
+
+impl Phase {
+    pub(super) const ALL: [Phase; 2] = [Phase::Remove, Phase::Upsert];
+}
+
+/// The maps an apply syncs together: the source side (what this node's pods send) and
+/// the gateway side (what this node serves, and who may send to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side {
+    Source,
+    Gateway,
+}
+
+/// One map sync of an apply: `NODES` (of no family: an underlay address is of either),
+/// or one family's map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    Nodes,
+    V4(FamilyMap),
+    V6(FamilyMap),
+}
+
+/// One of a family's maps (a field of [`FamilyMaps`](super::FamilyMaps)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FamilyMap {
+    KnownPods,
+    Covered,
+    Selected,
+    Policy,
+    Dests,
+    EgressIps,
+    Rules,
+    Admitted,
+    PodOwners,
+}
+
+/// The families, in the order a side syncs them: all of IPv4's maps, then IPv6's.
+const FAMILIES: [fn(FamilyMap) -> Step; 2] = [Step::V4, Step::V6];
+
+/// Every map sync of one phase, in order:
+///
+/// * removals start on the source side (stop selecting before forgetting), additions on
+///   the gateway side (who may send, then rules, then the policy maps, their
+///   destination tries and the selected set last): on a node that is its own pods'
+///   gateway, `from_pod` hands their packets straight to the gateway path;
+/// * `NODES` first on insertion, last on removal: `from_tunnel` takes an inner source
+///   that `POD_OWNER_*` gives to the outer sender as proof that the sender is in
+///   `NODES`, so every pod owner names a node of `NODES` at every moment;
+/// * source side: the selected set after the policy entries on insertion, first on
+///   removal; the destination chains after the entries they lead to (a chain naming a
+///   length whose entry is not in yet, or gone already, only costs a probe that
+///   misses); known pods (`--unknown-pods drop`) only after their selected entry is
+///   in, so that a new selected pod never passes untranslated in between;
+/// * gateway side: egress IPs -> rules -> admitted pairs -> pod owners on removal,
+///   the reverse on insertion.
+pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
+    use FamilyMap::*;
+    use Side::*;
+    match phase {
+        Phase::Remove => [
+            both_families(Source, &[KnownPods, Covered, Selected, Policy, Dests]),
+            both_families(Gateway, &[EgressIps, Rules, Admitted, PodOwners]),
+            vec![(Gateway, Step::Nodes)],
+        ]
+        .concat(),
+        Phase::Upsert => [
+            vec![(Gateway, Step::Nodes)],
+            both_families(Gateway, &[PodOwners, Admitted, Rules, EgressIps]),
+            both_families(Source, &[Policy, Dests, Selected, KnownPods, Covered]),
+        ]
+        .concat(),
+    }
+}
+
+/// `maps` of `side`, in this order for each family.
+fn both_families(side: Side, maps: &[FamilyMap]) -> Vec<(Side, Step)> {
+    FAMILIES
+        .iter()
+        .flat_map(|family| maps.iter().map(move |&m| (side, family(m))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_common::maps::{self as names, Map};
+
+    use super::{FamilyMap::*, *};
+    use crate::family::{Family, V4, V6};
+
+    /// Every variant of [`FamilyMap`]. A new variant fails to compile in `map_name`
+    /// below until it is named there: name it here too.
+    const FAMILY_MAPS: [FamilyMap; 9] = [
+        KnownPods, Covered, Selected, Policy, Dests, EgressIps, Rules, Admitted, PodOwners,
+    ];
+
+    /// The pinned map a step writes.
+    fn map_name(step: Step) -> &'static str {
+        fn of<F: Family>(m: FamilyMap) -> &'static str {
+            match m {
+                KnownPods => <F::KnownPods as Map>::SPEC.name,
+                Covered => <F::Covered as Map>::SPEC.name,
+                Selected => <F::Selected as Map>::SPEC.name,
+                Policy => <F::Policy as Map>::SPEC.name,
+                Dests => <F::Dests as Map>::SPEC.name,
+                EgressIps => <F::EgressIps as Map>::SPEC.name,
+                Rules => <F::Rules as Map>::SPEC.name,
+                Admitted => <F::Admitted as Map>::SPEC.name,
+                PodOwners => <F::PodOwner as Map>::SPEC.name,
+            }
+        }
+        match step {
+            Step::Nodes => names::NODES,
+            Step::V4(m) => of::<V4>(m),
+            Step::V6(m) => of::<V6>(m),
+        }
+    }
+
+    /// Every step an apply has: `NODES`, and each family's maps.
+    fn every_step() -> Vec<Step> {
+        let family_maps = FAMILIES.iter().flat_map(|family| FAMILY_MAPS.map(family));
+        [Step::Nodes].into_iter().chain(family_maps).collect()
+    }
+
+    /// Asserts that `steps` come in this order in `phase`'s sequence; the message names
+    /// the `invariant` and `why` the datapath needs it.
+    fn assert_order(phase: Phase, steps: &[Step], invariant: &str, why: &str) {
+        let seq: Vec<Step> = sequence(phase).into_iter().map(|(_, s)| s).collect();
+        let at = |step: Step| {
+            seq.iter()
+                .position(|&s| s == step)
+                .unwrap_or_else(|| panic!("{step:?} is missing from the {phase:?} sequence"))
+        };
+        for pair in steps.windows(2) {
+            let (first, then) = (pair[0], pair[1]);
+            assert!(
+                at(first) < at(then),
+                "broken invariant: {invariant}. On {phase:?}, {first:?} must come before \
+                 {then:?}, but it is at position {} and {then:?} at {}. Why: {why}.\n\
+                 {phase:?} sequence: {seq:?}",
+                at(first),
+                at(then),
+            );
+        }
+    }
+
+    /// `maps` of each family in turn.
+    fn each_family(maps: &[FamilyMap]) -> impl Iterator<Item = Vec<Step>> + '_ {
+        FAMILIES
+            .iter()
+            .map(|family| maps.iter().map(|&m| family(m)).collect())
+    }
+
+    #[test]
+    fn nodes_are_inserted_before_every_pod_owner_and_removed_after() {
+        let why = "from_tunnel takes an inner source that POD_OWNER_* gives to the outer \
+                   sender as proof that the sender is in NODES, so every pod owner must \
+                   name a node of NODES at every moment";
+        for owners in FAMILIES.map(|family| family(PodOwners)) {
+            assert_order(
+                Phase::Upsert,
+                &[Step::Nodes, owners],
+                "NODES is inserted before any pod owner",
+                why,
+            );
+            assert_order(
+                Phase::Remove,
+                &[owners, Step::Nodes],
+                "NODES is removed after every pod owner",
+                why,
+            );
+        }
+    }
+
+    #[test]
+    fn a_pod_is_selected_only_while_its_policy_entries_are_in() {
+        let why = "from_pod probes POLICY only for a pod found in SELECTED, and takes a \
+                   miss for a destination outside every rule: a pod selected without its \
+                   entries would send untranslated to destinations its policy covers";
+        for steps in each_family(&[Policy, Selected]) {
+            assert_order(
+                Phase::Upsert,
+                &steps,
+                "SELECTED is inserted after POLICY",
+                why,
+            );
+        }
+        for steps in each_family(&[Selected, Policy]) {
+            assert_order(
+                Phase::Remove,
+                &steps,
+                "SELECTED is removed before POLICY",
+                why,
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_pod_is_known_only_once_it_is_selected() {
+        let why = "with --unknown-pods drop, from_pod lets an unselected pod found in \
+                   KNOWN_PODS pass untranslated: a new selected pod known before it is \
+                   selected would send untranslated in between (unknown, it is dropped \
+                   where a rule covers the destination)";
+        for steps in each_family(&[Selected, KnownPods]) {
+            assert_order(
+                Phase::Upsert,
+                &steps,
+                "KNOWN_PODS is inserted after SELECTED",
+                why,
+            );
+        }
+    }
+
+    #[test]
+    fn gateway_side_goes_in_from_pod_owners_to_egress_ips_and_out_the_other_way() {
+        let owners = "from_tunnel checks a forwarded packet's owner (POD_OWNER) before the \
+                      gateway checks its (pod, rule) pair (ADMITTED): an admitted pod whose \
+                      owner is missing would be refused as an unknown or spoofing sender";
+        let admitted = "the gateway refuses a new flow of a served rule (RULES) whose \
+                        (pod, rule) pair is missing from ADMITTED as DROP_NOT_ADMITTED: a \
+                        rule served without its pairs would refuse the pods its policies \
+                        select";
+        let egress_ips = "the order apply has always kept. Note that gateway::forward reads \
+                          a rule's egress IP in EGRESS_IPS (the shared-address check), which \
+                          argues for the reverse: change sequence() and this test together \
+                          if so";
+        let links = [
+            ([PodOwners, Admitted], "POD_OWNER", "ADMITTED", owners),
+            ([Admitted, Rules], "ADMITTED", "RULES", admitted),
+            ([Rules, EgressIps], "RULES", "EGRESS_IPS", egress_ips),
+        ];
+        for (pair, first, then, why) in links {
+            for steps in each_family(&pair) {
+                let invariant = format!("{then} is inserted after {first}");
+                assert_order(Phase::Upsert, &steps, &invariant, why);
+            }
+            let reversed = [pair[1], pair[0]];
+            for steps in each_family(&reversed) {
+                let invariant = format!("{then} is removed before {first}");
+                assert_order(Phase::Remove, &steps, &invariant, why);
+            }
+        }
+    }
+
+    #[test]
+    fn removals_start_on_the_source_side_and_additions_on_the_gateway_side() {
+        let why = "on a node that is its own pods' gateway, from_pod hands a selected pod's \
+                   packet straight to the gateway path, which needs the rule (RULES) and the \
+                   pod's pair (ADMITTED) that its policy entry names: the source side must \
+                   never point at gateway entries not in yet, or gone already";
+        for (phase, first, then) in [
+            (Phase::Remove, Side::Source, Side::Gateway),
+            (Phase::Upsert, Side::Gateway, Side::Source),
+        ] {
+            let seq = sequence(phase);
+            let last_of_first = seq.iter().rposition(|&(side, _)| side == first);
+            let first_of_then = seq.iter().position(|&(side, _)| side == then);
+            assert!(
+                last_of_first < first_of_then,
+                "broken invariant: on {phase:?}, every {first:?}-side step comes before \
+                 every {then:?}-side one. Why: {why}.\n{phase:?} sequence: {seq:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_map_is_synced_exactly_once_per_phase() {
+        for phase in Phase::ALL {
+            let seq: Vec<Step> = sequence(phase).into_iter().map(|(_, s)| s).collect();
+            for step in every_step() {
+                let times = seq.iter().filter(|&&s| s == step).count();
+                assert_eq!(
+                    times, 1,
+                    "{step:?} is synced {times} times on {phase:?}: every map must be \
+                     synced exactly once per phase, or the apply never writes its changes \
+                     (or writes them out of order). {phase:?} sequence: {seq:?}"
+                );
+            }
+            assert_eq!(
+                seq.len(),
+                every_step().len(),
+                "the {phase:?} sequence has a step that is not in every_step(): {seq:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_steps_are_every_map_the_agent_diffs() {
+        // Written by the programs, by `set_config`, by the conntrack sweep or by the
+        // next-hop generation bump, never diffed by `apply`.
+        let not_applied = [
+            names::CT_V4,
+            names::CT_V6,
+            names::EXHAUSTED_V4,
+            names::EXHAUSTED_V6,
+            names::FLOWS_V4,
+            names::FLOWS_V6,
+            names::COUNTERS,
+            names::CONFIG,
+            names::NH_GEN,
+        ];
+        let steps: Vec<&str> = every_step().into_iter().map(map_name).collect();
+        let without_step: Vec<&str> = names::names()
+            .filter(|n| !steps.contains(n) && !not_applied.contains(n))
+            .collect();
+        assert!(
+            without_step.is_empty(),
+            "maps of egress_common's registry without a step in apply: {without_step:?}. \
+             A map the agent fills needs a Step and a place in sequence(), or apply never \
+             writes it; a map that something else writes goes in this test's list of maps \
+             apply leaves alone"
+        );
+        for step in every_step() {
+            assert!(
+                !not_applied.contains(&map_name(step)),
+                "{step:?} writes {}, which this test lists among the maps apply leaves alone",
+                map_name(step)
+            );
+        }
+    }
+}
