@@ -63,21 +63,24 @@ const FAMILIES: [fn(FamilyMap) -> Step; 2] = [Step::V4, Step::V6];
 ///   length whose entry is not in yet, or gone already, only costs a probe that
 ///   misses); known pods (`--unknown-pods drop`) only after their selected entry is
 ///   in, so that a new selected pod never passes untranslated in between;
-/// * gateway side: egress IPs -> rules -> admitted pairs -> pod owners on removal,
-///   the reverse on insertion.
+/// * gateway side: rules -> egress IPs -> admitted pairs -> pod owners on removal, the
+///   reverse on insertion: a rule is served only while everything it needs is in (its
+///   pods' owners and pairs, and its egress IP, without which `from_secondary` would
+///   hand the replies of its flows to the host and `gateway::forward` would take a
+///   shared address for a dedicated one).
 pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
     use FamilyMap::*;
     use Side::*;
     match phase {
         Phase::Remove => [
             both_families(Source, &[KnownPods, Covered, Selected, Policy, Dests]),
-            both_families(Gateway, &[EgressIps, Rules, Admitted, PodOwners]),
+            both_families(Gateway, &[Rules, EgressIps, Admitted, PodOwners]),
             vec![(Gateway, Step::Nodes)],
         ]
         .concat(),
         Phase::Upsert => [
             vec![(Gateway, Step::Nodes)],
-            both_families(Gateway, &[PodOwners, Admitted, Rules, EgressIps]),
+            both_families(Gateway, &[PodOwners, Admitted, EgressIps, Rules]),
             both_families(Source, &[Policy, Dests, Selected, KnownPods, Covered]),
         ]
         .concat(),
@@ -223,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn gateway_side_goes_in_from_pod_owners_to_egress_ips_and_out_the_other_way() {
+    fn gateway_side_goes_in_from_pod_owners_to_rules_and_out_the_other_way() {
         let owners = "from_tunnel checks a forwarded packet's owner (POD_OWNER) before the \
                       gateway checks its (pod, rule) pair (ADMITTED): an admitted pod whose \
                       owner is missing would be refused as an unknown or spoofing sender";
@@ -231,14 +234,15 @@ mod tests {
                         (pod, rule) pair is missing from ADMITTED as DROP_NOT_ADMITTED: a \
                         rule served without its pairs would refuse the pods its policies \
                         select";
-        let egress_ips = "the order apply has always kept. Note that gateway::forward reads \
-                          a rule's egress IP in EGRESS_IPS (the shared-address check), which \
-                          argues for the reverse: change sequence() and this test together \
-                          if so";
+        let egress_ips = "from_secondary claims the replies to an egress IP only when \
+                          EGRESS_IPS holds it, and gateway::forward reads a rule's egress IP \
+                          there (the shared-address check): a rule served without its egress \
+                          IP would translate new flows whose replies the host answers with \
+                          a reset, and take a shared address for a dedicated one";
         let links = [
             ([PodOwners, Admitted], "POD_OWNER", "ADMITTED", owners),
             ([Admitted, Rules], "ADMITTED", "RULES", admitted),
-            ([Rules, EgressIps], "RULES", "EGRESS_IPS", egress_ips),
+            ([EgressIps, Rules], "EGRESS_IPS", "RULES", egress_ips),
         ];
         for (pair, first, then, why) in links {
             for steps in each_family(&pair) {
