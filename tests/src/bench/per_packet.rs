@@ -31,6 +31,7 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    ops::Range,
     process::Command,
     thread,
     time::Instant,
@@ -44,7 +45,7 @@ use aya::{
 };
 use egress_agent::{
     ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, OBJECT, TEST_TUNNEL_FROM_CB},
-    family::{Family, V4},
+    family::{Family, V4, V6},
 };
 use egress_common::{
     config::{Config, flags},
@@ -52,11 +53,12 @@ use egress_common::{
     counters::{self, Counter, MAX_REASONS, reason},
     maps,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, DestValue, EgressIpValue, NodeValue,
-        PodOwnerValue, PolicyKeyV4, PolicyValue, RuleValueV4, RuleValueV6, SelectedValue, action,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, EgressIpValue, NodeValue, PodOwnerValue,
+        RuleValueV4, RuleValueV6, action,
     },
     underlay::{self, Underlay},
 };
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::{
     Plan, Run, Spread,
@@ -71,9 +73,10 @@ pub const TC_ACT_REDIRECT: u32 = 7;
 /// Repeats per call on the paths that decrement the TTL (frames start at 255).
 pub const TTL_CHUNK: u32 = 250;
 
-/// The policy map's capacity in the benchmark object. The agent's object holds 65,536
-/// entries (its own pods only); the 100k and 1M rows need more. The map is not
-/// preallocated, so the limit does not change the cost of a lookup.
+/// The capacity of the policy and destination maps (`POLICY_*`, `DESTS_*`, both
+/// families) in the benchmark object. The agent's object holds 65,536 entries (its own
+/// pods only); the 100k and 1M rows need more. The maps are not preallocated, so the
+/// limit does not change the cost of a lookup.
 pub const POLICY_BENCH_MAX_ENTRIES: u32 = 1_048_576;
 
 const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
@@ -94,26 +97,57 @@ const POISON_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xba, 0xd0];
 const DPORT: u16 = 443;
 const RULE: u32 = 1;
 
+const fn net4(addr: Ipv4Addr, len: u8) -> Ipv4Net {
+    Ipv4Net::new_assert(addr, len)
+}
+
+const fn net6(addr: Ipv6Addr, len: u8) -> Ipv6Net {
+    Ipv6Net::new_assert(addr, len)
+}
+
 /// First pod of the policy tables: 10.244.0.1, 10.244.0.2, ...
 const POD_BASE: Ipv4Addr = a(10, 244, 0, 1);
 /// A local pod that no rule selects (outside the 100k pods of the largest table).
 const UNSELECTED_POD: Ipv4Addr = a(10, 247, 200, 9);
 /// Destination of the tunnel case, inside the 4th prefix (10.100.0.0/16).
 const TUNNEL_DEST: Ipv4Addr = a(10, 100, 7, 9);
-/// Destination prefixes of every selected pod (ten per pod, mixed lengths).
-const PREFIXES: [(Ipv4Addr, u32); 10] = [
-    (a(192, 168, 101, 0), 24),
-    (a(192, 168, 102, 0), 24),
-    (a(172, 16, 0, 0), 12),
-    (a(10, 100, 0, 0), 16),
-    (a(10, 101, 4, 0), 22),
-    (a(10, 102, 8, 0), 28),
-    (a(100, 64, 0, 0), 10),
-    (a(198, 18, 0, 0), 15),
-    (a(203, 0, 113, 0), 24),
-    (a(192, 0, 2, 128), 25),
+/// Destination prefixes of every selected pod (ten per pod, mixed lengths, none inside
+/// another).
+const PREFIXES: [Ipv4Net; 10] = [
+    net4(a(192, 168, 101, 0), 24),
+    net4(a(192, 168, 102, 0), 24),
+    net4(a(172, 16, 0, 0), 12),
+    net4(a(10, 100, 0, 0), 16),
+    net4(a(10, 101, 4, 0), 22),
+    net4(a(10, 102, 8, 0), 28),
+    net4(a(100, 64, 0, 0), 10),
+    net4(a(198, 18, 0, 0), 15),
+    net4(a(203, 0, 113, 0), 24),
+    net4(a(192, 0, 2, 128), 25),
 ];
+/// The prefix of the tunnel destination, in both families' lists.
 const TUNNEL_PREFIX: usize = 3;
+
+/// The IPv6 policy tables' twins of the above (rows 1v6 and 2v6): pods fd00:244::1,
+/// fd00:244::2, ...; the unselected pod, outside them; the destination prefixes, global
+/// unicast (`from_pod` passes link-scoped destinations to the kernel before any lookup)
+/// of lengths in each of `SelectedValueV6::lengths`' three words, none inside another;
+/// the tunnel destination, inside the 4th (2001:db8:100:7::/64).
+const POD_BASE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 1);
+const UNSELECTED_POD6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x247, 0x200, 0, 0, 0, 0, 9);
+const TUNNEL_DEST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 7, 0, 0, 0, 9);
+const PREFIXES6: [Ipv6Net; 10] = [
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x101, 0, 0, 0, 0, 0), 48),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x102, 0, 0, 0, 0, 0), 48),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x8000, 0, 0, 0, 0, 0), 33),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x100, 7, 0, 0, 0, 0), 64),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x103, 0x40, 0, 0, 0, 0), 58),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x104, 0, 0, 0, 0x10, 0), 124),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x200, 0, 0, 0, 0, 0), 40),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x105, 0, 0x8000, 0, 0, 0), 65),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x106, 0, 0, 0, 0, 1), 128),
+    net6(Ipv6Addr::new(0x2001, 0xdb8, 0x107, 0, 0, 0, 0, 0), 96),
+];
 
 /// Pod of the established flow (its node is `PEER`) and its port; the egress port.
 const FLOW_POD: Ipv4Addr = a(10, 244, 1, 5);
@@ -248,9 +282,8 @@ fn topology() -> Result<Net> {
 struct Bed {
     ebpf: Ebpf,
     config: Array<MapData, Config>,
-    policy: HashMap<MapData, PolicyKeyV4, PolicyValue>,
-    dests: LpmTrie<MapData, [u8; 4], DestValue>,
-    selected: HashMap<MapData, [u8; 4], SelectedValue>,
+    policy4: PolicyMaps<V4>,
+    policy6: PolicyMaps<V6>,
     rules: HashMap<MapData, u32, RuleValueV4>,
     nodes: HashMap<MapData, Underlay, NodeValue>,
     pod_owner: HashMap<MapData, [u8; 4], PodOwnerValue>,
@@ -284,6 +317,8 @@ impl Bed {
             .override_global(TEST_TUNNEL_FROM_CB, &1u8, true)
             .map_max_entries(maps::POLICY_V4, POLICY_BENCH_MAX_ENTRIES)
             .map_max_entries(maps::DESTS_V4, POLICY_BENCH_MAX_ENTRIES)
+            .map_max_entries(maps::POLICY_V6, POLICY_BENCH_MAX_ENTRIES)
+            .map_max_entries(maps::DESTS_V6, POLICY_BENCH_MAX_ENTRIES)
             .load(OBJECT)
             .context("failed to load the eBPF object")?;
         for name in [FROM_POD, FROM_TUNNEL, FROM_SECONDARY] {
@@ -310,9 +345,8 @@ impl Bed {
         }
         let mut bed = Bed {
             config: take(&mut ebpf, maps::CONFIG)?.try_into()?,
-            policy: take(&mut ebpf, maps::POLICY_V4)?.try_into()?,
-            dests: take(&mut ebpf, maps::DESTS_V4)?.try_into()?,
-            selected: take(&mut ebpf, maps::SELECTED_V4)?.try_into()?,
+            policy4: PolicyMaps::take(&mut ebpf)?,
+            policy6: PolicyMaps::take(&mut ebpf)?,
             rules: take(&mut ebpf, maps::RULES_V4)?.try_into()?,
             nodes: take(&mut ebpf, maps::NODES)?.try_into()?,
             pod_owner: take(&mut ebpf, maps::POD_OWNER_V4)?.try_into()?,
@@ -365,51 +399,6 @@ impl Bed {
             0,
         )?;
         Ok(bed)
-    }
-
-    /// `pods` selected pods with `per_pod` prefixes each, all tunneled to `PEER`.
-    fn fill_policy(&mut self, pods: u32, per_pod: usize) -> Result<()> {
-        for i in 0..pods {
-            let pod = pod(i);
-            let mut selected = SelectedValue::default();
-            for (j, (dst, len)) in PREFIXES.iter().take(per_pod).enumerate() {
-                self.policy_entry(pod, *dst, *len, RULE + j as u32)?;
-                selected.add_length(*len);
-                selected.entries += 1;
-            }
-            self.selected.insert(pod.octets(), selected, 0)?;
-        }
-        self.dests(per_pod)
-    }
-
-    /// `DESTS_V4` for the first `per_pod` prefixes (every pod has the same ones).
-    fn dests(&mut self, per_pod: usize) -> Result<()> {
-        let keys: Vec<PolicyKeyV4> = PREFIXES
-            .iter()
-            .take(per_pod)
-            .map(|(dst, len)| PolicyKeyV4::new(pod(0).octets(), dst.octets(), *len))
-            .collect();
-        for ((len, net), v) in V4::dests(keys.iter()) {
-            self.dests
-                .insert(&Key::new(len, net), v, 0)
-                .context("failed to insert a DESTS_V4 entry")?;
-        }
-        Ok(())
-    }
-
-    /// One policy entry of `pod`, tunneled to `PEER` under `rule`.
-    fn policy_entry(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, rule: u32) -> Result<()> {
-        let key = PolicyKeyV4::new(pod.octets(), dst.octets(), len);
-        let value = PolicyValue {
-            gateway: underlay::from_v4(PEER.octets()),
-            egress_ip: EGRESS.octets(),
-            rule_id: rule,
-            action: action::FORWARD,
-            _pad: [0; 3],
-        };
-        self.policy
-            .insert(key, value, 0)
-            .with_context(|| format!("failed to insert policy entry {pod} -> {dst}/{len}"))
     }
 
     /// Both entries of an established TCP flow (pod:sport -> dst:dport, seen as
@@ -564,6 +553,73 @@ impl Bed {
                 })
             }
         }
+    }
+}
+
+/// A map's key and value types (`egress_common::maps::Map`).
+type MapKey<M> = <M as maps::Map>::Key;
+type MapValue<M> = <M as maps::Map>::Value;
+
+/// One family's tables of `from_pod`'s policy lookup (`POLICY_*`, `DESTS_*`,
+/// `SELECTED_*`), filled with the agent's own per-family helpers ([`Family`]).
+struct PolicyMaps<F: Family> {
+    policy: HashMap<MapData, MapKey<F::Policy>, MapValue<F::Policy>>,
+    dests: LpmTrie<MapData, F::Octets, MapValue<F::Dests>>,
+    selected: HashMap<MapData, F::Octets, MapValue<F::Selected>>,
+}
+
+impl<F: Family> PolicyMaps<F> {
+    fn take(ebpf: &mut Ebpf) -> Result<Self> {
+        Ok(Self {
+            policy: take(ebpf, <F::Policy as maps::Map>::SPEC.name)?.try_into()?,
+            dests: take(ebpf, <F::Dests as maps::Map>::SPEC.name)?.try_into()?,
+            selected: take(ebpf, <F::Selected as maps::Map>::SPEC.name)?.try_into()?,
+        })
+    }
+
+    /// Select `pods`, each with an entry for every prefix of `prefixes` (the i-th under
+    /// rule `RULE + i`), all tunneled to `PEER` with the egress IP `egress`: `POLICY_*`,
+    /// `SELECTED_*` (entries and prefix lengths) and `DESTS_*` (the prefixes' chains) as
+    /// the agent fills them.
+    fn fill(
+        &mut self,
+        pods: impl Iterator<Item = F::Addr>,
+        prefixes: &[F::Net],
+        egress: F::Addr,
+    ) -> Result<()> {
+        let gateway = underlay::from_v4(PEER.octets());
+        let entries = u32::try_from(prefixes.len()).context("too many prefixes per pod")?;
+        let mut keys = Vec::new();
+        for pod in pods {
+            let mut selected = F::selected(entries);
+            for (i, dst) in prefixes.iter().enumerate() {
+                let key = F::policy_key(pod, *dst);
+                let value =
+                    F::policy_value(gateway, F::octets(egress), RULE + i as u32, action::FORWARD);
+                self.policy.insert(key, value, 0).with_context(|| {
+                    format!(
+                        "failed to insert the {} policy entry {pod} -> {dst}",
+                        F::NAME
+                    )
+                })?;
+                F::add_length(&mut selected, u32::from(F::split(*dst).1));
+                keys.push(key);
+            }
+            self.selected
+                .insert(F::octets(pod), selected, 0)
+                .with_context(|| format!("failed to select the {} pod {pod}", F::NAME))?;
+        }
+        for ((len, net), v) in F::dests(keys.iter()) {
+            self.dests
+                .insert(&Key::new(len, net), v, 0)
+                .with_context(|| {
+                    format!(
+                        "failed to insert a {} entry",
+                        <F::Dests as maps::Map>::SPEC.name
+                    )
+                })?;
+        }
+        Ok(())
     }
 }
 
@@ -890,53 +946,132 @@ fn floor_cases() -> Vec<Case> {
     ]
 }
 
-fn policy_cases(label: &str) -> Vec<Case> {
-    vec![
-        Case {
-            meta: Meta {
-                id: "1",
-                path: "miss: packet from an unselected pod",
-                program: FROM_POD,
-                state: label.to_owned(),
-                floor: FloorKind::Repeated,
-                targets: vec![Target::FloorRatio(2.0), Target::Ns(50.0)],
-            },
-            prog: Prog::Datapath(FROM_POD),
-            frame: Tcp::new(UNSELECTED_POD, FLOW_SPORT, TUNNEL_DEST, DPORT, TCP_ACK).frame(),
-            ctx: ctx(None),
-            mode: Mode::Repeated { chunk: u32::MAX },
-            verdict: TC_ACT_OK,
-            counts: &[],
-            check: Some(unchanged),
-            cached: Vec::new(),
-        },
-        // The tunnel case's frame depends on the table size: filled in by `policy_bed`.
-    ]
+/// What rows 1 and 2 and their IPv6 twins take from their family.
+trait PolicyRows: Family {
+    /// (id, path) of the miss row and of the tunnel row.
+    const ROWS: [(&'static str, &'static str); 2];
+    /// Destination prefixes of every selected pod.
+    const PREFIXES: [Self::Net; 10];
+    /// Destination of both rows, in `PREFIXES[TUNNEL_PREFIX]`.
+    const TUNNEL_DEST: Self::Addr;
+    /// Source of the miss row: a local pod that no rule selects.
+    const UNSELECTED_POD: Self::Addr;
+    /// The egress IP the policy entries name.
+    const EGRESS: Self::Addr;
+    /// Selected pod `i` (a table of n pods selects pods 0..n).
+    fn pod(i: u32) -> Self::Addr;
+    /// A TCP ACK from `src`:`FLOW_SPORT` to `dst`:`DPORT`.
+    fn frame(src: Self::Addr, dst: Self::Addr) -> Vec<u8>;
+    fn maps(bed: &mut Bed) -> &mut PolicyMaps<Self>;
+    /// Issue 7's targets (IPv4 paths): of the tunnel row if `tunnel`, else of the miss
+    /// row, with `pods` selected pods.
+    fn targets(_tunnel: bool, _pods: u32) -> Vec<Target> {
+        Vec::new()
+    }
 }
 
-fn tunnel_case(label: &str, pod: Ipv4Addr, at_100k: bool) -> Case {
-    Case {
+impl PolicyRows for V4 {
+    const ROWS: [(&'static str, &'static str); 2] = [
+        ("1", "miss: packet from an unselected pod"),
+        ("2", "selected packet into the tunnel (remote gateway)"),
+    ];
+    const PREFIXES: [Ipv4Net; 10] = PREFIXES;
+    const TUNNEL_DEST: Ipv4Addr = TUNNEL_DEST;
+    const UNSELECTED_POD: Ipv4Addr = UNSELECTED_POD;
+    const EGRESS: Ipv4Addr = EGRESS;
+
+    fn pod(i: u32) -> Ipv4Addr {
+        pod(i)
+    }
+
+    fn frame(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+        Tcp::new(src, FLOW_SPORT, dst, DPORT, TCP_ACK).frame()
+    }
+
+    fn maps(bed: &mut Bed) -> &mut PolicyMaps<V4> {
+        &mut bed.policy4
+    }
+
+    fn targets(tunnel: bool, pods: u32) -> Vec<Target> {
+        match (tunnel, pods >= 10_000) {
+            (false, _) => vec![Target::FloorRatio(2.0), Target::Ns(50.0)],
+            (true, true) => vec![Target::Ns(150.0)],
+            (true, false) => vec![],
+        }
+    }
+}
+
+impl PolicyRows for V6 {
+    const ROWS: [(&'static str, &'static str); 2] = [
+        ("1v6", "miss: packet from an unselected IPv6 pod"),
+        (
+            "2v6",
+            "selected IPv6 packet into the tunnel (remote gateway)",
+        ),
+    ];
+    const PREFIXES: [Ipv6Net; 10] = PREFIXES6;
+    const TUNNEL_DEST: Ipv6Addr = TUNNEL_DEST6;
+    const UNSELECTED_POD: Ipv6Addr = UNSELECTED_POD6;
+    const EGRESS: Ipv6Addr = EGRESS6;
+
+    fn pod(i: u32) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(POD_BASE6) + u128::from(i))
+    }
+
+    fn frame(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
+        frame::tcp6_ack(src, FLOW_SPORT, dst, DPORT)
+    }
+
+    fn maps(bed: &mut Bed) -> &mut PolicyMaps<V6> {
+        &mut bed.policy6
+    }
+}
+
+/// Fill `F`'s policy tables with `pods` selected pods, each with the prefixes
+/// `F::PREFIXES[prefixes]`, and return the rows on them, labelled `state`: the miss
+/// (from the unselected pod) and the tunnel (from the pod in the middle of the table),
+/// both to the tunnel destination, both leaving the frame as it came.
+fn policy_rows<F: PolicyRows>(
+    bed: &mut Bed,
+    state: &str,
+    pods: u32,
+    prefixes: Range<usize>,
+) -> Result<[Case; 2]> {
+    let all = F::PREFIXES;
+    let prefixes = all
+        .get(prefixes.clone())
+        .with_context(|| format!("no {} prefixes {prefixes:?}", F::NAME))?;
+    F::maps(bed).fill((0..pods).map(F::pod), prefixes, F::EGRESS)?;
+    let [(miss_id, miss_path), (tunnel_id, tunnel_path)] = F::ROWS;
+    let row = |id, path, src, verdict, counts, tunnel| Case {
         meta: Meta {
-            id: "2",
-            path: "selected packet into the tunnel (remote gateway)",
+            id,
+            path,
             program: FROM_POD,
-            state: label.to_owned(),
+            state: state.to_owned(),
             floor: FloorKind::Repeated,
-            targets: if at_100k {
-                vec![Target::Ns(150.0)]
-            } else {
-                vec![]
-            },
+            targets: F::targets(tunnel, pods),
         },
         prog: Prog::Datapath(FROM_POD),
-        frame: Tcp::new(pod, FLOW_SPORT, TUNNEL_DEST, DPORT, TCP_ACK).frame(),
+        frame: F::frame(src, F::TUNNEL_DEST),
         ctx: ctx(None),
         mode: Mode::Repeated { chunk: u32::MAX },
-        verdict: TC_ACT_REDIRECT,
-        counts: &[reason::TUNNELED],
+        verdict,
+        counts,
         check: Some(unchanged),
         cached: Vec::new(),
-    }
+    };
+    Ok([
+        row(miss_id, miss_path, F::UNSELECTED_POD, TC_ACT_OK, &[], false),
+        row(
+            tunnel_id,
+            tunnel_path,
+            F::pod(pods / 2),
+            TC_ACT_REDIRECT,
+            &[reason::TUNNELED],
+            true,
+        ),
+    ])
 }
 
 fn unchanged(data: &[u8], out: &[u8]) -> Result<()> {
@@ -1510,12 +1645,15 @@ fn check_caches_kept(bed: &Bed, case: &Case, stamped: &[NextHop], started: Insta
     Ok(())
 }
 
-/// Policy table sizes: (label, pods, prefixes per pod).
-const POLICY_SIZES: [(&str, u32, usize); 4] = [
-    ("1 policy entry", 1, 1),
-    ("10k entries (1k pods x 10)", 1_000, 10),
-    ("100k entries (10k pods x 10)", 10_000, 10),
-    ("1M entries (100k pods x 10)", 100_000, 10),
+/// Policy table sizes: (label, selected pods, the prefixes of each (indexes into
+/// `PolicyRows::PREFIXES`), whether the IPv6 rows are measured too, on IPv6 tables of
+/// the same shape).
+const POLICY_SIZES: [(&str, u32, Range<usize>, bool); 4] = [
+    // The single entry covers the tunnel destination.
+    ("1 policy entry", 1, TUNNEL_PREFIX..TUNNEL_PREFIX + 1, true),
+    ("10k entries (1k pods x 10)", 1_000, 0..10, false),
+    ("100k entries (10k pods x 10)", 10_000, 0..10, true),
+    ("1M entries (100k pods x 10)", 100_000, 0..10, false),
 ];
 
 /// Every per-packet row, floors first. Runs in a private network namespace.
@@ -1524,30 +1662,15 @@ pub fn run(plan: Plan) -> Result<Vec<Timing>> {
         let net = topology()?;
         let empty = EmptyProgram::load()?;
         let mut out = Vec::new();
-        for (label, pods, per_pod) in POLICY_SIZES {
-            eprintln!("per-packet: policy table with {label}");
+        for (label, pods, prefixes, v6) in POLICY_SIZES {
+            let families = if v6 { "IPv4 and IPv6 tables" } else { "table" };
+            eprintln!("per-packet: policy {families} with {label}");
             let mut bed = Bed::load(&net)?;
-            if pods == 1 {
-                // The single entry covers the tunnel destination.
-                let (dst, len) = PREFIXES[TUNNEL_PREFIX];
-                bed.policy_entry(pod(0), dst, len, RULE)?;
-                bed.dests.insert(
-                    &Key::new(len, dst.octets()),
-                    DestValue::new(len, 1 << len),
-                    0,
-                )?;
-                let mut selected = SelectedValue {
-                    entries: 1,
-                    ..SelectedValue::default()
-                };
-                selected.add_length(len);
-                bed.selected.insert(pod(0).octets(), selected, 0)?;
-            } else {
-                bed.fill_policy(pods, per_pod)?;
-            }
             let mut cases = floor_cases();
-            cases.extend(policy_cases(label));
-            cases.push(tunnel_case(label, pod(pods / 2), pods >= 10_000));
+            cases.extend(policy_rows::<V4>(&mut bed, label, pods, prefixes.clone())?);
+            if v6 {
+                cases.extend(policy_rows::<V6>(&mut bed, label, pods, prefixes)?);
+            }
             measure(&mut bed, &empty, &cases, &plan, &mut out)?;
         }
 
