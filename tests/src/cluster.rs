@@ -150,6 +150,12 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<Dura
     }
 }
 
+/// First of the fixed source ports tests bind in a pod. Below the kernel's ephemeral range
+/// (32768-60999 in a new namespace), so no connection the lab made before (a readiness
+/// query, a probe still in TIME_WAIT) can hold one of them: CI once failed a bind of port
+/// 41022 with EADDRINUSE.
+const FIXED_SPORT: u16 = 21_000;
+
 /// Two pods on two nodes (`w1-p1`, `w2-p1`) open 25 TCP connections each to `host` at
 /// once, from the same 25 source ports: what the host saw of each. After SNAT to one
 /// egress IP the tuples would collide unless the translations differ.
@@ -157,7 +163,7 @@ pub fn colliding_connections(lab: &Lab, host: IpAddr) -> Vec<Result<Seen>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = ["w1-p1", "w2-p1"]
             .iter()
-            .flat_map(|pod| (0..25u16).map(move |i| (*pod, 41000 + i)))
+            .flat_map(|pod| (0..25u16).map(move |i| (*pod, FIXED_SPORT + i)))
             .map(|(pod, sport)| {
                 s.spawn(move || {
                     lab.query_with(
