@@ -118,36 +118,64 @@ pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
 const L4_OFF_V4: usize = ETH_LEN + Ipv4Hdr::LEN;
 const L4_OFF_V6: usize = ETH_LEN + crate::parse6::IP6_HDR_LEN;
 
-/// The header `T` at the constant offset `OFF`, read in place when the linear part of
-/// the skb holds it (every frame a veth or the tunnel device hands over); `None` when
-/// it does not. A constant offset, so that the verifier checks the access against one
-/// bound. `bpf_skb_load_bytes` costs about as much as the rest of a header's parse.
+/// The header `T` at the constant offset `OFF`, where the linear part of the skb holds
+/// it (every frame a veth or the tunnel device hands over); `None` when it does not. A
+/// constant offset, so that the verifier checks the access against one bound.
+/// `bpf_skb_load_bytes` costs about as much as the rest of a header's parse.
 #[inline(always)]
-fn in_place<T: Copy, const OFF: usize>(ctx: &TcContext) -> Option<T> {
+fn in_place<T: Copy, const OFF: usize>(ctx: &TcContext) -> Option<*const T> {
     let start = ctx.data();
     if start + OFF + core::mem::size_of::<T>() > ctx.data_end() {
         return None;
     }
-    // SAFETY: within [data, data_end), checked just above; `T` is a plain header of byte
-    // fields, valid for any bytes.
-    Some(unsafe { core::ptr::read_unaligned((start + OFF) as *const T) })
+    Some((start + OFF) as *const T)
 }
 
 /// The header `T` at offset `off`: in place at the usual offsets ([`in_place`]), else
 /// through `bpf_skb_load_bytes`. The paths join right after the read.
 #[inline(always)]
 pub fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
-    let direct = match off {
+    match at(ctx, off) {
+        // SAFETY: `in_place` checked the whole `T` against `data_end`; `T` is a plain
+        // header, valid for any bytes.
+        Some(p) => Ok(unsafe { core::ptr::read_unaligned(p) }),
+        None => ctx.load(off).map_err(|_| Bad::Malformed),
+    }
+}
+
+/// Where the header `T` at offset `off` sits in the linear part, at the usual offsets.
+#[inline(always)]
+fn at<T: Copy>(ctx: &TcContext, off: usize) -> Option<*const T> {
+    match off {
         ETH_TYPE_OFF => in_place::<T, ETH_TYPE_OFF>(ctx),
         ETH_LEN => in_place::<T, ETH_LEN>(ctx),
         L4_OFF_V4 => in_place::<T, L4_OFF_V4>(ctx),
         L4_OFF_V6 => in_place::<T, L4_OFF_V6>(ctx),
         crate::parse6::IP6_SRC_OFF => in_place::<T, { crate::parse6::IP6_SRC_OFF }>(ctx),
         _ => None,
-    };
-    match direct {
-        Some(h) => Ok(h),
-        None => ctx.load(off).map_err(|_| Bad::Malformed),
+    }
+}
+
+/// What `f` takes from the header `T` at offset `off`. In place at the usual offsets, `f`
+/// reads the packet itself: the paths join on `f`'s small result, not on a copy of the
+/// header, which LLVM would otherwise stage on the stack byte by byte and read back in
+/// words (each such read stalls on the byte stores before it). Else `f` reads a copy
+/// that `bpf_skb_load_bytes` made.
+#[inline(always)]
+pub fn read_with<T: Copy, R>(
+    ctx: &TcContext,
+    off: usize,
+    f: impl FnOnce(&T) -> R,
+) -> Result<R, Bad> {
+    const { assert!(core::mem::align_of::<T>() == 1, "headers are byte arrays") };
+    match at::<T>(ctx, off) {
+        // SAFETY: `in_place` checked the whole `T` against `data_end`; `T` has alignment
+        // one and is valid for any bytes.
+        Some(p) => Ok(f(unsafe { &*p })),
+        None => ctx
+            .load::<T>(off)
+            .map(|h| f(&h))
+            .map_err(|_| Bad::Malformed),
     }
 }
 
@@ -155,23 +183,33 @@ pub fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, Bad> {
 /// ([`ethertype`], [`ipv4_src`]): it is not read again.
 #[inline(always)]
 pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
-    let h: Ipv4Hdr = read(ctx, ETH_LEN)?;
-    // network-types' `ihl()` is already in bytes (the field times four).
-    let ihl = usize::from(h.ihl());
-    let tot_len = h.tot_len();
-    if h.version() != 4 || ihl < Ipv4Hdr::LEN || usize::from(tot_len) < ihl {
+    // The fields first (from the packet itself where it can), then the checks.
+    let (version, ihl, tot_len, fragment, src, dst, proto, ttl) =
+        read_with(ctx, ETH_LEN, |h: &Ipv4Hdr| {
+            (
+                h.version(),
+                // network-types' `ihl()` is already in bytes (the field times four).
+                usize::from(h.ihl()),
+                h.tot_len(),
+                // More-fragments flag or a non-zero offset.
+                (h.frag_flags() & 0x1) != 0 || h.frag_offset() != 0,
+                h.src_addr,
+                h.dst_addr,
+                h.proto,
+                h.ttl,
+            )
+        })?;
+    if version != 4 || ihl < Ipv4Hdr::LEN || usize::from(tot_len) < ihl {
         return Err(Bad::Malformed);
     }
     if ETH_LEN + usize::from(tot_len) > ctx.len() as usize {
         return Err(Bad::Malformed);
     }
-    // More-fragments flag or a non-zero offset.
-    let fragment = (h.frag_flags() & 0x1) != 0 || h.frag_offset() != 0;
     Ok(Ipv4 {
-        src: h.src_addr,
-        dst: h.dst_addr,
-        proto: h.proto,
-        ttl: h.ttl,
+        src,
+        dst,
+        proto,
+        ttl,
         fragment,
         l4: ETH_LEN + ihl,
         tot_len,
@@ -197,29 +235,29 @@ pub fn transport(ctx: &TcContext, proto: u8, off: usize, room: usize) -> Result<
         PROTO_TCP => {
             // As bytes: the data offset (byte 12, high nibble) and the flags (byte 13)
             // are plain bytes there.
-            let t: [u8; TcpHdr::LEN] = read(ctx, off)?;
-            let hdr_len = usize::from(t[12] >> 4) * 4;
-            if room < TcpHdr::LEN || hdr_len < TcpHdr::LEN || hdr_len > room {
-                return Err(Bad::Malformed);
-            }
-            Ok(L4 {
+            let l4 = read_with(ctx, off, |t: &[u8; TcpHdr::LEN]| L4 {
                 sport_be: u16::from_ne_bytes([t[0], t[1]]),
                 dport_be: u16::from_ne_bytes([t[2], t[3]]),
                 tcp_flags: t[13],
-                tcp_hdr_len: hdr_len,
-            })
-        }
-        PROTO_UDP => {
-            let u: UdpHdr = read(ctx, off)?;
-            if room < UdpHdr::LEN {
+                tcp_hdr_len: usize::from(t[12] >> 4) * 4,
+            })?;
+            let hdr_len = l4.tcp_hdr_len;
+            if room < TcpHdr::LEN || hdr_len < TcpHdr::LEN || hdr_len > room {
                 return Err(Bad::Malformed);
             }
-            Ok(L4 {
+            Ok(l4)
+        }
+        PROTO_UDP => {
+            let l4 = read_with(ctx, off, |u: &UdpHdr| L4 {
                 sport_be: u16::from_ne_bytes(u.src),
                 dport_be: u16::from_ne_bytes(u.dst),
                 tcp_flags: 0,
                 tcp_hdr_len: 0,
-            })
+            })?;
+            if room < UdpHdr::LEN {
+                return Err(Bad::Malformed);
+            }
+            Ok(l4)
         }
         PROTO_ICMP | PROTO_ICMPV6 => {
             let h: [u8; 8] = read(ctx, off)?;

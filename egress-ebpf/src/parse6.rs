@@ -97,33 +97,36 @@ pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
     if ethertype != ETH_P_IPV6_BE {
         return NOT_IPV6;
     }
-    // The whole fixed header, in place where the skb's linear part holds it:
-    // version/class/flow (4), payload length (2), next header, hop limit, the addresses.
-    let Ok(h) = parse::read::<[u8; IP6_HDR_LEN]>(ctx, ETH_LEN) else {
+    // The whole fixed header, read in place where the skb's linear part holds it:
+    // version/class/flow (4), payload length (2), next header, hop limit, the addresses
+    // (straight into `out`).
+    let fields = parse::read_with(ctx, ETH_LEN, |h: &[u8; IP6_HDR_LEN]| {
+        if h[0] >> 4 != 6 {
+            return None;
+        }
+        // Word by word: a 16-byte slice copy becomes a byte-loop `memcpy` call.
+        for i in 0..4 {
+            let w = |at: usize| {
+                [
+                    h[at + 4 * i],
+                    h[at + 4 * i + 1],
+                    h[at + 4 * i + 2],
+                    h[at + 4 * i + 3],
+                ]
+            };
+            out.src[4 * i..4 * i + 4].copy_from_slice(&w(8));
+            out.dst[4 * i..4 * i + 4].copy_from_slice(&w(24));
+        }
+        Some((u16::from_be_bytes([h[4], h[5]]), h[6], h[7]))
+    });
+    let Ok(Some((payload_len, next, hop_limit))) = fields else {
         return MALFORMED;
     };
-    if h[0] >> 4 != 6 {
-        return MALFORMED;
-    }
-    let payload_len = usize::from(u16::from_be_bytes([h[4], h[5]]));
-    let end = ETH_LEN + IP6_HDR_LEN + payload_len;
+    let end = ETH_LEN + IP6_HDR_LEN + usize::from(payload_len);
     if end > ctx.len() as usize {
         return MALFORMED;
     }
-    // Word by word: a 16-byte slice copy becomes a byte-loop `memcpy` call.
-    for i in 0..4 {
-        let w = |at: usize| {
-            [
-                h[at + 4 * i],
-                h[at + 4 * i + 1],
-                h[at + 4 * i + 2],
-                h[at + 4 * i + 3],
-            ]
-        };
-        out.src[4 * i..4 * i + 4].copy_from_slice(&w(8));
-        out.dst[4 * i..4 * i + 4].copy_from_slice(&w(24));
-    }
-    let mut next = h[6];
+    let mut next = next;
     let mut off = ETH_LEN + IP6_HDR_LEN;
     let mut stop = STOP_NONE;
     for _ in 0..MAX_EXT_HDRS {
@@ -155,7 +158,7 @@ pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
         }
     }
     out.proto = next;
-    out.hop_limit = h[7];
+    out.hop_limit = hop_limit;
     out.l4 = off;
     out.end = end;
     out.stop = stop;
