@@ -26,8 +26,8 @@ pub fn run(ctx: &TcContext) -> i32 {
         return OK;
     }
     if let Some(src) = parse6::ipv6_src(ctx) {
-        let Some(sel) = (unsafe { SELECTED_V6.get(src) }) else {
-            return unknown::check6(ctx, &src);
+        let Some(sel) = (unsafe { SELECTED_V6.get(src.bytes()) }) else {
+            return unknown::check6(ctx, src.bytes());
         };
         let l = &sel.lengths;
         return reset::deferred6(ctx, selected6(ctx, l[0], l[1], l[2]));

@@ -131,7 +131,10 @@ fn run6(ctx: &TcContext) -> i32 {
     if parse6::parse(ctx, &mut s.ip6) != parse6::PARSED {
         return OK;
     }
-    let Some(eip) = (unsafe { EGRESS_IPS_V6.get(s.ip6.dst) }) else {
+    // By reference: the key stays where `parse6::parse` stored it in words (a copy would
+    // be made byte by byte, and the hash would wait on it).
+    let dst: &[u8; 16] = &s.ip6.dst;
+    let Some(eip) = (unsafe { EGRESS_IPS_V6.get(dst) }) else {
         return OK;
     };
     if parse6::is_ndp(ctx, &s.ip6) {

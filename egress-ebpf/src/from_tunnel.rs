@@ -126,7 +126,10 @@ fn run6(ctx: &TcContext) -> i32 {
         if !known(&meta) {
             return verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT);
         }
-        match unsafe { POD_OWNER_V6.get(s.ip6.dst) } {
+        // By reference (also below): the key stays where `parse6::parse` stored it in
+        // words; a copy would be made byte by byte, and the hash would wait on it.
+        let dst: &[u8; 16] = &s.ip6.dst;
+        match unsafe { POD_OWNER_V6.get(dst) } {
             Some(o) if o.node == cfg.node_ip => {}
             _ => return verdict(ctx, reason::DROP_NOT_LOCAL_POD, SHOT),
         }
@@ -142,7 +145,8 @@ fn run6(ctx: &TcContext) -> i32 {
             Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
-    match unsafe { POD_OWNER_V6.get(s.ip6.src) } {
+    let src: &[u8; 16] = &s.ip6.src;
+    match unsafe { POD_OWNER_V6.get(src) } {
         Some(o) if o.node == meta.sender => {}
         _ => return not_owned(ctx, &meta),
     }

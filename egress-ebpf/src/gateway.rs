@@ -203,7 +203,7 @@ fn shared4(addr: [u8; 4]) -> bool {
 
 #[inline(always)]
 fn shared6(addr: &[u8; 16]) -> bool {
-    unsafe { EGRESS_IPS_V6.get(*addr) }.is_some_and(|e| e.flags & egress_ip_flags::SHARED != 0)
+    unsafe { EGRESS_IPS_V6.get(addr) }.is_some_and(|e| e.flags & egress_ip_flags::SHARED != 0)
 }
 
 /// Leave the segment's headers and the pod's node in the scratch slot for

@@ -52,14 +52,36 @@ pub const STOP_NONE: u8 = 0;
 pub const STOP_FRAGMENT: u8 = 1;
 pub const STOP_EXT_HDR: u8 = 2;
 
+/// An IPv6 address as four words in packet order, for a map key: LLVM stores it with
+/// four word stores. The kernel's hash reads a key by words, and a key stored byte by
+/// byte (as a `[u8; 16]` built from packet bytes is) makes each of those reads wait for
+/// the byte stores before it.
+#[repr(C, align(4))]
+#[derive(Clone, Copy)]
+pub struct Addr6([u32; 4]);
+
+impl Addr6 {
+    /// The address's 16 bytes, as the maps key them.
+    #[inline(always)]
+    pub fn bytes(&self) -> &[u8; 16] {
+        // SAFETY: `[u32; 4]` is 16 initialised bytes; `[u8; 16]` has alignment one and
+        // is valid for any bytes.
+        unsafe { &*self.0.as_ptr().cast::<[u8; 16]>() }
+    }
+}
+
 /// The source address of an IPv6 packet, or `None` for anything else; read in place
-/// when the skb's linear part holds it (`parse::read`).
+/// when the skb's linear part holds it (`parse::read_with`).
 #[inline(always)]
-pub fn ipv6_src(ctx: &TcContext) -> Option<[u8; 16]> {
+pub fn ipv6_src(ctx: &TcContext) -> Option<Addr6> {
     if parse::ethertype(ctx)? != ETH_P_IPV6_BE {
         return None;
     }
-    parse::read::<[u8; 16]>(ctx, IP6_SRC_OFF).ok()
+    let w = |s: &[u8; 16], i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    parse::read_with(ctx, IP6_SRC_OFF, |s: &[u8; 16]| {
+        Addr6([w(s, 0), w(s, 4), w(s, 8), w(s, 12)])
+    })
+    .ok()
 }
 
 /// What [`parse`] returns: the header is in `out`.

@@ -19,7 +19,7 @@
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use egress_common::policy::{
     MAX_PREFIX_LEN_V4, MAX_PREFIX_LEN_V6, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
-    join_v6, mask_v4, mask_v6, split_v6,
+    mask_v4, mask_v6, split_v6,
 };
 
 use crate::maps::{DESTS_V4, DESTS_V6, POLICY_V4, POLICY_V6};
@@ -141,11 +141,31 @@ pub fn lookup6(
     None
 }
 
+/// Write the destination (`hi`, `lo`: the address's bytes in order, as `split_v6` gives
+/// them) into `key` with four word stores. `key.dst = join_v6(..)` was stored byte by
+/// byte, and the hash then read the key by words, each read waiting for the byte
+/// stores before it.
+#[inline(always)]
+fn set_dst6(key: &mut PolicyKeyV6, hi: u64, lo: u64) {
+    const { assert!(core::mem::offset_of!(PolicyKeyV6, dst) % 4 == 0) };
+    const { assert!(core::mem::align_of::<PolicyKeyV6>() >= 4) };
+    let w = (&raw mut key.dst).cast::<u32>();
+    // Each word holds four of the address's bytes in order (`to_be` on the halves' parts).
+    // SAFETY: `dst` is 16 bytes at a 4-aligned offset of a 4-aligned key (asserted
+    // above); any bytes are a valid `[u8; 16]`.
+    unsafe {
+        w.write(((hi >> 32) as u32).to_be());
+        w.add(1).write((hi as u32).to_be());
+        w.add(2).write(((lo >> 32) as u32).to_be());
+        w.add(3).write((lo as u32).to_be());
+    }
+}
+
 /// `key.pod`'s entry for the destination (`hi`, `lo`) masked to `len`, if any.
 #[inline(always)]
 fn probe6(key: &mut PolicyKeyV6, hi: u64, lo: u64, len: u32) -> Option<&'static PolicyValueV6> {
     let (mhi, mlo) = mask_v6(len);
-    key.dst = join_v6(hi & mhi, lo & mlo);
+    set_dst6(key, hi & mhi, lo & mlo);
     key.dst_len = len;
     // By reference: the 36-byte key stays in scratch.
     let k: &PolicyKeyV6 = key;
