@@ -59,32 +59,51 @@ macro_rules! family {
                 parse::{L4, PROTO_TCP},
             };
 
+            /// The key (`src`, `dst`, ports, `proto`, `dir`), its tail written as two words:
+            /// a struct literal stores the ports, protocol and direction in 2- and 1-byte
+            /// pieces, and the kernel's hash and compare then read those bytes by words,
+            /// each word waiting for the pieces stored before it.
+            #[inline(always)]
+            fn make_key(
+                src: $Addr,
+                dst: $Addr,
+                src_port_be: u16,
+                dst_port_be: u16,
+                proto: u8,
+                dir: u8,
+            ) -> $Key {
+                const { assert!(core::mem::offset_of!($Key, src_port_be) % 4 == 0) };
+                const { assert!(core::mem::offset_of!($Key, proto) % 4 == 0) };
+                const { assert!(core::mem::align_of::<$Key>() >= 4) };
+                let mut k = core::mem::MaybeUninit::<$Key>::uninit();
+                let p = k.as_mut_ptr();
+                let (s, d) = (src_port_be.to_ne_bytes(), dst_port_be.to_ne_bytes());
+                // SAFETY: every field is written (the ports and `proto`, `dir`, `_pad` as
+                // two words at 4-aligned offsets of a 4-aligned key, asserted above, with
+                // the fields' bytes in their order), so the key is initialised.
+                unsafe {
+                    (&raw mut (*p).src).write(src);
+                    (&raw mut (*p).dst).write(dst);
+                    (&raw mut (*p).src_port_be)
+                        .cast::<u32>()
+                        .write(u32::from_ne_bytes([s[0], s[1], d[0], d[1]]));
+                    (&raw mut (*p).proto)
+                        .cast::<u32>()
+                        .write(u32::from_ne_bytes([proto, dir, 0, 0]));
+                    k.assume_init()
+                }
+            }
+
             /// The original-direction key of a packet from a pod.
             #[inline(always)]
             pub fn original_key(ip: &$Ip, l4: &L4) -> $Key {
-                $Key {
-                    src: ip.src,
-                    dst: ip.dst,
-                    src_port_be: l4.sport_be,
-                    dst_port_be: l4.dport_be,
-                    proto: ip.proto,
-                    dir: dir::ORIGINAL,
-                    _pad: [0; 2],
-                }
+                make_key(ip.src, ip.dst, l4.sport_be, l4.dport_be, ip.proto, dir::ORIGINAL)
             }
 
             /// The reply-direction key of a packet arriving for an egress IP.
             #[inline(always)]
             pub fn reply_key(ip: &$Ip, l4: &L4) -> $Key {
-                $Key {
-                    src: ip.src,
-                    dst: ip.dst,
-                    src_port_be: l4.sport_be,
-                    dst_port_be: l4.dport_be,
-                    proto: ip.proto,
-                    dir: dir::REPLY,
-                    _pad: [0; 2],
-                }
+                make_key(ip.src, ip.dst, l4.sport_be, l4.dport_be, ip.proto, dir::REPLY)
             }
 
             #[inline(always)]
@@ -109,25 +128,23 @@ macro_rules! family {
             #[inline(always)]
             fn partner_key(key: &$Key, e: &$Entry, out: &mut $Key) {
                 if key.dir == dir::ORIGINAL {
-                    *out = $Key {
-                        src: key.dst,
-                        dst: e.xlate_addr,
-                        src_port_be: key.dst_port_be,
-                        dst_port_be: e.xlate_port_be,
-                        proto: key.proto,
-                        dir: dir::REPLY,
-                        _pad: [0; 2],
-                    };
+                    *out = make_key(
+                        key.dst,
+                        e.xlate_addr,
+                        key.dst_port_be,
+                        e.xlate_port_be,
+                        key.proto,
+                        dir::REPLY,
+                    );
                 } else {
-                    *out = $Key {
-                        src: e.xlate_addr,
-                        dst: key.src,
-                        src_port_be: e.xlate_port_be,
-                        dst_port_be: key.src_port_be,
-                        proto: key.proto,
-                        dir: dir::ORIGINAL,
-                        _pad: [0; 2],
-                    };
+                    *out = make_key(
+                        e.xlate_addr,
+                        key.src,
+                        e.xlate_port_be,
+                        key.src_port_be,
+                        key.proto,
+                        dir::ORIGINAL,
+                    );
                 }
             }
 
@@ -359,15 +376,14 @@ macro_rules! family {
                     state::ESTABLISHED
                 };
                 // For ICMP echo the "ports" are (identifier, 0) one way and (0, identifier) back.
-                s.key = $Key {
-                    src: ip.dst,
-                    dst: *egress_ip,
-                    src_port_be: l4.dport_be,
-                    dst_port_be: l4.sport_be,
-                    proto: ip.proto,
-                    dir: dir::REPLY,
-                    _pad: [0; 2],
-                };
+                s.key = make_key(
+                    ip.dst,
+                    *egress_ip,
+                    l4.dport_be,
+                    l4.sport_be,
+                    ip.proto,
+                    dir::REPLY,
+                );
                 // Field by field: a struct literal would zero the next hop with a
                 // `memset` call. `s` may be the per-CPU scratch slot, so every field
                 // is written, the cache zeroed (the reply entry caches nothing).
