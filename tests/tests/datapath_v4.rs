@@ -2426,3 +2426,46 @@ fn conntrack_of_the_earlier_layout_is_carried_into_the_new_map() {
     assert_eq!(entry.next_hop, NextHop::default(), "no next hop cached yet");
     drop(dp);
 }
+
+/// The verifier refuses a load (`EAGAIN`) whenever the loading thread has a signal
+/// pending; CI once saw the agent's five tries in a row refused so. The agent now loads
+/// with the thread's signals blocked: a stream of signals aimed at that very thread (one
+/// every 50 us, while the verifier needs about a millisecond per program) must not keep
+/// the datapath from loading.
+#[test]
+fn the_datapath_loads_under_a_stream_of_signals_at_the_loading_thread() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    extern "C" fn on_usr1(_: libc::c_int) {}
+    // SAFETY: an empty handler; SIGUSR1 has no other use in this process.
+    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-signals-{}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    // SAFETY: this thread's id, valid while it runs (it outlives the sender below).
+    let me = unsafe { libc::pthread_self() };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, sent) = (stop.clone(), Arc::new(std::sync::atomic::AtomicU64::new(0)));
+    let counter = sent.clone();
+    let sender = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            // SAFETY: `me` is alive: the test joins this thread before it returns.
+            unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+            counter.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    });
+    let dp = egress_agent::datapath::Datapath::open(&dir);
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(
+        sent > 10,
+        "only {sent} signals were sent while the datapath loaded"
+    );
+    dp.expect("the datapath loads while signals keep arriving at the loading thread");
+}

@@ -679,25 +679,51 @@ fn forget_fd(link: SchedClassifierLink) {
     }
 }
 
-/// Load `p`, again when the verifier gave up with `EAGAIN` (it does when the loading
-/// thread has a signal pending, e.g. in a busy test process): a transient refusal, not a
-/// verdict on the program.
+/// Load `p`, again when the verifier gave up with `EAGAIN`: a transient refusal, not a
+/// verdict on the program. The verifier gives up so whenever the loading thread has a
+/// signal pending (a child's `SIGCHLD` in a busy process: CI once saw five tries in a row
+/// refused), so each try runs with this thread's signals blocked (they go to another
+/// thread, or wait the few milliseconds until the mask is restored), and the tries are
+/// spaced out.
 fn load_retrying(p: &mut SchedClassifier) -> Result<(), ProgramError> {
     const TRIES: u32 = 5;
     let mut tries = 1;
     loop {
-        match p.load() {
+        match with_signals_blocked(|| p.load()) {
             Err(ProgramError::LoadError { io_error, .. })
                 if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < TRIES =>
             {
                 tracing::debug!(
                     "the verifier returned EAGAIN (try {tries} of {TRIES}): loading again"
                 );
+                std::thread::sleep(std::time::Duration::from_millis(20 * u64::from(tries)));
                 tries += 1;
             }
             other => return other,
         }
     }
+}
+
+/// Run `f` with every blockable signal blocked in this thread; the earlier mask is
+/// restored afterwards, also if `f` panics.
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(libc::sigset_t);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: a valid mask saved by `pthread_sigmask` below.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+        }
+    }
+    // SAFETY: plain C structs, filled by `sigfillset` and `pthread_sigmask` before use.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to the two sets above.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let _restore = Restore(old);
+    f()
 }
 
 /// Whether a map write failed because the map is full (E2BIG from a hash, ENOSPC from an
