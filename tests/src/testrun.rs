@@ -17,7 +17,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
-    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
+    programs::{SchedClassifier, TestRun as _, TestRunOptions},
 };
 use egress_agent::{
     ebpf::{OBJECT, TEST_TUNNEL_FROM_CB},
@@ -157,18 +157,11 @@ impl Datapath {
             .try_into()
             .expect("not a classifier");
         // The verifier gives up with EAGAIN when a signal is pending, and the `ip`
-        // children of the other cases' threads keep SIGCHLD coming: retry.
-        let mut tries = 0;
-        while p.fd().is_err() {
-            match p.load() {
-                Ok(()) => {}
-                Err(ProgramError::LoadError { io_error, .. })
-                    if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 10 =>
-                {
-                    tries += 1;
-                }
-                Err(e) => panic!("failed to load program {name}: {e:?}"),
-            }
+        // children of the other cases' threads keep SIGCHLD coming: the agent's loader
+        // blocks this thread's signals and retries.
+        if p.fd().is_err() {
+            egress_agent::datapath::load_retrying(p)
+                .unwrap_or_else(|e| panic!("failed to load program {name}: {e:?}"));
         }
         p
     }

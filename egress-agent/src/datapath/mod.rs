@@ -685,7 +685,7 @@ fn forget_fd(link: SchedClassifierLink) {
 /// refused), so each try runs with this thread's signals blocked (they go to another
 /// thread, or wait the few milliseconds until the mask is restored), and the tries are
 /// spaced out.
-fn load_retrying(p: &mut SchedClassifier) -> Result<(), ProgramError> {
+pub fn load_retrying(p: &mut SchedClassifier) -> Result<(), ProgramError> {
     const TRIES: u32 = 5;
     let mut tries = 1;
     loop {

@@ -41,7 +41,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
-    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions},
+    programs::{SchedClassifier, TestRun as _, TestRunOptions},
 };
 use egress_agent::{
     ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, OBJECT, TEST_TUNNEL_FROM_CB},
@@ -327,21 +327,10 @@ impl Bed {
                 .with_context(|| format!("failed to find program {name}"))?
                 .try_into()
                 .with_context(|| format!("failed to use {name} as a classifier"))?;
-            // The verifier gives up with EAGAIN when a signal is pending: retry a few times.
-            let mut tries = 0;
-            loop {
-                match p.load() {
-                    Ok(()) => break,
-                    Err(ProgramError::LoadError { io_error, .. })
-                        if io_error.raw_os_error() == Some(libc::EAGAIN) && tries < 10 =>
-                    {
-                        tries += 1;
-                    }
-                    Err(e) => {
-                        return Err(e).with_context(|| format!("failed to load program {name}"));
-                    }
-                }
-            }
+            // The verifier gives up with EAGAIN when a signal is pending: the agent's
+            // loader blocks this thread's signals and retries.
+            egress_agent::datapath::load_retrying(p)
+                .with_context(|| format!("failed to load program {name}"))?;
         }
         let mut bed = Bed {
             config: take(&mut ebpf, maps::CONFIG)?.try_into()?,
