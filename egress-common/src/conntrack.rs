@@ -6,9 +6,10 @@
 //!
 //! For ICMP echo the identifier stands in for both ports.
 
-/// Aligned to 4 (no padding: the size is a multiple of 4) so that the datapath
-/// stores it in words: the kernel's hash reads a key by words, and a word read across
-/// two 2-byte stores waits for them.
+/// Aligned to 4 (no padding: the size is a multiple of 4) so that the datapath's
+/// `make_key` may write the ports and protocol/direction as words: the kernel's hash
+/// reads a key by words, and a word read across two 2-byte stores waits for them. (The
+/// alignment alone does not make LLVM merge the field stores.)
 #[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtKeyV4 {
@@ -142,9 +143,10 @@ pub const PORT_ALLOC_TRIES: u32 = 16;
 /// (0.99^(15 + 512)), and a range of up to this many ports is searched whole.
 pub const PORT_SCAN_LEN: u32 = 512;
 
-/// Aligned to 4 (no padding: the size is a multiple of 4) so that the datapath
-/// stores it in words: the kernel's hash reads a key by words, and a word read across
-/// two 2-byte stores waits for them.
+/// Aligned to 4 (no padding: the size is a multiple of 4) so that the datapath's
+/// `make_key` may write the ports and protocol/direction as words: the kernel's hash
+/// reads a key by words, and a word read across two 2-byte stores waits for them. (The
+/// alignment alone does not make LLVM merge the field stores.)
 #[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtKeyV6 {
