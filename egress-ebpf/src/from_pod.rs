@@ -11,7 +11,7 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
     maps::{self, SELECTED_V4, SELECTED_V6},
-    parse, parse6, policy, reset, tunnel, unknown,
+    parse, parse6, policy, reset, tunnel, underlay, unknown,
 };
 
 #[inline(always)]
@@ -81,7 +81,8 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64) -> i32 {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
-    if entry.gateway == cfg.node_ip {
+    let gw = underlay::gateway6(entry);
+    if gw == underlay::node_ip(cfg) {
         count(ctx, reason::LOCAL_GATEWAY);
         s.x6.origin = gateway::Origin {
             rule_id: entry.rule_id,
@@ -100,7 +101,7 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64) -> i32 {
         cfg,
         &inner,
         &mut s.tunnel,
-        &entry.gateway,
+        gw,
         entry.rule_id,
         reason::TUNNELED,
     )
@@ -128,7 +129,8 @@ fn selected(ctx: &TcContext, lengths: u64) -> i32 {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
-    if entry.gateway == cfg.node_ip {
+    let gw = underlay::gateway(entry);
+    if gw == underlay::node_ip(cfg) {
         count(ctx, reason::LOCAL_GATEWAY);
         return gateway::forward(ctx, cfg, &ip, &l4, entry.rule_id, cfg.node_ip);
     }
@@ -138,12 +140,5 @@ fn selected(ctx: &TcContext, lengths: u64) -> i32 {
         l4: &l4,
         ip_hdr_len: tunnel::IP4_HDR_LEN,
     };
-    tunnel::enter(
-        ctx,
-        cfg,
-        &inner,
-        &entry.gateway,
-        entry.rule_id,
-        reason::TUNNELED,
-    )
+    tunnel::enter(ctx, cfg, &inner, gw, entry.rule_id, reason::TUNNELED)
 }

@@ -11,7 +11,6 @@ use egress_common::{
     config::Config,
     counters::reason,
     policy::{RETURN_VNI, egress_ip_flags},
-    underlay::Underlay,
 };
 
 use crate::{
@@ -21,6 +20,7 @@ use crate::{
     maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, Scratch},
     parse::{self, Ipv4, L4},
     parse6, rewrite, tunnel,
+    underlay::{self, Words},
 };
 
 #[inline(always)]
@@ -77,7 +77,7 @@ fn run4(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
-    back4(ctx, cfg, &ip, &l4, e.xlate_addr, &e.pod_node)
+    back4(ctx, cfg, &ip, &l4, e.xlate_addr, underlay::pod_node(e))
 }
 
 /// Send a packet translated back to `pod` (a reply, or an ICMP error about its flow) to
@@ -90,9 +90,9 @@ pub fn back4(
     ip: &Ipv4,
     l4: &L4,
     pod: [u8; 4],
-    pod_node: &Underlay,
+    pod_node: Words,
 ) -> i32 {
-    if *pod_node == cfg.node_ip {
+    if pod_node == underlay::node_ip(cfg) {
         return match fib::redirect(
             ctx,
             ip,
@@ -179,7 +179,7 @@ fn run6(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
-    back6(ctx, cfg, s, &e.xlate_addr, &e.pod_node)
+    back6(ctx, cfg, s, &e.xlate_addr, underlay::pod_node6(e))
 }
 
 /// [`back4`] for IPv6: the packet's headers (`s.ip6`, `s.l4`), the FIB parameters and
@@ -190,9 +190,9 @@ pub fn back6(
     cfg: &Config,
     s: &mut Scratch,
     pod: &[u8; 16],
-    pod_node: &Underlay,
+    pod_node: Words,
 ) -> i32 {
-    if *pod_node == cfg.node_ip {
+    if pod_node == underlay::node_ip(cfg) {
         return match fib::redirect6(
             ctx,
             &mut s.fib,

@@ -20,6 +20,7 @@ mod policy;
 mod reset;
 mod rewrite;
 mod tunnel;
+mod underlay;
 mod unknown;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};

@@ -36,6 +36,7 @@ use crate::{
     parse6::{IP6_DST_OFF, IP6_HDR_LEN, IP6_SRC_OFF, Ipv6},
     rewrite::{Result, WriteFailed, ok},
     tunnel,
+    underlay::{self, Words},
 };
 
 /// What a gateway path returns for a segment to answer with a RST: not a TC verdict (nor
@@ -84,7 +85,7 @@ fn reset4(ctx: &TcContext) -> i32 {
         seg.ip.l4,
         tunnel::IP4_HDR_LEN,
         &mut s.tunnel,
-        &seg.pod_node,
+        Words::of(&seg.pod_node),
     )
 }
 
@@ -105,7 +106,7 @@ fn reset6(ctx: &TcContext) -> i32 {
         s.ip6.l4,
         tunnel::IP6_HDR_LEN,
         &mut s.tunnel,
-        &s.x6.origin.pod_node,
+        underlay::origin(&s.x6.origin),
     )
 }
 
@@ -118,9 +119,9 @@ fn send(
     l4_off: usize,
     ip_hdr_len: u16,
     key: &mut bpf_tunnel_key,
-    pod_node: &Underlay,
+    pod_node: Words,
 ) -> i32 {
-    if *pod_node == cfg.node_ip {
+    if pod_node == underlay::node_ip(cfg) {
         return match back_out(ctx) {
             Ok(v) => verdict(ctx, reason::RESET_MIDSTREAM, v),
             Err(_) => verdict(ctx, reason::DROP_MALFORMED, SHOT),

@@ -15,7 +15,10 @@ use egress_common::{
     underlay::{self, Underlay},
 };
 
-use crate::counters::{SHOT, verdict};
+use crate::{
+    counters::{SHOT, verdict},
+    underlay::Words,
+};
 
 /// Set by tests only (`EbpfLoader::set_global`): `BPF_PROG_TEST_RUN` has no tunnel
 /// metadata, so the sender is read from `__sk_buff.cb[0..4]` (its 16 underlay bytes as
@@ -39,16 +42,6 @@ fn bytes(w: [u32; 4]) -> Underlay {
     u[8..12].copy_from_slice(&w[2].to_ne_bytes());
     u[12..16].copy_from_slice(&w[3].to_ne_bytes());
     u
-}
-
-#[inline(always)]
-fn words(u: &Underlay) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([u[0], u[1], u[2], u[3]]),
-        u32::from_ne_bytes([u[4], u[5], u[6], u[7]]),
-        u32::from_ne_bytes([u[8], u[9], u[10], u[11]]),
-        u32::from_ne_bytes([u[12], u[13], u[14], u[15]]),
-    ]
 }
 
 #[inline(always)]
@@ -106,7 +99,7 @@ pub fn enter(
     ctx: &TcContext,
     cfg: &Config,
     inner: &Inner,
-    remote: &Underlay,
+    remote: Words,
     vni: u32,
     sent: u32,
 ) -> i32 {
@@ -124,7 +117,7 @@ pub fn enter_with(
     cfg: &Config,
     inner: &Inner,
     key: &mut bpf_tunnel_key,
-    remote: &Underlay,
+    remote: Words,
     vni: u32,
     sent: u32,
 ) -> i32 {
@@ -134,27 +127,28 @@ pub fn enter_with(
 }
 
 /// [`enter`] with `key` zeroed. An IPv4-mapped `remote` goes over the IPv4 underlay,
-/// anything else over IPv6.
+/// anything else over IPv6. `remote` comes in words (`crate::underlay`): read byte by
+/// byte, checking its family and copying it into the key took a hundred instructions.
 #[inline(always)]
 fn finish(
     ctx: &TcContext,
     cfg: &Config,
     inner: &Inner,
     key: &mut bpf_tunnel_key,
-    remote: &Underlay,
+    remote: Words,
     vni: u32,
     sent: u32,
 ) -> i32 {
     clamp_syn(ctx, inner, cfg.tunnel_mtu);
     key.tunnel_id = vni;
     key.tunnel_ttl = 64;
-    let flags = match underlay::as_v4(remote) {
+    let flags = match remote.v4_host() {
         Some(v4) => {
-            key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(v4);
+            key.__bindgen_anon_1.remote_ipv4 = v4;
             0
         }
         None => {
-            key.__bindgen_anon_1.remote_ipv6 = words(remote);
+            key.__bindgen_anon_1.remote_ipv6 = remote.0;
             u64::from(BPF_F_TUNINFO_IPV6)
         }
     };
