@@ -1,6 +1,9 @@
 //! TC programs of the egress gateway datapath. Entry points only: each calls its
 //! module's `run`, which returns the TC verdict (every exit counted with a stable reason).
 #![no_std]
+// `asm!` for BPF (`parse::word`): Debian's compiler, run with RUSTC_BOOTSTRAP for
+// `-Z build-std` already.
+#![feature(asm_experimental_arch)]
 #![no_main]
 
 mod conntrack;

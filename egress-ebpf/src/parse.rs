@@ -4,7 +4,9 @@
 //! every other read, and these ones when the headers are not linear, goes through
 //! `bpf_skb_load_bytes` (`TcContext::load`), which is correct for non-linear skbs too.
 
-use aya_ebpf::programs::TcContext;
+use core::mem::{MaybeUninit, size_of};
+
+use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use egress_common::counters::reason;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
 
@@ -88,7 +90,7 @@ pub struct L4 {
 /// The ethertype (network order), `None` for a frame too short to have one.
 #[inline(always)]
 pub fn ethertype(ctx: &TcContext) -> Option<u16> {
-    read(ctx, ETH_TYPE_OFF).ok()
+    read_with(ctx, ETH_TYPE_OFF, |t: &[u8; 2]| u16::from_ne_bytes(half(t))).ok()
 }
 
 /// The source address of an IPv4 packet, or `None` for anything else. The cheapest read
@@ -106,11 +108,11 @@ pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
         return ctx.load::<[u8; 4]>(IP_SRC_OFF).ok();
     }
     // SAFETY: both reads are within [data, data_end), checked just above.
-    let ethertype = unsafe { core::ptr::read_unaligned((start + ETH_TYPE_OFF) as *const u16) };
-    if ethertype != ETH_P_IP_BE {
+    let ethertype = half(unsafe { &*((start + ETH_TYPE_OFF) as *const [u8; 2]) });
+    if u16::from_ne_bytes(ethertype) != ETH_P_IP_BE {
         return None;
     }
-    Some(unsafe { core::ptr::read_unaligned((start + IP_SRC_OFF) as *const [u8; 4]) })
+    Some(word(unsafe { &*((start + IP_SRC_OFF) as *const [u8; 4]) }))
 }
 
 /// The transport header's offset in a packet without IP options, and in an IPv6 packet
@@ -172,11 +174,76 @@ pub fn read_with<T: Copy, R>(
         // SAFETY: `in_place` checked the whole `T` against `data_end`; `T` has alignment
         // one and is valid for any bytes.
         Some(p) => Ok(f(unsafe { &*p })),
-        None => ctx
-            .load::<T>(off)
-            .map(|h| f(&h))
-            .map_err(|_| Bad::Malformed),
+        None => {
+            // 8-aligned, so that `f`'s [`word`] and [`half`] loads of naturally aligned
+            // fields are aligned on the stack (the verifier refuses misaligned stack
+            // accesses).
+            let mut copy = MaybeUninit::<Aligned<T>>::uninit();
+            // SAFETY: the helper writes at most `size_of::<T>()` bytes into the copy.
+            let ret = unsafe {
+                bpf_skb_load_bytes(
+                    ctx.skb.skb.cast(),
+                    off as u32,
+                    copy.as_mut_ptr().cast(),
+                    size_of::<T>() as u32,
+                )
+            };
+            if ret < 0 {
+                return Err(Bad::Malformed);
+            }
+            // SAFETY: the helper filled the whole `T`, valid for any bytes.
+            Ok(f(unsafe { &copy.assume_init_ref().0 }))
+        }
     }
+}
+
+/// A header copy aligned for [`word`] and [`half`] loads.
+#[repr(C, align(8))]
+struct Aligned<T>(T);
+
+/// The four bytes of a header field in one load, for [`read_with`]'s closures. A field
+/// of alignment one is read byte by byte otherwise (the BPF target emits no wider load
+/// it cannot prove aligned), and put together with shifts. The verifier takes a
+/// misaligned load from the packet (no strict alignment on x86, the only target the
+/// datapath is built for); the helper path's copy is 8-aligned and the fields passed
+/// here sit at offsets of their own size in their headers, so its loads are aligned.
+#[inline(always)]
+pub fn word(b: &[u8; 4]) -> [u8; 4] {
+    let v: u32;
+    // SAFETY: reads the four bytes `b` refers to, nothing else.
+    unsafe {
+        core::arch::asm!(
+            "{v} = *(u32 *)({p} + 0)",
+            p = in(reg) b.as_ptr(),
+            v = lateout(reg) v,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    v.to_ne_bytes()
+}
+
+/// The `N` bytes at offset `O` of the `L`-byte header `h`, in place.
+#[inline(always)]
+pub fn bytes_at<const O: usize, const N: usize, const L: usize>(h: &[u8; L]) -> &[u8; N] {
+    const { assert!(O + N <= L) };
+    // SAFETY: `O + N <= L` (asserted above): the `N` bytes lie inside `h`.
+    unsafe { &*h.as_ptr().add(O).cast::<[u8; N]>() }
+}
+
+/// [`word`] for a 2-byte field.
+#[inline(always)]
+pub fn half(b: &[u8; 2]) -> [u8; 2] {
+    let v: u16;
+    // SAFETY: reads the two bytes `b` refers to, nothing else.
+    unsafe {
+        core::arch::asm!(
+            "{v} = *(u16 *)({p} + 0)",
+            p = in(reg) b.as_ptr(),
+            v = lateout(reg) v,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    v.to_ne_bytes()
 }
 
 /// The IPv4 header of a frame whose ethertype the caller has already found to be IPv4
@@ -193,8 +260,8 @@ pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
                 h.tot_len(),
                 // More-fragments flag or a non-zero offset.
                 (h.frag_flags() & 0x1) != 0 || h.frag_offset() != 0,
-                h.src_addr,
-                h.dst_addr,
+                word(&h.src_addr),
+                word(&h.dst_addr),
                 h.proto,
                 h.ttl,
             )
@@ -236,8 +303,8 @@ pub fn transport(ctx: &TcContext, proto: u8, off: usize, room: usize) -> Result<
             // As bytes: the data offset (byte 12, high nibble) and the flags (byte 13)
             // are plain bytes there.
             let l4 = read_with(ctx, off, |t: &[u8; TcpHdr::LEN]| L4 {
-                sport_be: u16::from_ne_bytes([t[0], t[1]]),
-                dport_be: u16::from_ne_bytes([t[2], t[3]]),
+                sport_be: u16::from_ne_bytes(half(bytes_at::<0, 2, { TcpHdr::LEN }>(t))),
+                dport_be: u16::from_ne_bytes(half(bytes_at::<2, 2, { TcpHdr::LEN }>(t))),
                 tcp_flags: t[13],
                 tcp_hdr_len: usize::from(t[12] >> 4) * 4,
             })?;
@@ -249,8 +316,8 @@ pub fn transport(ctx: &TcContext, proto: u8, off: usize, room: usize) -> Result<
         }
         PROTO_UDP => {
             let l4 = read_with(ctx, off, |u: &UdpHdr| L4 {
-                sport_be: u16::from_ne_bytes(u.src),
-                dport_be: u16::from_ne_bytes(u.dst),
+                sport_be: u16::from_ne_bytes(half(&u.src)),
+                dport_be: u16::from_ne_bytes(half(&u.dst)),
                 tcp_flags: 0,
                 tcp_hdr_len: 0,
             })?;

@@ -27,6 +27,7 @@ pub const NDP_LAST: u8 = 137;
 
 /// The IPv6 header fields the datapath uses. `proto` and `l4` are those of the upper-layer
 /// header behind the walked extension headers; `stop` says why there is none we can use.
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Ipv6 {
     pub src: [u8; 16],
@@ -77,12 +78,37 @@ pub fn ipv6_src(ctx: &TcContext) -> Option<Addr6> {
     if parse::ethertype(ctx)? != ETH_P_IPV6_BE {
         return None;
     }
-    let w = |s: &[u8; 16], i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
     parse::read_with(ctx, IP6_SRC_OFF, |s: &[u8; 16]| {
-        Addr6([w(s, 0), w(s, 4), w(s, 8), w(s, 12)])
+        let w = |b: &[u8; 4]| u32::from_ne_bytes(parse::word(b));
+        Addr6([
+            w(parse::bytes_at::<0, 4, 16>(s)),
+            w(parse::bytes_at::<4, 4, 16>(s)),
+            w(parse::bytes_at::<8, 4, 16>(s)),
+            w(parse::bytes_at::<12, 4, 16>(s)),
+        ])
     })
     .ok()
 }
+
+/// Store `w` (four words, each four of the address's bytes in order) into `a`, an
+/// address field of [`Ipv6`] (4-aligned: checked below).
+#[inline(always)]
+fn set_words(a: &mut [u8; 16], w: [u32; 4]) {
+    let p = a.as_mut_ptr().cast::<u32>();
+    // SAFETY: 16 writable bytes; `a` is `Ipv6::src` or `Ipv6::dst`, 4-aligned fields of
+    // a `repr(C)` struct aligned to 8 (asserted below); any bytes are valid.
+    unsafe {
+        p.write(w[0]);
+        p.add(1).write(w[1]);
+        p.add(2).write(w[2]);
+        p.add(3).write(w[3]);
+    }
+}
+const _: () = {
+    assert!(core::mem::offset_of!(Ipv6, src) % 4 == 0);
+    assert!(core::mem::offset_of!(Ipv6, dst) % 4 == 0);
+    assert!(core::mem::align_of::<Ipv6>() >= 4);
+};
 
 /// What [`parse`] returns: the header is in `out`.
 pub const PARSED: i32 = 1;
@@ -126,20 +152,31 @@ pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
         if h[0] >> 4 != 6 {
             return None;
         }
-        // Word by word: a 16-byte slice copy becomes a byte-loop `memcpy` call.
-        for i in 0..4 {
-            let w = |at: usize| {
-                [
-                    h[at + 4 * i],
-                    h[at + 4 * i + 1],
-                    h[at + 4 * i + 2],
-                    h[at + 4 * i + 3],
-                ]
-            };
-            out.src[4 * i..4 * i + 4].copy_from_slice(&w(8));
-            out.dst[4 * i..4 * i + 4].copy_from_slice(&w(24));
-        }
-        Some((u16::from_be_bytes([h[4], h[5]]), h[6], h[7]))
+        // Word by word, loads and stores: a 16-byte slice copy becomes a byte-loop
+        // `memcpy` call, and byte stores would stall the hash's word reads of the keys
+        // built from these.
+        const L: usize = IP6_HDR_LEN;
+        let w = |b: &[u8; 4]| u32::from_ne_bytes(parse::word(b));
+        set_words(
+            &mut out.src,
+            [
+                w(parse::bytes_at::<8, 4, L>(h)),
+                w(parse::bytes_at::<12, 4, L>(h)),
+                w(parse::bytes_at::<16, 4, L>(h)),
+                w(parse::bytes_at::<20, 4, L>(h)),
+            ],
+        );
+        set_words(
+            &mut out.dst,
+            [
+                w(parse::bytes_at::<24, 4, L>(h)),
+                w(parse::bytes_at::<28, 4, L>(h)),
+                w(parse::bytes_at::<32, 4, L>(h)),
+                w(parse::bytes_at::<36, 4, L>(h)),
+            ],
+        );
+        let len = parse::half(parse::bytes_at::<4, 2, L>(h));
+        Some((u16::from_be_bytes(len), h[6], h[7]))
     });
     let Ok(Some((payload_len, next, hop_limit))) = fields else {
         return MALFORMED;
