@@ -12,7 +12,8 @@ fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=EGRESS_EBPF_TOOLCHAIN");
     let toolchain = std::env::var("EGRESS_EBPF_TOOLCHAIN").unwrap_or_else(|_| "debian".into());
     // Debian's compiler is a stable release: -Z build-std needs RUSTC_BOOTSTRAP, and
-    // aya-build only passes -Z build-std when it sees RUSTC_BOOTSTRAP=1.
+    // aya-build only passes -Z build-std when it sees RUSTC_BOOTSTRAP=1. It also lets
+    // egress-ebpf use `asm!` for BPF (`asm_experimental_arch`: `parse::word`).
     // SAFETY: build scripts are single-threaded.
     unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
     let metadata = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

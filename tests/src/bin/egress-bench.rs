@@ -23,7 +23,8 @@ const USAGE: &str =
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
   --like-for-like
                ours (also with 100k conntrack flows preloaded on the gateway), the tunneled
-               and the routed baseline at one served pod only, printed
+               baseline (point-to-point and collect-metadata VXLAN devices) and the routed
+               one at one served pod only, printed
   --scale      the cluster-scale rows only (compiler, apply and map memory at 100 nodes
                and 100k pods; the gateway's per-packet rows with conntrack full), printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;

@@ -9,6 +9,12 @@
 //!   a plain kernel VXLAN device between w1 and gw1 ([`VXLAN_DEV`], its own UDP port, MTU
 //!   underlay - 50 like ours), and gw1 routes the replies to the pod back into it: the
 //!   real OVN-K carries this traffic in Geneve, which this kernel lacks.
+//! * [`Steering::VxlanMetadata`] (the tunneled baseline over collect-metadata devices):
+//!   the same, with a collect-metadata VXLAN device on each side (`external`, the mode of
+//!   ours and of OVN-K's Geneve device: one device for every peer) and the tunnel in the
+//!   routes (`encap ip id <vni> dst <peer>`), the tunnel's next hops as static
+//!   neighbours. Such a device allocates a metadata dst for every packet it receives and
+//!   looks up the outer route of every packet it sends, uncached.
 //! * Either way gw1 holds the egress IP on `sec-a`, has one `ip rule from <pod IP> lookup
 //!   200 pref 6000` per served pod (table 200: network A via `sec-a`), and SNATs in
 //!   nftables postrouting through a map keyed by `ip saddr . oifname`. Replies are
@@ -54,6 +60,9 @@ pub enum Steering {
     Underlay,
     /// In a kernel VXLAN device between w1 and gw1, both directions.
     Vxlan,
+    /// In a collect-metadata kernel VXLAN device on w1 and gw1, the tunnel's key in the
+    /// routes.
+    VxlanMetadata,
 }
 
 /// The tunneled baseline's VXLAN device on w1 and gw1.
@@ -76,6 +85,16 @@ pub fn up(lab: &Lab, steering: Steering) -> Result<()> {
             tunnel_up(lab)?;
             steer(lab, &format!("via {GW1_TUN} dev {VXLAN_DEV}"))?;
         }
+        Steering::VxlanMetadata => {
+            tunnel_metadata_up(lab)?;
+            steer(
+                lab,
+                &format!(
+                    "via {GW1_TUN} dev {VXLAN_DEV} onlink encap ip id {VXLAN_VNI} dst {}",
+                    addr::GW1
+                ),
+            )?;
+        }
     }
     gateway_up(lab)?;
     // host-a may still map the egress IP to the other gateway's MAC.
@@ -96,7 +115,7 @@ pub fn down(lab: &Lab, steering: Steering) -> Result<()> {
         format!("rule del pref {STEER_PREF}"),
         format!("route flush table {STEER_TABLE}"),
     ];
-    if steering == Steering::Vxlan {
+    if steering != Steering::Underlay {
         // The routes through the devices go with them.
         gw.push(format!("link del {VXLAN_DEV}"));
         w1.push(format!("link del {VXLAN_DEV}"));
@@ -149,6 +168,40 @@ fn tunnel_up(lab: &Lab) -> Result<()> {
         "route add {}/32 via {W1_TUN} dev {VXLAN_DEV}",
         addr::W1_P1
     )])
+}
+
+/// The collect-metadata VXLAN device on w1 and gw1, each side's tunnel next hop as a
+/// static neighbour (ARP does not cross such a device: a reply carries no tunnel key),
+/// and gw1's route back to the pod, the tunnel's key in it.
+fn tunnel_metadata_up(lab: &Lab) -> Result<()> {
+    for (node, tun) in [("w1", W1_TUN), ("gw1", GW1_TUN)] {
+        lab.ns(node)?.ip_batch(&[
+            format!("link add {VXLAN_DEV} type vxlan external dstport {VXLAN_PORT} dev eth0"),
+            format!("addr add {tun}/32 dev {VXLAN_DEV}"),
+            format!("link set {VXLAN_DEV} up"),
+        ])?;
+    }
+    let mac = |node: &str| -> Result<String> {
+        let out = lab.exec(node, "ip", &["-j", "link", "show", "dev", VXLAN_DEV])?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("failed to parse `ip -j link show {VXLAN_DEV}` on {node}"))?;
+        v.pointer("/0/address")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .with_context(|| format!("no address for {VXLAN_DEV} on {node}"))
+    };
+    let (w1_mac, gw1_mac) = (mac("w1")?, mac("gw1")?);
+    lab.ns("w1")?.ip_batch(&[format!(
+        "neigh replace {GW1_TUN} lladdr {gw1_mac} dev {VXLAN_DEV}"
+    )])?;
+    lab.ns("gw1")?.ip_batch(&[
+        format!("neigh replace {W1_TUN} lladdr {w1_mac} dev {VXLAN_DEV}"),
+        format!(
+            "route add {}/32 via {W1_TUN} dev {VXLAN_DEV} onlink encap ip id {VXLAN_VNI} dst {}",
+            addr::W1_P1,
+            addr::W1
+        ),
+    ])
 }
 
 /// gw1: the egress IP on `sec-a`, the measured pod's rule, and the SNAT map.
