@@ -223,14 +223,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     });
 
     if remove_ours_step(&mut r, &mut s.lab) {
-        measure_tunneled(&mut r, &s.lab, &s.echo, &lp, baseline::Steering::Vxlan);
-        measure_tunneled(
-            &mut r,
-            &s.lab,
-            &s.echo,
-            &lp,
-            baseline::Steering::VxlanMetadata,
-        );
+        measure_tunneled_both(&mut r, &s.lab, &s.echo, &lp);
         if measure_routed(&mut r, &s.lab, &s.echo, &lp) {
             let scaled = r
                 .step("baseline at 10k served pods", |r| {
@@ -268,14 +261,7 @@ pub fn run_like_for_like(plan: &Plan) -> Result<LabRun> {
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
     measure_preloaded(&mut r, &s.lab, &s.echo, &lp, 1);
     if remove_ours_step(&mut r, &mut s.lab) {
-        measure_tunneled(&mut r, &s.lab, &s.echo, &lp, baseline::Steering::Vxlan);
-        measure_tunneled(
-            &mut r,
-            &s.lab,
-            &s.echo,
-            &lp,
-            baseline::Steering::VxlanMetadata,
-        );
+        measure_tunneled_both(&mut r, &s.lab, &s.echo, &lp);
         measure_routed(&mut r, &s.lab, &s.echo, &lp);
     }
     s.close(&mut r);
@@ -375,6 +361,13 @@ fn measure_preloaded(r: &mut LabRun, lab: &Lab, echo: &str, lp: &LabPlan, pods: 
     r.step("remove the preloaded conntrack", |_| {
         preload::unload(lab, &node)
     });
+}
+
+/// Both tunneled baselines at one served pod: point to point, then collect-metadata.
+fn measure_tunneled_both(r: &mut LabRun, lab: &Lab, echo: &str, lp: &LabPlan) {
+    for steering in [baseline::Steering::Vxlan, baseline::Steering::VxlanMetadata] {
+        measure_tunneled(r, lab, echo, lp, steering);
+    }
 }
 
 /// A tunneled baseline at one served pod (`steering`: [`baseline::Steering::Vxlan`] or
