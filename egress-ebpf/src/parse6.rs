@@ -78,16 +78,20 @@ pub fn ipv6_src(ctx: &TcContext) -> Option<Addr6> {
     if parse::ethertype(ctx)? != ETH_P_IPV6_BE {
         return None;
     }
-    parse::read_with(ctx, IP6_SRC_OFF, |s: &[u8; 16]| {
-        let w = |b: &[u8; 4]| u32::from_ne_bytes(parse::word(b));
-        Addr6([
-            w(parse::bytes_at::<0, 4, 16>(s)),
-            w(parse::bytes_at::<4, 4, 16>(s)),
-            w(parse::bytes_at::<8, 4, 16>(s)),
-            w(parse::bytes_at::<12, 4, 16>(s)),
-        ])
-    })
-    .ok()
+    parse::read_with(ctx, IP6_SRC_OFF, |s: &[u8; 16]| Addr6(words(s))).ok()
+}
+
+/// The address `a` (in a header, for `parse::read_with`'s closures) as four words, each
+/// four of its bytes in order, read with one load each (`parse::word`).
+#[inline(always)]
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    let w = |b: &[u8; 4]| u32::from_ne_bytes(parse::word(b));
+    [
+        w(parse::bytes_at::<0, 4, 16>(a)),
+        w(parse::bytes_at::<4, 4, 16>(a)),
+        w(parse::bytes_at::<8, 4, 16>(a)),
+        w(parse::bytes_at::<12, 4, 16>(a)),
+    ]
 }
 
 /// Store `w` (four words, each four of the address's bytes in order) into `a`, an
@@ -156,25 +160,8 @@ pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
         // `memcpy` call, and byte stores would stall the hash's word reads of the keys
         // built from these.
         const L: usize = IP6_HDR_LEN;
-        let w = |b: &[u8; 4]| u32::from_ne_bytes(parse::word(b));
-        set_words(
-            &mut out.src,
-            [
-                w(parse::bytes_at::<8, 4, L>(h)),
-                w(parse::bytes_at::<12, 4, L>(h)),
-                w(parse::bytes_at::<16, 4, L>(h)),
-                w(parse::bytes_at::<20, 4, L>(h)),
-            ],
-        );
-        set_words(
-            &mut out.dst,
-            [
-                w(parse::bytes_at::<24, 4, L>(h)),
-                w(parse::bytes_at::<28, 4, L>(h)),
-                w(parse::bytes_at::<32, 4, L>(h)),
-                w(parse::bytes_at::<36, 4, L>(h)),
-            ],
-        );
+        set_words(&mut out.src, words(parse::bytes_at::<8, 16, L>(h)));
+        set_words(&mut out.dst, words(parse::bytes_at::<24, 16, L>(h)));
         let len = parse::half(parse::bytes_at::<4, 2, L>(h));
         Some((u16::from_be_bytes(len), h[6], h[7]))
     });
