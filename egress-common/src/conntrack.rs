@@ -57,7 +57,7 @@ pub struct CtEntryV4 {
     /// Where this direction's packets went last (see [`NextHop`]).
     pub next_hop: NextHop,
 }
-const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 72);
+const _: () = assert!(core::mem::size_of::<CtEntryV4>() == 64);
 
 /// The next hop a flow's packets took, cached in its conntrack entry by the first packet
 /// whose FIB lookup succeeded (next hop resolved), so that later packets skip the lookup
@@ -74,20 +74,50 @@ pub struct NextHop {
     /// The output device's MTU (`bpf_fib_lookup`'s `mtu_result`): a larger packet that is
     /// not GSO is looked up again, so that the FIB's MTU check refuses it as before.
     pub mtu: u16,
-    pub _pad0: u16,
+    /// The low 16 bits of `NH_GEN` when it was filled ([`generation`]).
+    pub generation: u16,
     /// Output interface; 0 when nothing is cached.
     pub ifindex: u32,
-    /// `NH_GEN` when it was filled.
-    pub generation: u32,
-    /// The datapath's clock (`bpf_ktime_get_coarse_ns`) when it was filled.
-    pub filled_ns: u64,
+    /// The datapath's clock when it was filled, in [`stamp`] units.
+    pub filled: u32,
 }
-const _: () = assert!(core::mem::size_of::<NextHop>() == 32);
+const _: () = assert!(core::mem::size_of::<NextHop>() == 24);
 
 /// A cached next hop older than this is looked up again: the bound on how long a route
 /// or neighbour change that the agent missed (or made while it was down) can keep a flow
 /// on the old next hop. One FIB lookup per flow and second costs nothing measurable.
 pub const NEXT_HOP_MAX_AGE_NS: u64 = 1_000_000_000;
+
+/// [`NextHop::filled`]'s unit: 2^20 ns (about 1.05 ms), so that a stamp fits 32 bits
+/// (wrapping after 52 days) and the entry stays 64 bytes.
+pub const STAMP_SHIFT: u32 = 20;
+
+/// The datapath's clock `now_ns` in [`NextHop::filled`]'s units.
+#[inline(always)]
+pub const fn stamp(now_ns: u64) -> u32 {
+    (now_ns >> STAMP_SHIFT) as u32
+}
+
+/// Whether a next hop stamped `filled` is younger than [`NEXT_HOP_MAX_AGE_NS`] at
+/// `now_ns`, to a unit. A stamp up to [`AHEAD_UNITS`] ahead of `now_ns` counts as fresh
+/// (one written from `CLOCK_MONOTONIC`, which leads the datapath's coarse clock by up to
+/// a jiffy); any other is an age, wrapping.
+#[inline(always)]
+pub const fn fresh(filled: u32, now_ns: u64) -> bool {
+    let age = stamp(now_ns).wrapping_sub(filled);
+    age < (NEXT_HOP_MAX_AGE_NS >> STAMP_SHIFT) as u32 || age.wrapping_neg() <= AHEAD_UNITS
+}
+
+/// How far ahead of the datapath's clock a stamp may lie and count as fresh (about
+/// 16 ms: more than a jiffy at any `HZ`).
+pub const AHEAD_UNITS: u32 = 16;
+
+/// `NH_GEN`'s value as a [`NextHop::generation`]: its low 16 bits. A cache whose
+/// generation 65,536 bumps ago collides is still bounded by its age.
+#[inline(always)]
+pub const fn generation(nh_gen: u32) -> u16 {
+    nh_gen as u16
+}
 
 /// `FLOWS_V4` / `FLOWS_V6`: a pod's live translated flows on this gateway (the flows it
 /// started here: original-direction conntrack entries whose source it is).
@@ -179,4 +209,33 @@ pub struct CtEntryV6 {
     /// See [`NextHop`].
     pub next_hop: NextHop,
 }
-const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 88);
+const _: () = assert!(core::mem::size_of::<CtEntryV6>() == 80);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_next_hop_is_fresh_for_a_second_and_a_jiffy_ahead() {
+        let now = 3_600_000 * MS;
+        let at = |t: u64| fresh(stamp(t), now);
+        assert!(at(now));
+        assert!(at(now - 990 * MS));
+        assert!(!at(now - 1_010 * MS), "a second old");
+        assert!(!at(now - 3_000_000 * MS), "an hour old");
+        assert!(at(now + 10 * MS), "a jiffy ahead (CLOCK_MONOTONIC)");
+        assert!(!at(now + 2_000 * MS), "garbage ahead");
+        // Across the stamp's wrap (2^52 ns): the age still counts.
+        let wrap = 1u64 << (32 + STAMP_SHIFT);
+        assert!(fresh(stamp(wrap - 10 * MS), wrap + 100 * MS));
+        assert!(!fresh(stamp(wrap - 1_500 * MS), wrap + 100 * MS));
+    }
+
+    #[test]
+    fn a_generation_keeps_the_low_bits() {
+        assert_eq!(generation(7), 7);
+        assert_eq!(generation(0x1_0007), 7);
+    }
+}

@@ -190,7 +190,7 @@ macro_rules! family {
             }
 
             /// A live entry for `key`: refreshes its last-seen time and TCP state, and returns it
-            /// (in the map: a copy of the 72-byte entry would be a `memmove` call).
+            /// (in the map: a copy of the 64-byte entry would be a `memmove` call).
             /// Entries of flows idle in both directions count as absent.
             #[allow(dead_code, reason = "IPv4 only")]
             #[inline(always)]

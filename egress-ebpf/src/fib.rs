@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 
-use egress_common::conntrack::{NEXT_HOP_MAX_AGE_NS, NextHop};
+use egress_common::conntrack::{self, NextHop};
 
 use crate::{parse::Ipv4, rewrite};
 
@@ -54,7 +54,7 @@ pub fn redirect(
 /// [`Next4::kind`]: no usable route (or one out of another interface than required).
 pub const UNROUTED: u32 = 0;
 /// The next hop is resolved: `nh` is what a conntrack entry caches (`generation` and
-/// `filled_ns` left 0 for the caller).
+/// `filled` left 0 for the caller).
 pub const RESOLVED: u32 = 1;
 /// A route, but its neighbour is not resolved (yet): `nh.ifindex` and `via` say where,
 /// and the kernel resolves the neighbour when the packet goes (`bpf_redirect_neigh`).
@@ -97,10 +97,9 @@ pub fn lookup4(ctx: &TcContext, proto: u8, src: [u8; 4], dst: [u8; 4], from: Fro
             smac: p.smac,
             // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
             mtu: unsafe { p.__bindgen_anon_1.mtu_result },
-            _pad0: 0,
-            ifindex: p.ifindex,
             generation: 0,
-            filled_ns: 0,
+            ifindex: p.ifindex,
+            filled: 0,
         },
         kind,
         // The lookup left the next hop in the destination field.
@@ -133,7 +132,7 @@ pub fn send4(ctx: &TcContext, next: &Next4) -> Result<i32, ()> {
 
 /// Whether `nh`, a conntrack entry's cached next hop, may carry this packet: filled, of
 /// the current generation `generation` (`maps::nh_gen`), younger than
-/// [`NEXT_HOP_MAX_AGE_NS`] at `now`, and the packet within the device's MTU (or GSO,
+/// [`conntrack::NEXT_HOP_MAX_AGE_NS`] at `now`, and the packet within the device's MTU (or GSO,
 /// which the FIB's own check lets through as well: `is_skb_forwardable`). Otherwise the
 /// packet takes the FIB lookup, which refreshes the cache.
 #[inline(always)]
@@ -141,8 +140,8 @@ pub fn cache_valid(ctx: &TcContext, nh: &NextHop, generation: u32, now: u64) -> 
     // Frame = MTU + Ethernet header + one VLAN tag, as `is_skb_forwardable` allows.
     const L2_ROOM: u32 = 14 + 4;
     nh.ifindex != 0
-        && nh.generation == generation
-        && now.saturating_sub(nh.filled_ns) < NEXT_HOP_MAX_AGE_NS
+        && nh.generation == conntrack::generation(generation)
+        && conntrack::fresh(nh.filled, now)
         && (ctx.len() <= u32::from(nh.mtu) + L2_ROOM
             // SAFETY: the context pointer is valid for the program's lifetime.
             || unsafe { (*ctx.skb.skb).gso_size } != 0)
@@ -161,8 +160,8 @@ pub fn cache_store(slot: &mut NextHop, nh: &NextHop, generation: u32, now: u64) 
         core::ptr::write_volatile(&mut slot.dmac, nh.dmac);
         core::ptr::write_volatile(&mut slot.smac, nh.smac);
         core::ptr::write_volatile(&mut slot.mtu, nh.mtu);
-        core::ptr::write_volatile(&mut slot.generation, generation);
-        core::ptr::write_volatile(&mut slot.filled_ns, now);
+        core::ptr::write_volatile(&mut slot.generation, conntrack::generation(generation));
+        core::ptr::write_volatile(&mut slot.filled, conntrack::stamp(now));
         core::ptr::write_volatile(&mut slot.ifindex, nh.ifindex);
     }
 }

@@ -111,8 +111,8 @@ pub fn forward(
                 // resolves the neighbour), so its ifindex must stay. In place, not a copy
                 // (a copy of the struct becomes a `memmove` call).
                 let cache = if next.kind == fib::RESOLVED {
-                    next.nh.generation = generation;
-                    next.nh.filled_ns = now;
+                    next.nh.generation = egress_common::conntrack::generation(generation);
+                    next.nh.filled = egress_common::conntrack::stamp(now);
                     Some(&next.nh)
                 } else {
                     None
@@ -317,7 +317,6 @@ fn cache6(s: &mut Scratch) {
     nh.smac = s.fib.smac;
     // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
     nh.mtu = unsafe { s.fib.__bindgen_anon_1.mtu_result };
-    nh._pad0 = 0;
     nh.ifindex = s.fib.ifindex;
     s.ct6.peer = v6::original_key(&s.ip6, &s.l4);
     // By reference: the 40-byte key stays in the scratch slot.

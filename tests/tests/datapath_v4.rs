@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV4, CtKeyV4, NextHop, dir, state},
+    conntrack::{self, CtEntryV4, CtKeyV4, NextHop, dir, state},
     counters::reason::*,
     maps,
     policy::{AdmittedKeyV4, AdmittedValue, PolicyValue, RETURN_VNI, action, egress_ip_flags},
@@ -1110,23 +1110,25 @@ fn an_established_flow_uses_its_cached_next_hop_until_the_generation_changes() {
             (NEW_ROUTER_MAC, 8)
         );
         assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
-        // A cache of another generation, or one older than a second, is never used.
+        // A cache of another generation, one older than a second, or one stamped ahead
+        // of the clock by more than a jiffy (garbage), is never used.
         let now = ktime_ns();
         for (generation, filled_ns, case) in [
             (7, now, "older generation"),
             (8, now - 2_000_000_000, "filled 2 s ago"),
+            (8, now + 2_000_000_000, "stamped 2 s ahead"),
         ] {
             let mut stale = e;
             stale.next_hop.dmac = POISON;
             stale.next_hop.generation = generation;
-            stale.next_hop.filled_ns = filled_ns;
+            stale.next_hop.filled = conntrack::stamp(filled_ns);
             dp.ct_insert(key, stale);
             assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC), "{case}");
         }
         // And a valid one is: the poisoned MAC goes out (the cache, not the FIB, decided).
         let mut cached = e;
         cached.next_hop.dmac = POISON;
-        cached.next_hop.filled_ns = ktime_ns();
+        cached.next_hop.filled = conntrack::stamp(ktime_ns());
         dp.ct_insert(key, cached);
         assert_eq!(send(&mut dp, 0x10), (POISON, SEC0_MAC));
     });
@@ -1153,8 +1155,8 @@ fn from_tunnel_conntrack_entries() {
             assert_ne!(e.last_seen_ns, 0);
             e.last_seen_ns = 0;
             if e.next_hop.ifindex != 0 {
-                assert_ne!(e.next_hop.filled_ns, 0);
-                e.next_hop.filled_ns = 0;
+                assert_ne!(e.next_hop.filled, 0);
+                e.next_hop.filled = 0;
             }
             e
         };
@@ -2364,67 +2366,78 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
     drop(second);
 }
 
-/// An upgrade from an agent whose conntrack entries had no next-hop cache (40-byte
-/// values): the map is replaced by one of this layout, and its entries are carried over,
-/// so that the flows through the gateway keep their translation (a new source port
-/// would have the far host reset every established connection).
+/// An upgrade from an agent of an earlier conntrack layout: entries without a next-hop
+/// cache (40-byte values), and entries with the 32-byte one (72). The map is replaced by
+/// one of this layout, and its entries are carried over, so that the flows through the
+/// gateway keep their translation (a new source port would have the far host reset
+/// every established connection); the cached next hop is not carried.
 #[test]
-fn conntrack_of_the_earlier_layout_is_carried_into_the_new_map() {
+fn conntrack_of_an_earlier_layout_is_carried_into_the_new_map() {
     use egress_common::conntrack::{CtEntryV4, CtKeyV4, NextHop};
-    let dir = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/egress-test-carry-{}",
-        std::process::id()
-    ));
-    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
-    let path = dir.join(maps::CT_V4);
-    let bpftool = |args: &[&str]| {
-        let o = std::process::Command::new("bpftool")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    };
-    let path_s = path.to_string_lossy().into_owned();
-    bpftool(&[
-        "map", "create", &path_s, "type", "lru_hash", "key", "16", "value", "40", "entries",
-        "262144", "name", "CT_V4",
-    ]);
-    let key = CtKeyV4 {
-        src: [10, 244, 1, 5],
-        dst: [192, 0, 2, 10],
-        src_port_be: 40_000u16.to_be(),
-        dst_port_be: 443u16.to_be(),
-        proto: 6,
-        dir: 0,
-        _pad: [0; 2],
-    };
-    // SAFETY: CtKeyV4 is plain old data of 16 bytes.
-    let key_bytes: [u8; 16] = unsafe { std::mem::transmute(key) };
-    let old_value: Vec<u8> = (1..=40).collect();
-    let hex = |b: &[u8]| b.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
-    let mut args: Vec<String> = vec!["map".into(), "update".into(), "pinned".into(), path_s];
-    args.push("key".into());
-    args.extend(hex(&key_bytes));
-    args.push("value".into());
-    args.extend(hex(&old_value));
-    bpftool(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    for old_size in [40u8, 72] {
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/egress-test-carry-{}-{old_size}",
+            std::process::id()
+        ));
+        let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+        let path = dir.join(maps::CT_V4);
+        let bpftool = |args: &[&str]| {
+            let o = std::process::Command::new("bpftool")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        let path_s = path.to_string_lossy().into_owned();
+        let size_s = old_size.to_string();
+        bpftool(&[
+            "map", "create", &path_s, "type", "lru_hash", "key", "16", "value", &size_s, "entries",
+            "262144", "name", "CT_V4",
+        ]);
+        let key = CtKeyV4 {
+            src: [10, 244, 1, 5],
+            dst: [192, 0, 2, 10],
+            src_port_be: 40_000u16.to_be(),
+            dst_port_be: 443u16.to_be(),
+            proto: 6,
+            dir: 0,
+            _pad: [0; 2],
+        };
+        // SAFETY: CtKeyV4 is plain old data of 16 bytes.
+        let key_bytes: [u8; 16] = unsafe { std::mem::transmute(key) };
+        let old_value: Vec<u8> = (1..=old_size).collect();
+        let hex = |b: &[u8]| b.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
+        let mut args: Vec<String> = vec!["map".into(), "update".into(), "pinned".into(), path_s];
+        args.push("key".into());
+        args.extend(hex(&key_bytes));
+        args.push("value".into());
+        args.extend(hex(&old_value));
+        bpftool(&args.iter().map(String::as_str).collect::<Vec<_>>());
 
-    let dp = egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
-    let info = aya::maps::MapInfo::from_pin(&path).unwrap();
-    assert_eq!(info.value_size(), 72, "replaced by the new layout");
-    let data = aya::maps::MapData::from_pin(&path).unwrap();
-    let ct: aya::maps::HashMap<_, CtKeyV4, CtEntryV4> =
-        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
-    let entry = ct.get(&key, 0).expect("the flow's entry was carried over");
-    // SAFETY: CtEntryV4 is plain old data.
-    let bytes: [u8; 72] = unsafe { std::mem::transmute(entry) };
-    assert_eq!(
-        &bytes[..40],
-        old_value.as_slice(),
-        "every earlier byte kept"
-    );
-    assert_eq!(entry.next_hop, NextHop::default(), "no next hop cached yet");
-    drop(dp);
+        let dp =
+            egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
+        let info = aya::maps::MapInfo::from_pin(&path).unwrap();
+        assert_eq!(
+            info.value_size() as usize,
+            size_of::<CtEntryV4>(),
+            "the {old_size}-byte map replaced by the new layout"
+        );
+        let data = aya::maps::MapData::from_pin(&path).unwrap();
+        let ct: aya::maps::HashMap<_, CtKeyV4, CtEntryV4> =
+            aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
+        let entry = ct
+            .get(&key, 0)
+            .unwrap_or_else(|e| panic!("the flow's {old_size}-byte entry was not carried: {e}"));
+        // SAFETY: CtEntryV4 is plain old data.
+        let bytes: [u8; size_of::<CtEntryV4>()] = unsafe { std::mem::transmute(entry) };
+        assert_eq!(
+            &bytes[..40],
+            &old_value[..40],
+            "every flow field of the {old_size}-byte entry kept"
+        );
+        assert_eq!(entry.next_hop, NextHop::default(), "no next hop cached yet");
+        drop(dp);
+    }
 }
 
 /// The verifier refuses a load (`EAGAIN`) whenever the loading thread has a signal

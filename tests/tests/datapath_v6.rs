@@ -25,7 +25,7 @@ use aya::maps::{HashMap, MapData};
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV6, CtKeyV6, NextHop, dir, state},
+    conntrack::{self, CtEntryV6, CtKeyV6, NextHop, dir, state},
     counters::reason::*,
     maps,
     policy::{
@@ -1087,8 +1087,8 @@ fn from_tunnel_conntrack_entries(u: UnderlayNet) {
             assert_ne!(e.last_seen_ns, 0);
             e.last_seen_ns = 0;
             if e.next_hop.ifindex != 0 {
-                assert_ne!(e.next_hop.filled_ns, 0);
-                e.next_hop.filled_ns = 0;
+                assert_ne!(e.next_hop.filled, 0);
+                e.next_hop.filled = 0;
             }
             e
         };
@@ -1204,7 +1204,8 @@ fn an_established_flow_uses_its_cached_next_hop(u: UnderlayNet) {
             (NEW_ROUTER_MAC, 8)
         );
         assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
-        // A cache of another generation, or one older than a second, is never used.
+        // A cache of another generation, one older than a second, or one stamped ahead
+        // of the clock by more than a jiffy (garbage), is never used.
         let insert = |dp: &mut Datapath, e: CtEntryV6| {
             let mut m: HashMap<&mut MapData, CtKeyV6, CtEntryV6> =
                 HashMap::try_from(dp.map(maps::CT_V6)).unwrap();
@@ -1214,18 +1215,19 @@ fn an_established_flow_uses_its_cached_next_hop(u: UnderlayNet) {
         for (generation, filled_ns, case) in [
             (7, now, "older generation"),
             (8, now - 2_000_000_000, "filled 2 s ago"),
+            (8, now + 2_000_000_000, "stamped 2 s ahead"),
         ] {
             let mut stale = e;
             stale.next_hop.dmac = POISON;
             stale.next_hop.generation = generation;
-            stale.next_hop.filled_ns = filled_ns;
+            stale.next_hop.filled = conntrack::stamp(filled_ns);
             insert(&mut dp, stale);
             assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC), "{case}");
         }
         // And a valid one is: the poisoned MAC goes out (the cache, not the FIB, decided).
         let mut cached = e;
         cached.next_hop.dmac = POISON;
-        cached.next_hop.filled_ns = ktime_ns();
+        cached.next_hop.filled = conntrack::stamp(ktime_ns());
         insert(&mut dp, cached);
         assert_eq!(send(&mut dp, 0x10), (POISON, SEC0_MAC));
     });

@@ -1,11 +1,13 @@
 //! Conntrack carried over an upgrade. The conntrack entries grew a cached next hop at
-//! their end (`CtEntryV4`: 40 -> 72 bytes, `CtEntryV6`: 56 -> 88), so a pinned conntrack
-//! map of the earlier layout has another value size and is replaced at start. Replacing
-//! it empty would cost every flow through this gateway its translation: the next packet
-//! of an established TCP connection would get a new source port, which the far host
-//! answers with a RST. So the earlier entries are read before the old map goes and
-//! written into the new one: the earlier layout is the new one's prefix, and an all-zero
-//! next hop means "nothing cached" (the next packet looks it up).
+//! their end (`CtEntryV4`: 40 -> 72 bytes, `CtEntryV6`: 56 -> 88), which then shrank to
+//! 24 bytes (64 and 80: a `CtEntryV4` element of the kernel's hash table is then exactly
+//! two cache lines), so a pinned conntrack map of an earlier layout has another value
+//! size and is replaced at start. Replacing it empty would cost every flow through this
+//! gateway its translation: the next packet of an established TCP connection would get a
+//! new source port, which the far host answers with a RST. So the earlier entries are
+//! read before the old map goes and written into the new one: every layout starts with
+//! the same flow fields (40 bytes, 56 for IPv6), which are kept; the cached next hop is
+//! not (all zero means "nothing cached": the next packet looks it up).
 
 use std::path::Path;
 
@@ -20,12 +22,15 @@ use super::{Error, Result};
 /// `BPF_NOEXIST`: insert only a key that is not there.
 const BPF_NOEXIST: u64 = 1;
 
-/// Value bytes of the earlier layouts.
-const V4_BEFORE: u32 = 40;
-const V6_BEFORE: u32 = 56;
+/// Value bytes of the earlier layouts: without a next hop, and with the 32-byte one.
+const V4_BEFORE: [usize; 2] = [40, 72];
+const V6_BEFORE: [usize; 2] = [56, 88];
+/// The flow fields that every layout starts with: the bytes carried over.
+const V4_FLOW: usize = V4_BEFORE[0];
+const V6_FLOW: usize = V6_BEFORE[0];
 
-/// Conntrack entries read from maps of the earlier layout, as (key, value) bytes padded
-/// with zeros to this build's value size.
+/// Conntrack entries read from maps of an earlier layout, as their flow fields followed
+/// by zeros (no next hop) in this build's layout.
 #[derive(Default)]
 pub struct Carried {
     v4: Vec<(
@@ -47,13 +52,14 @@ impl Carried {
         self.len() == 0
     }
 
-    /// Read the conntrack maps pinned under `pin_dir` that have the earlier layout (before
+    /// Read the conntrack maps pinned under `pin_dir` that have an earlier layout (before
     /// they are replaced); none of another layout or of this one.
     pub fn read(pin_dir: &Path) -> Result<Self> {
-        Ok(Self {
-            v4: read::<def::CtV4, [u8; V4_BEFORE as usize]>(pin_dir)?,
-            v6: read::<def::CtV6, [u8; V6_BEFORE as usize]>(pin_dir)?,
-        })
+        let mut v4 = read::<def::CtV4, [u8; V4_BEFORE[0]]>(pin_dir, V4_FLOW)?;
+        v4.extend(read::<def::CtV4, [u8; V4_BEFORE[1]]>(pin_dir, V4_FLOW)?);
+        let mut v6 = read::<def::CtV6, [u8; V6_BEFORE[0]]>(pin_dir, V6_FLOW)?;
+        v6.extend(read::<def::CtV6, [u8; V6_BEFORE[1]]>(pin_dir, V6_FLOW)?);
+        Ok(Self { v4, v6 })
     }
 
     /// Write the carried entries into this build's maps (pinned under `pin_dir` by now),
@@ -63,8 +69,9 @@ impl Carried {
     }
 }
 
-/// The entries of conntrack map `M` if its pinned map has the earlier value size `B`'s.
-fn read<M: names::Map, B: Pod>(pin_dir: &Path) -> Result<Vec<(M::Key, M::Value)>> {
+/// The entries of conntrack map `M` if its pinned map has the earlier value size `B`'s,
+/// each with its first `flow` bytes kept.
+fn read<M: names::Map, B: Pod>(pin_dir: &Path, flow: usize) -> Result<Vec<(M::Key, M::Value)>> {
     let name = M::SPEC.name;
     let path = pin_dir.join(name);
     let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
@@ -80,17 +87,18 @@ fn read<M: names::Map, B: Pod>(pin_dir: &Path) -> Result<Vec<(M::Key, M::Value)>
     Ok(map
         .iter()
         .flatten()
-        .map(|(k, old)| (k, widen::<B, M::Value>(&old)))
+        .map(|(k, old)| (k, flow_fields::<B, M::Value>(&old, flow)))
         .collect())
 }
 
-/// `old`'s bytes followed by zeros, as a `V` (`V` is larger; any bytes are a valid `V`).
-fn widen<B: Pod, V: Pod>(old: &B) -> V {
+/// The first `flow` bytes of `old` followed by zeros, as a `V` (any bytes are a valid
+/// `V`; `flow` is no more than either size).
+fn flow_fields<B: Pod, V: Pod>(old: &B, flow: usize) -> V {
+    assert!(flow <= size_of::<B>() && flow <= size_of::<V>());
     let mut bytes = vec![0u8; size_of::<V>()];
-    // SAFETY: `B` is plain old data of `size_of::<B>()` bytes, no more than `V`'s.
-    let old =
-        unsafe { std::slice::from_raw_parts(std::ptr::from_ref(old).cast::<u8>(), size_of::<B>()) };
-    bytes[..old.len()].copy_from_slice(old);
+    // SAFETY: `B` is plain old data of `size_of::<B>()` bytes, at least `flow`.
+    let old = unsafe { std::slice::from_raw_parts(std::ptr::from_ref(old).cast::<u8>(), flow) };
+    bytes[..flow].copy_from_slice(old);
     // SAFETY: `bytes` holds `size_of::<V>()` bytes and `V` is plain old data.
     unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<V>()) }
 }
@@ -117,29 +125,48 @@ fn write<M: names::Map>(pin_dir: &Path, entries: Vec<(M::Key, M::Value)>) -> Res
 
 #[cfg(test)]
 mod tests {
-    use egress_common::conntrack::{CtEntryV4, NextHop};
+    use egress_common::conntrack::{CtEntryV4, CtEntryV6, NextHop};
 
     use super::*;
 
-    #[test]
-    fn an_earlier_entry_is_the_prefix_of_the_new_one_with_no_next_hop() {
-        let mut old = [0u8; V4_BEFORE as usize];
+    /// The flow fields of an earlier entry of `n` bytes, numbered 1, 2, ..., carried into
+    /// this layout.
+    fn carried<V: Pod, const N: usize>(flow: usize) -> (V, [u8; N]) {
+        let mut old = [0u8; N];
         for (i, b) in old.iter_mut().enumerate() {
             *b = i as u8 + 1;
         }
-        let new: CtEntryV4 = widen(&old);
-        // SAFETY: CtEntryV4 is plain old data.
-        let bytes: [u8; size_of::<CtEntryV4>()] = unsafe { std::mem::transmute(new) };
-        assert_eq!(&bytes[..old.len()], &old);
-        assert_eq!(new.next_hop, NextHop::default());
+        (flow_fields::<[u8; N], V>(&old, flow), old)
+    }
+
+    #[test]
+    fn an_earlier_entry_keeps_its_flow_fields_and_no_next_hop() {
+        for new in [
+            carried::<CtEntryV4, { V4_BEFORE[0] }>(V4_FLOW).0,
+            carried::<CtEntryV4, { V4_BEFORE[1] }>(V4_FLOW).0,
+        ] {
+            // SAFETY: CtEntryV4 is plain old data.
+            let bytes: [u8; size_of::<CtEntryV4>()] = unsafe { std::mem::transmute(new) };
+            let numbered: Vec<u8> = (1..=V4_FLOW as u8).collect();
+            assert_eq!(&bytes[..V4_FLOW], numbered.as_slice());
+            assert_eq!(new.next_hop, NextHop::default());
+        }
+        for new in [
+            carried::<CtEntryV6, { V6_BEFORE[0] }>(V6_FLOW).0,
+            carried::<CtEntryV6, { V6_BEFORE[1] }>(V6_FLOW).0,
+        ] {
+            assert_eq!(new.next_hop, NextHop::default());
+        }
         assert_eq!(
             std::mem::offset_of!(CtEntryV4, next_hop),
-            V4_BEFORE as usize,
-            "the next hop is what the layout added, at its end"
+            V4_FLOW,
+            "the flow fields come first, then the next hop"
         );
-        assert_eq!(
-            std::mem::offset_of!(egress_common::conntrack::CtEntryV6, next_hop),
-            V6_BEFORE as usize
+        assert_eq!(std::mem::offset_of!(CtEntryV6, next_hop), V6_FLOW);
+        assert!(
+            !V4_BEFORE.contains(&size_of::<CtEntryV4>())
+                && !V6_BEFORE.contains(&size_of::<CtEntryV6>()),
+            "this layout is none of the earlier ones"
         );
     }
 }

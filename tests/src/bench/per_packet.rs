@@ -49,7 +49,9 @@ use egress_agent::{
 };
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, NEXT_HOP_MAX_AGE_NS, NextHop, dir, state},
+    conntrack::{
+        self, CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, NEXT_HOP_MAX_AGE_NS, NextHop, dir, state,
+    },
     counters::{self, Counter, MAX_REASONS, reason},
     maps,
     policy::{
@@ -1533,18 +1535,17 @@ fn check_caches(bed: &mut Bed, empty: &EmptyProgram, case: &Case, when: &str) ->
 fn cache_fault(nh: &NextHop, generation: u32, now: u64, len: usize) -> Option<String> {
     // Frame = MTU + Ethernet header + one VLAN tag (`fib::cache_valid`).
     const L2_ROOM: usize = 14 + 4;
-    let age = now.saturating_sub(nh.filled_ns);
     if nh.ifindex == 0 {
         Some("nothing is cached".to_owned())
-    } else if nh.generation != generation {
+    } else if nh.generation != conntrack::generation(generation) {
         Some(format!(
-            "cached under generation {}, NH_GEN is {generation}",
+            "cached under generation {} (low 16 bits), NH_GEN is {generation}",
             nh.generation
         ))
-    } else if age >= NEXT_HOP_MAX_AGE_NS {
+    } else if !conntrack::fresh(nh.filled, now) {
         Some(format!(
             "cached {} ms ago, a cache lives {} ms",
-            age / 1_000_000,
+            stamp_ms(conntrack::stamp(now).wrapping_sub(nh.filled)),
             NEXT_HOP_MAX_AGE_NS / 1_000_000
         ))
     } else if len > usize::from(nh.mtu) + L2_ROOM {
@@ -1568,7 +1569,7 @@ fn poison_check(
 ) -> Result<()> {
     let poisoned = NextHop {
         dmac: POISON_MAC,
-        filled_ns: ktime_ns()?,
+        filled: conntrack::stamp(ktime_ns()?),
         ..nh
     };
     bed.set_next_hop(flow, poisoned)?;
@@ -1600,7 +1601,7 @@ fn stamp_caches(bed: &mut Bed, case: &Case) -> Result<Vec<NextHop>> {
     for flow in &case.cached {
         let (nh, _) = bed.next_hop(flow)?;
         let nh = NextHop {
-            filled_ns: now,
+            filled: conntrack::stamp(now),
             ..nh
         };
         bed.set_next_hop(flow, nh)?;
@@ -1626,12 +1627,17 @@ fn check_caches_kept(bed: &Bed, case: &Case, stamped: &[NextHop], started: Insta
             flow.name,
             before.generation,
             nh.generation,
-            nh.filled_ns.saturating_sub(before.filled_ns) / 1_000_000,
+            stamp_ms(nh.filled.wrapping_sub(before.filled)),
             started.elapsed().as_millis(),
             NEXT_HOP_MAX_AGE_NS / 1_000_000
         );
     }
     Ok(())
+}
+
+/// Milliseconds in `units` of [`NextHop::filled`] (2^20 ns each).
+fn stamp_ms(units: u32) -> u64 {
+    (u64::from(units) << conntrack::STAMP_SHIFT) / 1_000_000
 }
 
 /// Policy table sizes: (label, selected pods, the prefixes of each (indexes into
