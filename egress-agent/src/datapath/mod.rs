@@ -273,7 +273,7 @@ impl Datapath {
             path: pin_dir.to_owned(),
             source,
         })?;
-        // Before the conntrack maps of the earlier layout are replaced.
+        // Before the conntrack maps of an earlier layout are replaced.
         let carried = carry::Carried::read(pin_dir).unwrap_or_else(|e| {
             tracing::warn!(
                 "failed to read the earlier agent's conntrack: {e}: its flows start over"
@@ -295,7 +295,7 @@ impl Datapath {
                 Ok(n) => tracing::info!(
                     read,
                     written = n,
-                    "conntrack of the earlier layout carried over into the new maps"
+                    "conntrack of an earlier layout carried over into the new maps"
                 ),
                 Err(e) => tracing::warn!("failed to carry the earlier conntrack over: {e}"),
             }
