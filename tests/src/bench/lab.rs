@@ -9,10 +9,13 @@
 //! see [`baseline`].
 //!
 //! Order of one run: lab and agents up; ours at 1 served pod (TCP, UDP, new flows, per
-//! round); change-to-map latency; learned routes (one route's latency, 10k routes; see
+//! round), then from the gateway's own pod (no tunnel: [`tunnel_free`]); change-to-map
+//! latency; learned routes (one route's latency, 10k routes; see
 //! [`routes`]); the 10k-pod state file and its apply; ours at 10k;
 //! agent memory; the compiler in process; agents stopped and their pins removed (checked:
-//! no TC program of ours left in any node); the baseline at 1, then at 10k served pods.
+//! no TC program of ours left in any node); the tunneled baselines at 1 served pod; the
+//! routed baseline at 1 (and the kernel from the gateway's own pod), then at 10k served
+//! pods.
 
 use std::{
     collections::BTreeMap,
@@ -37,6 +40,7 @@ pub mod control;
 pub mod preload;
 pub mod routes;
 pub mod traffic;
+pub mod tunnel_free;
 
 /// Served-pod counts the throughput and new-flow sections compare.
 pub const SERVED_PODS: [u32; 2] = [1, 10_000];
@@ -54,6 +58,10 @@ pub enum Side {
     TunneledMetadata,
     /// Ours with [`preload::FLOWS`] conntrack flows preloaded on the serving gateway.
     Preloaded,
+    /// Ours from the pod on the serving gateway itself: no tunnel ([`tunnel_free`]).
+    OursOnGateway,
+    /// The kernel (`ip rule` + nftables SNAT) on the serving gateway, from its own pod.
+    KernelOnGateway,
 }
 
 impl Side {
@@ -64,6 +72,16 @@ impl Side {
             Side::Tunneled => "Tunneled baseline",
             Side::TunneledMetadata => "Tunneled baseline over collect-metadata devices",
             Side::Preloaded => "Ours with preloaded conntrack",
+            Side::OursOnGateway => "Ours from the gateway's own pod",
+            Side::KernelOnGateway => "Kernel from the gateway's own pod",
+        }
+    }
+
+    /// The pod whose traffic is measured: w1-p1 on a worker, or gw1-p1 on the gateway.
+    fn pod(self) -> &'static str {
+        match self {
+            Side::OursOnGateway | Side::KernelOnGateway => tunnel_free::POD,
+            _ => "w1-p1",
         }
     }
 }
@@ -188,6 +206,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     ));
 
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
+    tunnel_free::measure_ours(&mut r, &s.lab, &s.echo, &lp);
     measure_preloaded(&mut r, &s.lab, &s.echo, &lp, 1);
     r.step("change-to-map latency", |r| {
         r.latency_ms = control::change_latency(&s.lab, lp.edits)?;
@@ -225,6 +244,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     if remove_ours_step(&mut r, &mut s.lab) {
         measure_tunneled_both(&mut r, &s.lab, &s.echo, &lp);
         if measure_routed(&mut r, &s.lab, &s.echo, &lp) {
+            tunnel_free::measure_kernel(&mut r, &s.lab, &s.echo, &lp);
             let scaled = r
                 .step("baseline at 10k served pods", |r| {
                     baseline::scale(&s.lab, pods)?;
@@ -248,9 +268,10 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
     Ok(r)
 }
 
-/// The one-pod comparison alone (`egress-bench --like-for-like`), on a fresh lab: ours,
-/// then (our datapath removed) the tunneled baselines (point-to-point and collect-metadata
-/// VXLAN devices) and the routed one.
+/// The one-pod comparison alone (`egress-bench --like-for-like`), on a fresh lab: ours
+/// (from w1-p1, and tunnel-free from the gateway's own pod), then (our datapath removed)
+/// the tunneled baselines (point-to-point and collect-metadata VXLAN devices), the routed
+/// one and the kernel from the gateway's own pod.
 pub fn run_like_for_like(plan: &Plan) -> Result<LabRun> {
     let lp = LabPlan::of(plan);
     let mut r = LabRun {
@@ -259,10 +280,13 @@ pub fn run_like_for_like(plan: &Plan) -> Result<LabRun> {
     };
     let mut s = Session::open()?;
     measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
+    tunnel_free::measure_ours(&mut r, &s.lab, &s.echo, &lp);
     measure_preloaded(&mut r, &s.lab, &s.echo, &lp, 1);
     if remove_ours_step(&mut r, &mut s.lab) {
         measure_tunneled_both(&mut r, &s.lab, &s.echo, &lp);
-        measure_routed(&mut r, &s.lab, &s.echo, &lp);
+        if measure_routed(&mut r, &s.lab, &s.echo, &lp) {
+            tunnel_free::measure_kernel(&mut r, &s.lab, &s.echo, &lp);
+        }
     }
     s.close(&mut r);
     Ok(r)
@@ -322,6 +346,8 @@ fn start_iperf_server(lab: &Lab) -> Result<crate::netns::NsChild> {
     // Sequential short connections from one pod: more source ports than the default.
     lab.ns("w1-p1")?
         .sysctl("net.ipv4.ip_local_port_range", "10000 65000")?;
+    lab.ns(tunnel_free::POD)?
+        .sysctl("net.ipv4.ip_local_port_range", tunnel_free::PORTS)?;
     thread::sleep(Duration::from_millis(300));
     Ok(server)
 }
@@ -485,20 +511,20 @@ fn measure(r: &mut LabRun, lab: &Lab, echo: &str, side: Side, pods: u32, lp: &La
     let k = (side, pods);
     for round in 0..lp.rounds {
         let name = format!("{side:?} at {pods} served pods, round {}", round + 1);
+        let pod = side.pod();
         r.step(&format!("{name}: TCP"), |r| {
-            let t = traffic::iperf(lab, "w1-p1", false, lp.iperf_secs)?;
+            let t = traffic::iperf(lab, pod, false, lp.iperf_secs)?;
             r.tcp_gbps.entry(k).or_default().push(t.received);
             Ok(())
         });
         r.step(&format!("{name}: UDP 64 bytes"), |r| {
-            let t = traffic::iperf(lab, "w1-p1", true, lp.iperf_secs)?;
+            let t = traffic::iperf(lab, pod, true, lp.iperf_secs)?;
             r.udp_pps.entry(k).or_default().push(t.received);
             r.udp_sent_pps.entry(k).or_default().push(t.sent);
             Ok(())
         });
         r.step(&format!("{name}: new flows"), |r| {
-            let (rate, failed) =
-                traffic::flood(lab, echo, "w1-p1", lp.flood_secs, lp.flood_parallel)?;
+            let (rate, failed) = traffic::flood(lab, echo, pod, lp.flood_secs, lp.flood_parallel)?;
             r.flows.entry(k).or_default().push(rate);
             *r.flow_failures.entry(k).or_default() += failed;
             Ok(())
@@ -617,6 +643,11 @@ fn ratio(a: Option<Spread>, b: Option<Spread>) -> Option<f64> {
     Some(a?.median / b?.median).filter(|x| x.is_finite())
 }
 
+/// A ratio as a table cell: `1.02x`, or not measured.
+fn times(r: Option<f64>) -> String {
+    r.map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x"))
+}
+
 fn met(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "met",
@@ -673,7 +704,7 @@ pub fn throughput(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
                 thousands(u64::from(pods)),
                 fmt(ours),
                 fmt(base),
-                r.map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
+                times(r),
                 if pods == 1 {
                     "-".to_owned()
                 } else {
@@ -688,7 +719,7 @@ pub fn throughput(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
         notes.extend(
             r.facts
                 .iter()
-                .filter(|f| !f.starts_with("Tunneled"))
+                .filter(|f| !f.starts_with("Tunneled") && !tunnel_free::is_fact(f))
                 .cloned(),
         );
         notes.push(format!(
@@ -750,7 +781,6 @@ fn like_for_like_row(
     ]
     .map(|s| get(m, s, 1));
     let (vs_tunneled, vs_routed) = (ratio(ours, tunneled), ratio(ours, routed));
-    let x = |r: Option<f64>| r.map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x"));
     let target = if targets {
         format!(
             ">= {TUNNELED_TARGET:.1}x tunneled: {}; >= {ROUTED_TARGET:.2}x routed: {}",
@@ -764,11 +794,11 @@ fn like_for_like_row(
         metric.to_owned(),
         fmt(ours),
         fmt(tunneled),
-        x(vs_tunneled),
+        times(vs_tunneled),
         fmt(metadata),
-        x(ratio(ours, metadata)),
+        times(ratio(ours, metadata)),
         fmt(routed),
-        x(vs_routed),
+        times(vs_routed),
         target,
     ]
 }
@@ -893,7 +923,7 @@ pub fn preloaded(run: Option<&LabRun>) -> Table {
             thousands(u64::from(pods)),
             fmt(ours),
             fmt(loaded),
-            ratio(loaded, ours).map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
+            times(ratio(loaded, ours)),
         ]
     };
     let metrics: [Metric; 3] = [
@@ -970,7 +1000,7 @@ pub fn new_flows(run: Option<&LabRun>, _plan: &Plan) -> Result<Table> {
                 thousands(u64::from(*pods)),
                 spread_big(ours),
                 spread_big(base),
-                ratio(ours, base).map_or(NOT_MEASURED.to_owned(), |x| format!("{x:.2}x")),
+                times(ratio(ours, base)),
             ]
         })
         .collect();
@@ -1347,21 +1377,28 @@ pub fn routes_table(run: Option<&LabRun>) -> Table {
     }
 }
 
+/// A run with one TCP sample per side at one served pod (for the tables' tests).
+#[cfg(test)]
+fn tcp_run(gbps: &[(Side, f64)]) -> LabRun {
+    let mut r = LabRun::default();
+    for &(side, g) in gbps {
+        r.tcp_gbps.insert((side, 1), vec![g]);
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn like_for_like_judges_each_baseline_by_its_own_target() {
-        let mut r = LabRun::default();
-        for (side, gbps) in [
+        let r = tcp_run(&[
             (Side::Ours, 9.0),
             (Side::Tunneled, 9.0),
             (Side::TunneledMetadata, 7.5),
             (Side::Baseline, 10.0),
-        ] {
-            r.tcp_gbps.insert((side, 1), vec![gbps]);
-        }
+        ]);
         let t = like_for_like(Some(&r));
         let tcp = &t.rows[0];
         assert_eq!(

@@ -22,9 +22,10 @@ const USAGE: &str =
   --probes     the liveness probes' cost only, printed (not written)
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
   --like-for-like
-               ours (also with 100k conntrack flows preloaded on the gateway), the tunneled
-               baseline (point-to-point and collect-metadata VXLAN devices) and the routed
-               one at one served pod only, printed
+               ours (also with 100k conntrack flows preloaded on the gateway, and from
+               the gateway's own pod, tunnel-free), the tunneled baseline (point-to-point
+               and collect-metadata VXLAN devices), the routed one and the kernel from the
+               gateway's own pod, at one served pod only, printed
   --scale      the cluster-scale rows only (compiler, apply and map memory at 100 nodes
                and 100k pods; the gateway's per-packet rows with conntrack full), printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
@@ -99,7 +100,14 @@ fn args() -> Result<Args> {
                 let mut t = lab::like_for_like(Some(&run));
                 t.notes
                     .extend(run.errors.iter().map(|e| format!("Failed step: {e}")));
-                print_tables(plan, vec![t, lab::preloaded(Some(&run))])?;
+                print_tables(
+                    plan,
+                    vec![
+                        t,
+                        lab::tunnel_free::table(Some(&run)),
+                        lab::preloaded(Some(&run)),
+                    ],
+                )?;
             }
             "--routes" => {
                 egress_tests::netns::install_signal_teardown()?;
@@ -158,6 +166,7 @@ fn main() -> Result<()> {
     for mut t in [
         lab::throughput(run.as_ref(), &plan)?,
         lab::like_for_like(run.as_ref()),
+        lab::tunnel_free::table(run.as_ref()),
         lab::preloaded(run.as_ref()),
         lab::new_flows(run.as_ref(), &plan)?,
         lab::control_plane(run.as_ref(), &plan)?,

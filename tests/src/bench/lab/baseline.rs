@@ -231,19 +231,48 @@ fn gateway_up(lab: &Lab) -> Result<()> {
 
 /// Packets (received, sent) on `member`'s [`VXLAN_DEV`].
 pub fn tunnel_packets(lab: &Lab, member: &str) -> Result<(u64, u64)> {
-    let out = lab.exec(
-        member,
-        "ip",
-        &["-s", "-j", "link", "show", "dev", VXLAN_DEV],
-    )?;
+    link_packets(lab, member, VXLAN_DEV)
+}
+
+/// Packets (received, sent) on `member`'s device `dev`.
+pub fn link_packets(lab: &Lab, member: &str, dev: &str) -> Result<(u64, u64)> {
+    let out = lab.exec(member, "ip", &["-s", "-j", "link", "show", "dev", dev])?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("failed to parse `ip -s -j link show {VXLAN_DEV}` on {member}"))?;
+        .with_context(|| format!("failed to parse `ip -s -j link show {dev}` on {member}"))?;
     let count = |dir: &str| {
         v.pointer(&format!("/0/stats64/{dir}/packets"))
             .and_then(serde_json::Value::as_u64)
-            .with_context(|| format!("no {dir} packet count for {VXLAN_DEV} on {member}"))
+            .with_context(|| format!("no {dir} packet count for {dev} on {member}"))
     };
     Ok((count("rx")?, count("tx")?))
+}
+
+/// The routed baseline (up) extended to `pod`, a pod on gw1 itself: its own `ip rule`
+/// (created after the others, at the same priority) and SNAT map element, as OVN-K
+/// would serve it. No steering: the pod's packets reach gw1 over its veth.
+pub fn gateway_pod_up(lab: &Lab, pod: Ipv4Addr) -> Result<()> {
+    lab.ns("gw1")?.ip_batch(&[rule_for(pod)])?;
+    nft_file(
+        lab,
+        "baseline-gateway-pod.nft",
+        &format!(
+            "add element ip {NFT_TABLE} snat_ips {{ {pod} . \"sec-a\" : {} }}\n",
+            addr::EGRESS_IP_A
+        ),
+    )
+}
+
+/// Remove what [`gateway_pod_up`] added, so that the routed baseline has its measured
+/// pod's rule alone again.
+pub fn gateway_pod_down(lab: &Lab, pod: Ipv4Addr) -> Result<()> {
+    lab.ns("gw1")?.ip_batch(&[format!(
+        "rule del from {pod} lookup {GW_TABLE} pref {GW_PREF}"
+    )])?;
+    nft_file(
+        lab,
+        "baseline-gateway-pod-down.nft",
+        &format!("delete element ip {NFT_TABLE} snat_ips {{ {pod} . \"sec-a\" }}\n"),
+    )
 }
 
 /// Run `probe` (traffic from the pod through the baseline) and check that it crossed the
