@@ -2367,77 +2367,118 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
 }
 
 /// An upgrade from an agent of an earlier conntrack layout: entries without a next-hop
-/// cache (40-byte values), and entries with the 32-byte one (72). The map is replaced by
-/// one of this layout, and its entries are carried over, so that the flows through the
-/// gateway keep their translation (a new source port would have the far host reset
-/// every established connection); the cached next hop is not carried.
+/// cache (40-byte values, 56 for IPv6), and entries with the 32-byte one (72, 88). The
+/// map is replaced by one of this layout, and its entries are carried over, so that the
+/// flows through the gateway keep their translation (a new source port would have the
+/// far host reset every established connection); the cached next hop is not carried.
 #[test]
 fn conntrack_of_an_earlier_layout_is_carried_into_the_new_map() {
-    use egress_common::conntrack::{CtEntryV4, CtKeyV4, NextHop};
-    for old_size in [40u8, 72] {
-        let dir = std::path::PathBuf::from(format!(
-            "/sys/fs/bpf/egress-test-carry-{}-{old_size}",
-            std::process::id()
-        ));
-        let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
-        let path = dir.join(maps::CT_V4);
-        let bpftool = |args: &[&str]| {
-            let o = std::process::Command::new("bpftool")
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        };
-        let path_s = path.to_string_lossy().into_owned();
-        let size_s = old_size.to_string();
-        bpftool(&[
-            "map", "create", &path_s, "type", "lru_hash", "key", "16", "value", &size_s, "entries",
-            "262144", "name", "CT_V4",
-        ]);
-        let key = CtKeyV4 {
-            src: [10, 244, 1, 5],
-            dst: [192, 0, 2, 10],
-            src_port_be: 40_000u16.to_be(),
-            dst_port_be: 443u16.to_be(),
-            proto: 6,
-            dir: 0,
-            _pad: [0; 2],
-        };
-        // SAFETY: CtKeyV4 is plain old data of 16 bytes.
-        let key_bytes: [u8; 16] = unsafe { std::mem::transmute(key) };
-        let old_value: Vec<u8> = (1..=old_size).collect();
-        let hex = |b: &[u8]| b.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
-        let mut args: Vec<String> = vec!["map".into(), "update".into(), "pinned".into(), path_s];
-        args.push("key".into());
-        args.extend(hex(&key_bytes));
-        args.push("value".into());
-        args.extend(hex(&old_value));
-        bpftool(&args.iter().map(String::as_str).collect::<Vec<_>>());
-
-        let dp =
-            egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
-        let info = aya::maps::MapInfo::from_pin(&path).unwrap();
-        assert_eq!(
-            info.value_size() as usize,
-            size_of::<CtEntryV4>(),
-            "the {old_size}-byte map replaced by the new layout"
-        );
-        let data = aya::maps::MapData::from_pin(&path).unwrap();
-        let ct: aya::maps::HashMap<_, CtKeyV4, CtEntryV4> =
-            aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
-        let entry = ct
-            .get(&key, 0)
-            .unwrap_or_else(|e| panic!("the flow's {old_size}-byte entry was not carried: {e}"));
-        // SAFETY: CtEntryV4 is plain old data.
-        let bytes: [u8; size_of::<CtEntryV4>()] = unsafe { std::mem::transmute(entry) };
-        assert_eq!(
-            &bytes[..40],
-            &old_value[..40],
-            "every flow field of the {old_size}-byte entry kept"
-        );
-        assert_eq!(entry.next_hop, NextHop::default(), "no next hop cached yet");
-        drop(dp);
+    use egress_common::conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, NextHop};
+    let v4 = CtKeyV4 {
+        src: [10, 244, 1, 5],
+        dst: [192, 0, 2, 10],
+        src_port_be: 40_000u16.to_be(),
+        dst_port_be: 443u16.to_be(),
+        proto: 6,
+        dir: 0,
+        _pad: [0; 2],
+    };
+    let v6 = CtKeyV6 {
+        src: "fd00:244:1::5"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+        dst: "2001:db8::10"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+        src_port_be: 40_000u16.to_be(),
+        dst_port_be: 443u16.to_be(),
+        proto: 6,
+        dir: 0,
+        _pad: [0; 2],
+    };
+    for old_size in [40, 72] {
+        let e: CtEntryV4 = carried(maps::CT_V4, v4, old_size, 40);
+        assert_eq!(e.next_hop, NextHop::default(), "no next hop cached yet");
     }
+    for old_size in [56, 88] {
+        let e: CtEntryV6 = carried(maps::CT_V6, v6, old_size, 56);
+        assert_eq!(e.next_hop, NextHop::default(), "no next hop cached yet");
+    }
+}
+
+/// Pin conntrack map `name` of `old_size`-byte values holding `key` (value bytes 1, 2,
+/// ...), open the datapath on it, and return the entry the new map holds for `key`,
+/// checked: the map has this build's layout and the first `flow` bytes are the old ones.
+fn carried<K: aya::Pod, V: aya::Pod>(name: &str, key: K, old_size: u8, flow: usize) -> V {
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-carry-{}-{name}-{old_size}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    let path = dir.join(name);
+    let bpftool = |args: &[&str]| {
+        let o = std::process::Command::new("bpftool")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let path_s = path.to_string_lossy().into_owned();
+    let (key_size, value_size) = (size_of::<K>().to_string(), old_size.to_string());
+    bpftool(&[
+        "map",
+        "create",
+        &path_s,
+        "type",
+        "lru_hash",
+        "key",
+        &key_size,
+        "value",
+        &value_size,
+        "entries",
+        "262144",
+        "name",
+        name,
+    ]);
+    // SAFETY: `K` is plain old data of `size_of::<K>()` bytes.
+    let key_bytes = unsafe {
+        std::slice::from_raw_parts(std::ptr::from_ref(&key).cast::<u8>(), size_of::<K>())
+    };
+    let old_value: Vec<u8> = (1..=old_size).collect();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("0x{x:02x}")).collect::<Vec<_>>();
+    let mut args: Vec<String> = vec!["map".into(), "update".into(), "pinned".into(), path_s];
+    args.push("key".into());
+    args.extend(hex(key_bytes));
+    args.push("value".into());
+    args.extend(hex(&old_value));
+    bpftool(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let dp = egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
+    let info = aya::maps::MapInfo::from_pin(&path).unwrap();
+    assert_eq!(
+        info.value_size() as usize,
+        size_of::<V>(),
+        "{name}: the {old_size}-byte map replaced by the new layout"
+    );
+    let data = aya::maps::MapData::from_pin(&path).unwrap();
+    let ct: aya::maps::HashMap<_, K, V> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
+    let entry = ct.get(&key, 0).unwrap_or_else(|e| {
+        panic!("{name}: the flow's {old_size}-byte entry was not carried: {e}")
+    });
+    // SAFETY: `V` is plain old data.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(std::ptr::from_ref(&entry).cast::<u8>(), size_of::<V>())
+    };
+    assert_eq!(
+        &bytes[..flow],
+        &old_value[..flow],
+        "{name}: every flow field of the {old_size}-byte entry kept"
+    );
+    drop(dp);
+    entry
 }
 
 /// The verifier refuses a load (`EAGAIN`) whenever the loading thread has a signal
