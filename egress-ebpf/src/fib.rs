@@ -131,10 +131,11 @@ pub fn send4(ctx: &TcContext, next: &Next4) -> Result<i32, ()> {
 }
 
 /// Whether `nh`, a conntrack entry's cached next hop, may carry this packet: filled, of
-/// the current generation `generation` (`maps::nh_gen`), younger than
-/// [`conntrack::NEXT_HOP_MAX_AGE_NS`] at `now`, and the packet within the device's MTU (or GSO,
-/// which the FIB's own check lets through as well: `is_skb_forwardable`). Otherwise the
-/// packet takes the FIB lookup, which refreshes the cache.
+/// the current generation `generation` (`maps::nh_gen`, its low 16 bits), younger than
+/// [`conntrack::NEXT_HOP_MAX_AGE_NS`] at `now` ([`conntrack::fresh`]), and the packet
+/// within the device's MTU (or GSO, which the FIB's own check lets through as well:
+/// `is_skb_forwardable`). Otherwise the packet takes the FIB lookup, which refreshes the
+/// cache.
 #[inline(always)]
 pub fn cache_valid(ctx: &TcContext, nh: &NextHop, generation: u32, now: u64) -> bool {
     // Frame = MTU + Ethernet header + one VLAN tag, as `is_skb_forwardable` allows.
