@@ -129,21 +129,21 @@ mod tests {
 
     use super::*;
 
-    /// The flow fields of an earlier entry of `n` bytes, numbered 1, 2, ..., carried into
+    /// The flow fields of an earlier entry of `N` bytes, numbered 1, 2, ..., carried into
     /// this layout.
-    fn carried<V: Pod, const N: usize>(flow: usize) -> (V, [u8; N]) {
+    fn carried<V: Pod, const N: usize>(flow: usize) -> V {
         let mut old = [0u8; N];
         for (i, b) in old.iter_mut().enumerate() {
             *b = i as u8 + 1;
         }
-        (flow_fields::<[u8; N], V>(&old, flow), old)
+        flow_fields::<[u8; N], V>(&old, flow)
     }
 
     #[test]
     fn an_earlier_entry_keeps_its_flow_fields_and_no_next_hop() {
         for new in [
-            carried::<CtEntryV4, { V4_BEFORE[0] }>(V4_FLOW).0,
-            carried::<CtEntryV4, { V4_BEFORE[1] }>(V4_FLOW).0,
+            carried::<CtEntryV4, { V4_BEFORE[0] }>(V4_FLOW),
+            carried::<CtEntryV4, { V4_BEFORE[1] }>(V4_FLOW),
         ] {
             // SAFETY: CtEntryV4 is plain old data.
             let bytes: [u8; size_of::<CtEntryV4>()] = unsafe { std::mem::transmute(new) };
@@ -152,8 +152,8 @@ mod tests {
             assert_eq!(new.next_hop, NextHop::default());
         }
         for new in [
-            carried::<CtEntryV6, { V6_BEFORE[0] }>(V6_FLOW).0,
-            carried::<CtEntryV6, { V6_BEFORE[1] }>(V6_FLOW).0,
+            carried::<CtEntryV6, { V6_BEFORE[0] }>(V6_FLOW),
+            carried::<CtEntryV6, { V6_BEFORE[1] }>(V6_FLOW),
         ] {
             assert_eq!(new.next_hop, NextHop::default());
         }
