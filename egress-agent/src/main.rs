@@ -162,6 +162,16 @@ struct RunArgs {
           default_value_t = egress_common::maps::POLICY_MAX_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1_024..=16_777_216))]
     policy_map_entries: u32,
+    /// Entries of each conntrack map (CT_V4, CT_V6): two per translated flow through
+    /// this gateway. The kernel allocates them at start whatever they hold, about 144
+    /// bytes per entry for IPv4 and 184 for IPv6 (82 MiB at the default); a node that
+    /// never serves as a gateway translates nothing and can run with the minimum. A full
+    /// map evicts its least recently used flows. Changing it replaces the pinned maps at
+    /// start; their flows are carried over.
+    #[arg(long, env = "EGRESS_CONNTRACK_ENTRIES",
+          default_value_t = egress_common::maps::CT_MAX_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1_024..=8_388_608))]
+    conntrack_entries: u32,
     /// What this node does with packets from a pod address it has not seen yet (its
     /// Pod object has not reached the agent, or it is not Running) toward a destination
     /// that any rule of any policy covers: `pass` them (normal routing, the node's
@@ -224,6 +234,7 @@ impl RunArgs {
             cluster_cidrs: self.cluster.cluster_cidrs,
             capacities: datapath::Capacities {
                 policy: self.policy_map_entries,
+                conntrack: self.conntrack_entries,
             },
             unknown_pods: self.unknown_pods,
             max_flows_per_pod: self.max_flows_per_pod.unwrap_or_else(|| {

@@ -2066,23 +2066,36 @@ fn pinned_maps_of_another_layout_are_replaced() {
     drop(dp);
 }
 
+/// A pin directory of its own for a test that opens the datapath (removed with the
+/// guard).
+fn pin_dir(tag: &str) -> (std::path::PathBuf, egress_tests::netns::DirGuard) {
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-{tag}-{}",
+        std::process::id()
+    ));
+    let guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    (dir, guard)
+}
+
+/// The capacity of the map pinned as `name` under `dir`.
+fn capacity(dir: &std::path::Path, name: &str) -> u32 {
+    aya::maps::MapInfo::from_pin(dir.join(name))
+        .unwrap()
+        .max_entries()
+}
+
 /// `--policy-map-entries` sizes both policy maps (and their destination tries); a pinned
 /// map of another size is replaced at start (and refilled by the first pass), one of the
 /// same size adopted.
 #[test]
 fn the_policy_map_capacity_is_the_operators() {
     use egress_agent::datapath::{Capacities, Datapath};
-    let dir = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/egress-test-capacity-{}",
-        std::process::id()
-    ));
-    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
-    let capacity = |name: &str| {
-        aya::maps::MapInfo::from_pin(dir.join(name))
-            .unwrap()
-            .max_entries()
+    let (dir, _guard) = pin_dir("capacity");
+    let capacity = |name: &str| capacity(&dir, name);
+    let small = Capacities {
+        policy: 2_048,
+        ..Capacities::default()
     };
-    let small = Capacities { policy: 2_048 };
     drop(Datapath::open_with(&dir, &small).expect("opens with 2,048 entries"));
     assert_eq!(capacity(maps::POLICY_V4), 2_048);
     assert_eq!(capacity(maps::POLICY_V6), 2_048);
@@ -2096,6 +2109,121 @@ fn the_policy_map_capacity_is_the_operators() {
         maps::CT_MAX_ENTRIES,
         "the others keep the object's"
     );
+}
+
+/// `--conntrack-entries` sizes both conntrack maps and the per-pod flow counts. A
+/// kernel map cannot be resized, so another capacity replaces the pinned maps at start:
+/// their flows are carried into the new ones (flow fields kept, the cached next hop
+/// dropped), and a restart at the same capacity adopts the maps as they are.
+#[test]
+fn the_conntrack_capacity_is_the_operators_and_a_change_keeps_the_flows() {
+    use aya::maps::{HashMap, Map, MapData};
+    use egress_agent::datapath::{Capacities, Datapath};
+    use egress_common::conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, NextHop};
+    let (dir, _guard) = pin_dir("ct-capacity");
+    let capacity = |name: &str| capacity(&dir, name);
+    let ct = |name: &str| MapData::from_pin(dir.join(name)).unwrap();
+    let small = Capacities {
+        conntrack: 4_096,
+        ..Capacities::default()
+    };
+    let dp = Datapath::open_with(&dir, &small).expect("opens with 4,096 conntrack entries");
+    for name in [maps::CT_V4, maps::CT_V6, maps::FLOWS_V4, maps::FLOWS_V6] {
+        assert_eq!(capacity(name), 4_096, "{name}");
+    }
+    assert_eq!(
+        capacity(maps::POLICY_V4),
+        maps::POLICY_MAX_ENTRIES,
+        "the others keep theirs"
+    );
+
+    // One flow's entry per family, with a next hop cached.
+    let (k4, k6) = flow_keys();
+    let nh = NextHop {
+        dmac: [2, 0, 0, 0, 0, 1],
+        smac: [2, 0, 0, 0, 0, 2],
+        mtu: 1500,
+        generation: 1,
+        ifindex: 7,
+        filled: 5,
+    };
+    let pod_node = underlay::from_v4([192, 168, 0, 2]);
+    let e4 = CtEntryV4 {
+        xlate_addr: [192, 0, 2, 1],
+        xlate_port_be: 40_000u16.to_be(),
+        state: 2,
+        _pad0: 0,
+        pod_node,
+        ifindex: 7,
+        rule_id: 3,
+        last_seen_ns: 123,
+        next_hop: nh,
+    };
+    let e6 = CtEntryV6 {
+        xlate_addr: "2001:db8::1"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+        xlate_port_be: 40_000u16.to_be(),
+        state: 2,
+        _pad0: 0,
+        pod_node,
+        ifindex: 7,
+        rule_id: 3,
+        _pad1: 0,
+        last_seen_ns: 123,
+        next_hop: nh,
+    };
+    HashMap::<_, CtKeyV4, CtEntryV4>::try_from(Map::LruHashMap(ct(maps::CT_V4)))
+        .unwrap()
+        .insert(k4, e4, 0)
+        .unwrap();
+    HashMap::<_, CtKeyV6, CtEntryV6>::try_from(Map::LruHashMap(ct(maps::CT_V6)))
+        .unwrap()
+        .insert(k6, e6, 0)
+        .unwrap();
+    drop(dp);
+
+    let read = || {
+        let v4 = HashMap::<_, CtKeyV4, CtEntryV4>::try_from(Map::LruHashMap(ct(maps::CT_V4)))
+            .unwrap()
+            .get(&k4, 0)
+            .expect("the IPv4 flow was carried over");
+        let v6 = HashMap::<_, CtKeyV6, CtEntryV6>::try_from(Map::LruHashMap(ct(maps::CT_V6)))
+            .unwrap()
+            .get(&k6, 0)
+            .expect("the IPv6 flow was carried over");
+        (v4, v6)
+    };
+    let dp = Datapath::open(&dir).expect("reopens with the default capacity");
+    for name in [maps::CT_V4, maps::CT_V6, maps::FLOWS_V4, maps::FLOWS_V6] {
+        assert_eq!(capacity(name), maps::CT_MAX_ENTRIES, "{name} replaced");
+    }
+    let (v4, v6) = read();
+    let without_cache = |mut e: CtEntryV4| {
+        e.next_hop = NextHop::default();
+        e
+    };
+    assert_eq!(v4, without_cache(e4), "flow fields kept, next hop dropped");
+    assert_eq!(v6.next_hop, NextHop::default());
+    assert_eq!(
+        (v6.xlate_addr, v6.xlate_port_be, v6.rule_id, v6.last_seen_ns),
+        (e6.xlate_addr, e6.xlate_port_be, e6.rule_id, e6.last_seen_ns)
+    );
+    drop(dp);
+
+    // The same capacity again: adopted, nothing replaced (the map keeps its id).
+    let id = aya::maps::MapInfo::from_pin(dir.join(maps::CT_V4))
+        .unwrap()
+        .id();
+    drop(Datapath::open(&dir).expect("reopens at the same capacity"));
+    assert_eq!(
+        aya::maps::MapInfo::from_pin(dir.join(maps::CT_V4))
+            .unwrap()
+            .id(),
+        id
+    );
+    assert_eq!(read().0, without_cache(e4));
 }
 
 /// LLVM lowers some zeroing and copying to calls of compiler-builtins' `memset`,
@@ -2373,31 +2501,8 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
 /// far host reset every established connection); the cached next hop is not carried.
 #[test]
 fn conntrack_of_an_earlier_layout_is_carried_into_the_new_map() {
-    use egress_common::conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, NextHop};
-    let v4 = CtKeyV4 {
-        src: [10, 244, 1, 5],
-        dst: [192, 0, 2, 10],
-        src_port_be: 40_000u16.to_be(),
-        dst_port_be: 443u16.to_be(),
-        proto: 6,
-        dir: 0,
-        _pad: [0; 2],
-    };
-    let v6 = CtKeyV6 {
-        src: "fd00:244:1::5"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets(),
-        dst: "2001:db8::10"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets(),
-        src_port_be: 40_000u16.to_be(),
-        dst_port_be: 443u16.to_be(),
-        proto: 6,
-        dir: 0,
-        _pad: [0; 2],
-    };
+    use egress_common::conntrack::{CtEntryV4, CtEntryV6, NextHop};
+    let (v4, v6) = flow_keys();
     for old_size in [40, 72] {
         let e: CtEntryV4 = carried(maps::CT_V4, v4, old_size, 40);
         assert_eq!(e.next_hop, NextHop::default(), "no next hop cached yet");
@@ -2406,6 +2511,35 @@ fn conntrack_of_an_earlier_layout_is_carried_into_the_new_map() {
         let e: CtEntryV6 = carried(maps::CT_V6, v6, old_size, 56);
         assert_eq!(e.next_hop, NextHop::default(), "no next hop cached yet");
     }
+}
+
+/// The conntrack keys of one TCP flow per family (original direction), for the tests of
+/// conntrack carried into new maps.
+fn flow_keys() -> (
+    egress_common::conntrack::CtKeyV4,
+    egress_common::conntrack::CtKeyV6,
+) {
+    use egress_common::conntrack::{CtKeyV4, CtKeyV6};
+    let v6 = |a: &str| a.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    let k4 = CtKeyV4 {
+        src: [10, 244, 1, 5],
+        dst: [192, 0, 2, 10],
+        src_port_be: 40_000u16.to_be(),
+        dst_port_be: 443u16.to_be(),
+        proto: 6,
+        dir: 0,
+        _pad: [0; 2],
+    };
+    let k6 = CtKeyV6 {
+        src: v6("fd00:244:1::5"),
+        dst: v6("2001:db8::10"),
+        src_port_be: k4.src_port_be,
+        dst_port_be: k4.dst_port_be,
+        proto: k4.proto,
+        dir: k4.dir,
+        _pad: [0; 2],
+    };
+    (k4, k6)
 }
 
 /// Pin conntrack map `name` of `old_size`-byte values holding `key` (value bytes 1, 2,

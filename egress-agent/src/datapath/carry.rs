@@ -1,13 +1,19 @@
-//! Conntrack carried over an upgrade. The conntrack entries grew a cached next hop at
-//! their end (`CtEntryV4`: 40 -> 72 bytes, `CtEntryV6`: 56 -> 88), which then shrank to
-//! 24 bytes (64 and 80: a `CtEntryV4` element of the kernel's hash table is then exactly
-//! two cache lines), so a pinned conntrack map of an earlier layout has another value
-//! size and is replaced at start. Replacing it empty would cost every flow through this
-//! gateway its translation: the next packet of an established TCP connection would get a
-//! new source port, which the far host answers with a RST. So the earlier entries are
-//! read before the old map goes and written into the new one: every layout starts with
-//! the same flow fields (40 bytes, 56 for IPv6), which are kept; the cached next hop is
-//! not (all zero means "nothing cached": the next packet looks it up).
+//! Conntrack carried over a restart that replaces the conntrack maps: an upgrade to
+//! another entry layout, or another `--conntrack-entries`.
+//!
+//! The conntrack entries grew a cached next hop at their end (`CtEntryV4`: 40 -> 72
+//! bytes, `CtEntryV6`: 56 -> 88), which then shrank to 24 bytes (64 and 80: a `CtEntryV4`
+//! element of the kernel's hash table is then exactly two cache lines), so a pinned
+//! conntrack map of an earlier layout has another value size and is replaced at start;
+//! so is one of this layout whose capacity the operator changed (a kernel map cannot be
+//! resized). Replacing it empty would cost every flow through this gateway its
+//! translation: the next packet of an established TCP connection would get a new source
+//! port, which the far host answers with a RST. So the entries are read before the old
+//! map goes and written into the new one: every layout starts with the same flow fields
+//! (40 bytes, 56 for IPv6), which are kept; the cached next hop is not (all zero means
+//! "nothing cached": the next packet looks it up). A smaller map than the flows it is
+//! given keeps the ones written last (it is an LRU map), and the agent logs how many
+//! went in.
 
 use std::path::Path;
 
@@ -17,7 +23,7 @@ use aya::{
 };
 use egress_common::maps::{self as names, def};
 
-use super::{Error, Result};
+use super::{Capacities, Error, Result};
 
 /// `BPF_NOEXIST`: insert only a key that is not there.
 const BPF_NOEXIST: u64 = 1;
@@ -52,13 +58,22 @@ impl Carried {
         self.len() == 0
     }
 
-    /// Read the conntrack maps pinned under `pin_dir` that have an earlier layout (before
-    /// they are replaced); none of another layout or of this one.
-    pub fn read(pin_dir: &Path) -> Result<Self> {
-        let mut v4 = read::<def::CtV4, [u8; V4_BEFORE[0]]>(pin_dir, V4_FLOW)?;
-        v4.extend(read::<def::CtV4, [u8; V4_BEFORE[1]]>(pin_dir, V4_FLOW)?);
-        let mut v6 = read::<def::CtV6, [u8; V6_BEFORE[0]]>(pin_dir, V6_FLOW)?;
-        v6.extend(read::<def::CtV6, [u8; V6_BEFORE[1]]>(pin_dir, V6_FLOW)?);
+    /// Read the conntrack maps pinned under `pin_dir` that are about to be replaced
+    /// (before they are): those of an earlier layout, and those of this layout whose
+    /// capacity is not `capacities.conntrack`. None of another layout, nor of this one at
+    /// that capacity (adopted as it is).
+    pub fn read(pin_dir: &Path, capacities: &Capacities) -> Result<Self> {
+        let resized = Some(capacities.conntrack);
+        let mut v4 = read::<def::CtV4, [u8; V4_BEFORE[0]]>(pin_dir, V4_FLOW, None)?;
+        v4.extend(read::<def::CtV4, [u8; V4_BEFORE[1]]>(
+            pin_dir, V4_FLOW, None,
+        )?);
+        v4.extend(read::<def::CtV4, V4Now>(pin_dir, V4_FLOW, resized)?);
+        let mut v6 = read::<def::CtV6, [u8; V6_BEFORE[0]]>(pin_dir, V6_FLOW, None)?;
+        v6.extend(read::<def::CtV6, [u8; V6_BEFORE[1]]>(
+            pin_dir, V6_FLOW, None,
+        )?);
+        v6.extend(read::<def::CtV6, V6Now>(pin_dir, V6_FLOW, resized)?);
         Ok(Self { v4, v6 })
     }
 
@@ -69,9 +84,17 @@ impl Carried {
     }
 }
 
-/// The entries of conntrack map `M` if its pinned map has the earlier value size `B`'s,
-/// each with its first `flow` bytes kept.
-fn read<M: names::Map, B: Pod>(pin_dir: &Path, flow: usize) -> Result<Vec<(M::Key, M::Value)>> {
+/// This build's entries, read as they are pinned.
+type V4Now = <def::CtV4 as names::Map>::Value;
+type V6Now = <def::CtV6 as names::Map>::Value;
+
+/// The entries of conntrack map `M` if its pinned map has the value size of `B` (and,
+/// with `resized` set, a capacity other than it), each with its first `flow` bytes kept.
+fn read<M: names::Map, B: Pod>(
+    pin_dir: &Path,
+    flow: usize,
+    resized: Option<u32>,
+) -> Result<Vec<(M::Key, M::Value)>> {
     let name = M::SPEC.name;
     let path = pin_dir.join(name);
     let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
@@ -79,6 +102,9 @@ fn read<M: names::Map, B: Pod>(pin_dir: &Path, flow: usize) -> Result<Vec<(M::Ke
     };
     let before = size_of::<B>() as u32;
     if info.key_size() != M::SPEC.key_size || info.value_size() != before {
+        return Ok(Vec::new());
+    }
+    if resized.is_some_and(|want| info.max_entries() == want) {
         return Ok(Vec::new());
     }
     let data = MapData::from_pin(&path).map_err(|source| Error::Map { name, source })?;

@@ -172,12 +172,17 @@ pub struct Capacities {
     /// x (their prefixes); also the capacity of `DESTS_V4` / `_V6`, which hold at most one
     /// entry per policy entry.
     pub policy: u32,
+    /// Entries of each conntrack map (`CT_V4`, `CT_V6`; two per flow), preallocated by the
+    /// kernel whatever they hold; also the capacity of `FLOWS_V4` / `_V6` (one per pod
+    /// with flows, so never more than conntrack's).
+    pub conntrack: u32,
 }
 
 impl Default for Capacities {
     fn default() -> Self {
         Self {
             policy: names::POLICY_MAX_ENTRIES,
+            conntrack: names::CT_MAX_ENTRIES,
         }
     }
 }
@@ -185,14 +190,13 @@ impl Default for Capacities {
 impl Capacities {
     /// The capacity this build gives map `name`, when an operator may change it.
     fn of(&self, name: &str) -> Option<u32> {
-        [
-            names::POLICY_V4,
-            names::POLICY_V6,
-            names::DESTS_V4,
-            names::DESTS_V6,
-        ]
-        .contains(&name)
-        .then_some(self.policy)
+        match name {
+            names::POLICY_V4 | names::POLICY_V6 | names::DESTS_V4 | names::DESTS_V6 => {
+                Some(self.policy)
+            }
+            names::CT_V4 | names::CT_V6 | names::FLOWS_V4 | names::FLOWS_V6 => Some(self.conntrack),
+            _ => None,
+        }
     }
 }
 
@@ -212,11 +216,19 @@ fn replace_foreign_pins(pin_dir: &Path, capacities: &Capacities) -> Result<()> {
         if let Some(want) = capacities.of(name)
             && info.max_entries() != want
         {
+            let then = match name {
+                names::CT_V4 | names::CT_V6 => "its flows are carried over",
+                names::FLOWS_V4 | names::FLOWS_V6 => {
+                    "the conntrack sweeper's next walk recounts it"
+                }
+                _ => "the next pass refills it",
+            };
             tracing::warn!(
                 map = name,
                 pinned = info.max_entries(),
                 ours = want,
-                "pinned map has another capacity: replacing it (the next pass refills it)"
+                then,
+                "pinned map has another capacity: replacing it"
             );
             fs::remove_file(&path).map_err(|source| Error::Io {
                 verb: "unpin the map of another capacity at",
@@ -274,7 +286,7 @@ impl Datapath {
             source,
         })?;
         // Before the conntrack maps of an earlier layout are replaced.
-        let carried = carry::Carried::read(pin_dir).unwrap_or_else(|e| {
+        let carried = carry::Carried::read(pin_dir, capacities).unwrap_or_else(|e| {
             tracing::warn!(
                 "failed to read the earlier agent's conntrack: {e}: its flows start over"
             );
