@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use egress_agent::{
     compiler::{Compiled, compile},
-    datapath::{Datapath, state::MapState},
+    datapath::{Capacities, Datapath, state::MapState},
     source::{ClusterView, PodSummary, yaml},
 };
 use egress_common::maps::REGISTRY;
@@ -268,7 +268,15 @@ pub struct NodeScale {
     pub reapply_ms: f64,
     pub inserted: usize,
     pub maps: Vec<MapUse>,
+    /// The same state applied to a datapath opened with this many conntrack entries
+    /// (`--conntrack-entries`), and its maps: the source node as it can run when it never
+    /// serves a gateway.
+    pub small_ct: Option<(u32, Vec<MapUse>)>,
 }
+
+/// The source node's conntrack size in the memory table's extra column: the agent's
+/// minimum, for nodes that never serve a gateway.
+const SMALL_CT: u32 = 1_024;
 
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -371,6 +379,27 @@ fn measure_node(
     );
     let maps = map_use(&want, &pin_dir);
     drop(dp);
+    let small_ct = if gateway {
+        None
+    } else {
+        let dir = pins.join(format!("{node}-ct{SMALL_CT}"));
+        let capacities = Capacities {
+            conntrack: SMALL_CT,
+            ..Capacities::default()
+        };
+        let mut dp = Datapath::open_with(&dir, &capacities).with_context(|| {
+            format!("failed to load the datapath for {node} with {SMALL_CT} conntrack entries")
+        })?;
+        let stats = dp.apply(&want)?;
+        ensure!(
+            stats.failed == 0 && stats.inserted == total,
+            "{node} with {SMALL_CT} conntrack entries: apply inserted {} of {total} entries",
+            stats.inserted
+        );
+        let maps = map_use(&want, &dir);
+        drop(dp);
+        Some((SMALL_CT, maps))
+    };
     Ok(NodeScale {
         node: node.to_owned(),
         gateway,
@@ -380,6 +409,7 @@ fn measure_node(
         reapply_ms,
         inserted: stats.inserted,
         maps,
+        small_ct,
     })
 }
 
@@ -545,9 +575,16 @@ pub fn memory_table(run: &Result<ScaleRun>) -> Table {
         cols.push(format!("{} entries", role(n)));
         cols.push(format!("{} entries x (key + value)", role(n)));
         cols.push(format!("{} memlock", role(n)));
+        if let Some((entries, _)) = &n.small_ct {
+            cols.push(format!(
+                "{} memlock, `--conntrack-entries {}`",
+                role(n),
+                thousands(u64::from(*entries))
+            ));
+        }
     }
     let mut rows = Vec::new();
-    let mut totals = vec![(0u64, 0u64); r.nodes.len()];
+    let mut totals = vec![(0u64, 0u64, 0u64); r.nodes.len()];
     for (i, spec) in REGISTRY.iter().enumerate() {
         let mut row = vec![
             format!("`{}`", spec.name),
@@ -560,15 +597,23 @@ pub fn memory_table(run: &Result<ScaleRun>) -> Table {
             row.push(thousands(m.entries as u64));
             row.push(kib(m.entry_bytes));
             row.push(m.memlock.map_or("-".to_owned(), kib));
+            if let Some((_, small)) = &n.small_ct {
+                let lock = small[i].memlock;
+                total.2 += lock.unwrap_or(0);
+                row.push(lock.map_or("-".to_owned(), kib));
+            }
         }
         rows.push(row);
     }
     let mut total_row = vec!["**all maps**".to_owned(), String::new()];
-    for (n, (bytes, lock)) in r.nodes.iter().zip(&totals) {
+    for (n, (bytes, lock, small_lock)) in r.nodes.iter().zip(&totals) {
         let entries: usize = n.maps.iter().map(|m| m.entries).sum();
         total_row.push(format!("**{}**", thousands(entries as u64)));
         total_row.push(format!("**{}**", kib(*bytes)));
         total_row.push(format!("**{}**", kib(*lock)));
+        if n.small_ct.is_some() {
+            total_row.push(format!("**{}**", kib(*small_lock)));
+        }
     }
     rows.push(total_row);
     Table {
@@ -579,7 +624,9 @@ pub fn memory_table(run: &Result<ScaleRun>) -> Table {
              kernel's own figure for the pinned map (`bpftool map show pinned`, \
              `bytes_memlock`), which counts preallocated hash maps (conntrack, pod owners, \
              ...) at their capacity whatever they hold, and the tries and \
-             `BPF_F_NO_PREALLOC` maps by what they hold.",
+             `BPF_F_NO_PREALLOC` maps by what they hold. The source node's last column is \
+             the same state applied to maps made with `--conntrack-entries 1024`, as a node \
+             that never serves a gateway can run.",
             r.nodes.first().map_or("-", |n| n.node.as_str()),
             r.nodes.get(1).map_or("-", |n| n.node.as_str()),
         )],
@@ -592,6 +639,56 @@ pub fn memory_table(run: &Result<ScaleRun>) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each map at `memlock` bytes, holding nothing.
+    fn maps_at(memlock: u64) -> Vec<MapUse> {
+        REGISTRY
+            .iter()
+            .map(|spec| MapUse {
+                name: spec.name,
+                entries: 0,
+                entry_bytes: 0,
+                memlock: Some(memlock),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_memory_table_gives_the_source_node_with_a_small_conntrack_a_column_and_total() {
+        let node = |name: &str, gateway: bool, small: Option<u64>| NodeScale {
+            node: name.to_owned(),
+            gateway,
+            compile_ms: vec![],
+            from_desired_ms: vec![],
+            apply_ms: 0.0,
+            reapply_ms: 0.0,
+            inserted: 0,
+            maps: maps_at(2048),
+            small_ct: small.map(|b| (SMALL_CT, maps_at(b))),
+        };
+        let run = ScaleRun {
+            shape: SHAPE,
+            build_ms: 0.0,
+            nodes: vec![node("w", false, Some(1024)), node("g", true, None)],
+            took_s: 0.0,
+        };
+        let t = memory_table(&Ok(run));
+        assert_eq!(
+            t.header.len(),
+            2 + 4 + 3,
+            "one extra column, the source node's"
+        );
+        assert_eq!(
+            t.header[5],
+            "source node memlock, `--conntrack-entries 1,024`"
+        );
+        let total = t.rows.last().unwrap();
+        let n = REGISTRY.len() as u64;
+        assert_eq!(total.len(), t.header.len());
+        assert_eq!(total[4], format!("**{}**", kib(2048 * n)));
+        assert_eq!(total[5], format!("**{}**", kib(1024 * n)));
+        assert_eq!(total[8], format!("**{}**", kib(2048 * n)));
+    }
 
     #[test]
     fn the_synthetic_cluster_compiles_to_each_nodes_share() {
