@@ -1,4 +1,5 @@
-//! `from_tunnel`: packets arriving on our VXLAN device. A rule id in the VNI means "egress
+//! `from_tunnel`: packets arriving on our VXLAN device, or decapsulated by `from_underlay`
+//! (`crate::decap`) before they reach it. A rule id in the VNI means "egress
 //! this for me" (gateway role); `RETURN_VNI` means "a reply for one of your pods".
 //! Either way the sender must be a known node, and the inner address must belong to it
 //! (forward) or to us (return). The inner packet is IPv4 or IPv6, and so is the underlay.
@@ -19,12 +20,22 @@ use crate::{
     tunnel::{self, Received},
 };
 
+/// A packet the tunnel device decapsulated: its metadata is the device's.
 #[inline(always)]
 pub fn run(ctx: &TcContext) -> i32 {
+    run_from(ctx, None)
+}
+
+/// A tunneled packet, its metadata the device's (`pre` is `None`) or read from the
+/// headers that `crate::decap` removed.
+#[inline(always)]
+pub fn run_from(ctx: &TcContext, pre: Option<&Received>) -> i32 {
     match parse::ethertype(ctx) {
         // The gateway path's RSTs are sent from this frame (`reset::deferred4`, `6`).
-        Some(parse::ETH_P_IP_BE) => reset::deferred4(ctx, run4(ctx)),
-        Some(parse6::ETH_P_IPV6_BE) if parse6::IPV6_DATAPATH => reset::deferred6(ctx, run6(ctx)),
+        Some(parse::ETH_P_IP_BE) => reset::deferred4(ctx, run4(ctx, pre)),
+        Some(parse6::ETH_P_IPV6_BE) if parse6::IPV6_DATAPATH => {
+            reset::deferred6(ctx, run6(ctx, pre))
+        }
         // ARP and anything else.
         _ => OK,
     }
@@ -33,12 +44,12 @@ pub fn run(ctx: &TcContext) -> i32 {
 /// An inner IPv4 packet. Each family's path is a function of its own, so that the entry
 /// point's stack frame stays empty under the other family's calls.
 #[inline(never)]
-fn run4(ctx: &TcContext) -> i32 {
+fn run4(ctx: &TcContext, pre: Option<&Received>) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
     };
-    let (cfg, meta) = match sender(ctx) {
+    let (cfg, meta) = match sender(ctx, pre) {
         Ok(s) => s,
         Err(v) => return v,
     };
@@ -75,16 +86,20 @@ fn run4(ctx: &TcContext) -> i32 {
     gateway::forward(ctx, cfg, &ip, &l4, meta.vni, meta.sender)
 }
 
-/// The node's configuration and the tunnel metadata of a packet, or the verdict of one
-/// without. Whether the sender is known is the caller's check ([`known`], or the owner
+/// The node's configuration and the tunnel metadata of a packet (`pre`, or the
+/// device's), or the verdict of one without. Whether the sender is known is the caller's check ([`known`], or the owner
 /// check with [`not_owned`]).
 #[inline(always)]
-fn sender(ctx: &TcContext) -> Result<(&'static Config, Received), i32> {
+fn sender(ctx: &TcContext, pre: Option<&Received>) -> Result<(&'static Config, Received), i32> {
     let Some(cfg) = maps::config() else {
         return Err(verdict(ctx, reason::DROP_NOT_READY, SHOT));
     };
-    let Some(meta) = tunnel::received(ctx) else {
-        return Err(verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT));
+    let meta = match pre {
+        Some(m) => *m,
+        None => match tunnel::received(ctx) {
+            Some(m) => m,
+            None => return Err(verdict(ctx, reason::DROP_UNKNOWN_SENDER, SHOT)),
+        },
     };
     Ok((cfg, meta))
 }
@@ -109,7 +124,7 @@ fn not_owned(ctx: &TcContext, meta: &Received) -> i32 {
 /// The same for an inner IPv6 packet (kept out of line: the verifier sees each family's
 /// path once). Its parsed headers live in the per-CPU scratch slot.
 #[inline(never)]
-fn run6(ctx: &TcContext) -> i32 {
+fn run6(ctx: &TcContext, pre: Option<&Received>) -> i32 {
     let Some(s) = maps::scratch() else {
         return OK;
     };
@@ -118,7 +133,7 @@ fn run6(ctx: &TcContext) -> i32 {
         parse6::NOT_IPV6 => return OK,
         _ => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
     }
-    let (cfg, meta) = match sender(ctx) {
+    let (cfg, meta) = match sender(ctx, pre) {
         Ok(s) => s,
         Err(v) => return v,
     };

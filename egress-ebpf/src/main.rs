@@ -8,6 +8,7 @@
 
 mod conntrack;
 mod counters;
+mod decap;
 mod fib;
 mod flows;
 mod from_pod;
@@ -38,6 +39,17 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn from_tunnel(ctx: TcContext) -> i32 {
     from_tunnel::run(&ctx)
+}
+
+/// TC ingress on the underlay interface (the one holding this node's IPv4 underlay
+/// address): our VXLAN packets decapsulated, then `from_tunnel`'s paths; anything else
+/// goes on untouched.
+#[classifier]
+pub fn from_underlay(ctx: TcContext) -> i32 {
+    match decap::decapsulate(&ctx) {
+        Some(meta) => from_tunnel::run_from(&ctx, Some(meta)),
+        None => decap::NOT_OURS,
+    }
 }
 
 /// TC ingress on the gateway's egress (secondary) interfaces.

@@ -217,6 +217,8 @@ pub struct Scratch {
     pub dest6: Key<[u8; 16]>,
     pub reset4: Segment4,
     pub rst: TcpHdr,
+    /// The metadata of a packet `from_underlay` decapsulated (`crate::decap`).
+    pub decap: crate::tunnel::Received,
 }
 
 #[btf_map]

@@ -28,6 +28,8 @@ use crate::{
 static TEST_TUNNEL_FROM_CB: u8 = 0;
 
 /// Tunnel metadata of a received packet.
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Received {
     /// The outer source: an IPv4 underlay sender IPv4-mapped.
     pub sender: Underlay,

@@ -39,6 +39,8 @@ use egress_common::{
 pub const TC_ACT_OK: u32 = 0;
 pub const TC_ACT_SHOT: u32 = 2;
 pub const TC_ACT_REDIRECT: u32 = 7;
+/// `TC_ACT_UNSPEC` (-1) as `test_run` reports it: the next program, or the stack.
+pub const TC_ACT_UNSPEC: u32 = u32::MAX;
 
 /// Run `f` on a thread of its own in a new, empty network namespace (loopback up).
 pub fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {

@@ -21,7 +21,7 @@
 
 use std::net::Ipv4Addr;
 
-use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
+use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY};
 use egress_common::{
     config::{Config, flags},
     conntrack::{self, CtEntryV4, CtKeyV4, NextHop, dir, state},
@@ -37,7 +37,10 @@ use egress_tests::{
         quote,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
-    testrun::{Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, ifindex, in_netns, ip, ktime_ns, sysctl},
+    testrun::{
+        Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, ifindex, in_netns, ip, ktime_ns,
+        sysctl,
+    },
 };
 
 // ---- the cluster, as seen from this node ----
@@ -687,6 +690,234 @@ fn unknown_pods_table() {
             &[],
         ),
     ]);
+}
+
+/// `inner` (a frame) in VXLAN from `sender` to `dst`, UDP port `port`, VNI `vni`, as a
+/// node's tunnel device sends it to the underlay.
+fn vxlan(sender: Ipv4Addr, dst: Ipv4Addr, port: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let ip_len = (20 + 8 + 8 + inner.len()) as u16;
+    let mut f = Vec::new();
+    f.extend_from_slice(&[
+        0x02, 0, 0, 0, 0xcc, 0x01, 0x02, 0, 0, 0, 0xcc, 0x02, 0x08, 0,
+    ]);
+    f.extend_from_slice(&[0x45, 0]);
+    f.extend_from_slice(&ip_len.to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0, 0, 64, 17, 0, 0]);
+    f.extend_from_slice(&sender.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&54_321u16.to_be_bytes());
+    f.extend_from_slice(&port.to_be_bytes());
+    f.extend_from_slice(&(ip_len - 20).to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0x08, 0, 0, 0]);
+    f.extend_from_slice(&(vni << 8).to_be_bytes());
+    f.extend_from_slice(inner);
+    fix_ip_csum(&mut f);
+    f
+}
+
+/// `from_underlay`: our VXLAN packets (to this node's address, UDP port
+/// `DEFAULT_TUNNEL_PORT`) are decapsulated and take exactly the tunnel device's paths:
+/// the same verdict, output frame and counters as `from_tunnel` given the same sender
+/// and VNI by the device. Anything else goes on untouched and uncounted
+/// (`TC_ACT_UNSPEC`: the next program on the interface, or the stack and the device).
+#[test]
+fn from_underlay_decapsulates_our_vxlan_as_the_device_would_and_leaves_the_rest() {
+    use egress_common::config::DEFAULT_TUNNEL_PORT as PORT;
+    in_netns(|| {
+        let net = topology();
+        let ul0 = ifindex("ul0");
+        let same_as_device = [
+            (
+                "a remote pod's SYN, rule A",
+                PEER,
+                RULE_A,
+                syn(REMOTE_POD, 40_000, DEST_A, 443, 1400),
+            ),
+            (
+                "a remote pod's UDP, rule B",
+                PEER,
+                RULE_B,
+                udp(REMOTE_POD, 5_000, DEST_B, 53),
+            ),
+            (
+                "a reply for a local pod",
+                PEER,
+                RETURN_VNI,
+                tcp(DEST_A, 443, LOCAL_POD, 40_000, TCP_ACK),
+            ),
+            (
+                "an unknown sender",
+                STRANGER,
+                RULE_A,
+                syn(REMOTE_POD, 40_000, DEST_A, 443, 1400),
+            ),
+            (
+                "a spoofed inner source",
+                PEER,
+                RULE_A,
+                syn(LOCAL_POD, 40_000, DEST_A, 443, 1400),
+            ),
+        ];
+        for (what, sender, vni, p) in same_as_device {
+            let inner = p.build();
+            let mut device = Datapath::load();
+            base(&mut device, &net);
+            let want = device.run(FROM_TUNNEL, &inner, net.tun0, Some((sender.into(), vni)));
+            let mut dp = Datapath::load();
+            base(&mut dp, &net);
+            let got = dp.run(
+                FROM_UNDERLAY,
+                &vxlan(sender, NODE, PORT, vni, &inner),
+                ul0,
+                None,
+            );
+            assert_eq!(got.verdict, want.verdict, "{what}: verdict");
+            // A dropped frame keeps the Ethernet header it came with: the device's
+            // inner one, or ours outer one.
+            if want.verdict != TC_ACT_SHOT {
+                assert_eq!(got.frame, want.frame, "{what}: output frame");
+            }
+            assert_eq!(dp.counters(), device.counters(), "{what}: counters");
+        }
+
+        let inner = syn(REMOTE_POD, 40_000, DEST_A, 443, 1400).build();
+        let ours = vxlan(PEER, NODE, PORT, RULE_A, &inner);
+        let changed = |f: fn(&mut Vec<u8>)| {
+            let mut v = ours.clone();
+            f(&mut v);
+            fix_ip_csum(&mut v);
+            v
+        };
+        let not_ours = [
+            (
+                "the kernel's VXLAN port",
+                vxlan(PEER, NODE, 4789, RULE_A, &inner),
+            ),
+            (
+                "another address of the node",
+                vxlan(PEER, a(192, 168, 0, 11), PORT, RULE_A, &inner),
+            ),
+            ("a VXLAN flag besides the VNI's", changed(|f| f[42] = 0x0c)),
+            (
+                "an inner ARP frame",
+                changed(|f| f[62..64].copy_from_slice(&[8, 6])),
+            ),
+            ("a first fragment", changed(|f| f[20] = 0x20)),
+            (
+                "IP options",
+                changed(|f| {
+                    f[14] = 0x46;
+                    f.splice(34..34, [1, 1, 1, 0]);
+                    let len = u16::from_be_bytes([f[16], f[17]]) + 4;
+                    f[16..18].copy_from_slice(&len.to_be_bytes());
+                }),
+            ),
+            (
+                "cut short of the inner Ethernet header",
+                ours[..60].to_vec(),
+            ),
+        ];
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        for (what, f) in not_ours {
+            let o = dp.run(FROM_UNDERLAY, &f, ul0, None);
+            assert_eq!(o.verdict, TC_ACT_UNSPEC, "{what}: verdict");
+            assert_eq!(o.frame, f, "{what}: frame untouched");
+        }
+        assert!(
+            dp.counters().values().all(|&n| n == 0),
+            "nothing counted: {:?}",
+            dp.counters()
+        );
+    });
+}
+
+/// `from_underlay` against the device on mutated VXLAN frames: every frame it does not
+/// pass on untouched (`TC_ACT_UNSPEC`) must get exactly what `from_tunnel` gives the
+/// frame's inner packet with the frame's outer source and VNI: the same verdict and, but
+/// for drops, the same output. Two datapaths see the same frames in the same order, so
+/// their conntrack stays alike. A few thousand frames from a fixed seed: bytes changed
+/// in the headers, cut short, garbage appended.
+#[test]
+fn from_underlay_never_does_what_the_device_would_not() {
+    use egress_common::config::DEFAULT_TUNNEL_PORT as PORT;
+    use egress_tests::fuzz::cases::min_len;
+    in_netns(|| {
+        let net = topology();
+        let ul0 = ifindex("ul0");
+        let (mut dp, mut device) = (Datapath::load(), Datapath::load());
+        base(&mut dp, &net);
+        base(&mut device, &net);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let inners = [
+            syn(REMOTE_POD, 40_000, DEST_A, 443, 1400).build(),
+            udp(REMOTE_POD2, 5_000, DEST_B, 53).build(),
+            tcp(DEST_A, 443, LOCAL_POD, 40_000, TCP_ACK).build(),
+        ];
+        let (mut decapsulated, mut passed) = (0, 0);
+        for i in 0..3_000u64 {
+            let inner = &inners[(i % 3) as usize];
+            let vni = [RULE_A, RULE_B, RETURN_VNI, 77][(next() % 4) as usize];
+            let sender = [PEER, STRANGER][(next() % 2) as usize];
+            let mut f = vxlan(sender, NODE, PORT, vni, inner);
+            for _ in 0..1 + next() % 3 {
+                match next() % 4 {
+                    // A header byte (outer or inner) changed.
+                    0 | 1 => {
+                        let at = (next() % 90.min(f.len() as u64)) as usize;
+                        f[at] = next() as u8;
+                    }
+                    // Cut short (as far as test_run takes it).
+                    2 => {
+                        let min = min_len(&f);
+                        if f.len() > min {
+                            f.truncate(min + (next() % (f.len() - min) as u64) as usize);
+                        }
+                    }
+                    _ => f.extend((0..next() % 16).map(|_| next() as u8)),
+                }
+            }
+            let ihl = f.get(14).map_or(0, |b| usize::from(b & 0xf) * 4);
+            if next() % 2 == 0 && ihl >= 20 && f.len() >= 14 + ihl {
+                fix_ip_csum(&mut f);
+            }
+            let got = dp.run(FROM_UNDERLAY, &f, ul0, None);
+            if got.verdict == TC_ACT_UNSPEC {
+                assert_eq!(got.frame, f, "case {i}: passed on, but changed");
+                passed += 1;
+                continue;
+            }
+            decapsulated += 1;
+            if f.len() - 50 < min_len(&f[50..]) {
+                // An inner packet shorter than its IP header: test_run refuses it as
+                // such, and from_tunnel drops it as malformed.
+                assert_eq!(got.verdict, TC_ACT_SHOT, "case {i}: a short inner packet");
+                continue;
+            }
+            let outer_src = Ipv4Addr::new(f[26], f[27], f[28], f[29]);
+            let vni = u32::from_be_bytes([f[46], f[47], f[48], f[49]]) >> 8;
+            let want = device.run(
+                FROM_TUNNEL,
+                &f[50..],
+                net.tun0,
+                Some((outer_src.into(), vni)),
+            );
+            assert_eq!(got.verdict, want.verdict, "case {i}: verdict, frame {f:?}");
+            if want.verdict != TC_ACT_SHOT {
+                assert_eq!(got.frame, want.frame, "case {i}: output, frame {f:?}");
+            }
+        }
+        assert!(
+            decapsulated > 300 && passed > 300,
+            "both ways taken: {decapsulated} decapsulated, {passed} passed on"
+        );
+    });
 }
 
 fn fix_ip_csum(f: &mut [u8]) {
@@ -1922,6 +2153,11 @@ fn from_pod_loads_and_attaches() {
 #[test]
 fn from_tunnel_loads_and_attaches() {
     attach(FROM_TUNNEL);
+}
+
+#[test]
+fn from_underlay_loads_and_attaches() {
+    attach(FROM_UNDERLAY);
 }
 
 #[test]

@@ -35,7 +35,8 @@ pub struct Tunnel<'a> {
     pub ifindex: u32,
 }
 
-/// `from_tunnel` on the tunnel, `from_secondary` on each egress interface present,
+/// `from_tunnel` on the tunnel, `from_underlay` on the interface holding the node's IPv4
+/// underlay address ([`underlay_interface`]), `from_secondary` on each egress interface present,
 /// `from_pod` on the device each selected local pod is routed to, when that device is a
 /// pod device ([`pod_devices`]; never the underlay a default route leaves by) (and, with
 /// `--unknown-pods drop`, on every pod device: [`pod_devices`]). Returns the attachments
@@ -55,6 +56,13 @@ pub fn wanted(
         ifname: tunnel.name.to_owned(),
         ifindex: tunnel.ifindex,
     });
+    if let Some(i) = underlay_interface(desired, ifaces, tunnel) {
+        attach.insert(Attachment {
+            program: ebpf::FROM_UNDERLAY,
+            ifname: i.name.clone(),
+            ifindex: i.ifindex,
+        });
+    }
     for name in &desired.egress_interfaces {
         if let Some(i) = ifaces.iter().find(|i| &i.name == name) {
             attach.insert(Attachment {
@@ -102,6 +110,25 @@ pub fn wanted(
         }
     }
     (attach, problems)
+}
+
+/// The interface that holds this node's IPv4 underlay address, where `from_underlay`
+/// decapsulates our tunnel's packets before the tunnel device would (an IPv6 underlay
+/// has none: the device decapsulates). Never the tunnel device itself, nor an egress
+/// interface (whose ingress is `from_secondary`'s).
+fn underlay_interface<'a>(
+    desired: &Desired,
+    ifaces: &'a [iface::Interface],
+    tunnel: &Tunnel<'_>,
+) -> Option<&'a iface::Interface> {
+    let node @ IpAddr::V4(_) = desired.node_ip? else {
+        return None;
+    };
+    ifaces.iter().find(|i| {
+        i.ifindex != tunnel.ifindex
+            && !desired.egress_interfaces.contains(&i.name)
+            && i.addresses.iter().any(|(a, _)| *a == node)
+    })
 }
 
 /// The devices that pods of this node send from, as the CNI routes them: every device a
@@ -221,6 +248,39 @@ mod tests {
             ]
         );
         assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn the_interface_with_the_nodes_ipv4_underlay_address_takes_from_underlay() {
+        let mut i = ifaces();
+        i[0] = iface::Interface::up_for_test("eth0", 2, &[("10.0.0.5", 24)]);
+        let mut d = desired();
+        d.node_ip = Some("10.0.0.5".parse().unwrap());
+        let (a, _) = wanted(&TUNNEL, &d, &i, Some(&table()), UnknownPods::Pass);
+        assert!(
+            names(&a).contains(&"from_underlay@eth0".to_owned()),
+            "{a:?}"
+        );
+        // No address known, an address nowhere, an IPv6 underlay (the device
+        // decapsulates), or the address on an egress interface: none.
+        let underlay = |d: &Desired, i: &[iface::Interface]| {
+            let (a, _) = wanted(&TUNNEL, d, i, Some(&table()), UnknownPods::Pass);
+            names(&a)
+                .into_iter()
+                .filter(|n| n.starts_with("from_underlay"))
+                .collect::<Vec<_>>()
+        };
+        assert!(underlay(&desired(), &i).is_empty());
+        d.node_ip = Some("10.0.0.6".parse().unwrap());
+        assert!(underlay(&d, &i).is_empty());
+        let mut v6 = ifaces();
+        v6[0] = iface::Interface::up_for_test("eth0", 2, &[("fd00::5", 64)]);
+        d.node_ip = Some("fd00::5".parse().unwrap());
+        assert!(underlay(&d, &v6).is_empty());
+        let mut sec = ifaces();
+        sec[2] = iface::Interface::up_for_test("ens224", 4, &[("10.0.0.5", 24)]);
+        d.node_ip = Some("10.0.0.5".parse().unwrap());
+        assert!(underlay(&d, &sec).is_empty());
     }
 
     #[test]

@@ -361,7 +361,7 @@ async fn set_up_node(cfg: &RunConfig) -> Result<(iface::Netlink, (u32, u32, u32)
         .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
         .await
         .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
-    let dp = Datapath::open_with(&cfg.bpffs_dir, &cfg.capacities)
+    let dp = Datapath::open_at(&cfg.bpffs_dir, &cfg.capacities, cfg.tunnel_port)
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
     // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
     crate::datapath::sweep::start(&cfg.bpffs_dir)

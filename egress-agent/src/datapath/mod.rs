@@ -280,6 +280,15 @@ impl Datapath {
 
     /// [`Datapath::open`] with the operator's map capacities.
     pub fn open_with(pin_dir: &Path, capacities: &Capacities) -> Result<Self> {
+        Self::open_at(
+            pin_dir,
+            capacities,
+            egress_common::config::DEFAULT_TUNNEL_PORT,
+        )
+    }
+
+    /// [`Datapath::open_with`] for a tunnel on UDP port `tunnel_port`.
+    pub fn open_at(pin_dir: &Path, capacities: &Capacities, tunnel_port: u16) -> Result<Self> {
         fs::create_dir_all(pin_dir).map_err(|source| Error::Io {
             verb: "create the pin directory",
             path: pin_dir.to_owned(),
@@ -294,6 +303,7 @@ impl Datapath {
         });
         replace_foreign_pins(pin_dir, capacities)?;
         let mut loader = EbpfLoader::new();
+        loader.override_global(ebpf::TUNNEL_PORT, &tunnel_port, true);
         for name in names::names() {
             loader.map_pin_path(name, pin_dir.join(name));
             if let Some(entries) = capacities.of(name) {
@@ -315,7 +325,12 @@ impl Datapath {
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             tracing::debug!("no eBPF log channel: {e}");
         }
-        for prog in [ebpf::FROM_POD, ebpf::FROM_TUNNEL, ebpf::FROM_SECONDARY] {
+        for prog in [
+            ebpf::FROM_POD,
+            ebpf::FROM_TUNNEL,
+            ebpf::FROM_UNDERLAY,
+            ebpf::FROM_SECONDARY,
+        ] {
             let p: &mut SchedClassifier = ebpf
                 .program_mut(prog)
                 .ok_or_else(|| Error::Program {
