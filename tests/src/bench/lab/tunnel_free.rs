@@ -15,8 +15,8 @@ use std::{collections::BTreeMap, time::Duration};
 use anyhow::{Context as _, Result, bail, ensure};
 
 use super::{
-    LabPlan, LabRun, Samples, Side, Table, baseline, get, header, measure, ratio, spread_big,
-    spread_text, times, why,
+    AGENT_TUNNEL, LabPlan, LabRun, Samples, Side, Table, baseline, get, header, measure, ratio,
+    spread_big, spread_text, times, why,
 };
 use crate::{
     bench::Spread,
@@ -32,8 +32,6 @@ pub const POD: &str = "gw1-p1";
 /// tuple, whose sequence numbers (hashed from the pod's own tuple) are no later, and
 /// those connections would wait a second for their SYN's retry.
 pub const PORTS: &str = "1024 9999";
-/// The agents' tunnel device (`egress-agent --tunnel-device`'s default).
-const AGENT_TUNNEL: &str = "egress0";
 /// How the facts of this section start (the other tables leave them out).
 const FACT: &str = "Tunnel-free";
 
