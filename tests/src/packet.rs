@@ -352,6 +352,31 @@ impl Ipv4Packet {
     }
 }
 
+/// `inner` (a frame) in VXLAN over IPv4 from `sender` to `dst`, UDP port `port`, VNI
+/// `vni`, as a node's tunnel device sends it to the underlay (outer header checksum
+/// right, UDP checksum zero).
+pub fn vxlan(sender: Ipv4Addr, dst: Ipv4Addr, port: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let ip_len = (20 + 8 + 8 + inner.len()) as u16;
+    let mut f = Vec::new();
+    f.extend_from_slice(&[
+        0x02, 0, 0, 0, 0xcc, 0x01, 0x02, 0, 0, 0, 0xcc, 0x02, 0x08, 0,
+    ]);
+    f.extend_from_slice(&[0x45, 0]);
+    f.extend_from_slice(&ip_len.to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0, 0, 64, PROTO_UDP, 0, 0]);
+    f.extend_from_slice(&sender.octets());
+    f.extend_from_slice(&dst.octets());
+    let c = checksum(&[&f[14..34]]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&54_321u16.to_be_bytes());
+    f.extend_from_slice(&port.to_be_bytes());
+    f.extend_from_slice(&(ip_len - 20).to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0x08, 0, 0, 0]);
+    f.extend_from_slice(&(vni << 8).to_be_bytes());
+    f.extend_from_slice(inner);
+    f
+}
+
 /// A frame that is not IPv4 (an ARP request).
 pub fn arp_frame() -> Vec<u8> {
     let mut f = Vec::new();

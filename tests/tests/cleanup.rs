@@ -97,6 +97,15 @@ fn cleanup_refuses_a_running_agent_vanished_pins_come_back_and_cleanup_removes_e
         "right after the pins went: w1-p1 -> host-a seen as {:?}",
         seen(&lab, "w1-p1", Proto::Udp, HOST_A)
     );
+    // Each agent's next resync restores them, and says so (waited for first: the
+    // links' detach may not show at once, and a resync may come before it does).
+    for node in ["w1", gw.as_str()] {
+        wait_until(RESYNC * 3, || {
+            let log = lab.agent_log(node);
+            log.contains("pins vanished") && log.contains("restored")
+        })
+        .unwrap_or_else(|e| panic!("{node} did not restore: {e:#}\n{}", lab.agent_log(node)));
+    }
     let took = wait_until(RESYNC * 3, || egress_a_through_gateway(&lab))
         .unwrap_or_else(|e| panic!("traffic not back: {e:#}\n{}", lab.agent_log(&gw)));
     eprintln!(
@@ -114,10 +123,25 @@ fn cleanup_refuses_a_running_agent_vanished_pins_come_back_and_cleanup_removes_e
             "{node} re-pinned"
         );
     }
+    let progs = attached_programs(&lab, &gw);
     assert!(
-        attached_programs(&lab, &gw).contains("from_tunnel"),
-        "{}",
-        attached_programs(&lab, &gw)
+        progs.contains("from_tunnel"),
+        "attached again on {gw}:\n{progs}"
+    );
+    let underlay_pinned = std::fs::read_dir(&pins).unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .starts_with("link-from_underlay@")
+    });
+    assert!(
+        underlay_pinned,
+        "from_underlay attached and pinned again on {gw}: {:?}\n{}",
+        std::fs::read_dir(&pins)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect::<Vec<_>>(),
+        lab.agent_log(&gw)
     );
 
     // 3. SIGTERM keeps the datapath and says so; cleanup then uninstalls it.
@@ -135,6 +159,7 @@ fn cleanup_refuses_a_running_agent_vanished_pins_come_back_and_cleanup_removes_e
     for line in [
         format!("removed egress IP {EGRESS_IP_A}/"),
         "detached from_tunnel from egress0".to_owned(),
+        "detached from_underlay from eth0".to_owned(),
         "removed map pin CONFIG".to_owned(),
         format!("removed pin directory {pin_arg}"),
         "removed tunnel device egress0".to_owned(),
@@ -153,7 +178,7 @@ fn cleanup_refuses_a_running_agent_vanished_pins_come_back_and_cleanup_removes_e
         "no egress IP left:\n{addrs}"
     );
     let progs = attached_programs(&lab, &gw);
-    for p in ["from_pod", "from_tunnel", "from_secondary"] {
+    for p in ["from_pod", "from_tunnel", "from_underlay", "from_secondary"] {
         assert!(!progs.contains(p), "no {p} attached on {gw}:\n{progs}");
     }
     // Twice is fine: nothing left to remove.

@@ -34,7 +34,7 @@ use egress_tests::{
     packet::{
         HOST_MAC, ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC,
         PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, checksum, icmp_error,
-        quote,
+        quote, vxlan,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
     testrun::{
@@ -690,29 +690,6 @@ fn unknown_pods_table() {
             &[],
         ),
     ]);
-}
-
-/// `inner` (a frame) in VXLAN from `sender` to `dst`, UDP port `port`, VNI `vni`, as a
-/// node's tunnel device sends it to the underlay.
-fn vxlan(sender: Ipv4Addr, dst: Ipv4Addr, port: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
-    let ip_len = (20 + 8 + 8 + inner.len()) as u16;
-    let mut f = Vec::new();
-    f.extend_from_slice(&[
-        0x02, 0, 0, 0, 0xcc, 0x01, 0x02, 0, 0, 0, 0xcc, 0x02, 0x08, 0,
-    ]);
-    f.extend_from_slice(&[0x45, 0]);
-    f.extend_from_slice(&ip_len.to_be_bytes());
-    f.extend_from_slice(&[0, 0, 0, 0, 64, 17, 0, 0]);
-    f.extend_from_slice(&sender.octets());
-    f.extend_from_slice(&dst.octets());
-    f.extend_from_slice(&54_321u16.to_be_bytes());
-    f.extend_from_slice(&port.to_be_bytes());
-    f.extend_from_slice(&(ip_len - 20).to_be_bytes());
-    f.extend_from_slice(&[0, 0, 0x08, 0, 0, 0]);
-    f.extend_from_slice(&(vni << 8).to_be_bytes());
-    f.extend_from_slice(inner);
-    fix_ip_csum(&mut f);
-    f
 }
 
 /// `from_underlay`: our VXLAN packets (to this node's address, UDP port

@@ -22,7 +22,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{HashMap, MapData};
-use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
+use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY};
 use egress_common::{
     config::{Config, flags},
     conntrack::{self, CtEntryV6, CtKeyV6, NextHop, dir, state},
@@ -37,7 +37,7 @@ use egress_common::{
 use egress_tests::{
     packet::{
         HOST_MAC, L4, POD_MAC, PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame,
-        checksum, quote,
+        checksum, quote, vxlan,
     },
     packet6::{
         ICMPV6_DEST_UNREACH, ICMPV6_NEIGHBOUR_ADVERT, ICMPV6_NEIGHBOUR_SOLICIT, ICMPV6_PKT_TOO_BIG,
@@ -45,7 +45,10 @@ use egress_tests::{
         icmp6_error, l4_offset, ndp, pseudo_header6, solicited_node,
     },
     table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
-    testrun::{Datapath, TC_ACT_REDIRECT, ifindex, in_netns, ip, ktime_ns, sysctl},
+    testrun::{
+        Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, ifindex, in_netns, ip, ktime_ns,
+        sysctl,
+    },
 };
 
 // ---- the cluster, as seen from this node ----
@@ -1065,6 +1068,71 @@ fn from_tunnel_table(u: UnderlayNet) {
             ),
         ],
     );
+}
+
+/// `from_underlay` with IPv6 pods over the IPv4 underlay: the inner IPv6 packet,
+/// decapsulated, gets the tunnel device's verdict, output frame and counters. Over an
+/// IPv6 underlay it takes nothing (the device decapsulates).
+#[test]
+fn from_underlay_decapsulates_ipv6_pods_over_the_ipv4_underlay() {
+    use egress_common::config::DEFAULT_TUNNEL_PORT as PORT;
+    in_netns(|| {
+        let net = topology(UL4);
+        let ul0 = ifindex("ul0");
+        let (IpAddr::V4(node), IpAddr::V4(peer)) = (UL4.node, UL4.peer) else {
+            unreachable!("UL4 is IPv4")
+        };
+        for (what, vni, p) in [
+            (
+                "a remote pod's SYN, rule A",
+                RULE_A,
+                syn(REMOTE_POD, 40_000, DEST_A, 443, 1400),
+            ),
+            (
+                "a reply for a local pod",
+                RETURN_VNI,
+                tcp(DEST_A, 443, LOCAL_POD, 40_000, TCP_ACK),
+            ),
+        ] {
+            let inner = p.build();
+            let mut device = Datapath::load();
+            base(&mut device, &net);
+            let want = device.run(FROM_TUNNEL, &inner, net.tun0, Some((UL4.peer, vni)));
+            let mut dp = Datapath::load();
+            base(&mut dp, &net);
+            let got = dp.run(
+                FROM_UNDERLAY,
+                &vxlan(peer, node, PORT, vni, &inner),
+                ul0,
+                None,
+            );
+            assert_ne!(
+                want.verdict, TC_ACT_SHOT,
+                "{what}: the device's path delivers it"
+            );
+            assert_eq!(got.verdict, want.verdict, "{what}: verdict");
+            assert_eq!(got.frame, want.frame, "{what}: output frame");
+            assert_eq!(dp.counters(), device.counters(), "{what}: counters");
+        }
+    });
+    in_netns(|| {
+        let net = topology(UL6);
+        let (IpAddr::V6(node), IpAddr::V6(peer)) = (UL6.node, UL6.peer) else {
+            unreachable!("UL6 is IPv6")
+        };
+        let mut payload = vec![0x08, 0, 0, 0];
+        payload.extend_from_slice(&(RULE_A << 8).to_be_bytes());
+        payload.extend_from_slice(&syn(REMOTE_POD, 40_000, DEST_A, 443, 1400).build());
+        let f = Ipv6Packet::new(peer, node, L4::udp(54_321, PORT, &payload)).build();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        let o = dp.run(FROM_UNDERLAY, &f, ifindex("ul0"), None);
+        assert_eq!(
+            o.verdict, TC_ACT_UNSPEC,
+            "over IPv6 the device decapsulates"
+        );
+        assert_eq!(o.frame, f, "untouched");
+    });
 }
 
 /// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
