@@ -124,25 +124,9 @@ fn cleanup_refuses_a_running_agent_vanished_pins_come_back_and_cleanup_removes_e
         );
     }
     let progs = attached_programs(&lab, &gw);
-    assert!(
-        progs.contains("from_tunnel"),
-        "attached again on {gw}:\n{progs}"
-    );
-    let underlay_pinned = std::fs::read_dir(&pins).unwrap().flatten().any(|e| {
-        e.file_name()
-            .to_string_lossy()
-            .starts_with("link-from_underlay@")
-    });
-    assert!(
-        underlay_pinned,
-        "from_underlay attached and pinned again on {gw}: {:?}\n{}",
-        std::fs::read_dir(&pins)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect::<Vec<_>>(),
-        lab.agent_log(&gw)
-    );
+    for p in ["from_tunnel", "from_underlay"] {
+        assert!(progs.contains(p), "{p} attached again on {gw}:\n{progs}");
+    }
 
     // 3. SIGTERM keeps the datapath and says so; cleanup then uninstalls it.
     lab.stop_agent(&gw).unwrap();

@@ -2377,14 +2377,14 @@ fn the_conntrack_capacity_is_the_operators_and_a_change_keeps_the_flows() {
             .parse::<std::net::Ipv6Addr>()
             .unwrap()
             .octets(),
-        xlate_port_be: 40_000u16.to_be(),
-        state: 2,
+        xlate_port_be: e4.xlate_port_be,
+        state: e4.state,
         _pad0: 0,
         pod_node,
-        ifindex: 7,
-        rule_id: 3,
+        ifindex: e4.ifindex,
+        rule_id: e4.rule_id,
         _pad1: 0,
-        last_seen_ns: 123,
+        last_seen_ns: e4.last_seen_ns,
         next_hop: nh,
     };
     HashMap::<_, CtKeyV4, CtEntryV4>::try_from(Map::LruHashMap(ct(maps::CT_V4)))
