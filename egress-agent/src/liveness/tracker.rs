@@ -178,6 +178,10 @@ pub struct Tracker {
     last_dead: BTreeSet<String>,
     last_cut_off: bool,
     last_claims: BTreeMap<IpAddr, (String, u64)>,
+    /// Set by the farewell: every later hello says so too, so that one the probe loop
+    /// sends between the farewell and the process's exit does not take the restart's
+    /// grace back at the peers (which keep the latest hello's flags).
+    leaving: bool,
 }
 
 impl Tracker {
@@ -194,6 +198,7 @@ impl Tracker {
             last_dead: BTreeSet::new(),
             last_cut_off: false,
             last_claims: BTreeMap::new(),
+            leaving: false,
         }
     }
 
@@ -302,13 +307,8 @@ impl Tracker {
 
     /// The last hello to `to` before this agent stops for a restart: the same, flagged.
     pub fn farewell_for(&mut self, to: &str, now: Instant) -> Hello {
-        let mut h = self.hello_for(to, now);
-        let grace = u16::try_from(self.settings.restart_grace.as_secs()).unwrap_or(u16::MAX);
-        if grace > 0 {
-            h.flags |= flags::RESTARTING;
-            h.grace_s = grace;
-        }
-        h
+        self.leaving = true;
+        self.hello_for(to, now)
     }
 
     /// The next hello to `to`.
@@ -322,9 +322,15 @@ impl Tracker {
             ),
             _ => (0, 0),
         };
+        let grace = u16::try_from(self.settings.restart_grace.as_secs()).unwrap_or(u16::MAX);
+        let restarting = self.leaving && grace > 0;
+        let mut hello_flags = if self.last_cut_off { flags::CUT_OFF } else { 0 };
+        if restarting {
+            hello_flags |= flags::RESTARTING;
+        }
         Hello {
-            flags: if self.last_cut_off { flags::CUT_OFF } else { 0 },
-            grace_s: 0,
+            flags: hello_flags,
+            grace_s: if restarting { grace } else { 0 },
             incarnation: self.incarnation,
             seq: self.seq,
             sent_us: self.micros(now),
@@ -742,6 +748,34 @@ mod tests {
         assert_eq!(c.dead("w1", 5000), set(&[]), "restarting: alive");
         c.run(5000, 16_500, |from, _| from != "gw1");
         assert_eq!(c.dead("w1", 16_500), set(&["gw1"]), "the grace has an end");
+    }
+
+    /// The probe loop may still send a hello between the farewell and the process's
+    /// exit: it must keep the grace (the peers keep the latest hello's flags).
+    #[test]
+    fn a_hello_sent_after_the_farewell_keeps_the_grace() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        let t = c.t0 + Duration::from_millis(1000);
+        let bye: Vec<(String, Hello)> = {
+            let gw1 = c.trackers.get_mut("gw1").expect("gw1");
+            gw1.targets()
+                .into_iter()
+                .flat_map(|(to, _)| {
+                    let farewell = gw1.farewell_for(&to, t);
+                    let late = gw1.hello_for(&to, t);
+                    [(to.clone(), farewell), (to, late)]
+                })
+                .collect()
+        };
+        for (to, h) in bye {
+            assert_ne!(h.flags & flags::RESTARTING, 0, "to {to}: restarting");
+            if let Some(tr) = c.trackers.get_mut(to.as_str()) {
+                tr.on_hello(h, addr("gw1"), t).expect("accepted");
+            }
+        }
+        c.run(1000, 5000, |from, _| from != "gw1");
+        assert_eq!(c.dead("w1", 5000), set(&[]), "restarting: alive");
     }
 
     #[test]
