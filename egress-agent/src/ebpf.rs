@@ -10,6 +10,8 @@ pub const FROM_TUNNEL: &str = "from_tunnel";
 pub const FROM_SECONDARY: &str = "from_secondary";
 /// On the underlay interface: our VXLAN packets decapsulated before the tunnel device.
 pub const FROM_UNDERLAY: &str = "from_underlay";
+/// Every program the agent attaches.
+pub const PROGRAMS: [&str; 4] = [FROM_POD, FROM_TUNNEL, FROM_UNDERLAY, FROM_SECONDARY];
 
 /// Global holding the tunnel's UDP port, which `from_underlay` decapsulates: set by the
 /// agent when it loads the object (default `egress_common::config::DEFAULT_TUNNEL_PORT`).
@@ -19,6 +21,7 @@ pub const TUNNEL_PORT: &str = "TUNNEL_PORT";
 /// for `BPF_PROG_TEST_RUN` only, never set by the agent.
 pub const TEST_TUNNEL_FROM_CB: &str = "TEST_TUNNEL_FROM_CB";
 
-/// Default pin directory of an agent: one directory per agent, maps by name, links as
-/// `link-<program>@<ifname>@<ifindex>`.
+/// Default pin directory of an agent: one directory per agent, maps by name, TCX links as
+/// `link-<program>@<ifname>@<ifindex>`, legacy tc filters recorded as
+/// `tc-<program>@<ifname>@<ifindex>`.
 pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/egress";

@@ -31,7 +31,8 @@ struct Cli {
 enum Command {
     /// Run the agent for one node.
     Run(Box<RunArgs>),
-    /// Check this node for what the agent needs: kernel (BTF, TCX, LPM tries, JIT), bpffs,
+    /// Check this node for what the agent needs: kernel (BTF, TCX or legacy tc, map types,
+    /// the programs loaded, JIT), bpffs,
     /// capabilities, the tunnel port, rp_filter, MTU headroom, egress IPs (subnet on an
     /// up interface, nobody else answering for them). One line per check: ok, warn or
     /// fail, with what to do; exits non-zero if any check fails.
@@ -78,7 +79,7 @@ enum Command {
     /// maps, its tunnel device and the egress IPs it added (one line per thing removed).
     #[command(
         long_about = "Uninstall an agent's datapath from this node: detach its TC \
-        programs (pinned TCX links), remove its pinned maps, its tunnel device and the \
+        programs (pinned TCX links, or its tc filters: ours alone, a CNI's stay), remove its pinned maps, its tunnel device and the \
         dedicated egress IPs it added (read from its maps), printing one line per thing \
         removed.\n\n\
         Refused while an agent runs on the same --bpffs-dir. Stopping an agent with \
@@ -192,6 +193,18 @@ struct RunArgs {
     /// not probed).
     #[arg(long, env = "EGRESS_NO_DAD")]
     no_dad: bool,
+    /// How the TC programs are attached: `auto` takes TCX links where the kernel has them
+    /// (Linux 6.6 and later, probed, not read from the version) and the legacy tc path
+    /// elsewhere (a clsact qdisc and direct-action bpf filters: RHEL 9, Debian 12,
+    /// Ubuntu 22.04); `tcx` or `tc` forces one. Either keeps traffic flowing while the
+    /// agent restarts, and a new agent replaces its programs in place.
+    #[arg(long, env = "EGRESS_ATTACH", value_enum, default_value_t = datapath::AttachMode::Auto)]
+    attach: datapath::AttachMode,
+    /// The ingress priority of our tc filters with the legacy tc path (1 runs first). Each
+    /// program has a handle of its own there (0x0e9e0001..4), named egress/<program>.
+    #[arg(long, env = "EGRESS_TC_PRIORITY", default_value_t = datapath::tc::DEFAULT_PRIORITY,
+          value_parser = clap::value_parser!(u16).range(1..=0xffdf))]
+    tc_priority: u16,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -241,6 +254,8 @@ impl RunArgs {
                 (u32::from(self.port_max) - u32::from(self.port_min) + 1).div_ceil(2)
             }),
             dad: !self.no_dad,
+            attach: self.attach,
+            tc_priority: self.tc_priority,
         })
     }
 }

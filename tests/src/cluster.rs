@@ -237,3 +237,52 @@ pub fn counted(lab: &Lab, node: &str, reason: u32) -> u64 {
         .map(|cpu| cpu["value"]["packets"].as_u64().expect("packets"))
         .sum()
 }
+
+/// A stream (`egress-echo stream <proto>`, a line or datagram every 50 ms for up to two
+/// minutes) from `pod` to `host`'s echo port, logged to `<lab dir>/<name>.log`.
+pub fn start_stream(
+    lab: &Lab,
+    pod: &str,
+    proto: &str,
+    host: IpAddr,
+    name: &str,
+) -> Result<(crate::netns::NsChild, PathBuf)> {
+    let log = lab.dir().join(format!("{name}.log"));
+    let target = std::net::SocketAddr::new(host, addr::ECHO_PORT).to_string();
+    let child = lab.ns(pod)?.spawn(
+        &lab.spec().echo_bin,
+        &[
+            "stream",
+            proto,
+            &target,
+            "--interval-ms",
+            "50",
+            "--duration-ms",
+            "120000",
+        ],
+        &log,
+    )?;
+    Ok((child, log))
+}
+
+/// Stop a [`start_stream`] stream and read its summary.
+pub fn stop_stream(
+    mut child: crate::netns::NsChild,
+    log: &std::path::Path,
+) -> Result<crate::stream::Summary> {
+    child.signal_term();
+    child.wait_for(Duration::from_secs(3))?;
+    let out = std::fs::read_to_string(log)
+        .with_context(|| format!("failed to read {}", log.display()))?;
+    crate::stream::Summary::find_in(&out).with_context(|| format!("no summary in: {out}"))
+}
+
+/// The names of the interfaces in `member`'s namespace (`ip -o link show`).
+pub fn interface_names(lab: &Lab, member: &str) -> Result<Vec<String>> {
+    let out = lab.exec(member, "ip", &["-o", "link", "show"])?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .collect())
+}

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod cluster;
 pub mod failover;
 pub mod fuzz;
+pub mod hooks;
 pub mod lab;
 pub mod netns;
 pub mod packet;

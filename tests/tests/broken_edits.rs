@@ -5,51 +5,16 @@
 //! egress IPs, the streams lose nothing and are never reset, and the far hosts see only
 //! the egress IPs.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
 use egress_tests::{
-    cluster::{default_spec, holder, seen, up_with_agents},
-    lab::{Lab, Proto, addr, sample_policy},
-    netns::NsChild,
-    stream::Summary,
+    cluster::{default_spec, holder, seen, start_stream, stop_stream, up_with_agents},
+    lab::{Proto, addr, sample_policy},
 };
 
 const POD: &str = "w1-p1";
 /// How long each broken state lasts: several resyncs and file-watch rounds.
 const HOLD: Duration = Duration::from_secs(4);
-
-fn start_stream(lab: &Lab, proto: &str, host: IpAddr, name: &str) -> (NsChild, std::path::PathBuf) {
-    let log = lab.dir().join(format!("{name}.log"));
-    let target = SocketAddr::new(host, addr::ECHO_PORT).to_string();
-    let child = lab
-        .ns(POD)
-        .unwrap()
-        .spawn(
-            &lab.spec().echo_bin,
-            &[
-                "stream",
-                proto,
-                &target,
-                "--interval-ms",
-                "50",
-                "--duration-ms",
-                "120000",
-            ],
-            &log,
-        )
-        .unwrap();
-    (child, log)
-}
-
-fn stop_stream(mut child: NsChild, log: &std::path::Path) -> Summary {
-    child.signal_term();
-    child.wait_for(Duration::from_secs(3)).unwrap();
-    let out = std::fs::read_to_string(log).unwrap();
-    Summary::find_in(&out).unwrap_or_else(|e| panic!("no summary ({e}): {out}"))
-}
 
 #[test]
 fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
@@ -58,8 +23,10 @@ fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
     let holders = || (holder(&lab, a), holder(&lab, b));
     let before = holders();
     assert!(before.0.is_some() && before.1.is_some(), "{before:?}");
-    let (tcp, tcp_log) = start_stream(&lab, "tcp", IpAddr::V4(addr::HOST_A), "broken-tcp");
-    let (udp, udp_log) = start_stream(&lab, "udp", IpAddr::V4(addr::HOST_B), "broken-udp");
+    let (tcp, tcp_log) =
+        start_stream(&lab, POD, "tcp", IpAddr::V4(addr::HOST_A), "broken-tcp").unwrap();
+    let (udp, udp_log) =
+        start_stream(&lab, POD, "udp", IpAddr::V4(addr::HOST_B), "broken-udp").unwrap();
     std::thread::sleep(Duration::from_millis(500));
 
     let good = sample_policy();
@@ -92,8 +59,8 @@ fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(holders(), before, "fixed: nothing moved");
 
-    let tcp = stop_stream(tcp, &tcp_log);
-    let udp = stop_stream(udp, &udp_log);
+    let tcp = stop_stream(tcp, &tcp_log).unwrap();
+    let udp = stop_stream(udp, &udp_log).unwrap();
     eprintln!(
         "tcp: {} sent, {} replies, longest gap {} ms, reset {}; udp: {} sent, {} replies, \
          longest gap {} ms",

@@ -10,9 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::{SchedClassifier, tc::TcAttachType};
 use egress_tests::{
     cluster::{self, holder, seen, up_with_agents, wait_until},
+    hooks,
     lab::{Lab, Proto, addr::*},
     netns::{DirGuard, Netns, next_prefix},
 };
@@ -40,24 +40,18 @@ fn text(out: &Output) -> String {
     )
 }
 
-/// `interface: program` for every TCX ingress program attached in `node`'s namespace
-/// (this host's bpftool predates TCX, so aya asks the kernel).
+/// `interface: program` for every ingress program attached in `node`'s namespace, TCX
+/// links and tc filters alike (`--attach` may be either: `cargo xtask test` runs this
+/// test with `EGRESS_ATTACH=tc` too).
 fn attached_programs(lab: &Lab, node: &str) -> String {
-    let links = text(&lab.exec(node, "ip", &["-o", "link", "show"]).unwrap());
-    let names: Vec<String> = links
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .collect();
+    let names = cluster::interface_names(lab, node).unwrap();
     lab.ns(node)
         .unwrap()
         .run_in(move || {
             let mut out = String::new();
             for n in names {
-                let (_, progs) =
-                    SchedClassifier::query_tcx(&n, TcAttachType::Ingress).unwrap_or_default();
-                for p in progs {
-                    out.push_str(&format!("{n}: {}\n", p.name_as_str().unwrap_or("?")));
+                for p in hooks::ingress(&n) {
+                    out.push_str(&format!("{n}: {}\n", p.name()));
                 }
             }
             Ok(out)

@@ -2116,6 +2116,11 @@ fn attach(prog: &'static str) {
         ip("link add att0 type veth peer name att0p");
         ip("link set att0 up");
         let mut dp = Datapath::load();
+        // aya attaches by TCX from Linux 6.6 on, else by a tc filter, which needs the qdisc.
+        match aya::programs::tc::qdisc_add_clsact("att0") {
+            Ok(()) => {}
+            Err(e) => eprintln!("clsact on att0: {e}"),
+        }
         dp.program(prog)
             .attach("att0", aya::programs::TcAttachType::Ingress)
             .unwrap_or_else(|e| panic!("failed to attach {prog} to att0: {e:?}"));
@@ -2142,18 +2147,17 @@ fn from_secondary_loads_and_attaches() {
     attach(FROM_SECONDARY);
 }
 
-/// The number of TCX ingress programs on `dev` (in the calling thread's namespace).
-fn tcx_ingress_programs(dev: &str) -> usize {
-    aya::programs::SchedClassifier::query_tcx(dev, aya::programs::TcAttachType::Ingress)
-        .map(|(_, progs)| progs.len())
-        .unwrap_or_else(|e| panic!("failed to query the TCX programs on {dev}: {e}"))
+/// The number of ingress programs on `dev`, TCX links and tc filters alike (the datapath
+/// takes whichever the kernel has), in the calling thread's namespace.
+fn ingress_programs(dev: &str) -> usize {
+    egress_tests::hooks::ingress(dev).len()
 }
 
-/// The number of TCX ingress programs on `dev` once it is `want`, or at `within`.
+/// The number of ingress programs on `dev` once it is `want`, or at `within`.
 fn programs_within(dev: &str, want: usize, within: std::time::Duration) -> usize {
     let until = std::time::Instant::now() + within;
     loop {
-        let n = tcx_ingress_programs(dev);
+        let n = ingress_programs(dev);
         if n == want || std::time::Instant::now() >= until {
             return n;
         }
@@ -2189,7 +2193,7 @@ fn an_adopted_link_detaches_when_unwanted_and_when_wanted_again_outlives_its_age
         assert!(first.sync_attachments(&want).is_empty());
         drop(first);
         assert_eq!(
-            tcx_ingress_programs("att0"),
+            ingress_programs("att0"),
             1,
             "the pinned link outlives its agent"
         );
@@ -2197,11 +2201,7 @@ fn an_adopted_link_detaches_when_unwanted_and_when_wanted_again_outlives_its_age
         let mut second = Datapath::open(&dir).expect("the second agent opens its datapath");
         let errors = second.sync_attachments(&want);
         assert!(errors.is_empty(), "adopting the pinned link: {errors:?}");
-        assert_eq!(
-            tcx_ingress_programs("att0"),
-            1,
-            "adopted, not attached twice"
-        );
+        assert_eq!(ingress_programs("att0"), 1, "adopted, not attached twice");
         assert!(second.sync_attachments(&none).is_empty());
         // The kernel drops the pin's reference from a work queue: the detach follows
         // shortly, not always before unpinning returns.
@@ -2212,10 +2212,10 @@ fn an_adopted_link_detaches_when_unwanted_and_when_wanted_again_outlives_its_age
         );
         let errors = second.sync_attachments(&want);
         assert!(errors.is_empty(), "attaching it again: {errors:?}");
-        assert_eq!(tcx_ingress_programs("att0"), 1);
+        assert_eq!(ingress_programs("att0"), 1);
         drop(second);
         assert_eq!(
-            tcx_ingress_programs("att0"),
+            ingress_programs("att0"),
             1,
             "the link attached again outlives the agent that attached it"
         );

@@ -79,6 +79,10 @@ pub struct RunConfig {
     /// Probe the network before claiming an egress IP nobody of ours held (`--no-dad`
     /// turns it off).
     pub dad: bool,
+    /// TCX links, legacy tc filters, or whichever the kernel has (`--attach`).
+    pub attach: datapath::AttachMode,
+    /// The ingress priority of the legacy tc filters (`--tc-priority`).
+    pub tc_priority: u16,
 }
 
 /// `--unknown-pods`: fail open (the default, what every CNI's egress gateway does) or
@@ -361,8 +365,12 @@ async fn set_up_node(cfg: &RunConfig) -> Result<(iface::Netlink, (u32, u32, u32)
         .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
         .await
         .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
-    let dp = Datapath::open_at(&cfg.bpffs_dir, &cfg.capacities, cfg.tunnel_port)
+    let (hook, why) =
+        datapath::Hook::resolve(cfg.attach, cfg.tc_priority).map_err(anyhow::Error::msg)?;
+    info!(hook = %hook, "attaching the programs with {why}");
+    let mut dp = Datapath::open_at(&cfg.bpffs_dir, &cfg.capacities, cfg.tunnel_port)
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    dp.set_hook(hook);
     // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
     crate::datapath::sweep::start(&cfg.bpffs_dir)
         .context("failed to start the conntrack sweeper")?;

@@ -1,12 +1,17 @@
-//! `egress-agent cleanup`: uninstall what an agent set up on this node (its TCX links,
-//! pinned maps, dedicated egress IPs and tunnel device), never while an agent runs on
-//! the same pin directory. SIGTERM, by contrast, leaves all of it to the next agent.
+//! `egress-agent cleanup`: uninstall what an agent set up on this node (its TCX links or
+//! tc filters, pinned maps, dedicated egress IPs and tunnel device), never while an agent
+//! runs on the same pin directory. SIGTERM, by contrast, leaves all of it to the next
+//! agent. Of a device's tc filters only ours go (our name, handle and kind): a CNI's
+//! filters and qdiscs stay.
 
 use std::{fs, net::IpAddr, path::Path};
 
-use aya::programs::links::PinnedLink;
-
-use super::{dump, lock};
+use super::{
+    attach::{self, records},
+    dump,
+    hook::RecordName,
+    lock, tc,
+};
 use crate::iface;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,20 +48,32 @@ pub async fn uninstall(
     };
     // What the maps say before they go: the addresses the agent added.
     let egress_ips = dump::dedicated_egress_ips(pin_dir)?;
-    for name in link_pins(pin_dir) {
-        let path = pin_dir.join(&name);
-        match PinnedLink::from_pin(&path) {
-            // Unpinned and dropped: the last reference goes, the program detaches.
-            Ok(link) => drop(link.unpin().map_err(|source| Error::Remove {
-                path: path.clone(),
-                source,
-            })?),
-            Err(_) => remove(&path)?,
+    for name in records(pin_dir) {
+        attach::remove_record(pin_dir, &name)?;
+        let kind = if name.starts_with("tc-") {
+            "tc filter record"
+        } else {
+            "link pin"
+        };
+        note(format!("detached {} ({kind} {name})", describe_link(&name)));
+    }
+    // Filters of ours that no record names (a record lost with its directory).
+    for i in nl.interfaces().await? {
+        for f in tc::filters(i.ifindex, false).unwrap_or_default() {
+            let Some(program) = f.our_program(f.priority) else {
+                continue;
+            };
+            attach::remove_tc_filter(i.ifindex, program, f.priority, false).map_err(|source| {
+                Error::Remove {
+                    path: format!("tc filter {program} on {}", i.name).into(),
+                    source,
+                }
+            })?;
+            note(format!(
+                "detached {program} from {} (tc filter, priority {}, no record)",
+                i.name, f.priority
+            ));
         }
-        note(format!(
-            "detached {} (link pin {name})",
-            describe_link(&name)
-        ));
     }
     remove_egress_ips(&nl, &egress_ips, &mut note).await?;
     if pin_dir.is_dir() {
@@ -114,26 +131,11 @@ fn remove(path: &Path) -> Result<(), Error> {
     })
 }
 
-/// Names of the link pins under `pin_dir` (`link-<program>@<ifname>@<ifindex>`), sorted.
-fn link_pins(pin_dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(pin_dir)
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with("link-"))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
-/// `link-from_pod@eth0@3` -> `from_pod from eth0`.
+/// `link-from_pod@eth0@3` (or `tc-...`) -> `from_pod from eth0`.
 fn describe_link(pin: &str) -> String {
-    let mut parts = pin.trim_start_matches("link-").split('@');
-    match (parts.next(), parts.next()) {
-        (Some(program), Some(ifname)) => format!("{program} from {ifname}"),
-        _ => pin.to_owned(),
+    match RecordName::parse(pin) {
+        Some(r) => format!("{} from {}", r.program, r.ifname),
+        None => pin.to_owned(),
     }
 }
 
@@ -147,6 +149,7 @@ mod tests {
             describe_link("link-from_secondary@sec-a@7"),
             "from_secondary from sec-a"
         );
+        assert_eq!(describe_link("tc-from_pod@cali1@9"), "from_pod from cali1");
         assert_eq!(describe_link("link-odd"), "link-odd");
     }
 }

@@ -1,19 +1,24 @@
-//! Owns the eBPF object, its pinned maps and its TCX links; applies diffs of the desired
-//! state. The only module that touches maps (the compiler never does).
+//! Owns the eBPF object, its pinned maps and its attachments (TCX links, or legacy tc
+//! filters where the kernel has no TCX: [`hook`]); applies diffs of the desired state.
+//! The only module that touches maps (the compiler never does).
 //!
-//! Everything is pinned under one directory per agent (`--bpffs-dir`): maps by name,
-//! links as `link-<program>@<ifname>@<ifindex>`. A restarted agent re-opens the same maps
-//! (traffic keeps flowing on the old programs meanwhile), swaps its new programs into the
-//! existing links atomically, reads what the maps hold and removes only what is stale.
+//! Everything is kept under one directory per agent (`--bpffs-dir`): maps by name, TCX
+//! links as `link-<program>@<ifname>@<ifindex>`, tc filters recorded as
+//! `tc-<program>@<ifname>@<ifindex>`. A restarted agent re-opens the same maps (traffic
+//! keeps flowing on the old programs meanwhile), swaps its new programs into the existing
+//! links or filters atomically, reads what the maps hold and removes only what is stale.
 
+mod attach;
 pub mod carry;
 pub mod cleanup;
 pub mod dump;
+pub mod hook;
 pub mod lock;
 mod order;
 pub mod state;
 pub mod sweep;
 pub mod table;
+pub mod tc;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -24,16 +29,13 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData, MapError, MapInfo, MapType},
-    programs::{
-        LinkOrder, ProgramError, SchedClassifier, TcAttachType,
-        links::{FdLink, PinnedLink},
-        tc::{SchedClassifierLink, TcAttachOptions},
-    },
+    programs::{ProgramError, SchedClassifier},
 };
 use egress_common::{
     config::Config,
     maps::{self as names, Map, def},
 };
+pub use hook::{AttachMode, Hook};
 pub use state::{FamilyMaps, MapState};
 
 use crate::{ebpf, family::Family};
@@ -63,6 +65,22 @@ pub enum Error {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("failed to {verb} {program} on {ifname}: {source}")]
+    Tc {
+        verb: &'static str,
+        program: String,
+        ifname: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "failed to attach on {ifname}: its ingress priority {priority} holds {found}, which          is not ours: pick a free priority with --tc-priority (EGRESS_TC_PRIORITY)"
+    )]
+    Foreign {
+        ifname: String,
+        priority: u16,
+        found: String,
     },
     #[error("map {name} is missing from the object")]
     MissingMap { name: &'static str },
@@ -151,18 +169,14 @@ pub struct Attachment {
     pub ifindex: u32,
 }
 
-impl Attachment {
-    fn pin_name(&self) -> String {
-        format!("link-{}@{}@{}", self.program, self.ifname, self.ifindex)
-    }
-}
-
 pub struct Datapath {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     /// What the maps hold, as last read or written.
     held: MapState,
     attached: BTreeSet<Attachment>,
+    /// TCX links or legacy tc filters ([`Datapath::set_hook`]; probed at open).
+    hook: Hook,
 }
 
 /// The capacities an operator may set (the others are the object's).
@@ -355,6 +369,12 @@ impl Datapath {
             pin_dir: pin_dir.to_owned(),
             held: MapState::default(),
             attached: BTreeSet::new(),
+            hook: Hook::resolve(AttachMode::Auto, tc::DEFAULT_PRIORITY).map_or(
+                Hook::Tc {
+                    priority: tc::DEFAULT_PRIORITY,
+                },
+                |(h, _)| h,
+            ),
         };
         dp.held = dp.read_state()?;
         Ok(dp)
@@ -523,127 +543,6 @@ impl Datapath {
         Ok(())
     }
 
-    /// Attach exactly the `want` set: new ones as pinned TCX links (or by swapping this
-    /// process's program into a link an earlier agent pinned), stale ones detached.
-    /// Errors per attachment are returned, the others still apply.
-    pub fn sync_attachments(&mut self, want: &BTreeSet<Attachment>) -> Vec<Error> {
-        let mut errors = Vec::new();
-        let pinned = self.pinned_links();
-        for name in pinned
-            .iter()
-            .filter(|n| !want.iter().any(|a| &a.pin_name() == *n))
-        {
-            let path = self.pin_dir.join(name);
-            match PinnedLink::from_pin(&path) {
-                Ok(link) => {
-                    // Unpinning and dropping the last reference detaches it.
-                    if let Err(source) = link.unpin() {
-                        errors.push(Error::Io {
-                            verb: "unpin link",
-                            path,
-                            source,
-                        });
-                    }
-                }
-                Err(_) => {
-                    let _ = fs::remove_file(&path);
-                }
-            }
-            self.attached.retain(|a| &a.pin_name() != name);
-        }
-        for a in want {
-            if self.attached.contains(a) {
-                continue;
-            }
-            match self.attach(a, pinned.contains(&a.pin_name())) {
-                Ok(()) => {
-                    self.attached.insert(a.clone());
-                }
-                Err(e) => errors.push(e),
-            }
-        }
-        errors
-    }
-
-    fn pinned_links(&self) -> BTreeSet<String> {
-        fs::read_dir(&self.pin_dir)
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|n| n.starts_with("link-"))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn attach(&mut self, a: &Attachment, pinned: bool) -> Result<()> {
-        let path = self.pin_dir.join(a.pin_name());
-        let what = format!("{} on {}", a.program, a.ifname);
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(a.program)
-            .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| Error::Program {
-                verb: "find program",
-                what: what.clone(),
-                source: ProgramError::NotLoaded,
-            })?;
-        if pinned {
-            // An earlier agent's link: swap our program in, atomically.
-            let swapped = PinnedLink::from_pin(&path)
-                .ok()
-                .map(FdLink::from)
-                .and_then(|l| SchedClassifierLink::try_from(l).ok())
-                .map(|l| prog.attach_to_link(l));
-            match swapped {
-                Some(Ok(id)) => {
-                    // aya keeps the link open in the program; the pin alone must hold
-                    // it. Else unpinning it later (no longer wanted) would leave it
-                    // attached by this process, attaching it again would fail, and this
-                    // process's exit would detach it: a gateway's kernel then answers
-                    // its egress IPs' replies with RSTs until the next agent attaches.
-                    if let Ok(link) = prog.take_link(id) {
-                        forget_fd(link);
-                    }
-                    return Ok(());
-                }
-                _ => {
-                    // Defunct (the device went away): start over.
-                    let _ = fs::remove_file(&path);
-                }
-            }
-        }
-        let id = prog
-            .attach_with_options(
-                &a.ifname,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::default()),
-            )
-            .map_err(|source| Error::Program {
-                verb: "attach",
-                what: what.clone(),
-                source,
-            })?;
-        let link = prog.take_link(id).map_err(|source| Error::Program {
-            verb: "take link of",
-            what: what.clone(),
-            source,
-        })?;
-        let fd: FdLink = link
-            .try_into()
-            .map_err(|e: aya::programs::links::LinkError| Error::Io {
-                verb: "convert link",
-                path: path.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-        fd.pin(&path).map_err(|e| Error::Io {
-            verb: "pin link",
-            path: path.clone(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        Ok(())
-    }
-
     /// Put back what vanished from the pin directory behind this agent's back (someone
     /// removed the files, or ran `cleanup` around the lock): the maps this process still
     /// holds are pinned again, and attachments whose link pin is gone (the link detached
@@ -681,7 +580,7 @@ impl Datapath {
         let gone: Vec<Attachment> = self
             .attached
             .iter()
-            .filter(|a| !self.pin_dir.join(a.pin_name()).exists())
+            .filter(|a| !self.pin_dir.join(self.record_name(a)).exists())
             .cloned()
             .collect();
         for a in &gone {
@@ -696,14 +595,6 @@ impl Datapath {
 struct Pass<'a> {
     phase: Phase,
     stats: &'a mut ApplyStats,
-}
-
-/// Close this process's descriptor of a pinned link without detaching it (dropping a
-/// program's link wrapper detaches it; closing an `FdLink` only drops a reference).
-fn forget_fd(link: SchedClassifierLink) {
-    if let Ok(fd) = FdLink::try_from(link) {
-        drop(fd);
-    }
 }
 
 /// Load `p`, again when the verifier gave up with `EAGAIN`: a transient refusal, not a

@@ -1,14 +1,15 @@
-//! What the kernel offers: BTF, TCX links, LPM tries, the BPF JIT.
+//! What the kernel offers: BTF, TCX links or legacy tc, the map types, the programs
+//! themselves (the verifier's word on every helper), the BPF JIT.
 
-use std::{
-    io, mem,
-    os::fd::{FromRawFd as _, OwnedFd},
-    path::Path,
-};
+use std::{io, path::Path};
 
-use aya::{maps::MapType, util::KernelVersion};
+use aya::maps::MapType;
 
 use super::{Check, fail, ok, warn};
+use crate::{
+    datapath::{self, hook},
+    ebpf,
+};
 
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 const JIT_SYSCTL: &str = "/proc/sys/net/core/bpf_jit_enable";
@@ -28,26 +29,128 @@ pub fn btf() -> Check {
     }
 }
 
-/// TCX links arrived in Linux 6.6; the agent attaches its programs with them (pinned, so
-/// that a restarted agent adopts them).
-pub fn tcx() -> Check {
-    match KernelVersion::current() {
-        Ok(v) if v >= KernelVersion::new(6, 6, 0) => ok(
-            "tcx",
-            format!("kernel {v}: TCX links (Linux 6.6 and later)"),
+/// How the programs can be attached, probed (never read off the version): TCX links
+/// (Linux 6.6 and later), else the legacy tc path (a clsact qdisc and a direct-action bpf
+/// filter, tried in a private network namespace), which `run --attach auto` then takes.
+pub fn attach() -> Check {
+    let tc = hook::tc_supported();
+    match (hook::tcx_supported(), tc) {
+        (Ok(true), Ok(())) => ok(
+            "attach",
+            "TCX links (the agent attaches with them); legacy tc works too (--attach tc)"
+                .to_owned(),
         ),
-        Ok(v) => fail(
-            "tcx",
+        (Ok(true), Err(e)) => ok(
+            "attach",
+            format!("TCX links (the agent attaches with them); legacy tc: {e}"),
+        ),
+        (Ok(false), Ok(())) => ok(
+            "attach",
+            "no TCX links in this kernel (Linux 6.6+): the agent attaches with legacy tc \
+             (a clsact qdisc and direct-action bpf filters, tried here)"
+                .to_owned(),
+        ),
+        (Ok(false), Err(e)) if e.contains("not probed") => warn(
+            "attach",
             format!(
-                "kernel {v} predates TCX links (Linux 6.6), which the agent attaches its \
-                 programs with: run the gateways and workers on Linux 6.6 or later"
+                "no TCX links in this kernel (Linux 6.6+): the agent attaches with legacy tc, \
+                 which could not be tried here: {e}"
             ),
         ),
-        Err(e) => warn(
-            "tcx",
-            format!("failed to read the kernel version ({e}): TCX links need Linux 6.6 or later"),
+        (Ok(false), Err(e)) => fail(
+            "attach",
+            format!(
+                "no TCX links in this kernel (Linux 6.6+) and legacy tc fails: {e}: build the \
+                 kernel with CONFIG_NET_SCH_INGRESS and CONFIG_NET_CLS_BPF (or load sch_ingress \
+                 and cls_bpf)"
+            ),
+        ),
+        (Err(e), _) => fail(
+            "attach",
+            format!(
+                "failed to probe the kernel for TCX links: {e}: the agent needs CAP_BPF (or \
+                 CAP_SYS_ADMIN) and a kernel with BPF"
+            ),
         ),
     }
+}
+
+/// The map types the object uses, each with the first kernel that has it.
+const MAP_TYPES: [(MapType, &str, &str); 5] = [
+    (MapType::Hash, "hash", "3.19"),
+    (MapType::Array, "array", "3.19"),
+    (MapType::PerCpuArray, "per-CPU array", "4.6"),
+    (MapType::LruHash, "LRU hash", "4.10"),
+    (MapType::LruPerCpuHash, "LRU per-CPU hash", "4.10"),
+];
+
+/// Create (and drop) a small map of each type the datapath uses besides the LPM trie
+/// (checked on its own), naming those the kernel lacks.
+pub fn map_types() -> Check {
+    let missing: Vec<String> = MAP_TYPES
+        .iter()
+        .filter(|(t, _, _)| !matches!(aya::sys::is_map_supported(*t), Ok(true)))
+        .map(|(_, name, since)| format!("{name} (Linux {since})"))
+        .collect();
+    if missing.is_empty() {
+        ok(
+            "map-types",
+            "hash, array, per-CPU array, LRU hash, LRU per-CPU hash".to_owned(),
+        )
+    } else {
+        fail(
+            "map-types",
+            format!(
+                "the kernel refuses map types the datapath uses: {}: use a newer kernel",
+                missing.join(", ")
+            ),
+        )
+    }
+}
+
+/// Load the agent's own programs (with small, unpinned maps), as the agent will: the
+/// verifier of this kernel is the judge of every helper and instruction they use. A
+/// refusal names the program and what the verifier said last (an unknown helper, say).
+pub fn programs() -> Check {
+    match load_programs() {
+        Ok(()) => ok(
+            "programs",
+            format!(
+                "the verifier accepts {} (helpers up to bpf_loop, Linux 5.17)",
+                ebpf::PROGRAMS.join(", ")
+            ),
+        ),
+        Err(e) => fail("programs", e),
+    }
+}
+
+fn load_programs() -> Result<(), String> {
+    let mut loader = aya::EbpfLoader::new();
+    for name in egress_common::maps::names() {
+        // Anonymous maps, sized down: nothing is allocated at full size.
+        loader.map_max_entries(name, 1024);
+    }
+    let mut obj = loader
+        .load(ebpf::OBJECT)
+        .map_err(|e| format!("failed to create the object's maps: {e}"))?;
+    for prog in ebpf::PROGRAMS {
+        let p: &mut aya::programs::SchedClassifier = obj
+            .program_mut(prog)
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| format!("program {prog} is missing from the object"))?;
+        datapath::load_retrying(p).map_err(|e| {
+            let said = match &e {
+                aya::programs::ProgramError::LoadError { verifier_log, .. } => {
+                    let log = verifier_log.to_string();
+                    let last: Vec<&str> = log.lines().rev().take(3).collect();
+                    last.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                }
+                other => other.to_string(),
+            };
+            format!("the kernel refuses {prog}: {said}: see docs/operations.md, kernels")
+        })?;
+    }
+    Ok(())
 }
 
 /// Create (and drop) a one-entry LPM trie, as the destination and coverage maps are.
@@ -103,19 +206,8 @@ pub fn jit() -> Check {
     }
 }
 
-const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
-
-/// The part of `union bpf_attr` that BPF_PROG_LOAD reads here.
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoad {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-}
 
 /// The part of `union bpf_attr` that BPF_OBJ_GET_INFO_BY_FD reads.
 #[repr(C)]
@@ -126,56 +218,19 @@ struct InfoByFd {
     info: u64,
 }
 
-/// bpf(2) with command `cmd` and attributes `attr`.
-///
-/// # Safety
-///
-/// Every pointer in `attr` must be valid for what `cmd` does with it during the call.
-unsafe fn bpf<T>(cmd: libc::c_long, attr: &T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is live memory of the size passed; its pointers are the caller's duty.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::from_ref(attr),
-            mem::size_of::<T>(),
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
 /// Load `r0 = 0; exit` as a socket filter and ask the kernel for its JIT-compiled size.
 fn jitted_test_program() -> io::Result<bool> {
-    // BPF_MOV64_IMM(BPF_REG_0, 0), BPF_EXIT_INSN().
-    let insns: [u64; 2] = [
-        u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]),
-        u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
-    ];
-    let license = c"GPL";
-    let attr = ProgLoad {
-        prog_type: BPF_PROG_TYPE_SOCKET_FILTER,
-        insn_cnt: 2,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-    };
-    // SAFETY: the instructions and license that `attr` points at live for the call.
-    let fd = unsafe { bpf(BPF_PROG_LOAD, &attr) }?;
-    let fd = i32::try_from(fd).map_err(|_| io::Error::other("fd out of range"))?;
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns or closes.
-    let prog = unsafe { OwnedFd::from_raw_fd(fd) };
+    use std::os::fd::AsRawFd as _;
+    let prog = hook::load_trivial(BPF_PROG_TYPE_SOCKET_FILTER, 0)?;
     // struct bpf_prog_info: type, id, tag[8], jited_prog_len, xlated_prog_len, ...
     let mut info = [0u8; 32];
     let attr = InfoByFd {
-        bpf_fd: fd as u32,
+        bpf_fd: prog.as_raw_fd() as u32,
         info_len: info.len() as u32,
         info: info.as_mut_ptr() as u64,
     };
     // SAFETY: `info` lives for the call; the kernel writes at most `info_len` bytes to it.
-    let result = unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &attr) };
+    let result = unsafe { hook::bpf(BPF_OBJ_GET_INFO_BY_FD, &attr) };
     drop(prog);
     result?;
     Ok(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]) > 0)

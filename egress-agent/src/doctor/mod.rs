@@ -1,7 +1,8 @@
 //! `egress-agent doctor`: a preflight of one node, also run by the agent at start. One
 //! line per check, `ok` / `warn` / `fail`, each naming what it found and what to do:
 //!
-//! * the kernel ([`kernel`]): BTF, TCX links, LPM tries, the BPF JIT;
+//! * the kernel ([`kernel`]): BTF, TCX links or legacy tc, the map types, the programs
+//!   (loaded: the verifier's word on each helper), the BPF JIT;
 //! * the host ([`host`]): bpffs at the pin directory, capabilities, the tunnel port,
 //!   rp_filter on the secondary interfaces, MTU headroom for the tunnel;
 //! * the egress IPs this node may hold (policies whose gatewaySelector matches it, or
@@ -104,8 +105,10 @@ struct Candidate {
 pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
     let mut out = vec![
         kernel::btf(),
-        kernel::tcx(),
+        kernel::attach(),
         kernel::lpm_trie(),
+        kernel::map_types(),
+        kernel::programs(),
         kernel::jit(),
         host::bpffs(&s.bpffs_dir),
         host::capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default()),
