@@ -91,8 +91,10 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
     );
     for check in [
         "btf",
-        "tcx",
+        "attach",
         "lpm-trie",
+        "map-types",
+        "programs",
         "jit",
         "bpffs",
         "capabilities",

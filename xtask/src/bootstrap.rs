@@ -64,20 +64,7 @@ pub fn run() -> Result<()> {
         .filter(|(cmd, _, _)| !on_path(cmd))
         .map(|(_, p, why)| (*p, *why));
     let wanted: Vec<(&str, &str)> = APT_PACKAGES.iter().copied().chain(commands).collect();
-    let missing: Vec<&str> = wanted
-        .iter()
-        .map(|(p, _)| *p)
-        .filter(|p| !dpkg_installed(p))
-        .collect();
-    if !missing.is_empty() {
-        for (p, why) in wanted.iter().filter(|(p, _)| missing.contains(p)) {
-            eprintln!("bootstrap: installing {p} ({why})");
-        }
-        sh("apt-get", &["update", "-qq"], &[])?;
-        let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
-        args.extend(&missing);
-        sh("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])?;
-    }
+    apt_install("bootstrap", &wanted)?;
     let linked = Command::new("rustup")
         .args(["toolchain", "list"])
         .output()
@@ -114,6 +101,26 @@ pub fn run() -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Install those of `wanted` (package, why) that dpkg does not have, saying why each;
+/// `who` prefixes the lines.
+pub fn apt_install(who: &str, wanted: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = wanted
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for (p, why) in wanted.iter().filter(|(p, _)| missing.contains(p)) {
+        eprintln!("{who}: installing {p} ({why})");
+    }
+    sh("apt-get", &["update", "-qq"], &[])?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(&missing);
+    sh("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])
 }
 
 fn on_path(cmd: &str) -> bool {

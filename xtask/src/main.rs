@@ -6,6 +6,7 @@ mod fuzz;
 mod image;
 mod soak;
 mod test;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -42,6 +43,11 @@ enum Command {
     /// the far hosts every second, then maps, agent memory and leftovers; exits non-zero
     /// if a target is missed.
     Soak(soak::Args),
+    /// Boot a stock Debian kernel under QEMU (TCG) and run CMD as root in the guest, in
+    /// the current directory, on the host's filesystem (the workspace writable, the rest
+    /// writable but discarded); exit with CMD's status. E.g. `cargo xtask vm --kernel
+    /// debian-6.1 -- uname -r`.
+    Vm(vm::Args),
 }
 
 fn main() -> Result<()> {
@@ -59,5 +65,6 @@ fn main() -> Result<()> {
         Command::Bench(args) => test::bench(args),
         Command::Fuzz(args) => fuzz::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Vm(args) => vm::main(args),
     }
 }
