@@ -139,14 +139,24 @@ fn v4(a: Ipv4Addr) -> [u8; 4] {
     a.octets()
 }
 
+/// The capacity of each map of a [`Datapath::load`]: more than any table fills.
+pub const TEST_MAP_ENTRIES: u32 = 32_768;
+
 impl Datapath {
     /// Load the embedded object with `TEST_TUNNEL_FROM_CB` set; programs are loaded (and
-    /// verified) on first use.
+    /// verified) on first use. Every map holds at most [`TEST_MAP_ENTRIES`]: the kernel
+    /// preallocates hash maps whole, and the tables load a fresh object per case (under
+    /// emulation, in the Linux 6.1 VM, the full sizes made a table take minutes).
     pub fn load() -> Self {
-        let ebpf = EbpfLoader::new()
-            .override_global(TEST_TUNNEL_FROM_CB, &1u8, true)
-            .load(OBJECT)
-            .expect("failed to load the eBPF object");
+        let mut loader = EbpfLoader::new();
+        loader.override_global(TEST_TUNNEL_FROM_CB, &1u8, true);
+        for name in egress_common::maps::names() {
+            let full = egress_common::maps::spec(name).map_or(0, |s| s.max_entries);
+            if full > TEST_MAP_ENTRIES {
+                loader.map_max_entries(name, TEST_MAP_ENTRIES);
+            }
+        }
+        let ebpf = loader.load(OBJECT).expect("failed to load the eBPF object");
         Datapath { ebpf }
     }
 

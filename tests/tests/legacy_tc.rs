@@ -22,7 +22,7 @@ use std::{
 };
 
 use egress_agent::{
-    datapath::{Attachment, Datapath, Hook, cleanup, hook, tc},
+    datapath::{AttachMode, Attachment, Datapath, Hook, cleanup, hook, tc},
     ebpf::{FROM_POD, FROM_SECONDARY},
 };
 use egress_tests::{
@@ -177,6 +177,17 @@ fn a_tc_filter_outlives_its_agent_is_replaced_in_place_and_only_ours_goes() {
 
 #[test]
 fn changing_hook_moves_every_attachment_and_the_device_keeps_one_program() {
+    if !hook::tcx_supported().unwrap() {
+        // Linux before 6.6: TCX cannot be had, and forcing it says so at start.
+        let e = Hook::resolve(AttachMode::Tcx, 1).unwrap_err();
+        assert!(
+            e.contains("--attach tcx") && e.contains("no TCX links"),
+            "{e}"
+        );
+        let (hook, why) = Hook::resolve(AttachMode::Auto, 1).unwrap();
+        assert_eq!(hook, TC, "{why}");
+        return;
+    }
     in_netns(|| {
         ip("link add att0 type veth peer name att0p");
         ip("link set att0 up");
