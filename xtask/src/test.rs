@@ -53,6 +53,9 @@ pub struct BenchArgs {
     /// A shorter run (a few minutes).
     #[arg(long)]
     quick: bool,
+    /// More arguments for egress-bench (after `--`), e.g. `--hooks` or `--no-write`.
+    #[arg(last = true)]
+    rest: Vec<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -322,6 +325,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if args.quick {
         a.push("--quick");
     }
+    a.extend(args.rest.iter().map(String::as_str));
     sh("cargo", &a, &[])
 }
 

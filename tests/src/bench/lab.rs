@@ -37,6 +37,7 @@ use crate::{
 
 pub mod baseline;
 pub mod control;
+pub mod hooks;
 pub mod preload;
 pub mod routes;
 pub mod traffic;
@@ -159,6 +160,8 @@ pub struct LabRun {
     /// Preloaded conntrack, by served-pod count: the serving gateway, CT_V4 entries
     /// before and after the runs.
     pub preloaded: BTreeMap<u32, (String, usize, usize)>,
+    /// Packets per second received, by (path, hook): legacy tc against TCX.
+    pub hook_pps: BTreeMap<(&'static str, &'static str), Vec<f64>>,
 }
 
 impl LabRun {
@@ -209,6 +212,7 @@ pub fn run(plan: &Plan) -> Result<LabRun> {
         measure(&mut r, &s.lab, &s.echo, Side::Ours, 1, &lp);
     }
     tunnel_free::measure_ours(&mut r, &s.lab, &s.echo, &lp);
+    hooks::measure(&mut r, &mut s.lab, &lp);
     measure_preloaded(&mut r, &s.lab, &s.echo, &lp, 1);
     r.step("change-to-map latency", |r| {
         r.latency_ms = control::change_latency(&s.lab, lp.edits)?;

@@ -29,7 +29,9 @@ const USAGE: &str =
   --scale      the cluster-scale rows only (compiler, apply and map memory at 100 nodes
                and 100k pods; the gateway's per-packet rows with conntrack full), printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
-               fewer changes with --quick first), printed";
+               fewer changes with --quick first), printed
+  --hooks      legacy tc against TCX only (the agents restarted with each hook in
+               alternate rounds; the tunnel and miss paths), printed";
 
 struct Args {
     plan: Plan,
@@ -109,6 +111,14 @@ fn args() -> Result<Args> {
                     ],
                 )?;
             }
+            "--hooks" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let run = lab::hooks::run_alone(&plan)?;
+                let mut t = lab::hooks::table(Some(&run));
+                t.notes
+                    .extend(run.errors.iter().map(|e| format!("Failed step: {e}")));
+                print_alone(plan, t)?;
+            }
             "--routes" => {
                 egress_tests::netns::install_signal_teardown()?;
                 let run = lab::run_routes(&plan)?;
@@ -167,6 +177,7 @@ fn main() -> Result<()> {
         lab::throughput(run.as_ref(), &plan)?,
         lab::like_for_like(run.as_ref()),
         lab::tunnel_free::table(run.as_ref()),
+        lab::hooks::table(run.as_ref()),
         lab::preloaded(run.as_ref()),
         lab::new_flows(run.as_ref(), &plan)?,
         lab::control_plane(run.as_ref(), &plan)?,

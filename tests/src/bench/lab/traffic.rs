@@ -28,7 +28,18 @@ fn num(v: &Value, path: &[&str]) -> Option<f64> {
 
 /// `iperf3 -c host-a -t secs -J` (TCP), or with `-u -l 64 -b 0` (UDP), from `pod`.
 pub fn iperf(lab: &Lab, pod: &str, udp: bool, secs: u32) -> Result<Iperf> {
-    let host = addr::HOST_A.to_string();
+    iperf_to(lab, pod, addr::HOST_A, udp, secs)
+}
+
+/// [`iperf`] to `host` (which runs an iperf3 server on [`IPERF_PORT`]).
+pub fn iperf_to(
+    lab: &Lab,
+    pod: &str,
+    host: std::net::Ipv4Addr,
+    udp: bool,
+    secs: u32,
+) -> Result<Iperf> {
+    let host = host.to_string();
     let (t, limit) = (secs.to_string(), (secs + 15).to_string());
     let port = IPERF_PORT.to_string();
     let mut args = vec![
