@@ -352,6 +352,7 @@ fn real_main() -> Result<ExitCode> {
                 } else {
                     doctor::Dad::Now
                 },
+                load_programs: true,
             };
             doctor(&settings, view.as_ref())
         }

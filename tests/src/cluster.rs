@@ -138,6 +138,7 @@ pub fn seen(lab: &Lab, pod: &str, proto: Proto, host: impl Into<IpAddr>) -> Opti
 
 /// Poll `f` every 50 ms until it holds; `Err` after `timeout`. Returns the time it took.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<Duration> {
+    let timeout = timeout * time_scale();
     let start = Instant::now();
     loop {
         if f() {
@@ -148,6 +149,18 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<Dura
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// How much longer every [`wait_until`] may take: `EGRESS_TEST_TIME_SCALE` (default 1).
+/// `cargo xtask test` sets it for the runs under emulation (the Linux 6.1 VM, TCG), where
+/// agents and their verifier runs are several times slower; outcomes are asserted the
+/// same way.
+pub fn time_scale() -> u32 {
+    std::env::var("EGRESS_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
 }
 
 /// First of the fixed source ports tests bind in a pod. Below the kernel's ephemeral range

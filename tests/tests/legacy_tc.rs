@@ -354,18 +354,30 @@ fn with_legacy_tc_the_lab_is_right_and_an_agent_upgrade_keeps_a_tcp_stream() {
         "host-a saw only {a}: {:?}",
         tcp.sources
     );
-    // Replaced in place: the same filters, each with the new agent's program.
+    assert_eq!(
+        holder(&lab, addr::EGRESS_IP_A).map(|(g, _)| g),
+        Some(gw.clone()),
+        "the holder kept its egress IP through its agent's upgrade"
+    );
+    // Replaced in place: the same filters, each with the new agent's program (once the
+    // new agent's passes have run: under emulation they take a while).
+    let strip = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|f| f.split(" (").next().unwrap_or(f).to_owned())
+            .collect()
+    };
     for (node, before) in [("w1", before_w1), (gw.as_str(), before_gw)] {
-        let after = tc_filters(&lab, node);
-        let strip = |v: &[String]| -> Vec<String> {
-            v.iter()
-                .map(|f| f.split(" (").next().unwrap_or(f).to_owned())
-                .collect()
+        let replaced = |after: &[String]| {
+            strip(after) == strip(&before) && after.iter().all(|f| !before.contains(f))
         };
-        assert_eq!(strip(&after), strip(&before), "{node}: the same filters");
-        for f in &after {
-            assert!(!before.contains(f), "{node}: {f} has a new program");
-        }
+        let waited = wait_until(Duration::from_secs(20), || {
+            replaced(&tc_filters(&lab, node))
+        });
+        let after = tc_filters(&lab, node);
+        assert!(
+            waited.is_ok(),
+            "{node}: the same filters, each with a new program: before {before:?}, after \
+             {after:?}"
+        );
     }
-    assert_eq!(holder(&lab, addr::EGRESS_IP_A).map(|(g, _)| g), Some(gw));
 }

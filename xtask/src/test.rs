@@ -163,19 +163,38 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Run again with `EGRESS_ATTACH=tc` on the host: the IPv4 end to end tests, cleanup and
-/// the failover cases.
-const TC_TESTS: &[&str] = &["e2e_v4", "cleanup", "failover"];
+/// Run again with `EGRESS_ATTACH=tc` on the host: the IPv4 end to end tests and cleanup
+/// (`legacy_tc` covers an upgrade under a TCP stream on tc in the first run).
+const TC_TESTS: &[&str] = &["e2e_v4", "cleanup"];
 
-/// Run on Linux 6.1, which has no TCX, with `--attach auto` choosing legacy tc: the
-/// packet tables of both families, the IPv4 end to end tests, the legacy tc tests (the
-/// lab on tc, an upgrade under a TCP stream) and two failover cases.
-const GUEST_TESTS: &[(&str, &[&str])] = &[
-    ("datapath_v4", &[]),
-    ("datapath_v6", &[]),
-    ("e2e_v4", &[]),
-    ("legacy_tc", &[]),
-    ("failover", &["silently_dead_holder", "drained_holder"]),
+/// Run on Linux 6.1, which has no TCX, with `--attach auto` choosing legacy tc. Under
+/// emulation (TCG: KVM does not work on these machines) the verifier and the agents are
+/// many times slower, so this is a subset, by test name filters: the IPv4 packet tables
+/// of the three programs that move traffic (a fresh object per case, each verified:
+/// 15 minutes for all of datapath_v4), the attach and adoption tests, the IPv4 lab's
+/// table, and the legacy tc tests (the lab on tc, an upgrade under a TCP stream, cleanup
+/// beside a foreign filter). docs/operations.md lists what was run there by hand.
+/// Each entry: the test binary, its test threads, its filters (none: all).
+const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
+    (
+        "datapath_v4",
+        2,
+        &[
+            "from_pod_table",
+            "from_tunnel_table",
+            "from_secondary_table",
+            "from_underlay_decapsulates",
+            "loads_and_attaches",
+            "an_adopted_link",
+        ],
+    ),
+    // One lab at a time: two labs of four agents each on two emulated CPUs starve.
+    (
+        "e2e_v4",
+        1,
+        &["one_pod_leaves_through_each_network_with_that_networks_egress_ip"],
+    ),
+    ("legacy_tc", 1, &[]),
 ];
 
 /// `cargo test -p egress-tests --test <each>` with `env`, two at a time.
@@ -192,9 +211,11 @@ fn cargo_tests(tests: &[&str], env: &[(&str, &str)]) -> Result<()> {
 /// kernel once per binary and run it there. Under emulation the agents are several times
 /// slower: a gateway is declared dead after 20 missed probes of 200 ms (4 s) instead of 3
 /// of 100 ms, so that a starved agent does not fail over under tests that do not expect
-/// it; the failover cases assert outcomes (streams survive, one holder), not times.
+/// it; a restarting agent's peers wait 90 s for it instead of 15 (a debug agent there
+/// takes about 30 s from SIGTERM to adopting what it held); and every wait of the lab tests may take 6 times as long
+/// (`EGRESS_TEST_TIME_SCALE`); the outcomes asserted are the same.
 fn guest_tests() -> Result<()> {
-    let names: Vec<&str> = GUEST_TESTS.iter().map(|(t, _)| *t).collect();
+    let names: Vec<&str> = GUEST_TESTS.iter().map(|(t, _, _)| *t).collect();
     let binaries = test_binaries(&names)?;
     let opts = crate::vm::Options {
         memory: "8G".to_owned(),
@@ -202,6 +223,8 @@ fn guest_tests() -> Result<()> {
         env: [
             ("EGRESS_PROBE_MISSES", "20"),
             ("EGRESS_PROBE_INTERVAL_MS", "200"),
+            ("EGRESS_RESTART_GRACE_SECS", "90"),
+            ("EGRESS_TEST_TIME_SCALE", "6"),
         ]
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -209,13 +232,13 @@ fn guest_tests() -> Result<()> {
         ..crate::vm::Options::default()
     };
     let mut failed = Vec::new();
-    for (name, filters) in GUEST_TESTS {
+    for (name, threads, filters) in GUEST_TESTS {
         let bin = binaries
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, b)| b.clone())
             .with_context(|| format!("cargo built no test binary {name}"))?;
-        let mut cmd = vec![bin, "--test-threads=2".to_owned()];
+        let mut cmd = vec![bin, format!("--test-threads={threads}")];
         cmd.extend(filters.iter().map(|f| (*f).to_owned()));
         let t = Instant::now();
         let status = crate::vm::run(&opts, &cmd)?;

@@ -107,13 +107,15 @@ mount -t tmpfs -o mode=755 tmpfs /rw
 mkdir /rw/upper /rw/work
 mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /newroot ||
     fail "failed to mount the overlay root"
+# The tmpfs first: a workspace under /tmp (a CI clone, say) is mounted on top of it.
+mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+mount -t tmpfs -o mode=755 tmpfs /newroot/run
+mkdir -p "/newroot$workspace"
 mount -t 9p -o "$p9" workspace "/newroot$workspace" ||
     fail "failed to mount the workspace $workspace over 9p"
 # modprobe reads /lib/modules/$(uname -r): the unpacked package's, in the workspace.
 mkdir -p /newroot/usr/lib/modules
 ln -sfn "$modules" "/newroot/usr/lib/modules/${modules##*/}"
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
-mount -t tmpfs -o mode=755 tmpfs /newroot/run
 mount --move /dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o ptmxmode=666 devpts /newroot/dev/pts

@@ -118,6 +118,8 @@ async fn preflight(cfg: &RunConfig, snap: &Snapshot) -> Vec<PreflightCheck> {
         node_name: Some(cfg.node_name.clone()),
         egress_ips: Vec::new(),
         dad: doctor::Dad::WhenClaimed,
+        // The agent loads its programs itself, right after: a refusal fails the start.
+        load_programs: false,
     };
     let checks = doctor::run(&settings, Some(&snap.view)).await;
     for c in &checks {

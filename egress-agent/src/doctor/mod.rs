@@ -42,6 +42,9 @@ pub struct Settings {
     pub egress_ips: Vec<IpAddr>,
     /// Whether to probe the network for each egress IP not held here ([`dad`]).
     pub dad: Dad,
+    /// Whether to load the agent's programs to check them (`doctor`; the agent's own
+    /// preflight skips it: it loads them itself right after).
+    pub load_programs: bool,
 }
 
 /// When duplicate address detection runs.
@@ -108,11 +111,15 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         kernel::attach(),
         kernel::lpm_trie(),
         kernel::map_types(),
-        kernel::programs(),
+    ];
+    if s.load_programs {
+        out.push(kernel::programs());
+    }
+    out.extend([
         kernel::jit(),
         host::bpffs(&s.bpffs_dir),
         host::capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default()),
-    ];
+    ]);
     let (nl, ifaces) = match interfaces().await {
         Ok(found) => found,
         Err(e) => {
