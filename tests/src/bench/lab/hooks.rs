@@ -8,7 +8,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr, thread, time::Duration};
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail};
 
 use super::{LabPlan, LabRun, Table, converged, header, spread_big, times, traffic, why};
 use crate::{
@@ -52,14 +52,22 @@ fn attach_all(lab: &mut Lab, hook: &str) -> Result<()> {
         lab.start_agent(node, &bin, &["--attach", hook])?;
     }
     converged(lab, addr::EGRESS_IP_A)?;
-    let on = lab.ns("w1")?.run_in(|| Ok(hooks::ingress(POD_DEVICE)))?;
+    // Converged on the earlier hook's attachments already (they stay while an agent
+    // restarts): wait for the new agent's, and for the old ones to go.
     let want_tcx = hook == "tcx";
-    ensure!(
+    let only_new = |on: &[Ingress]| {
         on.len() == 1
             && on[0].is(egress_agent::ebpf::FROM_POD)
-            && matches!(on[0], Ingress::Tcx(_)) == want_tcx,
-        "{POD_DEVICE} on w1 with --attach {hook}: {on:?}"
-    );
+            && matches!(on[0], Ingress::Tcx(_)) == want_tcx
+    };
+    let w1 = lab.ns("w1")?;
+    let seen = || {
+        w1.run_in(|| Ok(hooks::ingress(POD_DEVICE)))
+            .unwrap_or_default()
+    };
+    if cluster::wait_until(Duration::from_secs(20), || only_new(&seen())).is_err() {
+        bail!("{POD_DEVICE} on w1 with --attach {hook}: {:?}", seen());
+    }
     Ok(())
 }
 
@@ -171,7 +179,9 @@ pub fn run_alone(plan: &crate::bench::Plan) -> Result<LabRun> {
     let mut lab = cluster::up_with_agents(cluster::default_spec()?)
         .context("failed to bring up the lab with agents")?;
     let start = std::time::Instant::now();
+    let host_a = super::start_iperf_server(&lab)?;
     measure(&mut r, &mut lab, &lp);
+    drop(host_a);
     r.took = start.elapsed();
     if let Err(e) = lab.down() {
         r.errors.push(format!("teardown: {e:#}"));
