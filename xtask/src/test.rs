@@ -170,9 +170,9 @@ const TC_TESTS: &[&str] = &["e2e_v4", "cleanup"];
 /// Run on Linux 6.1, which has no TCX, with `--attach auto` choosing legacy tc. Under
 /// emulation (TCG: KVM does not work on these machines) the verifier and the agents are
 /// many times slower, so this is a subset, by test name filters: the IPv4 packet tables
-/// of the three programs that move traffic (a fresh object per case, each verified:
-/// 15 minutes for all of datapath_v4), the attach and adoption tests, the IPv4 lab's
-/// table, and the legacy tc tests (the lab on tc, an upgrade under a TCP stream, cleanup
+/// of `from_pod` and `from_tunnel` and `from_underlay`'s (a fresh object per case, each
+/// verified: 15 minutes for all of datapath_v4), the attach tests, the IPv4 lab's table,
+/// and the legacy tc tests (adoption in place among them) (the lab on tc, an upgrade under a TCP stream, cleanup
 /// beside a foreign filter). docs/operations.md lists what was run there by hand.
 /// Each entry: the test binary, its test threads, its filters (none: all).
 const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
@@ -182,10 +182,8 @@ const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
         &[
             "from_pod_table",
             "from_tunnel_table",
-            "from_secondary_table",
             "from_underlay_decapsulates",
             "loads_and_attaches",
-            "an_adopted_link",
         ],
     ),
     // One lab at a time: two labs of four agents each on two emulated CPUs starve.
