@@ -24,17 +24,28 @@ pub const REPOSITORY: &str = "localhost/egress-agent";
 /// Where the binary lives in the image (its entrypoint).
 const BINARY: &str = "usr/local/bin/egress-agent";
 
+/// Which build of the agent goes into the image.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `cargo build --release`: what `cargo xtask image` ships.
+    Release,
+    /// The debug build `cargo xtask test` has already made: the same packaging, for the
+    /// image test, without a second build of every dependency (about 9 minutes on two
+    /// cores). Archived beside the release image, never instead of it.
+    Dev,
+}
+
 /// `cargo xtask image`.
 pub fn run() -> Result<()> {
     crate::bootstrap::run()?;
-    build().map(|_| ())
+    build(Profile::Release).map(|_| ())
 }
 
-/// Build the release agent and its image; print where it is, its digest and sizes.
+/// Build the agent (`profile`) and its image; print where it is, its digest and sizes.
 /// Returns the archive's path.
-pub fn build() -> Result<PathBuf> {
+pub fn build(profile: Profile) -> Result<PathBuf> {
     let start = Instant::now();
-    let agent = build_agent()?;
+    let agent = build_agent(profile)?;
     let target = agent
         .parent()
         .and_then(Path::parent)
@@ -52,7 +63,10 @@ pub fn build() -> Result<PathBuf> {
     let epoch = source_date_epoch()?;
     let layout = work.join("oci");
     pack(&rootfs, &layout, &reference, &epoch)?;
-    let archive = dir.join("egress-agent.oci.tar");
+    let archive = dir.join(match profile {
+        Profile::Release => "egress-agent.oci.tar",
+        Profile::Dev => "egress-agent-dev.oci.tar",
+    });
     archive_layout(&layout, &archive, &epoch)?;
     let index = fs::read_to_string(layout.join("index.json"))
         .context("failed to read the image's index.json")?;
@@ -87,12 +101,16 @@ pub fn build() -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// `cargo build --release -p egress-agent`; the binary's path.
-fn build_agent() -> Result<PathBuf> {
+/// `cargo build [--release] -p egress-agent`; the binary's path.
+fn build_agent(profile: Profile) -> Result<PathBuf> {
+    let release: &[&str] = match profile {
+        Profile::Release => &["--release"],
+        Profile::Dev => &[],
+    };
     let out = Command::new(env!("CARGO"))
+        .arg("build")
+        .args(release)
         .args([
-            "build",
-            "--release",
             "--package",
             "egress-agent",
             "--bin",
@@ -101,9 +119,9 @@ fn build_agent() -> Result<PathBuf> {
         ])
         .stderr(Stdio::inherit())
         .output()
-        .context("failed to run cargo build --release -p egress-agent")?;
+        .context("failed to run cargo build -p egress-agent")?;
     if !out.status.success() {
-        bail!("failed to build the agent: cargo build --release -p egress-agent failed");
+        bail!("failed to build the agent: cargo build -p egress-agent failed");
     }
     String::from_utf8_lossy(&out.stdout)
         .lines()

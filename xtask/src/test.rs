@@ -112,10 +112,14 @@ pub fn run(args: Args) -> Result<()> {
             &[],
         )
     })?;
-    // tests/tests/image.rs loads the image into podman and unpacks it.
+    // tests/tests/image.rs loads the image into podman and unpacks it: the image packed
+    // as `cargo xtask image` packs it, around the debug agent just built (a release build
+    // of every dependency would add about 9 minutes; `cargo xtask image` makes that one).
     let mut image = String::new();
-    step("image (cargo xtask image)", || {
-        image = crate::image::build()?.to_string_lossy().into_owned();
+    step("image (as cargo xtask image, of the debug agent)", || {
+        image = crate::image::build(crate::image::Profile::Dev)?
+            .to_string_lossy()
+            .into_owned();
         Ok(())
     })?;
     step("tests (unit, packet, namespace, lab)", || {

@@ -63,6 +63,17 @@ impl Settings {
             .max(self.interval)
     }
 
+    /// How recently a hello of this node must have reached a peer (as the peer's echo
+    /// shows) for the peer to count toward this node's quorum: half an interval less than
+    /// the detection time after which that peer declares this node dead, and never less
+    /// than two and a half intervals (the oldest echo of a healthy exchange is about two
+    /// intervals old).
+    pub fn echo_window(&self) -> Duration {
+        self.detection()
+            .saturating_sub(self.interval / 2)
+            .max(self.interval * 5 / 2)
+    }
+
     /// No peer is declared dead, and this node not cut off, before this much time after
     /// start: every live peer has had time to be heard.
     pub fn warm_up(&self) -> Duration {
@@ -369,14 +380,32 @@ impl Tracker {
             .collect()
     }
 
-    /// The peers heard within the fence window (for the quorum).
+    /// The peers heard within the fence window that hear this node too (for the quorum):
+    /// a one-way path (a route on this node that sends its hellos elsewhere, a filter on
+    /// one direction) must not count, or a holder whose hellos no longer reach its peers
+    /// keeps its addresses while they take them over.
     fn heard_for_quorum(&self, now: Instant) -> BTreeSet<&str> {
         let window = self.settings.fence_window();
         self.peers
             .iter()
-            .filter(|(_, p)| self.heard_within(p, now, window))
+            .filter(|(_, p)| self.heard_within(p, now, window) && self.hears_me(p, now))
             .map(|(n, _)| n.as_str())
             .collect()
+    }
+
+    /// Whether `p`'s latest hello echoes one of this node's hellos sent within the echo
+    /// window: `p` heard this node recently. A peer stops echoing one detection time
+    /// after it last heard this node, and declares it dead then; the echo window ends
+    /// half an interval before, so a node whose hellos stop arriving fences itself first.
+    /// A restarting peer (in its grace) is not echoing anyone and counts as before.
+    fn hears_me(&self, p: &Peer, now: Instant) -> bool {
+        if p.hello.flags & flags::RESTARTING != 0 {
+            return true;
+        }
+        let mine = self.micros(now);
+        let echo = p.hello.echo_us;
+        let window = u64::try_from(self.settings.echo_window().as_micros()).unwrap_or(u64::MAX);
+        echo != 0 && echo <= mine && mine - echo < window
     }
 
     fn heard_gateways(&self, now: Instant) -> BTreeSet<String> {
@@ -717,6 +746,43 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_whose_hellos_stop_arriving_fences_itself_before_its_peers_move() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        // gw1 still hears everyone, but its own hellos go astray (a route on gw1 that
+        // sends them out of another interface): its peers last hear it at 900 ms and
+        // declare it dead at 1200; its echoes say so first.
+        let one_way = |from: &str, _: &str| from != "gw1";
+        c.run(1000, 1200, one_way);
+        assert!(
+            c.dead("gw1", 1150).contains("gw1"),
+            "gw1 must fence itself while it still hears a majority one way"
+        );
+        assert_eq!(c.dead("w1", 1150), set(&[]), "its peers have not moved yet");
+        c.run(1200, 2000, one_way);
+        assert!(c.dead("gw1", 2000).contains("gw1"));
+        assert_eq!(c.dead("gw2", 2000), set(&["gw1"]));
+        // Two-way again: gw1 is back.
+        c.run(2000, 3000, |_, _| true);
+        assert_eq!(c.dead("gw1", 3000), set(&[]));
+    }
+
+    #[test]
+    fn hellos_that_only_leave_the_gateways_give_no_quorum_to_either_on_their_own() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        // The probe: both gateways route the workers' addresses out of their
+        // secondary network, and cannot reach each other either; the workers' hellos
+        // still arrive. Counting those one-way hellos gave each gateway a majority, and
+        // each took the other's addresses.
+        let astray = |from: &str, _: &str| !from.starts_with("gw");
+        c.run(1000, 3000, astray);
+        for g in ["gw1", "gw2"] {
+            assert!(c.dead(g, 3000).contains(g), "{g} must fence itself");
+        }
+    }
+
+    #[test]
     fn gateways_that_cannot_reach_each_other_stay_alive_through_the_workers() {
         let mut c = Cluster::new();
         c.run(0, 1000, |_, _| true);
@@ -784,8 +850,10 @@ mod tests {
         c.run(0, 1000, |_, _| true);
         c.run(1000, 1600, |from, _| from != "gw1");
         assert_eq!(c.dead("w1", 1600), set(&["gw1"]));
-        c.run(1600, 1800, |_, _| true);
-        assert_eq!(c.dead("w1", 1800), set(&[]));
+        // gw1, unheard, fenced itself too: it counts a peer again once that peer echoes
+        // one of its hellos (1700), and its next hello (1800) says it holds again.
+        c.run(1600, 1900, |_, _| true);
+        assert_eq!(c.dead("w1", 1900), set(&[]));
     }
 
     #[test]
@@ -853,6 +921,35 @@ mod tests {
         assert!(has_quorum("c", &h(&["a"]), &expected));
         assert!(!has_quorum("c", &h(&["d"]), &expected));
         assert!(has_quorum("solo", &h(&[]), &BTreeSet::new()));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Whatever hellos are lost, one way or both, between any two of the four nodes:
+        /// never does each gateway hold (not cut off) while counting the other dead,
+        /// which would have both serve the other's egress IPs.
+        #[test]
+        fn lost_hellos_in_any_direction_never_make_two_holders(links in 0u16..4096) {
+            let pairs: Vec<(&str, &str)> = NODES
+                .iter()
+                .flat_map(|(a, _)| NODES.iter().filter(move |(b, _)| a != b).map(move |(b, _)| (*a, *b)))
+                .collect();
+            let up = |from: &str, to: &str| {
+                let i = pairs.iter().position(|p| *p == (from, to)).expect("pair");
+                links >> i & 1 == 1
+            };
+            let mut c = Cluster::new();
+            c.run(0, 1000, |_, _| true);
+            c.run(1000, 2500, up);
+            let holds = |g: &str| !c.dead(g, 2500).contains(g);
+            let takes = |g: &str, other: &str| holds(g) && c.dead(g, 2500).contains(other);
+            prop_assert!(
+                !(takes("gw1", "gw2") && holds("gw2")) && !(takes("gw2", "gw1") && holds("gw1")),
+                "links {links:#014b}: gw1 dead={:?}, gw2 dead={:?}",
+                c.dead("gw1", 2500),
+                c.dead("gw2", 2500)
+            );
+        }
     }
 
     proptest! {
