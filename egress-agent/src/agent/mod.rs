@@ -632,6 +632,17 @@ impl Reconciler<'_> {
         };
         changed += self.sync_maps(dp, &merged, &ifaces, &mut problems)?;
         let routes = self.dump_routes(&mut problems).await;
+        if let Some(routes) = &routes
+            && let Some((astray, check)) =
+                underlay_astray(view, &me, desired.node_ip, &ifaces, routes)
+        {
+            problems.extend(astray);
+            // The EgressNode's preflight line says what is true now, not at start.
+            match self.preflight.iter_mut().find(|c| c.check == check.check) {
+                Some(c) => *c = check,
+                None => self.preflight.push(check),
+            }
+        }
         self.sync_attachments(dp, &merged, &ifaces, routes.as_ref(), &mut problems);
         changed += self
             .acquire(&compiled, &peers, &ifaces, now, &mut problems)
@@ -1173,6 +1184,33 @@ fn published_since(doc: Option<&EgressNode>, ip: IpAddr, epoch: u64) -> Option<S
 }
 
 /// Who this node probes and counts (see [`liveness::tracker`]).
+/// Peers whose underlay address this node routes out of another interface than the one
+/// that holds its own underlay address (`node_ip`), as problems, and `doctor`'s
+/// `underlay-routes` check: every pass says so, for as long as the route is there.
+fn underlay_astray(
+    view: &ClusterView,
+    me: &str,
+    node_ip: Option<IpAddr>,
+    ifaces: &[iface::Interface],
+    routes: &iface::Routes,
+) -> Option<(Vec<String>, PreflightCheck)> {
+    let underlay = node_ip.and_then(|ip| {
+        ifaces
+            .iter()
+            .find(|i| i.addresses.iter().any(|(a, _)| *a == ip))
+    })?;
+    let peers = crate::doctor::peer_addresses(view, Some(me));
+    let astray = crate::doctor::host::underlay_astray(&underlay.name, &peers, |ip| {
+        let oif = routes.oif(ip)?;
+        ifaces
+            .iter()
+            .find(|i| i.ifindex == oif)
+            .map(|i| i.name.clone())
+    });
+    let check = crate::doctor::host::underlay_routes_verdict(&underlay.name, peers.len(), &astray);
+    Some((astray, check))
+}
+
 fn membership(view: &ClusterView, me: &str) -> Membership {
     let agents: BTreeSet<&str> = view
         .egress_nodes

@@ -44,8 +44,18 @@ fn covered(plans: &[PolicyPlan<'_>]) -> BTreeMap<IpNet, bool> {
                 by_node.values().chain(std::iter::once(fallback)).collect()
             }
         });
-    for prefixes in all {
+    let all: Vec<&Prefixes> = all.collect();
+    for prefixes in &all {
         add(&mut out, prefixes);
+    }
+    // The cluster's own addresses stay reachable for unknown pods too, whatever covers
+    // them.
+    for (prefix, _) in all
+        .iter()
+        .flat_map(|p| &p.0)
+        .filter(|(_, k)| *k == Kind::Cluster)
+    {
+        out.insert(prefix.trunc(), false);
     }
     out
 }
@@ -61,6 +71,8 @@ fn add(out: &mut BTreeMap<IpNet, bool>, prefixes: &Prefixes) {
             }
             // Routed elsewhere by one gateway: still covered by the rule around it.
             Kind::Carve => {}
+            // Set after every rule's destinations (below).
+            Kind::Cluster => {}
         }
     }
 }

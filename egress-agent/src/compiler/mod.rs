@@ -41,6 +41,8 @@ pub mod condition {
     pub const CONFLICT: &str = "Conflict";
     /// Some destinations learned from routes are left out or differ between gateways.
     pub const ROUTES_DEGRADED: &str = "RoutesDegraded";
+    /// Some listed destinations cover the cluster's own addresses, which are carved out.
+    pub const CLUSTER_EXCLUDED: &str = "ClusterExcluded";
 }
 
 /// Condition reasons (stable: users and alerts match on them).
@@ -79,6 +81,8 @@ pub mod reason {
     pub const ROUTES_DISAGREE: &str = "RoutesDisagree";
     pub const ROUTES_OVERLAP_CLUSTER: &str = "RoutesOverlapCluster";
     pub const ROUTES_TRUNCATED: &str = "RoutesTruncated";
+    // ClusterExcluded=True
+    pub const DESTINATIONS_COVER_CLUSTER: &str = "DestinationsCoverCluster";
     // Problems about other objects.
     pub const NO_UNDERLAY_ADDRESS: &str = "NoUnderlayAddress";
     pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";

@@ -398,10 +398,29 @@ fn plan_rule(
     report: &mut PolicyReport,
 ) -> Vec<RulePlan> {
     let checked = at.checked;
+    // Listed destinations never take the cluster's own traffic: carved out, and said.
+    let (carved, covering) =
+        Prefixes::listed_carved(&checked.destinations, &checked.except, cx.reserved);
+    for (i, destination, what) in covering {
+        let count = what.len();
+        let mut named: Vec<String> = what.into_iter().take(MAX_ROUTES_NAMED).collect();
+        if count > MAX_ROUTES_NAMED {
+            named.push(format!("and {} more", count - MAX_ROUTES_NAMED));
+        }
+        report.cluster(format!(
+            "rules[{}].destinations[{i}]: {destination} covers the cluster's own addresses \
+             ({}): traffic to them is never steered to a gateway",
+            at.index,
+            named.join(", ")
+        ));
+    }
     let plan = |(destinations, target)| RulePlan {
         index: at.index,
         rule_id,
-        destinations,
+        destinations: match destinations {
+            Destinations::Listed(_) => Destinations::Listed(carved.clone()),
+            learned => learned,
+        },
         target,
     };
     if !checked.valid {

@@ -26,6 +26,10 @@ pub(super) enum Kind {
     /// Routed elsewhere by the gateway, inside a destination: untouched, but only where
     /// no rule claims the pair.
     Carve,
+    /// The cluster's own addresses inside a destination (a pod or cluster CIDR, the
+    /// underlay subnet, a node's or pod's address): untouched whatever any rule says, and
+    /// never a conflict.
+    Cluster,
 }
 
 /// One rule's prefixes, excepts first (an except equal to a destination wins), then
@@ -39,6 +43,34 @@ impl Prefixes {
         let excepts = except.iter().map(|p| (*p, Kind::Except));
         let forwards = destinations.iter().map(|p| (*p, Kind::Forward));
         Self(excepts.chain(forwards).collect())
+    }
+
+    /// The listed destinations and excepts with the cluster's own addresses carved out
+    /// ([`Kind::Cluster`], first: they win over an equal prefix), and for each
+    /// destination that covers some of them, its index and what it covers (the first
+    /// few named).
+    pub(super) fn listed_carved(
+        destinations: &[IpNet],
+        except: &[IpNet],
+        reserved: &Reserved,
+    ) -> (Self, Vec<(usize, IpNet, Vec<String>)>) {
+        let listed = Self::listed(destinations, except);
+        let mut carved: BTreeSet<IpNet> = BTreeSet::new();
+        let mut covering = Vec::new();
+        for (i, d) in destinations.iter().enumerate() {
+            let found = reserved.within(*d);
+            if found.is_empty() {
+                continue;
+            }
+            covering.push((i, *d, found.iter().map(|(_, w)| w.clone()).collect()));
+            carved.extend(found.into_iter().map(|(net, _)| net));
+        }
+        let out = carved
+            .into_iter()
+            .map(|p| (p, Kind::Cluster))
+            .chain(listed.0)
+            .collect();
+        (Self(out), covering)
     }
 
     pub(super) fn forwards(&self) -> impl Iterator<Item = IpNet> + '_ {
@@ -71,6 +103,27 @@ impl Reserved {
             }
             if let Some(u) = n.underlay {
                 hosts.push((u, format!("address {u} of node {}", n.name)));
+                // The subnet of the interface that holds the underlay address: the other
+                // nodes, and the routers between them, are there.
+                let subnet = n.egress.as_ref().and_then(|e| {
+                    e.interfaces
+                        .iter()
+                        .flat_map(|(name, nets)| nets.iter().map(move |net| (name, net)))
+                        .find(|(_, net)| net.addr() == u)
+                });
+                if let Some((iface, net)) = subnet
+                    && net.prefix_len() < net.max_prefix_len()
+                    && !cidrs.iter().any(|(c, _)| *c == net.trunc())
+                {
+                    cidrs.push((
+                        net.trunc(),
+                        format!(
+                            "underlay subnet {} ({iface} of node {})",
+                            net.trunc(),
+                            n.name
+                        ),
+                    ));
+                }
             }
         }
         for p in &pods.pods {
@@ -102,19 +155,36 @@ impl Reserved {
             .map(|(_, what)| what.as_str())
     }
 
-    /// The cluster's CIDRs and node addresses (as host prefixes) inside `net`: what a
-    /// default route must leave alone.
-    fn inside(&self, net: IpNet) -> Vec<IpNet> {
-        let cidrs = self.cidrs.iter().map(|(c, _)| *c);
-        let nodes = self
-            .hosts
+    /// What of the cluster lies within `net`, as prefixes to carve out of it, with what
+    /// each is: the CIDRs inside it (or `net` itself, when a CIDR contains it), and the
+    /// node and pod addresses inside it that no such CIDR holds (as host prefixes).
+    pub(super) fn within(&self, net: IpNet) -> Vec<(IpNet, String)> {
+        let v6 = net.addr().is_ipv6();
+        let same = |c: &IpNet| c.addr().is_ipv6() == v6;
+        if let Some((_, what)) = self.cidrs.iter().find(|(c, _)| same(c) && c.contains(&net)) {
+            return vec![(net, what.clone())];
+        }
+        let mut cidrs: Vec<(IpNet, String)> = self
+            .cidrs
             .iter()
-            .filter(|(_, what)| what.contains(" of node "))
-            .map(|(h, _)| IpNet::from(*h));
-        cidrs
-            .chain(nodes)
-            .filter(|c| c.addr().is_ipv6() == net.addr().is_ipv6() && net.contains(c))
-            .collect()
+            .filter(|(c, _)| same(c) && net.contains(c))
+            .cloned()
+            .collect();
+        // A pod CIDR inside the cluster CIDR needs no entry of its own.
+        let all: Vec<IpNet> = cidrs.iter().map(|(c, _)| *c).collect();
+        cidrs.retain(|(c, _)| !all.iter().any(|o| o != c && o.contains(c)));
+        let first = self.hosts.partition_point(|(h, _)| *h < net.network());
+        let hosts = self.hosts[first..]
+            .iter()
+            .take_while(|(h, _)| net.contains(h))
+            .filter(|(h, _)| !cidrs.iter().any(|(c, _)| c.contains(h)))
+            .map(|(h, what)| (IpNet::from(*h), what.clone()))
+            .collect::<Vec<_>>();
+        let mut out = cidrs;
+        out.extend(hosts);
+        out.sort();
+        out.dedup_by(|a, b| a.0 == b.0);
+        out
     }
 }
 
@@ -150,13 +220,14 @@ pub(super) fn learn(
     let excepted = |p: &IpNet| except.iter().any(|e| e.contains(p));
     let mut forwards: BTreeSet<IpNet> = BTreeSet::new();
     let mut carve: BTreeSet<IpNet> = BTreeSet::new();
+    let mut cluster: BTreeSet<IpNet> = BTreeSet::new();
     if let Some(published) = egress.routes.get(interface) {
         out.omitted = published.omitted;
         for p in published.prefixes.iter().filter(family) {
             if p.prefix_len() == 0 {
                 if include_default && !excepted(p) {
                     forwards.insert(*p);
-                    carve.extend(reserved.inside(*p));
+                    cluster.extend(reserved.within(*p).into_iter().map(|(n, _)| n));
                 }
             } else if let Some(what) = reserved.overlap(*p) {
                 out.overlapping.push((*p, what.to_owned()));
@@ -191,10 +262,12 @@ pub(super) fn learn(
         .collect();
     let mut excepts: Vec<IpNet> = excepts.into_iter().collect();
     excepts.sort();
+    carve.retain(|q| !cluster.contains(q));
     out.prefixes = Prefixes(
-        excepts
+        cluster
             .into_iter()
-            .map(|p| (p, Kind::Except))
+            .map(|p| (p, Kind::Cluster))
+            .chain(excepts.into_iter().map(|p| (p, Kind::Except)))
             .chain(forwards.into_iter().map(|p| (p, Kind::Forward)))
             .chain(carve.into_iter().map(|p| (p, Kind::Carve)))
             .collect(),
@@ -206,11 +279,15 @@ pub(super) fn learn(
 /// failure policy still covers every destination any of them would serve). Carve-outs
 /// are left out: they differ from one gateway to the next.
 pub(super) fn union<'a>(learned: impl IntoIterator<Item = &'a Prefixes>) -> Prefixes {
+    let mut cluster = BTreeSet::new();
     let mut excepts = BTreeSet::new();
     let mut forwards = BTreeSet::new();
     for prefixes in learned {
         for (p, kind) in &prefixes.0 {
             match kind {
+                Kind::Cluster => {
+                    cluster.insert(*p);
+                }
                 Kind::Except => {
                     excepts.insert(*p);
                 }
@@ -222,9 +299,10 @@ pub(super) fn union<'a>(learned: impl IntoIterator<Item = &'a Prefixes>) -> Pref
         }
     }
     Prefixes(
-        excepts
+        cluster
             .into_iter()
-            .map(|p| (p, Kind::Except))
+            .map(|p| (p, Kind::Cluster))
+            .chain(excepts.into_iter().map(|p| (p, Kind::Except)))
             .chain(forwards.into_iter().map(|p| (p, Kind::Forward)))
             .collect(),
     )

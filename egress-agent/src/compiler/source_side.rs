@@ -72,6 +72,7 @@ pub(super) fn claim(
         claims: Claims::new(),
         contested,
         lost: Vec::new(),
+        cluster: HashSet::new(),
     };
     for pass in [Pass::Listed, Pass::Learned, Pass::Carve] {
         for &p_idx in &order {
@@ -101,6 +102,8 @@ struct Claimer<'p, 'a, 'n> {
     contested: HashSet<IpAddr>,
     /// (policy index, message) of each pair lost.
     lost: Vec<(usize, String)>,
+    /// Claimed pairs that carve the cluster's own addresses out ([`Kind::Cluster`]).
+    cluster: HashSet<(IpAddr, IpNet)>,
 }
 
 impl Claimer<'_, '_, '_> {
@@ -135,7 +138,9 @@ impl Claimer<'_, '_, '_> {
                     for (prefix, kind) in prefixes {
                         let entry = match kind {
                             Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
-                            Kind::Except | Kind::Carve => Entry::exclude(rule.rule_id),
+                            Kind::Except | Kind::Carve | Kind::Cluster => {
+                                Entry::exclude(rule.rule_id)
+                            }
                         };
                         entry.insert(desired, *ip, *prefix, false);
                     }
@@ -145,7 +150,11 @@ impl Claimer<'_, '_, '_> {
             for (prefix, kind) in prefixes {
                 if let Some(&(w_policy, w_rule, w_listed)) = self.claims.get(&(*ip, *prefix)) {
                     let own = w_policy == p_idx && w_rule == rule.index;
-                    let yields = pass == Pass::Carve || (pass == Pass::Learned && w_listed);
+                    // The cluster's own addresses are carved out of every rule alike:
+                    // nobody wins them from anybody.
+                    let cluster = *kind == Kind::Cluster || self.cluster.contains(&(*ip, *prefix));
+                    let yields =
+                        cluster || pass == Pass::Carve || (pass == Pass::Learned && w_listed);
                     if !own && !yields {
                         let winner = if w_policy == p_idx {
                             format!("rules[{w_rule}] of this policy")
@@ -164,6 +173,9 @@ impl Claimer<'_, '_, '_> {
                 }
                 self.claims
                     .insert((*ip, *prefix), (p_idx, rule.index, pass == Pass::Listed));
+                if *kind == Kind::Cluster {
+                    self.cluster.insert((*ip, *prefix));
+                }
                 if *kind == Kind::Forward && serves_here {
                     desired.admitted.insert((*ip, rule.rule_id));
                 }
@@ -172,7 +184,7 @@ impl Claimer<'_, '_, '_> {
                 }
                 let entry = match kind {
                     Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
-                    Kind::Except | Kind::Carve => Entry::exclude(rule.rule_id),
+                    Kind::Except | Kind::Carve | Kind::Cluster => Entry::exclude(rule.rule_id),
                 };
                 entry.insert(desired, *ip, *prefix, true);
             }

@@ -18,6 +18,9 @@ pub(super) struct PolicyReport {
     unready: Vec<(&'static str, String)>,
     /// (reason, message) of destinations learned from routes that are left out or differ.
     routes: Vec<(&'static str, String)>,
+    /// Messages of listed destinations that cover the cluster's own addresses (carved
+    /// out).
+    cluster: Vec<(&'static str, String)>,
     /// Planned from its last accepted spec (of this generation), the current one being
     /// invalid.
     serving_last: Option<Option<i64>>,
@@ -42,6 +45,13 @@ impl PolicyReport {
     /// Learned destinations are degraded (`RoutesDegraded=True`); the rules are served.
     pub(super) fn routes(&mut self, reason: &'static str, message: String) {
         self.routes.push((reason, message));
+    }
+
+    /// A listed destination covers the cluster's own addresses, which are carved out of
+    /// it (`ClusterExcluded=True`); the rule is served.
+    pub(super) fn cluster(&mut self, message: String) {
+        self.cluster
+            .push((reason::DESTINATIONS_COVER_CLUSTER, message));
     }
 
     /// The current spec is invalid (`fresh` says why) and the last accepted one (of
@@ -98,7 +108,8 @@ pub(super) fn statuses(
             .invalid
             .iter()
             .chain(&report.unready)
-            .chain(&report.routes);
+            .chain(&report.routes)
+            .chain(&report.cluster);
         for (reason, message) in all {
             problems.push(Problem {
                 object: object.clone(),
@@ -113,6 +124,14 @@ pub(super) fn statuses(
                 true,
                 reason,
                 joined(&report.routes),
+            ));
+        }
+        if let Some((reason, _)) = report.cluster.first() {
+            conditions.push(condition(
+                condition::CLUSTER_EXCLUDED,
+                true,
+                reason,
+                joined(&report.cluster),
             ));
         }
         if let Some(message) = conflict_message(report) {

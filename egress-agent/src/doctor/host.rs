@@ -342,6 +342,60 @@ pub fn mtu_verdict(m: &Mtus) -> Check {
     }
 }
 
+/// Most nodes named in the underlay routes verdict; the rest are counted.
+const MAX_ASTRAY_NAMED: usize = 3;
+
+/// The peers' underlay addresses that this node routes out of an interface other than
+/// its underlay interface (`underlay`), as messages: `peers` are (node, address), and
+/// `oif` gives the interface name a route sends an address out of (`None`: no route).
+/// Such a route (a `172.31.7.0/25 via R dev sec-b` that covers part of the underlay)
+/// sends this node's hellos and tunneled packets the wrong way while the peers' still
+/// arrive.
+pub fn underlay_astray(
+    underlay: &str,
+    peers: &[(String, std::net::IpAddr)],
+    oif: impl Fn(std::net::IpAddr) -> Option<String>,
+) -> Vec<String> {
+    peers
+        .iter()
+        .filter_map(|(name, ip)| {
+            let out = oif(*ip);
+            (out.as_deref() != Some(underlay)).then(|| match out {
+                Some(other) => format!(
+                    "underlay: node {name}'s address {ip} is routed out of {other}, not the \
+                     underlay interface {underlay}: hellos and tunneled packets to it go \
+                     astray; remove or narrow the route that covers it"
+                ),
+                None => format!(
+                    "underlay: node {name}'s address {ip} has no route out of {underlay}: \
+                     hellos and tunneled packets to it are dropped"
+                ),
+            })
+        })
+        .collect()
+}
+
+/// `doctor`'s `underlay-routes` check from [`underlay_astray`]'s messages over `total`
+/// peers.
+pub fn underlay_routes_verdict(underlay: &str, total: usize, astray: &[String]) -> Check {
+    if astray.is_empty() {
+        return ok(
+            "underlay-routes",
+            format!("every peer's address ({total}) is routed out of {underlay}"),
+        );
+    }
+    let mut text = astray
+        .iter()
+        .take(MAX_ASTRAY_NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if astray.len() > MAX_ASTRAY_NAMED {
+        text.push_str(&format!(" (and {} more)", astray.len() - MAX_ASTRAY_NAMED));
+    }
+    fail("underlay-routes", text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,5 +516,29 @@ mod tests {
         );
         assert_eq!(mtu_verdict(&m(1500, true, 1430, None)).result, Good);
         assert_eq!(mtu_verdict(&m(9000, false, 8950, Some(1500))).result, Good);
+    }
+
+    #[test]
+    fn a_peer_routed_off_the_underlay_is_named_with_its_interface() {
+        let peers = vec![
+            ("w1".to_owned(), "172.31.7.10".parse().expect("ip")),
+            ("gw2".to_owned(), "172.31.7.200".parse().expect("ip")),
+            ("w2".to_owned(), "172.31.7.11".parse().expect("ip")),
+        ];
+        // 172.31.7.0/25 via a router on sec-b; nothing routes 172.31.7.11's /32 at all.
+        let oif = |ip: std::net::IpAddr| match ip.to_string().as_str() {
+            "172.31.7.10" => Some("sec-b".to_owned()),
+            "172.31.7.200" => Some("eth0".to_owned()),
+            _ => None,
+        };
+        let astray = underlay_astray("eth0", &peers, oif);
+        assert_eq!(astray.len(), 2, "{astray:?}");
+        assert!(astray[0].contains("node w1's address 172.31.7.10 is routed out of sec-b"));
+        assert!(astray[1].contains("node w2's address 172.31.7.11 has no route"));
+        let c = underlay_routes_verdict("eth0", 3, &astray);
+        assert_eq!((c.check.as_str(), c.result), ("underlay-routes", Fail));
+        let c = underlay_routes_verdict("eth0", 3, &[]);
+        assert_eq!(c.result, Good);
+        assert!(c.message.contains("(3) is routed out of eth0"), "{c:?}");
     }
 }

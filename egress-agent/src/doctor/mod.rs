@@ -150,6 +150,21 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         me.as_deref(),
         routes.as_ref(),
     ));
+    if let (Some(ul), Some(v), Some(routes)) = (underlay, view, routes.as_ref()) {
+        let peers = peer_addresses(v, me.as_deref());
+        let astray = host::underlay_astray(&ul.name, &peers, |ip| {
+            let oif = routes.oif(ip)?;
+            ifaces
+                .iter()
+                .find(|i| i.ifindex == oif)
+                .map(|i| i.name.clone())
+        });
+        out.push(host::underlay_routes_verdict(
+            &ul.name,
+            peers.len(),
+            &astray,
+        ));
+    }
     let (candidates, gateway) = candidates(s, view, me.as_deref());
     let placed: Vec<(Candidate, Option<&Interface>)> = candidates
         .into_iter()
@@ -217,6 +232,15 @@ async fn egress_ip_checks(
         }
     }
     out
+}
+
+/// The underlay address of every Node but `me`, by name.
+pub(crate) fn peer_addresses(view: &ClusterView, me: Option<&str>) -> Vec<(String, IpAddr)> {
+    view.nodes
+        .iter()
+        .filter(|n| n.metadata.name.as_deref() != me)
+        .filter_map(|n| Some((n.metadata.name.clone()?, compiler::node_underlay(n)?)))
+        .collect()
 }
 
 /// The Node whose addresses include one of this host's.

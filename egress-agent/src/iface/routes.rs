@@ -83,14 +83,29 @@ impl Routes {
             lens.sort_unstable_by(|a, b| b.cmp(a));
             lens.dedup();
         }
-        let published = any_tos.filter(|r| {
-            let table = route_table(r);
-            table == main || extra_tables.contains(&table)
-        });
+        let published: Vec<&RouteMessage> = any_tos
+            .filter(|r| {
+                let table = route_table(r);
+                table == main || extra_tables.contains(&table)
+            })
+            .collect();
+        // Of the routes to one prefix in one table, the kernel uses those of the lowest
+        // metric: a backup route (`default via R dev sec-b metric 100` beside the active
+        // one) forwards nothing while the active one is there, and must not be learned.
+        let mut lowest: BTreeMap<(u32, IpNet), u32> = BTreeMap::new();
+        for r in &published {
+            if let Some(net) = route_destination(r) {
+                let m = lowest.entry((route_table(r), net)).or_insert(u32::MAX);
+                *m = (*m).min(route_metric(r));
+            }
+        }
         for r in published {
             let Some(net) = route_destination(r).filter(|n| publishable(*n)) else {
                 continue;
             };
+            if lowest.get(&(route_table(r), net)) != Some(&route_metric(r)) {
+                continue;
+            }
             for oif in route_oifs(r) {
                 out.by_oif.entry(oif).or_default().insert(net);
             }
@@ -98,8 +113,9 @@ impl Routes {
         out
     }
 
-    /// The destinations each interface (by ifindex) forwards to: unicast routes of any
-    /// metric in the main table and the extra tables of the dump, without TOS, a multipath
+    /// The destinations each interface (by ifindex) forwards to: unicast routes in the
+    /// main table and the extra tables of the dump, of the lowest metric among the
+    /// routes to their prefix in their table (the ones in use), without TOS, a multipath
     /// route under each of its next hops' interfaces. Default routes are in; IPv6
     /// link-local and multicast destinations (and IPv4 multicast ones) are not.
     pub fn prefixes_by_oif(&self) -> &BTreeMap<u32, BTreeSet<IpNet>> {

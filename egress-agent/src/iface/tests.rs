@@ -444,6 +444,34 @@ fn prefixes_by_oif_lists_the_unicast_routes_of_the_tables_asked_for() {
 }
 
 #[test]
+fn a_backup_route_of_a_higher_metric_is_not_listed_while_the_active_one_is_there() {
+    in_netns(|| async {
+        let nl = Netlink::new().expect("netlink");
+        let primary = addressed(&nl, "egp", &[("192.168.106.1", 24)]).await;
+        let backup = addressed(&nl, "egb", &[("192.168.107.1", 24)]).await;
+        // The case: the active default route out of the primary network, a
+        // backup one out of a secondary network; the same for a /16.
+        add_route(&nl, "0.0.0.0/0", Some(primary), 0).await;
+        add_route(&nl, "0.0.0.0/0", Some(backup), 100).await;
+        add_route(&nl, "10.60.0.0/16", Some(primary), 10).await;
+        add_route(&nl, "10.60.0.0/16", Some(backup), 20).await;
+        add_route(&nl, "10.61.0.0/16", Some(backup), 20).await;
+        let listed = nl.routes(&[]).await.expect("dump");
+        let listed = listed.prefixes_by_oif();
+        assert_eq!(
+            listed.get(&backup),
+            Some(&nets(&["10.61.0.0/16", "192.168.107.0/24"])),
+            "{listed:?}"
+        );
+        assert_eq!(
+            listed.get(&primary),
+            Some(&nets(&["0.0.0.0/0", "10.60.0.0/16", "192.168.106.0/24"])),
+            "{listed:?}"
+        );
+    });
+}
+
+#[test]
 fn subscribe_changes_ticks_after_an_address_add() {
     in_netns(|| async {
         let nl = Netlink::new().expect("netlink");

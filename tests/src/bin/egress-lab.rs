@@ -277,6 +277,8 @@ fn real_main() -> Result<bool> {
         (IpAddr::V6(addr6::HOST_A), IpAddr::V6(addr6::EGRESS_IP_A))
     };
     let want_holders = if family == Family::Dual { 4 } else { 2 };
+    // Waits scale with EGRESS_TEST_TIME_SCALE (under emulation, in the Linux 6.1 VM).
+    let converge = Duration::from_secs(30) * cluster::time_scale();
     let ready = cluster::wait_until(Duration::from_secs(30), || {
         holders(&lab).len() == want_holders
             && cluster::seen(&lab, "w1-p1", Proto::Tcp, probe.0) == Some(probe.1)
@@ -286,7 +288,10 @@ fn real_main() -> Result<bool> {
             "agents converged {:.1}s after start\n",
             t0.elapsed().as_secs_f64()
         ),
-        Err(_) => println!("agents did not converge within 30 s; showing what works\n"),
+        Err(_) => println!(
+            "agents did not converge within {} s; showing what works\n",
+            converge.as_secs()
+        ),
     }
     println!(
         "policy {}:\n{}",
@@ -308,7 +313,8 @@ fn real_main() -> Result<bool> {
         "ok",
     );
     for r in rows(&lab) {
-        let q = Query::new(r.proto, r.host.1, addr::ECHO_PORT).timeout(Duration::from_millis(1500));
+        let q = Query::new(r.proto, r.host.1, addr::ECHO_PORT)
+            .timeout(Duration::from_millis(1500) * cluster::time_scale());
         let seen = lab.query_with(r.pod, &q);
         let observed = match &seen {
             Ok(s) => s.ip.to_string(),

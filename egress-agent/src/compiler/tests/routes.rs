@@ -153,8 +153,8 @@ fn default_routes_only_with_include_default_and_then_the_cluster_is_carved_out()
     let with = LEARNED.replace("egressIP:", "includeDefault: true, egressIP:");
     let c = compile_p(view, &with);
     assert_eq!(forwarded(&c), ["0.0.0.0/0", "198.51.100.0/24"]);
-    // The service CIDR and every node's underlay stay off the gateway, and so does what
-    // the gateways route out of another interface (ens256).
+    // The service CIDR, every node's underlay and every running pod's address stay off
+    // the gateway, and so does what the gateways route out of another interface (ens256).
     assert_eq!(
         excluded(&c),
         [
@@ -163,6 +163,11 @@ fn default_routes_only_with_include_default_and_then_the_cluster_is_carved_out()
             "10.0.0.11/32",
             "10.0.0.12/32",
             "10.96.0.0/12",
+            "10.244.1.11/32",
+            "10.244.1.12/32",
+            "10.244.1.21/32",
+            "10.244.1.99/32",
+            "10.244.2.13/32",
             "203.0.113.0/24"
         ]
     );
@@ -516,4 +521,107 @@ fn a_rule_gives_exactly_one_of_destinations_and_destinations_from() {
             "{rule}: {accepted:?}"
         );
     }
+}
+
+/// The base view with the gateways' underlay interface (eth0, 10.0.0.0/24) in their
+/// EgressNodes.
+fn with_underlay_interface(mut view: ClusterView) -> ClusterView {
+    for (gw, address) in [("gw-1", "10.0.0.11/24"), ("gw-2", "10.0.0.12/24")] {
+        let en = view
+            .egress_nodes
+            .iter_mut()
+            .find(|en| en.metadata.name.as_deref() == Some(gw))
+            .expect("test EgressNode");
+        en.status
+            .as_mut()
+            .expect("status")
+            .interfaces
+            .push(crate::api::NodeInterface {
+                name: "eth0".to_owned(),
+                up: true,
+                addresses: vec![address.to_owned()],
+                ..Default::default()
+            });
+    }
+    view
+}
+
+#[test]
+fn a_route_into_the_underlay_subnet_is_refused_even_where_it_holds_no_node() {
+    // The probe: 10.0.0.0/25 holds every node, 10.0.0.128/30 none; both are part
+    // of the underlay subnet, which the gateways reach out of eth0.
+    let mut view = with_underlay_interface(routed());
+    set_routes_on_both(
+        &mut view,
+        "ens224",
+        &["198.51.100.0/24", "10.0.0.0/25", "10.0.0.128/30"],
+    );
+    let c = compile_p(view, LEARNED);
+    assert_eq!(forwarded(&c), ["198.51.100.0/24"]);
+    let degraded = status(&c, "p", condition::ROUTES_DEGRADED);
+    assert_eq!(degraded.reason, reason::ROUTES_OVERLAP_CLUSTER);
+    assert!(
+        degraded
+            .message
+            .contains("10.0.0.128/30 (underlay subnet 10.0.0.0/24 (eth0 of node gw-1))"),
+        "{degraded:?}"
+    );
+    assert!(degraded.message.contains("10.0.0.0/25"), "{degraded:?}");
+}
+
+#[test]
+fn a_listed_destination_over_the_cluster_has_the_cluster_carved_out_and_says_so() {
+    let mut view = with_underlay_interface(base());
+    view.cluster_cidrs = vec![
+        "10.244.0.0/16".parse().expect("cidr"),
+        "10.96.0.0/12".parse().expect("cidr"),
+    ];
+    let spec = with_rules("- {destinations: [192.0.2.0/24, 0.0.0.0/0], egressIP: 198.51.100.10}");
+    let c = compile_p(view, &spec);
+    // The pod and service CIDRs (the pods are inside the first) and the underlay subnet
+    // (every node is inside it): nothing else.
+    assert_eq!(
+        excluded(&c),
+        ["10.0.0.0/24", "10.96.0.0/12", "10.244.0.0/16"]
+    );
+    let excluded = status(&c, "p", condition::CLUSTER_EXCLUDED);
+    assert_eq!(excluded.status, "True");
+    assert_eq!(excluded.reason, reason::DESTINATIONS_COVER_CLUSTER);
+    assert!(
+        excluded
+            .message
+            .starts_with("rules[0].destinations[1]: 0.0.0.0/0 covers the cluster's own addresses"),
+        "{excluded:?}"
+    );
+    assert!(excluded.message.contains("cluster CIDR 10.244.0.0/16"));
+    assert!(
+        !excluded.message.contains("destinations[0]"),
+        "{excluded:?}"
+    );
+    // Served all the same.
+    assert_eq!(status(&c, "p", condition::READY).status, "True");
+    assert!(
+        c.problems
+            .iter()
+            .any(|p| p.reason == reason::DESTINATIONS_COVER_CLUSTER)
+    );
+}
+
+#[test]
+fn a_listed_destination_inside_the_cluster_is_carved_out_whole() {
+    let mut view = base();
+    view.cluster_cidrs = vec!["10.96.0.0/12".parse().expect("cidr")];
+    // A /32 of another pod, and a prefix inside the service CIDR.
+    let spec = with_rules(
+        "- {destinations: [10.244.2.13/32, 10.100.0.0/16, 192.0.2.0/24], egressIP: 198.51.100.10}",
+    );
+    let c = compile_p(view, &spec);
+    assert_eq!(forwarded(&c), ["192.0.2.0/24"]);
+    let message = &status(&c, "p", condition::CLUSTER_EXCLUDED).message;
+    assert!(
+        message.contains("rules[0].destinations[0]: 10.244.2.13/32 covers")
+            && message.contains("address 10.244.2.13 of pod shop/api-3")
+            && message.contains("rules[0].destinations[1]: 10.100.0.0/16 covers"),
+        "{message}"
+    );
 }
