@@ -35,10 +35,10 @@ pub enum Profile {
     Dev,
 }
 
-/// `cargo xtask image`.
-pub fn run() -> Result<()> {
+/// `cargo xtask image [--dev]`.
+pub fn run(profile: Profile) -> Result<()> {
     crate::bootstrap::run()?;
-    build(Profile::Release).map(|_| ())
+    build(profile).map(|_| ())
 }
 
 /// Build the agent (`profile`) and its image; print where it is, its digest and sizes.

@@ -27,7 +27,12 @@ enum Command {
     BuildEbpf,
     /// Build the agent's OCI image from scratch (release binary and its libraries, no base
     /// image) as target/image/egress-agent.oci.tar; print its digest and size.
-    Image,
+    Image {
+        /// Pack the debug build of the agent instead (as `cargo xtask test` does for the
+        /// image test), into target/image/egress-agent-dev.oci.tar.
+        #[arg(long)]
+        dev: bool,
+    },
     /// The project's test command: format, clippy (host and eBPF), unit, packet and
     /// namespace tests.
     Test(test::Args),
@@ -59,7 +64,11 @@ fn main() -> Result<()> {
             println!("{}", obj.display());
             Ok(())
         }
-        Command::Image => image::run(),
+        Command::Image { dev } => image::run(if dev {
+            image::Profile::Dev
+        } else {
+            image::Profile::Release
+        }),
         Command::Test(args) => test::run(args),
         Command::Lab(args) => test::lab(args),
         Command::Bench(args) => test::bench(args),
