@@ -81,6 +81,9 @@ pub trait Family: Copy + Default + Debug + Eq + Ord + Hash + 'static {
     /// The `SELECTED_*` value of a pod with `entries` entries, before its lengths.
     fn selected(entries: u32) -> <Self::Selected as Map>::Value;
     fn add_length(v: &mut <Self::Selected as Map>::Value, len: u32);
+    /// Mark a pod whose policy entries were left out (they did not fit): no entries, no
+    /// lengths, `selected_flags::INCOMPLETE`.
+    fn set_incomplete(v: &mut <Self::Selected as Map>::Value);
     /// The `DESTS_*` entries for the policy entries `keys` (of every pod).
     fn dests<'a>(
         keys: impl Iterator<Item = &'a <Self::Policy as Map>::Key>,
@@ -187,6 +190,12 @@ macro_rules! family {
             }
             fn add_length(v: &mut $SelectedValue, len: u32) {
                 v.add_length(len);
+            }
+            fn set_incomplete(v: &mut $SelectedValue) {
+                *v = $SelectedValue {
+                    flags: v.flags | egress_common::policy::selected_flags::INCOMPLETE,
+                    ..$SelectedValue::default()
+                };
             }
             fn dests<'a>(keys: impl Iterator<Item = &'a $PolicyKey>) -> Prefixes<def::$Dests> {
                 $dests(keys)

@@ -183,9 +183,19 @@ pub struct SelectedValue {
     pub lengths: u64,
     /// Number of policy entries of the pod.
     pub entries: u32,
-    pub _pad: u32,
+    /// [`selected_flags`] (zero from agents before they existed: the layout is the same).
+    pub flags: u32,
 }
 const _: () = assert!(core::mem::size_of::<SelectedValue>() == 16);
+
+/// `SelectedValue::flags` and `SelectedValueV6::flags`.
+pub mod selected_flags {
+    /// The pod's policy entries did not all fit the node's policy map: the agent wrote
+    /// none of them, and `from_pod` drops the pod's packets to every destination a rule
+    /// covers (`COVERED_*`) as `DROP_POLICY_MAP_FULL`, never sending them with the pod's
+    /// own address.
+    pub const INCOMPLETE: u32 = 1;
+}
 
 impl SelectedValue {
     /// Note an entry of destination prefix length `len` (clamped to 32) in `lengths`.
@@ -282,7 +292,8 @@ pub struct SelectedValueV6 {
     pub lengths: [u64; 3],
     /// Number of policy entries of the pod.
     pub entries: u32,
-    pub _pad: u32,
+    /// [`selected_flags`].
+    pub flags: u32,
 }
 const _: () = assert!(core::mem::size_of::<SelectedValueV6>() == 32);
 

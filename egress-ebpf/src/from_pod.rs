@@ -5,7 +5,10 @@
 //! frame: `reset::deferred4`).
 
 use aya_ebpf::{btf_maps::lpm_trie::Key, programs::TcContext};
-use egress_common::{counters::reason, policy::action};
+use egress_common::{
+    counters::reason,
+    policy::{action, selected_flags},
+};
 
 use crate::{
     counters::{OK, SHOT, count, verdict},
@@ -20,7 +23,7 @@ pub fn run(ctx: &TcContext) -> i32 {
         let Some(sel) = (unsafe { SELECTED_V4.get(src) }) else {
             return unknown::check4(ctx, &src);
         };
-        return reset::deferred4(ctx, selected(ctx, sel.lengths));
+        return reset::deferred4(ctx, selected(ctx, sel.lengths, sel.flags));
     }
     if !parse6::IPV6_DATAPATH {
         return OK;
@@ -30,7 +33,7 @@ pub fn run(ctx: &TcContext) -> i32 {
             return unknown::check6(ctx, src.bytes());
         };
         let l = &sel.lengths;
-        return reset::deferred6(ctx, selected6(ctx, l[0], l[1], l[2]));
+        return reset::deferred6(ctx, selected6(ctx, [l[0], l[1], l[2]], sel.flags));
     }
     OK
 }
@@ -50,10 +53,10 @@ fn non_forward(ctx: &TcContext, act: u8) -> Option<i32> {
 /// A packet of a selected IPv6 pod. Neighbour discovery and link-scoped destinations
 /// (link-local, multicast) are the kernel's whatever the policy says: a `::/0` rule must
 /// not tunnel a neighbour solicitation. The parsed headers and the policy key live in the
-/// per-CPU scratch slot, which the gateway path then reads. `l0..l2`: the pod's prefix
-/// lengths (`SelectedValueV6::lengths`).
+/// per-CPU scratch slot, which the gateway path then reads. `lengths`: the pod's prefix
+/// lengths (`SelectedValueV6::lengths`); `flags`: its `selected_flags`.
 #[inline(never)]
-fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64) -> i32 {
+fn selected6(ctx: &TcContext, lengths: [u64; 3], flags: u32) -> i32 {
     let Some(s) = maps::scratch() else {
         return OK;
     };
@@ -67,8 +70,12 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64) -> i32 {
     }
     s.policy6.pod = s.ip6.src;
     s.dest6 = Key::new(128, s.ip6.dst);
-    // No entry: the destination is outside every rule of this pod.
-    let Some(entry) = policy::lookup6(&mut s.policy6, &s.dest6, &[l0, l1, l2]) else {
+    // No entry: the destination is outside every rule of this pod, or the pod's entries
+    // did not fit the map (then it is dropped wherever a rule covers it).
+    let Some(entry) = policy::lookup6(&mut s.policy6, &s.dest6, &lengths) else {
+        if flags & selected_flags::INCOMPLETE != 0 && unknown::covered6(s.ip6.dst) {
+            return verdict(ctx, reason::DROP_POLICY_MAP_FULL, SHOT);
+        }
         return OK;
     };
     if let Some(v) = non_forward(ctx, entry.action) {
@@ -108,15 +115,19 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64) -> i32 {
 }
 
 /// A packet of a selected IPv4 pod whose prefix lengths are `lengths`
-/// (`SelectedValue::lengths`).
+/// (`SelectedValue::lengths`), with `flags` (`selected_flags`).
 #[inline(never)]
-fn selected(ctx: &TcContext, lengths: u64) -> i32 {
+fn selected(ctx: &TcContext, lengths: u64, flags: u32) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
     };
-    // No entry: the destination is outside every rule of this pod.
+    // No entry: the destination is outside every rule of this pod, or the pod's entries
+    // did not fit the map (then it is dropped wherever a rule covers it).
     let Some(entry) = policy::lookup4(ip.src, ip.dst, lengths) else {
+        if flags & selected_flags::INCOMPLETE != 0 && unknown::covered4(ip.dst) {
+            return verdict(ctx, reason::DROP_POLICY_MAP_FULL, SHOT);
+        }
         return OK;
     };
     if let Some(v) = non_forward(ctx, entry.action) {

@@ -51,14 +51,17 @@ fn unknown4(ctx: &TcContext, src: &[u8; 4]) -> i32 {
     let Ok(dst) = ctx.load::<[u8; 4]>(IP_DST_OFF) else {
         return verdict(ctx, reason::MALFORMED_PASSED, OK);
     };
-    // Multicast, limited broadcast and class E never leave through a gateway.
-    if dst[0] >= 224 {
-        return OK;
-    }
-    if covered(COVERED_V4.get(&Key::new(32, dst))) {
+    if covered4(dst) {
         return verdict(ctx, reason::DROP_UNKNOWN_POD, SHOT);
     }
     OK
+}
+
+/// Whether a rule of any policy covers `dst` (`COVERED_V4`); multicast, limited broadcast
+/// and class E never leave through a gateway.
+#[inline(always)]
+pub fn covered4(dst: [u8; 4]) -> bool {
+    dst[0] < 224 && covered(COVERED_V4.get(&Key::new(32, dst)))
 }
 
 /// An IPv6 packet of an unselected pod address `src`.
@@ -82,10 +85,16 @@ fn unknown6(ctx: &TcContext, src: &[u8; 16]) -> i32 {
     if parse6::link_scoped(&dst) || ndp(ctx) {
         return OK;
     }
-    if covered(COVERED_V6.get(&Key::new(128, dst))) {
+    if covered6(dst) {
         return verdict(ctx, reason::DROP_UNKNOWN_POD, SHOT);
     }
     OK
+}
+
+/// Whether a rule of any policy covers `dst` (`COVERED_V6`).
+#[inline(always)]
+pub fn covered6(dst: [u8; 16]) -> bool {
+    covered(COVERED_V6.get(&Key::new(128, dst)))
 }
 
 /// Neighbour discovery right after the fixed header (the kernel's business, always).

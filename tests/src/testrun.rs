@@ -264,6 +264,18 @@ impl Datapath {
         m.insert(v4(pod), v, 0).unwrap();
     }
 
+    /// Mark `pod` selected with no entries and `selected_flags::INCOMPLETE`: what the agent
+    /// writes for a pod whose entries did not fit the policy map.
+    pub fn selected_incomplete(&mut self, pod: Ipv4Addr) {
+        let v = SelectedValue {
+            flags: egress_common::policy::selected_flags::INCOMPLETE,
+            ..SelectedValue::default()
+        };
+        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
+            HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
+        m.insert(v4(pod), v, 0).unwrap();
+    }
+
     /// [`Datapath::policy`] for an IPv6 pod.
     pub fn policy_v6(&mut self, pod: Ipv6Addr, dst: Ipv6Addr, len: u32, value: PolicyValueV6) {
         let mut t: HashMap<&mut MapData, PolicyKeyV6, PolicyValueV6> =

@@ -598,6 +598,56 @@ fn unknown_pods_drop(dp: &mut Datapath, net: &Net) {
     dp.covered(a(10, 100, 0, 128), 28, false);
 }
 
+/// A selected pod whose entries did not fit the policy map (the agent wrote none and
+/// marked it incomplete), with 10.100.0.0/24 covered by some rule and 10.100.0.128/28 an
+/// except hole.
+fn incomplete_pod(dp: &mut Datapath, net: &Net) {
+    dp.config(config(net));
+    dp.selected_incomplete(LOCAL_POD);
+    dp.covered(a(10, 100, 0, 0), 24, true);
+    dp.covered(a(10, 100, 0, 128), 28, false);
+}
+
+#[test]
+fn policy_map_full_table() {
+    let to_a = udp(LOCAL_POD, 40_000, DEST_A, 53);
+    run_table(vec![
+        case(
+            "pod left out of a full policy map, to a covered destination: dropped, counted",
+            incomplete_pod,
+            vec![from_pod(&to_a).dropped()],
+            &[(DROP_POLICY_MAP_FULL, 1)],
+        ),
+        case(
+            "the same pod, TCP SYN: dropped",
+            incomplete_pod,
+            vec![from_pod(&syn(LOCAL_POD, 40_000, DEST_A, 80, 1460)).dropped()],
+            &[(DROP_POLICY_MAP_FULL, 1)],
+        ),
+        case(
+            "the same pod to an except hole: passes",
+            incomplete_pod,
+            vec![from_pod(&to_a.clone().dst(a(10, 100, 0, 130))).passes()],
+            &[],
+        ),
+        case(
+            "the same pod to a destination no rule covers: passes",
+            incomplete_pod,
+            vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
+            &[],
+        ),
+        case(
+            "a complete pod with no entry for a covered destination: passes (outside its rules)",
+            |dp, net| {
+                incomplete_pod(dp, net);
+                dp.selected(LOCAL_POD);
+            },
+            vec![from_pod(&to_a).passes()],
+            &[],
+        ),
+    ]);
+}
+
 /// A pod address of this node that no Pod object has announced yet.
 const UNKNOWN_POD: Ipv4Addr = a(10, 244, 1, 77);
 

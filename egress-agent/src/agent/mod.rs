@@ -802,6 +802,7 @@ impl Reconciler<'_> {
     ) -> Result<usize> {
         let ifindex = |n: &str| ifaces.iter().find(|i| i.name == n).map(|i| i.ifindex);
         let (mut want, unresolved) = MapState::from_desired(desired, ifindex);
+        problems.extend(want.fit_policy(self.cfg.capacities.policy));
         if self.cfg.unknown_pods == UnknownPods::Pass {
             want.forget_unknown_pods();
         }

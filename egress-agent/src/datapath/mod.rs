@@ -131,15 +131,10 @@ impl ApplyStats {
                     (i, r) => format!("{i} entries not inserted and {r} not removed"),
                 };
                 let full = f.full_at.map_or(String::new(), |cap| {
-                    let flag = if name.starts_with("POLICY") {
-                        " (raise --policy-map-entries, or select fewer pods or prefixes)"
-                    } else if name.starts_with("ADMITTED") {
-                        " (new flows of the pods left out are dropped as DROP_NOT_ADMITTED; \
-                         raise ADMITTED_MAX_ENTRIES, or serve fewer rules here)"
-                    } else {
-                        ""
-                    };
-                    format!(": the map is full at {cap} entries{flag}")
+                    format!(
+                        ": the map is full at {cap} entries ({})",
+                        capacity_flag(name)
+                    )
                 });
                 format!("map {name}: {what}{full}; first: {}", f.first)
             })
@@ -158,6 +153,25 @@ impl ApplyStats {
             f.removals += 1;
         }
         f.full_at = f.full_at.or(full_at);
+    }
+}
+
+/// What sets map `name`'s capacity, and what to do when it is full: the limits table of
+/// docs/operations.md says the same.
+pub fn capacity_flag(name: &str) -> String {
+    let family = name.trim_end_matches("_V4").trim_end_matches("_V6");
+    match family {
+        "POLICY" | "DESTS" => {
+            "raise --policy-map-entries (both maps), or select fewer pods or prefixes".to_owned()
+        }
+        "CT" | "FLOWS" => "raise --conntrack-entries".to_owned(),
+        "ADMITTED" => "new flows of the pods left out are dropped as DROP_NOT_ADMITTED; \
+                       ADMITTED_MAX_ENTRIES is a build constant: serve fewer rules here"
+            .to_owned(),
+        _ => format!(
+            "a build constant, {family}_MAX_ENTRIES in egress-common/src/maps.rs: \
+             spread the load over more nodes"
+        ),
     }
 }
 

@@ -1,14 +1,14 @@
 //! The desired contents of every map in ABI form, derived from `Desired` (pure): each
 //! family's maps converted by one generic code path ([`FamilyMaps`]).
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use egress_common::{
     config::Config,
     maps::{Map, def},
     policy::{
         AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue,
-        action, coverage, egress_ip_flags,
+        action, coverage, egress_ip_flags, selected_flags,
     },
     underlay::{self, Underlay},
 };
@@ -211,6 +211,41 @@ impl<F: Family> FamilyMaps<F> {
         }
     }
 
+    /// Keep the policy entries within `capacity`: whole pods, in address order; a pod
+    /// whose entries do not all fit keeps none and is marked incomplete, so that
+    /// `from_pod` drops its traffic to covered destinations rather than let it leave with
+    /// the pod's own address. Returns the pods left out, with their entry counts.
+    fn fit_policy(&mut self, capacity: usize) -> Vec<(F::Addr, usize)> {
+        if self.policy.len() <= capacity {
+            return Vec::new();
+        }
+        let mut per_pod: BTreeMap<F::Octets, usize> = BTreeMap::new();
+        for key in self.policy.keys() {
+            *per_pod.entry(F::policy_key_parts(key).0).or_default() += 1;
+        }
+        let mut budget = capacity;
+        let mut left_out = BTreeMap::new();
+        for (pod, n) in per_pod {
+            if n <= budget {
+                budget -= n;
+            } else {
+                left_out.insert(pod, n);
+            }
+        }
+        self.policy
+            .retain(|k, _| !left_out.contains_key(&F::policy_key_parts(k).0));
+        for pod in left_out.keys() {
+            if let Some(v) = self.selected.get_mut(pod) {
+                F::set_incomplete(v);
+            }
+        }
+        self.dests = F::dests(self.policy.keys());
+        left_out
+            .into_iter()
+            .map(|(pod, n)| (F::Addr::from(pod), n))
+            .collect()
+    }
+
     /// Number of entries per map, by map name.
     fn sizes(&self) -> [(&'static str, usize); 9] {
         [
@@ -225,6 +260,37 @@ impl<F: Family> FamilyMaps<F> {
             (F::Covered::SPEC.name, self.covered.len()),
         ]
     }
+}
+
+/// Pods named in a problem about a full policy map; the rest are counted.
+const LEFT_OUT_NAMED: usize = 3;
+
+/// The problem of map `name` (of `capacity` entries) when `left_out` pods did not fit.
+fn left_out_problem<A: std::fmt::Display>(
+    name: &str,
+    capacity: usize,
+    left_out: &[(A, usize)],
+) -> Option<String> {
+    if left_out.is_empty() {
+        return None;
+    }
+    let entries: usize = left_out.iter().map(|(_, n)| n).sum();
+    let mut named: Vec<String> = left_out
+        .iter()
+        .take(LEFT_OUT_NAMED)
+        .map(|(pod, n)| format!("{pod} ({n})"))
+        .collect();
+    if left_out.len() > LEFT_OUT_NAMED {
+        named.push(format!("and {} more", left_out.len() - LEFT_OUT_NAMED));
+    }
+    Some(format!(
+        "map {name}: the entries of {} pods ({entries}) do not fit its {capacity}: their \
+         packets to every destination a rule covers are dropped (DROP_POLICY_MAP_FULL), never \
+         sent with the pod's own address; raise --policy-map-entries, or select fewer pods \
+         or prefixes; pods left out (entries): {}",
+        left_out.len(),
+        named.join(", ")
+    ))
 }
 
 impl MapState {
@@ -245,12 +311,44 @@ impl MapState {
         (Self { v4, v6, nodes }, unresolved)
     }
 
-    /// Leave the maps of `--unknown-pods drop` empty (the mode is off).
+    /// Leave the maps of `--unknown-pods drop` empty (the mode is off); the covered
+    /// destinations stay while a pod is incomplete ([`MapState::fit_policy`]), whose
+    /// traffic to them `from_pod` drops.
     pub fn forget_unknown_pods(&mut self) {
         self.v4.known_pods.clear();
-        self.v4.covered.clear();
         self.v6.known_pods.clear();
-        self.v6.covered.clear();
+        let v4 = self
+            .v4
+            .selected
+            .values()
+            .any(|v| v.flags & selected_flags::INCOMPLETE != 0);
+        let v6 = self
+            .v6
+            .selected
+            .values()
+            .any(|v| v.flags & selected_flags::INCOMPLETE != 0);
+        if !v4 {
+            self.v4.covered.clear();
+        }
+        if !v6 {
+            self.v6.covered.clear();
+        }
+    }
+
+    /// Keep each family's policy entries within `capacity` (`--policy-map-entries`), as
+    /// [`FamilyMaps::fit_policy`] does; one problem per family that did not fit, naming
+    /// the map, the flag and the first pods left out.
+    pub fn fit_policy(&mut self, capacity: u32) -> Vec<String> {
+        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+        let v4 = self.v4.fit_policy(capacity);
+        let v6 = self.v6.fit_policy(capacity);
+        [
+            left_out_problem(def::PolicyV4::SPEC.name, capacity, &v4),
+            left_out_problem(def::PolicyV6::SPEC.name, capacity, &v6),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     /// Number of entries per map, by map name.
@@ -292,7 +390,10 @@ pub fn config(
 
 #[cfg(test)]
 mod tests {
-    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::{
+        collections::BTreeSet,
+        net::{Ipv4Addr, Ipv6Addr},
+    };
 
     use egress_common::policy::{AdmittedKeyV4, AdmittedKeyV6};
 
@@ -354,6 +455,54 @@ mod tests {
         assert_eq!(unresolved.len(), 1);
         assert!(unresolved[0].to_string().contains("\"nope\""));
         assert!(s.v6.policy.is_empty() && s.v6.egress_ips.is_empty());
+    }
+
+    #[test]
+    fn pods_whose_entries_do_not_fit_keep_none_and_are_marked_incomplete() {
+        // Three pods of 2, 3 and 1 entries into a map of 4: the first and the third fit
+        // whole, the second keeps none.
+        let mut d = Desired::default();
+        let pods: [Ipv4Addr; 3] =
+            ["10.244.1.1", "10.244.1.2", "10.244.1.3"].map(|p| p.parse().unwrap());
+        for (pod, n) in pods.iter().zip([2u8, 3, 1]) {
+            for i in 0..n {
+                d.v4.policy.insert(
+                    (*pod, format!("192.0.{i}.0/24").parse().unwrap()),
+                    forward("192.0.2.50".parse().unwrap(), 7),
+                );
+            }
+            d.v4.selected.insert(*pod, u32::from(n));
+        }
+        d.covered.insert("192.0.0.0/16".parse().unwrap(), true);
+        let (mut s, _) = MapState::from_desired(&d, |_| Some(4));
+        let problems = s.fit_policy(4);
+        assert_eq!(s.v4.policy.len(), 3);
+        let kept: BTreeSet<[u8; 4]> = s.v4.policy.keys().map(|k| k.pod).collect();
+        assert_eq!(kept, [pods[0].octets(), pods[2].octets()].into());
+        let second = s.v4.selected[&pods[1].octets()];
+        assert_eq!(
+            (second.entries, second.lengths, second.flags),
+            (0, 0, selected_flags::INCOMPLETE)
+        );
+        assert_eq!(s.v4.selected[&pods[0].octets()].flags, 0);
+        assert!(s.v4.dests.values().count() > 0);
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].starts_with("map POLICY_V4: the entries of 1 pods (3) do not fit its 4")
+                && problems[0].contains("DROP_POLICY_MAP_FULL")
+                && problems[0].contains("--policy-map-entries")
+                && problems[0].contains("10.244.1.2 (3)"),
+            "{problems:?}"
+        );
+        // Without --unknown-pods drop, the covered destinations stay for the incomplete pod.
+        s.forget_unknown_pods();
+        assert_eq!(s.v4.covered.len(), 1);
+        // Everything fits: nothing changes.
+        let (mut all, _) = MapState::from_desired(&d, |_| Some(4));
+        assert!(all.fit_policy(6).is_empty());
+        assert_eq!(all.v4.policy.len(), 6);
+        all.forget_unknown_pods();
+        assert!(all.v4.covered.is_empty());
     }
 
     #[test]

@@ -176,13 +176,15 @@ fn is_state_file(name: &str) -> bool {
     !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
 }
 
-/// The state files of `dir`, sorted by name.
-fn list_files(dir: &Path) -> Result<Vec<(String, std::fs::Metadata)>, LoadError> {
+/// The state files of `dir`, sorted by name, and the names of symbolic links among them
+/// that lead out of it (refused).
+fn list_files(dir: &Path) -> Result<Listing, LoadError> {
     let read_dir_error = |e: std::io::Error| LoadError::ReadDir {
         dir: dir.to_owned(),
         detail: e.to_string(),
     };
     let mut files = Vec::new();
+    let mut refused = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(read_dir_error)? {
         let entry = entry.map_err(read_dir_error)?;
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
@@ -191,8 +193,20 @@ fn list_files(dir: &Path) -> Result<Vec<(String, std::fs::Metadata)>, LoadError>
         if !is_state_file(&name) {
             continue;
         }
-        // Follow symlinks: a file linked in counts as the file.
-        let Ok(meta) = std::fs::metadata(entry.path()) else {
+        // Follow symlinks that stay inside the directory: a file linked in counts as the
+        // file. One that leads out of it (the agent reads as root) is refused.
+        let path = entry.path();
+        if path.is_symlink() {
+            let inside = std::fs::canonicalize(dir)
+                .ok()
+                .zip(std::fs::canonicalize(&path).ok())
+                .is_some_and(|(d, target)| target.parent() == Some(d.as_path()));
+            if !inside {
+                refused.push(name);
+                continue;
+            }
+        }
+        let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
         if meta.is_file() {
@@ -200,8 +214,20 @@ fn list_files(dir: &Path) -> Result<Vec<(String, std::fs::Metadata)>, LoadError>
         }
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(files)
+    refused.sort();
+    Ok(Listing { files, refused })
 }
+
+/// What [`list_files`] found.
+struct Listing {
+    files: Vec<(String, std::fs::Metadata)>,
+    refused: Vec<String>,
+}
+
+/// Why a symbolic link among the state files is not followed.
+const LEADS_OUT: &str = "a symbolic link that leads out of the state directory (the agent \
+                         reads as root): not followed; copy the file in, or link to a file \
+                         in the directory";
 
 /// "the file is N bytes, over the limit ..."
 fn too_large(bytes: impl fmt::Display) -> String {
@@ -230,13 +256,42 @@ fn read_state_file(path: &Path) -> Result<String, String> {
         return Err(too_large(meta.len()));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or_default());
-    file.take(MAX_FILE_BYTES + 1)
+    (&file)
+        .take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| e.to_string())?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(too_large(format!("over {MAX_FILE_BYTES}")));
     }
+    let after = file.metadata().map_err(|e| e.to_string())?;
+    if (after.len(), after.modified().ok()) != (meta.len(), meta.modified().ok())
+        || bytes.len() as u64 != after.len()
+    {
+        return Err(CHANGED_WHILE_READ.to_owned());
+    }
     String::from_utf8(bytes).map_err(|e| format!("not UTF-8: {}", e.utf8_error()))
+}
+
+/// What [`read_state_file`] says of a file written to while it read it.
+const CHANGED_WHILE_READ: &str = "the file changed while it was read";
+
+/// How often a file that changes while it is read is read again before it counts as
+/// unreadable (its last good version kept) until the next change.
+const READ_ATTEMPTS: u32 = 5;
+
+/// [`read_state_file`], again while the file changes under the read (a writer appending
+/// in place), [`READ_ATTEMPTS`] times at most.
+fn read_stable_file(path: &Path) -> Result<String, String> {
+    let mut attempt = 1;
+    loop {
+        match read_state_file(path) {
+            Err(e) if e == CHANGED_WHILE_READ && attempt < READ_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(QUIET);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Read every state file of `dir`. Pure: nothing is remembered from earlier reads, so an
@@ -265,9 +320,16 @@ fn read_dir_remembering(dir: &Path, last: &LastGood) -> (Snapshot, Origins) {
                 loader.keep_file(file, "is in a directory that could not be listed", last);
             }
         }
-        Ok(files) => {
+        Ok(Listing { files, refused }) => {
+            for name in refused {
+                loader.errors.push(LoadError::ReadFile {
+                    file: name.clone(),
+                    detail: LEADS_OUT.to_owned(),
+                });
+                loader.keep_file(&name, "could not be read", last);
+            }
             for (name, _) in files {
-                match read_state_file(&dir.join(&name)) {
+                match read_stable_file(&dir.join(&name)) {
                     Ok(text) => loader.add_file(&name, &text, last),
                     Err(detail) => {
                         loader.errors.push(LoadError::ReadFile {
@@ -711,7 +773,7 @@ fn parse_document(file: &str, doc: &Document<'_>) -> Parsed {
         Err((kind, field, message)) => {
             return Parsed::Invalid {
                 key: None,
-                errors: vec![error(kind, Some(field.to_owned()), message.to_owned())],
+                errors: vec![error(kind, Some(field.to_owned()), message)],
             };
         }
     };
@@ -746,8 +808,12 @@ fn read_value(doc: &Document<'_>) -> Result<Option<serde_json::Value>, String> {
             doc.line + line - 1
         ));
     }
-    let value: serde_json::Value =
+    // Through YAML's own value first: its mappings refuse a key given twice (a second
+    // `destinations:` in a rule, a label repeated), where a JSON object would keep the
+    // last silently.
+    let yaml: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(doc.text).map_err(|e| format!("failed to parse YAML: {e}"))?;
+    let value = serde_json::to_value(&yaml).map_err(|e| format!("failed to read YAML: {e}"))?;
     if value.is_null() {
         return Ok(None);
     }
@@ -763,16 +829,16 @@ fn read_value(doc: &Document<'_>) -> Result<Option<serde_json::Value>, String> {
 #[allow(clippy::type_complexity)]
 fn identify(
     mut value: serde_json::Value,
-) -> Result<(String, ObjectKey, serde_json::Value), (Option<String>, &'static str, &'static str)> {
+) -> Result<(String, ObjectKey, serde_json::Value), (Option<String>, &'static str, String)> {
     let text_field = |value: &serde_json::Value, key: &str| {
         value
             .get(key)
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned)
     };
-    let api_version =
-        text_field(&value, "apiVersion").ok_or((None, "apiVersion", "missing or not a string"))?;
-    let kind = text_field(&value, "kind").ok_or((None, "kind", "missing or not a string"))?;
+    let missing = || "missing or not a string".to_owned();
+    let api_version = text_field(&value, "apiVersion").ok_or((None, "apiVersion", missing()))?;
+    let kind = text_field(&value, "kind").ok_or((None, "kind", missing()))?;
     // The agent's own EgressNodes always have a spec; hand-written ones may omit it.
     if kind == "EgressNode"
         && let Some(map) = value.as_object_mut()
@@ -792,10 +858,138 @@ fn identify(
     } else {
         String::new()
     };
+    if let Err(message) = dns_name(&namespace, true) {
+        return Err((Some(kind), "metadata.namespace", message));
+    }
     let Some(name) = meta_text("name").filter(|n| !n.is_empty()) else {
-        return Err((Some(kind), "metadata.name", "missing or empty"));
+        return Err((Some(kind), "metadata.name", "missing or empty".to_owned()));
     };
+    // A Namespace's name is a DNS label, the others' a DNS subdomain, as the API server
+    // requires: a 1 MB name would otherwise be in every line that names the object.
+    if let Err(message) = dns_name(&name, kind == "Namespace") {
+        return Err((Some(kind), "metadata.name", message));
+    }
     Ok((api_version, (kind, namespace, name), value))
+}
+
+/// Longest DNS label (a Namespace's name, a label's name part), as Kubernetes allows.
+const MAX_LABEL: usize = 63;
+/// Longest DNS subdomain (most objects' names, a label key's prefix).
+const MAX_SUBDOMAIN: usize = 253;
+
+/// At most `limit` characters of `text`, for messages.
+fn shown(text: &str) -> String {
+    const SHOWN: usize = 64;
+    if text.chars().count() <= SHOWN {
+        format!("{text:?}")
+    } else {
+        let head: String = text.chars().take(SHOWN).collect();
+        format!("{head:?}... ({} bytes)", text.len())
+    }
+}
+
+/// Whether `name` is a DNS label (`label`) or subdomain, as Kubernetes names are (empty:
+/// none given, fine); the message if not.
+fn dns_name(name: &str, label: bool) -> Result<(), String> {
+    if name.is_empty() {
+        return Ok(());
+    }
+    let (limit, what) = if label {
+        (MAX_LABEL, "a DNS label")
+    } else {
+        (MAX_SUBDOMAIN, "a DNS subdomain")
+    };
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    };
+    let ok = name.len() <= limit
+        && if label {
+            part_ok(name)
+        } else {
+            name.split('.').all(|p| p.len() <= MAX_LABEL && part_ok(p))
+        };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not {what} (at most {limit} characters: lowercase letters, digits and \
+             '-'{}, starting and ending with a letter or digit)",
+            shown(name),
+            if label {
+                ""
+            } else {
+                ", in parts joined by '.'"
+            }
+        ))
+    }
+}
+
+/// Whether `key` and `value` make a Kubernetes label (`[prefix/]name`, name and value
+/// at most 63 characters of letters, digits, `-`, `_` and `.`, beginning and ending with
+/// a letter or digit; the prefix a DNS subdomain); the message if not.
+fn label_ok(key: &str, value: &str) -> Result<(), String> {
+    let part_ok = |p: &str, empty_ok: bool| {
+        (empty_ok && p.is_empty())
+            || (p.len() <= MAX_LABEL
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                && p.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && p.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
+    };
+    let (prefix, name) = key
+        .rsplit_once('/')
+        .map_or((None, key), |(p, n)| (Some(p), n));
+    if let Some(prefix) = prefix
+        && (prefix.is_empty() || dns_name(prefix, false).is_err())
+    {
+        return Err(format!(
+            "key {}: its prefix is not a DNS subdomain",
+            shown(key)
+        ));
+    }
+    if !part_ok(name, false) {
+        return Err(format!(
+            "key {}: the name part must be 1 to 63 letters, digits, '-', '_' or '.', \
+             beginning and ending with a letter or digit",
+            shown(key)
+        ));
+    }
+    if !part_ok(value, true) {
+        return Err(format!(
+            "key {}: value {} must be at most 63 letters, digits, '-', '_' or '.', \
+             beginning and ending with a letter or digit",
+            shown(key),
+            shown(value)
+        ));
+    }
+    Ok(())
+}
+
+/// Most addresses a Pod lists in `status.podIPs`: one of each family, as the API server
+/// allows.
+const MAX_POD_IPS: usize = 2;
+
+/// The label checks of `value`'s `metadata.labels`.
+fn check_labels(value: &serde_json::Value) -> Vec<FieldError> {
+    let labels = value
+        .get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(serde_json::Value::as_object);
+    labels
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| {
+            let v = v.as_str().unwrap_or_default();
+            label_ok(k, v)
+                .err()
+                .map(|m| field_error("metadata.labels", m))
+        })
+        .take(KEPT_NAMED)
+        .collect()
 }
 
 /// The object `value` of `api_version` and `kind`, typed and checked.
@@ -804,6 +998,10 @@ fn decode(
     kind: &str,
     value: serde_json::Value,
 ) -> Result<Added, Vec<FieldError>> {
+    let labels = check_labels(&value);
+    if !labels.is_empty() {
+        return Err(labels);
+    }
     match (api_version, kind) {
         ("v1", "Pod") => typed::<Pod>(value, check_pod).map(|p| Added::Pod(PodSummary::from(&p))),
         ("v1", "Node") => typed::<Node>(value, check_node).map(|n| Added::Node(Box::new(n))),
@@ -876,8 +1074,21 @@ fn check_pod(pod: &Pod) -> Vec<FieldError> {
         if let Some(ip) = &status.pod_ip {
             check_ip("status.podIP".to_owned(), ip, &mut out);
         }
-        for (i, ip) in status.pod_ips.iter().flatten().enumerate() {
+        let ips = status.pod_ips.as_deref().unwrap_or_default();
+        for (i, ip) in ips.iter().enumerate() {
             check_ip(format!("status.podIPs[{i}].ip"), &ip.ip, &mut out);
+        }
+        let parsed: Vec<IpAddr> = ips.iter().filter_map(|i| i.ip.parse().ok()).collect();
+        if ips.len() > MAX_POD_IPS
+            || (parsed.len() == 2 && parsed[0].is_ipv6() == parsed[1].is_ipv6())
+        {
+            out.push(field_error(
+                "status.podIPs",
+                format!(
+                    "{} addresses: a Pod has at most {MAX_POD_IPS}, one of each family",
+                    ips.len()
+                ),
+            ));
         }
     }
     out
@@ -930,10 +1141,13 @@ type Fingerprint = Result<Vec<(String, Option<SystemTime>, u64)>, String>;
 
 fn fingerprint(dir: &Path) -> Fingerprint {
     list_files(dir)
-        .map(|files| {
-            files
+        .map(|listing| {
+            let refused = listing.refused.into_iter().map(|name| (name, None, 0));
+            listing
+                .files
                 .into_iter()
                 .map(|(name, meta)| (name, meta.modified().ok(), meta.len()))
+                .chain(refused)
                 .collect()
         })
         .map_err(|e| e.to_string())
@@ -955,7 +1169,19 @@ struct Pending {
     /// its (name, mtime, length) looks unchanged (a same-length rewrite within the
     /// filesystem's timestamp granularity).
     state_file: AtomicBool,
+    /// State files written in place (not renamed into the directory), by name: whether
+    /// the writer has closed the file since its last write. Read only once closed and
+    /// [`SETTLE`] old: a file written in several parts is read whole.
+    in_place: std::sync::Mutex<BTreeMap<String, bool>>,
 }
+
+/// How long a state file written in place must stay unmodified (after its writer closed
+/// it) before it is read: a file written in two parts 50 ms apart is read once, whole.
+/// Files renamed into the directory (what writers should do) are read at once.
+pub const SETTLE: Duration = Duration::from_millis(100);
+/// The longest a read waits for files written in place to settle; then they are read as
+/// they are, and again once written.
+pub const MAX_SETTLE: Duration = Duration::from_secs(2);
 
 /// An inotify watch (through `notify`) on the directory itself, not recursive.
 struct DirWatch {
@@ -963,6 +1189,72 @@ struct DirWatch {
     /// (device, inode) of the directory watched: a directory replaced under the watch
     /// (removed and created again) has a new one.
     identity: (u64, u64),
+}
+
+/// Track state files written in place: a write opens (or keeps open) one, a close after
+/// writing ends it, a rename into the directory or a removal forgets it.
+fn note_write(pending: &Pending, event: &notify::Event) {
+    use notify::{
+        EventKind,
+        event::{AccessKind, AccessMode, ModifyKind, RenameMode},
+    };
+    let names = event
+        .paths
+        .iter()
+        .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+        .filter(|n| is_state_file(n));
+    let mut in_place = pending
+        .in_place
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for name in names {
+        match event.kind {
+            EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
+            | EventKind::Remove(_) => {
+                in_place.remove(name);
+            }
+            EventKind::Modify(ModifyKind::Name(_)) => {}
+            EventKind::Create(_) | EventKind::Modify(_) => {
+                in_place.insert(name.to_owned(), false);
+            }
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+                if let Some(closed) = in_place.get_mut(name) {
+                    *closed = true;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Wait (at most [`MAX_SETTLE`]) until every state file written in place is closed and
+/// [`SETTLE`] old, forgetting those that are.
+async fn settle(dir: &Path, pending: &Pending) {
+    let deadline = tokio::time::Instant::now() + MAX_SETTLE;
+    loop {
+        let unsettled = {
+            let mut in_place = pending
+                .in_place
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            in_place.retain(|name, closed| {
+                let age = std::fs::metadata(dir.join(name))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok());
+                // Gone or unreadable: nothing to wait for.
+                let Some(age) = age else {
+                    return false;
+                };
+                !*closed || age < SETTLE
+            });
+            !in_place.is_empty()
+        };
+        if !unsettled || tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(QUIET).await;
+    }
 }
 
 /// (device, inode) of `dir`, following symlinks.
@@ -1007,6 +1299,9 @@ impl DirWatch {
             };
             if state_file {
                 sink.state_file.store(true, Ordering::Relaxed);
+            }
+            if let Ok(e) = &event {
+                note_write(&sink, e);
             }
             sink.wake.notify_one();
         };
@@ -1105,6 +1400,7 @@ async fn watch_with(
             };
             if notified {
                 debounce(&pending).await;
+                settle(&dir, &pending).await;
             } else if notifications == Notifications::Inotify
                 && !inotify.as_ref().is_some_and(|w| w.current(&dir))
             {
@@ -1702,6 +1998,145 @@ metadata: {name: two}
         assert_eq!(names(&snap), ["a", "b", "c"]);
     }
 
+    /// Every view the watcher sends until one has `want`, by the namespaces' names.
+    async fn views_until(
+        rx: &mut tokio_watch::Receiver<Arc<Snapshot>>,
+        want: &[&str],
+    ) -> Vec<Vec<String>> {
+        let mut seen = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                rx.changed().await.expect("watcher alive");
+                let now: Vec<String> = names(&rx.borrow_and_update())
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+                let done = now == want;
+                seen.push(now);
+                if done {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("never saw {want:?}; saw {seen:?}"));
+        seen
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_written_in_place_in_two_parts_is_applied_whole_not_half() {
+        // The issue's probe: a file written in place in two parts 50 ms apart had its
+        // first half applied (an egress IP released and taken again). Both ways a writer
+        // may do it: one open file, or a write and then an append.
+        for reopen in [false, true] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let file = dir.path().join("p.yaml");
+            std::fs::write(&file, namespace_doc("a") + "---\n" + &namespace_doc("b"))
+                .expect("write");
+            let mut rx = watch(dir.path(), HOUR, Vec::new()).await;
+            assert_eq!(names(&rx.borrow_and_update()), ["a", "b"]);
+            let second = "---\n".to_owned() + &namespace_doc("c");
+            let mut f = Some(std::fs::File::create(&file).expect("truncate"));
+            if let Some(f) = &mut f {
+                f.write_all(namespace_doc("a").as_bytes())
+                    .expect("first part");
+            }
+            if reopen {
+                f = None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut f = f.unwrap_or_else(|| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&file)
+                    .expect("reopen")
+            });
+            f.write_all(second.as_bytes()).expect("second part");
+            drop(f);
+            let seen = views_until(&mut rx, &["a", "c"]).await;
+            assert_eq!(seen, [["a", "c"]], "reopen {reopen}: every view sent");
+        }
+    }
+
+    #[test]
+    fn names_labels_and_pod_addresses_are_bounded_as_the_api_server_bounds_them() {
+        let long = "a".repeat(1 << 20);
+        let cases = [
+            (
+                format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {long}}}\n"),
+                "metadata.name: \"aaaa",
+            ),
+            (
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: Shop_1}\n".to_owned(),
+                "metadata.name: \"Shop_1\" is not a DNS label",
+            ),
+            (
+                "apiVersion: v1\nkind: Node\nmetadata: {name: w1.example.com}\n".to_owned(),
+                "",
+            ),
+            (
+                format!(
+                    "apiVersion: v1\nkind: Namespace\nmetadata: {{name: a, labels: {{team: {}}}}}\n",
+                    "x".repeat(64)
+                ),
+                "metadata.labels: key \"team\": value",
+            ),
+            (
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {\"-x\": y}}\n"
+                    .to_owned(),
+                "metadata.labels: key \"-x\": the name part",
+            ),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: shop}\n\
+                 spec: {nodeName: w1}\nstatus: {phase: Running, podIPs: [{ip: 10.0.0.1}, \
+                 {ip: 10.0.0.2}]}\n"
+                    .to_owned(),
+                "status.podIPs: 2 addresses: a Pod has at most 2, one of each family",
+            ),
+        ];
+        for (doc, want) in cases {
+            let snap = load_str("x.yaml", &doc);
+            let text = messages(&snap).join("\n");
+            if want.is_empty() {
+                assert_eq!(snap.errors, [], "{doc:.80}");
+                continue;
+            }
+            assert!(text.contains(want), "{want:?} in {text:.300}");
+            assert!(text.len() < 1024, "a bounded message: {} bytes", text.len());
+            assert!(snap.view.namespaces.is_empty() && snap.view.pods.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_symlink_out_of_the_directory_is_refused_and_one_inside_followed() {
+        use std::os::unix::fs::symlink;
+        let outside = tempfile::tempdir().expect("tempdir");
+        let secret = outside.path().join("secret.yaml");
+        std::fs::write(&secret, ns("secret", "x")).expect("write");
+        let mut r = Rereader::new();
+        // A file of the directory that is no state file itself, linked in under a state
+        // file's name.
+        r.write("real.txt", &ns("a", "x"));
+        symlink(&secret, r.dir.path().join("out.yaml")).expect("symlink");
+        symlink(r.dir.path().join("real.txt"), r.dir.path().join("in.yml")).expect("symlink");
+        let snap = r.read();
+        assert!(
+            !teams(&snap).iter().any(|t| t.starts_with("secret")),
+            "{:?}",
+            teams(&snap)
+        );
+        assert!(teams(&snap).contains(&"a:x".to_owned()));
+        let text = messages(&snap).join("\n");
+        assert!(
+            text.contains(
+                "failed to read file out.yaml: a symbolic link that leads out of the \
+                           state directory"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("in.yml"), "{text}");
+    }
+
     /// Reads a directory again and again, remembering like the watcher does.
     struct Rereader {
         dir: tempfile::TempDir,
@@ -1899,6 +2334,34 @@ metadata: {name: two}
             "deleting the document removes it"
         );
         assert_eq!(snap.errors, []);
+    }
+
+    #[test]
+    fn a_key_given_twice_is_an_error_naming_it_not_the_last_one_winning() {
+        // The issue's probes: a rule with a second `destinations` (the last, 0.0.0.0/0,
+        // won), and a label given twice.
+        let policy = "apiVersion: egress.dev/v1alpha1\nkind: EgressGatewayPolicy\n\
+                      metadata: {name: p}\nspec:\n  rules:\n  - destinations: [192.0.2.0/24]\n\
+                      \x20   egressIP: 198.51.100.10\n    destinations: [0.0.0.0/0]\n";
+        let snap = load_str("p.yaml", policy);
+        assert!(snap.view.policies.is_empty(), "{:?}", snap.view.policies);
+        let text = messages(&snap).join("\n");
+        assert!(
+            text.contains("duplicate entry with key \"destinations\""),
+            "{text}"
+        );
+        assert!(text.contains("p.yaml"), "{text}");
+        let labels = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n  labels:\n\
+                      \x20   team: x\n    team: y\n";
+        let snap = load_str("ns.yaml", labels);
+        assert!(snap.view.namespaces.is_empty());
+        assert!(
+            messages(&snap)
+                .join("\n")
+                .contains("duplicate entry with key \"team\""),
+            "{:?}",
+            messages(&snap)
+        );
     }
 
     #[test]
