@@ -70,6 +70,15 @@ pub mod reason {
     pub const EGRESS_IP_NOT_HOSTABLE: &str = "EgressIPNotHostable";
     pub const EGRESS_IP_IS_NODE_ADDRESS: &str = "EgressIPIsNodeAddress";
     pub const EGRESS_IP_IN_USE: &str = "EgressIPInUse";
+    /// An egress IP that two policies name: it belongs to the older one (`Conflict=True`
+    /// on both; the other's rules get no gateway).
+    pub const EGRESS_IP_CONFLICT: &str = "EgressIPConflict";
+    /// A pod address that two pods list, or a pod and a node: nobody's (`Conflict=True` on
+    /// every policy selecting a claimant).
+    pub const POD_ADDRESS_CONFLICT: &str = "PodAddressConflict";
+    /// A selected pod's destination of this policy that another policy's longer prefix
+    /// takes for that pod (`Conflict=True` on both).
+    pub const DESTINATION_OVERRIDDEN: &str = "DestinationOverridden";
     /// An egress IP that another implementation's object claims too (an OVN-Kubernetes
     /// `EgressIP`): `Conflict=True`, and this policy leaves the address alone.
     pub const EGRESS_IP_CLAIMED_ELSEWHERE: &str = "EgressIPClaimedElsewhere";
@@ -226,6 +235,7 @@ pub fn compile_remembering(
     let policies = sorted_policies(view);
     let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
+    report_disputed(&mut plans, &pods);
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
@@ -242,6 +252,28 @@ pub fn compile_remembering(
         holders,
         problems,
         accepted,
+    }
+}
+
+/// A pod address claimed twice is a conflict on every policy that selects a claimant.
+fn report_disputed(plans: &mut [placement::PolicyPlan<'_>], pods: &pods::Pods<'_>) {
+    if pods.disputed.is_empty() {
+        return;
+    }
+    for plan in plans {
+        let Some((ns_sel, pod_sel)) = &plan.selectors else {
+            continue;
+        };
+        let selected: std::collections::BTreeSet<String> = pods
+            .selected(ns_sel, pod_sel)
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        for d in &pods.disputed {
+            if d.pods.iter().any(|p| selected.contains(p)) {
+                plan.report.address_conflict(d.message());
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
     net::IpAddr,
 };
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
 use super::{
     DRAIN_ANNOTATION, Selector, hash, move_reason,
@@ -187,11 +187,13 @@ pub(super) fn plan<'a>(
         (0..spec_of(c).rules.len()).map(move |i| (name, i))
     }));
     let mut placed = Placed::new();
+    let owners = egress_ip_owners(chosen.iter().map(|c| (c.0, spec_of(c))));
     let context = Context {
         nodes,
         peers,
         reserved,
         foreign,
+        owners: &owners,
     };
     chosen
         .into_iter()
@@ -239,11 +241,56 @@ const NO_RULES_MESSAGE: &str = "spec.rules: at least one rule is required";
 /// Egress IP -> (holder, deciding policy).
 type Placed = BTreeMap<IpAddr, (GatewayAddr, String)>;
 
+/// Dedicated egress IP -> the policy it belongs to, and the other policies that name it.
+type Owners = BTreeMap<IpAddr, (String, Vec<String>)>;
+
+/// Who owns each dedicated egress IP that `policies` (with the specs they are planned
+/// from) name: the oldest policy that names it (by `metadata.creationTimestamp`; a policy
+/// without one, as a YAML directory may have, after those with one; ties by name). An
+/// egress IP belongs to one policy: another policy's pods never leave with it, whatever
+/// the names, and both say so (`Conflict=True`).
+fn egress_ip_owners<'a>(
+    policies: impl Iterator<Item = (&'a EgressGatewayPolicy, &'a EgressGatewayPolicySpec)>,
+) -> Owners {
+    // Sorted oldest first: (no timestamp, timestamp, name).
+    type Age<'a> = (bool, Option<&'a Time>, &'a str);
+    let mut naming: BTreeMap<IpAddr, BTreeSet<Age<'a>>> = BTreeMap::new();
+    for (policy, spec) in policies {
+        let name = policy.metadata.name.as_deref().unwrap_or_default();
+        let created = policy.metadata.creation_timestamp.as_ref();
+        for rule in &spec.rules {
+            let ip = rule
+                .egress_ip
+                .as_deref()
+                .and_then(|t| t.parse::<IpAddr>().ok());
+            if let Some(ip) = ip.filter(|_| rule.interface.is_none()) {
+                naming
+                    .entry(ip)
+                    .or_default()
+                    .insert((created.is_none(), created, name));
+            }
+        }
+    }
+    naming
+        .into_iter()
+        .map(|(ip, names)| {
+            let mut names = names.into_iter().map(|(_, _, n)| n.to_owned());
+            let owner = names.next().unwrap_or_default();
+            let mut others: Vec<String> = names.filter(|n| *n != owner).collect();
+            others.sort();
+            others.dedup();
+            (ip, (owner, others))
+        })
+        .collect()
+}
+
 /// What placing a policy reads.
 struct Context<'c, 'a> {
     nodes: &'c [NodeInfo<'a>],
     peers: &'c PeerView,
     reserved: &'c Reserved,
+    /// Who owns each dedicated egress IP ([`egress_ip_owners`]).
+    owners: &'c Owners,
     /// Egress addresses other implementations claim (OVN-Kubernetes `EgressIP`s), with
     /// whose they are.
     foreign: &'c BTreeMap<IpAddr, String>,
@@ -717,6 +764,25 @@ fn place_egress_ip(
              to them (remove it from one of the two)"
         ));
         return None;
+    }
+    if let Some((owner, others)) = cx.owners.get(&ip) {
+        if owner != at.policy {
+            let message = format!(
+                "rules[{index}].egressIP: {ip} belongs to policy {owner} (the older policy \
+                 naming it; ties by name): this rule gets no gateway and follows the failure \
+                 policy; give it its own egress IP"
+            );
+            report.egress_ip_conflict(message.clone());
+            report.unready(reason::EGRESS_IP_IN_USE, message);
+            return None;
+        }
+        if !others.is_empty() {
+            report.egress_ip_conflict(format!(
+                "rules[{index}].egressIP: {ip} is also named by policy {}: it stays this \
+                 policy's (the older one naming it); theirs get no gateway",
+                others.join(", ")
+            ));
+        }
     }
     if let Some((node, how)) = nodes.iter().find_map(|n| {
         n.own_addresses

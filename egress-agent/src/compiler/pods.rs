@@ -20,6 +20,58 @@ pub(super) struct PodInfo<'a> {
 pub(super) struct Pods<'a> {
     pub(super) pods: Vec<PodInfo<'a>>,
     namespace_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
+    /// Addresses that two running pods list, or a pod and a node: taken from every pod
+    /// that lists them (no pod owns them), with the pods (`namespace/name`) that claimed
+    /// each and what else holds it (a node), for the conditions.
+    pub(super) disputed: Vec<Disputed>,
+}
+
+/// A pod address that is not one pod's alone.
+pub(super) struct Disputed {
+    pub(super) ip: IpAddr,
+    /// `namespace/name` of each pod that lists it.
+    pub(super) pods: Vec<String>,
+    /// The node it is an address of, if it is one.
+    pub(super) node: Option<String>,
+}
+
+impl Disputed {
+    /// The condition message.
+    pub(super) fn message(&self) -> String {
+        let by = match &self.node {
+            Some(node) => format!("pod {} and node {node}", self.pods.join(", ")),
+            None => format!("pods {}", self.pods.join(" and ")),
+        };
+        format!(
+            "address {} is claimed by {by}: it is nobody's pod address (no entries, no \
+             owner; its traffic is not steered and tunnel packets from it are dropped) \
+             until one claim goes",
+            self.ip
+        )
+    }
+}
+
+/// Every address of every Node (its `status.addresses`) and EgressNode underlay, by node.
+fn node_addresses(view: &ClusterView) -> BTreeMap<IpAddr, String> {
+    let mut out = BTreeMap::new();
+    for n in &view.nodes {
+        let Some(name) = n.metadata.name.as_deref() else {
+            continue;
+        };
+        let addrs = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+        for a in addrs.into_iter().flatten() {
+            if let Ok(ip) = a.address.parse::<IpAddr>() {
+                out.entry(ip).or_insert_with(|| name.to_owned());
+            }
+        }
+    }
+    for en in &view.egress_nodes {
+        let name = en.metadata.name.as_deref().unwrap_or_default();
+        if let Some(ip) = en.spec.underlay_ip.as_deref().and_then(|t| t.parse().ok()) {
+            out.entry(ip).or_insert_with(|| name.to_owned());
+        }
+    }
+    out
 }
 
 impl<'a> Pods<'a> {
@@ -51,10 +103,14 @@ impl<'a> Pods<'a> {
             })
             .collect();
         pods.sort_by(|a, b| (a.namespace, a.name).cmp(&(b.namespace, b.name)));
-        pods.sort_by(|a, b| (a.namespace, a.name).cmp(&(b.namespace, b.name)));
+        let disputed = disputed(&pods, &node_addresses(view));
+        for pod in &mut pods {
+            pod.ips.retain(|ip| !disputed.iter().any(|d| d.ip == *ip));
+        }
         Self {
             pods,
             namespace_labels,
+            disputed,
         }
     }
 
@@ -102,4 +158,29 @@ impl<'a> Pods<'a> {
             })
             .collect()
     }
+}
+
+/// The addresses listed by more than one of `pods`, or by a pod and a node (`nodes`).
+fn disputed(pods: &[PodInfo<'_>], nodes: &BTreeMap<IpAddr, String>) -> Vec<Disputed> {
+    let mut by_ip: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+    for p in pods {
+        for ip in &p.ips {
+            by_ip
+                .entry(*ip)
+                .or_default()
+                .push(format!("{}/{}", p.namespace, p.name));
+        }
+    }
+    by_ip
+        .into_iter()
+        .filter_map(|(ip, mut claimants)| {
+            claimants.dedup();
+            let node = nodes.get(&ip).cloned();
+            (claimants.len() > 1 || node.is_some()).then_some(Disputed {
+                ip,
+                pods: claimants,
+                node,
+            })
+        })
+        .collect()
 }

@@ -73,6 +73,7 @@ pub(super) fn claim(
         contested,
         lost: Vec::new(),
         cluster: HashSet::new(),
+        listed: HashMap::new(),
     };
     for pass in [Pass::Listed, Pass::Learned, Pass::Carve] {
         for &p_idx in &order {
@@ -86,9 +87,13 @@ pub(super) fn claim(
             }
         }
     }
+    let overrides = claimer.overrides();
     let lost = claimer.lost;
     for (p_idx, message) in lost {
         plans[p_idx].report.conflict(message);
+    }
+    for (p_idx, message) in overrides {
+        plans[p_idx].report.overridden(message);
     }
 }
 
@@ -104,6 +109,77 @@ struct Claimer<'p, 'a, 'n> {
     lost: Vec<(usize, String)>,
     /// Claimed pairs that carve the cluster's own addresses out ([`Kind::Cluster`]).
     cluster: HashSet<(IpAddr, IpNet)>,
+    /// The listed prefixes each contested pod address claimed, by whom.
+    listed: HashMap<IpAddr, Vec<ListedClaim>>,
+}
+
+/// A listed destination or except a contested pod address claimed.
+struct ListedClaim {
+    prefix: IpNet,
+    policy: usize,
+    rule: usize,
+    /// `namespace/name` of the pod.
+    pod: String,
+}
+
+impl Claimer<'_, '_, '_> {
+    /// Where one policy's listed prefix for a pod lies inside another policy's for the
+    /// same pod: the longer one takes the pod's traffic to it (the datapath's longest
+    /// prefix match), which both policies say (policy index, message).
+    fn overrides(&self) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        let mut ips: Vec<&IpAddr> = self.listed.keys().collect();
+        ips.sort();
+        for ip in ips {
+            let claims = &self.listed[ip];
+            let by_prefix: HashMap<IpNet, Vec<&ListedClaim>> =
+                claims.iter().fold(HashMap::new(), |mut m, c| {
+                    m.entry(c.prefix).or_default().push(c);
+                    m
+                });
+            let mut lens: Vec<u8> = claims.iter().map(|c| c.prefix.prefix_len()).collect();
+            lens.sort_unstable();
+            lens.dedup();
+            for inner in claims {
+                for len in lens.iter().take_while(|l| **l < inner.prefix.prefix_len()) {
+                    let Ok(outer) = IpNet::new(inner.prefix.addr(), *len) else {
+                        continue;
+                    };
+                    let outers = by_prefix.get(&outer.trunc()).into_iter().flatten();
+                    for outer in outers.filter(|o| o.policy != inner.policy) {
+                        let (op, ip_) = (&self.plans[outer.policy], &self.plans[inner.policy]);
+                        out.push((
+                            outer.policy,
+                            format!(
+                                "rules[{}]: pod {} destination {} inside {} is taken by \
+                                 policy {} rules[{}] (the longest prefix wins)",
+                                outer.rule,
+                                inner.pod,
+                                inner.prefix,
+                                outer.prefix,
+                                ip_.name,
+                                inner.rule
+                            ),
+                        ));
+                        out.push((
+                            inner.policy,
+                            format!(
+                                "rules[{}]: pod {} destination {} overrides policy {} \
+                                 rules[{}]'s {} for it (the longest prefix wins)",
+                                inner.rule,
+                                inner.pod,
+                                inner.prefix,
+                                op.name,
+                                outer.rule,
+                                outer.prefix
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 impl Claimer<'_, '_, '_> {
@@ -175,6 +251,13 @@ impl Claimer<'_, '_, '_> {
                     .insert((*ip, *prefix), (p_idx, rule.index, pass == Pass::Listed));
                 if *kind == Kind::Cluster {
                     self.cluster.insert((*ip, *prefix));
+                } else if pass == Pass::Listed {
+                    self.listed.entry(*ip).or_default().push(ListedClaim {
+                        prefix: *prefix,
+                        policy: p_idx,
+                        rule: rule.index,
+                        pod: format!("{}/{}", pod.namespace, pod.name),
+                    });
                 }
                 if *kind == Kind::Forward && serves_here {
                     desired.admitted.insert((*ip, rule.rule_id));

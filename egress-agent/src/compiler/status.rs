@@ -29,6 +29,13 @@ pub(super) struct PolicyReport {
     conflict_count: usize,
     /// Egress IPs another implementation claims too (left to it).
     claimed_elsewhere: Vec<String>,
+    /// Egress IPs another policy names too (kept by the older policy).
+    shared_ips: Vec<String>,
+    /// Pod addresses of selected pods that another pod or a node claims too.
+    disputed: Vec<String>,
+    /// Destinations of selected pods that another policy's longer prefix takes.
+    overridden: Vec<String>,
+    overridden_count: usize,
 }
 
 impl PolicyReport {
@@ -75,6 +82,26 @@ impl PolicyReport {
         self.unready
             .push((reason::EGRESS_IP_CLAIMED_ELSEWHERE, message.clone()));
         self.claimed_elsewhere.push(message);
+    }
+
+    /// An egress IP that another policy names too: kept by the older policy, refused to
+    /// the others (`Conflict=True`, reason `EgressIPConflict`, on both).
+    pub(super) fn egress_ip_conflict(&mut self, message: String) {
+        self.shared_ips.push(message);
+    }
+
+    /// A selected pod's address that another pod or a node claims too.
+    pub(super) fn address_conflict(&mut self, message: String) {
+        self.disputed.push(message);
+    }
+
+    /// A selected pod's destination that another policy's longer prefix takes for it
+    /// (the first few named, the rest counted).
+    pub(super) fn overridden(&mut self, message: String) {
+        if self.overridden.len() < MAX_CONFLICTS_NAMED {
+            self.overridden.push(message);
+        }
+        self.overridden_count += 1;
     }
 
     /// A (pod, prefix) pair this policy lost.
@@ -134,27 +161,56 @@ pub(super) fn statuses(
                 joined(&report.cluster),
             ));
         }
-        if let Some(message) = conflict_message(report) {
+        // Every kind of conflict in one condition, its reason the first kind present.
+        let destinations = conflict_message(report);
+        if let Some(message) = &destinations {
             problems.push(Problem {
                 object: object.clone(),
                 reason: reason::DESTINATION_CLAIMED.to_owned(),
                 message: message.clone(),
             });
-            let (reason, message) = if report.claimed_elsewhere.is_empty() {
-                (reason::DESTINATION_CLAIMED, message)
-            } else {
-                let mut all = report.claimed_elsewhere.clone();
-                all.push(message);
-                (reason::EGRESS_IP_CLAIMED_ELSEWHERE, all.join("; "))
-            };
-            conditions.push(condition(condition::CONFLICT, true, reason, message));
-        } else if !report.claimed_elsewhere.is_empty() {
-            conditions.push(condition(
-                condition::CONFLICT,
-                true,
+        }
+        let mut overridden = report.overridden.clone();
+        let more = report.overridden_count.saturating_sub(overridden.len());
+        if more > 0 {
+            overridden.push(format!("and {more} more destinations overridden"));
+        }
+        let kinds = [
+            (
                 reason::EGRESS_IP_CLAIMED_ELSEWHERE,
-                report.claimed_elsewhere.join("; "),
-            ));
+                report.claimed_elsewhere.clone(),
+            ),
+            (reason::EGRESS_IP_CONFLICT, report.shared_ips.clone()),
+            (reason::POD_ADDRESS_CONFLICT, report.disputed.clone()),
+            (
+                reason::DESTINATION_CLAIMED,
+                destinations.into_iter().collect(),
+            ),
+            (reason::DESTINATION_OVERRIDDEN, overridden),
+        ];
+        for (reason, messages) in &kinds[1..3] {
+            for message in messages {
+                problems.push(Problem {
+                    object: object.clone(),
+                    reason: (*reason).to_owned(),
+                    message: message.clone(),
+                });
+            }
+        }
+        if let Some(message) = kinds[4].1.first() {
+            problems.push(Problem {
+                object: object.clone(),
+                reason: reason::DESTINATION_OVERRIDDEN.to_owned(),
+                message: message.clone(),
+            });
+        }
+        if let Some((reason, _)) = kinds.iter().find(|(_, m)| !m.is_empty()) {
+            let message = kinds
+                .iter()
+                .flat_map(|(_, m)| m.iter().cloned())
+                .collect::<Vec<_>>()
+                .join("; ");
+            conditions.push(condition(condition::CONFLICT, true, reason, message));
         }
         out.insert(
             plan.name.clone(),

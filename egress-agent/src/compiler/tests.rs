@@ -26,6 +26,7 @@ use crate::{
     source::PodSummary,
 };
 
+mod conflicts;
 mod coverage;
 mod last_accepted;
 mod ovn;
@@ -743,7 +744,7 @@ fn guardrails_each_give_a_condition_naming_policy_rule_and_field() {
 gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.0/24"]
-  egressIP: 198.51.100.10
+  egressIP: 198.51.100.20
 - destinations: ["192.0.3.0/24"]
   egressIP: 100.64.0.10
 "#,
