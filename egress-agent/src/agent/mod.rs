@@ -1077,7 +1077,7 @@ impl Reconciler<'_> {
             peers.dead.contains(&self.cfg.node_name),
             self.preflight
                 .iter()
-                .cloned()
+                .map(|c| refreshed(c, &self.holdings))
                 .chain(
                     self.refused
                         .iter()
@@ -1185,6 +1185,35 @@ fn published_since(doc: Option<&EgressNode>, ip: IpAddr, epoch: u64) -> Option<S
 }
 
 /// Who this node probes and counts (see [`liveness::tracker`]).
+/// A start-time preflight line about an egress IP (`egress-ip X`, `duplicate-address
+/// X`), as it stands now: once this node holds X, it says so rather than what was found
+/// before it did.
+fn refreshed(
+    check: &PreflightCheck,
+    holdings: &BTreeMap<IpAddr, holding::Holding>,
+) -> PreflightCheck {
+    let ip = check
+        .check
+        .strip_prefix("egress-ip ")
+        .or_else(|| check.check.strip_prefix("duplicate-address "))
+        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    match ip.and_then(|ip| holdings.get(&ip)) {
+        Some(h) => PreflightCheck {
+            check: check.check.clone(),
+            result: PreflightResult::Ok,
+            message: format!(
+                "held by this node on {} since {} (at start: {}: {})",
+                h.interface,
+                h.since,
+                check.result,
+                // The line's schema allows 1,024 characters.
+                check.message.chars().take(640).collect::<String>()
+            ),
+        },
+        None => check.clone(),
+    }
+}
+
 /// Peers whose underlay address this node routes out of another interface than the one
 /// that holds its own underlay address (`node_ip`), as problems, and `doctor`'s
 /// `underlay-routes` check: every pass says so, for as long as the route is there.
@@ -1256,4 +1285,42 @@ fn all_policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
         .flat_map(|p| p.spec.rules.iter())
         .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_egress_ip_preflight_line_says_so_once_the_node_holds_it() {
+        let start = PreflightCheck {
+            check: "egress-ip 192.168.101.50".to_owned(),
+            result: PreflightResult::Fail,
+            message: "in no subnet of an up interface".to_owned(),
+        };
+        let other = PreflightCheck {
+            check: "bpffs".to_owned(),
+            ..start.clone()
+        };
+        let mut holdings = BTreeMap::new();
+        assert_eq!(refreshed(&start, &holdings), start);
+        holdings.insert(
+            "192.168.101.50".parse().unwrap(),
+            holding::Holding {
+                interface: "sec-a".to_owned(),
+                epoch: 1,
+                since: "2026-12-02T01:00:00Z".to_owned(),
+                reason: "Assigned".to_owned(),
+            },
+        );
+        let now = refreshed(&start, &holdings);
+        assert_eq!(now.result, PreflightResult::Ok);
+        assert!(
+            now.message
+                .starts_with("held by this node on sec-a since 2026-12-02T01:00:00Z")
+                && now.message.contains("at start: fail: in no subnet"),
+            "{now:?}"
+        );
+        assert_eq!(refreshed(&other, &holdings), other);
+    }
 }
