@@ -1672,6 +1672,22 @@ proptest! {
             .collect();
         for (me, c) in &compiled {
             let me_idx: usize = me[1..].parse().expect("node index");
+            // Nor is an unknown pod's dropped (`--unknown-pods drop`): no cluster address
+            // is covered.
+            for dst in &cluster {
+                let best = c
+                    .desired
+                    .covered
+                    .iter()
+                    .filter(|(p, _)| p.contains(dst))
+                    .max_by_key(|(p, _)| p.prefix_len());
+                prop_assert!(
+                    best.is_none_or(|(_, covered)| !covered),
+                    "cluster address {} covered by {:?}",
+                    dst,
+                    best
+                );
+            }
             // No selected pod's packet to a cluster address is ever steered: the longest
             // match of its entries is none, or an exclusion.
             let entries = all_entries(&c.desired);
