@@ -802,7 +802,31 @@ impl Reconciler<'_> {
     ) -> Result<usize> {
         let ifindex = |n: &str| ifaces.iter().find(|i| i.name == n).map(|i| i.ifindex);
         let (mut want, unresolved) = MapState::from_desired(desired, ifindex);
-        problems.extend(want.fit_policy(self.cfg.capacities.policy));
+        let left_out = want.fit_policy(self.cfg.capacities.policy);
+        // The EgressNode says so too, for as long as it lasts (statuses are the same on
+        // every node; this is one node's map).
+        let check = match left_out.first() {
+            Some(first) => PreflightCheck {
+                check: "policy-map".to_owned(),
+                result: PreflightResult::Fail,
+                message: first.chars().take(1000).collect(),
+            },
+            None => PreflightCheck {
+                check: "policy-map".to_owned(),
+                result: PreflightResult::Ok,
+                // Counts would rewrite the EgressNode on every edit: the capacity only.
+                message: format!(
+                    "every selected pod's entries fit the policy maps ({} per family, \
+                     --policy-map-entries)",
+                    self.cfg.capacities.policy
+                ),
+            },
+        };
+        match self.preflight.iter_mut().find(|c| c.check == check.check) {
+            Some(c) => *c = check,
+            None => self.preflight.push(check),
+        }
+        problems.extend(left_out);
         if self.cfg.unknown_pods == UnknownPods::Pass {
             want.forget_unknown_pods();
         }
