@@ -44,7 +44,7 @@
 //!   `Dual`; [`LabSpec::with_family`] picks IPv6 for `V6`, IPv4 otherwise).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
@@ -415,6 +415,9 @@ pub struct PodSpec {
     pub labels: BTreeMap<String, String>,
     /// `None`: the next free `10.244.<node octet>.<11..>`.
     pub ip: Option<Ipv4Addr>,
+    /// Its namespace exists from the start, but its veth and routes only once the test
+    /// calls [`Lab::wire_pod`] (a pod the CNI sets up after the agents started).
+    pub wired_later: bool,
 }
 
 impl PodSpec {
@@ -428,6 +431,7 @@ impl PodSpec {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             ip: None,
+            wired_later: false,
         }
     }
 }
@@ -925,8 +929,39 @@ impl Lab {
         }
 
         // Pods, Calico style.
-        let v4 = self.spec.family.has_v4();
+        let later: BTreeSet<String> = self
+            .spec
+            .pods
+            .iter()
+            .filter(|p| p.wired_later)
+            .map(|p| p.name.clone())
+            .collect();
         for pod in self.pods.clone() {
+            if !later.contains(&pod.name) {
+                self.wire(&pod)?;
+            }
+        }
+
+        self.write_cluster()?;
+        if self.spec.sample_policy {
+            self.write_policy(&sample_policy_for(self.spec.family))?;
+        }
+        self.start_servers()
+    }
+
+    /// Set up the network of a pod made with [`PodSpec::wired_later`], as a CNI's ADD
+    /// would: its veth (the node side created in the node's namespace by the pod side's
+    /// `ip link add ... netns`), addresses and routes. Returns when the node side is up
+    /// and routed.
+    pub fn wire_pod(&self, name: &str) -> Result<()> {
+        let pod = self.pod(name)?.clone();
+        self.wire(&pod)
+    }
+
+    fn wire(&self, pod: &Pod) -> Result<()> {
+        let v4 = self.spec.family.has_v4();
+        {
+            let pod = pod.clone();
             let node_ns = self.ns_name(&pod.node);
             let mut cmds = vec![format!(
                 "link add eth0 type veth peer name {} netns {node_ns}",
@@ -976,12 +1011,7 @@ impl Lab {
             }
             node.ip_batch(&cmds)?;
         }
-
-        self.write_cluster()?;
-        if self.spec.sample_policy {
-            self.write_policy(&sample_policy_for(self.spec.family))?;
-        }
-        self.start_servers()
+        Ok(())
     }
 
     fn start_servers(&mut self) -> Result<()> {

@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    time::{Duration, Instant},
 };
 
 use ipnet::IpNet;
@@ -150,6 +151,64 @@ pub fn pod_devices(
         })
         .map(|(oif, _)| *oif)
         .collect()
+}
+
+/// How long a device `from_pod` went on at its `RTM_NEWLINK` stays attached without the
+/// routes showing it as a pod device: the CNI adds the pod's host route right after the
+/// device, and a device that never gets one is detached after this.
+pub const NEW_DEVICE_GRACE: Duration = Duration::from_secs(60);
+
+/// Devices `from_pod` went on at their `RTM_NEWLINK` (`--unknown-pods drop`), by ifindex:
+/// name and when.
+#[derive(Clone, Default)]
+pub struct NewDevices(BTreeMap<u32, (String, Instant)>);
+
+impl NewDevices {
+    /// Whether `link` gets `from_pod` at once: a veth whose peer is in another namespace
+    /// (a pod's, as a CNI makes it), neither the tunnel nor an egress interface.
+    pub fn wants(link: &iface::NewLink, tunnel: &str, egress: &BTreeSet<String>) -> bool {
+        link.pod_like && link.name != tunnel && !egress.contains(&link.name)
+    }
+
+    /// `link` got `from_pod`.
+    pub fn note(&mut self, link: &iface::NewLink) {
+        self.0.insert(link.ifindex, (link.name.clone(), link.seen));
+    }
+
+    /// The attachments to keep for new devices at `now`: each still there (same ifindex
+    /// and name), without a global address, not an egress interface, within
+    /// [`NEW_DEVICE_GRACE`]; the others are forgotten (the routes decide for them).
+    pub fn still_wanted(
+        &mut self,
+        ifaces: &[iface::Interface],
+        egress: &BTreeSet<String>,
+        now: Instant,
+    ) -> Vec<Attachment> {
+        self.0.retain(|ifindex, (name, since)| {
+            let present = ifaces.iter().any(|i| {
+                i.ifindex == *ifindex
+                    && i.name == *name
+                    && !i.addresses.iter().any(|(a, _)| is_global(*a))
+            });
+            present && !egress.contains(name) && now.duration_since(*since) < NEW_DEVICE_GRACE
+        });
+        self.0
+            .iter()
+            .map(|(ifindex, (name, _))| Attachment {
+                program: ebpf::FROM_POD,
+                ifname: name.clone(),
+                ifindex: *ifindex,
+            })
+            .collect()
+    }
+}
+
+/// Not link-local (a pod device's only addresses, if any, are link-local).
+fn is_global(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(a) => !a.is_link_local(),
+        IpAddr::V6(a) => !a.is_unicast_link_local(),
+    }
 }
 
 #[cfg(test)]
@@ -325,5 +384,43 @@ mod tests {
         let (a, problems) = wanted(&TUNNEL, &d, &ifaces(), None, UnknownPods::Drop);
         assert_eq!(names(&a).len(), 2, "tunnel and ens224 only: {a:?}");
         assert!(problems.is_empty());
+    }
+
+    #[test]
+    fn a_new_pod_like_device_is_kept_until_it_goes_or_the_grace_ends() {
+        let egress: BTreeSet<String> = ["sec-a".to_owned()].into();
+        let pod = iface::NewLink::for_test(20, "cali-new", true);
+        assert!(NewDevices::wants(&pod, "egress0", &egress));
+        assert!(!NewDevices::wants(
+            &iface::NewLink::for_test(21, "dummy0", false),
+            "egress0",
+            &egress
+        ));
+        assert!(!NewDevices::wants(
+            &iface::NewLink::for_test(3, "sec-a", true),
+            "egress0",
+            &egress
+        ));
+        assert!(!NewDevices::wants(
+            &iface::NewLink::for_test(4, "egress0", true),
+            "egress0",
+            &egress
+        ));
+        let mut d = NewDevices::default();
+        d.note(&pod);
+        let now = Instant::now();
+        let there = [iface("cali-new", 20)];
+        assert_eq!(d.still_wanted(&there, &egress, now).len(), 1);
+        // Past the grace: forgotten.
+        assert!(
+            d.clone()
+                .still_wanted(&there, &egress, now + NEW_DEVICE_GRACE)
+                .is_empty()
+        );
+        // Gone, or another device at its ifindex: forgotten.
+        assert!(
+            d.still_wanted(&[iface("other", 20)], &egress, now)
+                .is_empty()
+        );
     }
 }

@@ -250,7 +250,15 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
         peer_views: probes.views,
         transitions: probes.transitions,
+        new_links: None,
     };
+    if cfg.unknown_pods == UnknownPods::Drop {
+        wakers.new_links = Some(
+            nl.subscribe_new_links()
+                .await
+                .context("failed to subscribe to new links")?,
+        );
+    }
     let mut r = Reconciler::new(
         &cfg,
         nl,
@@ -261,7 +269,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         preflight,
     );
     let mut problem_log = problems::ProblemLog::default();
-    while let Some(trigger) = wakers.next(&mut views, &mut r).await? {
+    while let Some(trigger) = wakers.next(&mut views, &mut r, &mut dp).await? {
         let peers = wakers.peer_views.borrow_and_update().clone();
         // Shared with the source, not copied (a copy of 10k Pods is tens of MiB).
         let snap = Arc::clone(&views.borrow_and_update());
@@ -300,6 +308,20 @@ struct Wakers {
     peer_views: tokio::sync::watch::Receiver<liveness::tracker::PeerView>,
     /// Peers' transitions (noted as they come, for the failover table).
     transitions: tokio::sync::mpsc::UnboundedReceiver<liveness::tracker::Transition>,
+    /// New links, with `--unknown-pods drop` (handled at once, between passes).
+    new_links: Option<tokio::sync::mpsc::Receiver<iface::NewLink>>,
+}
+
+/// The next new link; pending forever without a subscription (or once it died).
+async fn next_link(rx: &mut Option<tokio::sync::mpsc::Receiver<iface::NewLink>>) -> iface::NewLink {
+    if let Some(r) = rx {
+        if let Some(link) = r.recv().await {
+            return link;
+        }
+        warn!("the new-link subscription ended: new pod devices wait for the next pass");
+        *rx = None;
+    }
+    std::future::pending().await
 }
 
 impl Wakers {
@@ -309,10 +331,17 @@ impl Wakers {
         &mut self,
         views: &mut tokio::sync::watch::Receiver<Arc<Snapshot>>,
         r: &mut Reconciler<'_>,
+        dp: &mut Datapath,
     ) -> Result<Option<&'static str>> {
         loop {
             let wake = r.wake_at;
             let trigger = tokio::select! {
+                // A new pod device first: its attachment must not wait behind a pass.
+                biased;
+                link = next_link(&mut self.new_links) => {
+                    r.on_new_link(dp, &link);
+                    continue;
+                }
                 res = views.changed() => {
                     if res.is_err() {
                         anyhow::bail!("the state source stopped");
@@ -519,6 +548,10 @@ struct Reconciler<'a> {
     preflight: Vec<PreflightCheck>,
     /// Egress IPs another host answered for, when, and the problem that names it.
     refused: BTreeMap<IpAddr, (Instant, String)>,
+    /// Devices `from_pod` went on at their RTM_NEWLINK (`--unknown-pods drop`).
+    new_devices: attachments::NewDevices,
+    /// The egress interfaces of the last pass (never a pod device).
+    egress_interfaces: BTreeSet<String>,
 }
 
 impl<'a> Reconciler<'a> {
@@ -555,11 +588,51 @@ impl<'a> Reconciler<'a> {
             stats,
             preflight,
             refused: BTreeMap::new(),
+            new_devices: attachments::NewDevices::default(),
+            egress_interfaces: BTreeSet::new(),
         }
     }
 }
 
 impl Reconciler<'_> {
+    /// A link appeared: under `--unknown-pods drop`, a pod-like one gets `from_pod` now,
+    /// before the pod can send and before the agent knows the pod (the next pass keeps it
+    /// while its routes make it a pod device, [`attachments::NEW_DEVICE_GRACE`] at most
+    /// without them).
+    fn on_new_link(&mut self, dp: &mut Datapath, link: &iface::NewLink) {
+        if self.cfg.unknown_pods != UnknownPods::Drop
+            || !attachments::NewDevices::wants(
+                link,
+                &self.cfg.tunnel_device,
+                &self.egress_interfaces,
+            )
+        {
+            return;
+        }
+        let a = datapath::Attachment {
+            program: crate::ebpf::FROM_POD,
+            ifname: link.name.clone(),
+            ifindex: link.ifindex,
+        };
+        let queued = link.seen.elapsed();
+        match dp.attach_one(&a) {
+            Ok(attached) => {
+                self.new_devices.note(link);
+                if attached {
+                    info!(
+                        device = %link.name,
+                        after_us = link.seen.elapsed().as_micros(),
+                        queued_us = queued.as_micros(),
+                        "from_pod attached to a new pod device at its RTM_NEWLINK \
+                         (--unknown-pods drop): its traffic to covered destinations is \
+                         dropped until the agent knows its pod"
+                    );
+                }
+            }
+            Err(e) => warn!(device = %link.name, "failed to attach to a new device: {e}"),
+        }
+    }
+
     /// Log and count a liveness transition.
     fn note(&mut self, t: &Transition) {
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -865,8 +938,15 @@ impl Reconciler<'_> {
             ifindex: self.tunnel_ifindex,
         };
         let routes = routes.map(|r| r as &dyn attachments::PodRoutes);
-        let (attach, found) =
+        let (mut attach, found) =
             attachments::wanted(&tunnel, desired, ifaces, routes, self.cfg.unknown_pods);
+        self.egress_interfaces
+            .clone_from(&desired.egress_interfaces);
+        attach.extend(self.new_devices.still_wanted(
+            ifaces,
+            &desired.egress_interfaces,
+            Instant::now(),
+        ));
         problems.extend(found);
         for e in dp.sync_attachments(&attach) {
             problems.push(e.to_string());

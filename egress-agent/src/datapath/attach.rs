@@ -53,11 +53,7 @@ impl Datapath {
             if self.attached.contains(a) {
                 continue;
             }
-            let r = match self.hook {
-                Hook::Tcx => self.attach_tcx(a, recorded.contains(&self.record_name(a))),
-                Hook::Tc { priority } => self.attach_tc(a, priority),
-            };
-            match r {
+            match self.attach(a, &recorded) {
                 Ok(()) => {
                     self.attached.insert(a.clone());
                 }
@@ -73,6 +69,26 @@ impl Datapath {
         self.attached
             .retain(|a| wanted.contains(&self.hook.record_name(a.program, &a.ifname, a.ifindex)));
         errors
+    }
+
+    /// Attach `a` now and leave every other attachment as it is: a new pod device under
+    /// `--unknown-pods drop`, before the next pass decides the whole set (which detaches
+    /// it again unless wanted). Returns whether it was attached now (false: it was).
+    pub fn attach_one(&mut self, a: &Attachment) -> Result<bool> {
+        if self.attached.contains(a) {
+            return Ok(false);
+        }
+        self.attach(a, &records(&self.pin_dir))?;
+        self.attached.insert(a.clone());
+        Ok(true)
+    }
+
+    /// Attach `a` with the hook in use (`recorded`: the pin directory's records).
+    fn attach(&mut self, a: &Attachment, recorded: &BTreeSet<String>) -> Result<()> {
+        match self.hook {
+            Hook::Tcx => self.attach_tcx(a, recorded.contains(&self.record_name(a))),
+            Hook::Tc { priority } => self.attach_tc(a, priority),
+        }
     }
 
     fn program(&mut self, a: &Attachment) -> Result<&mut SchedClassifier> {

@@ -452,6 +452,123 @@ impl Netlink {
     }
 }
 
+/// A link that appeared (`RTM_NEWLINK` of an ifindex not seen on this subscription
+/// before), as [`Netlink::subscribe_new_links`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewLink {
+    pub ifindex: u32,
+    pub name: String,
+    /// A veth whose peer is in another network namespace: what a CNI gives a pod.
+    pub pod_like: bool,
+    /// A veth whose peer is not linked yet (not reported: the next notification is).
+    pending: bool,
+    /// When the notification was read.
+    pub seen: std::time::Instant,
+}
+
+impl NewLink {
+    /// A new link as a test writes it.
+    #[cfg(test)]
+    pub fn for_test(ifindex: u32, name: &str, pod_like: bool) -> Self {
+        Self {
+            ifindex,
+            name: name.to_owned(),
+            pod_like,
+            pending: false,
+            seen: std::time::Instant::now(),
+        }
+    }
+
+    fn from_message(m: &LinkMessage) -> Option<Self> {
+        let name = m.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        })?;
+        let veth = m.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::LinkInfo(infos)
+                if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth))))
+        });
+        let peer_elsewhere = m
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)));
+        let peer_unlinked = m
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::Link(0)))
+            || !m
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::Link(_)));
+        Some(Self {
+            ifindex: m.header.index,
+            name,
+            pod_like: veth && peer_elsewhere,
+            pending: veth && !peer_elsewhere && peer_unlinked,
+            seen: std::time::Instant::now(),
+        })
+    }
+}
+
+impl Netlink {
+    /// Subscribe to new links on a connection of their own: each `RTM_NEWLINK` of an
+    /// ifindex that did not exist when this subscribed and was not reported yet, as it
+    /// is read (a CNI's new pod device, within microseconds of its creation). Removed
+    /// links are forgotten, so an ifindex reused later is new again. Yields None when the
+    /// subscription dies.
+    pub async fn subscribe_new_links(&self) -> Result<mpsc::Receiver<NewLink>> {
+        use rtnetlink::packet_core::NetlinkPayload;
+        use rtnetlink::packet_route::RouteNetlinkMessage;
+        let (connection, _handle, mut messages) =
+            rtnetlink::new_multicast_connection(&[MulticastGroup::Link]).map_err(|error| {
+                Error::Os {
+                    verb: "subscribe to",
+                    object: "link notifications".into(),
+                    error,
+                }
+            })?;
+        // Subscribed first, then listed: a link created in between is in both, and the
+        // list wins (it is not new to the caller, whose own listing comes later).
+        let mut known: BTreeSet<u32> = self.interfaces().await?.iter().map(|i| i.ifindex).collect();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let forward = async {
+                while let Some((message, _)) = messages.next().await {
+                    match message.payload {
+                        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) => {
+                            if known.contains(&m.header.index) {
+                                continue;
+                            }
+                            let Some(link) = NewLink::from_message(&m) else {
+                                continue;
+                            };
+                            // A veth's first notification may come before its peer is
+                            // linked (no peer namespace yet): it is judged again at the
+                            // next one (the device goes up before it carries a packet).
+                            if link.pending {
+                                continue;
+                            }
+                            known.insert(link.ifindex);
+                            if tx.send(link).await.is_err() {
+                                break;
+                            }
+                        }
+                        NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(m)) => {
+                            known.remove(&m.header.index);
+                        }
+                        _ => {}
+                    }
+                }
+            };
+            tokio::select! {
+                () = connection => {}
+                () = forward => {}
+            }
+        });
+        Ok(rx)
+    }
+}
+
 /// Why `link` is not an external vxlan device on `port` with learning off; None if it is.
 fn vxlan_mismatch(link: &LinkMessage, port: u16) -> Option<String> {
     let infos = link
