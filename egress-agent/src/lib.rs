@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod api;
 pub mod check;
+pub mod cni;
 pub mod compiler;
 pub mod datapath;
 pub mod desired;

@@ -156,6 +156,10 @@ struct RunArgs {
     #[arg(long = "route-table", value_name = "ID", env = "EGRESS_ROUTE_TABLES",
           value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     route_tables: Vec<u32>,
+    /// The unix socket where the chained CNI plugin (`egress-cni`) asks this agent to
+    /// attach to a new pod's device before the runtime finishes the pod; empty: none.
+    #[arg(long, env = "EGRESS_CNI_SOCKET", default_value = egress_agent::cni::DEFAULT_SOCKET)]
+    cni_socket: PathBuf,
     /// Entries of each policy map (POLICY_V4, POLICY_V6): the selected pods on this
     /// node times their destination prefixes (listed or learned from routes) must fit.
     /// Changing it replaces the pinned maps at start (refilled on the first pass).
@@ -250,6 +254,7 @@ impl RunArgs {
                 conntrack: self.conntrack_entries,
             },
             unknown_pods: self.unknown_pods,
+            cni_socket: (!self.cni_socket.as_os_str().is_empty()).then_some(self.cni_socket),
             max_flows_per_pod: self.max_flows_per_pod.unwrap_or_else(|| {
                 (u32::from(self.port_max) - u32::from(self.port_min) + 1).div_ceil(2)
             }),

@@ -949,6 +949,66 @@ impl Lab {
         self.start_servers()
     }
 
+    /// Where `node`'s agent serves the CNI plugin (`--cni-socket`).
+    pub fn cni_socket(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}-cni.sock"))
+    }
+
+    /// [`Lab::wire_pod`], then `plugin` (`egress-cni`) chained after it as a container
+    /// runtime would run it: `CNI_COMMAND=ADD`, the pod's namespace and interface, the
+    /// network configuration with the main plugin's result as `prevResult` on stdin; in
+    /// the node's namespace, against its agent's socket. Returns the plugin's stdout once
+    /// it exits 0 (the program is on the pod's device then).
+    pub fn wire_pod_with_cni(&self, name: &str, plugin: &Path) -> Result<String> {
+        use std::io::Write as _;
+        self.wire_pod(name)?;
+        let pod = self.pod(name)?.clone();
+        let netns_path = self.ns(name)?.path().to_string_lossy().into_owned();
+        let config = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "egress-cni",
+            "agentSocket": self.cni_socket(&pod.node),
+            "timeoutMs": 5000,
+            "prevResult": {
+                "cniVersion": "1.0.0",
+                "interfaces": [
+                    {"name": pod.veth},
+                    {"name": "eth0", "sandbox": netns_path.clone()},
+                ],
+                "ips": [{"address": format!("{}/32", pod.ip), "interface": 1}],
+            },
+        });
+        let mut child = self
+            .ns(&pod.node)?
+            .command(plugin)?
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", format!("lab-{name}"))
+            .env("CNI_NETNS", &netns_path)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", plugin.parent().unwrap_or(Path::new("/")))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("failed to run {}", plugin.display()))?;
+        child
+            .stdin
+            .take()
+            .context("plugin stdin")?
+            .write_all(config.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        anyhow::ensure!(
+            out.status.success(),
+            "{} ADD for {name}: {}: {stdout} {}",
+            plugin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(stdout)
+    }
+
     /// Set up the network of a pod made with [`PodSpec::wired_later`], as a CNI's ADD
     /// would: its veth (the node side created in the node's namespace by the pod side's
     /// `ip link add ... netns`), addresses and routes. Returns when the node side is up
@@ -1527,6 +1587,8 @@ impl Lab {
             state.to_string_lossy().into_owned(),
             "--bpffs-dir".to_owned(),
             pin.to_string_lossy().into_owned(),
+            "--cni-socket".to_owned(),
+            self.cni_socket(node).to_string_lossy().into_owned(),
         ];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = self.agent_log_path(node);

@@ -70,13 +70,24 @@ fn lab_with(mode: &str, wired_later: bool) -> Result<Lab> {
 /// Stream from the unannounced pod, announce it after [`BEFORE`], and count what host-a
 /// captured by source.
 fn late_pod_stream(lab: &mut Lab) -> Result<Figures> {
-    late_pod_stream_wiring(lab, false)
+    late_pod_stream_wiring(lab, Wiring::Before)
+}
+
+/// When and how [`LATE`]'s network is set up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wiring {
+    /// With the lab, before the agents started.
+    Before,
+    /// Right before it streams, as a CNI would, the agent learning of it from netlink.
+    Late,
+    /// The same, then `egress-cni` chained after it (ADD returns once from_pod is on).
+    LateWithPlugin,
 }
 
 /// [`late_pod_stream`]; with `wire`, the pod's network is set up (as a CNI's ADD would)
 /// right before it starts streaming: its first datagram leaves within a few ms of its
 /// device's creation.
-fn late_pod_stream_wiring(lab: &mut Lab, wire: bool) -> Result<Figures> {
+fn late_pod_stream_wiring(lab: &mut Lab, wiring: Wiring) -> Result<Figures> {
     let capture = lab.dir().join("host-a.pcap.txt");
     let mut dump = lab.ns("host-a")?.spawn(
         "tcpdump",
@@ -87,9 +98,20 @@ fn late_pod_stream_wiring(lab: &mut Lab, wire: bool) -> Result<Figures> {
     let log = lab.dir().join("late-stream.log");
     let total = BEFORE + AFTER;
     let target = SocketAddr::new(addr::HOST_A.into(), addr::ECHO_PORT).to_string();
-    if wire {
-        let t = std::time::Instant::now();
-        lab.wire_pod(LATE)?;
+    let t = std::time::Instant::now();
+    match wiring {
+        Wiring::Before => {}
+        Wiring::Late => lab.wire_pod(LATE)?,
+        Wiring::LateWithPlugin => {
+            let plugin = agent_bin()?.with_file_name("egress-cni");
+            let out = lab.wire_pod_with_cni(LATE, &plugin)?;
+            ensure!(
+                out.contains("\"interfaces\""),
+                "prevResult passed through: {out}"
+            );
+        }
+    }
+    if wiring != Wiring::Before {
         println!("{LATE} wired in {:?}; streaming at once", t.elapsed());
     }
     let mut stream = lab.ns(LATE)?.spawn(
@@ -186,7 +208,7 @@ fn a_pod_device_created_after_the_agents_started_never_leaks_under_unknown_pods_
     // Issue 29: a device that appears while the agents run used to get no program until
     // a pass that saw its host route: a pod sending within 50 ms of its device leaked.
     let mut lab = lab_with("drop", true)?;
-    let f = late_pod_stream_wiring(&mut lab, true)?;
+    let f = late_pod_stream_wiring(&mut lab, Wiring::Late)?;
     let attached = lab
         .agent_log("w1")
         .lines()
@@ -210,6 +232,41 @@ fn a_pod_device_created_after_the_agents_started_never_leaks_under_unknown_pods_
     );
     // The pass the same change wakes may attach first (then nothing is logged): either
     // way nothing leaked.
+    ensure!(
+        f.translated > 0,
+        "nothing went through egress IP A once known"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_pod_added_through_the_cni_plugin_has_its_program_before_it_can_send() -> Result<()> {
+    let mut lab = lab_with("drop", true)?;
+    let f = late_pod_stream_wiring(&mut lab, Wiring::LateWithPlugin)?;
+    let attached = lab
+        .agent_log("w1")
+        .lines()
+        .find(|l| l.contains("for the CNI plugin's ADD"))
+        .map(str::to_owned);
+    println!(
+        "through egress-cni: {} datagrams sent, {} leaked, {} dropped as DROP_UNKNOWN_POD, \
+         {} through egress IP A; w1: {}",
+        f.sent,
+        f.leaked,
+        f.dropped,
+        f.translated,
+        attached.as_deref().unwrap_or("-")
+    );
+    ensure!(
+        f.leaked == 0,
+        "{} datagrams reached host-a with another source",
+        f.leaked
+    );
+    // The plugin returned after the agent attached (or found the program there already).
+    ensure!(
+        attached.is_some() || lab.agent_log("w1").contains("at its RTM_NEWLINK"),
+        "w1 attached for neither the plugin nor the new link"
+    );
     ensure!(
         f.translated > 0,
         "nothing went through egress IP A once known"

@@ -172,7 +172,12 @@ impl NewDevices {
 
     /// `link` got `from_pod`.
     pub fn note(&mut self, link: &iface::NewLink) {
-        self.0.insert(link.ifindex, (link.name.clone(), link.seen));
+        self.note_device(link.ifindex, &link.name, link.seen);
+    }
+
+    /// Device `name` (`ifindex`) got `from_pod` for a new pod at `since`.
+    pub fn note_device(&mut self, ifindex: u32, name: &str, since: Instant) {
+        self.0.insert(ifindex, (name.to_owned(), since));
     }
 
     /// The attachments to keep for new devices at `now`: each still there (same ifindex

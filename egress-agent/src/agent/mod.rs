@@ -74,6 +74,8 @@ pub struct RunConfig {
     pub capacities: datapath::Capacities,
     /// Packets of pods the agent has not seen yet (`--unknown-pods`).
     pub unknown_pods: UnknownPods,
+    /// Where the CNI plugin asks for attachments (`--cni-socket`); none: not served.
+    pub cni_socket: Option<std::path::PathBuf>,
     /// Live translated flows per pod on this gateway; 0: no limit.
     pub max_flows_per_pod: u32,
     /// Probe the network before claiming an egress IP nobody of ours held (`--no-dad`
@@ -251,7 +253,19 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         peer_views: probes.views,
         transitions: probes.transitions,
         new_links: None,
+        cni: None,
     };
+    if let Some(path) = &cfg.cni_socket {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let path = path.clone();
+        info!(socket = %path.display(), "serving the CNI plugin");
+        tokio::spawn(async move {
+            if let Err(e) = crate::cni::serve(path, tx).await {
+                warn!("the CNI plugin socket failed: {e:#}; pods wait for the next pass");
+            }
+        });
+        wakers.cni = Some(rx);
+    }
     if cfg.unknown_pods == UnknownPods::Drop {
         wakers.new_links = Some(
             nl.subscribe_new_links()
@@ -310,6 +324,25 @@ struct Wakers {
     transitions: tokio::sync::mpsc::UnboundedReceiver<liveness::tracker::Transition>,
     /// New links, with `--unknown-pods drop` (handled at once, between passes).
     new_links: Option<tokio::sync::mpsc::Receiver<iface::NewLink>>,
+    /// The CNI plugin's requests (`--cni-socket`), each with its reply's channel.
+    cni: Option<tokio::sync::mpsc::Receiver<CniCall>>,
+}
+
+/// A CNI plugin request and where its reply goes.
+type CniCall = (
+    crate::cni::Request,
+    tokio::sync::oneshot::Sender<crate::cni::Reply>,
+);
+
+/// The next CNI request; pending forever without a socket.
+async fn next_cni(rx: &mut Option<tokio::sync::mpsc::Receiver<CniCall>>) -> CniCall {
+    if let Some(r) = rx {
+        if let Some(call) = r.recv().await {
+            return call;
+        }
+        *rx = None;
+    }
+    std::future::pending().await
 }
 
 /// The next new link; pending forever without a subscription (or once it died).
@@ -340,6 +373,11 @@ impl Wakers {
                 biased;
                 link = next_link(&mut self.new_links) => {
                     r.on_new_link(dp, &link);
+                    continue;
+                }
+                (req, reply) = next_cni(&mut self.cni) => {
+                    let answer = r.on_cni(dp, &req).await;
+                    let _ = reply.send(answer);
                     continue;
                 }
                 res = views.changed() => {
@@ -630,6 +668,66 @@ impl Reconciler<'_> {
                 }
             }
             Err(e) => warn!(device = %link.name, "failed to attach to a new device: {e}"),
+        }
+    }
+
+    /// The CNI plugin's `ADD` (or `CHECK`) for a pod: `from_pod` on the host side of its
+    /// interface now (kept like a new device's, [`attachments::NEW_DEVICE_GRACE`] at most
+    /// until its routes make it a pod device), or whether it is there.
+    async fn on_cni(&mut self, dp: &mut Datapath, req: &crate::cni::Request) -> crate::cni::Reply {
+        let t0 = Instant::now();
+        let fail = |e: String| crate::cni::Reply {
+            error: Some(e),
+            ..Default::default()
+        };
+        let (netns, ifname) = (req.netns.clone(), req.ifname.clone());
+        let peer = tokio::task::spawn_blocking(move || crate::cni::host_side(&netns, &ifname))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        let ifindex = match peer {
+            Ok(i) => i,
+            Err(e) => return fail(e),
+        };
+        let ifaces = match self.nl.interfaces().await {
+            Ok(i) => i,
+            Err(e) => return fail(e.to_string()),
+        };
+        let Some(device) = ifaces.iter().find(|i| i.ifindex == ifindex) else {
+            return fail(format!(
+                "the host side of {} in {} (ifindex {ifindex}) is not in this agent's                  namespace",
+                req.ifname,
+                req.netns.display()
+            ));
+        };
+        let a = datapath::Attachment {
+            program: crate::ebpf::FROM_POD,
+            ifname: device.name.clone(),
+            ifindex,
+        };
+        if req.check {
+            return if dp.is_attached(&a) {
+                crate::cni::Reply {
+                    device: Some(device.name.clone()),
+                    error: None,
+                }
+            } else {
+                fail(format!("from_pod is not on {}", device.name))
+            };
+        }
+        if let Err(e) = dp.attach_one(&a) {
+            return fail(e.to_string());
+        }
+        self.new_devices.note_device(ifindex, &device.name, t0);
+        info!(
+            device = %device.name,
+            container = %req.container_id,
+            took_us = t0.elapsed().as_micros(),
+            "from_pod on the new pod's device for the CNI plugin's ADD"
+        );
+        crate::cni::Reply {
+            device: Some(device.name.clone()),
+            error: None,
         }
     }
 

@@ -71,6 +71,11 @@ impl Datapath {
         errors
     }
 
+    /// Whether this datapath has `a` attached.
+    pub fn is_attached(&self, a: &Attachment) -> bool {
+        self.attached.contains(a)
+    }
+
     /// Attach `a` now and leave every other attachment as it is: a new pod device under
     /// `--unknown-pods drop`, before the next pass decides the whole set (which detaches
     /// it again unless wanted). Returns whether it was attached now (false: it was).

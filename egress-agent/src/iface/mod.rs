@@ -245,6 +245,22 @@ impl Netlink {
         Ok(interfaces)
     }
 
+    /// The ifindex of the peer of the veth called `name` (in the peer's own namespace),
+    /// None if there is no such device or it has no peer.
+    pub async fn veth_peer(&self, name: &str) -> Result<Option<u32>> {
+        check_ifname(name).map_err(|detail| Error::Invalid {
+            verb: "look up",
+            object: format!("interface {name}"),
+            detail,
+        })?;
+        Ok(self.link_by_name(name).await?.and_then(|link| {
+            link.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Link(peer) if *peer != 0 => Some(*peer),
+                _ => None,
+            })
+        }))
+    }
+
     /// The ifindex of the interface called `name`, None if there is none.
     pub async fn ifindex(&self, name: &str) -> Result<Option<u32>> {
         check_ifname(name).map_err(|detail| Error::Invalid {

@@ -1,0 +1,332 @@
+//! The chained CNI plugin (`egress-cni`, CNI spec 1.0) and the agent's side of it.
+//!
+//! On `ADD` the plugin asks the node's agent, over a unix socket, to put `from_pod` on the
+//! host side of the new pod's interface, and waits for the answer (bounded): the runtime
+//! does not finish the pod's sandbox before the program is there, so with `--unknown-pods
+//! drop` the pod's first packet is already judged. `prevResult` passes through unchanged.
+//! `DEL` has nothing to undo (the agent detaches when the device goes); `CHECK` asks the
+//! agent whether the program is on the device; `VERSION` lists the versions spoken.
+//!
+//! The wire between plugin and agent is one JSON line each way ([`Request`], [`Reply`]).
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    os::{fd::AsRawFd as _, unix::net::UnixStream},
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Where the agent listens by default (`run --cni-socket`).
+pub const DEFAULT_SOCKET: &str = "/run/egress-agent/cni.sock";
+/// How long the plugin waits for the agent by default (`timeoutMs` in its config).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The CNI versions the plugin speaks.
+pub const VERSIONS: &[&str] = &["0.4.0", "1.0.0", "1.1.0"];
+
+/// What the plugin asks the agent.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    /// The pod's network namespace (`CNI_NETNS`).
+    pub netns: PathBuf,
+    /// The pod's interface in it (`CNI_IFNAME`).
+    pub ifname: String,
+    /// `CNI_CONTAINERID`, for the agent's log.
+    pub container_id: String,
+    /// `CHECK`: only say whether the program is there.
+    #[serde(default)]
+    pub check: bool,
+}
+
+/// What the agent answers.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reply {
+    /// The host-side device, when found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// What went wrong; none: the program is on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The ifindex, in the caller's own namespace, of the peer of `ifname` in the network
+/// namespace at `netns`: the host side of a pod's veth. Looked up on a thread of its own
+/// that enters the pod's namespace (never a runtime thread).
+pub fn host_side(netns: &Path, ifname: &str) -> Result<u32, String> {
+    let file = std::fs::File::open(netns)
+        .map_err(|e| format!("failed to open network namespace {}: {e}", netns.display()))?;
+    let ifname = ifname.to_owned();
+    let shown = netns.display().to_string();
+    std::thread::spawn(move || {
+        // SAFETY: setns(2) on this thread only, with a descriptor it keeps open.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(format!(
+                "failed to enter network namespace {shown}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("failed to start a runtime: {e}"))?;
+        rt.block_on(async {
+            let nl = crate::iface::Netlink::new().map_err(|e| e.to_string())?;
+            nl.veth_peer(&ifname)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!(
+                        "{ifname} in {shown} is not a veth with a peer: not a pod interface we know"
+                    )
+                })
+        })
+    })
+    .join()
+    .map_err(|_| "the namespace lookup panicked".to_owned())?
+}
+
+/// Serve plugin requests on `path` (a unix socket, created afresh; its directory made if
+/// missing): each request goes to `to_agent` with a channel for the reply, which is
+/// written back. Runs until `to_agent` closes.
+pub async fn serve(
+    path: PathBuf,
+    to_agent: tokio::sync::mpsc::Sender<(Request, tokio::sync::oneshot::Sender<Reply>)>,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("failed to create {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path)
+        .with_context(|| format!("failed to listen on {}", path.display()))?;
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = to_agent.closed() => return Ok(()),
+        };
+        let to_agent = to_agent.clone();
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = tokio::io::BufReader::new(read.take(64 << 10));
+            let reply = match reader.read_line(&mut line).await {
+                Err(e) => Reply {
+                    error: Some(format!("failed to read the request: {e}")),
+                    ..Reply::default()
+                },
+                Ok(_) => match serde_json::from_str::<Request>(&line) {
+                    Err(e) => Reply {
+                        error: Some(format!("invalid request: {e}")),
+                        ..Reply::default()
+                    },
+                    Ok(req) => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        if to_agent.send((req, tx)).await.is_err() {
+                            return;
+                        }
+                        rx.await.unwrap_or_else(|_| Reply {
+                            error: Some("the agent is stopping".to_owned()),
+                            ..Reply::default()
+                        })
+                    }
+                },
+            };
+            let mut text = serde_json::to_string(&reply).unwrap_or_default();
+            text.push('\n');
+            let _ = write.write_all(text.as_bytes()).await;
+        });
+    }
+}
+
+/// A CNI error result, as the spec wants it on stdout with a non-zero exit.
+fn cni_error(version: &str, code: u32, msg: &str, details: &str) -> ExitCode {
+    let out = json!({"cniVersion": version, "code": code, "msg": msg, "details": details});
+    println!("{out}");
+    ExitCode::FAILURE
+}
+
+/// Ask the agent at `socket` (waiting `timeout` at most, connect included).
+pub fn ask(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, String> {
+    let mut stream = UnixStream::connect(socket).map_err(|e| {
+        format!(
+            "failed to reach the egress agent at {}: {e} (is it running on this node with \
+             --cni-socket there?)",
+            socket.display()
+        )
+    })?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    line.push('\n');
+    stream
+        .write_all(line.as_bytes())
+        .map_err(|e| format!("failed to send the request: {e}"))?;
+    let mut answer = String::new();
+    BufReader::new(stream.take(64 << 10))
+        .read_line(&mut answer)
+        .map_err(|e| {
+            format!(
+                "no answer from the egress agent within {} ms: {e}",
+                timeout.as_millis()
+            )
+        })?;
+    serde_json::from_str(&answer).map_err(|e| format!("invalid answer {answer:?}: {e}"))
+}
+
+/// The plugin: `CNI_COMMAND` from the environment, the network configuration on stdin.
+pub fn plugin_main() -> ExitCode {
+    let command = std::env::var("CNI_COMMAND").unwrap_or_default();
+    let mut input = String::new();
+    if command != "VERSION" && std::io::stdin().read_to_string(&mut input).is_err() {
+        return cni_error("1.0.0", 4, "failed to read the network configuration", "");
+    }
+    let config: Value = if command == "VERSION" {
+        Value::Null
+    } else {
+        match serde_json::from_str(&input) {
+            Ok(v) => v,
+            Err(e) => {
+                return cni_error("1.0.0", 6, "invalid network configuration", &e.to_string());
+            }
+        }
+    };
+    let version = config["cniVersion"].as_str().unwrap_or("1.0.0").to_owned();
+    let socket = PathBuf::from(config["agentSocket"].as_str().unwrap_or(DEFAULT_SOCKET));
+    let timeout = config["timeoutMs"]
+        .as_u64()
+        .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    let req = |check: bool| Request {
+        netns: PathBuf::from(env("CNI_NETNS")),
+        ifname: env("CNI_IFNAME"),
+        container_id: env("CNI_CONTAINERID"),
+        check,
+    };
+    match command.as_str() {
+        "VERSION" => {
+            println!(
+                "{}",
+                json!({"cniVersion": "1.0.0", "supportedVersions": VERSIONS})
+            );
+            ExitCode::SUCCESS
+        }
+        "ADD" | "CHECK" => {
+            let Some(prev) = config.get("prevResult").filter(|v| !v.is_null()) else {
+                return cni_error(
+                    &version,
+                    7,
+                    "egress-cni is a chained plugin: it needs a prevResult (list it after the \
+                     CNI that wires the pod)",
+                    "",
+                );
+            };
+            let check = command == "CHECK";
+            match ask(&socket, &req(check), timeout) {
+                Err(e) => cni_error(&version, 11, "the egress agent did not attach", &e),
+                Ok(Reply { error: Some(e), .. }) => {
+                    cni_error(&version, 999, "the egress agent refused", &e)
+                }
+                Ok(_) => {
+                    if !check {
+                        let mut out = prev.clone();
+                        if let Some(o) = out.as_object_mut() {
+                            o.insert("cniVersion".to_owned(), Value::String(version));
+                        }
+                        println!("{out}");
+                    }
+                    ExitCode::SUCCESS
+                }
+            }
+        }
+        // The device goes with the pod's namespace; the agent forgets it then.
+        "DEL" | "GC" | "STATUS" => ExitCode::SUCCESS,
+        other => cni_error(
+            &version,
+            4,
+            &format!("unknown CNI_COMMAND {other:?}"),
+            "expected ADD, DEL, CHECK or VERSION",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_reaches_the_agent_and_its_reply_the_plugin() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("run/cni.sock");
+        let (tx, mut rx) =
+            tokio::sync::mpsc::channel::<(Request, tokio::sync::oneshot::Sender<Reply>)>(4);
+        tokio::spawn(serve(path.clone(), tx));
+        // The agent: answers the first request with a device, the second with an error.
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Some((req, reply)) = rx.recv().await {
+                n += 1;
+                let _ = reply.send(if n == 1 {
+                    Reply {
+                        device: Some(format!("host-of-{}", req.ifname)),
+                        error: None,
+                    }
+                } else {
+                    Reply {
+                        device: None,
+                        error: Some("no such pod".to_owned()),
+                    }
+                });
+            }
+        });
+        for _ in 0..100 {
+            if path.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let req = Request {
+            netns: "/run/netns/x".into(),
+            ifname: "eth0".to_owned(),
+            container_id: "c1".to_owned(),
+            check: false,
+        };
+        let (p, r) = (path.clone(), req.clone());
+        let first = tokio::task::spawn_blocking(move || ask(&p, &r, Duration::from_secs(2)))
+            .await
+            .expect("join");
+        assert_eq!(
+            first.expect("reply").device.as_deref(),
+            Some("host-of-eth0")
+        );
+        let (p, r) = (path.clone(), req);
+        let second = tokio::task::spawn_blocking(move || ask(&p, &r, Duration::from_secs(2)))
+            .await
+            .expect("join");
+        assert_eq!(second.expect("reply").error.as_deref(), Some("no such pod"));
+        // No agent at all: a clear error naming the socket.
+        let missing = dir.path().join("nobody.sock");
+        let e = ask(
+            &missing,
+            &Request {
+                netns: "/x".into(),
+                ifname: "eth0".to_owned(),
+                container_id: String::new(),
+                check: false,
+            },
+            Duration::from_millis(200),
+        )
+        .expect_err("no agent");
+        assert!(
+            e.contains("nobody.sock") && e.contains("is it running"),
+            "{e}"
+        );
+    }
+}
