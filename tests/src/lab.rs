@@ -1020,57 +1020,54 @@ impl Lab {
 
     fn wire(&self, pod: &Pod) -> Result<()> {
         let v4 = self.spec.family.has_v4();
-        {
-            let pod = pod.clone();
-            let node_ns = self.ns_name(&pod.node);
-            let mut cmds = vec![format!(
-                "link add eth0 type veth peer name {} netns {node_ns}",
-                pod.veth
-            )];
-            if v4 {
-                cmds.push(format!("addr add {}/32 dev eth0", pod.ip));
-            }
-            if let Some(ip6) = pod.ipv6 {
-                cmds.push(format!("addr add {ip6}/128 dev eth0 nodad"));
-            }
-            cmds.push("link set eth0 up".to_owned());
-            if v4 {
-                cmds.push(format!(
-                    "route add {} dev eth0 scope link",
-                    addr::POD_GATEWAY
-                ));
-                cmds.push(format!(
-                    "route add default via {} dev eth0",
-                    addr::POD_GATEWAY
-                ));
-            }
-            if pod.ipv6.is_some() {
-                cmds.push(format!(
-                    "route add ::/0 via {} dev eth0",
-                    addr6::POD_GATEWAY
-                ));
-            }
-            self.ns(&pod.name)?.ip_batch(&cmds)?;
-            let node = self.ns(&pod.node)?;
-            node.sysctls(&[
-                (&format!("net.ipv4.conf.{}.proxy_arp", pod.veth), "1"),
-                (&format!("net.ipv4.neigh.{}.proxy_delay", pod.veth), "0"),
-                (&format!("net.ipv4.conf.{}.rp_filter", pod.veth), "0"),
-            ])?;
-            let mut cmds = vec![format!("link set {} up", pod.veth)];
-            if v4 {
-                cmds.push(format!("route add {}/32 dev {}", pod.ip, pod.veth));
-            }
-            if let Some(ip6) = pod.ipv6 {
-                cmds.push(format!(
-                    "addr add {}/64 dev {} nodad",
-                    addr6::POD_GATEWAY,
-                    pod.veth
-                ));
-                cmds.push(format!("route add {ip6}/128 dev {}", pod.veth));
-            }
-            node.ip_batch(&cmds)?;
+        let node_ns = self.ns_name(&pod.node);
+        let mut cmds = vec![format!(
+            "link add eth0 type veth peer name {} netns {node_ns}",
+            pod.veth
+        )];
+        if v4 {
+            cmds.push(format!("addr add {}/32 dev eth0", pod.ip));
         }
+        if let Some(ip6) = pod.ipv6 {
+            cmds.push(format!("addr add {ip6}/128 dev eth0 nodad"));
+        }
+        cmds.push("link set eth0 up".to_owned());
+        if v4 {
+            cmds.push(format!(
+                "route add {} dev eth0 scope link",
+                addr::POD_GATEWAY
+            ));
+            cmds.push(format!(
+                "route add default via {} dev eth0",
+                addr::POD_GATEWAY
+            ));
+        }
+        if pod.ipv6.is_some() {
+            cmds.push(format!(
+                "route add ::/0 via {} dev eth0",
+                addr6::POD_GATEWAY
+            ));
+        }
+        self.ns(&pod.name)?.ip_batch(&cmds)?;
+        let node = self.ns(&pod.node)?;
+        node.sysctls(&[
+            (&format!("net.ipv4.conf.{}.proxy_arp", pod.veth), "1"),
+            (&format!("net.ipv4.neigh.{}.proxy_delay", pod.veth), "0"),
+            (&format!("net.ipv4.conf.{}.rp_filter", pod.veth), "0"),
+        ])?;
+        let mut cmds = vec![format!("link set {} up", pod.veth)];
+        if v4 {
+            cmds.push(format!("route add {}/32 dev {}", pod.ip, pod.veth));
+        }
+        if let Some(ip6) = pod.ipv6 {
+            cmds.push(format!(
+                "addr add {}/64 dev {} nodad",
+                addr6::POD_GATEWAY,
+                pod.veth
+            ));
+            cmds.push(format!("route add {ip6}/128 dev {}", pod.veth));
+        }
+        node.ip_batch(&cmds)?;
         Ok(())
     }
 
