@@ -772,8 +772,11 @@ fn place_egress_ip(
                  naming it; ties by name): this rule gets no gateway and follows the failure \
                  policy; give it its own egress IP"
             );
-            report.egress_ip_conflict(message.clone());
-            report.unready(reason::EGRESS_IP_IN_USE, message);
+            report.egress_ip_conflict(message);
+            report.unready(
+                reason::EGRESS_IP_IN_USE,
+                format!("rules[{index}].egressIP: {ip} is policy {owner}'s: no gateway"),
+            );
             return None;
         }
         if !others.is_empty() {
