@@ -671,6 +671,15 @@ impl Reconciler<'_> {
         }
     }
 
+    /// Replace the EgressNode's preflight line of `check`'s name (or add it): the line
+    /// says what is true now, not at start.
+    fn set_preflight(&mut self, check: PreflightCheck) {
+        match self.preflight.iter_mut().find(|c| c.check == check.check) {
+            Some(c) => *c = check,
+            None => self.preflight.push(check),
+        }
+    }
+
     /// The CNI plugin's `ADD` (or `CHECK`) for a pod: `from_pod` on the host side of its
     /// interface now (kept like a new device's, [`attachments::NEW_DEVICE_GRACE`] at most
     /// until its routes make it a pod device), or whether it is there.
@@ -809,10 +818,7 @@ impl Reconciler<'_> {
         {
             problems.extend(astray);
             // The EgressNode's preflight line says what is true now, not at start.
-            match self.preflight.iter_mut().find(|c| c.check == check.check) {
-                Some(c) => *c = check,
-                None => self.preflight.push(check),
-            }
+            self.set_preflight(check);
         }
         self.sync_attachments(dp, &merged, &ifaces, routes.as_ref(), &mut problems);
         changed += self
@@ -993,10 +999,7 @@ impl Reconciler<'_> {
                 ),
             },
         };
-        match self.preflight.iter_mut().find(|c| c.check == check.check) {
-            Some(c) => *c = check,
-            None => self.preflight.push(check),
-        }
+        self.set_preflight(check);
         problems.extend(left_out);
         if self.cfg.unknown_pods == UnknownPods::Pass {
             want.forget_unknown_pods();
