@@ -861,6 +861,10 @@ fn command_script(cwd: &Path, opts: &Options, cmd: &[String]) -> String {
     for (k, v) in env {
         let _ = writeln!(s, "export {k}={}", quote(&v));
     }
+    // The kernel's default of 1,024 open files: a packet table loads one object (some
+    // thirty maps and programs) per case, every case of two tables at once, and under
+    // emulation they overlap long enough to run out (EMFILE). The host's shells raise it.
+    s.push_str("ulimit -n 65536 2>/dev/null || ulimit -n 4096 2>/dev/null\n");
     let words: Vec<String> = cmd.iter().map(|w| quote(w)).collect();
     let _ = writeln!(s, "exec {}", words.join(" "));
     s
