@@ -402,6 +402,12 @@ impl Wakers {
                 _ = tokio::signal::ctrl_c() => return Ok(None),
                 _ = self.sigterm.recv() => return Ok(None),
             };
+            // A new pod device's notification may be read just after the change that
+            // woke this pass: attach it before the pass, not after.
+            tokio::task::yield_now().await;
+            while let Some(link) = self.new_links.as_mut().and_then(|r| r.try_recv().ok()) {
+                r.on_new_link(dp, &link);
+            }
             // Coalesce bursts of netlink events (our own address changes cause some).
             while self.changes.try_recv().is_ok() {}
             while let Ok(t) = self.transitions.try_recv() {
