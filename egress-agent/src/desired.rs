@@ -24,7 +24,13 @@ pub enum PolicyAction {
     NoGatewayDrop,
     /// No usable gateway, `failurePolicy: Fallthrough`.
     NoGatewayPass,
+    /// The pod's egress NetworkPolicies allow nothing toward the prefix: dropped.
+    Deny,
 }
+
+/// Allowed (protocol, first port, last port) ranges, sorted, merged per protocol: what a
+/// pod's egress NetworkPolicies allow toward one destination prefix.
+pub type PortSet = Vec<(u8, u16, u16)>;
 
 /// What `from_pod` does for one (pod, destination prefix) of family `F`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,6 +43,9 @@ pub struct PolicyEntry<F: Family> {
     /// Cluster-wide rule id (1..=`egress_common::policy::MAX_RULE_ID`); every node derives
     /// the same id for the same (policy, rule index).
     pub rule_id: u32,
+    /// `Forward` only: the key in [`Desired::port_filters`] of the ports the pod's egress
+    /// NetworkPolicies allow there; 0: every port and protocol.
+    pub filter: u16,
 }
 pub type PolicyEntryV4 = PolicyEntry<V4>;
 pub type PolicyEntryV6 = PolicyEntry<V6>;
@@ -118,6 +127,9 @@ pub struct Desired {
     /// Source side, `--unknown-pods drop`: every destination prefix a rule of any policy
     /// covers (`true`), and the `except` prefixes inside them (`false`); longest match.
     pub covered: BTreeMap<IpNet, bool>,
+    /// Source side: the port filters the policy entries name (`PolicyEntry::filter`), by
+    /// id (derived from the set, so an unrelated change keeps every id).
+    pub port_filters: BTreeMap<u16, PortSet>,
 }
 
 /// A family's part of a [`Desired`], for code written once over both families.

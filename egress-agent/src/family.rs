@@ -77,6 +77,7 @@ pub trait Family: Copy + Default + Debug + Eq + Ord + Hash + 'static {
         egress_ip: Self::Octets,
         rule_id: u32,
         action: u8,
+        filter: u16,
     ) -> <Self::Policy as Map>::Value;
     /// The `SELECTED_*` value of a pod with `entries` entries, before its lengths.
     fn selected(entries: u32) -> <Self::Selected as Map>::Value;
@@ -173,13 +174,15 @@ macro_rules! family {
                 egress_ip: [u8; $n],
                 rule_id: u32,
                 action: u8,
+                filter: u16,
             ) -> $PolicyValue {
                 $PolicyValue {
                     gateway,
                     egress_ip,
                     rule_id,
                     action,
-                    _pad: [0; 3],
+                    _pad: 0,
+                    filter,
                 }
             }
             fn selected(entries: u32) -> $SelectedValue {

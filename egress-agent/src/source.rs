@@ -5,7 +5,10 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
+};
 
 use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
@@ -67,6 +70,9 @@ pub struct ClusterView {
     /// OVN-Kubernetes `EgressIP` objects (`k8s.ovn.org/v1`), where that CRD exists: their
     /// addresses are not ours to take.
     pub ovn_egress_ips: Vec<ovn::EgressIP>,
+    /// `networking.k8s.io/v1` NetworkPolicies: their egress rules hold for the traffic
+    /// the datapath redirects (`compiler::netpol`).
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 /// What the compiler reads of a Pod. Every agent holds every pod of the cluster, and a

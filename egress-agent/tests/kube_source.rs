@@ -34,6 +34,7 @@ const NODES: &str = "/api/v1/nodes";
 const POLICIES: &str = "/apis/egress.dev/v1alpha1/egressgatewaypolicies";
 const EGRESS_NODES: &str = "/apis/egress.dev/v1alpha1/egressnodes";
 const EVENTS: &str = "/api/v1/namespaces/default/events";
+const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
 
 /// How long any one expectation may take. Re-lists wait for the watcher's backoff
 /// (0.8 s to 1.6 s for a first error), so this leaves ample room.
@@ -139,6 +140,7 @@ impl Fake {
             (NODES, "Node", "v1"),
             (POLICIES, "EgressGatewayPolicy", "egress.dev/v1alpha1"),
             (EGRESS_NODES, "EgressNode", "egress.dev/v1alpha1"),
+            (NETWORK_POLICIES, "NetworkPolicy", "networking.k8s.io/v1"),
         ] {
             collections.insert(
                 path,
@@ -529,8 +531,19 @@ fn egress_node(name: &str, underlay: &str) -> Value {
     })
 }
 
+/// A NetworkPolicy of namespace payments isolating every pod for egress, allowing TCP 443
+/// to `cidr`.
+fn network_policy(name: &str, cidr: &str) -> Value {
+    json!({
+        "metadata": {"namespace": "payments", "name": name},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                 "egress": [{"to": [{"ipBlock": {"cidr": cidr}}],
+                             "ports": [{"protocol": "TCP", "port": 443}]}]}
+    })
+}
+
 /// A server holding a small cluster: namespace payments, pods a and b, one node, one
-/// policy, one EgressNode.
+/// policy, one EgressNode, one NetworkPolicy.
 async fn cluster() -> Fake {
     let fake = Fake::start().await;
     fake.put_silently(NAMESPACES, namespace("payments"));
@@ -539,6 +552,10 @@ async fn cluster() -> Fake {
     fake.put_silently(NODES, node("node-1", "172.16.0.1"));
     fake.put_silently(POLICIES, policy("payments"));
     fake.put_silently(EGRESS_NODES, egress_node("node-1", "172.16.0.1"));
+    fake.put_silently(
+        NETWORK_POLICIES,
+        network_policy("https-only", "192.0.2.0/24"),
+    );
     fake
 }
 
@@ -661,6 +678,11 @@ async fn initial_list_produces_the_view() {
         view.policies[0].spec.rules[0].egress_ip.as_deref(),
         Some("198.51.100.10")
     );
+    assert_eq!(view.network_policies.len(), 1);
+    assert_eq!(
+        view.network_policies[0].metadata.name.as_deref(),
+        Some("https-only")
+    );
     assert_eq!(view.egress_nodes.len(), 1);
     assert_eq!(
         view.egress_nodes[0].spec.underlay_ip.as_deref(),
@@ -774,22 +796,27 @@ async fn a_dropped_connection_is_survived() {
 async fn every_kind_survives_dropped_connections() {
     let fake = cluster().await;
     let mut rx = start_watch(&fake).await;
-    for path in [NAMESPACES, NODES, POLICIES, EGRESS_NODES] {
+    for path in [NAMESPACES, NODES, POLICIES, EGRESS_NODES, NETWORK_POLICIES] {
         fake.wait_watches(path, 1).await;
         fake.drop_watches(path);
     }
-    for path in [NAMESPACES, NODES, POLICIES, EGRESS_NODES] {
+    for path in [NAMESPACES, NODES, POLICIES, EGRESS_NODES, NETWORK_POLICIES] {
         fake.wait_watches(path, 2).await;
     }
     fake.apply(NAMESPACES, namespace("shop"));
     fake.apply(NODES, node("node-2", "172.16.0.2"));
     fake.apply(POLICIES, policy("second"));
     fake.apply(EGRESS_NODES, egress_node("node-2", "172.16.0.2"));
+    fake.apply(
+        NETWORK_POLICIES,
+        network_policy("second", "198.51.100.0/24"),
+    );
     wait_for(&mut rx, "one more object of every kind", |s| {
         s.view.namespaces.len() == 2
             && s.view.nodes.len() == 2
             && s.view.policies.len() == 2
             && s.view.egress_nodes.len() == 2
+            && s.view.network_policies.len() == 2
             && s.view.pods.len() == 2
     })
     .await;

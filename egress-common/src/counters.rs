@@ -60,6 +60,7 @@ reasons! {
     DROP_NOT_ADMITTED = 51, "new flow of a rule served here from a pod that no policy selects for that rule (a forged or stale tunnel packet, or a pod on this gateway)";
     DROP_POD_FLOW_LIMIT = 53, "new flow of a pod that already holds its maximum of live flows on this gateway (--max-flows-per-pod): one pod cannot take every port of a destination";
     DROP_POLICY_MAP_FULL = 54, "packet of a selected pod whose policy entries did not fit this node's policy map, to a destination a rule covers: dropped, never sent with the pod's own address (--policy-map-entries)";
+    DROP_NETWORK_POLICY = 55, "packet of a selected pod that its egress NetworkPolicies do not allow (destination, protocol or port), to a destination a rule redirects: dropped before the tunnel, as the CNI would have";
     DROP_UNKNOWN_POD = 52, "packet from a pod address the agent has not seen yet, to a destination that a rule covers (--unknown-pods drop)";
 }
 

@@ -37,6 +37,9 @@ pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
 /// Covered destination and except prefixes, per family: every rule's listed prefixes and
 /// the union of the routes its gateways publish (16,384 per gateway interface at most).
 pub const COVERED_MAX_ENTRIES: u32 = 131_072;
+/// Distinct port filters of this node's policy entries (one per distinct set of allowed
+/// ports among its pods' egress NetworkPolicies; ids are 16 bits).
+pub const PORT_FILTERS_MAX_ENTRIES: u32 = 4_096;
 
 /// The kernel map type of a registry entry (`BPF_MAP_TYPE_*`). Two layouts may share
 /// key and value sizes (the policy maps were LPM tries of the same sizes before they were
@@ -191,6 +194,8 @@ maps! {
     /// The next-hop generation (one `u32`), bumped by the agent on route and neighbour
     /// changes: conntrack entries' cached next hops of an older one are looked up again.
     NH_GEN = NhGen: Array<u32, u32>, 1;
+    /// Allowed protocols and ports of policy entries with a `filter` (NetworkPolicy).
+    PORT_FILTERS = PortFilters: Hash<u32, PortFilter>, PORT_FILTERS_MAX_ENTRIES;
 }
 
 /// The registry entry of map `name`.

@@ -66,6 +66,56 @@ pub mod action {
     pub const NO_GATEWAY_DROP: u8 = 3;
     /// The rule has no usable gateway and its policy says `failurePolicy: Fallthrough`.
     pub const NO_GATEWAY_PASS: u8 = 4;
+    /// The pod's egress NetworkPolicies allow nothing to this destination: dropped
+    /// (`DROP_NETWORK_POLICY`) before the tunnel.
+    pub const DENY: u8 = 5;
+}
+
+/// Most port ranges of one [`PortFilter`]: the agent merges a pod's ranges per protocol
+/// first, and fails closed (denies the destination, saying so) past this.
+pub const PORT_FILTER_RANGES: usize = 16;
+
+/// One allowed protocol and destination port range of a [`PortFilter`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    /// IP protocol number (6 TCP, 17 UDP, 132 SCTP).
+    pub proto: u8,
+    pub _pad: u8,
+    /// First and last allowed destination port, host order, inclusive.
+    pub first: u16,
+    pub last: u16,
+}
+const _: () = assert!(core::mem::size_of::<PortRange>() == 6);
+
+/// `PORT_FILTERS` (filter id -> this): what a policy entry's `filter` allows, the union
+/// of a pod's egress NetworkPolicy ports toward one destination prefix. A packet passes
+/// when its protocol and destination port fall in one of the first `count` ranges.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortFilter {
+    pub count: u32,
+    pub ranges: [PortRange; PORT_FILTER_RANGES],
+}
+const _: () = assert!(core::mem::size_of::<PortFilter>() == 100);
+
+impl PortFilter {
+    /// Whether protocol `proto`'s destination port `port` (host order) passes.
+    #[inline(always)]
+    pub fn allows(&self, proto: u8, port: u16) -> bool {
+        let mut i = 0;
+        while i < PORT_FILTER_RANGES {
+            if i as u32 >= self.count {
+                return false;
+            }
+            let r = &self.ranges[i];
+            if r.proto == proto && r.first <= port && port <= r.last {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
 }
 
 /// Value of the policy map.
@@ -81,7 +131,11 @@ pub struct PolicyValue {
     pub rule_id: u32,
     /// One of [`action`].
     pub action: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// `FORWARD` only: the [`PortFilter`] (`PORT_FILTERS` key) the packet's protocol and
+    /// destination port must pass (the pod's egress NetworkPolicies), 0 for none. Zero in
+    /// the padding of agents before it existed: the layout is the same.
+    pub filter: u16,
 }
 const _: () = assert!(core::mem::size_of::<PolicyValue>() == 28);
 
@@ -278,7 +332,9 @@ pub struct PolicyValueV6 {
     pub rule_id: u32,
     /// One of [`action`].
     pub action: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// As [`PolicyValue::filter`].
+    pub filter: u16,
     /// The egress address the gateway will use (observability).
     pub egress_ip: [u8; 16],
 }

@@ -34,5 +34,6 @@ pod!(
     AdmittedValue,
     KnownPodValue,
     FlowCount,
-    CoveredValue
+    CoveredValue,
+    PortFilter
 );

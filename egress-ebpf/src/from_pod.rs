@@ -14,7 +14,7 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
     maps::{self, SELECTED_V4, SELECTED_V6},
-    parse, parse6, policy, reset, tunnel, underlay, unknown,
+    netpol, parse, parse6, policy, reset, tunnel, underlay, unknown,
 };
 
 #[inline(always)]
@@ -45,6 +45,7 @@ fn non_forward(ctx: &TcContext, act: u8) -> Option<i32> {
         action::FORWARD => None,
         action::EXCLUDE => Some(verdict(ctx, reason::EXCLUDED, OK)),
         action::NO_GATEWAY_PASS => Some(verdict(ctx, reason::FALLTHROUGH, OK)),
+        action::DENY => Some(verdict(ctx, reason::DROP_NETWORK_POLICY, SHOT)),
         // NO_GATEWAY_DROP, and any value this program does not know: fail closed.
         _ => Some(verdict(ctx, reason::DROP_NO_GATEWAY, SHOT)),
     }
@@ -90,6 +91,9 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64, flags: u32) -> i32 {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
+    if entry.filter != 0 && !netpol::allows(u32::from(entry.filter), s.ip6.proto, s.l4.dport_be) {
+        return verdict(ctx, reason::DROP_NETWORK_POLICY, SHOT);
+    }
     let gw = underlay::gateway6(entry);
     if gw == underlay::node_ip(cfg) {
         count(ctx, reason::LOCAL_GATEWAY);
@@ -142,6 +146,9 @@ fn selected(ctx: &TcContext, lengths: u64, flags: u32) -> i32 {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
+    if entry.filter != 0 && !netpol::allows(u32::from(entry.filter), ip.proto, l4.dport_be) {
+        return verdict(ctx, reason::DROP_NETWORK_POLICY, SHOT);
+    }
     let gw = underlay::gateway(entry);
     if gw == underlay::node_ip(cfg) {
         count(ctx, reason::LOCAL_GATEWAY);

@@ -18,6 +18,7 @@ mod gateway;
 mod icmp_error;
 mod maps;
 mod mem;
+mod netpol;
 mod parse;
 mod parse6;
 mod policy;

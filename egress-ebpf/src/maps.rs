@@ -245,6 +245,15 @@ pub static CONFIG: Array<V<def::Config>, { cap::<def::Config>() }> = Array::new(
 #[btf_map]
 pub static NH_GEN: Array<V<def::NhGen>, { cap::<def::NhGen>() }> = Array::new();
 
+/// A policy entry's allowed protocols and ports (its pod's egress NetworkPolicies).
+#[btf_map]
+pub static PORT_FILTERS: HashMap<
+    K<def::PortFilters>,
+    V<def::PortFilters>,
+    { cap::<def::PortFilters>() },
+    NO_PREALLOC,
+> = HashMap::new();
+
 /// The current next-hop generation (0 before the agent's first bump).
 #[inline(always)]
 pub fn nh_gen() -> u32 {

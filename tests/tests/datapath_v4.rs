@@ -194,7 +194,8 @@ fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValue {
         egress_ip: EGRESS_A.octets(),
         rule_id,
         action: action::FORWARD,
-        _pad: [0; 3],
+        _pad: 0,
+        filter: 0,
     }
 }
 
@@ -204,7 +205,8 @@ fn sentinel(act: u8) -> PolicyValue {
         egress_ip: [0; 4],
         rule_id: 0,
         action: act,
-        _pad: [0; 3],
+        _pad: 0,
+        filter: 0,
     }
 }
 
@@ -2687,6 +2689,7 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
             gateway: Some(gw),
             egress_ip: Some(egress4),
             rule_id: 7,
+            filter: 0,
         },
     );
     d.v4.selected.insert(pod4, 1);
@@ -2714,6 +2717,7 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
             gateway: Some(gw),
             egress_ip: Some(egress6),
             rule_id: 9,
+            filter: 0,
         },
     );
     d.v6.selected.insert(pod6, 1);

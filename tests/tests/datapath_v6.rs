@@ -282,7 +282,8 @@ fn forward(gateway: IpAddr, rule_id: u32) -> PolicyValueV6 {
         gateway: underlay::from_ip(gateway),
         rule_id,
         action: action::FORWARD,
-        _pad: [0; 3],
+        _pad: 0,
+        filter: 0,
         egress_ip: EGRESS_A.octets(),
     }
 }
@@ -292,7 +293,8 @@ fn sentinel(act: u8) -> PolicyValueV6 {
         gateway: [0; 16],
         rule_id: 0,
         action: act,
-        _pad: [0; 3],
+        _pad: 0,
+        filter: 0,
         egress_ip: [0; 16],
     }
 }

@@ -18,6 +18,7 @@ use crate::{
 mod coverage;
 mod gateway_side;
 mod hash;
+pub mod netpol;
 mod nodes;
 mod placement;
 mod pods;
@@ -176,6 +177,8 @@ pub struct Holder {
 pub enum Object {
     Policy(String),
     Node(String),
+    /// A `networking.k8s.io/v1` NetworkPolicy, `namespace/name`.
+    NetworkPolicy(String),
 }
 
 impl fmt::Display for Object {
@@ -183,6 +186,7 @@ impl fmt::Display for Object {
         match self {
             Self::Policy(name) => write!(f, "policy {name}"),
             Self::Node(name) => write!(f, "node {name}"),
+            Self::NetworkPolicy(name) => write!(f, "networkpolicy {name}"),
         }
     }
 }
@@ -239,6 +243,7 @@ pub fn compile_remembering(
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
+    netpol::restrict(view, &pods, node_name, &mut desired, &mut problems);
     let statuses = status::statuses(&plans, egress_ips, &mut problems);
     problems.sort();
     problems.dedup();

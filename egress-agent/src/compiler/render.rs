@@ -5,7 +5,7 @@
 use std::{fmt::Write as _, net::IpAddr};
 
 use super::Compiled;
-use crate::desired::PolicyAction;
+use crate::desired::{Family, PolicyAction, PolicyEntry, PortSet};
 
 fn action(a: PolicyAction) -> &'static str {
     match a {
@@ -13,6 +13,7 @@ fn action(a: PolicyAction) -> &'static str {
         PolicyAction::Exclude => "exclude",
         PolicyAction::NoGatewayDrop => "no-gateway-drop",
         PolicyAction::NoGatewayPass => "no-gateway-pass",
+        PolicyAction::Deny => "deny (NetworkPolicy)",
     }
 }
 
@@ -20,22 +21,42 @@ fn or_dash(x: Option<impl std::fmt::Display>) -> String {
     x.map_or_else(|| "-".to_owned(), |x| x.to_string())
 }
 
-/// One policy entry, the same line for both families.
-fn policy_line(
+/// A port filter as `tcp/80,udp/53-54`.
+pub fn ports(set: &PortSet) -> String {
+    let name = |p: u8| match p {
+        6 => "tcp".to_owned(),
+        17 => "udp".to_owned(),
+        132 => "sctp".to_owned(),
+        p => format!("proto{p}"),
+    };
+    set.iter()
+        .map(|(p, a, b)| {
+            if a == b {
+                format!("{}/{a}", name(*p))
+            } else {
+                format!("{}/{a}-{b}", name(*p))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One policy entry, the same line for both families (its allowed ports after it, if
+/// NetworkPolicy limits them: `filter`).
+fn policy_line<F: Family>(
     s: &mut String,
-    pod: &dyn std::fmt::Display,
-    dst: &dyn std::fmt::Display,
-    act: PolicyAction,
-    gateway: Option<IpAddr>,
-    egress: Option<IpAddr>,
-    rule: u32,
+    (pod, dst): (&F::Addr, &F::Net),
+    e: &PolicyEntry<F>,
+    filter: Option<&PortSet>,
 ) {
     let _ = writeln!(
         s,
-        "policy {pod} -> {dst}: {} gw {} egress {} rule {rule}",
-        action(act),
-        or_dash(gateway),
-        or_dash(egress),
+        "policy {pod} -> {dst}: {} gw {} egress {} rule {}{}",
+        action(e.action),
+        or_dash(e.gateway),
+        or_dash(e.egress_ip.map(Into::<IpAddr>::into)),
+        e.rule_id,
+        filter.map_or(String::new(), |f| format!(" ports {}", ports(f))),
     );
 }
 
@@ -45,12 +66,10 @@ pub fn node(c: &Compiled) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "node address {}", or_dash(d.node_ip));
     for ((pod, dst), e) in &d.v4.policy {
-        let egress = e.egress_ip.map(IpAddr::V4);
-        policy_line(&mut s, pod, dst, e.action, e.gateway, egress, e.rule_id);
+        policy_line(&mut s, (pod, dst), e, d.port_filters.get(&e.filter));
     }
     for ((pod, dst), e) in &d.v6.policy {
-        let egress = e.egress_ip.map(IpAddr::V6);
-        policy_line(&mut s, pod, dst, e.action, e.gateway, egress, e.rule_id);
+        policy_line(&mut s, (pod, dst), e, d.port_filters.get(&e.filter));
     }
     for (id, r) in &d.v4.rules {
         let _ = writeln!(

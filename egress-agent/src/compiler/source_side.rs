@@ -310,6 +310,7 @@ impl Entry {
             gateway: self.gateway,
             egress_ip: self.egress_ip.and_then(F::addr),
             rule_id: self.rule_id,
+            filter: 0,
         };
         match part.policy.entry((pod, prefix)) {
             std::collections::btree_map::Entry::Occupied(mut o) => {

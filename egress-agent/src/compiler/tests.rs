@@ -29,6 +29,7 @@ use crate::{
 mod conflicts;
 mod coverage;
 mod last_accepted;
+mod netpol;
 mod ovn;
 mod routes;
 
@@ -199,6 +200,7 @@ fn base() -> ClusterView {
         ],
         cluster_cidrs: Vec::new(),
         ovn_egress_ips: Vec::new(),
+        network_policies: Vec::new(),
     }
 }
 
@@ -380,6 +382,7 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
                 gateway: Some(holder_ip),
                 egress_ip: Some(ip("198.51.100.10")),
                 rule_id: r0,
+                filter: 0,
             }
         );
         assert_eq!(
@@ -603,6 +606,7 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
                 gateway: Some(underlay(&holder6)),
                 egress_ip: Some(ip6("2001:db8:a::10")),
                 rule_id: r2,
+                filter: 0,
             }
         );
         assert_eq!(
@@ -1064,7 +1068,8 @@ rules:
                 action,
                 gateway: None,
                 egress_ip: Some(ip("100.64.0.10")),
-                rule_id: rule_id("p", 0)
+                rule_id: rule_id("p", 0),
+                filter: 0,
             }
         );
         assert_eq!(
@@ -1773,6 +1778,8 @@ proptest! {
                     PolicyAction::NoGatewayDrop => prop_assert!(!gp.fallthrough),
                     PolicyAction::NoGatewayPass => prop_assert!(gp.fallthrough),
                     PolicyAction::Exclude => {}
+                    // No NetworkPolicy in these views.
+                    PolicyAction::Deny => prop_assert!(false, "a deny without NetworkPolicy"),
                 }
             }
             let selected: BTreeMap<IpAddr, u32> = c

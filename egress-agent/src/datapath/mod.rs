@@ -404,6 +404,7 @@ impl Datapath {
             v4: self.read_family()?,
             v6: self.read_family()?,
             nodes: self.read::<Hash<def::Nodes>>()?,
+            port_filters: self.read::<Hash<def::PortFilters>>()?,
         })
     }
 
@@ -504,6 +505,11 @@ impl Datapath {
     ) -> Result<()> {
         match step {
             Step::Nodes => self.sync::<Hash<def::Nodes>>(&mut held.nodes, &want.nodes, pass),
+            Step::PortFilters => self.sync::<Hash<def::PortFilters>>(
+                &mut held.port_filters,
+                &want.port_filters,
+                pass,
+            ),
             Step::V4(map) => self.sync_family_map(map, &mut held.v4, &want.v4, pass),
             Step::V6(map) => self.sync_family_map(map, &mut held.v6, &want.v6, pass),
         }

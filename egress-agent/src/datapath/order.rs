@@ -28,6 +28,8 @@ pub(super) enum Side {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Step {
     Nodes,
+    /// `PORT_FILTERS`, of no family: the policy entries of both name them.
+    PortFilters,
     V4(FamilyMap),
     V6(FamilyMap),
 }
@@ -67,13 +69,19 @@ const FAMILIES: [fn(FamilyMap) -> Step; 2] = [Step::V4, Step::V6];
 ///   reverse on insertion: a rule is served only while everything it needs is in (its
 ///   pods' owners and pairs, and its egress IP, without which `from_secondary` would
 ///   hand the replies of its flows to the host and `gateway::forward` would take a
-///   shared address for a dedicated one).
+///   shared address for a dedicated one);
+/// * `PORT_FILTERS` before the policy entries on insertion, after them on removal: an
+///   entry never names a filter that is not in, except one whose filter changed, between
+///   the removal of its old one and its own update (a filter's id follows its contents,
+///   so only an entry that moved to other ports meets this): `from_pod` then drops its
+///   packets (`DROP_NETWORK_POLICY`) for that moment, failing closed.
 pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
     use FamilyMap::*;
     use Side::*;
     match phase {
         Phase::Remove => [
             both_families(Source, &[KnownPods, Covered, Selected, Policy, Dests]),
+            vec![(Source, Step::PortFilters)],
             both_families(Gateway, &[Rules, EgressIps, Admitted, PodOwners]),
             vec![(Gateway, Step::Nodes)],
         ]
@@ -81,6 +89,7 @@ pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
         Phase::Upsert => [
             vec![(Gateway, Step::Nodes)],
             both_families(Gateway, &[PodOwners, Admitted, EgressIps, Rules]),
+            vec![(Source, Step::PortFilters)],
             both_families(Source, &[Policy, Dests, Selected, KnownPods, Covered]),
         ]
         .concat(),
@@ -125,6 +134,7 @@ mod tests {
         }
         match step {
             Step::Nodes => names::NODES,
+            Step::PortFilters => names::PORT_FILTERS,
             Step::V4(m) => of::<V4>(m),
             Step::V6(m) => of::<V6>(m),
         }
@@ -133,7 +143,10 @@ mod tests {
     /// Every step an apply has: `NODES`, and each family's maps.
     fn every_step() -> Vec<Step> {
         let family_maps = FAMILIES.iter().flat_map(|family| FAMILY_MAPS.map(family));
-        [Step::Nodes].into_iter().chain(family_maps).collect()
+        [Step::Nodes, Step::PortFilters]
+            .into_iter()
+            .chain(family_maps)
+            .collect()
     }
 
     /// Asserts that `steps` come in this order in `phase`'s sequence; the message names
@@ -181,6 +194,27 @@ mod tests {
                 Phase::Remove,
                 &[owners, Step::Nodes],
                 "NODES is removed after every pod owner",
+                why,
+            );
+        }
+    }
+
+    #[test]
+    fn port_filters_are_inserted_before_every_policy_entry_and_removed_after() {
+        let why = "from_pod drops a packet whose entry names a filter missing from \
+                   PORT_FILTERS (fail closed): an entry written before its filter would \
+                   drop what its NetworkPolicy allows";
+        for policy in FAMILIES.map(|family| family(Policy)) {
+            assert_order(
+                Phase::Upsert,
+                &[Step::PortFilters, policy],
+                "PORT_FILTERS is inserted before any policy entry",
+                why,
+            );
+            assert_order(
+                Phase::Remove,
+                &[policy, Step::PortFilters],
+                "PORT_FILTERS is removed after every policy entry",
                 why,
             );
         }

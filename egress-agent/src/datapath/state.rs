@@ -7,14 +7,14 @@ use egress_common::{
     config::Config,
     maps::{Map, def},
     policy::{
-        AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue,
-        action, coverage, egress_ip_flags, selected_flags,
+        AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue, NodeValue, PORT_FILTER_RANGES,
+        PodOwnerValue, PortFilter, PortRange, action, coverage, egress_ip_flags, selected_flags,
     },
     underlay::{self, Underlay},
 };
 
 use crate::{
-    desired::{Desired, FamilyDesired, HeldIp, PolicyAction},
+    desired::{Desired, FamilyDesired, HeldIp, PolicyAction, PortSet},
     family::{Entries, Family, Prefixes, V4, V6},
 };
 
@@ -57,6 +57,8 @@ pub struct MapState {
     pub v6: FamilyMaps<V6>,
     /// `NODES`, shared by both families (an underlay address is of either).
     pub nodes: Entries<def::Nodes>,
+    /// `PORT_FILTERS`, shared by both families' policy entries.
+    pub port_filters: Entries<def::PortFilters>,
 }
 
 /// Something in the desired state that cannot be put in the maps yet.
@@ -90,7 +92,24 @@ fn action_code(a: PolicyAction) -> u8 {
         PolicyAction::Exclude => action::EXCLUDE,
         PolicyAction::NoGatewayDrop => action::NO_GATEWAY_DROP,
         PolicyAction::NoGatewayPass => action::NO_GATEWAY_PASS,
+        PolicyAction::Deny => action::DENY,
     }
+}
+
+/// A port set as its `PORT_FILTERS` value (the compiler keeps sets within
+/// [`PORT_FILTER_RANGES`]; any past it are left out, which allows less, never more).
+fn port_filter(set: &PortSet) -> PortFilter {
+    let mut f = PortFilter::default();
+    for (slot, (proto, first, last)) in f.ranges.iter_mut().zip(set) {
+        *slot = PortRange {
+            proto: *proto,
+            _pad: 0,
+            first: *first,
+            last: *last,
+        };
+    }
+    f.count = set.len().min(PORT_FILTER_RANGES) as u32;
+    f
 }
 
 fn egress_ip_value(held: &HeldIp, ifindex: u32) -> EgressIpValue {
@@ -128,6 +147,7 @@ impl<F: Family> FamilyMaps<F> {
                 e.egress_ip.map(F::octets).unwrap_or_default(),
                 e.rule_id,
                 action_code(e.action),
+                e.filter,
             );
             self.policy.insert(F::policy_key(*pod, *dst), value);
         }
@@ -308,7 +328,20 @@ impl MapState {
             .iter()
             .map(|(ip, id)| (underlay::from_ip(*ip), NodeValue { node_id: *id }))
             .collect();
-        (Self { v4, v6, nodes }, unresolved)
+        let port_filters = desired
+            .port_filters
+            .iter()
+            .map(|(id, set)| (u32::from(*id), port_filter(set)))
+            .collect();
+        (
+            Self {
+                v4,
+                v6,
+                nodes,
+                port_filters,
+            },
+            unresolved,
+        )
     }
 
     /// Leave the maps of `--unknown-pods drop` empty (the mode is off); the covered
@@ -354,11 +387,12 @@ impl MapState {
     /// Number of entries per map, by map name.
     pub fn sizes(&self) -> impl Iterator<Item = (&'static str, usize)> {
         let nodes = (def::Nodes::SPEC.name, self.nodes.len());
+        let filters = (def::PortFilters::SPEC.name, self.port_filters.len());
         self.v4
             .sizes()
             .into_iter()
             .chain(self.v6.sizes())
-            .chain([nodes])
+            .chain([nodes, filters])
     }
 }
 
@@ -407,6 +441,7 @@ mod tests {
             gateway: Some("10.200.0.21".parse().unwrap()),
             egress_ip: Some(egress_ip),
             rule_id,
+            filter: 0,
         }
     }
 
@@ -520,6 +555,7 @@ mod tests {
                 gateway: None,
                 egress_ip: None,
                 rule_id: 9,
+                filter: 0,
             },
         );
         d.v6.selected.insert(pod, 2);

@@ -24,7 +24,10 @@ use std::{
 };
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
+};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch as tokio_watch;
 
@@ -552,6 +555,7 @@ enum Slot {
     Policy(usize),
     EgressNode(usize),
     OvnEgressIp(usize),
+    NetworkPolicy(usize),
 }
 
 /// Where each object of a view came from: file → object → (document, slot).
@@ -596,6 +600,9 @@ impl LastGood {
             Slot::EgressNode(i) => Added::EgressNode(Box::new(view.egress_nodes.get(i)?.clone())),
             Slot::OvnEgressIp(i) => {
                 Added::OvnEgressIp(Box::new(view.ovn_egress_ips.get(i)?.clone()))
+            }
+            Slot::NetworkPolicy(i) => {
+                Added::NetworkPolicy(Box::new(view.network_policies.get(i)?.clone()))
             }
         })
     }
@@ -738,6 +745,7 @@ impl Loader {
             Added::Policy(p) => Slot::Policy(push(&mut view.policies, *p)),
             Added::EgressNode(n) => Slot::EgressNode(push(&mut view.egress_nodes, *n)),
             Added::OvnEgressIp(e) => Slot::OvnEgressIp(push(&mut view.ovn_egress_ips, *e)),
+            Added::NetworkPolicy(n) => Slot::NetworkPolicy(push(&mut view.network_policies, *n)),
         };
         self.seen.insert(key.clone(), (file.to_owned(), doc));
         self.origins
@@ -1019,16 +1027,38 @@ fn decode(
         (ovn::API_VERSION, ovn::KIND) => {
             typed::<ovn::EgressIP>(value, |_| Vec::new()).map(|e| Added::OvnEgressIp(Box::new(e)))
         }
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            typed::<NetworkPolicy>(value, check_network_policy)
+                .map(|n| Added::NetworkPolicy(Box::new(n)))
+        }
         _ => Err(vec![field_error(
             "kind",
             format!(
                 "unsupported apiVersion/kind {api_version}/{kind} (expected v1 Pod, Node or \
-                 Namespace, {API_VERSION} EgressGatewayPolicy or EgressNode, or \
-                 {} {})",
+                 Namespace, {API_VERSION} EgressGatewayPolicy or EgressNode, \
+                 networking.k8s.io/v1 NetworkPolicy, or {} {})",
                 ovn::API_VERSION,
                 ovn::KIND
             ),
         )]),
+    }
+}
+
+/// A NetworkPolicy's checks: what the compiler reads of it must read (each error names
+/// its field), as the API server would have refused it.
+fn check_network_policy(np: &NetworkPolicy) -> Vec<FieldError> {
+    match crate::compiler::netpol::parse(np) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors
+            .into_iter()
+            .map(|e| match e.split_once(": ") {
+                Some((field, message)) => field_error(field, message.to_owned()),
+                None => FieldError {
+                    field: None,
+                    message: e,
+                },
+            })
+            .collect(),
     }
 }
 
@@ -1041,6 +1071,7 @@ enum Added {
     Policy(Box<EgressGatewayPolicy>),
     EgressNode(Box<EgressNode>),
     OvnEgressIp(Box<ovn::EgressIP>),
+    NetworkPolicy(Box<NetworkPolicy>),
 }
 
 /// Deserialize `value` as `T`, naming the field on failure, then run `check` on it.
@@ -2056,6 +2087,47 @@ metadata: {name: two}
             let seen = views_until(&mut rx, &["a", "c"]).await;
             assert_eq!(seen, [["a", "c"]], "reopen {reopen}: every view sent");
         }
+    }
+
+    #[test]
+    fn network_policies_are_read_and_their_mistakes_named_by_field() {
+        let good = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+                    metadata: {name: https-only, namespace: shop}\n\
+                    spec:\n  podSelector: {}\n  policyTypes: [Egress]\n  egress:\n  \
+                    - to: [{ipBlock: {cidr: 192.0.2.0/24, except: [192.0.2.0/28]}}]\n    \
+                    ports: [{protocol: TCP, port: 8000, endPort: 8080}]\n";
+        let snap = load_str("np.yaml", good);
+        assert_eq!(snap.errors, []);
+        assert_eq!(snap.view.network_policies.len(), 1);
+        let cases = [
+            (
+                "cidr: 192.0.2.0/24, except: [198.51.100.0/28]",
+                "spec.egress[0].to[0].ipBlock.except[0]: 198.51.100.0/28 must be strictly inside 192.0.2.0/24",
+            ),
+            (
+                "cidr: 192.0.2.1/24",
+                "spec.egress[0].to[0].ipBlock.cidr: 192.0.2.1/24 has host bits set",
+            ),
+            (
+                "cidr: nope",
+                "spec.egress[0].to[0].ipBlock.cidr: \"nope\" is not a CIDR",
+            ),
+        ];
+        for (block, want) in cases {
+            let doc = good.replace("cidr: 192.0.2.0/24, except: [192.0.2.0/28]", block);
+            let snap = load_str("np.yaml", &doc);
+            let text = messages(&snap).join("\n");
+            assert!(text.contains(want), "{want:?} in {text}");
+            assert!(snap.view.network_policies.is_empty());
+        }
+        let doc = good.replace("endPort: 8080", "endPort: 80");
+        let text = messages(&load_str("np.yaml", &doc)).join("\n");
+        assert!(
+            text.contains(
+                "spec.egress[0].ports[0].endPort: 80 must be a port (to 65535) at least port 8000"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -585,8 +585,13 @@ impl<F: Family> PolicyMaps<F> {
             let mut selected = F::selected(entries);
             for (i, dst) in prefixes.iter().enumerate() {
                 let key = F::policy_key(pod, *dst);
-                let value =
-                    F::policy_value(gateway, F::octets(egress), RULE + i as u32, action::FORWARD);
+                let value = F::policy_value(
+                    gateway,
+                    F::octets(egress),
+                    RULE + i as u32,
+                    action::FORWARD,
+                    0,
+                );
                 self.policy.insert(key, value, 0).with_context(|| {
                     format!(
                         "failed to insert the {} policy entry {pod} -> {dst}",

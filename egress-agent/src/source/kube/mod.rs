@@ -31,7 +31,10 @@ use std::{
 
 use futures::StreamExt as _;
 use k8s_openapi::{
-    api::core::v1::{Event as CoreEvent, EventSource, Namespace, Node, ObjectReference, Pod},
+    api::{
+        core::v1::{Event as CoreEvent, EventSource, Namespace, Node, ObjectReference, Pod},
+        networking::v1::NetworkPolicy,
+    },
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
@@ -352,6 +355,7 @@ struct Stores {
     pods: Store<Decoded<Pod>>,
     nodes: Store<Decoded<Node>>,
     egress_nodes: Store<Decoded<EgressNode>>,
+    network_policies: Store<Decoded<NetworkPolicy>>,
     /// OVN-Kubernetes `EgressIP`s, when the cluster has that CRD.
     ovn_egress_ips: Option<Store<Decoded<ovn::EgressIP>>>,
     /// Set on every view (from the agent's flags, not the API).
@@ -377,6 +381,7 @@ impl Stores {
             ready(&self.pods),
             ready(&self.nodes),
             ready(&self.egress_nodes),
+            ready(&self.network_policies),
         )?;
         if let Some(store) = &self.ovn_egress_ips {
             ready(store).await?;
@@ -392,6 +397,7 @@ impl Stores {
             pods: collect(&self.pods, &mut errors, |p: &Pod| PodSummary::from(p)),
             nodes: collect(&self.nodes, &mut errors, Clone::clone),
             egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
+            network_policies: collect(&self.network_policies, &mut errors, Clone::clone),
             cluster_cidrs: self.cluster_cidrs.clone(),
             ovn_egress_ips: self
                 .ovn_egress_ips
@@ -412,6 +418,7 @@ fn static_kind(kind: &str) -> &'static str {
         "EgressGatewayPolicy" => "EgressGatewayPolicy",
         "EgressNode" => "EgressNode",
         "EgressIP" => "EgressIP",
+        "NetworkPolicy" => "NetworkPolicy",
         _ => "object",
     }
 }
@@ -495,6 +502,7 @@ pub async fn watch(
         pods: start(&client, &changed, &mut tasks),
         nodes: start(&client, &changed, &mut tasks),
         egress_nodes: start(&client, &changed, &mut tasks),
+        network_policies: start(&client, &changed, &mut tasks),
         ovn_egress_ips: if serves_ovn_egress_ips(&client).await {
             info!("OVN-Kubernetes EgressIPs found (k8s.ovn.org/v1): their addresses are theirs");
             Some(start(&client, &changed, &mut tasks))
@@ -511,6 +519,7 @@ pub async fn watch(
         pods = first.view.pods.len(),
         nodes = first.view.nodes.len(),
         egress_nodes = first.view.egress_nodes.len(),
+        network_policies = first.view.network_policies.len(),
         errors = first.errors.len(),
         "listed the cluster"
     );

@@ -1,0 +1,600 @@
+//! NetworkPolicy for the traffic the datapath redirects. `from_pod` takes a selected pod's
+//! packets at its device before any place a CNI enforces NetworkPolicy (netfilter, OVS),
+//! so this node's policy entries carry what the pod's egress NetworkPolicies allow:
+//!
+//! * a pod that no NetworkPolicy selects for `Egress` is not restricted;
+//! * otherwise what its policies' egress rules allow, unioned, is all it may send: an
+//!   `ipBlock` (`cidr` minus its `except`s), or every destination for a rule without `to`;
+//!   on the rule's `ports` (`protocol`, `port`, `endPort`), or every port and protocol
+//!   for a rule without. Pod and namespace selectors match only pods, never the
+//!   destinations we redirect (the compiler never steers cluster addresses): a peer of
+//!   that kind allows nothing here. A named port cannot name a port of a host outside the
+//!   cluster: it allows nothing here either, and a problem says so.
+//!
+//! Each forwarded entry of a restricted pod is split where an `ipBlock` or `except`
+//! boundary falls inside it: parts the policies deny get [`PolicyAction::Deny`], parts
+//! they allow on some ports only a port filter (`Desired::port_filters`), the rest stay as
+//! they were. Excepts, fallthroughs and drops are the host's or nobody's traffic: the CNI
+//! judges what reaches the host, so they stay.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use k8s_openapi::{
+    api::networking::v1::{NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPort},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+
+use super::{Object, Problem, fnv1a64, pods::Pods, selector::Selector};
+use crate::desired::{Desired, Part, PolicyAction, PolicyEntry, PortSet, V4, V6};
+
+/// Problem reasons about NetworkPolicies.
+pub mod reason {
+    /// The NetworkPolicy could not be read: its pods are isolated for egress and it
+    /// allows nothing toward redirected destinations (fail closed).
+    pub const INVALID_NETWORK_POLICY: &str = "InvalidNetworkPolicy";
+    /// A named port: it cannot match a host outside the cluster.
+    pub const NAMED_PORT_NOT_APPLIED: &str = "NamedPortNotApplied";
+    /// More port ranges toward one destination than a filter holds: denied there.
+    pub const TOO_MANY_PORT_RANGES: &str = "TooManyPortRanges";
+}
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const SCTP: u8 = 132;
+
+/// An `ipBlock`: its CIDR without its excepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Block {
+    cidr: IpNet,
+    except: Vec<IpNet>,
+}
+
+impl Block {
+    fn holds(&self, p: &IpNet) -> bool {
+        self.cidr.contains(p) && !self.except.iter().any(|x| x.contains(p))
+    }
+}
+
+/// One egress rule, as it applies to destinations outside the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Allow {
+    /// `None`: every destination (no `to`); else the `ipBlock`s (none: only pods).
+    to: Option<Vec<Block>>,
+    /// `None`: every port and protocol (no `ports`); else the ranges (none: only named
+    /// ports).
+    ports: Option<PortSet>,
+}
+
+/// A NetworkPolicy as far as redirected traffic goes.
+#[derive(Clone, Debug)]
+pub struct EgressPolicy {
+    namespace: String,
+    name: String,
+    pods: Selector,
+    /// Selects its pods for `Egress`.
+    egress: bool,
+    rules: Vec<Allow>,
+    /// What it says that cannot apply here (field path first).
+    notes: Vec<String>,
+}
+
+impl EgressPolicy {
+    /// `namespace/name`.
+    fn label(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Read `np`: errors name the field (`spec.egress[0].to[1].ipBlock.cidr: ...`).
+pub fn parse(np: &NetworkPolicy) -> Result<EgressPolicy, Vec<String>> {
+    let namespace = np
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    let name = np.metadata.name.clone().unwrap_or_default();
+    let mut errors = Vec::new();
+    let mut notes = Vec::new();
+    let spec = np.spec.clone().unwrap_or_default();
+    let pods = Selector::new(
+        &spec.pod_selector.clone().unwrap_or_default(),
+        "spec.podSelector",
+    )
+    .map_err(|e| errors.push(e))
+    .unwrap_or_default();
+    let egress = match &spec.policy_types {
+        Some(types) => {
+            for (i, t) in types.iter().enumerate() {
+                if t != "Ingress" && t != "Egress" {
+                    errors.push(format!(
+                        "spec.policyTypes[{i}]: {t:?} is not Ingress or Egress"
+                    ));
+                }
+            }
+            types.iter().any(|t| t == "Egress")
+        }
+        None => spec.egress.as_ref().is_some_and(|e| !e.is_empty()),
+    };
+    let mut rules = Vec::new();
+    for (i, rule) in spec.egress.iter().flatten().enumerate() {
+        match parse_rule(rule, &format!("spec.egress[{i}]"), &mut notes) {
+            Ok(r) => rules.push(r),
+            Err(e) => errors.extend(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(EgressPolicy {
+            namespace,
+            name,
+            pods,
+            egress,
+            rules,
+            notes,
+        })
+    } else {
+        Err(errors)
+    }
+}
+
+fn parse_rule(
+    rule: &NetworkPolicyEgressRule,
+    at: &str,
+    notes: &mut Vec<String>,
+) -> Result<Allow, Vec<String>> {
+    let mut errors = Vec::new();
+    let to = match &rule.to {
+        None => None,
+        Some(peers) if peers.is_empty() => None,
+        Some(peers) => {
+            let mut blocks = Vec::new();
+            for (j, peer) in peers.iter().enumerate() {
+                let at = format!("{at}.to[{j}]");
+                let Some(b) = &peer.ip_block else {
+                    continue;
+                };
+                if peer.pod_selector.is_some() || peer.namespace_selector.is_some() {
+                    errors.push(format!(
+                        "{at}: ipBlock cannot be combined with podSelector or namespaceSelector"
+                    ));
+                    continue;
+                }
+                match parse_block(&b.cidr, b.except.as_deref().unwrap_or_default(), &at) {
+                    Ok(block) => blocks.push(block),
+                    Err(e) => errors.push(e),
+                }
+            }
+            Some(blocks)
+        }
+    };
+    let ports = match &rule.ports {
+        None => None,
+        Some(ports) if ports.is_empty() => None,
+        Some(ports) => {
+            let mut set = Vec::new();
+            for (k, port) in ports.iter().enumerate() {
+                let at = format!("{at}.ports[{k}]");
+                match parse_port(port, &at) {
+                    Ok(Some(range)) => set.push(range),
+                    Ok(None) => notes.push(format!(
+                        "{at}.port: named port {:?} cannot match a host outside the cluster: \
+                         it allows nothing toward the destinations egress gateways redirect",
+                        port_name(port)
+                    )),
+                    Err(e) => errors.push(e),
+                }
+            }
+            Some(merge(set))
+        }
+    };
+    if errors.is_empty() {
+        Ok(Allow { to, ports })
+    } else {
+        Err(errors)
+    }
+}
+
+fn port_name(port: &NetworkPolicyPort) -> String {
+    match &port.port {
+        Some(IntOrString::String(s)) => s.clone(),
+        Some(IntOrString::Int(n)) => n.to_string(),
+        None => String::new(),
+    }
+}
+
+fn parse_block(cidr: &str, except: &[String], at: &str) -> Result<Block, String> {
+    let net: IpNet = cidr
+        .parse()
+        .map_err(|_| format!("{at}.ipBlock.cidr: {cidr:?} is not a CIDR (such as 192.0.2.0/24)"))?;
+    if net.trunc() != net {
+        return Err(format!(
+            "{at}.ipBlock.cidr: {cidr} has host bits set (did you mean {}?)",
+            net.trunc()
+        ));
+    }
+    let mut holes = Vec::new();
+    for (k, x) in except.iter().enumerate() {
+        let hole: IpNet = x.parse().map_err(|_| {
+            format!("{at}.ipBlock.except[{k}]: {x:?} is not a CIDR (such as 192.0.2.0/28)")
+        })?;
+        if !net.contains(&hole) || hole.prefix_len() == net.prefix_len() {
+            return Err(format!(
+                "{at}.ipBlock.except[{k}]: {x} must be strictly inside {cidr}"
+            ));
+        }
+        holes.push(hole.trunc());
+    }
+    Ok(Block {
+        cidr: net,
+        except: holes,
+    })
+}
+
+/// One port entry's range; `None` for a named port.
+fn parse_port(port: &NetworkPolicyPort, at: &str) -> Result<Option<(u8, u16, u16)>, String> {
+    let proto = match port.protocol.as_deref().unwrap_or("TCP") {
+        "TCP" => TCP,
+        "UDP" => UDP,
+        "SCTP" => SCTP,
+        other => {
+            return Err(format!("{at}.protocol: {other:?} is not TCP, UDP or SCTP"));
+        }
+    };
+    let first = match &port.port {
+        None => {
+            if port.end_port.is_some() {
+                return Err(format!("{at}.endPort: requires a numeric port"));
+            }
+            return Ok(Some((proto, 0, u16::MAX)));
+        }
+        Some(IntOrString::String(_)) => {
+            if port.end_port.is_some() {
+                return Err(format!("{at}.endPort: requires a numeric port"));
+            }
+            return Ok(None);
+        }
+        Some(IntOrString::Int(n)) => u16::try_from(*n)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{at}.port: {n} is not a port (1 to 65535)"))?,
+    };
+    let last = match port.end_port {
+        None => first,
+        Some(e) => u16::try_from(e)
+            .ok()
+            .filter(|e| *e >= first)
+            .ok_or_else(|| {
+                format!("{at}.endPort: {e} must be a port (to 65535) at least port {first}")
+            })?,
+    };
+    Ok(Some((proto, first, last)))
+}
+
+/// Sort and merge overlapping or adjacent ranges of one protocol.
+fn merge(mut set: PortSet) -> PortSet {
+    set.sort_unstable();
+    let mut out: PortSet = Vec::with_capacity(set.len());
+    for (p, a, b) in set {
+        if let Some(last) = out.last_mut()
+            && last.0 == p
+            && u32::from(a) <= u32::from(last.2) + 1
+        {
+            last.2 = last.2.max(b);
+            continue;
+        }
+        out.push((p, a, b));
+    }
+    out
+}
+
+/// What a restricted pod may send toward one destination region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Verdict {
+    All,
+    Nothing,
+    Ports(PortSet),
+}
+
+/// The union of `rules` for the region of prefix `p` (every address whose longest match
+/// among the boundaries is `p`: membership of each block is that of `p`).
+fn verdict(rules: &[&Allow], p: &IpNet) -> Verdict {
+    let mut ports = Vec::new();
+    for r in rules {
+        let hit = match &r.to {
+            None => true,
+            Some(blocks) => blocks.iter().any(|b| b.holds(p)),
+        };
+        if !hit {
+            continue;
+        }
+        match &r.ports {
+            None => return Verdict::All,
+            Some(set) => ports.extend(set.iter().copied()),
+        }
+    }
+    if ports.is_empty() {
+        Verdict::Nothing
+    } else {
+        Verdict::Ports(merge(ports))
+    }
+}
+
+/// Every NetworkPolicy of the view, parsed; the ones that do not parse still isolate the
+/// pods their selector picks (they allow nothing), and are problems.
+fn policies(view: &crate::source::ClusterView, problems: &mut Vec<Problem>) -> Vec<EgressPolicy> {
+    let mut out = Vec::new();
+    for np in &view.network_policies {
+        let ns = np.metadata.namespace.as_deref().unwrap_or("default");
+        let name = np.metadata.name.as_deref().unwrap_or_default();
+        let object = Object::NetworkPolicy(format!("{ns}/{name}"));
+        match parse(np) {
+            Ok(p) => {
+                for note in &p.notes {
+                    problems.push(Problem {
+                        object: object.clone(),
+                        reason: reason::NAMED_PORT_NOT_APPLIED.to_owned(),
+                        message: note.clone(),
+                    });
+                }
+                out.push(p);
+            }
+            Err(errors) => {
+                let spec = np.spec.clone().unwrap_or_default();
+                let selector = Selector::new(
+                    &spec.pod_selector.clone().unwrap_or_default(),
+                    "spec.podSelector",
+                );
+                let isolates = selector.is_ok();
+                for e in errors {
+                    problems.push(Problem {
+                        object: object.clone(),
+                        reason: reason::INVALID_NETWORK_POLICY.to_owned(),
+                        message: format!(
+                            "{e}{}",
+                            if isolates {
+                                " (its pods' redirected traffic is allowed nothing by it until \
+                                 fixed)"
+                            } else {
+                                ""
+                            }
+                        ),
+                    });
+                }
+                if let Ok(pods) = selector {
+                    out.push(EgressPolicy {
+                        namespace: ns.to_owned(),
+                        name: name.to_owned(),
+                        pods,
+                        egress: true,
+                        rules: Vec::new(),
+                        notes: Vec::new(),
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by_key(EgressPolicy::label);
+    out
+}
+
+/// Restrict this node's policy entries (`desired`) by the egress NetworkPolicies of the
+/// view; fills `desired.port_filters`.
+pub(super) fn restrict(
+    view: &crate::source::ClusterView,
+    pods: &Pods<'_>,
+    node_name: &str,
+    desired: &mut Desired,
+    problems: &mut Vec<Problem>,
+) {
+    let policies = policies(view, problems);
+    if !policies.iter().any(|p| p.egress) {
+        return;
+    }
+    // This node's pods by address, with the egress rules that apply to each.
+    let mut rules_of: BTreeMap<IpAddr, (String, Vec<&Allow>)> = BTreeMap::new();
+    for pod in pods.pods.iter().filter(|p| p.node == node_name) {
+        let mut rules = Vec::new();
+        let mut isolated = false;
+        for p in &policies {
+            if p.egress && p.namespace == pod.namespace && p.pods.matches(pod.labels) {
+                isolated = true;
+                rules.extend(p.rules.iter());
+            }
+        }
+        if isolated {
+            for ip in &pod.ips {
+                let label = format!("{}/{}", pod.namespace, pod.name);
+                rules_of.insert(*ip, (label, rules.clone()));
+            }
+        }
+    }
+    if rules_of.is_empty() {
+        return;
+    }
+    let mut sets = Filters::default();
+    let v4 = refine::<V4>(desired, &rules_of, &mut sets, problems);
+    let v6 = refine::<V6>(desired, &rules_of, &mut sets, problems);
+    let ids = sets.ids();
+    write::<V4>(desired, v4, &ids);
+    write::<V6>(desired, v6, &ids);
+    desired.port_filters = ids.into_iter().map(|(set, id)| (id, set)).collect();
+}
+
+/// The port sets in use.
+#[derive(Default)]
+struct Filters(BTreeSet<PortSet>);
+
+impl Filters {
+    /// An id for each set, from its contents (1..=65535; the next free one on a
+    /// collision, in set order): an unrelated change keeps every other id.
+    fn ids(self) -> BTreeMap<PortSet, u16> {
+        let mut taken = BTreeSet::new();
+        let mut out = BTreeMap::new();
+        for set in self.0 {
+            let bytes: Vec<u8> = set
+                .iter()
+                .flat_map(|(p, a, b)| [*p, (a >> 8) as u8, *a as u8, (b >> 8) as u8, *b as u8])
+                .collect();
+            let mut id = (fnv1a64(&bytes) % 65_535) as u16 + 1;
+            while !taken.insert(id) {
+                id = if id == u16::MAX { 1 } else { id + 1 };
+            }
+            out.insert(set, id);
+        }
+        out
+    }
+}
+
+/// A refined entry before its filter has an id.
+type Refined<F> = (
+    <F as crate::family::Family>::Addr,
+    <F as crate::family::Family>::Net,
+    PolicyEntry<F>,
+    Option<PortSet>,
+);
+
+/// One of a pod's entries: its prefix and what it does.
+type PodEntry<F> = (<F as crate::family::Family>::Net, PolicyEntry<F>);
+
+/// Most port ranges one filter holds.
+const MAX_RANGES: usize = egress_common::policy::PORT_FILTER_RANGES;
+
+/// The refined entries of family `F`'s restricted pods (taken out of `desired`).
+fn refine<F: Part>(
+    desired: &mut Desired,
+    rules_of: &BTreeMap<IpAddr, (String, Vec<&Allow>)>,
+    sets: &mut Filters,
+    problems: &mut Vec<Problem>,
+) -> Vec<Refined<F>> {
+    let part = F::of_mut(desired);
+    let mut by_pod: BTreeMap<F::Addr, Vec<PodEntry<F>>> = BTreeMap::new();
+    let restricted: Vec<(F::Addr, F::Net)> = part
+        .policy
+        .keys()
+        .filter(|(pod, _)| rules_of.contains_key(&(*pod).into()))
+        .copied()
+        .collect();
+    for key in restricted {
+        if let Some(e) = part.policy.remove(&key) {
+            by_pod.entry(key.0).or_default().push((key.1, e));
+        }
+    }
+    let mut out = Vec::new();
+    for (pod, entries) in by_pod {
+        let (label, rules) = &rules_of[&pod.into()];
+        let prefixes: Vec<IpNet> = entries.iter().map(|(n, _)| (*n).into()).collect();
+        let entry_of = |p: &IpNet| {
+            entries
+                .iter()
+                .filter(|(n, _)| Into::<IpNet>::into(*n).contains(p))
+                .max_by_key(|(n, _)| Into::<IpNet>::into(*n).prefix_len())
+        };
+        // Boundaries: the entries, and every block edge inside a forwarded one.
+        let mut bounds: BTreeSet<(u8, IpNet)> =
+            prefixes.iter().map(|p| (p.prefix_len(), *p)).collect();
+        for r in rules {
+            for b in r.to.iter().flatten() {
+                for edge in std::iter::once(&b.cidr).chain(&b.except) {
+                    let inside = entries.iter().any(|(n, e)| {
+                        e.action == PolicyAction::Forward && Into::<IpNet>::into(*n).contains(edge)
+                    });
+                    if inside {
+                        bounds.insert((edge.prefix_len(), *edge));
+                    }
+                }
+            }
+        }
+        let mut decided: Vec<(IpNet, Verdict)> = Vec::new();
+        for (_, p) in bounds {
+            let Some((_, e)) = entry_of(&p) else {
+                continue;
+            };
+            let own = prefixes.contains(&p);
+            let Some(net) = F::net(p) else {
+                continue;
+            };
+            if e.action != PolicyAction::Forward {
+                if own {
+                    out.push((pod, net, *e, None));
+                }
+                continue;
+            }
+            let mut v = verdict(rules, &p);
+            if let Verdict::Ports(set) = &v
+                && set.len() > MAX_RANGES
+            {
+                problems.push(Problem {
+                    object: Object::NetworkPolicy(label.clone()),
+                    reason: reason::TOO_MANY_PORT_RANGES.to_owned(),
+                    message: format!(
+                        "pod {label}: its egress NetworkPolicies allow {} port ranges toward \
+                         {p}, more than the {MAX_RANGES} a filter holds: denied there (fail \
+                         closed); merge the ports into fewer ranges (endPort)",
+                        set.len()
+                    ),
+                });
+                v = Verdict::Nothing;
+            }
+            let container = decided
+                .iter()
+                .filter(|(q, _)| q.contains(&p) && *q != p)
+                .max_by_key(|(q, _)| q.prefix_len())
+                .map(|(_, v)| v.clone());
+            let same_as_container = container.as_ref() == Some(&v);
+            decided.push((p, v.clone()));
+            if !own && same_as_container {
+                continue;
+            }
+            let entry = match &v {
+                Verdict::All => (*e, None),
+                Verdict::Nothing => (
+                    PolicyEntry {
+                        action: PolicyAction::Deny,
+                        gateway: None,
+                        filter: 0,
+                        ..*e
+                    },
+                    None,
+                ),
+                Verdict::Ports(set) => {
+                    sets.0.insert(set.clone());
+                    (*e, Some(set.clone()))
+                }
+            };
+            out.push((pod, net, entry.0, entry.1));
+        }
+    }
+    out
+}
+
+/// Put the refined entries back into family `F`'s part, with their filters' ids, and
+/// count each pod's entries again.
+fn write<F: Part>(desired: &mut Desired, refined: Vec<Refined<F>>, ids: &BTreeMap<PortSet, u16>) {
+    let part = F::of_mut(desired);
+    let mut pods = BTreeSet::new();
+    for (pod, net, mut entry, set) in refined {
+        entry.filter = set.and_then(|s| ids.get(&s).copied()).unwrap_or(0);
+        part.policy.insert((pod, net), entry);
+        pods.insert(pod);
+    }
+    for pod in pods {
+        let n = part
+            .policy
+            .range((pod, min_net::<F>())..)
+            .take_while(|((p, _), _)| *p == pod);
+        part.selected.insert(pod, n.count() as u32);
+    }
+}
+
+/// The smallest network of family `F` (for a range over one pod's entries).
+fn min_net<F: Part>() -> F::Net {
+    let any: IpNet = if F::NAME == "IPv4" {
+        "0.0.0.0/0".parse().expect("a CIDR")
+    } else {
+        "::/0".parse().expect("a CIDR")
+    };
+    F::net(any).expect("of the family")
+}
