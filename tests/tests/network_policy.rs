@@ -152,7 +152,11 @@ fn egress_networkpolicy_holds_for_redirected_traffic_in_both_families() {
         );
     }
     for h in [b4, b6] {
-        assert_eq!(seen(&lab, "w1-p1", Proto::Tcp, h), None, "{h}: nothing allows B now");
+        assert_eq!(
+            seen(&lab, "w1-p1", Proto::Tcp, h),
+            None,
+            "{h}: nothing allows B now"
+        );
     }
 
     // 3. Except: everywhere but host-a.
@@ -170,7 +174,11 @@ fn egress_networkpolicy_holds_for_redirected_traffic_in_both_families() {
     });
     println!("all but host-a: applied within {took:?}");
     for h in [a4, a6] {
-        assert_eq!(seen(&lab, "w1-p1", Proto::Tcp, h), None, "{h} is the except");
+        assert_eq!(
+            seen(&lab, "w1-p1", Proto::Tcp, h),
+            None,
+            "{h} is the except"
+        );
     }
     for h in [b4, b6] {
         assert_eq!(seen(&lab, "w1-p1", Proto::Tcp, h), Some(egress(h)), "{h}");
@@ -187,7 +195,9 @@ fn egress_networkpolicy_holds_for_redirected_traffic_in_both_families() {
     let (stream, stream_log) = start_stream(&lab, "w1-p1", "tcp", a4, "np-stream").unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let forbidden_at = unix_ms();
-    let took = apply(&lab, &only_b, || seen(&lab, "w1-p1", Proto::Tcp, a4).is_none());
+    let took = apply(&lab, &only_b, || {
+        seen(&lab, "w1-p1", Proto::Tcp, a4).is_none()
+    });
     std::thread::sleep(Duration::from_secs(2));
     let deleted_at = unix_ms();
     let t = Instant::now();
@@ -218,7 +228,10 @@ fn egress_networkpolicy_holds_for_redirected_traffic_in_both_families() {
         s.sources
     );
     assert_eq!(replies_between, 0, "the forbidden flow was cut");
-    assert!(after.is_some(), "the flow came back once the policy was deleted");
+    assert!(
+        after.is_some(),
+        "the flow came back once the policy was deleted"
+    );
     assert!(
         s.sources
             .iter()

@@ -235,6 +235,23 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
             "Fallthrough: must pass".to_owned()
         });
     }
+    if p.action == action::DENY {
+        // Never sent on; dropped as DROP_NETWORK_POLICY, unless it is not the datapath's
+        // to judge (malformed, or IPv6 link-scoped): then the host's, like any pass.
+        must(seen.verdict != TC_ACT_REDIRECT, || {
+            "denied by NetworkPolicy, but redirected".to_owned()
+        })?;
+        return must(
+            seen.hit(DROP_NETWORK_POLICY)
+                || seen.hit(MALFORMED_PASSED)
+                || (seen.verdict == TC_ACT_OK && seen.delta.is_empty()),
+            || {
+                "denied by NetworkPolicy: must drop as DROP_NETWORK_POLICY (or pass as \
+                 malformed)"
+                    .to_owned()
+            },
+        );
+    }
     if seen.hit(SNAT_NEW) {
         must(plan.admitted(src, p.rule), || {
             format!(
@@ -249,6 +266,9 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
     must(p.action == action::FORWARD, || {
         format!("redirected under a policy entry with action {}", p.action)
     })?;
+    if p.filter != 0 {
+        allowed_by_filter(f)?;
+    }
     let local = p.gateway == NODE;
     match seen.sent() {
         Some(TUNNELED) => {
@@ -268,6 +288,46 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
             p.gateway
         )),
     }
+}
+
+/// The upper-layer protocol of an IP frame (past IPv6 extension headers, walked as
+/// [`transport_offset`] walks them).
+fn upper_protocol(f: &[u8], v4: bool) -> Option<u8> {
+    const ETH: usize = 14;
+    if v4 {
+        return f.get(ETH + 9).copied();
+    }
+    let mut next = *f.get(ETH + 6)?;
+    let mut off = ETH + 40;
+    while matches!(next, 0 | 43 | 44 | 60) {
+        next = *f.get(off)?;
+        off += (usize::from(*f.get(off + 1)?) + 1) * 8;
+    }
+    Some(next)
+}
+
+/// A redirected packet under a port-filtered entry ([`node::PORT_FILTER`]): its protocol
+/// and destination port are among the filter's ranges (no packet past its pod's egress
+/// NetworkPolicy leaves the node).
+fn allowed_by_filter(f: &[u8]) -> Check {
+    let v4 = family(f).ok_or("redirected a frame that is not IP")?;
+    let proto = upper_protocol(f, v4).ok_or("no protocol")?;
+    let off = transport_offset(f).ok_or("no transport header")?;
+    let dport = f
+        .get(off + 2..off + 4)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]))
+        .ok_or("no destination port")?;
+    must(
+        node::PORT_FILTER_RANGES
+            .iter()
+            .any(|(p, a, b)| *p == proto && (*a..=*b).contains(&dport)),
+        || {
+            format!(
+                "redirected protocol {proto} port {dport} under a filter allowing only {:?}",
+                node::PORT_FILTER_RANGES
+            )
+        },
+    )
 }
 
 fn from_tunnel(input: &Input, seen: &Seen) -> Check {

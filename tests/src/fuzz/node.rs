@@ -34,8 +34,8 @@ use egress_common::{
     conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state},
     maps,
     policy::{
-        EgressIpValue, PodOwnerValue, PolicyValue, PolicyValueV6, RuleValueV6, action,
-        egress_ip_flags,
+        EgressIpValue, PodOwnerValue, PolicyValue, PolicyValueV6, PortFilter, PortRange,
+        RuleValueV6, action, egress_ip_flags,
     },
     underlay,
 };
@@ -97,7 +97,13 @@ pub struct Policy {
     pub action: u8,
     pub gateway: IpAddr,
     pub rule: u32,
+    /// A `PORT_FILTERS` id ([`PORT_FILTER`]), 0 for none.
+    pub filter: u16,
 }
+
+/// The port filter of network B's entry (egress NetworkPolicy): TCP 1 to 1023 and UDP 53.
+pub const PORT_FILTER: u16 = 7;
+pub const PORT_FILTER_RANGES: [(u8, u16, u16); 2] = [(TCP, 1, 1023), (UDP, 53, 53)];
 
 /// A rule this gateway serves: its egress address and interface.
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +208,7 @@ fn plan_of(a: Addrs) -> Plan {
         action: action::FORWARD,
         gateway,
         rule,
+        filter: 0,
     };
     let sentinel = |net, len, action| Policy {
         net,
@@ -209,6 +216,7 @@ fn plan_of(a: Addrs) -> Plan {
         action,
         gateway: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         rule: 0,
+        filter: 0,
     };
     let flow =
         |pod, pod_port, remote, remote_port, proto, egress, egress_port, pod_node, rule| Flow {
@@ -289,10 +297,15 @@ fn plan_of(a: Addrs) -> Plan {
         policy: vec![
             fwd(a.net_a, net_len, NODE, RULE_A),
             sentinel(a.except, except_len, action::EXCLUDE),
-            fwd(a.net_b, net_len, PEER, RULE_B),
+            Policy {
+                filter: PORT_FILTER,
+                ..fwd(a.net_b, net_len, PEER, RULE_B)
+            },
             fwd(a.far, far_len, NODE, RULE_SHARED),
             fwd(a.net_b6, b6_len, PEER6, RULE_B),
             sentinel(a.drop_net, net_len, action::NO_GATEWAY_DROP),
+            // The lower half of it: what an egress NetworkPolicy denies.
+            sentinel(a.drop_net, net_len + 1, action::DENY),
             sentinel(a.pass_net, net_len, action::NO_GATEWAY_PASS),
         ],
         rules,
@@ -555,6 +568,24 @@ pub fn fill(dp: &mut Datapath, net: &Net) {
     for (i, n) in NODES.into_iter().enumerate() {
         dp.node(n, i as u32 + 1);
     }
+    let mut filter = PortFilter {
+        count: PORT_FILTER_RANGES.len() as u32,
+        ..PortFilter::default()
+    };
+    for (slot, (proto, first, last)) in filter.ranges.iter_mut().zip(PORT_FILTER_RANGES) {
+        *slot = PortRange {
+            proto,
+            _pad: 0,
+            first,
+            last,
+        };
+    }
+    insert(
+        dp,
+        maps::PORT_FILTERS,
+        u32::from(PORT_FILTER).to_ne_bytes().to_vec(),
+        filter,
+    );
     for plan in [&*V4, &*V6] {
         fill_plan(dp, net, plan);
     }
@@ -658,7 +689,7 @@ fn policy_entry(dp: &mut Datapath, pod: IpAddr, p: &Policy) {
                 rule_id: p.rule,
                 action: p.action,
                 _pad: 0,
-                filter: 0,
+                filter: p.filter,
             },
         ),
         (IpAddr::V6(pod), IpAddr::V6(net)) => dp.policy_v6(
@@ -670,7 +701,7 @@ fn policy_entry(dp: &mut Datapath, pod: IpAddr, p: &Policy) {
                 rule_id: p.rule,
                 action: p.action,
                 _pad: 0,
-                filter: 0,
+                filter: p.filter,
                 egress_ip: [0; 16],
             },
         ),
