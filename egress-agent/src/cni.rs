@@ -257,6 +257,82 @@ pub fn plugin_main() -> ExitCode {
     }
 }
 
+/// The plugin's directory in the image: `egress-cni`, the loader and the libraries it
+/// needs (`cargo xtask image` puts them there).
+pub const BUNDLE_DIR: &str = "/usr/local/lib/egress-cni";
+/// Where [`install`] puts the bundle, under the CNI bin directory.
+const INSTALLED_BUNDLE: &str = "egress-cni.d";
+
+/// Install the plugin from `bundle` (the image's [`BUNDLE_DIR`]) into `cni_bin_dir` (the
+/// host's `/opt/cni/bin`, mounted): the bundle as `egress-cni.d/` and, as `egress-cni`,
+/// a script that runs it with the bundle's own loader and libraries, so that the host's C
+/// library, whatever its version, plays no part. Both are written beside their
+/// destinations and renamed over them: a runtime calling the plugin meanwhile finds the
+/// old one or the new one, never half of either. Returns the script's path.
+pub fn install(bundle: &Path, cni_bin_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let loader = std::fs::read_dir(bundle)
+        .with_context(|| format!("failed to read the plugin bundle {}", bundle.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("ld-linux"));
+    anyhow::ensure!(
+        bundle.join("egress-cni").is_file(),
+        "no egress-cni in {}: the image is built by `cargo xtask image`",
+        bundle.display()
+    );
+    let target = cni_bin_dir.join(INSTALLED_BUNDLE);
+    let staging = cni_bin_dir.join(format!(".{INSTALLED_BUNDLE}.new"));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging)
+        .with_context(|| format!("failed to create {}", staging.display()))?;
+    for entry in std::fs::read_dir(bundle)? {
+        let entry = entry?;
+        let to = staging.join(entry.file_name());
+        std::fs::copy(entry.path(), &to).with_context(|| {
+            format!(
+                "failed to copy {} to {}",
+                entry.path().display(),
+                to.display()
+            )
+        })?;
+    }
+    let old = cni_bin_dir.join(format!(".{INSTALLED_BUNDLE}.old"));
+    let _ = std::fs::remove_dir_all(&old);
+    if target.exists() {
+        std::fs::rename(&target, &old)
+            .with_context(|| format!("failed to move {} aside", target.display()))?;
+    }
+    std::fs::rename(&staging, &target).with_context(|| {
+        format!(
+            "failed to rename {} to {}",
+            staging.display(),
+            target.display()
+        )
+    })?;
+    let _ = std::fs::remove_dir_all(&old);
+    let dir = target.display();
+    let exec = match loader {
+        Some(l) => {
+            format!("exec \"{dir}/{l}\" --library-path \"{dir}\" \"{dir}/egress-cni\" \"$@\"")
+        }
+        // A static plugin needs no loader.
+        None => format!("exec \"{dir}/egress-cni\" \"$@\""),
+    };
+    let script = format!(
+        "#!/bin/sh\n# Installed by egress-agent install-cni: the chained plugin of the \
+         egress gateway agent.\n{exec}\n"
+    );
+    let path = cni_bin_dir.join("egress-cni");
+    let tmp = cni_bin_dir.join(".egress-cni.new");
+    std::fs::write(&tmp, script).with_context(|| format!("failed to write {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, &path)
+        .with_context(|| format!("failed to rename {} to {}", tmp.display(), path.display()))?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

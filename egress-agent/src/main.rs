@@ -75,6 +75,17 @@ enum Command {
     },
     /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
     Crd,
+    /// Install the chained CNI plugin `egress-cni` into a CNI bin directory (the
+    /// DaemonSet's init container, with the host's /opt/cni/bin mounted): the image's
+    /// plugin bundle, run by a script with its own loader and libraries.
+    InstallCni {
+        /// The CNI bin directory (the host's, mounted).
+        #[arg(long, default_value = "/opt/cni/bin")]
+        dir: PathBuf,
+        /// The plugin bundle.
+        #[arg(long, default_value = egress_agent::cni::BUNDLE_DIR)]
+        bundle: PathBuf,
+    },
     /// Uninstall an agent's datapath from this node: detach its programs, remove its pinned
     /// maps, its tunnel device and the egress IPs it added (one line per thing removed).
     #[command(
@@ -330,6 +341,11 @@ fn real_main() -> Result<ExitCode> {
         }
         Command::Status { metrics_addr } => {
             print!("{}", fetch_status(metrics_addr)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::InstallCni { dir, bundle } => {
+            let path = egress_agent::cni::install(&bundle, &dir)?;
+            println!("installed {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Maps { bpffs_dir } => {

@@ -12,6 +12,7 @@ use k8s_openapi::api::{
 
 use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
+pub mod admin;
 pub mod kube;
 pub mod ovn;
 pub mod yaml;
@@ -73,6 +74,10 @@ pub struct ClusterView {
     /// `networking.k8s.io/v1` NetworkPolicies: their egress rules hold for the traffic
     /// the datapath redirects (`compiler::netpol`).
     pub network_policies: Vec<NetworkPolicy>,
+    /// AdminNetworkPolicies, BaselineAdminNetworkPolicies and OVN-Kubernetes
+    /// EgressFirewalls, where they exist: not applied to redirected traffic, which the
+    /// policies that may redirect their pods say.
+    pub unapplied: Vec<admin::Unapplied>,
 }
 
 /// What the compiler reads of a Pod. Every agent holds every pod of the cluster, and a

@@ -121,10 +121,19 @@ fn the_file_tree_is_the_binary_and_its_libraries() {
             .unwrap();
     assert_eq!(config["process"]["args"][0], ENTRYPOINT, "{config:#}");
 
-    // Regular files only: the binary and what the loader maps for it.
+    // Regular files only: the binary and what the loader maps for it, and the CNI
+    // plugin's bundle (the plugin beside its own libraries and loader).
     let binary = rootfs.join(ENTRYPOINT.trim_start_matches('/'));
     let mut expected: BTreeSet<PathBuf> = BTreeSet::from([PathBuf::from(ENTRYPOINT)]);
     expected.extend(loaded_libraries(&binary));
+    let cni = Path::new(CNI_BUNDLE);
+    let plugin = rootfs
+        .join(CNI_BUNDLE.trim_start_matches('/'))
+        .join("egress-cni");
+    expected.insert(cni.join("egress-cni"));
+    for lib in loaded_libraries(&plugin) {
+        expected.insert(cni.join(lib.file_name().unwrap()));
+    }
     let mut found = BTreeSet::new();
     walk(&rootfs, &rootfs, &mut found);
     assert_eq!(found, expected, "the image's files");
@@ -137,7 +146,26 @@ fn the_file_tree_is_the_binary_and_its_libraries() {
         version.trim(),
         format!("egress-agent {}", env!("CARGO_PKG_VERSION"))
     );
+
+    // The init container's job, into a directory of the image's tree; the installed
+    // plugin answers VERSION with the bundle's loader.
+    std::fs::create_dir_all(rootfs.join("host/opt/cni/bin")).unwrap();
+    run(Command::new("chroot").arg(&rootfs).args([
+        ENTRYPOINT,
+        "install-cni",
+        "--dir",
+        "/host/opt/cni/bin",
+    ]));
+    let script = rootfs.join("host/opt/cni/bin/egress-cni");
+    let text = std::fs::read_to_string(&script).unwrap();
+    assert!(
+        text.contains("/host/opt/cni/bin/egress-cni.d/ld-linux"),
+        "{text}"
+    );
 }
+
+/// The CNI plugin's bundle in the image.
+const CNI_BUNDLE: &str = "/usr/local/lib/egress-cni";
 
 /// Paths `ldd` lists for `binary` (the loader included, the vDSO not).
 fn loaded_libraries(binary: &Path) -> Vec<PathBuf> {

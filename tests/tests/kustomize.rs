@@ -84,12 +84,13 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
         .chain(pod["initContainers"].as_array().into_iter().flatten())
         .map(|c| c["image"].as_str().unwrap())
         .collect();
+    // The agent and the init container that installs the CNI plugin: the same image.
+    let reference = format!("localhost/egress-agent:{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(images, [reference.clone(), reference]);
+    let init = &pod["initContainers"][0];
     assert_eq!(
-        images,
-        [format!(
-            "localhost/egress-agent:{}",
-            env!("CARGO_PKG_VERSION")
-        )]
+        strings(&init["args"]),
+        ["install-cni", "--dir=/host/opt/cni/bin"]
     );
 
     // The ServiceAccount the DaemonSet runs as is the one bound to the ClusterRole.
@@ -126,7 +127,7 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
                 .expect("hostPath volumes only")
         })
         .collect();
-    assert_eq!(volumes, ["/sys/fs/bpf", "/run/egress-agent"]);
+    assert_eq!(volumes, ["/sys/fs/bpf", "/run/egress-agent", "/opt/cni/bin"]);
 
     // Metrics on the node's address (status.hostIP): what the Service and probes reach.
     let agent = &pod["containers"][0];
@@ -210,7 +211,11 @@ fn the_cluster_role_grants_what_the_agent_uses() {
             "egress.dev/egressgatewaypolicies: get list watch",
             "egress.dev/egressnodes/status: patch",
             "egress.dev/egressnodes: create list patch watch",
+            "k8s.ovn.org/egressfirewalls: list watch",
             "k8s.ovn.org/egressips: list watch",
+            "networking.k8s.io/networkpolicies: list watch",
+            "policy.networking.k8s.io/adminnetworkpolicies: list watch",
+            "policy.networking.k8s.io/baselineadminnetworkpolicies: list watch",
         ]
     );
 }

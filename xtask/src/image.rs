@@ -60,6 +60,7 @@ pub fn build(profile: Profile) -> Result<PathBuf> {
     }
     let rootfs = work.join("rootfs");
     let libraries = stage_rootfs(&agent, &rootfs)?;
+    stage_cni_bundle(&agent, &rootfs)?;
     let epoch = source_date_epoch()?;
     let layout = work.join("oci");
     pack(&rootfs, &layout, &reference, &epoch)?;
@@ -115,6 +116,8 @@ fn build_agent(profile: Profile) -> Result<PathBuf> {
             "egress-agent",
             "--bin",
             "egress-agent",
+            "--bin",
+            "egress-cni",
             "--message-format=json-render-diagnostics",
         ])
         .stderr(Stdio::inherit())
@@ -126,8 +129,38 @@ fn build_agent(profile: Profile) -> Result<PathBuf> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
-        .find_map(|l| json_str(l, "executable").map(PathBuf::from))
+        .filter_map(|l| json_str(l, "executable").map(PathBuf::from))
+        .find(|p| p.file_name().is_some_and(|n| n == "egress-agent"))
         .context("failed to find the agent binary in cargo's output")
+}
+
+/// Where the CNI plugin's bundle lives in the image: the plugin, its libraries and the
+/// loader, side by side (`egress-agent install-cni` copies it to the host, with a script
+/// that runs it with that loader: the host's C library plays no part).
+const CNI_BUNDLE: &str = "usr/local/lib/egress-cni";
+
+/// The plugin's bundle, from the plugin built next to `agent`.
+fn stage_cni_bundle(agent: &Path, rootfs: &Path) -> Result<()> {
+    let plugin = agent.with_file_name("egress-cni");
+    let dir = rootfs.join(CNI_BUNDLE);
+    fs::create_dir_all(&dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let out = dir.join("egress-cni");
+    sh(
+        "strip",
+        &[
+            "--strip-all",
+            "-o",
+            &out.to_string_lossy(),
+            &plugin.to_string_lossy(),
+        ],
+        &[],
+    )?;
+    for lib in libraries(&plugin)? {
+        let name = lib.file_name().context("a library without a name")?;
+        fs::copy(&lib, dir.join(name))
+            .with_context(|| format!("failed to copy {}", lib.display()))?;
+    }
+    Ok(())
 }
 
 /// `0.1.0` from `egress-agent 0.1.0`.

@@ -44,6 +44,9 @@ pub mod condition {
     pub const ROUTES_DEGRADED: &str = "RoutesDegraded";
     /// Some listed destinations cover the cluster's own addresses, which are carved out.
     pub const CLUSTER_EXCLUDED: &str = "ClusterExcluded";
+    /// AdminNetworkPolicies, BaselineAdminNetworkPolicies or EgressFirewalls exist that
+    /// may cover the pods this policy redirects: they do not hold for that traffic.
+    pub const ADMIN_POLICIES_NOT_APPLIED: &str = "AdminPoliciesNotApplied";
 }
 
 /// Condition reasons (stable: users and alerts match on them).
@@ -93,6 +96,8 @@ pub mod reason {
     pub const ROUTES_TRUNCATED: &str = "RoutesTruncated";
     // ClusterExcluded=True
     pub const DESTINATIONS_COVER_CLUSTER: &str = "DestinationsCoverCluster";
+    // AdminPoliciesNotApplied=True
+    pub const NOT_APPLIED_TO_REDIRECTED_TRAFFIC: &str = "NotAppliedToRedirectedTraffic";
     // Problems about other objects.
     pub const NO_UNDERLAY_ADDRESS: &str = "NoUnderlayAddress";
     pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";
@@ -240,6 +245,7 @@ pub fn compile_remembering(
     let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
     report_disputed(&mut plans, &pods);
+    report_unapplied(&mut plans, &pods, &view.unapplied);
     let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
@@ -279,6 +285,59 @@ fn report_disputed(plans: &mut [placement::PolicyPlan<'_>], pods: &pods::Pods<'_
                 plan.report.address_conflict(d.message());
             }
         }
+    }
+}
+
+/// Objects named in an `AdminPoliciesNotApplied` message; the rest are counted.
+const UNAPPLIED_NAMED: usize = 3;
+
+/// Every policy that selects pods an AdminNetworkPolicy or BaselineAdminNetworkPolicy
+/// (cluster-wide) or an EgressFirewall (of a selected pod's namespace) may cover says that
+/// they do not hold for the traffic it redirects.
+fn report_unapplied(
+    plans: &mut [placement::PolicyPlan<'_>],
+    pods: &pods::Pods<'_>,
+    unapplied: &[crate::source::admin::Unapplied],
+) {
+    if unapplied.is_empty() {
+        return;
+    }
+    let mut sorted: Vec<&crate::source::admin::Unapplied> = unapplied.iter().collect();
+    sorted.sort();
+    for plan in plans {
+        let Some((ns_sel, pod_sel)) = &plan.selectors else {
+            continue;
+        };
+        let namespaces: std::collections::BTreeSet<&str> = pods
+            .selected(ns_sel, pod_sel)
+            .iter()
+            .map(|p| p.namespace)
+            .collect();
+        if namespaces.is_empty() {
+            continue;
+        }
+        let applies: Vec<String> = sorted
+            .iter()
+            .filter(|u| {
+                u.namespace
+                    .as_deref()
+                    .is_none_or(|ns| namespaces.contains(ns))
+            })
+            .map(|u| u.to_string())
+            .collect();
+        if applies.is_empty() {
+            continue;
+        }
+        let mut named: Vec<String> = applies.iter().take(UNAPPLIED_NAMED).cloned().collect();
+        if applies.len() > UNAPPLIED_NAMED {
+            named.push(format!("and {} more", applies.len() - UNAPPLIED_NAMED));
+        }
+        plan.report.unapplied(format!(
+            "{} may cover pods this policy redirects: the datapath takes their traffic \
+             before the CNI applies these kinds, and does not apply them itself (egress \
+             NetworkPolicies it does apply; docs/networkpolicy.md)",
+            named.join(", ")
+        ));
     }
 }
 

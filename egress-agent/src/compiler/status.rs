@@ -36,9 +36,17 @@ pub(super) struct PolicyReport {
     /// Destinations of selected pods that another policy's longer prefix takes.
     overridden: Vec<String>,
     overridden_count: usize,
+    /// Policy kinds that may cover its pods and that redirected traffic escapes.
+    unapplied: Option<String>,
 }
 
 impl PolicyReport {
+    /// Policy kinds not applied to redirected traffic may cover its pods
+    /// (`AdminPoliciesNotApplied=True`).
+    pub(super) fn unapplied(&mut self, message: String) {
+        self.unapplied = Some(message);
+    }
+
     /// The spec is wrong (`Accepted=False`).
     pub(super) fn invalid(&mut self, reason: &'static str, message: String) {
         self.invalid.push((reason, message));
@@ -159,6 +167,14 @@ pub(super) fn statuses(
                 true,
                 reason,
                 joined(&report.cluster),
+            ));
+        }
+        if let Some(message) = &report.unapplied {
+            conditions.push(condition(
+                condition::ADMIN_POLICIES_NOT_APPLIED,
+                true,
+                reason::NOT_APPLIED_TO_REDIRECTED_TRAFFIC,
+                message.clone(),
             ));
         }
         // Every kind of conflict in one condition, its reason the first kind present.

@@ -201,6 +201,7 @@ fn base() -> ClusterView {
         cluster_cidrs: Vec::new(),
         ovn_egress_ips: Vec::new(),
         network_policies: Vec::new(),
+        unapplied: Vec::new(),
     }
 }
 

@@ -31,7 +31,7 @@ use k8s_openapi::api::{
 use serde::de::DeserializeOwned;
 use tokio::sync::watch as tokio_watch;
 
-use super::{ClusterView, PodSummary, ovn};
+use super::{ClusterView, PodSummary, admin, ovn};
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode};
 
 /// One document that could not be used, and why.
@@ -556,6 +556,7 @@ enum Slot {
     EgressNode(usize),
     OvnEgressIp(usize),
     NetworkPolicy(usize),
+    Unapplied(usize),
 }
 
 /// Where each object of a view came from: file → object → (document, slot).
@@ -604,6 +605,7 @@ impl LastGood {
             Slot::NetworkPolicy(i) => {
                 Added::NetworkPolicy(Box::new(view.network_policies.get(i)?.clone()))
             }
+            Slot::Unapplied(i) => Added::Unapplied(view.unapplied.get(i)?.clone()),
         })
     }
 }
@@ -746,6 +748,7 @@ impl Loader {
             Added::EgressNode(n) => Slot::EgressNode(push(&mut view.egress_nodes, *n)),
             Added::OvnEgressIp(e) => Slot::OvnEgressIp(push(&mut view.ovn_egress_ips, *e)),
             Added::NetworkPolicy(n) => Slot::NetworkPolicy(push(&mut view.network_policies, *n)),
+            Added::Unapplied(u) => Slot::Unapplied(push(&mut view.unapplied, u)),
         };
         self.seen.insert(key.clone(), (file.to_owned(), doc));
         self.origins
@@ -1031,12 +1034,30 @@ fn decode(
             typed::<NetworkPolicy>(value, check_network_policy)
                 .map(|n| Added::NetworkPolicy(Box::new(n)))
         }
+        (admin::ANP_API_VERSION, "AdminNetworkPolicy") => {
+            typed::<admin::AdminNetworkPolicy>(value, |_| Vec::new())
+                .map(|o| Added::Unapplied(admin::Unapplied::of("AdminNetworkPolicy", &o.metadata)))
+        }
+        (admin::ANP_API_VERSION, "BaselineAdminNetworkPolicy") => {
+            typed::<admin::BaselineAdminNetworkPolicy>(value, |_| Vec::new()).map(|o| {
+                Added::Unapplied(admin::Unapplied::of(
+                    "BaselineAdminNetworkPolicy",
+                    &o.metadata,
+                ))
+            })
+        }
+        (admin::OVN_API_VERSION, "EgressFirewall") => {
+            typed::<admin::EgressFirewall>(value, |_| Vec::new())
+                .map(|o| Added::Unapplied(admin::Unapplied::of("EgressFirewall", &o.metadata)))
+        }
         _ => Err(vec![field_error(
             "kind",
             format!(
                 "unsupported apiVersion/kind {api_version}/{kind} (expected v1 Pod, Node or \
                  Namespace, {API_VERSION} EgressGatewayPolicy or EgressNode, \
-                 networking.k8s.io/v1 NetworkPolicy, or {} {})",
+                 networking.k8s.io/v1 NetworkPolicy, {} AdminNetworkPolicy or \
+                 BaselineAdminNetworkPolicy, or {} {} or EgressFirewall)",
+                admin::ANP_API_VERSION,
                 ovn::API_VERSION,
                 ovn::KIND
             ),
@@ -1072,6 +1093,7 @@ enum Added {
     EgressNode(Box<EgressNode>),
     OvnEgressIp(Box<ovn::EgressIP>),
     NetworkPolicy(Box<NetworkPolicy>),
+    Unapplied(admin::Unapplied),
 }
 
 /// Deserialize `value` as `T`, naming the field on failure, then run `check` on it.

@@ -268,3 +268,54 @@ fn filter_ids_follow_their_ports_not_the_order_of_policies() {
     assert!(id_of(&one, "tcp/443").is_some());
     assert_eq!(id_of(&one, "tcp/443"), id_of(&two, "tcp/443"));
 }
+
+#[test]
+fn admin_policies_and_egress_firewalls_are_said_not_to_hold_for_redirected_traffic() {
+    use crate::source::admin::Unapplied;
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    let c = compile(&view, "worker-1");
+    let types: Vec<&str> = c.statuses["payments"]
+        .conditions
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert!(!types.contains(&condition::ADMIN_POLICIES_NOT_APPLIED));
+    // An EgressFirewall of another namespace does not cover the policy's pods.
+    view.unapplied = vec![Unapplied {
+        kind: "EgressFirewall",
+        namespace: Some("other".into()),
+        name: "default".into(),
+    }];
+    let c = compile(&view, "worker-1");
+    assert!(
+        !c.statuses["payments"]
+            .conditions
+            .iter()
+            .any(|c| c.type_ == condition::ADMIN_POLICIES_NOT_APPLIED)
+    );
+    view.unapplied.push(Unapplied {
+        kind: "EgressFirewall",
+        namespace: Some("shop".into()),
+        name: "default".into(),
+    });
+    view.unapplied.push(Unapplied {
+        kind: "AdminNetworkPolicy",
+        namespace: None,
+        name: "cluster-egress".into(),
+    });
+    let c = compile(&view, "worker-1");
+    let cond = status(&c, "payments", condition::ADMIN_POLICIES_NOT_APPLIED);
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_str()),
+        ("True", reason::NOT_APPLIED_TO_REDIRECTED_TRAFFIC)
+    );
+    assert!(
+        cond.message.starts_with(
+            "AdminNetworkPolicy cluster-egress, EgressFirewall shop/default may cover"
+        ),
+        "{}",
+        cond.message
+    );
+    // The rules are served all the same.
+    assert_eq!(status(&c, "payments", condition::READY).status, "True");
+}

@@ -53,7 +53,7 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView, PodSummary, ovn,
+    ClusterView, PodSummary, admin, ovn,
     yaml::{DocumentError, LoadError, Snapshot},
 };
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus};
@@ -358,6 +358,10 @@ struct Stores {
     network_policies: Store<Decoded<NetworkPolicy>>,
     /// OVN-Kubernetes `EgressIP`s, when the cluster has that CRD.
     ovn_egress_ips: Option<Store<Decoded<ovn::EgressIP>>>,
+    /// The policy kinds not applied to redirected traffic, when the cluster has them.
+    anps: Option<Store<Decoded<admin::AdminNetworkPolicy>>>,
+    banps: Option<Store<Decoded<admin::BaselineAdminNetworkPolicy>>>,
+    egress_firewalls: Option<Store<Decoded<admin::EgressFirewall>>>,
     /// Set on every view (from the agent's flags, not the API).
     cluster_cidrs: Vec<ipnet::IpNet>,
 }
@@ -386,6 +390,15 @@ impl Stores {
         if let Some(store) = &self.ovn_egress_ips {
             ready(store).await?;
         }
+        if let Some(store) = &self.anps {
+            ready(store).await?;
+        }
+        if let Some(store) = &self.banps {
+            ready(store).await?;
+        }
+        if let Some(store) = &self.egress_firewalls {
+            ready(store).await?;
+        }
         Ok(())
     }
 
@@ -404,7 +417,25 @@ impl Stores {
                 .as_ref()
                 .map(|s| collect(s, &mut errors, Clone::clone))
                 .unwrap_or_default(),
+            unapplied: Vec::new(),
         };
+        let mut view = view;
+        let of = |kind: &'static str| move |m: &ObjectMeta| admin::Unapplied::of(kind, m);
+        if let Some(s) = &self.anps {
+            let meta = of("AdminNetworkPolicy");
+            view.unapplied
+                .extend(collect(s, &mut errors, |o| meta(&o.metadata)));
+        }
+        if let Some(s) = &self.banps {
+            let meta = of("BaselineAdminNetworkPolicy");
+            view.unapplied
+                .extend(collect(s, &mut errors, |o| meta(&o.metadata)));
+        }
+        if let Some(s) = &self.egress_firewalls {
+            let meta = of("EgressFirewall");
+            view.unapplied
+                .extend(collect(s, &mut errors, |o| meta(&o.metadata)));
+        }
         Snapshot { view, errors }
     }
 }
@@ -419,6 +450,9 @@ fn static_kind(kind: &str) -> &'static str {
         "EgressNode" => "EgressNode",
         "EgressIP" => "EgressIP",
         "NetworkPolicy" => "NetworkPolicy",
+        "AdminNetworkPolicy" => "AdminNetworkPolicy",
+        "BaselineAdminNetworkPolicy" => "BaselineAdminNetworkPolicy",
+        "EgressFirewall" => "EgressFirewall",
         _ => "object",
     }
 }
@@ -472,13 +506,39 @@ fn decode_error<K: Resource<DynamicType = ()>>(
 /// Whether the API server serves OVN-Kubernetes' `EgressIP` (`k8s.ovn.org/v1`): watched
 /// only then (a watch of a missing kind would keep the first list from completing).
 async fn serves_ovn_egress_ips(client: &Client) -> bool {
-    match client.list_api_group_resources(ovn::API_VERSION).await {
-        Ok(list) => list.resources.iter().any(|r| r.kind == ovn::KIND),
+    serves(client, ovn::API_VERSION, ovn::KIND).await
+}
+
+/// Whether the API server serves `kind` of `api_version`.
+async fn serves(client: &Client, api_version: &str, kind: &str) -> bool {
+    match client.list_api_group_resources(api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.kind == kind),
         Err(e) => {
-            debug!("no {} resources: {e}", ovn::API_VERSION);
+            debug!("no {api_version} resources: {e}");
             false
         }
     }
+}
+
+/// Start the watcher of `K` (of `api_version`) if the API server serves it.
+async fn start_if_served<K>(
+    client: &Client,
+    api_version: &str,
+    changed: &Arc<Notify>,
+    tasks: &mut Tasks,
+) -> Option<Store<Decoded<K>>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + Sync + 'static,
+{
+    let kind = K::kind(&());
+    if !serves(client, api_version, &kind).await {
+        return None;
+    }
+    info!(
+        "{kind}s found ({api_version}): they are not applied to redirected traffic, which \
+           the policies that may redirect their pods say"
+    );
+    Some(start(client, changed, tasks))
 }
 
 /// Watch the cluster: returns once every kind has been listed, with a receiver that holds
@@ -509,6 +569,10 @@ pub async fn watch(
         } else {
             None
         },
+        anps: start_if_served(&client, admin::ANP_API_VERSION, &changed, &mut tasks).await,
+        banps: start_if_served(&client, admin::ANP_API_VERSION, &changed, &mut tasks).await,
+        egress_firewalls: start_if_served(&client, admin::OVN_API_VERSION, &changed, &mut tasks)
+            .await,
         cluster_cidrs,
     };
     stores.wait_until_ready().await?;
