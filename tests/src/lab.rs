@@ -976,7 +976,14 @@ impl Lab {
                     {"name": pod.veth},
                     {"name": "eth0", "sandbox": netns_path.clone()},
                 ],
-                "ips": [{"address": format!("{}/32", pod.ip), "interface": 1}],
+                "ips": pod
+                    .addresses(self.spec.family)
+                    .iter()
+                    .map(|a| {
+                        let len = if a.is_ipv4() { 32 } else { 128 };
+                        serde_json::json!({"address": format!("{a}/{len}"), "interface": 1})
+                    })
+                    .collect::<Vec<_>>(),
             },
         });
         let mut child = self

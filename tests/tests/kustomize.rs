@@ -127,7 +127,10 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
                 .expect("hostPath volumes only")
         })
         .collect();
-    assert_eq!(volumes, ["/sys/fs/bpf", "/run/egress-agent", "/opt/cni/bin"]);
+    assert_eq!(
+        volumes,
+        ["/sys/fs/bpf", "/run/egress-agent", "/opt/cni/bin"]
+    );
 
     // Metrics on the node's address (status.hostIP): what the Service and probes reach.
     let agent = &pod["containers"][0];
