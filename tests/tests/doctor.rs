@@ -209,14 +209,19 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
     });
     let gw = refused_in(&lab).unwrap();
     assert_eq!(holder(&lab, EGRESS_IP_A), None, "no gateway took A");
-    let node_doc =
-        std::fs::read_to_string(lab.state_dir().join(format!("egressnode-{gw}.yaml"))).unwrap();
-    assert!(
-        node_doc.contains(&format!("check: duplicate-address {EGRESS_IP_A}"))
-            && node_doc.contains(&host_a_mac)
-            && node_doc.contains("check: bpffs"),
-        "{node_doc}"
-    );
+    // The EgressNode is published after the pass that logged the refusal: wait for it
+    // (CI once read the file in between).
+    let doc_path = lab.state_dir().join(format!("egressnode-{gw}.yaml"));
+    let says_so = |doc: &str| {
+        doc.contains(&format!("check: duplicate-address {EGRESS_IP_A}"))
+            && doc.contains(&host_a_mac)
+            && doc.contains("check: bpffs")
+    };
+    let _ = wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&doc_path).is_ok_and(|d| says_so(&d))
+    });
+    let node_doc = std::fs::read_to_string(&doc_path).unwrap();
+    assert!(says_so(&node_doc), "{node_doc}");
     let log = lab.agent_log(gw);
     assert!(log.contains("preflight ok"), "{log}");
 
