@@ -85,6 +85,8 @@ pub trait Family: Copy + Default + Debug + Eq + Ord + Hash + 'static {
     /// Mark a pod whose policy entries were left out (they did not fit): no entries, no
     /// lengths, `selected_flags::INCOMPLETE`.
     fn set_incomplete(v: &mut <Self::Selected as Map>::Value);
+    /// Whether a pod is marked incomplete ([`Family::set_incomplete`]).
+    fn incomplete(v: &<Self::Selected as Map>::Value) -> bool;
     /// The `DESTS_*` entries for the policy entries `keys` (of every pod).
     fn dests<'a>(
         keys: impl Iterator<Item = &'a <Self::Policy as Map>::Key>,
@@ -193,6 +195,9 @@ macro_rules! family {
             }
             fn add_length(v: &mut $SelectedValue, len: u32) {
                 v.add_length(len);
+            }
+            fn incomplete(v: &$SelectedValue) -> bool {
+                v.flags & egress_common::policy::selected_flags::INCOMPLETE != 0
             }
             fn set_incomplete(v: &mut $SelectedValue) {
                 *v = $SelectedValue {

@@ -2780,6 +2780,20 @@ fn both_families_maps_are_applied_read_back_by_the_next_agent_and_dumped() {
         "the IPv6 policy row in:\n{text}"
     );
     drop(second);
+
+    // The policy maps shrink to nothing: both pods keep no entries and are marked
+    // incomplete (the mark goes in before their entries go), and the next agent reads
+    // back exactly that.
+    let mut shrunk = want.clone();
+    assert_eq!(shrunk.fit_policy(0).len(), 2, "a problem per family");
+    let mut third = Datapath::open(&dir).expect("opens again");
+    let stats = third.apply(&shrunk).expect("applies");
+    assert!(stats.problems().is_empty(), "{:?}", stats.problems());
+    drop(third);
+    let fourth = Datapath::open(&dir).expect("opens again");
+    assert_eq!(fourth.held(), &shrunk, "incomplete pods, no policy entries");
+    assert!(fourth.held().v4.policy.is_empty() && fourth.held().v6.policy.is_empty());
+    drop(fourth);
 }
 
 /// An upgrade from an agent of an earlier conntrack layout: entries without a next-hop

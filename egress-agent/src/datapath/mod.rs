@@ -529,6 +529,19 @@ impl Datapath {
             }
             FamilyMap::Covered => self.sync::<Lpm<F::Covered>>(&mut h.covered, &w.covered, pass),
             FamilyMap::Selected => {
+                if pass.phase == Phase::Remove {
+                    // A pod that becomes incomplete is marked before its policy entries
+                    // go (later in this phase, `order.rs`): never selected, unmarked and
+                    // without its entries, when its packets would pass untranslated.
+                    let marked = newly_incomplete::<F>(&h.selected, &w.selected);
+                    if !marked.is_empty() {
+                        let mut early = Pass {
+                            phase: Phase::Upsert,
+                            stats: &mut *pass.stats,
+                        };
+                        self.sync::<Hash<F::Selected>>(&mut h.selected, &marked, &mut early)?;
+                    }
+                }
                 self.sync::<Hash<F::Selected>>(&mut h.selected, &w.selected, pass)
             }
             FamilyMap::Policy => self.sync::<Hash<F::Policy>>(&mut h.policy, &w.policy, pass),
@@ -670,6 +683,18 @@ fn is_full(e: &MapError) -> bool {
     matches!(e, MapError::SyscallError(s) if matches!(s.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC)))
 }
 
+/// The `SELECTED_*` entries that `want` marks incomplete and `held` holds unmarked: written
+/// in the remove phase, before the pods' policy entries are removed.
+fn newly_incomplete<F: Family>(
+    held: &BTreeMap<F::Octets, <F::Selected as Map>::Value>,
+    want: &BTreeMap<F::Octets, <F::Selected as Map>::Value>,
+) -> BTreeMap<F::Octets, <F::Selected as Map>::Value> {
+    want.iter()
+        .filter(|(k, v)| F::incomplete(v) && held.get(*k).is_some_and(|o| !F::incomplete(o)))
+        .map(|(k, v)| (*k, *v))
+        .collect()
+}
+
 /// One phase of a map diff: `held` tracks what the map holds after each write;
 /// `write(k, Some(v))` inserts, `write(k, None)` removes.
 fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
@@ -714,5 +739,37 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_common::policy::{SelectedValue, selected_flags};
+
+    use super::*;
+    use crate::family::V4;
+
+    #[test]
+    fn only_pods_turning_incomplete_are_marked_early() {
+        let v = |lengths: u64, flags: u32| SelectedValue {
+            lengths,
+            entries: u32::from(flags == 0),
+            flags,
+        };
+        let (stays, turns, was, new) = ([10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 3], [10, 0, 0, 4]);
+        let held = BTreeMap::from([
+            (stays, v(1 << 24, 0)),
+            (turns, v(1 << 24, 0)),
+            (was, v(0, selected_flags::INCOMPLETE)),
+        ]);
+        let want = BTreeMap::from([
+            (stays, v(1 << 25, 0)),
+            (turns, v(0, selected_flags::INCOMPLETE)),
+            (was, v(0, selected_flags::INCOMPLETE)),
+            (new, v(0, selected_flags::INCOMPLETE)),
+        ]);
+        // A new incomplete pod was never selected unmarked: the upsert phase adds it.
+        let early = newly_incomplete::<V4>(&held, &want);
+        assert_eq!(early.keys().copied().collect::<Vec<_>>(), [turns]);
     }
 }

@@ -61,7 +61,9 @@ const FAMILIES: [fn(FamilyMap) -> Step; 2] = [Step::V4, Step::V6];
 ///   that `POD_OWNER_*` gives to the outer sender as proof that the sender is in
 ///   `NODES`, so every pod owner names a node of `NODES` at every moment;
 /// * source side: the selected set after the policy entries on insertion, first on
-///   removal; the destination chains after the entries they lead to (a chain naming a
+///   removal (and a pod that turns incomplete, whose entries did not fit, has its mark
+///   written at that step of the remove phase, before its entries go: `Datapath`'s
+///   `newly_incomplete`); the destination chains after the entries they lead to (a chain naming a
 ///   length whose entry is not in yet, or gone already, only costs a probe that
 ///   misses); known pods (`--unknown-pods drop`) only after their selected entry is
 ///   in, so that a new selected pod never passes untranslated in between;
