@@ -35,7 +35,7 @@ use egress_common::{
 
 use super::{
     cases::{Input, Prog},
-    mutate::transport_offset,
+    mutate::{transport, transport_offset},
     node::{self, Dev, NODE, Plan},
 };
 use crate::testrun::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT};
@@ -290,29 +290,11 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
     }
 }
 
-/// The upper-layer protocol of an IP frame (past IPv6 extension headers, walked as
-/// [`transport_offset`] walks them).
-fn upper_protocol(f: &[u8], v4: bool) -> Option<u8> {
-    const ETH: usize = 14;
-    if v4 {
-        return f.get(ETH + 9).copied();
-    }
-    let mut next = *f.get(ETH + 6)?;
-    let mut off = ETH + 40;
-    while matches!(next, 0 | 43 | 44 | 60) {
-        next = *f.get(off)?;
-        off += (usize::from(*f.get(off + 1)?) + 1) * 8;
-    }
-    Some(next)
-}
-
 /// A redirected packet under a port-filtered entry ([`node::PORT_FILTER`]): its protocol
 /// and destination port are among the filter's ranges (no packet past its pod's egress
 /// NetworkPolicy leaves the node).
 fn allowed_by_filter(f: &[u8]) -> Check {
-    let v4 = family(f).ok_or("redirected a frame that is not IP")?;
-    let proto = upper_protocol(f, v4).ok_or("no protocol")?;
-    let off = transport_offset(f).ok_or("no transport header")?;
+    let (proto, off) = transport(f).ok_or("redirected a frame without a transport header")?;
     let dport = f
         .get(off + 2..off + 4)
         .map(|b| u16::from_be_bytes([b[0], b[1]]))

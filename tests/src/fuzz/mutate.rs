@@ -109,17 +109,30 @@ fn ipv6_field(rng: &mut Rng, f: &mut [u8]) {
 pub fn transport_offset(f: &[u8]) -> Option<usize> {
     match f.get(12..14)? {
         [0x08, 0x00] => Some(ETH + usize::from(f.get(ETH)? & 0x0f) * 4),
-        [0x86, 0xdd] => {
-            let mut next = *f.get(ETH + 6)?;
-            let mut off = ETH + 40;
-            while matches!(next, 0 | 43 | 44 | 60) {
-                next = *f.get(off)?;
-                off += (usize::from(*f.get(off + 1)?) + 1) * 8;
-            }
-            Some(off)
-        }
+        [0x86, 0xdd] => ipv6_upper(f).map(|(_, off)| off),
         _ => None,
     }
+}
+
+/// The upper-layer protocol of an IP frame and the offset of its header (past IPv6
+/// extension headers, as [`transport_offset`] walks them).
+pub fn transport(f: &[u8]) -> Option<(u8, usize)> {
+    match f.get(12..14)? {
+        [0x08, 0x00] => Some((*f.get(ETH + 9)?, transport_offset(f)?)),
+        [0x86, 0xdd] => ipv6_upper(f),
+        _ => None,
+    }
+}
+
+/// An IPv6 frame's upper-layer protocol and its offset, past extension headers.
+fn ipv6_upper(f: &[u8]) -> Option<(u8, usize)> {
+    let mut next = *f.get(ETH + 6)?;
+    let mut off = ETH + 40;
+    while matches!(next, 0 | 43 | 44 | 60) {
+        next = *f.get(off)?;
+        off += (usize::from(*f.get(off + 1)?) + 1) * 8;
+    }
+    Some((next, off))
 }
 
 /// The TCP data offset, a port, or an ICMP type.
