@@ -571,30 +571,15 @@ fn refine<F: Part>(
 }
 
 /// Put the refined entries back into family `F`'s part, with their filters' ids, and
-/// count each pod's entries again.
+/// count each pod's entries again (a restricted pod's entries are all among them:
+/// [`refine`] took every one out).
 fn write<F: Part>(desired: &mut Desired, refined: Vec<Refined<F>>, ids: &BTreeMap<PortSet, u16>) {
     let part = F::of_mut(desired);
-    let mut pods = BTreeSet::new();
+    let mut counts: BTreeMap<F::Addr, u32> = BTreeMap::new();
     for (pod, net, mut entry, set) in refined {
         entry.filter = set.and_then(|s| ids.get(&s).copied()).unwrap_or(0);
         part.policy.insert((pod, net), entry);
-        pods.insert(pod);
+        *counts.entry(pod).or_default() += 1;
     }
-    for pod in pods {
-        let n = part
-            .policy
-            .range((pod, min_net::<F>())..)
-            .take_while(|((p, _), _)| *p == pod);
-        part.selected.insert(pod, n.count() as u32);
-    }
-}
-
-/// The smallest network of family `F` (for a range over one pod's entries).
-fn min_net<F: Part>() -> F::Net {
-    let any: IpNet = if F::NAME == "IPv4" {
-        "0.0.0.0/0".parse().expect("a CIDR")
-    } else {
-        "::/0".parse().expect("a CIDR")
-    };
-    F::net(any).expect("of the family")
+    part.selected.extend(counts);
 }
