@@ -220,6 +220,19 @@ struct RunArgs {
     #[arg(long, env = "EGRESS_TC_PRIORITY", default_value_t = datapath::tc::DEFAULT_PRIORITY,
           value_parser = clap::value_parser!(u16).range(1..=0xffdf))]
     tc_priority: u16,
+    /// How the host side of each local pod's interface is found: `routes`, the device
+    /// the main table's host route (/32, /128) to the pod leaves by (Calico); `veth`,
+    /// the veth whose peer's namespace holds the pod's address, read over rtnetlink
+    /// (OVN-Kubernetes, Flannel, the bridge plugin: pods without host routes); `ovs`,
+    /// Open vSwitch's interface whose external_ids:iface-id is <namespace>_<pod>, as
+    /// OVN-Kubernetes sets it (--ovsdb); `auto`, routes where they find the pod, else the
+    /// veth, else OVS when its socket exists.
+    #[arg(long, env = "EGRESS_POD_DEVICES", value_enum,
+          default_value_t = agent::attachments::PodDevices::Auto)]
+    pod_devices: agent::attachments::PodDevices,
+    /// OVSDB's unix socket, read for `--pod-devices ovs` (and `auto`, when it exists).
+    #[arg(long, env = "EGRESS_OVSDB", default_value = egress_agent::iface::ovsdb::DEFAULT_SOCKET)]
+    ovsdb: std::path::PathBuf,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -272,6 +285,8 @@ impl RunArgs {
             dad: !self.no_dad,
             attach: self.attach,
             tc_priority: self.tc_priority,
+            pod_devices: self.pod_devices,
+            ovsdb: self.ovsdb,
         })
     }
 }

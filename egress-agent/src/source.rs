@@ -14,6 +14,7 @@ use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
 pub mod admin;
 pub mod kube;
+pub mod openshift;
 pub mod ovn;
 pub mod yaml;
 
@@ -65,7 +66,8 @@ pub struct ClusterView {
     pub nodes: Vec<Node>,
     pub egress_nodes: Vec<EgressNode>,
     /// The cluster's own prefixes that no route may steer to a gateway (pod and service
-    /// CIDRs, from `--cluster-cidr`); Nodes' `spec.podCIDRs`, pod and node addresses are
+    /// CIDRs, from `--cluster-cidr`, and OpenShift's cluster `Network` object where the
+    /// API serves it); Nodes' `spec.podCIDRs`, pod and node addresses are
     /// added by the compiler.
     pub cluster_cidrs: Vec<ipnet::IpNet>,
     /// OVN-Kubernetes `EgressIP` objects (`k8s.ovn.org/v1`), where that CRD exists: their

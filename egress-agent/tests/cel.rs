@@ -1,4 +1,4 @@
-//! The CRDs' CEL rules (`x-kubernetes-validations` in `deploy/crds.yaml`), evaluated by a
+//! The CRDs' CEL rules (`x-kubernetes-validations` in `deploy/base/crds.yaml`), evaluated by a
 //! CEL interpreter on a table of good and bad objects: what a user's API server rejects is
 //! known, not assumed.
 //!
@@ -32,7 +32,7 @@ use egress_agent::{
 };
 use serde_json::Value as Json;
 
-const CRDS: &str = include_str!("../../deploy/crds.yaml");
+const CRDS: &str = include_str!("../../deploy/base/crds.yaml");
 
 // ---------------------------------------------------------------------------------------
 // The cases

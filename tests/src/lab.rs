@@ -17,10 +17,13 @@
 //!
 //! * Every node, pod, host and network is a namespace named `<prefix>-<member>`; links live
 //!   only inside those namespaces, so the host's own namespace is never touched.
-//! * Pods are routed the way Calico does it: `10.244.<node octet>.<n>/32` on `eth0`, default
+//! * [`LabSpec::cni`] says how pods and the underlay are wired ([`Cni`]): by default
+//!   ([`Cni::Routed`]) pods are routed the way Calico does it: `10.244.<node octet>.<n>/32` on `eth0`, default
 //!   route via 169.254.1.1, proxy ARP on the node's `cali-<pod>` veth, a /32 route per pod on
 //!   the node, and every other node and the router reach `10.244.<octet>.0/24` via that
-//!   node's underlay address.
+//!   node's underlay address. [`Cni::Bridge`] puts pods on a bridge `cni0` without host
+//!   routes and the node's address on a bridge over its NIC; [`Cni::Ovs`] wires nodes as
+//!   OVN-Kubernetes does (`br-int`, `br-ex`, `ovn-k8s-mp0`, VLAN secondary networks).
 //! * Networks A and B are reached only by the gateways (`sec-a`, `sec-b`); their hosts know
 //!   only their own subnet. Network C hangs off the router, the nodes' default gateway, and is
 //!   reachable from everywhere without us.
@@ -173,6 +176,8 @@ pub const PAYMENTS: &str = "payments";
 pub const GATEWAY_LABEL: &str = "egress.dev/gateway";
 /// Node annotation (`"true"`) of a drained node: no longer eligible to hold egress IPs.
 pub const DRAIN_ANNOTATION: &str = "egress.dev/drain";
+/// Where OVN-Kubernetes keeps a Node's subnets ([`Cni::Ovs`]).
+pub const OVN_NODE_SUBNETS: &str = "k8s.ovn.org/node-subnets";
 /// nftables table (bridge family, in the underlay namespace) of [`Lab::partition_underlay`].
 const PARTITION_TABLE: &str = "lab_partition";
 
@@ -201,16 +206,26 @@ impl Node {
         Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, hex_like(self.ip.octets()[3]))
     }
 
-    /// `ip` commands that configure the node's underlay link `eth0` once it exists:
-    /// addresses, up, default route, other nodes' pod ranges. Idempotent (`replace`), so
-    /// they also restore what the kernel drops when the link goes down (its static routes,
-    /// its IPv6 addresses).
-    fn underlay_config(&self, v6: bool) -> Vec<String> {
-        let mut cmds = vec![
-            format!("addr replace {}/24 dev eth0", self.ip),
-            "link set eth0 up".to_owned(),
+    /// `ip` commands that configure the node's underlay once its NIC `eth0` exists (and,
+    /// for [`Cni::Bridge`] and [`Cni::Ovs`], the bridge that holds the address): addresses,
+    /// up, default route, other nodes' pod ranges. Idempotent (`replace`), so they also
+    /// restore what the kernel drops when the link goes down (its static routes, its IPv6
+    /// addresses).
+    fn underlay_config(&self, v6: bool, cni: Cni) -> Vec<String> {
+        let dev = cni.underlay_device();
+        let mut cmds = match cni {
+            Cni::Routed => vec![],
+            Cni::Bridge => vec!["link set eth0 master br-ul".to_owned()],
+            Cni::Ovs => vec![],
+        };
+        cmds.push("link set eth0 up".to_owned());
+        if cni != Cni::Routed {
+            cmds.push(format!("link set {dev} up"));
+        }
+        cmds.extend([
+            format!("addr replace {}/24 dev {dev}", self.ip),
             format!("route replace default via {}", addr::ROUTER),
-        ];
+        ]);
         for other in NODES.iter().filter(|o| o.name != self.name) {
             cmds.push(format!(
                 "route replace {} via {}",
@@ -219,7 +234,7 @@ impl Node {
             ));
         }
         if v6 {
-            cmds.push(format!("addr replace {}/64 dev eth0 nodad", self.ip6()));
+            cmds.push(format!("addr replace {}/64 dev {dev} nodad", self.ip6()));
             cmds.push(format!("route replace ::/0 via {}", addr6::ROUTER));
             for other in NODES.iter().filter(|o| o.name != self.name) {
                 cmds.push(format!(
@@ -230,6 +245,16 @@ impl Node {
             }
         }
         cmds
+    }
+
+    /// The pod subnet's gateway: `10.244.<octet>.1` ([`Cni::Bridge`], [`Cni::Ovs`]).
+    pub fn pod_gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 244, self.ip.octets()[3], 1)
+    }
+
+    /// The IPv6 pod subnet's gateway: `fd00:244:<octet>::1`.
+    pub fn pod_gateway_v6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x244, hex_like(self.ip.octets()[3]), 0, 0, 0, 0, 1)
     }
 }
 
@@ -482,6 +507,8 @@ pub struct LabSpec {
     pub family: Family,
     /// Family of the underlay, the tunnel between nodes (IPv4 by default).
     pub underlay: Underlay,
+    /// How pods and the underlay are wired ([`Cni::Routed`] by default).
+    pub cni: Cni,
 }
 
 /// Family of the lab's underlay.
@@ -499,6 +526,72 @@ impl fmt::Display for Underlay {
             Self::V6 => "IPv6",
         })
     }
+}
+
+/// How the lab wires pods and the nodes' underlay (`cargo xtask lab --cni`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Cni {
+    /// Like Calico: a /32 (/128) host route per pod on its `cali-<pod>` veth, proxy ARP,
+    /// the underlay address on the node's NIC `eth0`.
+    #[default]
+    Routed,
+    /// Like Flannel or the bridge plugin: pods' `veth-<pod>` enslaved to the node's
+    /// bridge `cni0`, which holds the pod subnet's gateway (`10.244.<octet>.1/24`), no
+    /// per-pod routes; the underlay address on a bridge `br-ul` over the NIC.
+    Bridge,
+    /// Like OVN-Kubernetes (Open vSwitch, inside the VM guest): pods' veths are ports of
+    /// `br-int` with `external_ids:iface-id=<namespace>_<pod>`, the pod subnet's gateway
+    /// on the management port `ovn-k8s-mp0`, the node's address on `br-ex` (the NIC its
+    /// port), the secondary networks as 802.1Q VLANs off the NIC (`sec-a` VLAN 101,
+    /// `sec-b` VLAN 102). One `ovsdb-server` and `ovs-vswitchd` per node namespace.
+    Ovs,
+}
+
+impl Cni {
+    /// The device that holds the node's underlay address.
+    pub fn underlay_device(self) -> &'static str {
+        match self {
+            Self::Routed => "eth0",
+            Self::Bridge => "br-ul",
+            Self::Ovs => "br-ex",
+        }
+    }
+
+    /// The host side of a pod's veth.
+    fn veth(self, pod: &str) -> String {
+        match self {
+            Self::Routed => format!("cali-{pod}"),
+            Self::Bridge | Self::Ovs => format!("veth-{pod}"),
+        }
+    }
+}
+
+impl fmt::Display for Cni {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Routed => "routed",
+            Self::Bridge => "bridge",
+            Self::Ovs => "ovs",
+        })
+    }
+}
+
+impl FromStr for Cni {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "routed" => Ok(Self::Routed),
+            "bridge" => Ok(Self::Bridge),
+            "ovs" => Ok(Self::Ovs),
+            other => bail!("--cni {other:?}: expected routed, bridge or ovs"),
+        }
+    }
+}
+
+/// VLAN ids of the secondary networks A and B under [`Cni::Ovs`].
+pub fn secondary_vlan(id: char) -> u16 {
+    100 + u16::from(id as u8 - b'a' + 1)
 }
 
 impl LabSpec {
@@ -526,6 +619,7 @@ impl LabSpec {
             agent_log: "info".to_owned(),
             family: Family::V4,
             underlay: Underlay::V4,
+            cni: Cni::Routed,
         }
     }
 
@@ -760,7 +854,7 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(self.state_dir())
             .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
-        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family)?;
+        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
         let v6 = self.spec.family.has_v6();
 
         // Namespaces first, with rp_filter off before any interface exists (new namespaces
@@ -810,13 +904,32 @@ impl Lab {
         // Underlay: every node and the router.
         let ul = self.ns_name("ul");
         let mut ul_ports = Vec::new();
+        let cni = self.spec.cni;
         for node in &NODES {
             let mut cmds = vec![format!(
                 "link add eth0 type veth peer name {} netns {ul}",
                 node.name
             )];
-            cmds.extend(node.underlay_config(v6));
+            if cni == Cni::Bridge {
+                cmds.extend([
+                    "link add br-ul type bridge".to_owned(),
+                    "link add cni0 type bridge".to_owned(),
+                    format!("addr add {}/24 dev cni0", node.pod_gateway()),
+                    "link set cni0 up".to_owned(),
+                ]);
+                if v6 {
+                    cmds.push(format!(
+                        "addr add {}/64 dev cni0 nodad",
+                        node.pod_gateway_v6()
+                    ));
+                }
+            }
             self.ns(node.name)?.ip_batch(&cmds)?;
+            if cni == Cni::Ovs {
+                self.start_ovs(node)?;
+            }
+            self.ns(node.name)?
+                .ip_batch(&node.underlay_config(v6, cni))?;
             ul_ports.push(node.name.to_owned());
         }
         let mut rtr = vec![
@@ -878,13 +991,33 @@ impl Lab {
         }
 
         // Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
+        // Under Cni::Ovs they are 802.1Q VLANs off the gateways' NIC, carried by the
+        // underlay switch to a trunk port of each network's bridge.
+        if cni == Cni::Ovs {
+            for id in ['a', 'b'] {
+                let vid = secondary_vlan(id);
+                self.ns(&format!("net-{id}"))?.ip_batch(&[
+                    format!("link add trunk type veth peer name trunk-{id} netns {ul}"),
+                    "link set trunk up".to_owned(),
+                    format!("link add link trunk name trunk.{vid} type vlan id {vid}"),
+                    format!("link set trunk.{vid} master br0 up"),
+                ])?;
+                self.ns("ul")?
+                    .ip_batch(&[format!("link set trunk-{id} master br0 up")])?;
+            }
+        }
         for gw in ["gw1", "gw2"] {
             let mut cmds = Vec::new();
             for id in ['a', 'b'] {
                 let (ip, ip6) = secondary_addrs(gw, id)?;
                 let bridge_ns = self.ns_name(&format!("net-{id}"));
+                cmds.push(if cni == Cni::Ovs {
+                    let vid = secondary_vlan(id);
+                    format!("link add link eth0 name sec-{id} type vlan id {vid}")
+                } else {
+                    format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}")
+                });
                 cmds.extend([
-                    format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}"),
                     format!("addr add {ip}/24 dev sec-{id}"),
                     format!("link set sec-{id} up"),
                 ]);
@@ -893,9 +1026,11 @@ impl Lab {
                 }
             }
             self.ns(gw)?.ip_batch(&cmds)?;
-            for id in ['a', 'b'] {
-                self.ns(&format!("net-{id}"))?
-                    .ip_batch(&[format!("link set {gw} master br0 up")])?;
+            if cni != Cni::Ovs {
+                for id in ['a', 'b'] {
+                    self.ns(&format!("net-{id}"))?
+                        .ip_batch(&[format!("link set {gw} master br0 up")])?;
+                }
             }
             let routes: Vec<String> = gateway_static_routes(v6)
                 .into_iter()
@@ -928,7 +1063,7 @@ impl Lab {
                 .ip_batch(&[format!("link set {host} master br0 up")])?;
         }
 
-        // Pods, Calico style.
+        // Pods, as `cni` wires them.
         let later: BTreeSet<String> = self
             .spec
             .pods
@@ -1026,6 +1161,14 @@ impl Lab {
     }
 
     fn wire(&self, pod: &Pod) -> Result<()> {
+        match self.spec.cni {
+            Cni::Routed => self.wire_routed(pod),
+            Cni::Bridge | Cni::Ovs => self.wire_switched(pod),
+        }
+    }
+
+    /// Calico's way: /32 on the pod, the node's veth answers for 169.254.1.1.
+    fn wire_routed(&self, pod: &Pod) -> Result<()> {
         let v4 = self.spec.family.has_v4();
         let node_ns = self.ns_name(&pod.node);
         let mut cmds = vec![format!(
@@ -1076,6 +1219,174 @@ impl Lab {
         }
         node.ip_batch(&cmds)?;
         Ok(())
+    }
+
+    /// The bridge plugin's and OVN-Kubernetes' way: the pod in the node's subnet (/24,
+    /// /64) with its gateway at `.1`, its veth a port of `cni0` or of `br-int` (with the
+    /// `iface-id` OVN-Kubernetes sets), no route per pod on the node.
+    fn wire_switched(&self, pod: &Pod) -> Result<()> {
+        let v4 = self.spec.family.has_v4();
+        let node = self.node(&pod.node)?;
+        let node_ns = self.ns_name(&pod.node);
+        let mut cmds = vec![format!(
+            "link add eth0 type veth peer name {} netns {node_ns}",
+            pod.veth
+        )];
+        if v4 {
+            cmds.push(format!("addr add {}/24 dev eth0", pod.ip));
+        }
+        if let Some(ip6) = pod.ipv6 {
+            cmds.push(format!("addr add {ip6}/64 dev eth0 nodad"));
+        }
+        cmds.push("link set eth0 up".to_owned());
+        if v4 {
+            cmds.push(format!("route add default via {}", node.pod_gateway()));
+        }
+        if pod.ipv6.is_some() {
+            cmds.push(format!("route add ::/0 via {}", node.pod_gateway_v6()));
+        }
+        self.ns(&pod.name)?.ip_batch(&cmds)?;
+        if self.spec.cni == Cni::Ovs {
+            let ips: Vec<String> = pod
+                .addresses(self.spec.family)
+                .iter()
+                .map(|a| match a {
+                    IpAddr::V4(a) => format!("{a}/24"),
+                    IpAddr::V6(a) => format!("{a}/64"),
+                })
+                .collect();
+            self.ovs_vsctl(
+                &pod.node,
+                &[
+                    "add-port",
+                    "br-int",
+                    &pod.veth,
+                    "--",
+                    "set",
+                    "interface",
+                    &pod.veth,
+                    &format!("external_ids:iface-id={}_{}", pod.namespace, pod.name),
+                    &format!("external_ids:ip_addresses={}", ips.join(",")),
+                ],
+            )?;
+            self.ns(&pod.node)?
+                .ip_batch(&[format!("link set {} up", pod.veth)])?;
+        } else {
+            self.ns(&pod.node)?
+                .ip_batch(&[format!("link set {} master cni0 up", pod.veth)])?;
+        }
+        Ok(())
+    }
+
+    /// Where `node`'s Open vSwitch keeps its database, socket, pid and log files
+    /// ([`Cni::Ovs`]).
+    pub fn ovs_dir(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}-ovs"))
+    }
+
+    /// `node`'s OVSDB socket ([`Cni::Ovs`]): the agent's `--ovsdb`.
+    pub fn ovsdb_socket(&self, node: &str) -> PathBuf {
+        self.ovs_dir(node).join("db.sock")
+    }
+
+    /// Run an Open vSwitch command in `node`'s namespace against its own daemons.
+    fn ovs_command(&self, node: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let dir = self.ovs_dir(node);
+        let mut cmd = self.ns(node)?.command(program)?;
+        cmd.args(args)
+            .env("OVS_RUNDIR", &dir)
+            .env("OVS_LOGDIR", &dir)
+            .env("OVS_DBDIR", &dir)
+            .env("OVS_SYSCONFDIR", &dir);
+        netns::run_checked(&mut cmd).with_context(|| format!("{program} on {node}"))
+    }
+
+    /// `ovs-vsctl` against `node`'s OVSDB.
+    pub fn ovs_vsctl(&self, node: &str, args: &[&str]) -> Result<Output> {
+        self.ovs_command(node, "ovs-vsctl", &[&["--timeout=30"], args].concat())
+    }
+
+    /// Start `node`'s own `ovsdb-server` and `ovs-vswitchd` in its namespace (no systemd:
+    /// Debian's packages, started by hand), then wire it as OVN-Kubernetes leaves a node:
+    /// `br-int` with the management port `ovn-k8s-mp0` (the pod subnet's gateway), and
+    /// `br-ex` with the NIC `eth0` as its port (the node's address goes on `br-ex`).
+    fn start_ovs(&self, node: &Node) -> Result<()> {
+        let dir = self.ovs_dir(node.name);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("failed to create {}", dir.display()))?;
+        let db = dir.join("conf.db");
+        let db = db.to_string_lossy();
+        let schema = "/usr/share/openvswitch/vswitch.ovsschema";
+        anyhow::ensure!(
+            Path::new(schema).is_file(),
+            "{schema} is missing: --cni ovs needs Debian's openvswitch-switch (cargo xtask vm \
+             installs it)"
+        );
+        self.ovs_command(node.name, "ovsdb-tool", &["create", &db, schema])?;
+        let sock = self.ovsdb_socket(node.name);
+        let remote = format!("--remote=punix:{}", sock.display());
+        self.ovs_command(
+            node.name,
+            "ovsdb-server",
+            &[
+                &db,
+                &remote,
+                "--pidfile",
+                "--detach",
+                "--no-chdir",
+                "--log-file",
+            ],
+        )?;
+        self.ovs_vsctl(node.name, &["--no-wait", "init"])?;
+        let db_remote = format!("unix:{}", sock.display());
+        self.ovs_command(
+            node.name,
+            "ovs-vswitchd",
+            &[
+                &db_remote,
+                "--pidfile",
+                "--detach",
+                "--no-chdir",
+                "--log-file",
+            ],
+        )?;
+        let mp0_id = format!("external_ids:iface-id=k8s-{}", node.name);
+        self.ovs_vsctl(
+            node.name,
+            &[
+                "add-br",
+                "br-int",
+                "--",
+                "add-br",
+                "br-ex",
+                "--",
+                "add-port",
+                "br-ex",
+                "eth0",
+                "--",
+                "add-port",
+                "br-int",
+                "ovn-k8s-mp0",
+                "--",
+                "set",
+                "interface",
+                "ovn-k8s-mp0",
+                "type=internal",
+                &mp0_id,
+            ],
+        )?;
+        let mut cmds = vec![
+            format!("addr add {}/24 dev ovn-k8s-mp0", node.pod_gateway()),
+            "link set br-int up".to_owned(),
+            "link set ovn-k8s-mp0 up".to_owned(),
+        ];
+        if self.spec.family.has_v6() {
+            cmds.push(format!(
+                "addr add {}/64 dev ovn-k8s-mp0 nodad",
+                node.pod_gateway_v6()
+            ));
+        }
+        self.ns(node.name)?.ip_batch(&cmds)
     }
 
     fn start_servers(&mut self) -> Result<()> {
@@ -1387,14 +1698,32 @@ impl Lab {
                     .flatten()
                     .cloned(),
             );
+            let mut annotations = serde_json::Map::new();
             if self.drained.contains(node.name) {
-                metadata["annotations"] = json!({DRAIN_ANNOTATION: "true"});
+                annotations.insert(DRAIN_ANNOTATION.to_owned(), json!("true"));
+            }
+            // OVN-Kubernetes leaves spec.podCIDRs empty: the node's subnets are in an
+            // annotation.
+            let mut spec = json!({"podCIDR": node.pod_cidr(), "podCIDRs": pod_cidrs});
+            if self.spec.cni == Cni::Ovs {
+                let mut subnets = pod_cidrs.clone();
+                if self.spec.family.has_v6() {
+                    subnets.push(node.pod_cidr_v6());
+                }
+                annotations.insert(
+                    OVN_NODE_SUBNETS.to_owned(),
+                    json!(json!({"default": subnets}).to_string()),
+                );
+                spec = json!({});
+            }
+            if !annotations.is_empty() {
+                metadata["annotations"] = Value::Object(annotations);
             }
             docs.push(json!({
                 "apiVersion": "v1",
                 "kind": "Node",
                 "metadata": metadata,
-                "spec": {"podCIDR": node.pod_cidr(), "podCIDRs": pod_cidrs},
+                "spec": spec,
                 "status": {
                     "addresses": self.node_addresses(node),
                     "conditions": [{
@@ -1454,7 +1783,7 @@ impl Lab {
         let n = self.node(node)?;
         if up {
             self.ns(node)?
-                .ip_batch(&n.underlay_config(self.spec.family.has_v6()))
+                .ip_batch(&n.underlay_config(self.spec.family.has_v6(), self.spec.cni))
         } else {
             self.ns(node)?.ip_batch(&["link set eth0 down"])
         }
@@ -1594,6 +1923,15 @@ impl Lab {
             "--cni-socket".to_owned(),
             self.cni_socket(node).to_string_lossy().into_owned(),
         ];
+        if self.spec.cni == Cni::Ovs {
+            // OVN-Kubernetes' way of naming a pod's port, not the veth's peer.
+            args.extend([
+                "--pod-devices".to_owned(),
+                "ovs".to_owned(),
+                "--ovsdb".to_owned(),
+                self.ovsdb_socket(node).to_string_lossy().into_owned(),
+            ]);
+        }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = self.agent_log_path(node);
         let out = std::fs::OpenOptions::new()
@@ -1873,7 +2211,7 @@ fn validate(spec: &LabSpec) -> Result<()> {
     Ok(())
 }
 
-fn assign_pod_ips(specs: &[PodSpec], family: Family) -> Result<Vec<Pod>> {
+fn assign_pod_ips(specs: &[PodSpec], family: Family, cni: Cni) -> Result<Vec<Pod>> {
     let mut used: std::collections::BTreeSet<Ipv4Addr> =
         specs.iter().filter_map(|p| p.ip).collect();
     let mut pods = Vec::new();
@@ -1900,7 +2238,7 @@ fn assign_pod_ips(specs: &[PodSpec], family: Family) -> Result<Vec<Pod>> {
             node: spec.node.clone(),
             labels: spec.labels.clone(),
             ip,
-            veth: format!("cali-{}", spec.name),
+            veth: cni.veth(&spec.name),
             ipv6: family.has_v6().then(|| {
                 let [_, _, node, n] = ip.octets();
                 Ipv6Addr::new(0xfd00, 0x244, hex_like(node), 0, 0, 0, 0, hex_like(n))
@@ -2079,7 +2417,7 @@ mod tests {
     fn default_pod_ips_are_fixed_and_free_ones_assigned() {
         let mut specs = LabSpec::default_pods();
         specs.push(PodSpec::new("w1-p3", PAYMENTS, "w1", &[]));
-        let pods = assign_pod_ips(&specs, Family::V4).unwrap();
+        let pods = assign_pod_ips(&specs, Family::V4, Cni::Routed).unwrap();
         assert_eq!(pods[0].ip, addr::W1_P1);
         assert_eq!(pods[5].ip, Ipv4Addr::new(10, 244, 11, 13));
         assert_eq!(pods[5].veth, "cali-w1-p3");

@@ -1,11 +1,13 @@
-//! `deploy/` is a kustomize base that `kubectl kustomize` renders into what a cluster needs
+//! `deploy/` (its base, `deploy/base/`) is a kustomize base that `kubectl kustomize` renders into what a cluster needs
 //! and nothing else: the CRDs, RBAC, the DaemonSet and a headless metrics Service, with the
 //! image named once (`images:` in kustomization.yaml) and the metrics endpoint bound where
-//! the Service and the kubelet's probes reach it. Needs `kubectl` (`cargo xtask bootstrap`)
-//! and the debug `egress-agent` (`cargo xtask test` builds it) to check the flags.
+//! the Service and the kubelet's probes reach it. `deploy/openshift/` renders the same
+//! objects for OpenShift, with an SCC that allows exactly what the DaemonSet asks for.
+//! Needs `kubectl` (`cargo xtask bootstrap`) and the debug `egress-agent` (`cargo xtask
+//! test` builds it) to check the flags.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -16,15 +18,27 @@ fn workspace() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
+/// The base, as `kubectl apply -k deploy/` renders it.
 fn render() -> Vec<Value> {
+    render_dir("deploy", &[])
+}
+
+/// The OpenShift overlay (over `deploy/base`), as `oc apply -k deploy/openshift` renders it.
+fn render_openshift() -> Vec<Value> {
+    render_dir("deploy/openshift", &[])
+}
+
+/// `kubectl kustomize <dir> <flags>`, `dir` relative to the workspace: the objects.
+fn render_dir(dir: &str, flags: &[&str]) -> Vec<Value> {
     let out = Command::new("kubectl")
         .arg("kustomize")
-        .arg(workspace().join("deploy"))
+        .arg(workspace().join(dir))
+        .args(flags)
         .output()
         .expect("failed to run kubectl (cargo xtask bootstrap installs it)");
     assert!(
         out.status.success(),
-        "kubectl kustomize deploy/: {}",
+        "kubectl kustomize {dir}/: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
@@ -38,6 +52,55 @@ fn one<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
     let found: Vec<_> = objects.iter().filter(|o| o["kind"] == kind).collect();
     assert_eq!(found.len(), 1, "one {kind}");
     found[0]
+}
+
+/// The object of `kind` named `name`.
+fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// `Kind/name` of every object.
+fn kinds_and_names(objects: &[Value]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// A container's environment, by name.
+fn env_of(container: &Value) -> BTreeMap<&str, &Value> {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e))
+        .collect()
+}
+
+/// What a ClusterRole grants, one `group/resource: verbs` line each (`core` for "").
+fn grants(role: &Value) -> Vec<String> {
+    let mut grants: Vec<String> = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                let mut verbs = strings(&rule["verbs"]);
+                verbs.sort_unstable();
+                let group = if group.is_empty() { "core" } else { group };
+                grants.push(format!("{group}/{resource}: {}", verbs.join(" ")));
+            }
+        }
+    }
+    grants.sort();
+    grants
 }
 
 fn strings(v: &Value) -> Vec<&str> {
@@ -139,12 +202,7 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
         args.contains(&"--metrics-addr=$(HOST_IP):9465"),
         "metrics address in {args:?}"
     );
-    let env: BTreeMap<&str, &Value> = agent["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["name"].as_str().unwrap(), e))
-        .collect();
+    let env = env_of(agent);
     assert_eq!(
         env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"],
         "status.hostIP"
@@ -190,22 +248,10 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
 #[test]
 fn the_cluster_role_grants_what_the_agent_uses() {
     let objects = render();
-    let role = one(&objects, "ClusterRole");
-    let mut grants: Vec<String> = Vec::new();
-    for rule in role["rules"].as_array().unwrap() {
-        for group in strings(&rule["apiGroups"]) {
-            for resource in strings(&rule["resources"]) {
-                let mut verbs = strings(&rule["verbs"]);
-                verbs.sort_unstable();
-                let group = if group.is_empty() { "core" } else { group };
-                grants.push(format!("{group}/{resource}: {}", verbs.join(" ")));
-            }
-        }
-    }
-    grants.sort();
     assert_eq!(
-        grants,
+        grants(one(&objects, "ClusterRole")),
         [
+            "config.openshift.io/networks: list watch",
             "core/events: create",
             "core/namespaces: list watch",
             "core/nodes: list watch",
@@ -229,6 +275,12 @@ fn the_cluster_role_grants_what_the_agent_uses() {
 fn the_daemonset_speaks_the_agents_flags() {
     let objects = render();
     let agent = &one(&objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    assert_speaks_the_agents_flags(agent);
+}
+
+/// Every flag in the container's args and every variable in its env (but HOST_IP, which
+/// only the args use) is one of `egress-agent run`.
+fn assert_speaks_the_agents_flags(agent: &Value) {
     let help = Command::new(agent_bin())
         .args(["run", "--help"])
         .output()
@@ -259,6 +311,157 @@ fn the_daemonset_speaks_the_agents_flags() {
             );
         }
     }
+}
+
+/// `deploy/openshift/`: the base's objects for OpenShift with OVN-Kubernetes. The SCC
+/// allows what the DaemonSet asks for and no more (its capabilities, hostPath volumes, the
+/// host network, root, SELinux type spc_t, which every container asks for exactly, as
+/// `MustRunAs` compares the whole label), the agent's ServiceAccount may use it, the
+/// agent reaches Open vSwitch's socket, pod security admission lets the pods into their
+/// namespace, and the agent may read the cluster's Network object.
+#[test]
+fn the_openshift_overlay_allows_what_the_daemonset_uses() {
+    let objects = render_openshift();
+    let base = kinds_and_names(&render());
+    let rendered = kinds_and_names(&objects);
+    assert!(
+        base.is_subset(&rendered),
+        "base objects missing from deploy/openshift: {:?}",
+        base.difference(&rendered).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        rendered.difference(&base).collect::<Vec<_>>(),
+        [
+            "ClusterRole/egress-agent-scc",
+            "ClusterRoleBinding/egress-agent-scc",
+            "SecurityContextConstraints/egress-agent",
+        ]
+    );
+
+    let ds = one(&objects, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let agent = &pod["containers"][0];
+    let scc = one(&objects, "SecurityContextConstraints");
+    assert_eq!(scc["apiVersion"], "security.openshift.io/v1");
+
+    // Exactly the capabilities the agent's container adds; no privileged container.
+    assert_eq!(
+        strings(&scc["allowedCapabilities"]),
+        strings(&agent["securityContext"]["capabilities"]["add"])
+    );
+    assert!(strings(&scc["requiredDropCapabilities"]).is_empty());
+    assert!(strings(&scc["defaultAddCapabilities"]).is_empty());
+    assert_eq!(scc["allowPrivilegedContainer"], false);
+    assert_eq!(scc["allowHostNetwork"], pod["hostNetwork"]);
+    assert_eq!(scc["allowHostPID"], false);
+    assert_eq!(scc["allowHostIPC"], false);
+    // Root (the image names no user).
+    assert_eq!(scc["runAsUser"]["type"], "RunAsAny");
+
+    // spc_t: the SCC's label, and every container's, init containers included.
+    assert_eq!(scc["seLinuxContext"]["type"], "MustRunAs");
+    let label = &scc["seLinuxContext"]["seLinuxOptions"];
+    assert_eq!(label["type"], "spc_t");
+    let containers = pod["containers"].as_array().unwrap().iter();
+    for c in containers.chain(pod["initContainers"].as_array().into_iter().flatten()) {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["seLinuxOptions"], *label, "container {}", c["name"]);
+        assert_ne!(sc["privileged"], true, "container {}", c["name"]);
+        for cap in strings(&sc["capabilities"]["add"]) {
+            assert!(
+                strings(&scc["allowedCapabilities"]).contains(&cap),
+                "container {} adds {cap}, which the SCC does not allow",
+                c["name"]
+            );
+        }
+    }
+
+    // hostPath volumes only (the SCC allows them), Open vSwitch's directory among them.
+    assert_eq!(scc["allowHostDirVolumePlugin"], true);
+    assert!(strings(&scc["volumes"]).contains(&"hostPath"), "{scc:#}");
+    let mut host_paths: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            v["hostPath"]["path"]
+                .as_str()
+                .expect("hostPath volumes only")
+        })
+        .collect();
+    host_paths.sort_unstable();
+    assert_eq!(
+        host_paths,
+        [
+            "/opt/cni/bin",
+            "/run/egress-agent",
+            "/sys/fs/bpf",
+            "/var/run/openvswitch"
+        ]
+    );
+
+    // The agent reads OVSDB through that directory, mounted read-only, and finds pod
+    // devices without host routes; the cluster CIDRs come from the Network object.
+    let ovs = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "ovsdb")
+        .expect("the ovsdb mount");
+    assert_eq!(ovs["mountPath"], "/var/run/openvswitch");
+    assert_eq!(ovs["readOnly"], true);
+    let env = env_of(agent);
+    assert_eq!(env["EGRESS_POD_DEVICES"]["value"], "auto");
+    assert_eq!(env["EGRESS_OVSDB"]["value"], "/var/run/openvswitch/db.sock");
+    assert!(!env.contains_key("EGRESS_CLUSTER_CIDRS"), "{env:?}");
+    assert_speaks_the_agents_flags(agent);
+
+    // Pod security admission: only `privileged` admits these pods, and OpenShift's label
+    // synchronizer leaves the labels as written.
+    let labels = &one(&objects, "Namespace")["metadata"]["labels"];
+    for mode in ["enforce", "audit", "warn"] {
+        assert_eq!(
+            labels[format!("pod-security.kubernetes.io/{mode}")],
+            "privileged",
+            "{labels:#}"
+        );
+    }
+    assert_eq!(
+        labels["security.openshift.io/scc.podSecurityLabelSync"],
+        "false"
+    );
+
+    // `use` of this SCC, and nothing else, for the DaemonSet's ServiceAccount.
+    let scc_name = scc["metadata"]["name"].as_str().unwrap();
+    let role = named(&objects, "ClusterRole", "egress-agent-scc");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{
+            "apiGroups": ["security.openshift.io"],
+            "resources": ["securitycontextconstraints"],
+            "resourceNames": [scc_name],
+            "verbs": ["use"],
+        }])
+    );
+    let binding = named(&objects, "ClusterRoleBinding", "egress-agent-scc");
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");
+    assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"]);
+    assert_eq!(
+        binding["subjects"][0]["namespace"],
+        ds["metadata"]["namespace"]
+    );
+
+    // The cluster and service networks: OpenShift's Network object, read as the agent
+    // watches it (list, then watch).
+    let agent_role = grants(named(&objects, "ClusterRole", "egress-agent"));
+    assert!(
+        agent_role
+            .iter()
+            .any(|g| g == "config.openshift.io/networks: list watch"),
+        "{agent_role:#?}"
+    );
 }
 
 /// `egress-agent` next to the test binary's directory (`<target>/<profile>/egress-agent`),

@@ -46,6 +46,14 @@ pub struct LabArgs {
     /// With --failover: run every kind N times and summarize per kind.
     #[arg(long, value_name = "N", requires = "failover")]
     rounds: Option<u32>,
+    /// How pods and the nodes' underlay are wired: `routed` (like Calico: a host route
+    /// per pod), `bridge` (pods on a Linux bridge, no per-pod routes, the node's address
+    /// on a bridge over its NIC), or `ovs` (as OVN-Kubernetes wires a node: Open vSwitch's
+    /// br-int and br-ex, a management port, VLAN secondary networks), which runs the lab
+    /// inside a Debian 12 (Linux 6.1) guest: this kernel has no Open vSwitch.
+    #[arg(long, value_name = "WIRING", default_value = "routed",
+          value_parser = ["routed", "bridge", "ovs"])]
+    cni: String,
 }
 
 #[derive(clap::Args)]
@@ -211,28 +219,12 @@ fn cargo_tests(tests: &[&str], env: &[(&str, &str)]) -> Result<()> {
 
 /// Build the guest's test binaries on the host (the guest runs no cargo), then boot the
 /// kernel once per binary and run it there. Under emulation the agents are several times
-/// slower: a gateway is declared dead after 20 missed probes of 200 ms (4 s) instead of 3
-/// of 100 ms, so that a starved agent does not fail over under tests that do not expect
-/// it; a restarting agent's peers wait 90 s for it instead of 15 (a debug agent there
-/// takes about 30 s from SIGTERM to adopting what it held); and every wait of the lab tests may take 6 times as long
-/// (`EGRESS_TEST_TIME_SCALE`); the outcomes asserted are the same.
+/// slower ([`guest_options`]: a debug agent there takes about 30 s from SIGTERM to
+/// adopting what it held); the outcomes asserted are the same.
 fn guest_tests() -> Result<()> {
     let names: Vec<&str> = GUEST_TESTS.iter().map(|(t, _, _)| *t).collect();
     let binaries = test_binaries(&names)?;
-    let opts = crate::vm::Options {
-        memory: "8G".to_owned(),
-        timeout: std::time::Duration::from_secs(20 * 60),
-        env: [
-            ("EGRESS_PROBE_MISSES", "20"),
-            ("EGRESS_PROBE_INTERVAL_MS", "200"),
-            ("EGRESS_RESTART_GRACE_SECS", "90"),
-            ("EGRESS_TEST_TIME_SCALE", "6"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect(),
-        ..crate::vm::Options::default()
-    };
+    let opts = guest_options(20 * 60);
     let mut failed = Vec::new();
     for (name, threads, filters) in GUEST_TESTS {
         let bin = binaries
@@ -331,8 +323,44 @@ pub fn lab(args: LabArgs) -> Result<()> {
         down = p.clone();
         a.extend(["--down", &down]);
     }
+    a.extend(["--cni", &args.cni]);
     build_bins()?;
+    if args.cni == "ovs" {
+        anyhow::ensure!(
+            !args.keep && args.down.is_none(),
+            "--cni ovs runs the lab inside a guest that powers off after it: no --keep, --down"
+        );
+        let lab = std::env::current_dir()?.join("target/release/egress-lab");
+        let mut cmd = vec![lab.to_string_lossy().into_owned()];
+        // After `cargo run ... --`: egress-lab's own arguments.
+        let own = a.iter().position(|x| *x == "--").map_or(0, |i| i + 1);
+        cmd.extend(a[own..].iter().map(|s| (*s).to_owned()));
+        let status = crate::vm::run(&guest_options(30 * 60), &cmd)?;
+        anyhow::ensure!(status == 0, "egress-lab in the guest: exit status {status}");
+        return Ok(());
+    }
     sh("cargo", &a, &[])
+}
+
+/// How the guest runs the lab's agents: a gateway is declared dead after 20 missed probes
+/// of 200 ms (4 s) instead of 3 of 100 ms, so that an agent starved under emulation does
+/// not fail over; a restarting agent's peers wait 90 s for it instead of 15; every wait of
+/// the lab may take 6 times as long (`EGRESS_TEST_TIME_SCALE`).
+fn guest_options(timeout_secs: u64) -> crate::vm::Options {
+    crate::vm::Options {
+        memory: "8G".to_owned(),
+        timeout: std::time::Duration::from_secs(timeout_secs),
+        env: [
+            ("EGRESS_PROBE_MISSES", "20"),
+            ("EGRESS_PROBE_INTERVAL_MS", "200"),
+            ("EGRESS_RESTART_GRACE_SECS", "90"),
+            ("EGRESS_TEST_TIME_SCALE", "6"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect(),
+        ..crate::vm::Options::default()
+    }
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {

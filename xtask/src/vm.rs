@@ -38,6 +38,11 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "xz-utils",
         "unpacks vmlinux from the bzImage: decompressing it under TCG takes 5 s a boot",
     ),
+    (
+        "openvswitch-switch",
+        "ovsdb-server, ovs-vswitchd and ovs-vsctl for the lab's `--cni ovs` wiring in the \
+         guest (the guest's root is the host's; nothing starts them on the host)",
+    ),
 ];
 
 /// Modules the initramfs loads to reach the root (with their dependencies from

@@ -36,18 +36,187 @@ pub struct Tunnel<'a> {
     pub ifindex: u32,
 }
 
+/// `--pod-devices`: how the agent finds the host side of each local pod's interface.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PodDevices {
+    /// The pod's host route where the CNI installs one, else the veth whose peer holds
+    /// the pod's address, else Open vSwitch's port for the pod (when OVSDB's socket
+    /// exists): right on Calico, Cilium, Flannel, the bridge plugin and OVN-Kubernetes.
+    #[default]
+    Auto,
+    /// The device the main table's host route (/32, /128) to the pod leaves by (Calico).
+    Routes,
+    /// The veth whose peer, in another namespace, holds the pod's address.
+    Veth,
+    /// The OVS interface whose `external_ids:iface-id` is `<namespace>_<pod>`
+    /// (OVN-Kubernetes).
+    Ovs,
+}
+
+impl PodDevices {
+    /// Whether the route dump finds pods' devices in this mode.
+    pub fn by_routes(self) -> bool {
+        matches!(self, Self::Auto | Self::Routes)
+    }
+
+    /// Whether the veths' peers are read in this mode.
+    pub fn by_veth(self) -> bool {
+        matches!(self, Self::Auto | Self::Veth)
+    }
+
+    /// Whether OVSDB is asked in this mode (`Auto`: when its socket exists).
+    pub fn by_ovs(self) -> bool {
+        matches!(self, Self::Auto | Self::Ovs)
+    }
+}
+
+/// Pod devices found without routes, by one way ([`PodDevices::Veth`] or
+/// [`PodDevices::Ovs`]): each local pod address and the host-side ifindexes it was found
+/// behind (more than one is a problem the pass reports; each gets `from_pod`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    pub by_pod: BTreeMap<IpAddr, BTreeSet<u32>>,
+}
+
+impl Found {
+    /// Pod devices from the veths' peers: each global address a peer holds, on that veth.
+    pub fn from_veths(peers: &[iface::VethPeer]) -> Self {
+        let mut found = Self::default();
+        for p in peers {
+            for ip in &p.addresses {
+                found.by_pod.entry(*ip).or_default().insert(p.ifindex);
+            }
+        }
+        found
+    }
+
+    /// Pod devices from Open vSwitch's ports: the port whose `iface-id` is
+    /// `<namespace>_<name>` of a pod, for each of `pods` (namespace, name, addresses);
+    /// `ifaces` gives the ports' ifindexes.
+    pub fn from_ovs_ports(
+        ports: &[iface::ovsdb::PodPort],
+        pods: &[(&str, &str, &[IpAddr])],
+        ifaces: &[iface::Interface],
+    ) -> Self {
+        let ids: BTreeMap<String, &[IpAddr]> = pods
+            .iter()
+            .map(|(ns, name, ips)| (format!("{ns}_{name}"), *ips))
+            .collect();
+        let mut found = Self::default();
+        for port in ports {
+            let (Some(ips), Some(i)) = (
+                ids.get(&port.iface_id),
+                ifaces.iter().find(|i| i.name == port.name),
+            ) else {
+                continue;
+            };
+            for ip in *ips {
+                found.by_pod.entry(*ip).or_default().insert(i.ifindex);
+            }
+        }
+        found
+    }
+
+    /// The devices of pods in `pod_cidrs` (any pod of a family without one): every pod
+    /// device that `--unknown-pods drop` takes.
+    fn devices(&self, pod_cidrs: &[IpNet]) -> BTreeSet<u32> {
+        self.by_pod
+            .iter()
+            .filter(|(ip, _)| in_pod_cidrs(**ip, pod_cidrs))
+            .flat_map(|(_, d)| d.iter().copied())
+            .collect()
+    }
+}
+
+/// Whether `ip` is in one of `pod_cidrs`, or `pod_cidrs` has none of its family.
+fn in_pod_cidrs(ip: IpAddr, pod_cidrs: &[IpNet]) -> bool {
+    let mut of_family = pod_cidrs.iter().filter(|c| {
+        matches!(
+            (c, ip),
+            (IpNet::V4(_), IpAddr::V4(_)) | (IpNet::V6(_), IpAddr::V6(_))
+        )
+    });
+    let mut any = false;
+    let within = of_family.any(|c| {
+        any = true;
+        c.contains(&ip)
+    });
+    within || !any
+}
+
+/// What this pass found pods' devices with: the route dump, the veths' peers, OVS's
+/// ports, each `None` when not used (the mode) or failed this pass.
+#[derive(Clone, Copy, Default)]
+pub struct Finders<'a> {
+    pub routes: Option<&'a dyn PodRoutes>,
+    pub veth: Option<&'a Found>,
+    pub ovs: Option<&'a Found>,
+}
+
+impl Finders<'_> {
+    fn any(&self) -> bool {
+        self.routes.is_some() || self.veth.is_some() || self.ovs.is_some()
+    }
+}
+
+/// Whether the route dump alone finds every local selected pod's device: `--pod-devices
+/// auto` then reads no veth peers and asks no OVSDB (a routed CNI, such as Calico).
+pub fn routes_find_all(routes: &dyn PodRoutes, desired: &Desired, tunnel_ifindex: u32) -> bool {
+    let devices = pod_devices(routes, &desired.pod_cidrs, tunnel_ifindex);
+    desired.local_selected_pods().all(|pod| {
+        routes.oif(pod).is_some_and(|oif| {
+            is_routed_pod_device(pod, oif, routes, desired, &devices, tunnel_ifindex)
+        })
+    })
+}
+
+/// Whether `oif`, where the main table sends `pod`, is a pod device: not the tunnel,
+/// and one of `devices` (those with pods' host routes) when the Node has a pod CIDR of
+/// the pod's family; without one, when the route that takes `pod` there is its own host
+/// route (/32, /128). A subnet's route (a bridge's, OVN-Kubernetes' management port's)
+/// never makes a pod device.
+fn is_routed_pod_device(
+    pod: IpAddr,
+    oif: u32,
+    routes: &dyn PodRoutes,
+    desired: &Desired,
+    devices: &BTreeSet<u32>,
+    tunnel_ifindex: u32,
+) -> bool {
+    let known = desired.pod_cidrs.iter().any(|c| {
+        matches!(
+            (c, pod),
+            (IpNet::V4(_), IpAddr::V4(_)) | (IpNet::V6(_), IpAddr::V6(_))
+        )
+    });
+    let host_route = || {
+        routes
+            .prefixes_by_oif()
+            .get(&oif)
+            .is_some_and(|p| p.contains(&IpNet::from(pod)))
+    };
+    oif != tunnel_ifindex
+        && if known {
+            devices.contains(&oif)
+        } else {
+            host_route()
+        }
+}
+
 /// `from_tunnel` on the tunnel, `from_underlay` on the interface holding the node's IPv4
 /// underlay address ([`underlay_interface`]), `from_secondary` on each egress interface present,
-/// `from_pod` on the device each selected local pod is routed to, when that device is a
-/// pod device ([`pod_devices`]; never the underlay a default route leaves by) (and, with
-/// `--unknown-pods drop`, on every pod device: [`pod_devices`]). Returns the attachments
-/// and the problems found (a selected pod without a route to its device). Without a route
-/// dump (`routes` is `None`: it failed this pass) no pod device is decided.
+/// `from_pod` on each selected local pod's device, found by `finders` in turn: the device
+/// its host route leaves by, when that is a pod device ([`pod_devices`]; never the
+/// underlay a default route leaves by), else the veth whose peer holds it, else its OVS
+/// port (and, with `--unknown-pods drop`, on every pod device any of them knows). Never
+/// the tunnel, nor an egress interface. Returns the attachments and the problems found (a
+/// selected pod without a device, a pod found behind two). Without any finder (each
+/// failed this pass) no pod device is decided.
 pub fn wanted(
     tunnel: &Tunnel<'_>,
     desired: &Desired,
     ifaces: &[iface::Interface],
-    routes: Option<&dyn PodRoutes>,
+    finders: Finders<'_>,
     unknown_pods: UnknownPods,
 ) -> (BTreeSet<Attachment>, Vec<String>) {
     let mut attach = BTreeSet::new();
@@ -73,44 +242,85 @@ pub fn wanted(
             });
         }
     }
-    let Some(routes) = routes else {
+    if !finders.any() {
         return (attach, problems);
-    };
-    let by_index: BTreeMap<u32, &iface::Interface> =
-        ifaces.iter().map(|i| (i.ifindex, i)).collect();
+    }
+    // Pod devices only: never the tunnel nor an egress interface.
+    let by_index: BTreeMap<u32, &iface::Interface> = ifaces
+        .iter()
+        .filter(|i| i.ifindex != tunnel.ifindex && !desired.egress_interfaces.contains(&i.name))
+        .map(|i| (i.ifindex, i))
+        .collect();
     let mut pod_device = |oif: u32| {
-        if let Some(i) = by_index.get(&oif) {
+        by_index.get(&oif).is_some_and(|i| {
             attach.insert(Attachment {
                 program: ebpf::FROM_POD,
                 ifname: i.name.clone(),
                 ifindex: oif,
             });
-        }
+            true
+        })
     };
-    let devices = pod_devices(routes, &desired.pod_cidrs, tunnel.ifindex);
-    // Without a pod CIDR of the pod's family on its Node, any device but the tunnel is
-    // taken at its word.
-    let is_pod_device = |pod: IpAddr, oif: u32| {
-        let known = desired.pod_cidrs.iter().any(|c| {
-            matches!(
-                (c, pod),
-                (IpNet::V4(_), IpAddr::V4(_)) | (IpNet::V6(_), IpAddr::V6(_))
-            )
-        });
-        oif != tunnel.ifindex && (!known || devices.contains(&oif))
-    };
+    let routed = finders
+        .routes
+        .map(|r| pod_devices(r, &desired.pod_cidrs, tunnel.ifindex))
+        .unwrap_or_default();
     for pod in desired.local_selected_pods() {
-        match routes.oif(pod) {
-            Some(oif) if is_pod_device(pod, oif) => pod_device(oif),
-            _ => problems.push(format!("pod {pod}: no route to its device on this node")),
+        if let Some(r) = finders.routes
+            && let Some(oif) = r.oif(pod)
+            && is_routed_pod_device(pod, oif, r, desired, &routed, tunnel.ifindex)
+            && pod_device(oif)
+        {
+            continue;
+        }
+        let found = [finders.veth, finders.ovs]
+            .into_iter()
+            .flatten()
+            .find_map(|f| f.by_pod.get(&pod).filter(|d| !d.is_empty()));
+        match found {
+            Some(devices) => {
+                if devices.len() > 1 {
+                    problems.push(format!(
+                        "pod {pod}: its address is behind {} devices of this node; \
+                         from_pod is on each",
+                        devices.len()
+                    ));
+                }
+                for d in devices {
+                    pod_device(*d);
+                }
+            }
+            None => problems.push(no_device(pod, &finders)),
         }
     }
     if unknown_pods == UnknownPods::Drop {
-        for oif in devices {
+        let found = [finders.veth, finders.ovs].into_iter().flatten();
+        for oif in routed
+            .into_iter()
+            .chain(found.flat_map(|f| f.devices(&desired.pod_cidrs)))
+        {
             pod_device(oif);
         }
     }
     (attach, problems)
+}
+
+/// The problem of a selected pod whose device `finders` did not find.
+fn no_device(pod: IpAddr, finders: &Finders<'_>) -> String {
+    let mut tried = Vec::new();
+    if finders.routes.is_some() {
+        tried.push("no route to its device");
+    }
+    if finders.veth.is_some() {
+        tried.push("no veth whose peer holds its address");
+    }
+    if finders.ovs.is_some() {
+        tried.push("no Open vSwitch port with its iface-id");
+    }
+    format!(
+        "pod {pod}: {} on this node (--pod-devices)",
+        tried.join(", ")
+    )
 }
 
 /// The interface that holds this node's IPv4 underlay address, where `from_underlay`
@@ -282,6 +492,13 @@ mod tests {
         d
     }
 
+    fn routes(t: &Table) -> Finders<'_> {
+        Finders {
+            routes: Some(t),
+            ..Finders::default()
+        }
+    }
+
     const TUNNEL: Tunnel<'static> = Tunnel {
         name: "egress0",
         ifindex: 3,
@@ -295,7 +512,13 @@ mod tests {
 
     /// What `wanted` gives for the tunnel, `desired()`, `ifaces()` and `table()`.
     fn wanted_here(unknown_pods: UnknownPods) -> (BTreeSet<Attachment>, Vec<String>) {
-        wanted(&TUNNEL, &desired(), &ifaces(), Some(&table()), unknown_pods)
+        wanted(
+            &TUNNEL,
+            &desired(),
+            &ifaces(),
+            routes(&table()),
+            unknown_pods,
+        )
     }
 
     #[test]
@@ -320,7 +543,7 @@ mod tests {
         i[0] = iface::Interface::up_for_test("eth0", 2, &[("10.0.0.5", 24)]);
         let mut d = desired();
         d.node_ip = Some("10.0.0.5".parse().unwrap());
-        let (a, _) = wanted(&TUNNEL, &d, &i, Some(&table()), UnknownPods::Pass);
+        let (a, _) = wanted(&TUNNEL, &d, &i, routes(&table()), UnknownPods::Pass);
         assert!(
             names(&a).contains(&"from_underlay@eth0".to_owned()),
             "{a:?}"
@@ -328,7 +551,7 @@ mod tests {
         // No address known, an address nowhere, an IPv6 underlay (the device
         // decapsulates), or the address on an egress interface: none.
         let underlay = |d: &Desired, i: &[iface::Interface]| {
-            let (a, _) = wanted(&TUNNEL, d, i, Some(&table()), UnknownPods::Pass);
+            let (a, _) = wanted(&TUNNEL, d, i, routes(&table()), UnknownPods::Pass);
             names(&a)
                 .into_iter()
                 .filter(|n| n.starts_with("from_underlay"))
@@ -361,7 +584,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_of_a_family_without_a_pod_cidr_takes_its_route_at_its_word() {
+    fn a_pod_of_a_family_without_a_pod_cidr_takes_its_own_host_route() {
         let mut t = table();
         t.by_oif
             .entry(14)
@@ -371,7 +594,7 @@ mod tests {
         d.v6.selected.insert("fd00:244:1::14".parse().unwrap(), 1);
         let mut i = ifaces();
         i.push(iface("cali14", 14));
-        let (a, problems) = wanted(&TUNNEL, &d, &i, Some(&t), UnknownPods::Pass);
+        let (a, problems) = wanted(&TUNNEL, &d, &i, routes(&t), UnknownPods::Pass);
         assert!(names(&a).contains(&"from_pod@cali14".to_owned()), "{a:?}");
         assert!(problems.is_empty(), "{problems:?}");
     }
@@ -380,15 +603,157 @@ mod tests {
     fn a_selected_pod_without_a_route_is_a_problem_and_no_dump_decides_no_pod_device() {
         let mut d = desired();
         d.v4.selected.insert("10.244.1.99".parse().unwrap(), 1);
-        let (_, problems) = wanted(&TUNNEL, &d, &ifaces(), Some(&table()), UnknownPods::Pass);
+        let (_, problems) = wanted(&TUNNEL, &d, &ifaces(), routes(&table()), UnknownPods::Pass);
         assert_eq!(
             problems,
-            ["pod 10.244.1.99: no route to its device on this node"],
+            ["pod 10.244.1.99: no route to its device on this node (--pod-devices)"],
             "routed by the default route out of eth0: not a pod device"
         );
-        let (a, problems) = wanted(&TUNNEL, &d, &ifaces(), None, UnknownPods::Drop);
+        let (a, problems) = wanted(
+            &TUNNEL,
+            &d,
+            &ifaces(),
+            Finders::default(),
+            UnknownPods::Drop,
+        );
         assert_eq!(names(&a).len(), 2, "tunnel and ens224 only: {a:?}");
         assert!(problems.is_empty());
+    }
+
+    /// A node wired like OVN-Kubernetes or the bridge plugin: no host route per pod, the
+    /// pod CIDR on the bridge (ifindex 5). The veths' peers hold the pods' addresses.
+    fn bridged() -> (Table, Vec<iface::Interface>, Vec<iface::VethPeer>) {
+        let nets = |v: &[&str]| v.iter().map(|s| s.parse().unwrap()).collect();
+        let table = Table {
+            by_oif: BTreeMap::from([
+                (2, nets(&["0.0.0.0/0", "10.0.0.0/24"])),
+                (5, nets(&["10.244.1.0/24"])),
+            ]),
+        };
+        let mut i = ifaces();
+        i.push(iface("cni0", 5));
+        i.push(iface("vethb1", 21));
+        i.push(iface("vethb2", 22));
+        i.push(iface("vethx", 23));
+        let peer = |ifindex, name: &str, ips: &[&str]| iface::VethPeer {
+            ifindex,
+            name: name.to_owned(),
+            addresses: ips.iter().map(|s| s.parse().unwrap()).collect(),
+        };
+        let peers = vec![
+            peer(21, "vethb1", &["10.244.1.11", "fd00:244:1::11"]),
+            peer(22, "vethb2", &["10.244.1.12"]),
+            // Some other namespace's veth (not a pod of this node's CIDR).
+            peer(23, "vethx", &["192.168.50.2"]),
+            peer(3, "egress0", &["10.244.1.13"]),
+        ];
+        (table, i, peers)
+    }
+
+    #[test]
+    fn without_host_routes_the_veth_whose_peer_holds_the_pod_is_its_device() {
+        let (t, i, peers) = bridged();
+        let found = Found::from_veths(&peers);
+        let both = Finders {
+            routes: Some(&t),
+            veth: Some(&found),
+            ovs: None,
+        };
+        let (a, problems) = wanted(&TUNNEL, &desired(), &i, both, UnknownPods::Pass);
+        let pods: Vec<String> = names(&a)
+            .into_iter()
+            .filter(|n| n.starts_with("from_pod"))
+            .collect();
+        assert_eq!(
+            pods,
+            ["from_pod@vethb1"],
+            "never cni0, where its route goes"
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(!routes_find_all(&t, &desired(), TUNNEL.ifindex));
+        // Routes alone: the pod's route is the bridge's subnet route, not a pod device.
+        let (_, problems) = wanted(&TUNNEL, &desired(), &i, routes(&t), UnknownPods::Pass);
+        assert_eq!(
+            problems,
+            ["pod 10.244.1.11: no route to its device on this node (--pod-devices)"]
+        );
+        // Without a pod CIDR on the Node, the bridge's subnet route is still no pod
+        // device (the veth is).
+        let mut bare = desired();
+        bare.pod_cidrs.clear();
+        let (a, _) = wanted(&TUNNEL, &bare, &i, both, UnknownPods::Pass);
+        assert!(!names(&a).contains(&"from_pod@cni0".to_owned()), "{a:?}");
+        assert!(names(&a).contains(&"from_pod@vethb1".to_owned()), "{a:?}");
+        // --unknown-pods drop: every veth whose peer holds an address of the pod CIDR,
+        // never another namespace's veth nor the tunnel.
+        let (a, _) = wanted(&TUNNEL, &desired(), &i, both, UnknownPods::Drop);
+        let pods: Vec<String> = names(&a)
+            .into_iter()
+            .filter(|n| n.starts_with("from_pod"))
+            .collect();
+        assert_eq!(pods, ["from_pod@vethb1", "from_pod@vethb2"]);
+    }
+
+    #[test]
+    fn an_ovs_port_is_the_device_of_the_pod_its_iface_id_names() {
+        let (_, mut i, _) = bridged();
+        i.push(iface("a1b2c3d4e5f6a7b", 30));
+        i.push(iface("9f8e7d6c5b4a392", 31));
+        let ports = [
+            iface::ovsdb::PodPort {
+                name: "a1b2c3d4e5f6a7b".into(),
+                iface_id: "shop_web".into(),
+            },
+            iface::ovsdb::PodPort {
+                name: "9f8e7d6c5b4a392".into(),
+                iface_id: "shop_gone".into(),
+            },
+            iface::ovsdb::PodPort {
+                name: "not-here".into(),
+                iface_id: "shop_db".into(),
+            },
+        ];
+        let web: Vec<IpAddr> = vec!["10.244.1.11".parse().unwrap()];
+        let db: Vec<IpAddr> = vec!["10.244.1.12".parse().unwrap()];
+        let found =
+            Found::from_ovs_ports(&ports, &[("shop", "web", &web), ("shop", "db", &db)], &i);
+        assert_eq!(
+            found.by_pod,
+            BTreeMap::from([(web[0], BTreeSet::from([30]))]),
+            "a port without a pod, a pod without a present port: nothing"
+        );
+        let ovs = Finders {
+            ovs: Some(&found),
+            ..Finders::default()
+        };
+        let (a, problems) = wanted(&TUNNEL, &desired(), &i, ovs, UnknownPods::Pass);
+        assert!(names(&a).contains(&"from_pod@a1b2c3d4e5f6a7b".to_owned()));
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut d = desired();
+        d.v4.selected.insert("10.244.1.12".parse().unwrap(), 1);
+        let (_, problems) = wanted(&TUNNEL, &d, &i, ovs, UnknownPods::Pass);
+        assert_eq!(
+            problems,
+            [
+                "pod 10.244.1.12: no Open vSwitch port with its iface-id on this node \
+              (--pod-devices)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pod_address_behind_two_devices_is_a_problem_and_both_get_from_pod() {
+        let (_, i, mut peers) = bridged();
+        peers[1].addresses.push("10.244.1.11".parse().unwrap());
+        let found = Found::from_veths(&peers);
+        let veth = Finders {
+            veth: Some(&found),
+            ..Finders::default()
+        };
+        let (a, problems) = wanted(&TUNNEL, &desired(), &i, veth, UnknownPods::Pass);
+        assert!(names(&a).contains(&"from_pod@vethb2".to_owned()));
+        assert!(names(&a).contains(&"from_pod@vethb1".to_owned()));
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

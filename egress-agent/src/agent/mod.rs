@@ -33,7 +33,7 @@ use crate::{
     },
 };
 
-mod attachments;
+pub mod attachments;
 pub mod holding;
 mod nexthop;
 pub mod problems;
@@ -85,6 +85,10 @@ pub struct RunConfig {
     pub attach: datapath::AttachMode,
     /// The ingress priority of the legacy tc filters (`--tc-priority`).
     pub tc_priority: u16,
+    /// How pods' devices are found (`--pod-devices`).
+    pub pod_devices: attachments::PodDevices,
+    /// OVSDB's socket, for `--pod-devices ovs` or `auto` (`--ovsdb`).
+    pub ovsdb: PathBuf,
 }
 
 /// `--unknown-pods`: fail open (the default, what every CNI's egress gateway does) or
@@ -182,7 +186,7 @@ async fn connect(
             }
             let views = kube_source::watch(client.clone(), cfg.cluster_cidrs.clone())
                 .await
-                .context("failed to list the cluster (check the RBAC in deploy/daemonset.yaml)")?;
+                .context("failed to list the cluster (check the RBAC in deploy/base/rbac.yaml)")?;
             Ok((
                 views,
                 Box::new(kube_source::writer::Writer::start(client, &cfg.node_name)),
@@ -826,7 +830,18 @@ impl Reconciler<'_> {
             // The EgressNode's preflight line says what is true now, not at start.
             self.set_preflight(check);
         }
-        self.sync_attachments(dp, &merged, &ifaces, routes.as_ref(), &mut problems);
+        let (veth, ovs) = self
+            .find_pod_devices(view, &merged, &ifaces, routes.as_ref(), &mut problems)
+            .await;
+        let finders = attachments::Finders {
+            routes: routes
+                .as_ref()
+                .filter(|_| self.cfg.pod_devices.by_routes())
+                .map(|r| r as &dyn attachments::PodRoutes),
+            veth: veth.as_ref(),
+            ovs: ovs.as_ref(),
+        };
+        self.sync_attachments(dp, &merged, &ifaces, finders, &mut problems);
         changed += self
             .acquire(&compiled, &peers, &ifaces, now, &mut problems)
             .await;
@@ -1031,22 +1046,81 @@ impl Reconciler<'_> {
         }
     }
 
+    /// Pods' devices found without routes, as `--pod-devices` says: the veths' peers and
+    /// OVS's ports (each `None` when not asked, or failed: the failure is a problem).
+    /// `auto` asks neither when the route dump finds every selected pod and unknown pods
+    /// pass (a routed CNI), and OVSDB only when its socket exists.
+    async fn find_pod_devices(
+        &self,
+        view: &ClusterView,
+        desired: &Desired,
+        ifaces: &[iface::Interface],
+        routes: Option<&iface::Routes>,
+        problems: &mut Vec<String>,
+    ) -> (Option<attachments::Found>, Option<attachments::Found>) {
+        use attachments::{Found, PodDevices};
+        let mode = self.cfg.pod_devices;
+        let needed = match (mode, routes) {
+            (PodDevices::Routes, _) => false,
+            (PodDevices::Auto, Some(r)) => {
+                self.cfg.unknown_pods == UnknownPods::Drop
+                    || !attachments::routes_find_all(r, desired, self.tunnel_ifindex)
+            }
+            _ => true,
+        };
+        if !needed {
+            return (None, None);
+        }
+        let veth = if mode.by_veth() {
+            match self.nl.veth_peers().await {
+                Ok(peers) => Some(Found::from_veths(&peers)),
+                Err(e) => {
+                    problems.push(format!("pod devices (--pod-devices {mode:?}): {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let ask_ovs = mode == PodDevices::Ovs || (mode.by_ovs() && self.cfg.ovsdb.exists());
+        let ovs = if ask_ovs {
+            match iface::ovsdb::pod_ports(&self.cfg.ovsdb).await {
+                Ok(ports) => {
+                    let me = Some(self.cfg.node_name.as_str());
+                    let pods: Vec<(&str, &str, &[IpAddr])> = view
+                        .pods
+                        .iter()
+                        .filter(|p| p.node_name.as_deref() == me && !p.host_network)
+                        .map(|p| (p.namespace.as_str(), p.name.as_str(), p.ips.as_slice()))
+                        .collect();
+                    Some(Found::from_ovs_ports(&ports, &pods, ifaces))
+                }
+                Err(e) => {
+                    problems.push(format!("pod devices: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        (veth, ovs)
+    }
+
     /// Attach what [`attachments::wanted`] decides.
     fn sync_attachments(
         &mut self,
         dp: &mut Datapath,
         desired: &Desired,
         ifaces: &[iface::Interface],
-        routes: Option<&iface::Routes>,
+        finders: attachments::Finders<'_>,
         problems: &mut Vec<String>,
     ) {
         let tunnel = attachments::Tunnel {
             name: &self.cfg.tunnel_device,
             ifindex: self.tunnel_ifindex,
         };
-        let routes = routes.map(|r| r as &dyn attachments::PodRoutes);
         let (mut attach, found) =
-            attachments::wanted(&tunnel, desired, ifaces, routes, self.cfg.unknown_pods);
+            attachments::wanted(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods);
         self.egress_interfaces
             .clone_from(&desired.egress_interfaces);
         attach.extend(self.new_devices.still_wanted(

@@ -131,21 +131,52 @@ pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo
     nodes
 }
 
-/// A Node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`) that parse.
+/// The annotation where OVN-Kubernetes keeps a Node's subnets (its `spec.podCIDRs` stay
+/// empty): `{"default":["10.128.2.0/23","fd01:0:0:1::/64"]}`, or one string per network
+/// in older releases.
+pub const OVN_NODE_SUBNETS: &str = "k8s.ovn.org/node-subnets";
+
+/// A Node's pod CIDRs that parse: `spec.podCIDRs`, else `spec.podCIDR`, else the default
+/// network's subnets in OVN-Kubernetes' [`OVN_NODE_SUBNETS`] annotation.
 fn pod_cidrs(node: &Node) -> Vec<IpNet> {
-    let Some(spec) = &node.spec else {
-        return Vec::new();
-    };
-    let listed = spec.pod_cidrs.iter().flatten();
-    let texts: Vec<&String> = match spec.pod_cidrs.as_ref() {
-        Some(list) if !list.is_empty() => listed.collect(),
-        _ => spec.pod_cidr.iter().collect(),
+    let spec = node.spec.as_ref();
+    let listed = spec
+        .and_then(|s| s.pod_cidrs.as_ref())
+        .filter(|l| !l.is_empty());
+    let texts: Vec<String> = match (listed, spec.and_then(|s| s.pod_cidr.as_ref())) {
+        (Some(list), _) => list.clone(),
+        (None, Some(one)) => vec![one.clone()],
+        (None, None) => ovn_node_subnets(node),
     };
     texts
-        .into_iter()
+        .iter()
         .filter_map(|t| t.parse::<IpNet>().ok())
         .map(|n| n.trunc())
         .collect()
+}
+
+/// The default network's subnets in the [`OVN_NODE_SUBNETS`] annotation; none when it is
+/// absent or not of either shape.
+fn ovn_node_subnets(node: &Node) -> Vec<String> {
+    let Some(text) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OVN_NODE_SUBNETS))
+    else {
+        return Vec::new();
+    };
+    let Ok(serde_json::Value::Object(networks)) = serde_json::from_str(text) else {
+        return Vec::new();
+    };
+    match networks.get("default") {
+        Some(serde_json::Value::String(one)) => vec![one.clone()],
+        Some(serde_json::Value::Array(many)) => many
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Give every node with an underlay address its small stable id and this node its own
@@ -335,5 +366,53 @@ fn usable(net: &IpNet) -> bool {
         IpAddr::V6(a) => {
             !a.is_unspecified() && !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::{api::core::v1::NodeSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+
+    use super::*;
+
+    fn node(pod_cidrs: &[&str], annotation: Option<&str>) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                annotations: annotation
+                    .map(|a| BTreeMap::from([(OVN_NODE_SUBNETS.to_owned(), a.to_owned())])),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                pod_cidrs: Some(pod_cidrs.iter().map(|s| (*s).to_owned()).collect()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn texts(n: &Node) -> Vec<String> {
+        pod_cidrs(n).iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn ovn_kubernetes_node_subnets_stand_in_for_empty_pod_cidrs() {
+        let both = r#"{"default":["10.128.2.0/23","fd01:0:0:1::/64"]}"#;
+        assert_eq!(
+            texts(&node(&[], Some(both))),
+            ["10.128.2.0/23", "fd01:0:0:1::/64"]
+        );
+        // Older releases: one string per network; other networks are not the pods'.
+        let old = r#"{"default":"10.128.4.0/23","blue":"10.200.0.0/24"}"#;
+        assert_eq!(texts(&node(&[], Some(old))), ["10.128.4.0/23"]);
+        // spec.podCIDRs, when set, wins; an annotation of neither shape gives none.
+        assert_eq!(
+            texts(&node(&["10.244.1.0/24"], Some(both))),
+            ["10.244.1.0/24"]
+        );
+        assert!(texts(&node(&[], Some("10.128.2.0/23"))).is_empty());
+        assert!(texts(&node(&[], Some(r#"{"default":7}"#))).is_empty());
+        assert!(texts(&node(&[], None)).is_empty());
     }
 }

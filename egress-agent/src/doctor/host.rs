@@ -113,7 +113,7 @@ pub fn capabilities(status: &str) -> Check {
         "capabilities",
         format!(
             "lacks {}: add them to the container's securityContext.capabilities.add (see \
-             deploy/daemonset.yaml), or run as root",
+             deploy/base/daemonset.yaml), or run as root",
             list.join(", ")
         ),
     )

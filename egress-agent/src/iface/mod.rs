@@ -1,6 +1,7 @@
 //! The agent's interface layer: the tunnel device, the interface and address inventory,
 //! egress addresses and change notifications over rtnetlink (here), route dumps and
-//! lookups ([`routes`]), gratuitous ARP and unsolicited neighbour advertisements over a
+//! lookups ([`routes`]), pods' veths by their peers' namespaces ([`VethPeer`]), Open
+//! vSwitch's pod ports ([`ovsdb`]), gratuitous ARP and unsolicited neighbour advertisements over a
 //! packet socket ([`announce`](mod@announce)), sysctl writes.
 //!
 //! Every socket acts in the network namespace of the thread that opens it:
@@ -9,9 +10,12 @@
 //! so this only matters to tests, which give each case a private namespace.
 
 mod announce;
+pub mod ovsdb;
+mod peers;
 mod routes;
 
 pub use announce::*;
+pub use peers::VethPeer;
 pub use routes::Routes;
 
 use std::{

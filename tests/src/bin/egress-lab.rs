@@ -4,7 +4,9 @@
 //! gateway's maps, tear down. Exits non-zero if a row or the route step fails.
 //! `--ipv6`: IPv6-only pods (the table's IPv6 rows) over an IPv6 underlay; `--dual-stack`:
 //! both families' rows, over an IPv4 underlay; `--underlay ipv4|ipv6` overrides the
-//! underlay's family.
+//! underlay's family. `--cni routed|bridge|ovs`: how pods and the underlay are wired
+//! (`egress_tests::lab::Cni`; `ovs` needs Open vSwitch and 802.1Q, as in the Linux 6.1
+//! guest of `cargo xtask vm`).
 //!
 //! `--failover [--rounds N]`: instead of the table, break the holder of egress IP A in
 //! every way `egress_tests::failover` knows while a pod streams through it, one row per
@@ -201,6 +203,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// How `--cni` wired the lab, in words.
+fn wiring(cni: lab::Cni) -> &'static str {
+    match cni {
+        lab::Cni::Routed => "like Calico (a host route per pod)",
+        lab::Cni::Bridge => {
+            "on bridges (pods on cni0 without host routes, the node's address on br-ul)"
+        }
+        lab::Cni::Ovs => {
+            "like OVN-Kubernetes (pods on br-int by iface-id, the node's address on br-ex, \
+             VLAN secondary networks)"
+        }
+    }
+}
+
 fn arg(name: &str) -> bool {
     std::env::args().any(|a| a == name)
 }
@@ -251,6 +267,9 @@ fn real_main() -> Result<bool> {
     if let Some(u) = underlay {
         spec.underlay = u;
     }
+    if let Some(c) = value("--cni") {
+        spec.cni = c.parse()?;
+    }
     if arg("--failover") {
         let rounds = match value("--rounds") {
             Some(r) => r.parse().context("--rounds needs a positive number")?,
@@ -265,7 +284,7 @@ fn real_main() -> Result<bool> {
     }
     let mut lab = Lab::up(spec)?;
     println!(
-        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, D and E behind a router on B, C routed; pods {}, over the {} underlay",
+        "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, D and E behind a router on B, C routed; pods {}, over the {} underlay, wired {}",
         lab.prefix(),
         t0.elapsed().as_secs_f64(),
         match family {
@@ -274,6 +293,7 @@ fn real_main() -> Result<bool> {
             Family::Dual => "dual stack",
         },
         lab.spec().underlay,
+        wiring(lab.spec().cni),
     );
     lab.start_agents(&agent)?;
     wire_pods_through_the_plugin(&lab, &bin_dir.join("egress-cni"))?;

@@ -53,7 +53,7 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView, PodSummary, admin, ovn,
+    ClusterView, PodSummary, admin, openshift, ovn,
     yaml::{DocumentError, LoadError, Snapshot},
 };
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus};
@@ -362,7 +362,9 @@ struct Stores {
     anps: Option<Store<Decoded<admin::AdminNetworkPolicy>>>,
     banps: Option<Store<Decoded<admin::BaselineAdminNetworkPolicy>>>,
     egress_firewalls: Option<Store<Decoded<admin::EgressFirewall>>>,
-    /// Set on every view (from the agent's flags, not the API).
+    /// OpenShift's cluster network configuration, when the cluster has that kind.
+    openshift_networks: Option<Store<Decoded<openshift::Network>>>,
+    /// Set on every view (from the agent's flags), with OpenShift's networks added.
     cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
@@ -399,6 +401,9 @@ impl Stores {
         if let Some(store) = &self.egress_firewalls {
             ready(store).await?;
         }
+        if let Some(store) = &self.openshift_networks {
+            ready(store).await?;
+        }
         Ok(())
     }
 
@@ -411,7 +416,7 @@ impl Stores {
             nodes: collect(&self.nodes, &mut errors, Clone::clone),
             egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
             network_policies: collect(&self.network_policies, &mut errors, Clone::clone),
-            cluster_cidrs: self.cluster_cidrs.clone(),
+            cluster_cidrs: self.cluster_cidrs_with(&mut errors),
             ovn_egress_ips: self
                 .ovn_egress_ips
                 .as_ref()
@@ -438,6 +443,19 @@ impl Stores {
         }
         Snapshot { view, errors }
     }
+
+    /// The flags' cluster CIDRs and OpenShift's cluster and service networks, once each.
+    fn cluster_cidrs_with(&self, errors: &mut Vec<LoadError>) -> Vec<ipnet::IpNet> {
+        let mut cidrs = self.cluster_cidrs.clone();
+        if let Some(s) = &self.openshift_networks {
+            for c in openshift::cluster_cidrs(&collect(s, errors, Clone::clone)) {
+                if !cidrs.contains(&c) {
+                    cidrs.push(c);
+                }
+            }
+        }
+        cidrs
+    }
 }
 
 /// The watched kinds, as `'static` names for errors.
@@ -453,6 +471,7 @@ fn static_kind(kind: &str) -> &'static str {
         "AdminNetworkPolicy" => "AdminNetworkPolicy",
         "BaselineAdminNetworkPolicy" => "BaselineAdminNetworkPolicy",
         "EgressFirewall" => "EgressFirewall",
+        "Network" => "Network",
         _ => "object",
     }
 }
@@ -573,6 +592,15 @@ pub async fn watch(
         banps: start_if_served(&client, admin::ANP_API_VERSION, &changed, &mut tasks).await,
         egress_firewalls: start_if_served(&client, admin::OVN_API_VERSION, &changed, &mut tasks)
             .await,
+        openshift_networks: if serves(&client, openshift::API_VERSION, openshift::KIND).await {
+            info!(
+                "OpenShift's cluster Network found (config.openshift.io/v1): its cluster and \
+                 service networks are the cluster's own prefixes"
+            );
+            Some(start(&client, &changed, &mut tasks))
+        } else {
+            None
+        },
         cluster_cidrs,
     };
     stores.wait_until_ready().await?;
