@@ -41,12 +41,20 @@ pub fn up_with_agents(spec: LabSpec) -> Result<Lab> {
 
 /// [`up_with_agents`], every agent started with `extra` flags.
 pub fn up_with_agent_args(spec: LabSpec, extra: &[&str]) -> Result<Lab> {
-    let family = spec.family;
     let mut lab = Lab::up(spec)?;
+    start_agents_and_wait(&mut lab, extra)?;
+    Ok(lab)
+}
+
+/// Start one agent per node of a lab that has none, with `extra` flags, and wait as
+/// [`up_with_agents`] does.
+pub fn start_agents_and_wait(lab: &mut Lab, extra: &[&str]) -> Result<()> {
+    let family = lab.family();
     let bin = agent_bin()?;
     for node in lab.nodes() {
         lab.start_agent(node.name, &bin, extra)?;
     }
+    let lab = &*lab;
     // Converged when every agent has it: both egress IPs held, and every selected pod (on
     // both workers and on a gateway) gets through to both networks with the right address.
     let through = |lab: &Lab, host_a: IpAddr, ea: IpAddr, host_b: IpAddr, eb: IpAddr| {
@@ -58,20 +66,20 @@ pub fn up_with_agent_args(spec: LabSpec, extra: &[&str]) -> Result<Lab> {
     };
     wait_until(Duration::from_secs(30), || {
         let v4 = !family.has_v4()
-            || holder(&lab, addr::EGRESS_IP_A).is_some()
-                && holder(&lab, addr::EGRESS_IP_B).is_some()
+            || holder(lab, addr::EGRESS_IP_A).is_some()
+                && holder(lab, addr::EGRESS_IP_B).is_some()
                 && through(
-                    &lab,
+                    lab,
                     IpAddr::V4(addr::HOST_A),
                     IpAddr::V4(addr::EGRESS_IP_A),
                     IpAddr::V4(addr::HOST_B),
                     IpAddr::V4(addr::EGRESS_IP_B),
                 );
         let v6 = !family.has_v6()
-            || holder(&lab, addr6::EGRESS_IP_A).is_some()
-                && holder(&lab, addr6::EGRESS_IP_B).is_some()
+            || holder(lab, addr6::EGRESS_IP_A).is_some()
+                && holder(lab, addr6::EGRESS_IP_B).is_some()
                 && through(
-                    &lab,
+                    lab,
                     IpAddr::V6(addr6::HOST_A),
                     IpAddr::V6(addr6::EGRESS_IP_A),
                     IpAddr::V6(addr6::HOST_B),
@@ -80,12 +88,24 @@ pub fn up_with_agent_args(spec: LabSpec, extra: &[&str]) -> Result<Lab> {
         v4 && v6
     })
     .with_context(|| {
+        let warnings: String = NODES
+            .iter()
+            .map(|n| {
+                let log = lab.agent_log(n.name);
+                let lines: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).collect();
+                format!(
+                    "{}: {}\n",
+                    n.name,
+                    lines[lines.len().saturating_sub(8)..].join("\n")
+                )
+            })
+            .collect();
         format!(
-            "agents did not converge; gw1 log:\n{}",
+            "agents did not converge; their last warnings:\n{warnings}gw1 log:\n{}",
             lab.agent_log("gw1")
         )
     })?;
-    Ok(lab)
+    Ok(())
 }
 
 /// The default lab spec with the echo binary found from this process.

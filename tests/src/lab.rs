@@ -93,6 +93,9 @@ pub mod addr {
     pub const HOST_C: Ipv4Addr = Ipv4Addr::new(192, 168, 103, 100);
     pub const HOST_D: Ipv4Addr = Ipv4Addr::new(192, 168, 104, 100);
     pub const HOST_E: Ipv4Addr = Ipv4Addr::new(192, 168, 105, 100);
+    /// The address of an OVN-Kubernetes EgressIP on the primary network
+    /// ([`super::Lab::add_ovn_egress_ip`]).
+    pub const OVN_EGRESS_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 100);
     /// Egress IPs of the sample policy.
     pub const EGRESS_IP_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 50);
     pub const EGRESS_IP_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 50);
@@ -1875,6 +1878,48 @@ impl Lab {
             .with_context(|| format!("failed to write {}", path.display()))?;
         self.exec("ul", "nft", &["-f", &path.to_string_lossy()])
             .map(drop)
+    }
+
+    /// What OVN-Kubernetes' EgressIP does on a node for `pods` leaving by the primary
+    /// network, in local gateway mode (pod egress routed by the host): `ip` on the node's
+    /// underlay device (where OVN's gateway router would answer for it) and SNAT of the
+    /// pods' packets leaving by it to `ip` (nftables, table `ovnk_egressip`); and the
+    /// `k8s.ovn.org/v1` EgressIP object in the state directory (`ovn-egressip.yaml`),
+    /// which the agents read. OVN itself is not run.
+    pub fn add_ovn_egress_ip(&self, node: &str, pods: &[&str], ip: Ipv4Addr) -> Result<()> {
+        let dev = self.spec.cni.underlay_device();
+        let sources: Vec<String> = pods
+            .iter()
+            .map(|p| Ok(self.pod(p)?.ip.to_string()))
+            .collect::<Result<_>>()?;
+        self.ns(node)?
+            .ip_batch(&[format!("addr add {ip}/32 dev {dev}")])?;
+        let script = format!(
+            "table ip ovnk_egressip {{
+  chain post {{
+    type nat hook postrouting priority 100; policy accept;
+    ip saddr {{ {} }} oifname \"{dev}\" snat to {ip}
+  }}
+}}
+",
+            sources.join(", ")
+        );
+        let path = self.dir.join(format!("ovn-egressip-{node}.nft"));
+        std::fs::write(&path, script)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+        self.exec(node, "nft", &["-f", &path.to_string_lossy()])?;
+        let selected: Vec<&Pod> = pods.iter().map(|p| self.pod(p)).collect::<Result<_>>()?;
+        let object = json!({
+            "apiVersion": "k8s.ovn.org/v1",
+            "kind": "EgressIP",
+            "metadata": {"name": "lab-ovn"},
+            "spec": {
+                "egressIPs": [ip.to_string()],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": selected[0].namespace}},
+                "podSelector": {"matchLabels": selected[0].labels},
+            },
+        });
+        self.write_state_file("ovn-egressip.yaml", &to_yaml_doc(&object))
     }
 
     /// Remove every partition of [`Lab::partition_underlay`].

@@ -239,6 +239,63 @@ fn failover_case(cni: Cni, kind: Kind) {
     assert_eq!(r.moved(), kind.expects_move(), "{report}");
 }
 
+/// OVN-Kubernetes' EgressIP on the primary network for `w1-p1`, which our policy also
+/// selects: its SNAT is what a far host on the primary network (C, behind the nodes'
+/// router) sees before our agents start and after, while the destinations our rules cover
+/// leave by our gateways with our egress IPs; another pod is untouched by either.
+fn next_to_ovn_egress_ip(cni: Cni) {
+    let mut lab = Lab::up(spec(cni, Family::V4)).unwrap();
+    let host_c = IpAddr::V4(addr::HOST_C);
+    let ovn = Some(IpAddr::V4(addr::OVN_EGRESS_IP));
+    // A bridge's new ports forward at once (no STP), but the first ARP round trips of
+    // a fresh lab can miss the query's first attempt.
+    wait_until(std::time::Duration::from_secs(10), || {
+        seen(&lab, "w1-p1", Proto::Tcp, host_c) == Some(IpAddr::V4(addr::W1_P1))
+    })
+    .expect("the pod reaches C with its own address before any EgressIP");
+    lab.add_ovn_egress_ip("w1", &["w1-p1"], addr::OVN_EGRESS_IP)
+        .unwrap();
+    let before = [
+        seen(&lab, "w1-p1", Proto::Tcp, host_c),
+        seen(&lab, "w1-p1", Proto::Udp, host_c),
+    ];
+    assert_eq!(before, [ovn, ovn], "OVN's EgressIP alone");
+    cluster::start_agents_and_wait(&mut lab, &[]).unwrap();
+    // Ours for what our rules cover, theirs for the rest of the primary network.
+    let table = [
+        ("w1-p1", Proto::Tcp, host_c, ovn),
+        ("w1-p1", Proto::Udp, host_c, ovn),
+        (
+            "w1-p1",
+            Proto::Tcp,
+            IpAddr::V4(addr::HOST_A),
+            Some(IpAddr::V4(addr::EGRESS_IP_A)),
+        ),
+        (
+            "w1-p1",
+            Proto::Udp,
+            IpAddr::V4(addr::HOST_B),
+            Some(IpAddr::V4(addr::EGRESS_IP_B)),
+        ),
+        ("w1-p2", Proto::Tcp, host_c, Some(IpAddr::V4(addr::W1_P2))),
+    ];
+    for (pod, proto, host, want) in table {
+        assert_eq!(
+            seen(&lab, pod, proto, host),
+            want,
+            "{cni}: {pod} {proto} -> {host}"
+        );
+    }
+    // The agents read the EgressIP and claim nothing of it: no conflict is reported.
+    let log = lab.agent_log("gw1");
+    assert!(!log.contains("EgressIPClaimedElsewhere"), "{log}");
+}
+
+#[test]
+fn on_bridges_next_to_ovn_kubernetes_egress_ip_each_keeps_its_destinations() {
+    next_to_ovn_egress_ip(Cni::Bridge);
+}
+
 #[test]
 fn on_bridges_a_holder_cut_from_the_underlay_is_replaced_and_tcp_survives() {
     failover_case(Cni::Bridge, Kind::UnderlayCut);
@@ -289,9 +346,107 @@ fn like_ovn_kubernetes_pods_found_by_iface_id_leave_by_vlan_networks() {
 }
 
 #[test]
+fn like_ovn_kubernetes_next_to_its_egress_ip_each_keeps_its_destinations() {
+    if !ovs_here() {
+        return;
+    }
+    next_to_ovn_egress_ip(Cni::Ovs);
+}
+
+#[test]
 fn like_ovn_kubernetes_a_notready_holder_hands_over_and_tcp_survives() {
     if !ovs_here() {
         return;
     }
     failover_case(Cni::Ovs, Kind::NotReady);
+}
+
+/// The agent's OVSDB client against a real `ovsdb-server` (userspace only: no kernel
+/// module, no `ovs-vswitchd`): the ports `ovs-vsctl` gave an `iface-id`, nothing else; a
+/// socket nobody listens on is an error naming it and the flag.
+#[test]
+fn the_ovsdb_client_reads_the_ports_ovs_vsctl_named() {
+    let schema = "/usr/share/openvswitch/vswitch.ovsschema";
+    assert!(
+        Path::new(schema).is_file(),
+        "{schema} missing: cargo xtask bootstrap installs openvswitch-switch"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let db = d.join("conf.db");
+    let sock = d.join("db.sock");
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .env("OVS_RUNDIR", d)
+            .env("OVS_LOGDIR", d)
+            .env("OVS_DBDIR", d)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{program} {args:?}: {out:?}");
+    };
+    run("ovsdb-tool", &["create", &db.to_string_lossy(), schema]);
+    let remote = format!("--remote=punix:{}", sock.display());
+    run(
+        "ovsdb-server",
+        &[
+            &db.to_string_lossy(),
+            &remote,
+            "--pidfile",
+            "--detach",
+            "--no-chdir",
+        ],
+    );
+    let stop = || {
+        let pid = std::fs::read_to_string(d.join("ovsdb-server.pid")).unwrap_or_default();
+        let _ = Command::new("kill").arg(pid.trim()).status();
+    };
+    let vsctl = |args: &[&str]| {
+        run(
+            "ovs-vsctl",
+            &[
+                &[&format!("--db=unix:{}", sock.display()), "--no-wait"],
+                args,
+            ]
+            .concat(),
+        );
+    };
+    vsctl(&["init"]);
+    vsctl(&[
+        "add-br",
+        "br-int",
+        "--",
+        "add-port",
+        "br-int",
+        "a1b2c3d4e5f6a7b",
+        "--",
+        "set",
+        "interface",
+        "a1b2c3d4e5f6a7b",
+        "external_ids:iface-id=shop_web",
+        "external_ids:ip_addresses=10.128.2.5/23",
+        "--",
+        "add-port",
+        "br-int",
+        "plain",
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ports = rt.block_on(egress_agent::iface::ovsdb::pod_ports(&sock));
+    stop();
+    assert_eq!(
+        ports.unwrap(),
+        [egress_agent::iface::ovsdb::PodPort {
+            name: "a1b2c3d4e5f6a7b".into(),
+            iface_id: "shop_web".into(),
+        }]
+    );
+    let err = rt
+        .block_on(egress_agent::iface::ovsdb::pod_ports(
+            &d.join("nobody.sock"),
+        ))
+        .unwrap_err();
+    assert!(err.contains("nobody.sock (--ovsdb)"), "{err}");
 }

@@ -28,6 +28,11 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "nftables",
         "the baseline (OVN-Kubernetes-style SNAT) in benchmarks",
     ),
+    (
+        "openvswitch-switch",
+        "ovsdb-server for the OVSDB client's test, and Open vSwitch for the lab's --cni ovs \
+         wiring in the guest (whose root is this machine's); nothing starts it here",
+    ),
     ("umoci", "builds the agent's OCI image (cargo xtask image)"),
     ("podman", "runs the image in a test"),
     (
