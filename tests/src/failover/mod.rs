@@ -409,9 +409,10 @@ pub fn recover(lab: &mut Lab, kind: Kind, holder: &(String, String)) -> Result<(
     match kind {
         Kind::NotReady => lab.set_node_ready(gw, true),
         Kind::SilentDeath => {
+            // The underlay first: secondary networks may be VLANs on its NIC (Cni::Ovs).
+            lab.set_underlay_link(gw, true)?;
             lab.set_secondary_link(gw, "sec-a", true)?;
             lab.set_secondary_link(gw, "sec-b", true)?;
-            lab.set_underlay_link(gw, true)?;
             if lab.agent_running(gw) {
                 return Ok(());
             }
