@@ -210,11 +210,7 @@ const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
     // host's kernel has neither (the same file's bridge wiring runs on the host). Not its
     // failover case: with debug agents under emulation a takeover once gave the address
     // up again (1 round of 3); `cargo xtask lab --cni ovs --failover` shows the cases.
-    (
-        "wirings",
-        1,
-        &["like_ovn_kubernetes_pods", "like_ovn_kubernetes_next"],
-    ),
+    ("wirings", 1, &["like_ovn_kubernetes_pods"]),
 ];
 
 /// `cargo test -p egress-tests --test <each>` with `env`, two at a time.
