@@ -546,7 +546,8 @@ pub enum Cni {
     /// `br-int` with `external_ids:iface-id=<namespace>_<pod>`, the pod subnet's gateway
     /// on the management port `ovn-k8s-mp0`, the node's address on `br-ex` (the NIC its
     /// port), the secondary networks as 802.1Q VLANs off the NIC (`sec-a` VLAN 101,
-    /// `sec-b` VLAN 102). One `ovsdb-server` and `ovs-vswitchd` per node namespace.
+    /// `sec-b` VLAN 102). One `ovsdb-server` and `ovs-vswitchd` per node namespace. The
+    /// agents of w1 and gw1 run `--pod-devices ovs`, those of w2 and gw2 `auto`.
     Ovs,
 }
 
@@ -1969,10 +1970,16 @@ impl Lab {
             self.cni_socket(node).to_string_lossy().into_owned(),
         ];
         if self.spec.cni == Cni::Ovs {
-            // OVN-Kubernetes' way of naming a pod's port, not the veth's peer.
+            // w1 and gw1 find pods by OVN-Kubernetes' naming of their ports; w2 and gw2 as
+            // the DaemonSet does by default (auto: the veth's peer first).
+            let mode = if matches!(node, "w1" | "gw1") {
+                "ovs"
+            } else {
+                "auto"
+            };
             args.extend([
                 "--pod-devices".to_owned(),
-                "ovs".to_owned(),
+                mode.to_owned(),
                 "--ovsdb".to_owned(),
                 self.ovsdb_socket(node).to_string_lossy().into_owned(),
             ]);

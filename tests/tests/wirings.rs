@@ -339,6 +339,12 @@ fn like_ovn_kubernetes_pods_by_iface_id_over_vlans_next_to_its_egress_ip() {
             "from_underlay@br-ex"
         ]
     );
+    // w2 runs --pod-devices auto: the veth's peer finds its pod as OVS's iface-id does w1's.
+    assert!(
+        links(&lab, "w2").contains(&"from_pod@veth-w2-p1".to_owned()),
+        "{:?}",
+        links(&lab, "w2")
+    );
     let gw1 = links(&lab, "gw1");
     for want in [
         "from_secondary@sec-a",
@@ -347,8 +353,13 @@ fn like_ovn_kubernetes_pods_by_iface_id_over_vlans_next_to_its_egress_ip() {
     ] {
         assert!(gw1.contains(&want.to_owned()), "{gw1:?}");
     }
-    let agent = lab.agent_log("w1");
-    assert!(!agent.contains("OVSDB at"), "no OVSDB error: {agent}");
+    for node in ["w1", "w2"] {
+        let agent = lab.agent_log(node);
+        assert!(
+            !agent.contains("OVSDB at"),
+            "no OVSDB error on {node}: {agent}"
+        );
+    }
 }
 
 #[test]
