@@ -209,7 +209,7 @@ const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
     // Open vSwitch wired as OVN-Kubernetes leaves a node, VLAN secondary networks: this
     // host's kernel has neither (the same file's bridge wiring runs on the host). Not its
     // failover case: with debug agents under emulation a takeover once gave the address
-    // up again (1 round of 3); `cargo xtask lab --cni ovs --failover` shows the cases.
+    // up again (1 round of 6); `cargo xtask lab --cni ovs --failover` shows the cases.
     ("wirings", 1, &["like_ovn_kubernetes_pods"]),
 ];
 
