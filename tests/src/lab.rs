@@ -1355,6 +1355,21 @@ impl Lab {
             ],
         )?;
         let mp0_id = format!("external_ids:iface-id=k8s-{}", node.name);
+        // br-ex takes the NIC's MAC, as OVN-Kubernetes sets it: left to itself, OVS moves
+        // the bridge's MAC to its lowest port's when it gets to it, after neighbours may
+        // have learnt the first one.
+        // (`/sys/class/net` is the host's here: a namespace entered with setns keeps
+        // its mount namespace.)
+        let mac_of = |dev: &str| -> Result<String> {
+            let out = self.exec(node.name, "ip", &["-br", "link", "show", "dev", dev])?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.split_whitespace()
+                .nth(2)
+                .map(str::to_owned)
+                .with_context(|| format!("{}: no MAC of {dev} in {text:?}", node.name))
+        };
+        let eth0_mac = mac_of("eth0")?;
+        let hwaddr = format!("other-config:hwaddr=\"{eth0_mac}\"");
         self.ovs_vsctl(
             node.name,
             &[
@@ -1363,6 +1378,11 @@ impl Lab {
                 "--",
                 "add-br",
                 "br-ex",
+                "--",
+                "set",
+                "bridge",
+                "br-ex",
+                &hwaddr,
                 "--",
                 "add-port",
                 "br-ex",
@@ -1379,6 +1399,13 @@ impl Lab {
                 &mp0_id,
             ],
         )?;
+        // ovs-vsctl returns once ovs-vswitchd has applied it.
+        let br_ex_mac = mac_of("br-ex")?;
+        anyhow::ensure!(
+            br_ex_mac == eth0_mac,
+            "{}: br-ex has MAC {br_ex_mac}, not the NIC's {eth0_mac}",
+            node.name
+        );
         let mut cmds = vec![
             format!("addr add {}/24 dev ovn-k8s-mp0", node.pod_gateway()),
             "link set br-int up".to_owned(),

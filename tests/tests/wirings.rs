@@ -247,15 +247,26 @@ fn failover_case(cni: Cni, kind: Kind) {
 /// leave by our gateways with our egress IPs; another pod is untouched by either. Returns
 /// the lab, agents running.
 fn next_to_ovn_egress_ip(cni: Cni) -> Lab {
-    let mut lab = Lab::up(spec(cni, Family::V4)).unwrap();
     let host_c = IpAddr::V4(addr::HOST_C);
     let ovn = Some(IpAddr::V4(addr::OVN_EGRESS_IP));
-    // A bridge's new ports forward at once (no STP), but the first ARP round trips of
-    // a fresh lab can miss the query's first attempt.
-    wait_until(std::time::Duration::from_secs(10), || {
-        seen(&lab, "w1-p1", Proto::Tcp, host_c) == Some(IpAddr::V4(addr::W1_P1))
-    })
-    .expect("the pod reaches C with its own address before any EgressIP");
+    // Before any agent runs, the lab alone must pass the pod's traffic to C. Under
+    // emulation the OVS wiring sometimes does not (about 1 bring-up in 4, cause not found;
+    // no agent is involved yet): such a lab is rebuilt, twice at most, and said so.
+    let mut attempt = 0;
+    let mut lab = loop {
+        attempt += 1;
+        let lab = Lab::up(spec(cni, Family::V4)).unwrap();
+        let through = wait_until(std::time::Duration::from_secs(5), || {
+            seen(&lab, "w1-p1", Proto::Tcp, host_c) == Some(IpAddr::V4(addr::W1_P1))
+        });
+        match through {
+            Ok(_) => break lab,
+            Err(_) if attempt < 3 => {
+                eprintln!("{cni} lab {attempt}: no traffic to C before any agent; rebuilding it");
+            }
+            Err(e) => panic!("the pod reaches C with its own address before any EgressIP: {e}"),
+        }
+    };
     lab.add_ovn_egress_ip("w1", &["w1-p1"], addr::OVN_EGRESS_IP)
         .unwrap();
     let before = [
@@ -345,13 +356,11 @@ fn like_ovn_kubernetes_pods_by_iface_id_over_vlans_next_to_its_egress_ip() {
         "{:?}",
         links(&lab, "w2")
     );
-    let gw1 = links(&lab, "gw1");
-    for want in [
-        "from_secondary@sec-a",
-        "from_secondary@sec-b",
-        "from_underlay@br-ex",
-    ] {
-        assert!(gw1.contains(&want.to_owned()), "{gw1:?}");
+    // The holder of egress IP A (either gateway) serves it on the VLAN sec-a.
+    let (holder, _) = cluster::holder(&lab, addr::EGRESS_IP_A).expect("a holder of A");
+    let on = links(&lab, &holder);
+    for want in ["from_secondary@sec-a", "from_underlay@br-ex"] {
+        assert!(on.contains(&want.to_owned()), "{holder}: {on:?}");
     }
     for node in ["w1", "w2"] {
         let agent = lab.agent_log(node);
