@@ -130,18 +130,16 @@ impl Found {
 
 /// Whether `ip` is in one of `pod_cidrs`, or `pod_cidrs` has none of its family.
 fn in_pod_cidrs(ip: IpAddr, pod_cidrs: &[IpNet]) -> bool {
-    let mut of_family = pod_cidrs.iter().filter(|c| {
-        matches!(
-            (c, ip),
-            (IpNet::V4(_), IpAddr::V4(_)) | (IpNet::V6(_), IpAddr::V6(_))
-        )
-    });
-    let mut any = false;
-    let within = of_family.any(|c| {
-        any = true;
-        c.contains(&ip)
-    });
-    within || !any
+    let mut of_family = pod_cidrs.iter().filter(|c| same_family(c, ip)).peekable();
+    of_family.peek().is_none() || of_family.any(|c| c.contains(&ip))
+}
+
+/// Whether `net` and `ip` are of one address family.
+fn same_family(net: &IpNet, ip: IpAddr) -> bool {
+    matches!(
+        (net, ip),
+        (IpNet::V4(_), IpAddr::V4(_)) | (IpNet::V6(_), IpAddr::V6(_))
+    )
 }
 
 /// What this pass found pods' devices with: the route dump, the veths' peers, OVS's
@@ -183,12 +181,7 @@ fn is_routed_pod_device(
     devices: &BTreeSet<u32>,
     tunnel_ifindex: u32,
 ) -> bool {
-    let known = desired.pod_cidrs.iter().any(|c| {
-        matches!(
-            (c, pod),
-            (IpNet::V4(_), IpAddr::V4(_)) | (IpNet::V6(_), IpAddr::V6(_))
-        )
-    });
+    let known = desired.pod_cidrs.iter().any(|c| same_family(c, pod));
     let host_route = || {
         routes
             .prefixes_by_oif()
