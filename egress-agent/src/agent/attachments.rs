@@ -413,10 +413,7 @@ impl NewDevices {
 
 /// Not link-local (a pod device's only addresses, if any, are link-local).
 fn is_global(a: IpAddr) -> bool {
-    match a {
-        IpAddr::V4(a) => !a.is_link_local(),
-        IpAddr::V6(a) => !a.is_unicast_link_local(),
-    }
+    !iface::is_link_local(a)
 }
 
 #[cfg(test)]

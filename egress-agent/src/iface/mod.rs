@@ -15,7 +15,7 @@ mod peers;
 mod routes;
 
 pub use announce::*;
-pub use peers::VethPeer;
+pub use peers::{VethPeer, is_link_local};
 pub use routes::Routes;
 
 use std::{

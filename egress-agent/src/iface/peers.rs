@@ -93,7 +93,8 @@ fn veth_of(m: &LinkMessage) -> Option<(u32, String, i32, u32)> {
     Some((m.header.index, name?, nsid?, peer?))
 }
 
-fn is_link_local(ip: IpAddr) -> bool {
+/// Link-local (IPv4 169.254/16, IPv6 fe80::/10): an address no pod is known by.
+pub fn is_link_local(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(a) => a.is_link_local(),
         IpAddr::V6(a) => a.is_unicast_link_local(),
