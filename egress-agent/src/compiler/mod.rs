@@ -6,18 +6,23 @@
 //! every node. Policy statuses, holders and problems do not depend on the node name: every
 //! agent (and `egress-agent check`) derives the same ones.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
 
 use crate::{
     api::{EgressGatewayPolicy, PolicyStatus},
     desired::Desired,
-    liveness::PeerView,
+    liveness::{Membership, PeerView},
     source::ClusterView,
 };
 
 mod coverage;
 mod gateway_side;
 mod hash;
+mod members;
 pub mod netpol;
 mod nodes;
 mod placement;
@@ -155,6 +160,14 @@ pub struct Compiled {
     /// the last accepted one it is served from. The agent passes it back as
     /// `last_accepted` to its next compile.
     pub accepted: BTreeMap<String, EgressGatewayPolicy>,
+    /// Whom this node probes and counts for its quorum.
+    pub membership: Membership,
+    /// Every egress IP any policy names (accepted or not): the only addresses an agent
+    /// may remove, besides those it holds or published.
+    pub policy_egress_ips: BTreeSet<IpAddr>,
+    /// The node whose agent writes policy statuses and Events (the same on every node
+    /// that hears the same peers).
+    pub status_writer: Option<String>,
 }
 
 /// One egress address in use: a dedicated egress IP and its holder, or (`shared`) a
@@ -250,7 +263,8 @@ pub fn compile_remembering(
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
     netpol::restrict(view, &pods, node_name, &mut desired, &mut problems);
-    let statuses = status::statuses(&plans, egress_ips, &mut problems);
+    let reported = plans.iter().map(placement::PolicyPlan::reported);
+    let statuses = status::statuses(reported, egress_ips, &mut problems);
     problems.sort();
     problems.dedup();
     let accepted = plans
@@ -263,6 +277,9 @@ pub fn compile_remembering(
         holders,
         problems,
         accepted,
+        membership: members::membership(view, node_name),
+        policy_egress_ips: members::policy_egress_ips(view),
+        status_writer: members::status_writer(view, &peers.dead),
     }
 }
 

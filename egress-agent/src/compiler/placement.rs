@@ -15,7 +15,7 @@ use super::{
     reason,
     routes::{self, Prefixes, Reserved},
     rules::{self, CheckedRule},
-    status::PolicyReport,
+    status::{PolicyReport, Reported},
 };
 use crate::{
     api::{EgressGatewayPolicy, EgressGatewayPolicySpec, FailurePolicy},
@@ -35,6 +35,18 @@ pub(super) struct PolicyPlan<'a> {
     /// The accepted version it is planned from: itself, or its last accepted version;
     /// `None` when it is not accepted and was never accepted before.
     pub(super) accepted: Option<&'a EgressGatewayPolicy>,
+}
+
+impl PolicyPlan<'_> {
+    /// What its status is made of.
+    pub(super) fn reported(&self) -> Reported<'_> {
+        Reported {
+            name: &self.name,
+            generation: self.policy.metadata.generation,
+            rules: self.rules.len(),
+            report: &self.report,
+        }
+    }
 }
 
 /// A rule checked and resolved (for one family, when its destinations are learned from

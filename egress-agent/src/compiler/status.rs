@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Object, Problem, condition, placement::PolicyPlan, reason};
+use super::{Object, Problem, condition, reason};
 use crate::api::{EgressIpStatus, PolicyCondition, PolicyStatus};
 
 /// Most conflict pairs named in a condition message; the rest are counted.
@@ -121,17 +121,26 @@ impl PolicyReport {
     }
 }
 
+/// What a policy's status is made of: its name, generation and number of rules, and the
+/// report its plan gathered.
+pub(super) struct Reported<'a> {
+    pub(super) name: &'a str,
+    pub(super) generation: Option<i64>,
+    pub(super) rules: usize,
+    pub(super) report: &'a PolicyReport,
+}
+
 /// Every policy's status, and the problems its conditions describe (appended to
 /// `problems`). `egress_ips`: the addresses in use, by policy.
-pub(super) fn statuses(
-    plans: &[PolicyPlan<'_>],
+pub(super) fn statuses<'a>(
+    plans: impl IntoIterator<Item = Reported<'a>>,
     mut egress_ips: BTreeMap<String, BTreeSet<EgressIpStatus>>,
     problems: &mut Vec<Problem>,
 ) -> BTreeMap<String, PolicyStatus> {
     let mut out = BTreeMap::new();
     for plan in plans {
-        let report = &plan.report;
-        let object = Object::Policy(plan.name.clone());
+        let report = plan.report;
+        let object = Object::Policy(plan.name.to_owned());
         if report.serving_last.is_some() {
             problems.push(Problem {
                 object: object.clone(),
@@ -152,7 +161,7 @@ pub(super) fn statuses(
                 message: message.clone(),
             });
         }
-        let mut conditions = vec![accepted(report), ready(report, plan.rules.len())];
+        let mut conditions = vec![accepted(report), ready(report, plan.rules)];
         if let Some((reason, _)) = report.routes.first() {
             conditions.push(condition(
                 condition::ROUTES_DEGRADED,
@@ -229,12 +238,12 @@ pub(super) fn statuses(
             conditions.push(condition(condition::CONFLICT, true, reason, message));
         }
         out.insert(
-            plan.name.clone(),
+            plan.name.to_owned(),
             PolicyStatus {
-                observed_generation: plan.policy.metadata.generation,
+                observed_generation: plan.generation,
                 conditions,
                 egress_ips: egress_ips
-                    .remove(&plan.name)
+                    .remove(plan.name)
                     .unwrap_or_default()
                     .into_iter()
                     .collect(),

@@ -29,6 +29,7 @@ use crate::{
 mod conflicts;
 mod coverage;
 mod last_accepted;
+mod members;
 mod netpol;
 mod ovn;
 mod routes;

@@ -1,0 +1,72 @@
+//! Who takes part, as the agent needs it after a compile: whom this node probes and
+//! counts for its quorum, which addresses any policy names (the only ones an agent may
+//! remove), and which agent writes the policy statuses. Derived from the same view as the
+//! rest of [`super::Compiled`], so the agent never goes back to the view for them.
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use super::nodes::{gateway_candidates, node_ready, node_underlay};
+use crate::{liveness::Membership, source::ClusterView};
+
+/// Whom the node named `me` probes and counts (see [`crate::liveness::tracker`]): every
+/// node with an underlay address, its other addresses, the possible gateways, and the
+/// Ready nodes other than `me` whose agents run (they have an EgressNode).
+pub fn membership(view: &ClusterView, me: &str) -> Membership {
+    let agents: BTreeSet<&str> = view
+        .egress_nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    Membership {
+        nodes: view
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, node_underlay(n)?)))
+            .collect(),
+        aliases: view
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let addrs = n.status.as_ref()?.addresses.as_ref()?;
+                let ips = addrs
+                    .iter()
+                    .filter_map(|a| a.address.parse().ok())
+                    .collect();
+                Some((n.metadata.name.clone()?, ips))
+            })
+            .collect(),
+        gateways: gateway_candidates(view),
+        expected: view
+            .nodes
+            .iter()
+            .filter(|n| node_ready(n))
+            .filter_map(|n| n.metadata.name.as_deref())
+            .filter(|n| *n != me && agents.contains(n))
+            .map(str::to_owned)
+            .collect(),
+    }
+}
+
+/// Every egress IP (both families) that any policy names, accepted or not: the only
+/// addresses an agent may remove from an interface (with those it holds or published).
+pub fn policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
+    view.policies
+        .iter()
+        .flat_map(|p| p.spec.rules.iter())
+        .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+/// The one agent that writes policy statuses and Events: the first Ready node by name
+/// that its peers do not know to be dead (`dead`), so that agents whose views differ for a
+/// moment do not fight over the status. A silently dead node may still look Ready: the
+/// next one writes.
+pub fn status_writer(view: &ClusterView, dead: &BTreeSet<String>) -> Option<String> {
+    view.nodes
+        .iter()
+        .filter(|n| node_ready(n))
+        .filter_map(|n| n.metadata.name.as_deref())
+        .filter(|name| !dead.contains(*name))
+        .min()
+        .map(str::to_owned)
+}
