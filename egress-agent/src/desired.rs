@@ -165,4 +165,12 @@ impl Desired {
             .map(|a| IpAddr::V4(*a))
             .chain(self.v6.selected.keys().map(|a| IpAddr::V6(*a)))
     }
+
+    /// The egress address `ip` of either family, when this node holds or uses it.
+    pub fn egress_ip(&self, ip: IpAddr) -> Option<&HeldIp> {
+        match ip {
+            IpAddr::V4(a) => self.v4.egress_ips.get(&a),
+            IpAddr::V6(a) => self.v6.egress_ips.get(&a),
+        }
+    }
 }

@@ -12,16 +12,24 @@
 //!   old holder releases on its own) is added only once that claim is gone, or after the
 //!   detection time at most, so two nodes do not answer ARP for it at once.
 //!
-//! Decisions here are pure functions over plain data; `agent::Reconciler` acts on them.
+//! [`Ownership`] keeps what this node holds, lingers, waits for and refused, and acts
+//! on the pure decisions below through [`Addresses`]: the kernel's in the agent, a fake
+//! in the tests.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     time::{Duration, Instant},
 };
 
+use tracing::{debug, info, warn};
+
 use crate::{
+    api::HeldEgressIp,
+    compiler::{Compiled, Holder},
     desired::{Desired, GatewayRule, HeldIp, Part, V4, V6},
+    iface::Interface,
     liveness::{Claim, PeerView},
 };
 
@@ -62,6 +70,422 @@ pub struct GatewayPart {
 pub struct Lingering {
     pub until: Instant,
     pub part: GatewayPart,
+}
+
+/// How long an egress IP another host answered for is refused before it is probed again.
+pub const REPROBE: Duration = Duration::from_secs(5);
+
+/// How this node's addresses change: netlink and ARP/NDP in the agent
+/// ([`NodeAddresses`]), a fake in the tests.
+pub(crate) trait Addresses {
+    /// Add `ip/prefix_len` to `i`.
+    async fn add(&mut self, i: &Interface, ip: IpAddr, prefix_len: u8) -> Result<(), String>;
+    /// Remove what `r` names.
+    async fn remove(&mut self, r: &Release) -> Result<(), String>;
+    /// Duplicate address detection for `ip` on `i`: the problem that names the host
+    /// answering for it, if one does; an error when no probe could be sent.
+    async fn probe(&mut self, i: &Interface, ip: IpAddr) -> Result<Option<String>, String>;
+    /// Tell `i`'s network that `ip` is here now (in the background).
+    fn announce(&mut self, i: &Interface, ip: IpAddr);
+}
+
+/// What one pass knows besides the compile: who this node is, the time, the peers, and
+/// the liveness clocks.
+pub(crate) struct Pass<'a> {
+    pub me: &'a str,
+    pub now: Instant,
+    /// `now` in RFC 3339, for the `since` of what is taken.
+    pub stamp: &'a str,
+    pub peers: &'a PeerView,
+    /// When this agent has heard its peers (nothing is taken before).
+    pub warm_at: Instant,
+    /// The longest a handover waits for the previous holder to let go.
+    pub detection: Duration,
+    /// Probe before a first claim (`--no-dad` turns it off).
+    pub dad: bool,
+}
+
+/// What a step changed, what went wrong, and the reasons of the addresses it took.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Done {
+    pub changed: usize,
+    pub problems: Vec<String>,
+    pub acquired: Vec<&'static str>,
+}
+
+/// The egress IPs of this node: held, lingering after a release, waiting for a handover,
+/// or refused because another host answers for them. One pass acts on it in order:
+/// [`adopt`](Self::adopt), [`release`](Self::release), the maps from
+/// [`serving`](Self::serving), [`acquire`](Self::acquire), [`remember`](Self::remember).
+#[derive(Debug, Default)]
+pub struct Ownership {
+    holdings: BTreeMap<IpAddr, Holding>,
+    /// The gateway-side map contents of every dedicated egress IP of the last pass.
+    parts: BTreeMap<IpAddr, GatewayPart>,
+    lingering: BTreeMap<IpAddr, Lingering>,
+    /// Addresses to acquire that another live node still claims, since when.
+    handover_since: BTreeMap<IpAddr, Instant>,
+    /// An address waits for the end of this agent's warm-up.
+    warm_pending: bool,
+    /// Egress IPs another host answered for, when, and the problem that names it.
+    refused: BTreeMap<IpAddr, (Instant, String)>,
+}
+
+impl Ownership {
+    /// What this node holds, by address.
+    pub fn holdings(&self) -> &BTreeMap<IpAddr, Holding> {
+        &self.holdings
+    }
+
+    /// What this node says it holds, for its hellos.
+    pub fn claims(&self) -> BTreeMap<IpAddr, Claim> {
+        claims(&self.holdings)
+    }
+
+    /// The egress IPs refused because another host answers for them, with the problem.
+    pub fn refused(&self) -> impl Iterator<Item = (IpAddr, &str)> {
+        self.refused.iter().map(|(ip, (_, m))| (*ip, m.as_str()))
+    }
+
+    /// Take over what this node's EgressNode says it holds (`published`) and its
+    /// interfaces still carry (the agent restarted), so that a restart moves nothing.
+    pub fn adopt(&mut self, published: &[HeldEgressIp], ifaces: &[Interface]) -> Vec<IpAddr> {
+        adopt(&mut self.holdings, published, |ifc, ip| {
+            carries(ifaces, ifc, ip)
+        })
+    }
+
+    /// Remove the egress addresses this node must no longer hold (before the maps
+    /// change), and keep their map entries lingering. `published`: what this node's
+    /// EgressNode says it holds (an earlier agent's too), which it may remove as well.
+    pub(crate) async fn release(
+        &mut self,
+        addrs: &mut impl Addresses,
+        compiled: &Compiled,
+        published: &[HeldEgressIp],
+        ifaces: &[Interface],
+        now: Instant,
+    ) -> Done {
+        let mut removable = compiled.policy_egress_ips.clone();
+        removable.extend(self.holdings.keys().copied());
+        removable.extend(published.iter().filter_map(|h| h.ip.parse::<IpAddr>().ok()));
+        let mut done = Done::default();
+        for r in to_release(ifaces, &compiled.desired, &removable) {
+            if let Err(e) = addrs.remove(&r).await {
+                done.problems.push(format!("egress IP {}: {e}", r.ip));
+                continue;
+            }
+            done.changed += 1;
+            let epoch = self.holdings.remove(&r.ip).map(|h| h.epoch);
+            if let Some(part) = self.parts.get(&r.ip) {
+                let until = now + LINGER;
+                let part = part.clone();
+                self.lingering.insert(r.ip, Lingering { until, part });
+            }
+            info!(
+                ip = %r.ip,
+                interface = %r.interface,
+                epoch = ?epoch,
+                "released egress IP: {}",
+                release_reason(r.ip, compiled)
+            );
+        }
+        // Held IPs whose address vanished (the interface went away): not held any more.
+        self.holdings
+            .retain(|ip, h| carries(ifaces, &h.interface, *ip));
+        self.lingering.retain(|_, l| l.until > now);
+        done
+    }
+
+    /// What the maps serve: `desired`, with the released addresses that still linger
+    /// where nothing current takes their place.
+    pub fn serving<'d>(&self, desired: &'d Desired) -> Cow<'d, Desired> {
+        if self.lingering.is_empty() {
+            Cow::Borrowed(desired)
+        } else {
+            Cow::Owned(with_lingering(desired, &self.lingering))
+        }
+    }
+
+    /// Add the egress addresses the compile gives this node (after the maps and
+    /// attachments), waiting for the warm-up and for a live previous holder to let go,
+    /// probing first claims, and announce them. `published`: what this agent last
+    /// published, whose `since` an address already present keeps.
+    pub(crate) async fn acquire(
+        &mut self,
+        addrs: &mut impl Addresses,
+        compiled: &Compiled,
+        ifaces: &[Interface],
+        pass: &Pass<'_>,
+        published: &[HeldEgressIp],
+    ) -> Done {
+        let mut done = Done::default();
+        let mut wanted = BTreeSet::new();
+        self.warm_pending = false;
+        let mine = compiled
+            .holders
+            .iter()
+            .filter(|h| h.node == pass.me && !h.shared);
+        for h in mine {
+            let Some(i) = ifaces.iter().find(|i| i.name == h.interface) else {
+                continue;
+            };
+            wanted.insert(h.ip);
+            if i.addresses.iter().any(|(a, _)| *a == h.ip) {
+                // Already there (held before, or by the agent before this one).
+                self.keep(h, published, pass.stamp);
+                continue;
+            }
+            let Some(probe) = self.may_take(h, pass) else {
+                continue;
+            };
+            if pass.dad
+                && probe
+                && let Some(refused) = self.answered_elsewhere(addrs, h.ip, i, pass.now).await
+            {
+                done.problems.push(format!("egress IP {}: {refused}", h.ip));
+                continue;
+            }
+            let prefix_len = compiled
+                .desired
+                .egress_ip(h.ip)
+                .map_or(32, |e| e.prefix_len);
+            if let Err(e) = addrs.add(i, h.ip, prefix_len).await {
+                done.problems.push(format!("egress IP {}: {e}", h.ip));
+                continue;
+            }
+            self.took(h, pass.stamp);
+            addrs.announce(i, h.ip);
+            done.changed += 1;
+            done.acquired.push(h.reason);
+        }
+        self.handover_since.retain(|ip, _| wanted.contains(ip));
+        self.refused.retain(|ip, _| wanted.contains(ip));
+        done
+    }
+
+    /// Whether `h`'s address may be added now ([`take`]), and if so whether it is to be
+    /// probed first; else it waits (for the warm-up, or a handover) and a pass is due.
+    fn may_take(&mut self, h: &Holder, pass: &Pass<'_>) -> Option<bool> {
+        let waiting = self.handover_since.get(&h.ip).copied();
+        let (me, peers, now) = (pass.me, pass.peers, pass.now);
+        match take(
+            h.ip,
+            h.reason,
+            me,
+            peers,
+            now,
+            pass.warm_at,
+            waiting,
+            pass.detection,
+        ) {
+            Take::AfterWarmUp => {
+                self.warm_pending = true;
+                None
+            }
+            Take::AfterHandover { holder, since } => {
+                self.handover_since.insert(h.ip, since);
+                debug!(ip = %h.ip, %holder, "waiting for the previous holder to release");
+                None
+            }
+            Take::Now { probe, overdue } => {
+                if let Some(holder) = overdue {
+                    warn!(
+                        ip = %h.ip,
+                        %holder,
+                        "the previous holder still claims the address after the detection \
+                         time; taking it"
+                    );
+                }
+                self.handover_since.remove(&h.ip);
+                Some(probe)
+            }
+        }
+    }
+
+    /// Duplicate address detection before this node first claims `ip` on `i`: the
+    /// problem to report when another host answers for it. A refused address is probed
+    /// again once [`REPROBE`] has passed.
+    async fn answered_elsewhere(
+        &mut self,
+        addrs: &mut impl Addresses,
+        ip: IpAddr,
+        i: &Interface,
+        now: Instant,
+    ) -> Option<String> {
+        if let Some((at, refused)) = self.refused.get(&ip)
+            && now.duration_since(*at) < REPROBE
+        {
+            return Some(refused.clone());
+        }
+        match addrs.probe(i, ip).await {
+            Ok(None) => {
+                self.refused.remove(&ip);
+                None
+            }
+            Ok(Some(refused)) => {
+                self.refused.insert(ip, (now, refused.clone()));
+                Some(refused)
+            }
+            Err(e) => {
+                warn!("failed to probe for {ip} before claiming it (claiming it anyway): {e}");
+                None
+            }
+        }
+    }
+
+    /// Record `h`, whose address is already on its interface, as held (keeping the
+    /// `since` published for its epoch).
+    fn keep(&mut self, h: &Holder, published: &[HeldEgressIp], stamp: &str) {
+        let ip = h.ip.to_string();
+        let since = published
+            .iter()
+            .find(|p| p.ip == ip && p.epoch == h.epoch)
+            .and_then(|p| p.since.clone());
+        self.holdings
+            .entry(h.ip)
+            .or_insert_with(|| Holding {
+                interface: h.interface.clone(),
+                epoch: h.epoch,
+                since: since.unwrap_or_else(|| stamp.to_owned()),
+                reason: h.reason.to_owned(),
+            })
+            .epoch = h.epoch;
+    }
+
+    /// Record `h` as held from `stamp`: it no longer lingers.
+    fn took(&mut self, h: &Holder, stamp: &str) {
+        self.lingering.remove(&h.ip);
+        let held = Holding {
+            interface: h.interface.clone(),
+            epoch: h.epoch,
+            since: stamp.to_owned(),
+            reason: h.reason.to_owned(),
+        };
+        self.holdings.insert(h.ip, held);
+        info!(
+            ip = %h.ip,
+            interface = %h.interface,
+            epoch = h.epoch,
+            reason = h.reason,
+            "holding egress IP"
+        );
+    }
+
+    /// Remember the gateway-side map contents of this pass's `desired`, for the linger of
+    /// what a later pass releases.
+    pub fn remember(&mut self, desired: &Desired) {
+        self.parts = gateway_parts(desired);
+    }
+
+    /// When the next pass is due without an event: a handover's deadline, the end of a
+    /// linger, of the warm-up, or of a refusal; now when something waits without one.
+    pub fn next_pass(
+        &self,
+        now: Instant,
+        detection: Duration,
+        warm_at: Instant,
+    ) -> Option<Instant> {
+        let handovers = self.handover_since.values().map(|s| *s + detection);
+        let lingers = self.lingering.values().map(|l| l.until);
+        let warm = self.warm_pending.then_some(warm_at);
+        let reprobes = self.refused.values().map(|(at, _)| *at + REPROBE);
+        let next = handovers
+            .chain(lingers)
+            .chain(warm)
+            .chain(reprobes)
+            .filter(|t| *t > now)
+            .min();
+        let waiting = self.warm_pending || !self.handover_since.is_empty();
+        next.or(waiting.then_some(now))
+    }
+}
+
+/// Whether `ifaces` has `ip` on the interface named `interface`.
+fn carries(ifaces: &[Interface], interface: &str, ip: IpAddr) -> bool {
+    ifaces
+        .iter()
+        .any(|i| i.name == interface && i.addresses.iter().any(|(a, _)| *a == ip))
+}
+
+/// Why this node no longer holds egress IP `ip`, in words for the log.
+pub fn release_reason(ip: IpAddr, compiled: &Compiled) -> String {
+    if let Some(h) = compiled.holders.iter().find(|h| h.ip == ip && !h.shared) {
+        return format!(
+            "{} holds it now ({}, policy {})",
+            h.node, h.reason, h.policy
+        );
+    }
+    let named: Vec<&String> = compiled
+        .accepted
+        .iter()
+        .filter(|(_, p)| {
+            p.spec
+                .rules
+                .iter()
+                .any(|r| r.egress_ip.as_deref().and_then(|t| t.parse().ok()) == Some(ip))
+        })
+        .map(|(name, _)| name)
+        .collect();
+    if named.is_empty() {
+        return "no accepted policy names it".to_owned();
+    }
+    let why: Vec<String> = named
+        .iter()
+        .filter_map(|name| {
+            let ready = compiled
+                .statuses
+                .get(*name)?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")?;
+            Some(format!(
+                "policy {name}: {}: {}",
+                ready.reason, ready.message
+            ))
+        })
+        .collect();
+    format!("no eligible gateway holds it ({})", why.join("; "))
+}
+
+/// The node's own addresses: netlink for the address, ARP and NDP for the probes and
+/// announcements.
+pub(crate) struct NodeAddresses<'a>(pub &'a crate::iface::Netlink);
+
+impl Addresses for NodeAddresses<'_> {
+    async fn add(&mut self, i: &Interface, ip: IpAddr, prefix_len: u8) -> Result<(), String> {
+        // The kernel's own IPv6 DAD stays off: see `add_address`.
+        let added = self.0.add_address(i.ifindex, ip, prefix_len).await;
+        added.map_err(|e| e.to_string())
+    }
+
+    async fn remove(&mut self, r: &Release) -> Result<(), String> {
+        let removed = self.0.del_address(r.ifindex, r.ip, r.prefix_len).await;
+        removed.map_err(|e| e.to_string())
+    }
+
+    async fn probe(&mut self, i: &Interface, ip: IpAddr) -> Result<Option<String>, String> {
+        let Some(mac) = i.mac else { return Ok(None) };
+        let t0 = Instant::now();
+        let answer = crate::doctor::dad::probe(i.ifindex, mac, ip).await;
+        let answer = answer.map_err(|e| e.to_string())?;
+        if answer.is_none() {
+            let took_ms = t0.elapsed().as_secs_f64() * 1e3;
+            info!(%ip, interface = %i.name, took_ms, "no answer to duplicate address probes");
+        }
+        Ok(answer.map(|holder| crate::doctor::in_use_message(ip, &i.name, holder)))
+    }
+
+    fn announce(&mut self, i: &Interface, ip: IpAddr) {
+        let (Some(mac), ifindex) = (i.mac, i.ifindex) else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Err(e) = crate::iface::announce(ifindex, mac, ip, &ANNOUNCE_AT).await {
+                warn!("failed to announce {ip}: {e}");
+            }
+        });
+    }
 }
 
 /// The gateway-side map contents of every dedicated egress IP in `desired`, by address.
@@ -187,11 +611,9 @@ pub fn to_release(
     let mut out = Vec::new();
     for i in ifaces {
         for (a, len) in &i.addresses {
-            let ours = match a {
-                IpAddr::V4(a) => desired.v4.egress_ips.get(a),
-                IpAddr::V6(a) => desired.v6.egress_ips.get(a),
-            }
-            .is_some_and(|h| !h.shared && h.interface == i.name);
+            let ours = desired
+                .egress_ip(*a)
+                .is_some_and(|h| !h.shared && h.interface == i.name);
             if removable.contains(a) && !ours {
                 out.push(Release {
                     ifindex: i.ifindex,
@@ -516,5 +938,263 @@ mod tests {
             },
             "overdue: taken without a probe (the claimant would answer it)"
         );
+    }
+
+    /// The kernel's side of [`Ownership`] in these tests: interfaces whose addresses
+    /// `add` and `remove` change, hosts that answer probes, and a log of every call.
+    #[derive(Default)]
+    struct Fake {
+        ifaces: Vec<crate::iface::Interface>,
+        /// Addresses another host answers probes for, with the problem it makes.
+        answered: BTreeMap<IpAddr, String>,
+        /// Removals that fail.
+        stuck: BTreeSet<IpAddr>,
+        log: Vec<String>,
+    }
+
+    impl Addresses for Fake {
+        async fn add(&mut self, i: &Interface, ip: IpAddr, prefix_len: u8) -> Result<(), String> {
+            self.log.push(format!("add {ip}/{prefix_len} {}", i.name));
+            let i = self.ifaces.iter_mut().find(|f| f.name == i.name).unwrap();
+            i.addresses.push((ip, prefix_len));
+            Ok(())
+        }
+
+        async fn remove(&mut self, r: &Release) -> Result<(), String> {
+            self.log.push(format!("remove {} {}", r.ip, r.interface));
+            if self.stuck.contains(&r.ip) {
+                return Err("Operation not permitted".to_owned());
+            }
+            for i in &mut self.ifaces {
+                i.addresses.retain(|(a, _)| *a != r.ip);
+            }
+            Ok(())
+        }
+
+        async fn probe(&mut self, _: &Interface, ip: IpAddr) -> Result<Option<String>, String> {
+            self.log.push(format!("probe {ip}"));
+            Ok(self.answered.get(&ip).cloned())
+        }
+
+        fn announce(&mut self, i: &Interface, ip: IpAddr) {
+            self.log.push(format!("announce {ip} {}", i.name));
+        }
+    }
+
+    const A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 50);
+
+    /// gw2, with sec-a on A's network, in a compile that gives it A for `reason`.
+    fn gw2_holding_a(reason: &'static str) -> (Fake, Compiled) {
+        let fake = Fake {
+            ifaces: vec![iface("sec-a", 3, &[("192.168.101.12", 24)])],
+            ..Fake::default()
+        };
+        let compiled = Compiled {
+            desired: desired_holding(A, 7),
+            holders: vec![Holder {
+                ip: A.into(),
+                node: "gw2".into(),
+                interface: "sec-a".into(),
+                policy: "p".into(),
+                rule: 0,
+                rule_id: 7,
+                shared: false,
+                epoch: 3,
+                reason,
+            }],
+            policy_egress_ips: BTreeSet::from([A.into()]),
+            ..Compiled::default()
+        };
+        (fake, compiled)
+    }
+
+    /// A pass of gw2 at `t0 + ms`, warm from `t0 + 100 ms`, detection 400 ms.
+    fn pass_at<'a>(t0: Instant, ms: u64, peers: &'a PeerView) -> Pass<'a> {
+        Pass {
+            me: "gw2",
+            now: t0 + Duration::from_millis(ms),
+            stamp: "2026-12-03T10:00:00Z",
+            peers,
+            warm_at: t0 + Duration::from_millis(100),
+            detection: Duration::from_millis(400),
+            dad: true,
+        }
+    }
+
+    fn acquire(own: &mut Ownership, fake: &mut Fake, c: &Compiled, pass: &Pass<'_>) -> Done {
+        let ifaces = fake.ifaces.clone();
+        futures::executor::block_on(own.acquire(fake, c, &ifaces, pass, &[]))
+    }
+
+    fn release(own: &mut Ownership, fake: &mut Fake, c: &Compiled, now: Instant) -> Done {
+        let ifaces = fake.ifaces.clone();
+        futures::executor::block_on(own.release(fake, c, &[], &ifaces, now))
+    }
+
+    #[test]
+    fn a_first_claim_is_probed_added_announced_and_then_kept() {
+        let (mut fake, c) = gw2_holding_a(crate::compiler::move_reason::ASSIGNED);
+        let (mut own, t0, peers) = (Ownership::default(), Instant::now(), PeerView::default());
+        let done = acquire(&mut own, &mut fake, &c, &pass_at(t0, 100, &peers));
+        assert_eq!(
+            fake.log,
+            [
+                "probe 192.168.101.50",
+                "add 192.168.101.50/24 sec-a",
+                "announce 192.168.101.50 sec-a"
+            ]
+        );
+        assert_eq!((done.changed, done.acquired), (1, vec!["Assigned"]));
+        let held = &own.holdings()[&IpAddr::V4(A)];
+        assert_eq!(
+            (held.epoch, held.since.as_str()),
+            (3, "2026-12-03T10:00:00Z")
+        );
+        assert_eq!(own.claims()[&IpAddr::V4(A)].epoch, 3);
+
+        let later = Pass {
+            stamp: "2026-12-03T10:05:00Z",
+            ..pass_at(t0, 5000, &peers)
+        };
+        let done = acquire(&mut own, &mut fake, &c, &later);
+        assert_eq!(fake.log.len(), 3, "already there: nothing more done");
+        assert_eq!(done, Done::default());
+        assert_eq!(own.holdings()[&IpAddr::V4(A)].since, "2026-12-03T10:00:00Z");
+        assert_eq!(
+            own.next_pass(later.now, later.detection, later.warm_at),
+            None
+        );
+    }
+
+    #[test]
+    fn nothing_is_taken_before_the_warm_up_whose_end_is_the_next_pass() {
+        let (mut fake, c) = gw2_holding_a(crate::compiler::move_reason::ASSIGNED);
+        let (mut own, t0, peers) = (Ownership::default(), Instant::now(), PeerView::default());
+        let early = pass_at(t0, 20, &peers);
+        assert_eq!(acquire(&mut own, &mut fake, &c, &early), Done::default());
+        assert!(fake.log.is_empty() && own.holdings().is_empty());
+        assert_eq!(
+            own.next_pass(early.now, early.detection, early.warm_at),
+            Some(early.warm_at)
+        );
+    }
+
+    #[test]
+    fn a_handover_waits_for_the_live_claimant_one_detection_time_at_most() {
+        use crate::compiler::move_reason::HOLDER_DRAINED;
+        let (mut fake, c) = gw2_holding_a(HOLDER_DRAINED);
+        let (mut own, t0) = (Ownership::default(), Instant::now());
+        let mut peers = PeerView::default();
+        peers.reports.insert("gw1".into(), claiming(A.into()));
+        let first = pass_at(t0, 200, &peers);
+        assert_eq!(acquire(&mut own, &mut fake, &c, &first).changed, 0);
+        let deadline = first.now + first.detection;
+        assert_eq!(
+            own.next_pass(first.now, first.detection, first.warm_at),
+            Some(deadline)
+        );
+        // Still claimed at the deadline: taken, unprobed (the claimant would answer).
+        let done = acquire(&mut own, &mut fake, &c, &pass_at(t0, 600, &peers));
+        assert_eq!(done.acquired, ["HolderDrained"]);
+        assert_eq!(
+            fake.log,
+            [
+                "add 192.168.101.50/24 sec-a",
+                "announce 192.168.101.50 sec-a"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_address_another_host_answers_for_is_refused_until_a_later_probe() {
+        let (mut fake, c) = gw2_holding_a(crate::compiler::move_reason::ASSIGNED);
+        fake.answered
+            .insert(A.into(), "in use: MAC 02:00:00:00:00:99 answered".into());
+        let (mut own, t0, peers) = (Ownership::default(), Instant::now(), PeerView::default());
+        let first = pass_at(t0, 100, &peers);
+        let done = acquire(&mut own, &mut fake, &c, &first);
+        assert_eq!(
+            done.problems,
+            ["egress IP 192.168.101.50: in use: MAC 02:00:00:00:00:99 answered"]
+        );
+        let refused: Vec<IpAddr> = own.refused().map(|(ip, _)| ip).collect();
+        assert_eq!(refused, [IpAddr::V4(A)]);
+        assert_eq!(
+            own.next_pass(first.now, first.detection, first.warm_at),
+            Some(first.now + REPROBE)
+        );
+        // Within REPROBE: refused again without a probe.
+        let done = acquire(&mut own, &mut fake, &c, &pass_at(t0, 1000, &peers));
+        assert_eq!((done.problems.len(), fake.log.len()), (1, 1));
+        // The host went away: the next probe after REPROBE finds nobody.
+        fake.answered.clear();
+        let done = acquire(&mut own, &mut fake, &c, &pass_at(t0, 5200, &peers));
+        assert_eq!((done.changed, own.refused().count()), (1, 0));
+        assert_eq!(fake.log[1], "probe 192.168.101.50");
+    }
+
+    #[test]
+    fn a_release_removes_the_address_first_and_its_map_entries_linger() {
+        let (mut fake, c) = gw2_holding_a(crate::compiler::move_reason::ASSIGNED);
+        let (mut own, t0, peers) = (Ownership::default(), Instant::now(), PeerView::default());
+        acquire(&mut own, &mut fake, &c, &pass_at(t0, 100, &peers));
+        own.remember(&c.desired);
+        // A moved to gw1: gw2's desired state no longer holds it.
+        let moved = Compiled {
+            desired: Desired::default(),
+            holders: vec![Holder {
+                node: "gw1".into(),
+                ..c.holders[0].clone()
+            }],
+            ..c.clone()
+        };
+        let now = t0 + Duration::from_secs(1);
+        let done = release(&mut own, &mut fake, &moved, now);
+        assert_eq!(done.changed, 1);
+        assert_eq!(fake.log.last().unwrap(), "remove 192.168.101.50 sec-a");
+        assert!(own.holdings().is_empty() && own.claims().is_empty());
+        let serving = own.serving(&moved.desired);
+        assert_eq!(
+            serving.v4.egress_ips, c.desired.v4.egress_ips,
+            "A still served"
+        );
+        assert_eq!(serving.v4.rules, c.desired.v4.rules);
+        let detection = Duration::from_millis(400);
+        assert_eq!(own.next_pass(now, detection, t0), Some(now + LINGER));
+        // Past the linger: gone from the maps too.
+        release(&mut own, &mut fake, &moved, now + LINGER);
+        assert!(matches!(own.serving(&moved.desired), Cow::Borrowed(_)));
+        assert_eq!(own.next_pass(now + LINGER, detection, t0), None);
+    }
+
+    #[test]
+    fn a_failed_removal_is_a_problem_and_the_address_stays_held() {
+        let (mut fake, c) = gw2_holding_a(crate::compiler::move_reason::ASSIGNED);
+        let (mut own, t0, peers) = (Ownership::default(), Instant::now(), PeerView::default());
+        acquire(&mut own, &mut fake, &c, &pass_at(t0, 100, &peers));
+        fake.stuck.insert(A.into());
+        let gone = Compiled {
+            desired: Desired::default(),
+            holders: Vec::new(),
+            ..c.clone()
+        };
+        let done = release(&mut own, &mut fake, &gone, t0 + Duration::from_secs(1));
+        assert_eq!(
+            done.problems,
+            ["egress IP 192.168.101.50: Operation not permitted"]
+        );
+        assert!(
+            own.holdings().contains_key(&IpAddr::V4(A)),
+            "still on sec-a"
+        );
+        // An address this node may not remove (no policy names it, never held) stays.
+        let mut own = Ownership::default();
+        let unnamed = Compiled {
+            policy_egress_ips: BTreeSet::new(),
+            ..gone
+        };
+        fake.stuck.clear();
+        let done = release(&mut own, &mut fake, &unnamed, t0);
+        assert_eq!(done, Done::default());
     }
 }

@@ -12,26 +12,22 @@
 //! flow one FIB lookup, a missed one would keep a flow on a dead next hop. What no
 //! notification reports (a change while no agent runs, a lost message on a socket
 //! overrun) the datapath heals by itself: a cached next hop older than
-//! `NEXT_HOP_MAX_AGE_NS` (1 s) is looked up again.
+//! `NEXT_HOP_MAX_AGE_NS` (1 s) is looked up again. The map write itself is
+//! [`crate::datapath::nexthop`]'s, as every map write is the datapath's.
 
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use aya::maps::{Array, Map, MapData};
-use egress_common::maps::{self as names, def::NhGen};
 use futures::{FutureExt as _, StreamExt as _};
 use rtnetlink::MulticastGroup;
+
+use crate::datapath::nexthop::Generation;
 
 /// Start the task that bumps `NH_GEN` (pinned under `pin_dir`) on route and neighbour
 /// changes. Bumps once at start: a next hop cached before this agent started may be
 /// stale.
 pub fn start(pin_dir: &Path) -> Result<()> {
-    let path = pin_dir.join(names::NH_GEN);
-    let data = MapData::from_pin(&path)
-        .with_context(|| format!("failed to open map {} at {}", names::NH_GEN, path.display()))?;
-    let mut generation: Array<MapData, <NhGen as names::Map>::Value> =
-        Array::try_from(Map::Array(data))
-            .with_context(|| format!("failed to open map {} as an array", names::NH_GEN))?;
+    let mut generation = Generation::open(pin_dir)?;
     let (connection, _handle, mut messages) = rtnetlink::new_multicast_connection(&[
         MulticastGroup::Ipv4Route,
         MulticastGroup::Ipv6Route,
@@ -54,13 +50,9 @@ pub fn start(pin_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Add one to `NH_GEN` (wrapping). Logged, not fatal: the age bound still holds.
-fn bump(generation: &mut Array<MapData, <NhGen as names::Map>::Value>) {
-    let next = generation.get(&0, 0).unwrap_or(0).wrapping_add(1);
-    if let Err(e) = generation.set(0, next, 0) {
-        tracing::warn!(
-            "failed to bump the next-hop generation ({}): {e}",
-            names::NH_GEN
-        );
+/// Bump the generation. Logged, not fatal: the age bound still holds.
+fn bump(generation: &mut Generation) {
+    if let Err(e) = generation.bump() {
+        tracing::warn!("failed to bump the next-hop generation: {e}");
     }
 }

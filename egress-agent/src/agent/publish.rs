@@ -7,17 +7,21 @@ use std::{
     net::IpAddr,
 };
 
+use anyhow::Result;
 use ipnet::IpNet;
 use tracing::{info, warn};
 
-use super::holding::Holding;
+use super::{Reconciler, holding::Holding};
 use crate::{
     api::{
         EgressNode, EgressNodeSpec, EgressNodeStatus, HeldEgressIp, MAX_ROUTES, NodeInterface,
-        PeerLiveness, PreflightCheck,
+        PeerLiveness, PreflightCheck, PreflightResult,
     },
+    compiler::{Compiled, Holder},
     iface,
-    liveness::PeerStatus,
+    liveness::{PeerStatus, PeerView},
+    metrics,
+    source::Event,
 };
 
 /// This node's interfaces as it publishes them: every one with an address but the
@@ -158,6 +162,167 @@ pub fn egress_node_doc(
     doc
 }
 
+/// What an EgressNode says its node holds (nothing without one).
+pub fn held_in(doc: Option<&EgressNode>) -> &[HeldEgressIp] {
+    doc.and_then(|d| d.status.as_ref())
+        .map_or(&[], |s| s.egress_ips.as_slice())
+}
+
+/// Where each dedicated egress IP is held: address -> (node, interface).
+pub type Placement = BTreeMap<IpAddr, (String, String)>;
+
+/// The dedicated holders of `holders` as a [`Placement`], and each change from `last` in
+/// words (moved, newly assigned, left without a holder), by address. Nothing is "newly
+/// assigned" on the first pass (`last` empty): an agent that starts reports no moves.
+pub fn holder_moves(last: &Placement, holders: &[Holder]) -> (Placement, Vec<(IpAddr, String)>) {
+    let dedicated = || holders.iter().filter(|h| !h.shared);
+    let now: Placement = dedicated()
+        .map(|h| (h.ip, (h.node.clone(), h.interface.clone())))
+        .collect();
+    let mut moves = Vec::new();
+    for h in dedicated() {
+        let (ip, node, interface) = (h.ip, &h.node, &h.interface);
+        match last.get(&ip) {
+            Some((old, _)) if old != node => moves.push((
+                ip,
+                format!(
+                    "egress IP {ip} moved from {old} to {node} ({interface}): {}",
+                    h.reason
+                ),
+            )),
+            None if !last.is_empty() => {
+                moves.push((
+                    ip,
+                    format!("egress IP {ip} assigned to {node} ({interface})"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    for ip in last.keys().filter(|ip| !now.contains_key(ip)) {
+        moves.push((*ip, format!("egress IP {ip} has no holder")));
+    }
+    (now, moves)
+}
+
+/// A start-time preflight line about an egress IP (`egress-ip X`, `duplicate-address
+/// X`), as it stands now: once this node holds X, it says so rather than what was found
+/// before it did.
+fn refreshed(check: &PreflightCheck, holdings: &BTreeMap<IpAddr, Holding>) -> PreflightCheck {
+    let ip = check
+        .check
+        .strip_prefix("egress-ip ")
+        .or_else(|| check.check.strip_prefix("duplicate-address "))
+        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    match ip.and_then(|ip| holdings.get(&ip)) {
+        Some(h) => PreflightCheck {
+            check: check.check.clone(),
+            result: PreflightResult::Ok,
+            message: format!(
+                "held by this node on {} since {} (at start: {}: {})",
+                h.interface,
+                h.since,
+                check.result,
+                // The line's schema allows 1,024 characters.
+                check.message.chars().take(640).collect::<String>()
+            ),
+        },
+        None => check.clone(),
+    }
+}
+
+impl Reconciler<'_> {
+    /// Write this node's EgressNode when it changed, and its part of the metrics.
+    pub(super) fn publish_node(
+        &mut self,
+        underlay: Option<IpAddr>,
+        ifaces: &[iface::Interface],
+        peers: &PeerView,
+    ) -> Result<()> {
+        let statuses = self.probes.status();
+        let holdings = self.own.holdings();
+        let cut_off = peers.dead.contains(&self.cfg.node_name);
+        {
+            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.liveness.peers.clone_from(&statuses);
+            s.liveness.cut_off = cut_off;
+            s.liveness.refused = self.probes.refused();
+            s.liveness.held = holdings
+                .iter()
+                .map(|(ip, h)| metrics::HeldStat {
+                    ip: ip.to_string(),
+                    interface: h.interface.clone(),
+                    epoch: h.epoch,
+                    since: h.since.clone(),
+                    reason: h.reason.clone(),
+                })
+                .collect();
+        }
+        let interfaces = node_interfaces(
+            ifaces,
+            &self.cfg.tunnel_device,
+            holdings,
+            &self.route_prefixes,
+        );
+        self.routes_capped = warn_capped(&self.routes_capped, &interfaces);
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .routes_published = interfaces
+            .iter()
+            .map(|i| (i.name.clone(), i.routes.len()))
+            .collect();
+        let refused = self.own.refused().map(|(ip, message)| PreflightCheck {
+            check: format!("duplicate-address {ip}"),
+            result: PreflightResult::Fail,
+            message: message.to_owned(),
+        });
+        let preflight = self
+            .preflight
+            .iter()
+            .map(|c| refreshed(c, holdings))
+            .chain(refused)
+            .collect();
+        let doc = egress_node_doc(
+            &self.cfg.node_name,
+            underlay,
+            interfaces,
+            holdings,
+            &statuses,
+            cut_off,
+            preflight,
+        );
+        if self.last_node_doc.as_ref() != Some(&doc) {
+            self.sink.egress_node(&doc)?;
+            self.last_node_doc = Some(doc);
+        }
+        Ok(())
+    }
+
+    /// Policy statuses and holder moves: logged always; written to the API (statuses,
+    /// Events) by the compile's status writer only.
+    pub(super) fn report(&mut self, compiled: &Compiled) {
+        let (now, moves) = holder_moves(&self.last_holders, &compiled.holders);
+        self.last_holders = now;
+        for (_, m) in &moves {
+            info!("{m}");
+        }
+        if compiled.status_writer.as_deref() != Some(self.cfg.node_name.as_str()) {
+            return;
+        }
+        self.sink.policy_statuses(&compiled.statuses);
+        for (ip, message) in moves {
+            if let Some(h) = compiled.holders.iter().find(|h| h.ip == ip) {
+                self.sink.event(Event {
+                    policy: h.policy.clone(),
+                    reason: "EgressIPMoved",
+                    message,
+                });
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -248,5 +413,92 @@ mod tests {
         );
         assert_eq!(warn_capped(&capped, &listed), capped);
         assert!(warn_capped(&capped, &[]).is_empty());
+    }
+
+    #[test]
+    fn an_egress_ip_preflight_line_says_so_once_the_node_holds_it() {
+        let start = PreflightCheck {
+            check: "egress-ip 192.168.101.50".to_owned(),
+            result: PreflightResult::Fail,
+            message: "in no subnet of an up interface".to_owned(),
+        };
+        let other = PreflightCheck {
+            check: "bpffs".to_owned(),
+            ..start.clone()
+        };
+        let mut holdings = BTreeMap::new();
+        assert_eq!(refreshed(&start, &holdings), start);
+        holdings.insert(
+            "192.168.101.50".parse().unwrap(),
+            Holding {
+                interface: "sec-a".to_owned(),
+                epoch: 1,
+                since: "2026-12-02T01:00:00Z".to_owned(),
+                reason: "Assigned".to_owned(),
+            },
+        );
+        let now = refreshed(&start, &holdings);
+        assert_eq!(now.result, PreflightResult::Ok);
+        assert!(
+            now.message
+                .starts_with("held by this node on sec-a since 2026-12-02T01:00:00Z")
+                && now.message.contains("at start: fail: in no subnet"),
+            "{now:?}"
+        );
+        assert_eq!(refreshed(&other, &holdings), other);
+    }
+
+    fn holder(ip: &str, node: &str, reason: &'static str) -> Holder {
+        Holder {
+            ip: ip.parse().expect("ip literal"),
+            node: node.to_owned(),
+            interface: "sec-a".to_owned(),
+            policy: "p".to_owned(),
+            rule: 0,
+            rule_id: 1,
+            shared: false,
+            epoch: 1,
+            reason,
+        }
+    }
+
+    #[test]
+    fn holder_moves_say_what_moved_was_assigned_or_lost_its_holder() {
+        let a = holder("192.168.101.50", "gw1", "Assigned");
+        let b = holder("192.168.102.50", "gw1", "Assigned");
+        let (first, moves) = holder_moves(&Placement::new(), std::slice::from_ref(&a));
+        assert!(
+            moves.is_empty(),
+            "a starting agent reports no moves: {moves:?}"
+        );
+        let shared = Holder {
+            shared: true,
+            ..holder("192.168.101.12", "gw2", "Assigned")
+        };
+        let (same, moves) = holder_moves(&first, &[a.clone(), shared]);
+        assert_eq!(
+            (same.len(), moves.len()),
+            (1, 0),
+            "shared addresses are not held"
+        );
+        let moved = holder("192.168.101.50", "gw2", "HolderUnreachable");
+        let (now, moves) = holder_moves(&first, &[moved, b]);
+        let words: Vec<&str> = moves.iter().map(|(_, m)| m.as_str()).collect();
+        assert_eq!(
+            words,
+            [
+                "egress IP 192.168.101.50 moved from gw1 to gw2 (sec-a): HolderUnreachable",
+                "egress IP 192.168.102.50 assigned to gw1 (sec-a)",
+            ]
+        );
+        let (_, moves) = holder_moves(&now, &[a]);
+        let words: Vec<&str> = moves.iter().map(|(_, m)| m.as_str()).collect();
+        assert_eq!(
+            words,
+            [
+                "egress IP 192.168.101.50 moved from gw2 to gw1 (sec-a): Assigned",
+                "egress IP 192.168.102.50 has no holder",
+            ]
+        );
     }
 }

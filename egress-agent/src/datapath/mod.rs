@@ -1,6 +1,7 @@
 //! Owns the eBPF object, its pinned maps and its attachments (TCX links, or legacy tc
 //! filters where the kernel has no TCX: [`hook`]); applies diffs of the desired state.
-//! The only module that touches maps (the compiler never does).
+//! The only room that writes maps (the compiler never does; the agent's tasks write
+//! through it: [`nexthop`], [`sweep`]).
 //!
 //! Everything is kept under one directory per agent (`--bpffs-dir`): maps by name, TCX
 //! links as `link-<program>@<ifname>@<ifindex>`, tc filters recorded as
@@ -14,6 +15,7 @@ pub mod cleanup;
 pub mod dump;
 pub mod hook;
 pub mod lock;
+pub mod nexthop;
 mod order;
 pub mod state;
 pub mod sweep;

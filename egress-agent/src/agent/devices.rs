@@ -1,0 +1,284 @@
+//! This node's pod devices as a pass and the events between passes find them: `from_pod`
+//! at a new link's RTM_NEWLINK or the CNI plugin's ADD, and each pass's route dump, veth
+//! peers and OVS ports, turned into attachments by [`super::attachments`].
+
+use std::{net::IpAddr, time::Instant};
+
+use tracing::{info, warn};
+
+use super::{Reconciler, UnknownPods, attachments};
+use crate::{
+    api::PreflightCheck,
+    datapath::{self, Datapath},
+    desired::Desired,
+    iface,
+    source::ClusterView,
+};
+
+impl Reconciler<'_> {
+    /// Find this pass's pod devices (routes, veth peers, OVS ports, as `--pod-devices`
+    /// says) and attach what `serving` needs; the route dump also checks that the peers'
+    /// underlay addresses leave by the underlay.
+    pub(super) async fn sync_devices(
+        &mut self,
+        dp: &mut Datapath,
+        view: &ClusterView,
+        serving: &Desired,
+        ifaces: &[iface::Interface],
+        problems: &mut Vec<String>,
+    ) {
+        let routes = self.dump_routes(problems).await;
+        if let Some(routes) = &routes
+            && let Some((astray, check)) =
+                underlay_astray(view, &self.cfg.node_name, serving.node_ip, ifaces, routes)
+        {
+            problems.extend(astray);
+            // The EgressNode's preflight line says what is true now, not at start.
+            self.set_preflight(check);
+        }
+        let (veth, ovs) = self
+            .find_pod_devices(view, serving, ifaces, routes.as_ref(), problems)
+            .await;
+        let finders = attachments::Finders {
+            routes: routes
+                .as_ref()
+                .filter(|_| self.cfg.pod_devices.by_routes())
+                .map(|r| r as &dyn attachments::PodRoutes),
+            veth: veth.as_ref(),
+            ovs: ovs.as_ref(),
+        };
+        self.sync_attachments(dp, serving, ifaces, finders, problems);
+    }
+
+    /// A link appeared: under `--unknown-pods drop`, a pod-like one gets `from_pod` now,
+    /// before the pod can send and before the agent knows the pod (the next pass keeps it
+    /// while its routes make it a pod device, [`attachments::NEW_DEVICE_GRACE`] at most
+    /// without them).
+    pub(super) fn on_new_link(&mut self, dp: &mut Datapath, link: &iface::NewLink) {
+        if self.cfg.unknown_pods != UnknownPods::Drop
+            || !attachments::NewDevices::wants(
+                link,
+                &self.cfg.tunnel_device,
+                &self.egress_interfaces,
+            )
+        {
+            return;
+        }
+        let a = datapath::Attachment {
+            program: crate::ebpf::FROM_POD,
+            ifname: link.name.clone(),
+            ifindex: link.ifindex,
+        };
+        let queued = link.seen.elapsed();
+        match dp.attach_one(&a) {
+            Ok(attached) => {
+                self.new_devices.note(link);
+                if attached {
+                    info!(
+                        device = %link.name,
+                        after_us = link.seen.elapsed().as_micros(),
+                        queued_us = queued.as_micros(),
+                        "from_pod attached to a new pod device at its RTM_NEWLINK \
+                         (--unknown-pods drop): its traffic to covered destinations is \
+                         dropped until the agent knows its pod"
+                    );
+                }
+            }
+            Err(e) => warn!(device = %link.name, "failed to attach to a new device: {e}"),
+        }
+    }
+
+    /// The CNI plugin's `ADD` (or `CHECK`) for a pod: `from_pod` on the host side of its
+    /// interface now (kept like a new device's, [`attachments::NEW_DEVICE_GRACE`] at most
+    /// until its routes make it a pod device), or whether it is there.
+    pub(super) async fn on_cni(
+        &mut self,
+        dp: &mut Datapath,
+        req: &crate::cni::Request,
+    ) -> crate::cni::Reply {
+        let t0 = Instant::now();
+        let fail = |e: String| crate::cni::Reply {
+            error: Some(e),
+            ..Default::default()
+        };
+        let (netns, ifname) = (req.netns.clone(), req.ifname.clone());
+        let peer = tokio::task::spawn_blocking(move || crate::cni::host_side(&netns, &ifname))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        let ifindex = match peer {
+            Ok(i) => i,
+            Err(e) => return fail(e),
+        };
+        let ifaces = match self.nl.interfaces().await {
+            Ok(i) => i,
+            Err(e) => return fail(e.to_string()),
+        };
+        let Some(device) = ifaces.iter().find(|i| i.ifindex == ifindex) else {
+            return fail(format!(
+                "the host side of {} in {} (ifindex {ifindex}) is not in this agent's                  namespace",
+                req.ifname,
+                req.netns.display()
+            ));
+        };
+        let a = datapath::Attachment {
+            program: crate::ebpf::FROM_POD,
+            ifname: device.name.clone(),
+            ifindex,
+        };
+        if req.check {
+            return if dp.is_attached(&a) {
+                crate::cni::Reply {
+                    device: Some(device.name.clone()),
+                    error: None,
+                }
+            } else {
+                fail(format!("from_pod is not on {}", device.name))
+            };
+        }
+        if let Err(e) = dp.attach_one(&a) {
+            return fail(e.to_string());
+        }
+        self.new_devices.note_device(ifindex, &device.name, t0);
+        info!(
+            device = %device.name,
+            container = %req.container_id,
+            took_us = t0.elapsed().as_micros(),
+            "from_pod on the new pod's device for the CNI plugin's ADD"
+        );
+        crate::cni::Reply {
+            device: Some(device.name.clone()),
+            error: None,
+        }
+    }
+
+    /// This pass's route dump, for the pods' devices and the EgressNode's routes (which
+    /// keep the last good dump's while dumps fail).
+    async fn dump_routes(&mut self, problems: &mut Vec<String>) -> Option<iface::Routes> {
+        match self.nl.routes(&self.cfg.route_tables).await {
+            Ok(routes) => {
+                self.route_prefixes.clone_from(routes.prefixes_by_oif());
+                Some(routes)
+            }
+            Err(e) => {
+                problems.push(format!("routes: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Pods' devices found without routes, as `--pod-devices` says: the veths' peers and
+    /// OVS's ports (each `None` when not asked, or failed: the failure is a problem).
+    /// `auto` asks neither when the route dump finds every selected pod and unknown pods
+    /// pass (a routed CNI), and OVSDB only when its socket exists.
+    async fn find_pod_devices(
+        &self,
+        view: &ClusterView,
+        desired: &Desired,
+        ifaces: &[iface::Interface],
+        routes: Option<&iface::Routes>,
+        problems: &mut Vec<String>,
+    ) -> (Option<attachments::Found>, Option<attachments::Found>) {
+        use attachments::{Found, PodDevices};
+        let mode = self.cfg.pod_devices;
+        let needed = match (mode, routes) {
+            (PodDevices::Routes, _) => false,
+            (PodDevices::Auto, Some(r)) => {
+                self.cfg.unknown_pods == UnknownPods::Drop
+                    || !attachments::routes_find_all(r, desired, self.tunnel_ifindex)
+            }
+            _ => true,
+        };
+        if !needed {
+            return (None, None);
+        }
+        let veth = if mode.by_veth() {
+            match self.nl.veth_peers().await {
+                Ok(peers) => Some(Found::from_veths(&peers)),
+                Err(e) => {
+                    problems.push(format!("pod devices (--pod-devices {mode:?}): {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let ask_ovs = mode == PodDevices::Ovs || (mode.by_ovs() && self.cfg.ovsdb.exists());
+        let ovs = if ask_ovs {
+            match iface::ovsdb::pod_ports(&self.cfg.ovsdb).await {
+                Ok(ports) => {
+                    let me = Some(self.cfg.node_name.as_str());
+                    let pods: Vec<(&str, &str, &[IpAddr])> = view
+                        .pods
+                        .iter()
+                        .filter(|p| p.node_name.as_deref() == me && !p.host_network)
+                        .map(|p| (p.namespace.as_str(), p.name.as_str(), p.ips.as_slice()))
+                        .collect();
+                    Some(Found::from_ovs_ports(&ports, &pods, ifaces))
+                }
+                Err(e) => {
+                    problems.push(format!("pod devices: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        (veth, ovs)
+    }
+
+    /// Attach what [`attachments::wanted`] decides.
+    fn sync_attachments(
+        &mut self,
+        dp: &mut Datapath,
+        desired: &Desired,
+        ifaces: &[iface::Interface],
+        finders: attachments::Finders<'_>,
+        problems: &mut Vec<String>,
+    ) {
+        let tunnel = attachments::Tunnel {
+            name: &self.cfg.tunnel_device,
+            ifindex: self.tunnel_ifindex,
+        };
+        let (mut attach, found) =
+            attachments::wanted(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods);
+        self.egress_interfaces
+            .clone_from(&desired.egress_interfaces);
+        attach.extend(self.new_devices.still_wanted(
+            ifaces,
+            &desired.egress_interfaces,
+            Instant::now(),
+        ));
+        problems.extend(found);
+        for e in dp.sync_attachments(&attach) {
+            problems.push(e.to_string());
+        }
+    }
+}
+
+/// Peers whose underlay address this node routes out of another interface than the one
+/// that holds its own underlay address (`node_ip`), as problems, and `doctor`'s
+/// `underlay-routes` check: every pass says so, for as long as the route is there.
+fn underlay_astray(
+    view: &ClusterView,
+    me: &str,
+    node_ip: Option<IpAddr>,
+    ifaces: &[iface::Interface],
+    routes: &iface::Routes,
+) -> Option<(Vec<String>, PreflightCheck)> {
+    let underlay = node_ip.and_then(|ip| {
+        ifaces
+            .iter()
+            .find(|i| i.addresses.iter().any(|(a, _)| *a == ip))
+    })?;
+    let peers = crate::doctor::peer_addresses(view, Some(me));
+    let astray = crate::doctor::host::underlay_astray(&underlay.name, &peers, |ip| {
+        let oif = routes.oif(ip)?;
+        ifaces
+            .iter()
+            .find(|i| i.ifindex == oif)
+            .map(|i| i.name.clone())
+    });
+    let check = crate::doctor::host::underlay_routes_verdict(&underlay.name, peers.len(), &astray);
+    Some((astray, check))
+}

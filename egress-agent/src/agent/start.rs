@@ -1,0 +1,189 @@
+//! Starting the agent: the source of cluster state connected and read once, the ports
+//! opened, `doctor`'s preflight, and the node set up for the datapath (netlink, the
+//! tunnel device, the programs and pinned maps, the sweeper and next-hop tasks). Nothing
+//! on the host changes before the source answers.
+
+use std::{
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use tracing::{debug, info, warn};
+
+use super::{RunConfig, Source, nexthop};
+use crate::{
+    api::{PreflightCheck, PreflightResult},
+    datapath::{self, Datapath},
+    doctor, iface, liveness,
+    metrics::{self, Stats},
+    source::{
+        StatusWriter, kube as kube_source,
+        yaml::{self, Snapshot},
+    },
+};
+
+/// MTU inside the tunnel for an underlay of `node_ip`'s family.
+pub(super) fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
+    let overhead = match node_ip {
+        IpAddr::V4(_) => iface::VXLAN_OVERHEAD,
+        IpAddr::V6(_) => iface::VXLAN_OVERHEAD_V6,
+    };
+    underlay_mtu.saturating_sub(overhead)
+}
+
+/// `egress-agent doctor` at start, on the first view of the cluster: each check logged
+/// (WARN for warn and fail) and kept for the EgressNode. Egress IPs are probed when
+/// claimed, not here.
+pub(super) async fn preflight(cfg: &RunConfig, snap: &Snapshot) -> Vec<PreflightCheck> {
+    let settings = doctor::Settings {
+        bpffs_dir: cfg.bpffs_dir.clone(),
+        tunnel_device: cfg.tunnel_device.clone(),
+        tunnel_port: cfg.tunnel_port,
+        tunnel_mtu: cfg.tunnel_mtu,
+        node_name: Some(cfg.node_name.clone()),
+        egress_ips: Vec::new(),
+        dad: doctor::Dad::WhenClaimed,
+        // The agent loads its programs itself, right after: a refusal fails the start.
+        load_programs: false,
+    };
+    let checks = doctor::run(&settings, Some(&snap.view)).await;
+    for c in &checks {
+        if c.result == PreflightResult::Ok {
+            info!(check = %c.check, "preflight ok: {}", c.message);
+        } else {
+            warn!(check = %c.check, "preflight {}: {}", c.result, c.message);
+        }
+    }
+    checks
+}
+
+/// How long `run` waits for the Kubernetes API to answer before it gives up.
+const API_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Connect to the source of cluster state and read it once: the first thing `run` does,
+/// before it changes anything on the host.
+pub(super) async fn connect(
+    cfg: &RunConfig,
+) -> Result<(
+    tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    Box<dyn StatusWriter>,
+)> {
+    match &cfg.source {
+        Source::Yaml(dir) => {
+            std::fs::read_dir(dir).with_context(|| {
+                format!(
+                    "failed to read the state directory {}: create it (or mount it), or \
+                     pass --state-dir",
+                    dir.display()
+                )
+            })?;
+            // inotify tells of edits at once; the poll is a safety net.
+            let views = yaml::watch(
+                dir.clone(),
+                Duration::from_secs(1),
+                cfg.cluster_cidrs.clone(),
+            )
+            .await;
+            Ok((views, Box::new(yaml::DirWriter(dir.clone()))))
+        }
+        Source::Kube { kubeconfig } => {
+            let hint = "in a cluster, check the pod's ServiceAccount; outside, pass \
+                        --kubeconfig or set KUBECONFIG";
+            let client = kube_source::client(kubeconfig.clone())
+                .await
+                .with_context(|| format!("failed to configure the Kubernetes client ({hint})"))?;
+            match tokio::time::timeout(API_TIMEOUT, client.apiserver_version()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("failed to reach the Kubernetes API ({hint})")));
+                }
+                Err(_) => anyhow::bail!(
+                    "failed to reach the Kubernetes API: no answer within {} s ({hint})",
+                    API_TIMEOUT.as_secs()
+                ),
+            }
+            let views = kube_source::watch(client.clone(), cfg.cluster_cidrs.clone())
+                .await
+                .context("failed to list the cluster (check the RBAC in deploy/base/rbac.yaml)")?;
+            Ok((
+                views,
+                Box::new(kube_source::writer::Writer::start(client, &cfg.node_name)),
+            ))
+        }
+    }
+}
+
+/// The probe port, bound, and the metrics endpoint, served (`--metrics-addr`): a port in
+/// use fails the start before anything on the host changes.
+pub(super) async fn open_ports(
+    cfg: &RunConfig,
+    stats: &Arc<Mutex<Stats>>,
+) -> Result<tokio::net::UdpSocket> {
+    let probe_socket = liveness::service::bind(cfg.probe_port)
+        .await
+        .with_context(|| {
+            format!(
+                "failed to open the probe port (UDP {}; --probe-port)",
+                cfg.probe_port
+            )
+        })?;
+    if let Some(addr) = cfg.metrics_addr {
+        metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
+            .await
+            .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
+    }
+    Ok(probe_socket)
+}
+
+/// Set this node up for the datapath: netlink, the tunnel device (its MTU from the
+/// underlay's), the programs and pinned maps, the conntrack sweeper. Returns the netlink
+/// handle, (tunnel ifindex, tunnel MTU, underlay MTU) and the datapath.
+pub(super) async fn set_up_node(
+    cfg: &RunConfig,
+) -> Result<(iface::Netlink, (u32, u32, u32), Datapath)> {
+    let nl = iface::Netlink::new().context("failed to open netlink")?;
+    let underlay_mtu = nl
+        .interfaces()
+        .await?
+        .iter()
+        .filter(|i| i.up && i.name != "lo")
+        .map(|i| i.mtu)
+        .max()
+        .unwrap_or(1500);
+    // Until the first pass knows this node's underlay family, assume IPv4; the pass lowers
+    // it for an IPv6 underlay.
+    let tunnel_mtu = cfg
+        .tunnel_mtu
+        .unwrap_or(underlay_mtu - iface::VXLAN_OVERHEAD);
+    let tunnel_ifindex = nl
+        .ensure_vxlan(&cfg.tunnel_device, cfg.tunnel_port, tunnel_mtu)
+        .await
+        .with_context(|| format!("failed to set up the tunnel device {}", cfg.tunnel_device))?;
+    let (hook, why) =
+        datapath::Hook::resolve(cfg.attach, cfg.tc_priority).map_err(anyhow::Error::msg)?;
+    info!(hook = %hook, "attaching the programs with {why}");
+    let mut dp = Datapath::open_at(&cfg.bpffs_dir, &cfg.capacities, cfg.tunnel_port)
+        .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
+    dp.set_hook(hook);
+    // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
+    crate::datapath::sweep::start(&cfg.bpffs_dir)
+        .context("failed to start the conntrack sweeper")?;
+    // Established flows' cached next hops follow route and neighbour changes.
+    nexthop::start(&cfg.bpffs_dir)?;
+    Ok((nl, (tunnel_ifindex, tunnel_mtu, underlay_mtu), dp))
+}
+
+/// Turn on forwarding (best effort). Containers often see /proc/sys read-only: then the
+/// node must already forward (every CNI that routes pods enables it).
+pub(super) fn enable_forwarding() {
+    if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
+        warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
+    }
+    // IPv6 pods: best effort, as hosts without IPv6 have no such sysctl.
+    if let Err(e) = iface::sysctl("net/ipv6/conf/all/forwarding", "1") {
+        debug!("failed to enable IPv6 forwarding (IPv6 pods need it on): {e}");
+    }
+}
