@@ -33,34 +33,73 @@ pub type Entries<M> = BTreeMap<<M as Map>::Key, <M as Map>::Value>;
 /// An LPM trie's entries, by (prefix length, network).
 pub type Prefixes<M> = BTreeMap<(u32, <M as Map>::Key), <M as Map>::Value>;
 
+/// Each family's maps, declared once: for each, its variant in the apply order, its field
+/// in `datapath::FamilyMaps`, its kind (`Hash` or `Lpm`, as `datapath::table` keeps it),
+/// its IPv4 and IPv6 maps, and what the generic code may assume of its key and value.
+/// `$m` is called with the whole list: the [`Maps`] types here, and in the datapath the
+/// `FamilyMaps` fields, their reads, syncs and sizes, and the apply order's map names are
+/// all derived from it, so a new map is named once.
+macro_rules! family_maps {
+    ($m:ident) => {
+        $m! {
+            /// `POLICY_*`: (pod, destination prefix) -> what `from_pod` does.
+            Policy policy Hash [PolicyV4 PolicyV6] [],
+            /// `DESTS_*`: destination prefix -> the lengths of the policy prefixes containing it.
+            Dests dests Lpm [DestsV4 DestsV6] [Key = Self::Octets],
+            /// `SELECTED_*`: local pod -> its number of entries and prefix lengths.
+            Selected selected Hash [SelectedV4 SelectedV6] [Key = Self::Octets],
+            /// `RULES_*`: rule id -> egress address and interface.
+            Rules rules Hash [RulesV4 RulesV6] [Key = u32],
+            /// `POD_OWNER_*`: pod -> underlay address of its node.
+            PodOwner pod_owner Hash [PodOwnerV4 PodOwnerV6]
+                [Key = Self::Octets, Value = egress_common::policy::PodOwnerValue],
+            /// `EGRESS_IPS_*`: egress address -> interface and flags.
+            EgressIps egress_ips Hash [EgressIpsV4 EgressIpsV6]
+                [Key = Self::Octets, Value = egress_common::policy::EgressIpValue],
+            /// `ADMITTED_*`: the (pod, rule) pairs this gateway admits.
+            Admitted admitted Hash [AdmittedV4 AdmittedV6]
+                [Value = egress_common::policy::AdmittedValue],
+            /// `KNOWN_PODS_*`: local pods the agent has seen.
+            KnownPods known_pods Hash [KnownPodsV4 KnownPodsV6]
+                [Key = Self::Octets, Value = egress_common::policy::KnownPodValue],
+            /// `COVERED_*`: what any rule covers, by destination.
+            Covered covered Lpm [CoveredV4 CoveredV6]
+                [Key = Self::Octets, Value = egress_common::policy::CoveredValue],
+        }
+    };
+}
+pub(crate) use family_maps;
+
+/// [`Maps`] and its two impls, from [`family_maps!`].
+macro_rules! map_types {
+    ($(
+        $(#[$doc:meta])*
+        $Map:ident $field:ident $kind:ident [$v4:ident $v6:ident] [$($bound:tt)*],
+    )*) => {
+        /// Each family's pinned maps with their ABI types (see [`family_maps!`]).
+        pub trait Maps: 'static {
+            /// An address as the maps hold it (network order).
+            type Octets: Copy + Ord + Hash + Debug + Default + aya::Pod;
+            $( $(#[$doc])* type $Map: Synced<$($bound)*>; )*
+        }
+        impl Maps for V4 {
+            type Octets = [u8; 4];
+            $( type $Map = def::$v4; )*
+        }
+        impl Maps for V6 {
+            type Octets = [u8; 16];
+            $( type $Map = def::$v6; )*
+        }
+    };
+}
+family_maps!(map_types);
+
 /// IPv4 or IPv6.
-pub trait Family: Copy + Default + Debug + Eq + Ord + Hash + 'static {
+pub trait Family: Maps + Copy + Default + Debug + Eq + Ord + Hash {
     /// "IPv4" or "IPv6", for messages.
     const NAME: &'static str;
     type Addr: Copy + Ord + Hash + Debug + Display + Into<IpAddr> + From<Self::Octets>;
     type Net: Copy + Ord + Hash + Debug + Display + Into<IpNet>;
-    /// An address as the maps hold it (network order).
-    type Octets: Copy + Ord + Hash + Debug + Default + aya::Pod;
-
-    /// `POLICY_*`: (pod, destination prefix) -> what `from_pod` does.
-    type Policy: Synced;
-    /// `DESTS_*`: destination prefix -> the lengths of the policy prefixes containing it.
-    type Dests: Synced<Key = Self::Octets>;
-    /// `SELECTED_*`: local pod -> its number of entries and prefix lengths.
-    type Selected: Synced<Key = Self::Octets>;
-    /// `RULES_*`: rule id -> egress address and interface.
-    type Rules: Synced<Key = u32>;
-    /// `POD_OWNER_*`: pod -> underlay address of its node.
-    type PodOwner: Synced<Key = Self::Octets, Value = egress_common::policy::PodOwnerValue>;
-    /// `EGRESS_IPS_*`: egress address -> interface and flags.
-    type EgressIps: Synced<Key = Self::Octets, Value = egress_common::policy::EgressIpValue>;
-    /// `ADMITTED_*`: the (pod, rule) pairs this gateway admits.
-    type Admitted: Synced<Value = egress_common::policy::AdmittedValue>;
-    /// `KNOWN_PODS_*`: local pods the agent has seen.
-    type KnownPods: Synced<Key = Self::Octets, Value = egress_common::policy::KnownPodValue>;
-    /// `COVERED_*`: what any rule covers, by destination.
-    type Covered: Synced<Key = Self::Octets, Value = egress_common::policy::CoveredValue>;
-
     fn octets(a: Self::Addr) -> Self::Octets;
     /// `a` if it is of this family.
     fn addr(a: IpAddr) -> Option<Self::Addr>;
@@ -124,9 +163,7 @@ macro_rules! family {
     (
         $F:ident, $name:literal, $Ip:ident, $Addr:ty, $Net:ty, [u8; $n:literal],
         $PolicyKey:ident, $PolicyValue:ident, $SelectedValue:ident, $RuleValue:ident,
-        $AdmittedKey:ident, $dests:ident,
-        maps: $Policy:ident, $Dests:ident, $Selected:ident, $Rules:ident, $PodOwner:ident,
-        $EgressIps:ident, $Admitted:ident, $KnownPods:ident, $Covered:ident $(,)?
+        $AdmittedKey:ident, $dests:ident $(,)?
     ) => {
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $F;
@@ -135,16 +172,6 @@ macro_rules! family {
             const NAME: &'static str = $name;
             type Addr = $Addr;
             type Net = $Net;
-            type Octets = [u8; $n];
-            type Policy = def::$Policy;
-            type Dests = def::$Dests;
-            type Selected = def::$Selected;
-            type Rules = def::$Rules;
-            type PodOwner = def::$PodOwner;
-            type EgressIps = def::$EgressIps;
-            type Admitted = def::$Admitted;
-            type KnownPods = def::$KnownPods;
-            type Covered = def::$Covered;
 
             fn octets(a: $Addr) -> [u8; $n] {
                 a.octets()
@@ -205,7 +232,9 @@ macro_rules! family {
                     ..$SelectedValue::default()
                 };
             }
-            fn dests<'a>(keys: impl Iterator<Item = &'a $PolicyKey>) -> Prefixes<def::$Dests> {
+            fn dests<'a>(
+                keys: impl Iterator<Item = &'a $PolicyKey>,
+            ) -> Prefixes<<Self as Maps>::Dests> {
                 $dests(keys)
             }
             fn rule(egress_ip: [u8; $n], ifindex: u32) -> $RuleValue {
@@ -235,16 +264,32 @@ macro_rules! family {
 }
 
 family!(
-    V4, "IPv4", V4, Ipv4Addr, Ipv4Net, [u8; 4],
-    PolicyKeyV4, PolicyValue, SelectedValue, RuleValueV4, AdmittedKeyV4, dests_v4,
-    maps: PolicyV4, DestsV4, SelectedV4, RulesV4, PodOwnerV4, EgressIpsV4, AdmittedV4,
-    KnownPodsV4, CoveredV4,
+    V4,
+    "IPv4",
+    V4,
+    Ipv4Addr,
+    Ipv4Net,
+    [u8; 4],
+    PolicyKeyV4,
+    PolicyValue,
+    SelectedValue,
+    RuleValueV4,
+    AdmittedKeyV4,
+    dests_v4,
 );
 family!(
-    V6, "IPv6", V6, Ipv6Addr, Ipv6Net, [u8; 16],
-    PolicyKeyV6, PolicyValueV6, SelectedValueV6, RuleValueV6, AdmittedKeyV6, dests_v6,
-    maps: PolicyV6, DestsV6, SelectedV6, RulesV6, PodOwnerV6, EgressIpsV6, AdmittedV6,
-    KnownPodsV6, CoveredV6,
+    V6,
+    "IPv6",
+    V6,
+    Ipv6Addr,
+    Ipv6Net,
+    [u8; 16],
+    PolicyKeyV6,
+    PolicyValueV6,
+    SelectedValueV6,
+    RuleValueV6,
+    AdmittedKeyV6,
+    dests_v6,
 );
 
 /// The `DESTS_V4` entries for the policy entries `keys` (of every pod).

@@ -40,7 +40,10 @@ use egress_common::{
 pub use hook::{AttachMode, Hook};
 pub use state::{FamilyMaps, MapState};
 
-use crate::{ebpf, family::Family};
+use crate::{
+    ebpf,
+    family::{Family, family_maps},
+};
 use order::{FamilyMap, Phase, Step};
 use table::{Hash, Lpm, Table, Value};
 
@@ -525,40 +528,32 @@ impl Datapath {
         w: &FamilyMaps<F>,
         pass: &mut Pass<'_>,
     ) -> Result<()> {
-        match map {
-            FamilyMap::KnownPods => {
-                self.sync::<Hash<F::KnownPods>>(&mut h.known_pods, &w.known_pods, pass)
-            }
-            FamilyMap::Covered => self.sync::<Lpm<F::Covered>>(&mut h.covered, &w.covered, pass),
-            FamilyMap::Selected => {
-                if pass.phase == Phase::Remove {
-                    // A pod that becomes incomplete is marked before its policy entries
-                    // go (later in this phase, `order.rs`): never selected, unmarked and
-                    // without its entries, when its packets would pass untranslated.
-                    let marked = newly_incomplete::<F>(&h.selected, &w.selected);
-                    if !marked.is_empty() {
-                        let mut early = Pass {
-                            phase: Phase::Upsert,
-                            stats: &mut *pass.stats,
-                        };
-                        self.sync::<Hash<F::Selected>>(&mut h.selected, &marked, &mut early)?;
-                    }
-                }
-                self.sync::<Hash<F::Selected>>(&mut h.selected, &w.selected, pass)
-            }
-            FamilyMap::Policy => self.sync::<Hash<F::Policy>>(&mut h.policy, &w.policy, pass),
-            FamilyMap::Dests => self.sync::<Lpm<F::Dests>>(&mut h.dests, &w.dests, pass),
-            FamilyMap::EgressIps => {
-                self.sync::<Hash<F::EgressIps>>(&mut h.egress_ips, &w.egress_ips, pass)
-            }
-            FamilyMap::Rules => self.sync::<Hash<F::Rules>>(&mut h.rules, &w.rules, pass),
-            FamilyMap::Admitted => {
-                self.sync::<Hash<F::Admitted>>(&mut h.admitted, &w.admitted, pass)
-            }
-            FamilyMap::PodOwners => {
-                self.sync::<Hash<F::PodOwner>>(&mut h.pod_owner, &w.pod_owner, pass)
+        if map == FamilyMap::Selected && pass.phase == Phase::Remove {
+            // A pod that becomes incomplete is marked before its policy entries go (later
+            // in this phase, `order.rs`): never selected, unmarked and without its
+            // entries, when its packets would pass untranslated.
+            let marked = newly_incomplete::<F>(&h.selected, &w.selected);
+            if !marked.is_empty() {
+                let mut early = Pass {
+                    phase: Phase::Upsert,
+                    stats: &mut *pass.stats,
+                };
+                self.sync::<Hash<F::Selected>>(&mut h.selected, &marked, &mut early)?;
             }
         }
+        macro_rules! sync_one {
+            ($(
+                $(#[$doc:meta])*
+                $Map:ident $field:ident $kind:ident [$v4:ident $v6:ident] [$($bound:tt)*],
+            )*) => {
+                match map {
+                    $( FamilyMap::$Map => {
+                        self.sync::<$kind<F::$Map>>(&mut h.$field, &w.$field, pass)
+                    } )*
+                }
+            };
+        }
+        family_maps!(sync_one)
     }
 
     /// One phase of bringing table `T` from `held` to `want` (nothing when an older

@@ -3,6 +3,13 @@
 //! any two writes, so this order is what keeps a half-applied update safe; the tests
 //! below hold each invariant the datapath relies on.
 
+#[cfg(test)]
+use egress_common::maps::Map;
+
+#[cfg(test)]
+use crate::family::Family;
+use crate::family::family_maps;
+
 /// The phases of an apply, in the order it runs them: every removal, then every
 /// addition and change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,19 +41,34 @@ pub(super) enum Step {
     V6(FamilyMap),
 }
 
-/// One of a family's maps (a field of [`FamilyMaps`](super::FamilyMaps)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum FamilyMap {
-    KnownPods,
-    Covered,
-    Selected,
-    Policy,
-    Dests,
-    EgressIps,
-    Rules,
-    Admitted,
-    PodOwners,
+/// [`FamilyMap`] and its names, from [`family_maps!`].
+macro_rules! family_map_enum {
+    ($(
+        $(#[$doc:meta])*
+        $Map:ident $field:ident $kind:ident [$v4:ident $v6:ident] [$($bound:tt)*],
+    )*) => {
+        /// One of a family's maps (a field of [`FamilyMaps`](super::FamilyMaps)).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(super) enum FamilyMap {
+            $( $(#[$doc])* $Map, )*
+        }
+
+        impl FamilyMap {
+            /// Every one, in the order [`family_maps!`] declares them.
+            #[cfg(test)]
+            pub(super) const ALL: &[FamilyMap] = &[ $( FamilyMap::$Map, )* ];
+
+            /// The pinned map of family `F` it names.
+            #[cfg(test)]
+            pub(super) fn name<F: Family>(self) -> &'static str {
+                match self {
+                    $( FamilyMap::$Map => <F::$Map as Map>::SPEC.name, )*
+                }
+            }
+        }
+    };
 }
+family_maps!(family_map_enum);
 
 /// The families, in the order a side syncs them: all of IPv4's maps, then IPv6's.
 const FAMILIES: [fn(FamilyMap) -> Step; 2] = [Step::V4, Step::V6];
@@ -84,13 +106,13 @@ pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
         Phase::Remove => [
             both_families(Source, &[KnownPods, Covered, Selected, Policy, Dests]),
             vec![(Source, Step::PortFilters)],
-            both_families(Gateway, &[Rules, EgressIps, Admitted, PodOwners]),
+            both_families(Gateway, &[Rules, EgressIps, Admitted, PodOwner]),
             vec![(Gateway, Step::Nodes)],
         ]
         .concat(),
         Phase::Upsert => [
             vec![(Gateway, Step::Nodes)],
-            both_families(Gateway, &[PodOwners, Admitted, EgressIps, Rules]),
+            both_families(Gateway, &[PodOwner, Admitted, EgressIps, Rules]),
             vec![(Source, Step::PortFilters)],
             both_families(Source, &[Policy, Dests, Selected, KnownPods, Covered]),
         ]
@@ -108,43 +130,26 @@ fn both_families(side: Side, maps: &[FamilyMap]) -> Vec<(Side, Step)> {
 
 #[cfg(test)]
 mod tests {
-    use egress_common::maps::{self as names, Map};
+    use egress_common::maps as names;
 
     use super::{FamilyMap::*, *};
-    use crate::family::{Family, V4, V6};
-
-    /// Every variant of [`FamilyMap`]. A new variant fails to compile in `map_name`
-    /// below until it is named there: name it here too.
-    const FAMILY_MAPS: [FamilyMap; 9] = [
-        KnownPods, Covered, Selected, Policy, Dests, EgressIps, Rules, Admitted, PodOwners,
-    ];
+    use crate::family::{V4, V6};
 
     /// The pinned map a step writes.
     fn map_name(step: Step) -> &'static str {
-        fn of<F: Family>(m: FamilyMap) -> &'static str {
-            match m {
-                KnownPods => <F::KnownPods as Map>::SPEC.name,
-                Covered => <F::Covered as Map>::SPEC.name,
-                Selected => <F::Selected as Map>::SPEC.name,
-                Policy => <F::Policy as Map>::SPEC.name,
-                Dests => <F::Dests as Map>::SPEC.name,
-                EgressIps => <F::EgressIps as Map>::SPEC.name,
-                Rules => <F::Rules as Map>::SPEC.name,
-                Admitted => <F::Admitted as Map>::SPEC.name,
-                PodOwners => <F::PodOwner as Map>::SPEC.name,
-            }
-        }
         match step {
             Step::Nodes => names::NODES,
             Step::PortFilters => names::PORT_FILTERS,
-            Step::V4(m) => of::<V4>(m),
-            Step::V6(m) => of::<V6>(m),
+            Step::V4(m) => m.name::<V4>(),
+            Step::V6(m) => m.name::<V6>(),
         }
     }
 
     /// Every step an apply has: `NODES`, and each family's maps.
     fn every_step() -> Vec<Step> {
-        let family_maps = FAMILIES.iter().flat_map(|family| FAMILY_MAPS.map(family));
+        let family_maps = FAMILIES
+            .iter()
+            .flat_map(|family| FamilyMap::ALL.iter().map(|m| family(*m)));
         [Step::Nodes, Step::PortFilters]
             .into_iter()
             .chain(family_maps)
@@ -185,7 +190,7 @@ mod tests {
         let why = "from_tunnel takes an inner source that POD_OWNER_* gives to the outer \
                    sender as proof that the sender is in NODES, so every pod owner must \
                    name a node of NODES at every moment";
-        for owners in FAMILIES.map(|family| family(PodOwners)) {
+        for owners in FAMILIES.map(|family| family(PodOwner)) {
             assert_order(
                 Phase::Upsert,
                 &[Step::Nodes, owners],
@@ -276,7 +281,7 @@ mod tests {
                           IP would translate new flows whose replies the host answers with \
                           a reset, and take a shared address for a dedicated one";
         let links = [
-            ([PodOwners, Admitted], "POD_OWNER", "ADMITTED", owners),
+            ([PodOwner, Admitted], "POD_OWNER", "ADMITTED", owners),
             ([Admitted, Rules], "ADMITTED", "RULES", admitted),
             ([EgressIps, Rules], "EGRESS_IPS", "RULES", egress_ips),
         ];

@@ -13,42 +13,41 @@ use egress_common::{
     underlay::{self, Underlay},
 };
 
+use super::table::{self, Rows};
 use crate::{
     desired::{Desired, FamilyDesired, HeldIp, PolicyAction, PortSet},
-    family::{Entries, Family, Prefixes, V4, V6},
+    family::{Entries, Family, V4, V6, family_maps},
 };
 
-/// What one family's maps should hold. Keys and values are the ABI types of
-/// `egress-common`, by way of each map's [`Map`] declaration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FamilyMaps<F: Family> {
-    pub policy: Entries<F::Policy>,
-    /// `DESTS_*`: (prefix length, network) -> lengths of the prefixes containing it.
-    pub dests: Prefixes<F::Dests>,
-    pub selected: Entries<F::Selected>,
-    pub rules: Entries<F::Rules>,
-    pub pod_owner: Entries<F::PodOwner>,
-    pub egress_ips: Entries<F::EgressIps>,
-    pub admitted: Entries<F::Admitted>,
-    pub known_pods: Entries<F::KnownPods>,
-    pub covered: Prefixes<F::Covered>,
-}
-
-impl<F: Family> Default for FamilyMaps<F> {
-    fn default() -> Self {
-        Self {
-            policy: Default::default(),
-            dests: Default::default(),
-            selected: Default::default(),
-            rules: Default::default(),
-            pod_owner: Default::default(),
-            egress_ips: Default::default(),
-            admitted: Default::default(),
-            known_pods: Default::default(),
-            covered: Default::default(),
+/// [`FamilyMaps`], its `Default` and its sizes, from [`family_maps!`].
+macro_rules! family_maps_struct {
+    ($(
+        $(#[$doc:meta])*
+        $Map:ident $field:ident $kind:ident [$v4:ident $v6:ident] [$($bound:tt)*],
+    )*) => {
+        /// What one family's maps should hold, one field per map of [`family_maps!`]. Keys
+        /// and values are the ABI types of `egress-common`, by way of each map's [`Map`]
+        /// declaration, kept as [`table`](super::table) keeps that kind of map.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct FamilyMaps<F: Family> {
+            $( $(#[$doc])* pub $field: Rows<table::$kind<F::$Map>>, )*
         }
-    }
+
+        impl<F: Family> Default for FamilyMaps<F> {
+            fn default() -> Self {
+                Self { $( $field: Default::default(), )* }
+            }
+        }
+
+        impl<F: Family> FamilyMaps<F> {
+            /// Number of entries per map, by map name.
+            pub fn sizes(&self) -> Vec<(&'static str, usize)> {
+                vec![ $( (F::$Map::SPEC.name, self.$field.len()), )* ]
+            }
+        }
+    };
 }
+family_maps!(family_maps_struct);
 
 /// What every map should hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -264,21 +263,6 @@ impl<F: Family> FamilyMaps<F> {
             .into_iter()
             .map(|(pod, n)| (F::Addr::from(pod), n))
             .collect()
-    }
-
-    /// Number of entries per map, by map name.
-    fn sizes(&self) -> [(&'static str, usize); 9] {
-        [
-            (F::Policy::SPEC.name, self.policy.len()),
-            (F::Dests::SPEC.name, self.dests.len()),
-            (F::Selected::SPEC.name, self.selected.len()),
-            (F::Rules::SPEC.name, self.rules.len()),
-            (F::PodOwner::SPEC.name, self.pod_owner.len()),
-            (F::EgressIps::SPEC.name, self.egress_ips.len()),
-            (F::Admitted::SPEC.name, self.admitted.len()),
-            (F::KnownPods::SPEC.name, self.known_pods.len()),
-            (F::Covered::SPEC.name, self.covered.len()),
-        ]
     }
 }
 

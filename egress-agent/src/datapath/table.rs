@@ -29,6 +29,9 @@ pub trait Table {
 /// The value type of a table's map.
 pub type Value<T> = <<T as Table>::Map as Map>::Value;
 
+/// A table's entries, where each is.
+pub type Rows<T> = BTreeMap<<T as Table>::At, Value<T>>;
+
 /// Hash map `M` (also LRU).
 pub struct Hash<M>(PhantomData<M>);
 
