@@ -15,6 +15,7 @@ pub mod dump;
 pub mod hook;
 pub mod lock;
 mod order;
+pub mod render;
 pub mod state;
 pub mod sweep;
 pub mod table;
