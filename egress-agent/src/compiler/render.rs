@@ -117,7 +117,11 @@ pub fn cluster(c: &Compiled) -> String {
             h.rule_id,
             h.node,
             h.interface,
-            if h.shared { " (shared)" } else { "" },
+            if h.shared {
+                " (shared)".to_owned()
+            } else {
+                format!(" epoch {}", h.epoch)
+            },
             h.reason
         );
     }
