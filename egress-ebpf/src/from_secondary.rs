@@ -17,9 +17,11 @@ use crate::{
     conntrack::{self, v4, v6},
     counters::{OK, SHOT, count, verdict},
     fib, icmp_error,
-    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, Scratch},
+    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6},
     parse::{self, Ipv4, L4},
-    parse6, rewrite, tunnel,
+    parse6, rewrite,
+    scratch::{self, Scratch},
+    tunnel,
     underlay::{self, Words},
 };
 
@@ -125,7 +127,7 @@ pub fn back4(
 /// in the per-CPU scratch slot.
 #[inline(never)]
 fn run6(ctx: &TcContext) -> i32 {
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return OK;
     };
     if parse6::parse(ctx, &mut s.ip6) != parse6::PARSED {

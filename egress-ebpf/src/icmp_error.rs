@@ -36,13 +36,14 @@ use network_types::ip::Ipv4Hdr;
 use crate::{
     conntrack::{self, v4, v6},
     counters::{OK, SHOT, count, verdict},
-    from_secondary,
-    maps::{self, Scratch},
+    from_secondary, maps,
     parse::{
         ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
     },
     parse6::{self, IP6_DST_OFF, IP6_HDR_LEN, Ipv6, STOP_NONE},
-    rewrite, underlay,
+    rewrite,
+    scratch::Scratch,
+    underlay,
 };
 
 /// The ICMP header before the quoted packet: type, code, checksum, 4 more bytes.

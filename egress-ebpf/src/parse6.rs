@@ -45,7 +45,7 @@ pub struct Ipv6 {
 
 /// Whether the programs take the IPv6 paths. Their call chains fit the verifier's
 /// 512-byte combined stack because their large temporaries (headers, conntrack keys and
-/// entries, FIB and tunnel parameters) live in the per-CPU `maps::SCRATCH` slot. Turned
+/// entries, FIB and tunnel parameters) live in the per-CPU `scratch::SCRATCH` slot. Turned
 /// off, IPv6 passes untouched and LLVM drops the IPv6 code from the object.
 pub const IPV6_DATAPATH: bool = true;
 
