@@ -6,6 +6,7 @@
 #![feature(asm_experimental_arch)]
 #![no_main]
 
+mod back;
 mod conntrack;
 mod counters;
 mod decap;
