@@ -39,9 +39,10 @@ use crate::{
     counters::{OK, SHOT, count, verdict},
     maps,
     parse::{
-        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP6_DST_OFF, IP6_HDR_LEN, Ipv4, L4, PROTO_ICMP,
+        PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
     },
-    parse6::{self, IP6_DST_OFF, IP6_HDR_LEN, Ipv6, STOP_NONE},
+    parse6::{self, Ipv6, STOP_NONE},
     rewrite,
     scratch::Scratch,
     underlay,

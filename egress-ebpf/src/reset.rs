@@ -33,8 +33,11 @@ use crate::{
     counters::{SHOT, verdict},
     handoff::TcpHdr,
     maps,
-    parse::{ETH_LEN, IP_CSUM_OFF, IP_SRC_OFF, Ipv4, L4, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST},
-    parse6::{IP6_DST_OFF, IP6_HDR_LEN, IP6_SRC_OFF, Ipv6},
+    parse::{
+        ETH_LEN, IP_CSUM_OFF, IP_SRC_OFF, IP6_DST_OFF, IP6_HDR_LEN, IP6_SRC_OFF, Ipv4, L4,
+        PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST,
+    },
+    parse6::Ipv6,
     rewrite::{Result, WriteFailed, ok},
     scratch, tunnel,
     underlay::{self, Words},
