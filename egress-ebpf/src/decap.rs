@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use egress_common::config::DEFAULT_TUNNEL_PORT;
 
-use crate::{maps, parse6, tunnel::Received, underlay};
+use crate::{maps, parse6, scratch, tunnel::Received, underlay};
 
 /// The tunnel's UDP port, set by the agent when it loads the object (`--tunnel-port`).
 #[unsafe(no_mangle)]
@@ -48,7 +48,7 @@ const INNER_ETHERTYPE: usize = VXLAN + 8 + 12;
 #[inline(never)]
 pub fn decapsulate(ctx: &TcContext) -> Option<&'static Received> {
     let cfg = maps::config()?;
-    let s = maps::scratch()?;
+    let s = scratch::scratch()?;
     let node = underlay::node_ip(cfg).v4_host()?;
     if ctx.data() + HEADERS > ctx.data_end() {
         // The headers may sit in fragments (a GRO packet): pull them in, or give up.

@@ -13,8 +13,9 @@ use egress_common::{
 use crate::{
     counters::{OK, SHOT, count, verdict},
     gateway,
+    handoff::Origin,
     maps::{self, SELECTED_V4, SELECTED_V6},
-    netpol, parse, parse6, policy, reset, tunnel, underlay, unknown,
+    netpol, parse, parse6, policy, reset, scratch, tunnel, underlay, unknown,
 };
 
 #[inline(always)]
@@ -60,7 +61,7 @@ fn non_forward(ctx: &TcContext, act: u8) -> Option<i32> {
 /// `flags`: its `selected_flags`.
 #[inline(never)]
 fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64, flags: u32) -> i32 {
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return OK;
     };
     match parse6::parse(ctx, &mut s.ip6) {
@@ -97,7 +98,7 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64, flags: u32) -> i32 {
     let gw = underlay::gateway6(entry);
     if gw == underlay::node_ip(cfg) {
         count(ctx, reason::LOCAL_GATEWAY);
-        s.x6.origin = gateway::Origin {
+        s.x6.origin = Origin {
             rule_id: entry.rule_id,
             pod_node: cfg.node_ip,
         };

@@ -1,5 +1,5 @@
 //! `from_secondary`: packets arriving on an egress interface. Replies to an egress IP
-//! with a conntrack entry are translated back to the pod and sent to its node; packets to
+//! with a conntrack entry are translated back to the pod and sent to its node (`back`); packets to
 //! a dedicated egress IP without an entry are dropped (never handed to the host, which
 //! would answer with RSTs for flows another gateway may take over). ICMP errors about a
 //! translated flow go back to its pod the same way (`icmp_error`). Everything else passes,
@@ -7,20 +7,15 @@
 //! neighbour solicitations for the addresses it holds.
 
 use aya_ebpf::programs::TcContext;
-use egress_common::{
-    config::Config,
-    counters::reason,
-    policy::{RETURN_VNI, egress_ip_flags},
-};
+use egress_common::{counters::reason, policy::egress_ip_flags};
 
 use crate::{
+    back,
     conntrack::{self, v4, v6},
     counters::{OK, SHOT, count, verdict},
-    fib, icmp_error,
-    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6, Scratch},
-    parse::{self, Ipv4, L4},
-    parse6, rewrite, tunnel,
-    underlay::{self, Words},
+    icmp_error,
+    maps::{self, EGRESS_IPS_V4, EGRESS_IPS_V6},
+    parse, parse6, rewrite, scratch, underlay,
 };
 
 #[inline(always)]
@@ -77,47 +72,7 @@ fn run4(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
-    back4(ctx, cfg, &ip, &l4, e.xlate_addr, underlay::pod_node(e))
-}
-
-/// Send a packet translated back to `pod` (a reply, or an ICMP error about its flow) to
-/// the pod: through the tunnel to its node `pod_node` with `RETURN_VNI`, or, for a pod
-/// on this node, to its device.
-#[inline(always)]
-pub fn back4(
-    ctx: &TcContext,
-    cfg: &Config,
-    ip: &Ipv4,
-    l4: &L4,
-    pod: [u8; 4],
-    pod_node: Words,
-) -> i32 {
-    if pod_node == underlay::node_ip(cfg) {
-        return match fib::redirect(
-            ctx,
-            ip,
-            ip.src,
-            pod,
-            fib::From::Input(fib::ingress_ifindex(ctx)),
-        ) {
-            Ok(v) => verdict(ctx, reason::FORWARDED, v),
-            Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
-        };
-    }
-    let inner = tunnel::Inner {
-        proto: ip.proto,
-        l4_off: ip.l4,
-        l4,
-        ip_hdr_len: tunnel::IP4_HDR_LEN,
-    };
-    tunnel::enter(
-        ctx,
-        cfg,
-        &inner,
-        pod_node,
-        RETURN_VNI,
-        reason::RETURN_TUNNELED,
-    )
+    back::send4(ctx, cfg, &ip, &l4, e.xlate_addr, underlay::pod_node(e))
 }
 
 /// The same for IPv6: NAT66 reversed, hop limit, back through the tunnel or to a local
@@ -125,7 +80,7 @@ pub fn back4(
 /// in the per-CPU scratch slot.
 #[inline(never)]
 fn run6(ctx: &TcContext) -> i32 {
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return OK;
     };
     if parse6::parse(ctx, &mut s.ip6) != parse6::PARSED {
@@ -179,45 +134,5 @@ fn run6(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::REVERSE_NAT);
-    back6(ctx, cfg, s, &e.xlate_addr, underlay::pod_node6(e))
-}
-
-/// [`back4`] for IPv6: the packet's headers (`s.ip6`, `s.l4`), the FIB parameters and
-/// the tunnel key are in the scratch slot `s`.
-#[inline(always)]
-pub fn back6(
-    ctx: &TcContext,
-    cfg: &Config,
-    s: &mut Scratch,
-    pod: &[u8; 16],
-    pod_node: Words,
-) -> i32 {
-    if pod_node == underlay::node_ip(cfg) {
-        return match fib::redirect6(
-            ctx,
-            &mut s.fib,
-            s.ip6.proto,
-            &s.ip6.src,
-            pod,
-            &fib::From::Input(fib::ingress_ifindex(ctx)),
-        ) {
-            Ok((v, _)) => verdict(ctx, reason::FORWARDED, v),
-            Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
-        };
-    }
-    let inner = tunnel::Inner {
-        proto: s.ip6.proto,
-        l4_off: s.ip6.l4,
-        l4: &s.l4,
-        ip_hdr_len: tunnel::IP6_HDR_LEN,
-    };
-    tunnel::enter_with(
-        ctx,
-        cfg,
-        &inner,
-        &mut s.tunnel,
-        pod_node,
-        RETURN_VNI,
-        reason::RETURN_TUNNELED,
-    )
+    back::send6(ctx, cfg, s, &e.xlate_addr, underlay::pod_node6(e))
 }

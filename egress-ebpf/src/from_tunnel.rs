@@ -15,8 +15,9 @@ use egress_common::{config::Config, counters::reason, policy::RETURN_VNI};
 use crate::{
     counters::{OK, SHOT, verdict},
     fib, gateway,
+    handoff::Origin,
     maps::{self, NODES, POD_OWNER_V4, POD_OWNER_V6},
-    parse, parse6, reset,
+    parse, parse6, reset, scratch,
     tunnel::{self, Received},
 };
 
@@ -125,7 +126,7 @@ fn not_owned(ctx: &TcContext, meta: &Received) -> i32 {
 /// path once). Its parsed headers live in the per-CPU scratch slot.
 #[inline(never)]
 fn run6(ctx: &TcContext, pre: Option<&Received>) -> i32 {
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return OK;
     };
     match parse6::parse(ctx, &mut s.ip6) {
@@ -169,7 +170,7 @@ fn run6(ctx: &TcContext, pre: Option<&Received>) -> i32 {
         Ok(l4) => l4,
         Err(b) => return verdict(ctx, b.drop_reason(), SHOT),
     };
-    s.x6.origin = gateway::Origin {
+    s.x6.origin = Origin {
         rule_id: meta.vni,
         pod_node: meta.sender,
     };

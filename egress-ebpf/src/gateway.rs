@@ -37,12 +37,13 @@ use crate::{
     conntrack::{self, AllocError, v4, v6},
     counters::{self, SHOT, count, verdict},
     fib, flows,
+    handoff::{Origin, Segment4},
     maps::{
         self, ADMITTED_V4, ADMITTED_V6, CT_V6, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6,
-        Scratch,
     },
     parse::{Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
     reset, rewrite,
+    scratch::{self, Scratch},
 };
 
 /// Translate and send out a packet of `rule_id` from a pod of `pod_node`, or return
@@ -211,40 +212,15 @@ fn shared6(addr: &[u8; 16]) -> bool {
 /// entry's frame, not from under this path's large one.
 #[inline(always)]
 fn defer_reset4(ctx: &TcContext, ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> i32 {
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     };
-    s.reset4 = reset::Segment4 {
+    s.reset4 = Segment4 {
         ip: *ip,
         l4: *l4,
         pod_node: *pod_node,
     };
     reset::RESET
-}
-
-/// Who sent a packet into the gateway path: its rule and the pod's node.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Origin {
-    pub rule_id: u32,
-    pub pod_node: egress_common::underlay::Underlay,
-}
-
-/// The translation of an IPv6 flow: in, who sent it; out, its egress IP, port and
-/// interface, and its next hop when the flow's entry has a valid one cached. Lives in
-/// the per-CPU scratch slot.
-#[repr(C)]
-pub struct Xlate6 {
-    pub origin: Origin,
-    pub egress_ip: [u8; 16],
-    pub port_be: u16,
-    pub ifindex: u32,
-    /// `NH_GEN` as this packet found it, before any FIB lookup: a next hop that a lookup
-    /// finds is cached under it (a change meanwhile makes the cache stale, never wrong).
-    pub generation: u32,
-    /// 1 when `nh` holds the flow's valid cached next hop ([`lookup6`]).
-    pub cached: u32,
-    pub nh: NextHop,
 }
 
 /// [`forward`] for IPv6: NAT66 to the rule's egress IPv6, hop limit, FIB lookup (IPv6)

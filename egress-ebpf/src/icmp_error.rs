@@ -34,15 +34,18 @@ use egress_common::{
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
+    back,
     conntrack::{self, v4, v6},
     counters::{OK, SHOT, count, verdict},
-    from_secondary,
-    maps::{self, Scratch},
+    maps,
     parse::{
-        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP6_DST_OFF, IP6_HDR_LEN, Ipv4, L4, PROTO_ICMP,
+        PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
     },
-    parse6::{self, IP6_DST_OFF, IP6_HDR_LEN, Ipv6, STOP_NONE},
-    rewrite, underlay,
+    parse6::{self, Ipv6, STOP_NONE},
+    rewrite,
+    scratch::Scratch,
+    underlay,
 };
 
 /// The ICMP header before the quoted packet: type, code, checksum, 4 more bytes.
@@ -202,7 +205,7 @@ pub fn translate4(ctx: &TcContext, ip: &Ipv4, shared: bool) -> i32 {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
     count(ctx, reason::ICMP_ERROR_XLATED);
-    from_secondary::back4(ctx, cfg, ip, &NO_L4, e.xlate_addr, underlay::pod_node(e))
+    back::send4(ctx, cfg, ip, &NO_L4, e.xlate_addr, underlay::pod_node(e))
 }
 
 /// [`translate4`] for an ICMPv6 error ([`is_error6`]); its headers are in the scratch
@@ -268,5 +271,5 @@ pub fn translate6(ctx: &TcContext, s: &mut Scratch, shared: bool) -> i32 {
     // `memset` call.
     // SAFETY: all-zero is a valid `L4`.
     unsafe { crate::mem::zero(&mut s.l4) };
-    from_secondary::back6(ctx, cfg, s, &e.xlate_addr, underlay::pod_node6(e))
+    back::send6(ctx, cfg, s, &e.xlate_addr, underlay::pod_node6(e))
 }

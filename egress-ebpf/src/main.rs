@@ -6,6 +6,7 @@
 #![feature(asm_experimental_arch)]
 #![no_main]
 
+mod back;
 mod conntrack;
 mod counters;
 mod decap;
@@ -15,6 +16,7 @@ mod from_pod;
 mod from_secondary;
 mod from_tunnel;
 mod gateway;
+mod handoff;
 mod icmp_error;
 mod maps;
 mod mem;
@@ -24,6 +26,7 @@ mod parse6;
 mod policy;
 mod reset;
 mod rewrite;
+mod scratch;
 mod tunnel;
 mod underlay;
 mod unknown;

@@ -1,22 +1,13 @@
-//! Every map of the datapath. BTF-defined, so that `bpftool map dump` prints field names.
+//! Every map of the datapath but the per-CPU scratch slot (`scratch`). BTF-defined, so
+//! that `bpftool map dump` prints field names.
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup, bpf_tunnel_key},
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, lpm_trie::Key},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
     macros::btf_map,
 };
 use egress_common::{
     config::Config,
     maps::{Map, def},
-    policy::PolicyKeyV6,
-};
-
-use crate::{
-    conntrack,
-    gateway::Xlate6,
-    parse::L4,
-    parse6::Ipv6,
-    reset::{Segment4, TcpHdr},
 };
 
 /// A map's key type, value type and capacity, as `egress_common::maps` declares them: the
@@ -199,37 +190,6 @@ pub static COVERED_V4: LpmTrie<K<def::CoveredV4>, V<def::CoveredV4>, { cap::<def
 #[btf_map]
 pub static COVERED_V6: LpmTrie<K<def::CoveredV6>, V<def::CoveredV6>, { cap::<def::CoveredV6>() }> =
     LpmTrie::new();
-
-/// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
-/// key, conntrack keys and entries, the FIB lookup and the tunnel key), and for those of
-/// the RSTs of both families: looked up once per IPv6 packet (and per RST), so that no
-/// call chain's stack frames exceed the verifier's 512 bytes.
-/// A program runs to completion on its CPU, so one slot per CPU is enough.
-#[repr(C)]
-pub struct Scratch {
-    pub ip6: Ipv6,
-    pub l4: L4,
-    pub ct6: conntrack::v6::Slots,
-    pub x6: Xlate6,
-    pub fib: bpf_fib_lookup,
-    pub tunnel: bpf_tunnel_key,
-    pub policy6: PolicyKeyV6,
-    pub dest6: Key<[u8; 16]>,
-    pub reset4: Segment4,
-    pub rst: TcpHdr,
-    /// The metadata of a packet `from_underlay` decapsulated (`crate::decap`).
-    pub decap: crate::tunnel::Received,
-}
-
-#[btf_map]
-pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
-
-/// This CPU's scratch slot (never `None` in practice: the array has its one entry).
-#[inline(always)]
-pub fn scratch() -> Option<&'static mut Scratch> {
-    // SAFETY: per-CPU slot, used by one program run at a time.
-    SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
-}
 
 #[btf_map]
 pub static COUNTERS: PerCpuArray<V<def::Counters>, { cap::<def::Counters>() }> = PerCpuArray::new();

@@ -20,6 +20,12 @@ pub const IP_CSUM_OFF: usize = ETH_LEN + 10;
 pub const IP_SRC_OFF: usize = ETH_LEN + 12;
 pub const IP_DST_OFF: usize = ETH_LEN + 16;
 
+/// The fixed IPv6 header's length and offsets (`parse6` walks what follows it).
+pub const IP6_HDR_LEN: usize = 40;
+pub const IP6_HOP_LIMIT_OFF: usize = ETH_LEN + 7;
+pub const IP6_SRC_OFF: usize = ETH_LEN + 8;
+pub const IP6_DST_OFF: usize = ETH_LEN + 24;
+
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
@@ -118,7 +124,7 @@ pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
 /// The transport header's offset in a packet without IP options, and in an IPv6 packet
 /// without extension headers.
 const L4_OFF_V4: usize = ETH_LEN + Ipv4Hdr::LEN;
-const L4_OFF_V6: usize = ETH_LEN + crate::parse6::IP6_HDR_LEN;
+const L4_OFF_V6: usize = ETH_LEN + IP6_HDR_LEN;
 
 /// The header `T` at the constant offset `OFF`, where the linear part of the skb holds
 /// it (every frame a veth or the tunnel device hands over); `None` when it does not. A
@@ -153,7 +159,7 @@ fn at<T: Copy>(ctx: &TcContext, off: usize) -> Option<*const T> {
         ETH_LEN => in_place::<T, ETH_LEN>(ctx),
         L4_OFF_V4 => in_place::<T, L4_OFF_V4>(ctx),
         L4_OFF_V6 => in_place::<T, L4_OFF_V6>(ctx),
-        crate::parse6::IP6_SRC_OFF => in_place::<T, { crate::parse6::IP6_SRC_OFF }>(ctx),
+        IP6_SRC_OFF => in_place::<T, IP6_SRC_OFF>(ctx),
         _ => None,
     }
 }

@@ -3,14 +3,11 @@
 
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 
-use crate::parse::{self, Bad, ETH_LEN, L4, PROTO_ICMPV6, PROTO_UDP, transport};
+use crate::parse::{
+    self, Bad, ETH_LEN, IP6_HDR_LEN, IP6_SRC_OFF, L4, PROTO_ICMPV6, PROTO_UDP, transport,
+};
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
-
-pub const IP6_HDR_LEN: usize = 40;
-pub const IP6_HOP_LIMIT_OFF: usize = ETH_LEN + 7;
-pub const IP6_SRC_OFF: usize = ETH_LEN + 8;
-pub const IP6_DST_OFF: usize = ETH_LEN + 24;
 
 const NEXTHDR_HOP: u8 = 0;
 const NEXTHDR_ROUTING: u8 = 43;
@@ -45,7 +42,7 @@ pub struct Ipv6 {
 
 /// Whether the programs take the IPv6 paths. Their call chains fit the verifier's
 /// 512-byte combined stack because their large temporaries (headers, conntrack keys and
-/// entries, FIB and tunnel parameters) live in the per-CPU `maps::SCRATCH` slot. Turned
+/// entries, FIB and tunnel parameters) live in the per-CPU `scratch::SCRATCH` slot. Turned
 /// off, IPv6 passes untouched and LLVM drops the IPv6 code from the object.
 pub const IPV6_DATAPATH: bool = true;
 

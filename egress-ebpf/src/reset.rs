@@ -27,15 +27,19 @@ use aya_ebpf::{
     helpers::generated::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
-use egress_common::{config::Config, counters::reason, policy::RETURN_VNI, underlay::Underlay};
+use egress_common::{config::Config, counters::reason, policy::RETURN_VNI};
 
 use crate::{
     counters::{SHOT, verdict},
+    handoff::TcpHdr,
     maps,
-    parse::{ETH_LEN, IP_CSUM_OFF, IP_SRC_OFF, Ipv4, L4, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST},
-    parse6::{IP6_DST_OFF, IP6_HDR_LEN, IP6_SRC_OFF, Ipv6},
+    parse::{
+        ETH_LEN, IP_CSUM_OFF, IP_SRC_OFF, IP6_DST_OFF, IP6_HDR_LEN, IP6_SRC_OFF, Ipv4, L4,
+        PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST,
+    },
+    parse6::Ipv6,
     rewrite::{Result, WriteFailed, ok},
-    tunnel,
+    scratch, tunnel,
     underlay::{self, Words},
 };
 
@@ -44,14 +48,6 @@ use crate::{
 /// `reset4`, for IPv6 in `ip6`, `l4` and `x6.origin`, where the IPv6 paths keep them
 /// anyway.
 pub const RESET: i32 = i32::MIN + 1;
-
-/// What an IPv4 RST needs of its segment (the IPv4 paths keep these on the stack).
-#[repr(C)]
-pub struct Segment4 {
-    pub ip: Ipv4,
-    pub l4: L4,
-    pub pod_node: Underlay,
-}
 
 /// The verdict of an IPv4 path that may reach the gateway path and returned `v`: `v`
 /// itself, or, for [`RESET`], that of the RST, made and sent from the caller's frame (an
@@ -72,7 +68,7 @@ fn reset4(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return verdict(ctx, reason::DROP_NOT_READY, SHOT);
     };
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     };
     let seg = &s.reset4;
@@ -94,7 +90,7 @@ fn reset6(ctx: &TcContext) -> i32 {
     let Some(cfg) = maps::config() else {
         return verdict(ctx, reason::DROP_NOT_READY, SHOT);
     };
-    let Some(s) = maps::scratch() else {
+    let Some(s) = scratch::scratch() else {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     };
     if tcp_rst6(ctx, &s.ip6, &s.l4, &mut s.rst).is_err() {
@@ -158,21 +154,6 @@ const RST_LEN: usize = 20;
 const CHECK_OFF: usize = 16;
 const IP_TOT_LEN_OFF: usize = ETH_LEN + 2;
 const IP6_PAYLOAD_LEN_OFF: usize = ETH_LEN + 4;
-
-/// A TCP header without its options, as it sits in the packet (network order).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct TcpHdr {
-    sport: u16,
-    dport: u16,
-    seq: u32,
-    ack: u32,
-    /// Data offset (high nibble), then the flags.
-    off_flags: [u8; 2],
-    window: u16,
-    check: u16,
-    urg: u16,
-}
 
 /// Turn `h`, the header of a segment with `flags` and `payload` bytes of data, into the
 /// header of the RST that answers it. The checksum field keeps its value.

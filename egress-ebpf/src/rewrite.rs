@@ -8,10 +8,10 @@ use aya_ebpf::{
 
 use crate::{
     parse::{
-        IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6,
-        PROTO_TCP, PROTO_UDP,
+        IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, IP6_DST_OFF, IP6_HOP_LIMIT_OFF,
+        IP6_SRC_OFF, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
     },
-    parse6::{IP6_DST_OFF, IP6_HOP_LIMIT_OFF, IP6_SRC_OFF, Ipv6},
+    parse6::Ipv6,
 };
 
 /// `BPF_F_IPV6` (Linux 6.16): tells `bpf_l4_csum_replace` that the pseudo-header change

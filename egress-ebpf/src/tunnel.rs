@@ -166,7 +166,7 @@ fn finish(
 
 /// IP header lengths without options, for [`clamp_syn`] (IPv6's is the parser's).
 pub const IP4_HDR_LEN: u16 = 20;
-pub const IP6_HDR_LEN: u16 = crate::parse6::IP6_HDR_LEN as u16;
+pub const IP6_HDR_LEN: u16 = crate::parse::IP6_HDR_LEN as u16;
 
 /// Before a TCP SYN or SYN-ACK enters the tunnel: lower its MSS option so that full-size
 /// segments still fit the tunnel MTU (`tunnel_mtu - IP header - 20`), counted as

@@ -13,7 +13,7 @@ use egress_common::{
     underlay::Underlay,
 };
 
-use crate::gateway::Origin;
+use crate::handoff::Origin;
 
 /// An underlay address as four words, each holding four of its bytes in order
 /// (native-endian words, as `bpf_tunnel_key::remote_ipv6` wants them).

@@ -14,8 +14,8 @@ use egress_common::{
 use crate::{
     counters::{OK, SHOT, verdict},
     maps::{CONFIG, COVERED_V4, COVERED_V6, KNOWN_PODS_V4, KNOWN_PODS_V6},
-    parse::{self, IP_DST_OFF},
-    parse6::{self, IP6_DST_OFF, IP6_HDR_LEN},
+    parse::{self, IP_DST_OFF, IP6_DST_OFF, IP6_HDR_LEN},
+    parse6,
 };
 
 /// Whether the node drops packets of unknown pods (the agent has written `CONFIG` with

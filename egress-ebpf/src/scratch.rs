@@ -1,0 +1,49 @@
+//! The per-CPU scratch slot: room for the datapath's large temporaries, outside the
+//! stack. A map of its own module (the others are in `maps`): its value is made of the
+//! paths' own types, and `maps` imports nothing from the paths that use it.
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup, bpf_tunnel_key},
+    btf_maps::{PerCpuArray, lpm_trie::Key},
+    macros::btf_map,
+};
+use egress_common::policy::PolicyKeyV6;
+
+use crate::{
+    conntrack,
+    handoff::{Segment4, TcpHdr, Xlate6},
+    parse::L4,
+    parse6::Ipv6,
+    tunnel::Received,
+};
+
+/// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
+/// key, conntrack keys and entries, the FIB lookup and the tunnel key), and for those of
+/// the RSTs of both families: looked up once per IPv6 packet (and per RST), so that no
+/// call chain's stack frames exceed the verifier's 512 bytes.
+/// A program runs to completion on its CPU, so one slot per CPU is enough.
+#[repr(C)]
+pub struct Scratch {
+    pub ip6: Ipv6,
+    pub l4: L4,
+    pub ct6: conntrack::v6::Slots,
+    pub x6: Xlate6,
+    pub fib: bpf_fib_lookup,
+    pub tunnel: bpf_tunnel_key,
+    pub policy6: PolicyKeyV6,
+    pub dest6: Key<[u8; 16]>,
+    pub reset4: Segment4,
+    pub rst: TcpHdr,
+    /// The metadata of a packet `from_underlay` decapsulated (`crate::decap`).
+    pub decap: Received,
+}
+
+#[btf_map]
+pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// This CPU's scratch slot (never `None` in practice: the array has its one entry).
+#[inline(always)]
+pub fn scratch() -> Option<&'static mut Scratch> {
+    // SAFETY: per-CPU slot, used by one program run at a time.
+    SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
