@@ -14,6 +14,7 @@ use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
 pub mod admin;
 pub mod kube;
+pub mod objects;
 pub mod openshift;
 pub mod ovn;
 pub mod yaml;

@@ -698,6 +698,30 @@ async fn initial_list_produces_the_view() {
 }
 
 #[tokio::test]
+async fn objects_that_fail_their_checks_are_reported_and_the_rest_served() {
+    let fake = cluster().await;
+    // Decodes, but its address is no address: reported as the YAML source reports it.
+    fake.put_silently(PODS, pod("payments", "bad-ip", "10.0.0"));
+    fake.put_silently(EGRESS_NODES, egress_node("node-2", "172.16.0.300"));
+    let rx = start_watch(&fake).await;
+    let snapshot = rx.borrow().clone();
+    assert_eq!(pod_names(&snapshot), ["a", "b"]);
+    assert_eq!(snapshot.view.egress_nodes.len(), 1);
+    let errors: Vec<String> = snapshot.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            "file /api/v1/namespaces/payments/pods/bad-ip doc 1 (Pod payments/bad-ip): \
+             status.podIP: invalid IP address \"10.0.0\"",
+            "file /api/v1/namespaces/payments/pods/bad-ip doc 1 (Pod payments/bad-ip): \
+             status.podIPs[0].ip: invalid IP address \"10.0.0\"",
+            "file /apis/egress.dev/v1alpha1/egressnodes/node-2 doc 1 (EgressNode node-2): \
+             spec.underlayIP: invalid IP address \"172.16.0.300\"",
+        ]
+    );
+}
+
+#[tokio::test]
 async fn failing_first_lists_are_retried_before_the_first_view() {
     let fake = cluster().await;
     fake.fail_lists(EGRESS_NODES, 1);

@@ -8,8 +8,9 @@
 //! ([`WatchStreamExt::default_backoff`]), and the stores, hence the published view, keep the
 //! last good state meanwhile (a re-list replaces a store only once it is complete).
 //!
-//! An object that does not decode never stops its kind: it is left out of the view and
-//! reported in [`Snapshot::errors`], naming kind, name and field.
+//! An object that does not decode, or fails the checks the YAML source runs on it too
+//! ([`objects`]: a Pod's addresses, a Node's, an EgressNode's), never stops its kind: it is
+//! left out of the view and reported in [`Snapshot::errors`], naming kind, name and field.
 //!
 //! The writers: [`publish_egress_node`] (server-side apply of this node's EgressNode),
 //! [`publish_policy_status`] (merge patch of a policy's status subresource, only when it
@@ -53,7 +54,9 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView, PodSummary, admin, openshift, ovn,
+    ClusterView, PodSummary, admin,
+    objects::{self, FieldError},
+    openshift, ovn,
     yaml::{DocumentError, LoadError, Snapshot},
 };
 use crate::api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus};
@@ -412,9 +415,16 @@ impl Stores {
         let view = ClusterView {
             policies: collect(&self.policies, &mut errors, Clone::clone),
             namespaces: collect(&self.namespaces, &mut errors, Clone::clone),
-            pods: collect(&self.pods, &mut errors, |p: &Pod| PodSummary::from(p)),
-            nodes: collect(&self.nodes, &mut errors, Clone::clone),
-            egress_nodes: collect(&self.egress_nodes, &mut errors, Clone::clone),
+            pods: collect_checked(&self.pods, &mut errors, objects::check_pod, |p: &Pod| {
+                PodSummary::from(p)
+            }),
+            nodes: collect_checked(&self.nodes, &mut errors, objects::check_node, Clone::clone),
+            egress_nodes: collect_checked(
+                &self.egress_nodes,
+                &mut errors,
+                objects::check_egress_node,
+                Clone::clone,
+            ),
             network_policies: collect(&self.network_policies, &mut errors, Clone::clone),
             cluster_cidrs: self.cluster_cidrs_with(&mut errors),
             ovn_egress_ips: self
@@ -486,14 +496,51 @@ fn collect<K, T>(
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
+    collect_checked(store, errors, |_| Vec::new(), convert)
+}
+
+/// [`collect`], leaving out each object that fails `check` (one of [`objects`]'s), with an
+/// error for each field to fix, as the YAML source reports it.
+fn collect_checked<K, T>(
+    store: &Store<Decoded<K>>,
+    errors: &mut Vec<LoadError>,
+    check: impl Fn(&K) -> Vec<FieldError>,
+    convert: impl Fn(&K) -> T,
+) -> Vec<T>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
     let mut entries = store.state();
     entries.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
     });
-    let mut out = Vec::with_capacity(entries.len());
+    served(entries.iter().map(|e| &**e), errors, check, convert)
+}
+
+/// The objects of `entries` that decoded and pass `check`, as `convert` makes them; an error
+/// for each that did not decode and for each field that failed its check. One bad object
+/// never hides the others.
+fn served<'a, K, T>(
+    entries: impl Iterator<Item = &'a Decoded<K>>,
+    errors: &mut Vec<LoadError>,
+    check: impl Fn(&K) -> Vec<FieldError>,
+    convert: impl Fn(&K) -> T,
+) -> Vec<T>
+where
+    K: Resource<DynamicType = ()> + 'a,
+{
+    let mut out = Vec::new();
     for entry in entries {
         match &entry.object {
-            Ok(object) => out.push(convert(object)),
+            Ok(object) => {
+                let failed = check(object);
+                if failed.is_empty() {
+                    out.push(convert(object));
+                }
+                for f in failed {
+                    errors.push(object_error::<K>(&entry.metadata, f.field, f.message));
+                }
+            }
             Err(failure) => errors.push(decode_error::<K>(&entry.metadata, failure)),
         }
     }
@@ -507,6 +554,18 @@ fn decode_error<K: Resource<DynamicType = ()>>(
     failure: &DecodeFailure,
 ) -> LoadError {
     let kind = K::kind(&());
+    let message = format!("failed to decode {kind}: {}", failure.message);
+    object_error::<K>(metadata, failure.field.clone(), message)
+}
+
+/// A [`DocumentError`] about the object of `metadata`: `file` is its API path, `object` its
+/// kind and name, `field` what to fix.
+fn object_error<K: Resource<DynamicType = ()>>(
+    metadata: &ObjectMeta,
+    field: Option<String>,
+    message: String,
+) -> LoadError {
+    let kind = K::kind(&());
     let name = metadata.name.as_deref().unwrap_or_default();
     let namespace = metadata.namespace.as_deref();
     let object = match namespace {
@@ -517,8 +576,8 @@ fn decode_error<K: Resource<DynamicType = ()>>(
         file: format!("{}/{name}", K::url_path(&(), namespace)),
         doc: 1,
         object: Some(object),
-        field: failure.field.clone(),
-        message: format!("failed to decode {kind}: {}", failure.message),
+        field,
+        message,
     })
 }
 
@@ -972,5 +1031,75 @@ mod tests {
         let node = serde_json::json!({"metadata": {"name": "gw-1"}});
         let node: Decoded<EgressNode> = serde_json::from_value(node).expect("decode");
         assert!(node.object.is_ok());
+    }
+
+    /// Pods as the API server would list them: `ips` in `status.podIPs`.
+    fn pod(name: &str, ips: &[&str]) -> Decoded<Pod> {
+        let ips: Vec<_> = ips
+            .iter()
+            .map(|ip| serde_json::json!({ "ip": ip }))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"phase": "Running", "podIPs": ips}
+        }))
+        .expect("decode")
+    }
+
+    fn messages(errors: &[LoadError]) -> Vec<String> {
+        errors.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_pod_with_a_bad_address_is_reported_by_name_and_the_others_served() {
+        let pods = [
+            pod("a", &["10.0.0.1"]),
+            pod("bad", &["10.0.0"]),
+            pod("b", &["10.0.0.2", "fd00::2"]),
+            pod("twice", &["10.0.0.3", "10.0.0.4"]),
+        ];
+        let mut errors = Vec::new();
+        let served = served(pods.iter(), &mut errors, objects::check_pod, |p: &Pod| {
+            PodSummary::from(p)
+        });
+        let names: Vec<_> = served.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(
+            messages(&errors),
+            [
+                "file /api/v1/namespaces/shop/pods/bad doc 1 (Pod shop/bad): \
+                 status.podIPs[0].ip: invalid IP address \"10.0.0\"",
+                "file /api/v1/namespaces/shop/pods/twice doc 1 (Pod shop/twice): \
+                 status.podIPs: 2 addresses: a Pod has at most 2, one of each family",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_egress_node_with_a_bad_underlay_address_is_reported_by_name() {
+        let node = |name: &str, underlay: &str| -> Decoded<EgressNode> {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name}, "spec": {"underlayIP": underlay}
+            }))
+            .expect("decode")
+        };
+        let nodes = [node("gw-1", "10.0.0.11"), node("gw-2", "10.0.0.300")];
+        let mut errors = Vec::new();
+        let served = served(
+            nodes.iter(),
+            &mut errors,
+            objects::check_egress_node,
+            Clone::clone,
+        );
+        assert_eq!(served.len(), 1);
+        assert_eq!(served[0].metadata.name.as_deref(), Some("gw-1"));
+        assert_eq!(
+            messages(&errors),
+            [
+                "file /apis/egress.dev/v1alpha1/egressnodes/gw-2 doc 1 (EgressNode gw-2): \
+                 spec.underlayIP: invalid IP address \"10.0.0.300\""
+            ]
+        );
     }
 }

@@ -1,0 +1,718 @@
+//! Reading a directory of state files into a [`Snapshot`], keeping the last good version
+//! of each object whose file or document broke (for the watcher).
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use super::{documents::*, watching::QUIET};
+use crate::source::ClusterView;
+
+/// Why (part of) the directory could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("failed to read directory {dir}: {detail}")]
+    ReadDir { dir: PathBuf, detail: String },
+    #[error("failed to read file {file}: {detail}")]
+    ReadFile { file: String, detail: String },
+    #[error("{0}")]
+    Document(#[from] DocumentError),
+    #[error("{0}")]
+    Kept(#[from] Kept),
+}
+
+/// Objects served from their last good version because what now stands for them could not
+/// be read (only the watcher remembers: [`load_dir`] never keeps anything).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// File name, relative to the directory.
+    pub file: String,
+    /// The document that stands for the one object kept; `None` when the whole file is
+    /// kept (empty, unreadable, or with a document whose object cannot be told).
+    pub doc: Option<usize>,
+    /// What is wrong, after "file F" (`is empty`, `could not be read`, ...).
+    pub reason: String,
+    /// `Kind namespace/name` or `Kind name` of each object kept, in file order.
+    pub objects: Vec<String>,
+}
+
+/// How many kept objects an error names before it counts the rest.
+pub(super) const KEPT_NAMED: usize = 5;
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "file {} ", self.file)?;
+        if let Some(doc) = self.doc {
+            write!(f, "doc {doc} ")?;
+        }
+        write!(f, "{}: keeping the last good version of ", self.reason)?;
+        let named = self.objects.iter().take(KEPT_NAMED);
+        for (i, object) in named.enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(object)?;
+        }
+        if let Some(more) = self
+            .objects
+            .len()
+            .checked_sub(KEPT_NAMED)
+            .filter(|&n| n > 0)
+        {
+            write!(f, " and {more} more")?;
+        }
+        match self.doc {
+            Some(_) => {
+                f.write_str(" until the document is fixed (deleting the document removes it)")
+            }
+            None => f.write_str(" until the file is fixed (deleting the file removes them)"),
+        }
+    }
+}
+
+impl std::error::Error for Kept {}
+
+/// Largest state file read, in bytes (64 MiB), checked before reading and while reading.
+/// The largest legitimate file is a dump of a big cluster: 100 000 pods written compactly
+/// (name, namespace, a few labels, node, phase, two IPs: about 350 bytes each) take about
+/// 35 MB. A full `kubectl get -o yaml` dump (5 to 15 kB a pod) of such a cluster fits no
+/// sane limit: trim it, or split it into several files.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// What one read of the directory found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub view: ClusterView,
+    /// Every problem met, in file and document order. A document listed here is not in
+    /// `view` (though the last good version of its object may be: [`LoadError::Kept`]).
+    pub errors: Vec<LoadError>,
+}
+
+/// Does the reader consider this file name? `*.yaml` and `*.yml`, not hidden.
+pub(super) fn is_state_file(name: &str) -> bool {
+    !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
+}
+
+/// The state files of `dir`, sorted by name, and the names of symbolic links among them
+/// that lead out of it (refused).
+pub(super) fn list_files(dir: &Path) -> Result<Listing, LoadError> {
+    let read_dir_error = |e: std::io::Error| LoadError::ReadDir {
+        dir: dir.to_owned(),
+        detail: e.to_string(),
+    };
+    let mut files = Vec::new();
+    let mut refused = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_dir_error)? {
+        let entry = entry.map_err(read_dir_error)?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !is_state_file(&name) {
+            continue;
+        }
+        // Follow symlinks that stay inside the directory: a file linked in counts as the
+        // file. One that leads out of it (the agent reads as root) is refused.
+        let path = entry.path();
+        if path.is_symlink() {
+            let inside = std::fs::canonicalize(dir)
+                .ok()
+                .zip(std::fs::canonicalize(&path).ok())
+                .is_some_and(|(d, target)| target.parent() == Some(d.as_path()));
+            if !inside {
+                refused.push(name);
+                continue;
+            }
+        }
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_file() {
+            files.push((name, meta));
+        }
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    refused.sort();
+    Ok(Listing { files, refused })
+}
+
+/// What [`list_files`] found.
+pub(super) struct Listing {
+    pub(super) files: Vec<(String, std::fs::Metadata)>,
+    pub(super) refused: Vec<String>,
+}
+
+/// Why a symbolic link among the state files is not followed.
+pub(super) const LEADS_OUT: &str = "a symbolic link that leads out of the state directory (the agent \
+                         reads as root): not followed; copy the file in, or link to a file \
+                         in the directory";
+
+/// "the file is N bytes, over the limit ..."
+pub(super) fn too_large(bytes: impl fmt::Display) -> String {
+    format!(
+        "the file is {bytes} bytes, over the limit of {} MiB per state file; split it into \
+         several files",
+        MAX_FILE_BYTES >> 20
+    )
+}
+
+/// Read one state file as text: a regular file (opened without blocking, so a FIFO swapped
+/// in is refused, not waited on) of at most [`MAX_FILE_BYTES`], judged from its metadata
+/// before reading and enforced while reading (it may grow meanwhile).
+pub(super) fn read_state_file(path: &Path) -> Result<String, String> {
+    use std::{io::Read as _, os::unix::fs::OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or_default());
+    (&file)
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(format!("over {MAX_FILE_BYTES}")));
+    }
+    let after = file.metadata().map_err(|e| e.to_string())?;
+    if (after.len(), after.modified().ok()) != (meta.len(), meta.modified().ok())
+        || bytes.len() as u64 != after.len()
+    {
+        return Err(CHANGED_WHILE_READ.to_owned());
+    }
+    String::from_utf8(bytes).map_err(|e| format!("not UTF-8: {}", e.utf8_error()))
+}
+
+/// What [`read_state_file`] says of a file written to while it read it.
+pub(super) const CHANGED_WHILE_READ: &str = "the file changed while it was read";
+
+/// How often a file that changes while it is read is read again before it counts as
+/// unreadable (its last good version kept) until the next change.
+pub(super) const READ_ATTEMPTS: u32 = 5;
+
+/// [`read_state_file`], again while the file changes under the read (a writer appending
+/// in place), [`READ_ATTEMPTS`] times at most.
+pub(super) fn read_stable_file(path: &Path) -> Result<String, String> {
+    let mut attempt = 1;
+    loop {
+        match read_state_file(path) {
+            Err(e) if e == CHANGED_WHILE_READ && attempt < READ_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(QUIET);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Read every state file of `dir`. Pure: nothing is remembered from earlier reads, so an
+/// unreadable file or document is simply left out (the watcher keeps last good versions
+/// instead: [`watch`]).
+pub fn load_dir(dir: &Path) -> Snapshot {
+    read_dir_remembering(dir, &LastGood::default()).0
+}
+
+/// Parse one file's text as if it were file `name` of a directory (for tests and tools).
+pub fn load_str(name: &str, text: &str) -> Snapshot {
+    let mut loader = Loader::default();
+    loader.add_file(name, text, &LastGood::default());
+    loader.finish().0
+}
+
+/// Read every state file of `dir`, keeping from `last` the last good version of each object
+/// whose file or document can no longer be read. Returns where each object of the view came
+/// from, for the next read's [`LastGood`].
+pub(super) fn read_dir_remembering(dir: &Path, last: &LastGood) -> (Snapshot, Origins) {
+    let mut loader = Loader::default();
+    match list_files(dir) {
+        Err(e) => {
+            loader.errors.push(e);
+            for file in last.files.keys() {
+                loader.keep_file(file, "is in a directory that could not be listed", last);
+            }
+        }
+        Ok(Listing { files, refused }) => {
+            for name in refused {
+                loader.errors.push(LoadError::ReadFile {
+                    file: name.clone(),
+                    detail: LEADS_OUT.to_owned(),
+                });
+                loader.keep_file(&name, "could not be read", last);
+            }
+            for (name, _) in files {
+                match read_stable_file(&dir.join(&name)) {
+                    Ok(text) => loader.add_file(&name, &text, last),
+                    Err(detail) => {
+                        loader.errors.push(LoadError::ReadFile {
+                            file: name.clone(),
+                            detail,
+                        });
+                        loader.keep_file(&name, "could not be read", last);
+                    }
+                }
+            }
+        }
+    }
+    loader.finish()
+}
+
+/// Where an object sits in a [`ClusterView`]: its list and index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    Pod(usize),
+    Node(usize),
+    Namespace(usize),
+    Policy(usize),
+    EgressNode(usize),
+    OvnEgressIp(usize),
+    NetworkPolicy(usize),
+    Unapplied(usize),
+}
+
+/// Where each object of a view came from: file → object → (document, slot).
+pub(super) type Origins = BTreeMap<String, BTreeMap<ObjectKey, (usize, Slot)>>;
+
+/// What the watcher remembers between reads: the last snapshot it published and where each
+/// of its objects came from. Shares the published snapshot rather than copying objects, so
+/// a big directory is not held twice.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LastGood {
+    pub(super) snapshot: Arc<Snapshot>,
+    pub(super) files: Origins,
+}
+
+impl LastGood {
+    /// The object `key` last read from `file`, and its document.
+    fn object(&self, file: &str, key: &ObjectKey) -> Option<(usize, Added)> {
+        let &(doc, slot) = self.files.get(file)?.get(key)?;
+        Some((doc, self.take(slot)?))
+    }
+
+    /// Every object last read from `file`, in document order.
+    fn objects(&self, file: &str) -> Vec<(ObjectKey, usize, Added)> {
+        let mut objects: Vec<_> = self
+            .files
+            .get(file)
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, &(doc, slot))| Some((key.clone(), doc, self.take(slot)?)))
+            .collect();
+        objects.sort_by_key(|(_, doc, _)| *doc);
+        objects
+    }
+
+    fn take(&self, slot: Slot) -> Option<Added> {
+        let view = &self.snapshot.view;
+        Some(match slot {
+            Slot::Pod(i) => Added::Pod(view.pods.get(i)?.clone()),
+            Slot::Node(i) => Added::Node(Box::new(view.nodes.get(i)?.clone())),
+            Slot::Namespace(i) => Added::Namespace(Box::new(view.namespaces.get(i)?.clone())),
+            Slot::Policy(i) => Added::Policy(Box::new(view.policies.get(i)?.clone())),
+            Slot::EgressNode(i) => Added::EgressNode(Box::new(view.egress_nodes.get(i)?.clone())),
+            Slot::OvnEgressIp(i) => {
+                Added::OvnEgressIp(Box::new(view.ovn_egress_ips.get(i)?.clone()))
+            }
+            Slot::NetworkPolicy(i) => {
+                Added::NetworkPolicy(Box::new(view.network_policies.get(i)?.clone()))
+            }
+            Slot::Unapplied(i) => Added::Unapplied(view.unapplied.get(i)?.clone()),
+        })
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Loader {
+    view: ClusterView,
+    errors: Vec<LoadError>,
+    /// Where each object was first seen: (file, doc).
+    seen: BTreeMap<ObjectKey, (String, usize)>,
+    origins: Origins,
+}
+
+impl Loader {
+    fn finish(self) -> (Snapshot, Origins) {
+        let snapshot = Snapshot {
+            view: self.view,
+            errors: self.errors,
+        };
+        (snapshot, self.origins)
+    }
+
+    /// Read one file's documents. An invalid document whose object is known keeps that
+    /// object's last good version; a file that is empty or has a document whose object
+    /// cannot be told keeps every object last read from it that no valid document
+    /// replaced.
+    fn add_file(&mut self, file: &str, text: &str, last: &LastGood) {
+        let mut empty = true;
+        let mut unknown = Vec::new();
+        for doc in split_documents(text) {
+            match parse_document(file, &doc) {
+                Parsed::Empty => continue,
+                Parsed::Object(key, added) => self.insert(file, doc.number, key, added),
+                Parsed::Invalid {
+                    key: Some(key),
+                    errors,
+                } => {
+                    self.errors.extend(errors);
+                    if !self.seen.contains_key(&key)
+                        && let Some((_, added)) = last.object(file, &key)
+                    {
+                        self.errors.push(LoadError::Kept(Kept {
+                            file: file.to_owned(),
+                            doc: Some(doc.number),
+                            reason: "is invalid".to_owned(),
+                            objects: vec![object_label(&key)],
+                        }));
+                        self.insert(file, doc.number, key, added);
+                    }
+                }
+                Parsed::Invalid { key: None, errors } => {
+                    self.errors.extend(errors);
+                    unknown.push(doc.number.to_string());
+                }
+            }
+            empty = false;
+        }
+        if empty {
+            self.keep_file(file, "is empty", last);
+        } else if !unknown.is_empty() {
+            let reason = format!(
+                "has documents whose object cannot be told (doc {})",
+                unknown.join(", ")
+            );
+            self.keep_file(file, &reason, last);
+        }
+    }
+
+    /// Keep every object last read from `file` that this read has not seen yet (a valid
+    /// current version anywhere wins), and say so.
+    fn keep_file(&mut self, file: &str, reason: &str, last: &LastGood) {
+        let mut kept = Vec::new();
+        for (key, doc, added) in last.objects(file) {
+            if !self.seen.contains_key(&key) {
+                kept.push(object_label(&key));
+                self.insert(file, doc, key, added);
+            }
+        }
+        if !kept.is_empty() {
+            self.errors.push(LoadError::Kept(Kept {
+                file: file.to_owned(),
+                doc: None,
+                reason: reason.to_owned(),
+                objects: kept,
+            }));
+        }
+    }
+
+    /// Add an object to the view, unless another document already defined it.
+    fn insert(&mut self, file: &str, doc: usize, key: ObjectKey, added: Added) {
+        if let Some((first_file, first_doc)) = self.seen.get(&key) {
+            self.errors.push(LoadError::Document(DocumentError {
+                file: file.to_owned(),
+                doc,
+                object: Some(object_label(&key)),
+                field: Some("metadata.name".to_owned()),
+                message: format!(
+                    "duplicate object: already defined in file {first_file} doc {first_doc}"
+                ),
+            }));
+            return;
+        }
+        /// Push, and say where.
+        fn push<T>(list: &mut Vec<T>, item: T) -> usize {
+            list.push(item);
+            list.len() - 1
+        }
+        let view = &mut self.view;
+        let slot = match added {
+            Added::Pod(p) => Slot::Pod(push(&mut view.pods, p)),
+            Added::Node(n) => Slot::Node(push(&mut view.nodes, *n)),
+            Added::Namespace(n) => Slot::Namespace(push(&mut view.namespaces, *n)),
+            Added::Policy(p) => Slot::Policy(push(&mut view.policies, *p)),
+            Added::EgressNode(n) => Slot::EgressNode(push(&mut view.egress_nodes, *n)),
+            Added::OvnEgressIp(e) => Slot::OvnEgressIp(push(&mut view.ovn_egress_ips, *e)),
+            Added::NetworkPolicy(n) => Slot::NetworkPolicy(push(&mut view.network_policies, *n)),
+            Added::Unapplied(u) => Slot::Unapplied(push(&mut view.unapplied, u)),
+        };
+        self.seen.insert(key.clone(), (file.to_owned(), doc));
+        self.origins
+            .entry(file.to_owned())
+            .or_default()
+            .insert(key, (doc, slot));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::super::fixtures::*;
+    use super::*;
+
+    #[test]
+    fn directory_reads_yaml_and_yml_files_and_skips_others() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("a.yaml"), GOOD).expect("write");
+        std::fs::write(dir.path().join("b.yml"), namespace_doc("other")).expect("write");
+        std::fs::write(dir.path().join("notes.txt"), "not yaml: [").expect("write");
+        std::fs::write(dir.path().join(".hidden.yaml"), "not yaml: [").expect("write");
+        let snap = load_dir(dir.path());
+        assert_eq!(snap.errors, []);
+        assert_eq!(snap.view.namespaces.len(), 2);
+    }
+
+    #[test]
+    fn missing_directory_is_an_error_not_a_panic() {
+        let snap = load_dir(Path::new("/nonexistent/egress-state"));
+        assert_eq!(snap.errors.len(), 1);
+        assert!(
+            snap.errors[0]
+                .to_string()
+                .starts_with("failed to read directory /nonexistent/egress-state")
+        );
+    }
+
+    #[test]
+    fn a_symlink_out_of_the_directory_is_refused_and_one_inside_followed() {
+        use std::os::unix::fs::symlink;
+        let outside = tempfile::tempdir().expect("tempdir");
+        let secret = outside.path().join("secret.yaml");
+        std::fs::write(&secret, ns("secret", "x")).expect("write");
+        let mut r = Rereader::new();
+        // A file of the directory that is no state file itself, linked in under a state
+        // file's name.
+        r.write("real.txt", &ns("a", "x"));
+        symlink(&secret, r.dir.path().join("out.yaml")).expect("symlink");
+        symlink(r.dir.path().join("real.txt"), r.dir.path().join("in.yml")).expect("symlink");
+        let snap = r.read();
+        assert!(
+            !teams(&snap).iter().any(|t| t.starts_with("secret")),
+            "{:?}",
+            teams(&snap)
+        );
+        assert!(teams(&snap).contains(&"a:x".to_owned()));
+        let text = messages(&snap).join("\n");
+        assert!(
+            text.contains(
+                "failed to read file out.yaml: a symbolic link that leads out of the \
+                           state directory"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("in.yml"), "{text}");
+    }
+
+    /// Reads a directory again and again, remembering like the watcher does.
+    struct Rereader {
+        dir: tempfile::TempDir,
+        last: LastGood,
+    }
+
+    impl Rereader {
+        fn new() -> Self {
+            Self {
+                dir: tempfile::tempdir().expect("tempdir"),
+                last: LastGood::default(),
+            }
+        }
+
+        fn write(&self, file: &str, text: &str) -> &Self {
+            std::fs::write(self.dir.path().join(file), text).expect("write");
+            self
+        }
+
+        fn read(&mut self) -> Snapshot {
+            let (snapshot, files) = read_dir_remembering(self.dir.path(), &self.last);
+            self.last = LastGood {
+                snapshot: Arc::new(snapshot.clone()),
+                files,
+            };
+            snapshot
+        }
+    }
+
+    #[test]
+    fn a_file_that_breaks_as_a_whole_keeps_its_objects_until_fixed_or_deleted() {
+        let whole = format!("{}---\n{}", ns("a", "x"), ns("b", "x"));
+        let breakages = [
+            ("garbage", "this: [is, not: valid\n".to_owned()),
+            ("empty", String::new()),
+            (
+                "blank and comments",
+                "\n  \n# nothing yet\n---\n".to_owned(),
+            ),
+            ("not a mapping", "- a\n- b\n".to_owned()),
+            ("cut in doc 1", whole[..20].to_owned()),
+            (
+                "first doc fixed, second cut",
+                format!("{}---\nkind: Names", ns("a", "y")),
+            ),
+        ];
+        for (case, broken) in breakages {
+            let mut r = Rereader::new();
+            r.write("other.yaml", &ns("c", "x"));
+            r.write("ns.yaml", &whole);
+            assert_eq!(teams(&r.read()), ["a:x", "b:x", "c:x"], "{case}");
+
+            r.write("ns.yaml", &broken)
+                .write("other.yaml", &ns("c", "y"));
+            let snap = r.read();
+            let expected_teams = if case == "first doc fixed, second cut" {
+                ["a:y", "b:x", "c:y"]
+            } else {
+                ["a:x", "b:x", "c:y"]
+            };
+            assert_eq!(teams(&snap), expected_teams, "{case}");
+            let kept = messages(&snap).pop().unwrap_or_default();
+            let objects = if case == "first doc fixed, second cut" {
+                "Namespace b"
+            } else {
+                "Namespace a, Namespace b"
+            };
+            assert!(kept.starts_with("file ns.yaml "), "{case}: {kept}");
+            assert!(
+                kept.ends_with(&format!(
+                    ": keeping the last good version of {objects} until the file is fixed \
+                     (deleting the file removes them)"
+                )),
+                "{case}: {kept}"
+            );
+            // Remembered across reads, not only once.
+            assert_eq!(teams(&r.read()), expected_teams, "{case}");
+            // Without history (`check`, tools) nothing is kept.
+            let pure = load_dir(r.dir.path());
+            assert!(!teams(&pure).contains(&"b:x".to_owned()), "{case}");
+
+            r.write("ns.yaml", &format!("{}---\n{}", ns("a", "z"), ns("b", "z")));
+            let snap = r.read();
+            assert_eq!(teams(&snap), ["a:z", "b:z", "c:y"], "{case}");
+            assert_eq!(snap.errors, [], "{case}");
+
+            r.write("ns.yaml", &broken);
+            let a = if case == "first doc fixed, second cut" {
+                "a:y"
+            } else {
+                "a:z"
+            };
+            assert_eq!(teams(&r.read()), [a, "b:z", "c:y"], "{case}");
+            std::fs::remove_file(r.dir.path().join("ns.yaml")).expect("remove");
+            let snap = r.read();
+            assert_eq!(
+                teams(&snap),
+                ["c:y"],
+                "{case}: deleting the file removes them"
+            );
+            assert_eq!(snap.errors, [], "{case}");
+        }
+    }
+
+    #[test]
+    fn kept_objects_are_named_then_counted() {
+        let mut r = Rereader::new();
+        let many: Vec<String> = (0..8).map(|i| ns(&format!("n{i}"), "x")).collect();
+        r.write("ns.yaml", &many.join("---\n"));
+        assert_eq!(r.read().view.namespaces.len(), 8);
+        r.write("ns.yaml", "");
+        let snap = r.read();
+        assert_eq!(snap.view.namespaces.len(), 8);
+        assert_eq!(
+            messages(&snap),
+            [
+                "file ns.yaml is empty: keeping the last good version of Namespace n0, \
+                 Namespace n1, Namespace n2, Namespace n3, Namespace n4 and 3 more until the \
+                 file is fixed (deleting the file removes them)"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_invalid_document_whose_object_is_known_keeps_only_that_object() {
+        let pod = |ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: shop}}\n\
+                 status: {{podIPs: [{{ip: {ip}}}]}}\n"
+            )
+        };
+        let mut r = Rereader::new();
+        r.write(
+            "f.yaml",
+            &[ns("a", "x"), pod("10.0.0.1"), ns("b", "x")].join("---\n"),
+        );
+        let snap = r.read();
+        assert_eq!(snap.errors, []);
+        assert_eq!(teams(&snap), ["a:x", "b:x"]);
+
+        // The pod turns invalid, namespace a changes, namespace b is removed.
+        r.write("f.yaml", &[ns("a", "y"), pod("10.0.0")].join("---\n"));
+        let snap = r.read();
+        assert_eq!(teams(&snap), ["a:y"], "valid documents update as usual");
+        assert_eq!(snap.view.pods.len(), 1);
+        assert_eq!(
+            snap.view.pods[0].ips,
+            ["10.0.0.1".parse::<IpAddr>().expect("IP")]
+        );
+        assert_eq!(
+            messages(&snap),
+            [
+                r#"file f.yaml doc 2 (Pod shop/p): status.podIPs[0].ip: invalid IP address "10.0.0""#,
+                "file f.yaml doc 2 is invalid: keeping the last good version of Pod shop/p \
+                 until the document is fixed (deleting the document removes it)",
+            ]
+        );
+        assert!(
+            load_dir(r.dir.path()).view.pods.is_empty(),
+            "no history, nothing kept"
+        );
+
+        // Fixed, then deleted.
+        r.write("f.yaml", &[ns("a", "y"), pod("10.0.0.2")].join("---\n"));
+        let snap = r.read();
+        assert_eq!(snap.errors, []);
+        assert_eq!(
+            snap.view.pods[0].ips,
+            ["10.0.0.2".parse::<IpAddr>().expect("IP")]
+        );
+        r.write("f.yaml", &pod("10.0.0"));
+        assert_eq!(r.read().view.pods.len(), 1);
+        r.write("f.yaml", &ns("a", "y"));
+        let snap = r.read();
+        assert!(
+            snap.view.pods.is_empty(),
+            "deleting the document removes it"
+        );
+        assert_eq!(snap.errors, []);
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_refused_unread_and_its_objects_kept() {
+        let mut r = Rereader::new();
+        r.write("big.yaml", &ns("a", "x"));
+        assert_eq!(teams(&r.read()), ["a:x"]);
+        // Sparse: refused from its metadata, never read.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(r.dir.path().join("big.yaml"))
+            .expect("open");
+        file.set_len(MAX_FILE_BYTES + 1).expect("set_len");
+        let snap = r.read();
+        assert_eq!(teams(&snap), ["a:x"]);
+        assert_eq!(
+            messages(&snap),
+            [
+                "failed to read file big.yaml: the file is 67108865 bytes, over the limit of \
+                 64 MiB per state file; split it into several files",
+                "file big.yaml could not be read: keeping the last good version of Namespace a \
+                 until the file is fixed (deleting the file removes them)",
+            ]
+        );
+    }
+}
