@@ -229,47 +229,24 @@ fn value(name: &str) -> Option<String> {
 }
 
 fn real_main() -> Result<bool> {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--down") {
-        let prefix = args.get(i + 1).context("--down needs the lab's prefix")?;
-        Lab::teardown_by_prefix(prefix)?;
+    if let Some(prefix) = value("--down") {
+        Lab::teardown_by_prefix(&prefix)?;
         println!("lab {prefix} removed");
         return Ok(true);
     }
-    let family = match (arg("--ipv6"), arg("--dual-stack")) {
-        (false, false) => Family::V4,
-        (true, false) => Family::V6,
-        (false, true) => Family::Dual,
-        (true, true) => bail!("--ipv6 and --dual-stack exclude each other"),
-    };
-    let underlay = match value("--underlay").as_deref() {
-        None => None,
-        Some("ipv4") => Some(Underlay::V4),
-        Some("ipv6") => Some(Underlay::V6),
-        Some(other) => bail!("--underlay {other:?}: expected ipv4 or ipv6"),
-    };
-    let keep = arg("--keep");
+    if arg("--down") {
+        bail!("--down needs the lab's prefix");
+    }
+    let family = family_arg()?;
+    let underlay = underlay_arg()?;
     netns::install_signal_teardown()?;
     let bin_dir = std::env::current_exe()?
         .parent()
         .map(PathBuf::from)
         .context("no directory for the current executable")?;
-    let agent = bin_dir.join("egress-agent");
-    if !agent.exists() {
-        bail!(
-            "{} is missing: run `cargo build --release -p egress-agent` (cargo xtask lab does)",
-            agent.display()
-        );
-    }
-    let echo = lab::locate_echo_bin()?;
+    let agent = agent_bin(&bin_dir)?;
     let t0 = Instant::now();
-    let mut spec = LabSpec::new(echo).with_family(family);
-    if let Some(u) = underlay {
-        spec.underlay = u;
-    }
-    if let Some(c) = value("--cni") {
-        spec.cni = c.parse()?;
-    }
+    let mut spec = lab_spec(family, underlay)?;
     if arg("--failover") {
         let rounds = match value("--rounds") {
             Some(r) => r.parse().context("--rounds needs a positive number")?,
@@ -283,11 +260,92 @@ fn real_main() -> Result<bool> {
         pod.wired_later = true;
     }
     let mut lab = Lab::up(spec)?;
+    print_lab_up(&lab, t0);
+    lab.start_agents(&agent)?;
+    wire_pods_through_the_plugin(&lab, &bin_dir.join("egress-cni"))?;
+    wait_converged(&lab, t0);
+    println!(
+        "policy {}:\n{}",
+        lab::POLICY_FILE,
+        indent(&lab::sample_policy_for(family))
+    );
+    let holders = holders(&lab);
+    let mut ok_all = print_rows(&lab, &holders);
+    for v6 in [false, true] {
+        if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
+            ok_all &= route_step(&lab, v6)?;
+        }
+    }
+    if let Some((_, gw, _)) = holders.first() {
+        print_maps(&lab, &agent, gw)?;
+    }
+    if !ok_all {
+        print_agent_log_tails(&lab);
+    }
+    println!(
+        "\n{}",
+        if ok_all {
+            "all rows ok"
+        } else {
+            "SOME ROWS FAILED"
+        }
+    );
+    finish(lab, arg("--keep"))?;
+    Ok(ok_all)
+}
+
+/// `--ipv6` or `--dual-stack`; IPv4 without either.
+fn family_arg() -> Result<Family> {
+    Ok(match (arg("--ipv6"), arg("--dual-stack")) {
+        (false, false) => Family::V4,
+        (true, false) => Family::V6,
+        (false, true) => Family::Dual,
+        (true, true) => bail!("--ipv6 and --dual-stack exclude each other"),
+    })
+}
+
+/// The agent next to this binary (cargo builds both into one directory).
+fn agent_bin(bin_dir: &std::path::Path) -> Result<PathBuf> {
+    let agent = bin_dir.join("egress-agent");
+    if !agent.exists() {
+        bail!(
+            "{} is missing: run `cargo build --release -p egress-agent` (cargo xtask lab does)",
+            agent.display()
+        );
+    }
+    Ok(agent)
+}
+
+/// `--underlay ipv4|ipv6`, if given.
+fn underlay_arg() -> Result<Option<Underlay>> {
+    Ok(match value("--underlay").as_deref() {
+        None => None,
+        Some("ipv4") => Some(Underlay::V4),
+        Some("ipv6") => Some(Underlay::V6),
+        Some(other) => bail!("--underlay {other:?}: expected ipv4 or ipv6"),
+    })
+}
+
+/// The lab of `family` over `underlay`, with `--cni` from the command line.
+fn lab_spec(family: Family, underlay: Option<Underlay>) -> Result<LabSpec> {
+    let echo = lab::locate_echo_bin()?;
+    let mut spec = LabSpec::new(echo).with_family(family);
+    if let Some(u) = underlay {
+        spec.underlay = u;
+    }
+    if let Some(c) = value("--cni") {
+        spec.cni = c.parse()?;
+    }
+    Ok(spec)
+}
+
+/// One line on what is up and how it is wired.
+fn print_lab_up(lab: &Lab, t0: Instant) {
     println!(
         "lab {} up in {:.1}s: 2 workers, 2 gateways, networks A and B behind the gateways, D and E behind a router on B, C routed; pods {}, over the {} underlay, wired {}",
         lab.prefix(),
         t0.elapsed().as_secs_f64(),
-        match family {
+        match lab.family() {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
             Family::Dual => "dual stack",
@@ -295,8 +353,11 @@ fn real_main() -> Result<bool> {
         lab.spec().underlay,
         wiring(lab.spec().cni),
     );
-    lab.start_agents(&agent)?;
-    wire_pods_through_the_plugin(&lab, &bin_dir.join("egress-cni"))?;
+}
+
+/// Waits until every egress IP has a holder and `w1-p1` leaves through A's; says which.
+fn wait_converged(lab: &Lab, t0: Instant) {
+    let family = lab.family();
     let probe = if family.has_v4() {
         (IpAddr::V4(addr::HOST_A), IpAddr::V4(addr::EGRESS_IP_A))
     } else {
@@ -306,8 +367,8 @@ fn real_main() -> Result<bool> {
     // Waits scale with EGRESS_TEST_TIME_SCALE (under emulation, in the Linux 6.1 VM).
     let converge = Duration::from_secs(30) * cluster::time_scale();
     let ready = cluster::wait_until(Duration::from_secs(30), || {
-        holders(&lab).len() == want_holders
-            && cluster::seen(&lab, "w1-p1", Proto::Tcp, probe.0) == Some(probe.1)
+        holders(lab).len() == want_holders
+            && cluster::seen(lab, "w1-p1", Proto::Tcp, probe.0) == Some(probe.1)
     });
     match ready {
         Ok(_) => println!(
@@ -319,14 +380,11 @@ fn real_main() -> Result<bool> {
             converge.as_secs()
         ),
     }
-    println!(
-        "policy {}:\n{}",
-        lab::POLICY_FILE,
-        indent(&lab::sample_policy_for(family))
-    );
+}
 
-    let holders = holders(&lab);
-    let mut ok_all = true;
+/// The table: each row's query, the source the far host saw, and who holds the expected
+/// one. `false` if a row did not see what it expected.
+fn print_rows(lab: &Lab, holders: &[(IpAddr, String, String)]) -> bool {
     println!(
         "{:<7} {:<4} {:<30} {:<16} {:<16} {:<8} {:<10} {:<3}  why",
         "pod",
@@ -338,78 +396,81 @@ fn real_main() -> Result<bool> {
         "interface",
         "ok",
     );
-    for r in rows(&lab) {
-        let q = Query::new(r.proto, r.host.1, addr::ECHO_PORT)
-            .timeout(Duration::from_millis(1500) * cluster::time_scale());
-        let seen = lab.query_with(r.pod, &q);
-        let observed = match &seen {
-            Ok(s) => s.ip.to_string(),
-            Err(_) => "unreachable".into(),
-        };
-        let expected = r.expect.map_or("unreachable".into(), |e| e.to_string());
-        let ok = observed == expected;
-        ok_all &= ok;
-        let (gw, ifc) = r
-            .expect
-            .and_then(|e| holders.iter().find(|h| h.0 == e))
-            .map_or(("-".to_string(), "-".to_string()), |h| {
-                (h.1.clone(), h.2.clone())
-            });
-        println!(
-            "{:<7} {:<4} {:<30} {:<16} {:<16} {:<8} {:<10} {:<3}  {}",
-            r.pod,
-            r.proto.to_string(),
-            format!(
-                "{} {}",
-                r.host.0,
-                std::net::SocketAddr::new(r.host.1, addr::ECHO_PORT)
-            ),
-            expected,
-            observed,
-            gw,
-            ifc,
-            if ok { "ok" } else { "FAIL" },
-            r.why
-        );
+    let mut ok_all = true;
+    for r in rows(lab) {
+        ok_all &= print_row(lab, holders, &r);
     }
-    for v6 in [false, true] {
-        if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
-            ok_all &= route_step(&lab, v6)?;
-        }
-    }
-    if let Some((_, gw, _)) = holders.first() {
-        println!("\n== egress-agent maps on {gw} ==");
-        let out = Command::new(&agent)
-            .args(["maps", "--bpffs-dir"])
-            .arg(lab.bpffs_dir(gw))
-            .output()?;
-        print!("{}", String::from_utf8_lossy(&out.stdout));
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    }
-    if !ok_all {
-        for n in ["w1", "w2", "gw1", "gw2"] {
-            eprintln!("--- agent log {n} (tail) ---");
-            let log = lab.agent_log(n);
-            for l in log
-                .lines()
-                .rev()
-                .take(15)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-            {
-                eprintln!("{l}");
-            }
-        }
-    }
+    ok_all
+}
+
+/// One row of [`print_rows`]; `true` if it saw what it expected.
+fn print_row(lab: &Lab, holders: &[(IpAddr, String, String)], r: &Row) -> bool {
+    let q = Query::new(r.proto, r.host.1, addr::ECHO_PORT)
+        .timeout(Duration::from_millis(1500) * cluster::time_scale());
+    let seen = lab.query_with(r.pod, &q);
+    let observed = match &seen {
+        Ok(s) => s.ip.to_string(),
+        Err(_) => "unreachable".into(),
+    };
+    let expected = r.expect.map_or("unreachable".into(), |e| e.to_string());
+    let ok = observed == expected;
+    let (gw, ifc) = r
+        .expect
+        .and_then(|e| holders.iter().find(|h| h.0 == e))
+        .map_or(("-".to_string(), "-".to_string()), |h| {
+            (h.1.clone(), h.2.clone())
+        });
     println!(
-        "\n{}",
-        if ok_all {
-            "all rows ok"
-        } else {
-            "SOME ROWS FAILED"
-        }
+        "{:<7} {:<4} {:<30} {:<16} {:<16} {:<8} {:<10} {:<3}  {}",
+        r.pod,
+        r.proto.to_string(),
+        format!(
+            "{} {}",
+            r.host.0,
+            std::net::SocketAddr::new(r.host.1, addr::ECHO_PORT)
+        ),
+        expected,
+        observed,
+        gw,
+        ifc,
+        if ok { "ok" } else { "FAIL" },
+        r.why
     );
+    ok
+}
+
+/// `egress-agent maps` on `gw`.
+fn print_maps(lab: &Lab, agent: &std::path::Path, gw: &str) -> Result<()> {
+    println!("\n== egress-agent maps on {gw} ==");
+    let out = Command::new(agent)
+        .args(["maps", "--bpffs-dir"])
+        .arg(lab.bpffs_dir(gw))
+        .output()?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// The last 15 lines of each agent's log, on stderr.
+fn print_agent_log_tails(lab: &Lab) {
+    for n in ["w1", "w2", "gw1", "gw2"] {
+        eprintln!("--- agent log {n} (tail) ---");
+        let log = lab.agent_log(n);
+        for l in log
+            .lines()
+            .rev()
+            .take(15)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            eprintln!("{l}");
+        }
+    }
+}
+
+/// Leaves the lab up (`--keep`) and says how to remove it, or tears it down.
+fn finish(mut lab: Lab, keep: bool) -> Result<()> {
     if keep {
         println!("{}", lab.how_to());
         let p = lab.leak();
@@ -419,7 +480,7 @@ fn real_main() -> Result<bool> {
         lab.down()?;
         println!("lab torn down");
     }
-    Ok(ok_all)
+    Ok(())
 }
 
 /// How long the route step waits for each change to show in new traffic.

@@ -18,7 +18,20 @@ impl Report {
     /// The summary, one section per target.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let w = &mut s;
+        self.write_header_and_events(&mut s);
+        self.write_long_lived_flows(&mut s);
+        self.write_short_flows(&mut s);
+        self.write_far_hosts(&mut s);
+        self.write_wrong_sources(&mut s);
+        self.write_stream_breaks(&mut s);
+        self.write_map_entries(&mut s);
+        self.write_agent_rss(&mut s);
+        self.write_verdict(&mut s);
+        s
+    }
+
+    /// The title line, then the churn events by kind and the churn steps that failed.
+    fn write_header_and_events(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "== churn soak, lab {}: {:.1} min of churn ({} cycles), {:.1} min in all ==",
@@ -35,7 +48,10 @@ impl Report {
         for e in &self.churn_errors {
             let _ = writeln!(w, "  FAILED: {e}");
         }
+    }
 
+    /// The long-lived flows, and when the longest gap of each slow one began.
+    fn write_long_lived_flows(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "\nlong-lived flows:\n  {:<12} {:<7} {:<5} {:<16} {:<16} {:>8} {:>8} {:>8} {:>6} wrong",
@@ -76,6 +92,10 @@ impl Report {
                 f.spec.name, f.longest_gap_ms, f.longest_gap_during
             );
         }
+    }
+
+    /// The new short flows, by pod, protocol and destination.
+    fn write_short_flows(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "\nnew short flows (egress-echo query, 1 s timeout):\n  {:<7} {:<5} {:<16} {:>8} {:>8} {:>6}",
@@ -95,6 +115,10 @@ impl Report {
                 c.wrong
             );
         }
+    }
+
+    /// The packets each far host captured, and the spare pod's drops while unknown.
+    fn write_far_hosts(&self, w: &mut String) {
         let _ = writeln!(w, "\nfar hosts (IP packets captured, dropped by tcpdump):");
         for (host, n, dropped) in &self.packets {
             let _ = writeln!(w, "  {host:<8} {n:>10} {dropped:>6}");
@@ -105,7 +129,10 @@ impl Report {
             self.unknown_pod_drops,
             SPARE = super::SPARE
         );
+    }
 
+    /// Wrong sources, where they were seen, and the first of them.
+    fn write_wrong_sources(&self, w: &mut String) {
         let wrong = self.wrong_sources();
         let _ = writeln!(
             w,
@@ -125,6 +152,10 @@ impl Report {
                 v.at_ms, v.host, v.source, v.during, v.line
             );
         }
+    }
+
+    /// Stream breaks, by cause, and the first of them.
+    fn write_stream_breaks(&self, w: &mut String) {
         let breaks = self.breaks();
         let _ = writeln!(
             w,
@@ -143,7 +174,10 @@ impl Report {
         for b in breaks.iter().take(20) {
             let _ = writeln!(w, "  {} {}: {} during {}", b.at_ms, b.flow, b.why, b.during);
         }
+    }
 
+    /// The map entries at the start and the end, and the conntrack at the end.
+    fn write_map_entries(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "\nmap entries (summed over the nodes)   back to the start: {}",
@@ -172,6 +206,10 @@ impl Report {
             m.per_map.get(names::FLOWS_V4).copied().unwrap_or(0),
             m.ct_pods
         );
+    }
+
+    /// The agents' RSS from warm-up to the end.
+    fn write_agent_rss(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "\nagent RSS (MiB, after warm-up; target: growth <= {RSS_GROWTH_LIMIT_PCT}% on {}, \
@@ -200,6 +238,10 @@ impl Report {
                 }
             );
         }
+    }
+
+    /// Leftovers after teardown, the problems, and the verdict.
+    fn write_verdict(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "\nleftovers after teardown: {}",
@@ -221,6 +263,5 @@ impl Report {
                 "TARGETS MISSED"
             }
         );
-        s
     }
 }
