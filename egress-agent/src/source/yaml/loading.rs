@@ -1,79 +1,10 @@
 //! Reading a directory of state files into a [`Snapshot`], keeping the last good version
 //! of each object whose file or document broke (for the watcher).
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{collections::BTreeMap, fmt, path::Path, sync::Arc, time::Duration};
 
-use super::{documents::*, watching::QUIET};
+use super::documents::*;
 use crate::source::ClusterView;
-
-/// Why (part of) the directory could not be read.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LoadError {
-    #[error("failed to read directory {dir}: {detail}")]
-    ReadDir { dir: PathBuf, detail: String },
-    #[error("failed to read file {file}: {detail}")]
-    ReadFile { file: String, detail: String },
-    #[error("{0}")]
-    Document(#[from] DocumentError),
-    #[error("{0}")]
-    Kept(#[from] Kept),
-}
-
-/// Objects served from their last good version because what now stands for them could not
-/// be read (only the watcher remembers: [`load_dir`] never keeps anything).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Kept {
-    /// File name, relative to the directory.
-    pub file: String,
-    /// The document that stands for the one object kept; `None` when the whole file is
-    /// kept (empty, unreadable, or with a document whose object cannot be told).
-    pub doc: Option<usize>,
-    /// What is wrong, after "file F" (`is empty`, `could not be read`, ...).
-    pub reason: String,
-    /// `Kind namespace/name` or `Kind name` of each object kept, in file order.
-    pub objects: Vec<String>,
-}
-
-/// How many kept objects an error names before it counts the rest.
-pub(super) const KEPT_NAMED: usize = 5;
-
-impl fmt::Display for Kept {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "file {} ", self.file)?;
-        if let Some(doc) = self.doc {
-            write!(f, "doc {doc} ")?;
-        }
-        write!(f, "{}: keeping the last good version of ", self.reason)?;
-        let named = self.objects.iter().take(KEPT_NAMED);
-        for (i, object) in named.enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            f.write_str(object)?;
-        }
-        if let Some(more) = self
-            .objects
-            .len()
-            .checked_sub(KEPT_NAMED)
-            .filter(|&n| n > 0)
-        {
-            write!(f, " and {more} more")?;
-        }
-        match self.doc {
-            Some(_) => {
-                f.write_str(" until the document is fixed (deleting the document removes it)")
-            }
-            None => f.write_str(" until the file is fixed (deleting the file removes them)"),
-        }
-    }
-}
-
-impl std::error::Error for Kept {}
 
 /// Largest state file read, in bytes (64 MiB), checked before reading and while reading.
 /// The largest legitimate file is a dump of a big cluster: 100 000 pods written compactly
@@ -194,6 +125,11 @@ pub(super) fn read_state_file(path: &Path) -> Result<String, String> {
 
 /// What [`read_state_file`] says of a file written to while it read it.
 pub(super) const CHANGED_WHILE_READ: &str = "the file changed while it was read";
+
+/// How long the directory must stay quiet after a change notification before it is read:
+/// an editor's write-rename sequence, or a file written in several chunks, gives one read.
+/// Also the wait between two reads of a file that changed under the first.
+pub const QUIET: Duration = Duration::from_millis(15);
 
 /// How often a file that changes while it is read is read again before it counts as
 /// unreadable (its last good version kept) until the next change.

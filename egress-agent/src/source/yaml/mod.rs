@@ -21,7 +21,7 @@ mod loading;
 mod watching;
 mod writing;
 
-pub use documents::{DocumentError, MAX_DEPTH, MAX_DOCUMENT_BYTES};
-pub use loading::{Kept, LoadError, MAX_FILE_BYTES, Snapshot, load_dir, load_str};
-pub use watching::{MAX_DELAY, MAX_SETTLE, QUIET, SETTLE, watch};
+pub use documents::{DocumentError, Kept, LoadError, MAX_DEPTH, MAX_DOCUMENT_BYTES};
+pub use loading::{MAX_FILE_BYTES, QUIET, Snapshot, load_dir, load_str};
+pub use watching::{MAX_DELAY, MAX_SETTLE, SETTLE, watch};
 pub use writing::{DirWriter, WriteError, egress_node_file_name, write_egress_node};

@@ -13,7 +13,7 @@ use std::{
 
 use tokio::sync::watch as tokio_watch;
 
-use super::loading::*;
+use super::{documents::LoadError, loading::*};
 
 /// What identifies the directory's contents cheaply: (name, mtime, length) of each state
 /// file, or the error listing it.
@@ -33,9 +33,6 @@ pub(super) fn fingerprint(dir: &Path) -> Fingerprint {
         .map_err(|e| e.to_string())
 }
 
-/// How long the directory must stay quiet after a change notification before it is read:
-/// an editor's write-rename sequence, or a file written in several chunks, gives one read.
-pub const QUIET: Duration = Duration::from_millis(15);
 /// The longest a read waits for the directory to become quiet (a file written for longer
 /// is read as it is, and again once written).
 pub const MAX_DELAY: Duration = Duration::from_millis(250);
