@@ -261,30 +261,6 @@ impl Node {
     }
 }
 
-/// The sysctls of a member's namespace: rp_filter off, forwarding on a router (`rtr`,
-/// `rtr-b`, a node), IPv6 on without DAD in a dual-stack lab.
-fn member_sysctls(router: bool, v6: bool) -> Vec<(&'static str, &'static str)> {
-    let mut kv = vec![
-        ("net.ipv4.conf.all.rp_filter", "0"),
-        ("net.ipv4.conf.default.rp_filter", "0"),
-    ];
-    if router {
-        kv.push(("net.ipv4.ip_forward", "1"));
-    }
-    if v6 {
-        kv.extend([
-            ("net.ipv6.conf.all.disable_ipv6", "0"),
-            ("net.ipv6.conf.default.disable_ipv6", "0"),
-            ("net.ipv6.conf.all.accept_dad", "0"),
-            ("net.ipv6.conf.default.accept_dad", "0"),
-        ]);
-        if router {
-            kv.push(("net.ipv6.conf.all.forwarding", "1"));
-        }
-    }
-    kv
-}
-
 /// A gateway's own addresses on secondary network `id` (`a` or `b`): `sec-<id>` has them.
 fn secondary_addrs(gw: &str, id: char) -> Result<(Ipv4Addr, Ipv6Addr)> {
     Ok(match (gw, id) {
@@ -879,30 +855,14 @@ impl Lab {
     }
 
     fn build(&mut self) -> Result<()> {
-        self.fresh_state_dir()?;
-        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
-        self.add_namespaces()?;
-        self.add_bridges()?;
-        self.add_underlay()?;
-        self.add_rtr_b()?;
-        self.add_router_legs()?;
-        self.add_secondaries()?;
-        self.add_hosts()?;
-        self.wire_pods()?;
-        self.write_state_files()?;
-        self.start_servers()
-    }
-
-    /// An empty state directory (a previous lab of this prefix may have left one).
-    fn fresh_state_dir(&self) -> Result<()> {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(self.state_dir())
-            .with_context(|| format!("failed to create {}", self.state_dir().display()))
-    }
+            .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
+        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
+        let v6 = self.spec.family.has_v6();
 
-    /// Every member's namespace, with rp_filter off before any interface exists (new
-    /// namespaces may inherit the host's rp_filter).
-    fn add_namespaces(&mut self) -> Result<()> {
+        // Namespaces first, with rp_filter off before any interface exists (new namespaces
+        // may inherit the host's rp_filter).
         let mut members = vec!["rtr".to_owned(), "rtr-b".to_owned()];
         members.extend(NODES.iter().map(|n| n.name.to_owned()));
         for net in NETWORKS {
@@ -914,74 +874,68 @@ impl Lab {
             let ns = Netns::add(&self.ns_name(m))?;
             self.netns.insert(m.clone(), ns);
         }
-        let v6 = self.spec.family.has_v6();
         for (m, ns) in &self.netns {
+            let mut kv = vec![
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
+            ];
             let router = m == "rtr" || m == "rtr-b" || NODES.iter().any(|n| n.name == m);
-            ns.sysctls(&member_sysctls(router, v6))?;
+            if router {
+                kv.push(("net.ipv4.ip_forward", "1"));
+            }
+            if v6 {
+                kv.extend([
+                    ("net.ipv6.conf.all.disable_ipv6", "0"),
+                    ("net.ipv6.conf.default.disable_ipv6", "0"),
+                    ("net.ipv6.conf.all.accept_dad", "0"),
+                    ("net.ipv6.conf.default.accept_dad", "0"),
+                ]);
+                if router {
+                    kv.push(("net.ipv6.conf.all.forwarding", "1"));
+                }
+            }
+            ns.sysctls(&kv)?;
         }
-        Ok(())
-    }
 
-    /// The bridges: the underlay and one per external network.
-    fn add_bridges(&self) -> Result<()> {
+        // Bridges: the underlay and one per external network.
         self.ns("ul")?
             .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
         for net in NETWORKS {
             self.ns(&format!("net-{}", net.id))?
                 .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
         }
-        Ok(())
-    }
 
-    /// The underlay: every node and the router, each a port of the underlay bridge.
-    fn add_underlay(&self) -> Result<()> {
+        // Underlay: every node and the router.
+        let ul = self.ns_name("ul");
         let mut ul_ports = Vec::new();
+        let cni = self.spec.cni;
         for node in &NODES {
-            self.add_node_underlay(node)?;
+            let mut cmds = vec![format!(
+                "link add eth0 type veth peer name {} netns {ul}",
+                node.name
+            )];
+            if cni == Cni::Bridge {
+                cmds.extend([
+                    "link add br-ul type bridge".to_owned(),
+                    "link add cni0 type bridge".to_owned(),
+                    format!("addr add {}/24 dev cni0", node.pod_gateway()),
+                    "link set cni0 up".to_owned(),
+                ]);
+                if v6 {
+                    cmds.push(format!(
+                        "addr add {}/64 dev cni0 nodad",
+                        node.pod_gateway_v6()
+                    ));
+                }
+            }
+            self.ns(node.name)?.ip_batch(&cmds)?;
+            if cni == Cni::Ovs {
+                self.start_ovs(node)?;
+            }
+            self.ns(node.name)?
+                .ip_batch(&node.underlay_config(v6, cni))?;
             ul_ports.push(node.name.to_owned());
         }
-        self.add_router()?;
-        ul_ports.push("rtr".to_owned());
-        let ul_cmds: Vec<String> = ul_ports
-            .iter()
-            .map(|p| format!("link set {p} master br0 up"))
-            .collect();
-        self.ns("ul")?.ip_batch(&ul_cmds)
-    }
-
-    /// `node`'s NIC on the underlay, with the bridges (or OVS) its CNI puts in front of it.
-    fn add_node_underlay(&self, node: &Node) -> Result<()> {
-        let (v6, cni) = (self.spec.family.has_v6(), self.spec.cni);
-        let ul = self.ns_name("ul");
-        let mut cmds = vec![format!(
-            "link add eth0 type veth peer name {} netns {ul}",
-            node.name
-        )];
-        if cni == Cni::Bridge {
-            cmds.extend([
-                "link add br-ul type bridge".to_owned(),
-                "link add cni0 type bridge".to_owned(),
-                format!("addr add {}/24 dev cni0", node.pod_gateway()),
-                "link set cni0 up".to_owned(),
-            ]);
-            if v6 {
-                cmds.push(format!(
-                    "addr add {}/64 dev cni0 nodad",
-                    node.pod_gateway_v6()
-                ));
-            }
-        }
-        self.ns(node.name)?.ip_batch(&cmds)?;
-        if cni == Cni::Ovs {
-            self.start_ovs(node)?;
-        }
-        self.ns(node.name)?.ip_batch(&node.underlay_config(v6, cni))
-    }
-
-    /// `rtr` on the underlay, with a route to every node's pod CIDR.
-    fn add_router(&self) -> Result<()> {
-        let v6 = self.spec.family.has_v6();
-        let ul = self.ns_name("ul");
         let mut rtr = vec![
             format!("link add eth0 type veth peer name rtr netns {ul}"),
             format!("addr add {}/24 dev eth0", addr::ROUTER),
@@ -1000,28 +954,29 @@ impl Lab {
                 ));
             }
         }
-        self.ns("rtr")?.ip_batch(&rtr)
-    }
+        self.ns("rtr")?.ip_batch(&rtr)?;
+        ul_ports.push("rtr".to_owned());
+        let ul_cmds: Vec<String> = ul_ports
+            .iter()
+            .map(|p| format!("link set {p} master br0 up"))
+            .collect();
+        self.ns("ul")?.ip_batch(&ul_cmds)?;
 
-    /// rtr-b: a leg on network B (`eth0`), nothing on the underlay.
-    fn add_rtr_b(&self) -> Result<()> {
+        // rtr-b: a leg on network B (`eth0`), nothing on the underlay.
         let net_b = self.ns_name("net-b");
         let mut rtr_b = vec![
             format!("link add eth0 type veth peer name rtr-b netns {net_b}"),
             format!("addr add {}/24 dev eth0", addr::RTR_B),
             "link set eth0 up".to_owned(),
         ];
-        if self.spec.family.has_v6() {
+        if v6 {
             rtr_b.push(format!("addr add {}/64 dev eth0 nodad", addr6::RTR_B));
         }
         self.ns("rtr-b")?.ip_batch(&rtr_b)?;
         self.ns("net-b")?
-            .ip_batch(&["link set rtr-b master br0 up"])
-    }
+            .ip_batch(&["link set rtr-b master br0 up"])?;
 
-    /// The routers' legs on the networks behind them: `net-<id>` (C on rtr; D, E on rtr-b).
-    fn add_router_legs(&self) -> Result<()> {
-        let v6 = self.spec.family.has_v6();
+        // The routers' legs on the networks behind them: `net-<id>` (C on rtr; D, E on rtr-b).
         for net in NETWORKS {
             let Some(r) = net.router else { continue };
             let (id, member) = (net.id, r.member);
@@ -1038,77 +993,58 @@ impl Lab {
             self.ns(&format!("net-{id}"))?
                 .ip_batch(&[format!("link set {member} master br0 up")])?;
         }
-        Ok(())
-    }
 
-    /// Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
-    fn add_secondaries(&self) -> Result<()> {
-        if self.spec.cni == Cni::Ovs {
-            self.add_secondary_trunks()?;
+        // Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
+        // Under Cni::Ovs they are 802.1Q VLANs off the gateways' NIC, carried by the
+        // underlay switch to a trunk port of each network's bridge.
+        if cni == Cni::Ovs {
+            for id in ['a', 'b'] {
+                let vid = secondary_vlan(id);
+                self.ns(&format!("net-{id}"))?.ip_batch(&[
+                    format!("link add trunk type veth peer name trunk-{id} netns {ul}"),
+                    "link set trunk up".to_owned(),
+                    format!("link add link trunk name trunk.{vid} type vlan id {vid}"),
+                    format!("link set trunk.{vid} master br0 up"),
+                ])?;
+                self.ns("ul")?
+                    .ip_batch(&[format!("link set trunk-{id} master br0 up")])?;
+            }
         }
         for gw in ["gw1", "gw2"] {
-            self.add_gateway_secondaries(gw)?;
-        }
-        Ok(())
-    }
-
-    /// Under Cni::Ovs the secondaries are 802.1Q VLANs off the gateways' NIC, carried by the
-    /// underlay switch to a trunk port of each network's bridge.
-    fn add_secondary_trunks(&self) -> Result<()> {
-        let ul = self.ns_name("ul");
-        for id in ['a', 'b'] {
-            let vid = secondary_vlan(id);
-            self.ns(&format!("net-{id}"))?.ip_batch(&[
-                format!("link add trunk type veth peer name trunk-{id} netns {ul}"),
-                "link set trunk up".to_owned(),
-                format!("link add link trunk name trunk.{vid} type vlan id {vid}"),
-                format!("link set trunk.{vid} master br0 up"),
-            ])?;
-            self.ns("ul")?
-                .ip_batch(&[format!("link set trunk-{id} master br0 up")])?;
-        }
-        Ok(())
-    }
-
-    /// `gw`'s legs `sec-a` and `sec-b` (veths, or VLANs under Cni::Ovs) and its static routes.
-    fn add_gateway_secondaries(&self, gw: &str) -> Result<()> {
-        let (v6, cni) = (self.spec.family.has_v6(), self.spec.cni);
-        let mut cmds = Vec::new();
-        for id in ['a', 'b'] {
-            let (ip, ip6) = secondary_addrs(gw, id)?;
-            let bridge_ns = self.ns_name(&format!("net-{id}"));
-            cmds.push(if cni == Cni::Ovs {
-                let vid = secondary_vlan(id);
-                format!("link add link eth0 name sec-{id} type vlan id {vid}")
-            } else {
-                format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}")
-            });
-            cmds.extend([
-                format!("addr add {ip}/24 dev sec-{id}"),
-                format!("link set sec-{id} up"),
-            ]);
-            if v6 {
-                cmds.push(format!("addr add {ip6}/64 dev sec-{id} nodad"));
-            }
-        }
-        self.ns(gw)?.ip_batch(&cmds)?;
-        if cni != Cni::Ovs {
+            let mut cmds = Vec::new();
             for id in ['a', 'b'] {
-                self.ns(&format!("net-{id}"))?
-                    .ip_batch(&[format!("link set {gw} master br0 up")])?;
+                let (ip, ip6) = secondary_addrs(gw, id)?;
+                let bridge_ns = self.ns_name(&format!("net-{id}"));
+                cmds.push(if cni == Cni::Ovs {
+                    let vid = secondary_vlan(id);
+                    format!("link add link eth0 name sec-{id} type vlan id {vid}")
+                } else {
+                    format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}")
+                });
+                cmds.extend([
+                    format!("addr add {ip}/24 dev sec-{id}"),
+                    format!("link set sec-{id} up"),
+                ]);
+                if v6 {
+                    cmds.push(format!("addr add {ip6}/64 dev sec-{id} nodad"));
+                }
             }
+            self.ns(gw)?.ip_batch(&cmds)?;
+            if cni != Cni::Ovs {
+                for id in ['a', 'b'] {
+                    self.ns(&format!("net-{id}"))?
+                        .ip_batch(&[format!("link set {gw} master br0 up")])?;
+                }
+            }
+            let routes: Vec<String> = gateway_static_routes(v6)
+                .into_iter()
+                .map(|r| format!("route add {r}"))
+                .collect();
+            self.ns(gw)?.ip_batch(&routes)?;
         }
-        let routes: Vec<String> = gateway_static_routes(v6)
-            .into_iter()
-            .map(|r| format!("route add {r}"))
-            .collect();
-        self.ns(gw)?.ip_batch(&routes)
-    }
 
-    /// Hosts: only their own subnet, except those behind a router (C, D, E), which answer
-    /// through it.
-    fn add_hosts(&self) -> Result<()> {
-        let v6 = self.spec.family.has_v6();
+        // Hosts: only their own subnet, except those behind a router (C, D, E), which answer
+        // through it.
         for net in NETWORKS {
             let host = format!("host-{}", net.id);
             let bridge_ns = self.ns_name(&format!("net-{}", net.id));
@@ -1130,33 +1066,26 @@ impl Lab {
             self.ns(&format!("net-{}", net.id))?
                 .ip_batch(&[format!("link set {host} master br0 up")])?;
         }
-        Ok(())
-    }
 
-    /// Pods, as `cni` wires them; those the spec marks `wired_later` wait for the caller.
-    fn wire_pods(&self) -> Result<()> {
-        let later: BTreeSet<&str> = self
+        // Pods, as `cni` wires them.
+        let later: BTreeSet<String> = self
             .spec
             .pods
             .iter()
             .filter(|p| p.wired_later)
-            .map(|p| p.name.as_str())
+            .map(|p| p.name.clone())
             .collect();
-        for pod in &self.pods {
-            if !later.contains(pod.name.as_str()) {
-                self.wire(pod)?;
+        for pod in self.pods.clone() {
+            if !later.contains(&pod.name) {
+                self.wire(&pod)?;
             }
         }
-        Ok(())
-    }
 
-    /// `cluster.yaml`, and the sample policy if the spec asks for it.
-    fn write_state_files(&self) -> Result<()> {
         self.write_cluster()?;
         if self.spec.sample_policy {
             self.write_policy(&sample_policy_for(self.spec.family))?;
         }
-        Ok(())
+        self.start_servers()
     }
 
     /// Where `node`'s agent serves the CNI plugin (`--cni-socket`).
