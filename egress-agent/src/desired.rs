@@ -11,7 +11,7 @@ use std::{
 
 use ipnet::IpNet;
 
-pub use crate::family::{Family, V4, V6};
+pub use crate::family::{ByFamily, Family, V4, V6};
 
 /// What `from_pod` does for one (pod, destination prefix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,27 +132,21 @@ pub struct Desired {
     pub port_filters: BTreeMap<u16, PortSet>,
 }
 
-/// A family's part of a [`Desired`], for code written once over both families.
-pub trait Part: Family {
-    fn of(d: &Desired) -> &FamilyDesired<Self>;
-    fn of_mut(d: &mut Desired) -> &mut FamilyDesired<Self>;
-}
-
-impl Part for V4 {
-    fn of(d: &Desired) -> &FamilyDesired<V4> {
-        &d.v4
+/// A [`Desired`]'s per-family parts, reached from code written once over both families
+/// with `F::part(desired)`.
+impl ByFamily for Desired {
+    type Part<F: Family> = FamilyDesired<F>;
+    fn v4(&self) -> &FamilyDesired<V4> {
+        &self.v4
     }
-    fn of_mut(d: &mut Desired) -> &mut FamilyDesired<V4> {
-        &mut d.v4
+    fn v4_mut(&mut self) -> &mut FamilyDesired<V4> {
+        &mut self.v4
     }
-}
-
-impl Part for V6 {
-    fn of(d: &Desired) -> &FamilyDesired<V6> {
-        &d.v6
+    fn v6(&self) -> &FamilyDesired<V6> {
+        &self.v6
     }
-    fn of_mut(d: &mut Desired) -> &mut FamilyDesired<V6> {
-        &mut d.v6
+    fn v6_mut(&mut self) -> &mut FamilyDesired<V6> {
+        &mut self.v6
     }
 }
 
@@ -168,9 +162,6 @@ impl Desired {
 
     /// The egress address `ip` of either family, when this node holds or uses it.
     pub fn egress_ip(&self, ip: IpAddr) -> Option<&HeldIp> {
-        match ip {
-            IpAddr::V4(a) => self.v4.egress_ips.get(&a),
-            IpAddr::V6(a) => self.v6.egress_ips.get(&a),
-        }
+        crate::by_family!(ip, |a: F| F::part(self).egress_ips.get(&a))
     }
 }

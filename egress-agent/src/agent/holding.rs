@@ -27,8 +27,9 @@ use tracing::{debug, info, warn};
 
 use crate::{
     api::HeldEgressIp,
+    by_family,
     compiler::{Compiled, Holder},
-    desired::{Desired, GatewayRule, HeldIp, Part, V4, V6},
+    desired::{Desired, Family, GatewayRule, HeldIp, V4, V6},
     iface::Interface,
     liveness::{Claim, PeerView},
 };
@@ -497,8 +498,8 @@ pub fn gateway_parts(desired: &Desired) -> BTreeMap<IpAddr, GatewayPart> {
 }
 
 /// [`gateway_parts`] of family `F`.
-fn add_parts<F: Part>(desired: &Desired, out: &mut BTreeMap<IpAddr, GatewayPart>) {
-    let d = F::of(desired);
+fn add_parts<F: Family>(desired: &Desired, out: &mut BTreeMap<IpAddr, GatewayPart>) {
+    let d = F::part(desired);
     for (ip, h) in d.egress_ips.iter().filter(|(_, h)| !h.shared) {
         out.entry((*ip).into()).or_default().held = Some(h.clone());
     }
@@ -515,10 +516,7 @@ pub fn with_lingering(desired: &Desired, lingering: &BTreeMap<IpAddr, Lingering>
     let mut out = desired.clone();
     for (ip, l) in lingering {
         let Some(held) = &l.part.held else { continue };
-        let added = match ip {
-            IpAddr::V4(a) => linger::<V4>(&mut out, *a, held, &l.part.rules),
-            IpAddr::V6(a) => linger::<V6>(&mut out, *a, held, &l.part.rules),
-        };
+        let added = by_family!(*ip, |a: F| linger::<F>(&mut out, a, held, &l.part.rules));
         if added {
             out.egress_interfaces.insert(held.interface.clone());
         }
@@ -528,13 +526,13 @@ pub fn with_lingering(desired: &Desired, lingering: &BTreeMap<IpAddr, Lingering>
 
 /// Add the lingering `ip` and its `rules` to `out` unless `ip` is in use now; rule ids
 /// in use now keep their entries. Whether it was added.
-fn linger<F: Part>(
+fn linger<F: Family>(
     out: &mut Desired,
     ip: F::Addr,
     held: &HeldIp,
     rules: &BTreeMap<u32, String>,
 ) -> bool {
-    let part = F::of_mut(out);
+    let part = F::part_mut(out);
     if part.egress_ips.contains_key(&ip) {
         return false;
     }

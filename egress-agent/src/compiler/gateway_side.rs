@@ -2,10 +2,7 @@
 //! this node serves when it is a gateway (rules by id, egress addresses to hold, the
 //! interfaces that need `from_secondary`).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     Holder,
@@ -13,7 +10,8 @@ use super::{
 };
 use crate::{
     api::EgressIpStatus,
-    desired::{Desired, GatewayRule, HeldIp, Part, V4, V6},
+    by_family,
+    desired::{Desired, Family, GatewayRule, HeldIp},
 };
 
 /// The holders of every plan's addresses (sorted), the addresses by policy (for the
@@ -64,16 +62,18 @@ fn serve_locally(desired: &mut Desired, rule_id: u32, g: &GatewayAddr, shared: b
         prefix_len: g.prefix_len,
         shared,
     };
-    match g.ip {
-        IpAddr::V4(a) => hold_and_serve::<V4>(desired, rule_id, a, held),
-        IpAddr::V6(a) => hold_and_serve::<V6>(desired, rule_id, a, held),
-    }
+    by_family!(g.ip, |a: F| hold_and_serve::<F>(desired, rule_id, a, held));
     desired.egress_interfaces.insert(g.interface.clone());
 }
 
 /// Rule `rule_id` leaves by `held`'s interface with `egress_ip`, which this node holds.
-fn hold_and_serve<F: Part>(desired: &mut Desired, rule_id: u32, egress_ip: F::Addr, held: HeldIp) {
-    let part = F::of_mut(desired);
+fn hold_and_serve<F: Family>(
+    desired: &mut Desired,
+    rule_id: u32,
+    egress_ip: F::Addr,
+    held: HeldIp,
+) {
+    let part = F::part_mut(desired);
     let interface = held.interface.clone();
     part.rules.insert(
         rule_id,

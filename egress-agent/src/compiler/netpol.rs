@@ -29,7 +29,7 @@ use k8s_openapi::{
 };
 
 use super::{Object, Problem, fnv1a64, pods::Pods, selector::Selector};
-use crate::desired::{Desired, Part, PolicyAction, PolicyEntry, PortSet, V4, V6};
+use crate::desired::{Desired, Family, PolicyAction, PolicyEntry, PortSet, V4, V6};
 
 /// Problem reasons about NetworkPolicies.
 pub mod reason {
@@ -463,13 +463,13 @@ type PodEntry<F> = (<F as crate::family::Family>::Net, PolicyEntry<F>);
 const MAX_RANGES: usize = egress_common::policy::PORT_FILTER_RANGES;
 
 /// The refined entries of family `F`'s restricted pods (taken out of `desired`).
-fn refine<F: Part>(
+fn refine<F: Family>(
     desired: &mut Desired,
     rules_of: &BTreeMap<IpAddr, (String, Vec<&Allow>)>,
     sets: &mut Filters,
     problems: &mut Vec<Problem>,
 ) -> Vec<Refined<F>> {
-    let part = F::of_mut(desired);
+    let part = F::part_mut(desired);
     let mut by_pod: BTreeMap<F::Addr, Vec<PodEntry<F>>> = BTreeMap::new();
     let restricted: Vec<(F::Addr, F::Net)> = part
         .policy
@@ -573,8 +573,8 @@ fn refine<F: Part>(
 /// Put the refined entries back into family `F`'s part, with their filters' ids, and
 /// count each pod's entries again (a restricted pod's entries are all among them:
 /// [`refine`] took every one out).
-fn write<F: Part>(desired: &mut Desired, refined: Vec<Refined<F>>, ids: &BTreeMap<PortSet, u16>) {
-    let part = F::of_mut(desired);
+fn write<F: Family>(desired: &mut Desired, refined: Vec<Refined<F>>, ids: &BTreeMap<PortSet, u16>) {
+    let part = F::part_mut(desired);
     let mut counts: BTreeMap<F::Addr, u32> = BTreeMap::new();
     for (pod, net, mut entry, set) in refined {
         entry.filter = set.and_then(|s| ids.get(&s).copied()).unwrap_or(0);

@@ -16,7 +16,8 @@ use super::{
 };
 use crate::{
     api::FailurePolicy,
-    desired::{Desired, Part, PolicyAction, PolicyEntry, V4, V6},
+    by_family,
+    desired::{Desired, Family, PolicyAction, PolicyEntry},
 };
 
 /// Who claimed a (pod address, prefix) pair: policy index, rule index, and whether the
@@ -288,23 +289,23 @@ impl Entry {
     /// pod addresses and prefixes of one family; a stray pair is left out). An entry
     /// already there for (pod, prefix) stays unless `replace`.
     fn insert(self, desired: &mut Desired, pod: IpAddr, prefix: IpNet, replace: bool) {
-        match (pod, prefix) {
-            (IpAddr::V4(pod), IpNet::V4(p)) => self.insert_in::<V4>(desired, pod, p, replace),
-            (IpAddr::V6(pod), IpNet::V6(p)) => self.insert_in::<V6>(desired, pod, p, replace),
-            _ => {}
-        }
+        by_family!(pod, |pod: F| {
+            if let Some(p) = F::net(prefix) {
+                self.insert_in::<F>(desired, pod, p, replace);
+            }
+        });
     }
 
     /// [`Entry::insert`] in family `F`'s part; an entry already there stays unless
     /// `replace`. A pod's first entry selects it; the count is of its entries.
-    fn insert_in<F: Part>(
+    fn insert_in<F: Family>(
         self,
         desired: &mut Desired,
         pod: F::Addr,
         prefix: F::Net,
         replace: bool,
     ) {
-        let part = F::of_mut(desired);
+        let part = F::part_mut(desired);
         let entry = PolicyEntry {
             action: self.action,
             gateway: self.gateway,

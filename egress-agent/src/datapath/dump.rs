@@ -9,7 +9,6 @@ use std::{
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap};
 use egress_common::{
-    conntrack::{CtKeyV4, CtKeyV6},
     counters::{self, Counter},
     maps::{self as names, MapKind, def},
     policy::{action, egress_ip_flags},
@@ -239,26 +238,10 @@ fn render_config(pin_dir: &Path, s: &mut String) -> Result<()> {
     Ok(())
 }
 
-/// What the dump reads of a family beyond [`Family`]: its conntrack map.
-trait Tracked: Family {
-    type CtKey: CtKey;
-    type Ct: names::Map<Key = Self::CtKey, Value = <Self::CtKey as CtKey>::Entry>;
-}
-
-impl Tracked for V4 {
-    type CtKey = CtKeyV4;
-    type Ct = def::CtV4;
-}
-
-impl Tracked for V6 {
-    type CtKey = CtKeyV6;
-    type Ct = def::CtV6;
-}
-
 /// One family's maps: policy entries, rules served, egress IPs, pods known, conntrack.
 /// Pods and egress IPs are of the family; gateways and pod nodes are underlay addresses
 /// of either.
-fn render_family<F: Tracked>(pin_dir: &Path, s: &mut String) -> Result<()> {
+fn render_family<F: Family>(pin_dir: &Path, s: &mut String) -> Result<()> {
     let fam = F::NAME;
     // Columns for an address and for a prefix: IPv4 15 and 18, IPv6 24 and 30.
     let (w, dw) = if size_of::<F::Octets>() == 4 {

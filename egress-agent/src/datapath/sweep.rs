@@ -22,7 +22,6 @@ use std::{
     borrow::{Borrow, BorrowMut},
     collections::BTreeMap,
     fmt::Debug,
-    net::IpAddr,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     thread,
@@ -34,13 +33,14 @@ use aya::{
     maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues},
 };
 use egress_common::{
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, FlowCount, dir, expired},
+    conntrack::FlowCount,
     counters::{Counter, reason},
     maps as names,
-    underlay::Underlay,
 };
 
 use super::{Error, Result};
+pub use crate::family::conntrack::{CtKey, Flow};
+use crate::family::{Family, V4, V6};
 
 /// How often the sweeper wakes.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -48,89 +48,6 @@ pub const TICK: Duration = Duration::from_secs(2);
 pub const SCAN_PER_TICK: usize = 65_536;
 /// Entries per `BPF_MAP_LOOKUP_BATCH` call.
 const BATCH: usize = 4_096;
-
-/// One address family's conntrack key, with its entry type.
-pub trait CtKey: Pod + PartialEq + Debug {
-    type Entry: Pod + Debug;
-    /// A pod address of this family (the key of `FLOWS_V4` / `FLOWS_V6`).
-    type Pod: Pod + Ord + Debug;
-    /// The pod that started the flow, for an original-direction key.
-    fn original_pod(&self) -> Option<Self::Pod>;
-    /// The key of the other direction's entry of the flow that (`self`, `e`) belongs to.
-    fn partner(&self, e: &Self::Entry) -> Self;
-    /// Whether `e`, this key's entry, is idle past its timeout at `now`.
-    fn expired(&self, e: &Self::Entry, now: u64) -> bool;
-    /// This key and its entry in plain types; `None` for a reply-direction key.
-    fn flow(&self, e: &Self::Entry) -> Option<Flow>;
-}
-
-/// A conntrack flow (its original-direction entry), of either family. Ports in network
-/// order, as in the map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Flow {
-    pub proto: u8,
-    pub src: (IpAddr, u16),
-    pub dst: (IpAddr, u16),
-    pub xlate: (IpAddr, u16),
-    pub rule_id: u32,
-    pub ifindex: u32,
-    pub pod_node: Underlay,
-}
-
-macro_rules! ct_key {
-    ($Key:ty, $Entry:ty, $Pod:ty) => {
-        impl CtKey for $Key {
-            type Entry = $Entry;
-            type Pod = $Pod;
-
-            fn original_pod(&self) -> Option<$Pod> {
-                (self.dir == dir::ORIGINAL).then_some(self.src)
-            }
-
-            fn partner(&self, e: &$Entry) -> Self {
-                if self.dir == dir::ORIGINAL {
-                    Self {
-                        src: self.dst,
-                        dst: e.xlate_addr,
-                        src_port_be: self.dst_port_be,
-                        dst_port_be: e.xlate_port_be,
-                        proto: self.proto,
-                        dir: dir::REPLY,
-                        _pad: [0; 2],
-                    }
-                } else {
-                    Self {
-                        src: e.xlate_addr,
-                        dst: self.src,
-                        src_port_be: e.xlate_port_be,
-                        dst_port_be: self.src_port_be,
-                        proto: self.proto,
-                        dir: dir::ORIGINAL,
-                        _pad: [0; 2],
-                    }
-                }
-            }
-
-            fn expired(&self, e: &$Entry, now: u64) -> bool {
-                expired(self.proto, e.state, e.last_seen_ns, now)
-            }
-
-            fn flow(&self, e: &$Entry) -> Option<Flow> {
-                (self.dir == dir::ORIGINAL).then(|| Flow {
-                    proto: self.proto,
-                    src: (IpAddr::from(self.src), self.src_port_be),
-                    dst: (IpAddr::from(self.dst), self.dst_port_be),
-                    xlate: (IpAddr::from(e.xlate_addr), e.xlate_port_be),
-                    rule_id: e.rule_id,
-                    ifindex: e.ifindex,
-                    pod_node: e.pod_node,
-                })
-            }
-        }
-    };
-}
-ct_key!(CtKeyV4, CtEntryV4, [u8; 4]);
-ct_key!(CtKeyV6, CtEntryV6, [u8; 16]);
 
 /// What becomes of an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,21 +307,21 @@ fn read_flows<P: Pod + Ord>(m: &HashMap<MapData, P, FlowCount>) -> BTreeMap<P, u
 }
 
 /// One tick of one family: sweep, count, and write the counts at the end of a walk.
-fn tick_family<K: CtKey>(
+fn tick_family<F: Family>(
     pin_dir: &Path,
-    ct_name: &'static str,
-    flows_name: &'static str,
     cursor: &mut Option<u32>,
-    recount_state: &mut Recount<K::Pod>,
+    recount_state: &mut Recount<F::Octets>,
     now: u64,
 ) -> Result<usize> {
-    let mut ct: HashMap<MapData, K, K::Entry> = HashMap::try_from(open(pin_dir, ct_name)?)
-        .map_err(|source| Error::Map {
+    let ct_name = <F::Ct as names::Map>::SPEC.name;
+    let flows_name = <F::Flows as names::Map>::SPEC.name;
+    let mut ct: HashMap<MapData, F::CtKey, <F::CtKey as CtKey>::Entry> =
+        HashMap::try_from(open(pin_dir, ct_name)?).map_err(|source| Error::Map {
             name: ct_name,
             source,
         })?;
     // An object without the flow maps (older pins): sweep only.
-    let mut flows: Option<HashMap<MapData, K::Pod, FlowCount>> =
+    let mut flows: Option<HashMap<MapData, F::Octets, FlowCount>> =
         if pin_dir.join(flows_name).exists() {
             Some(
                 HashMap::try_from(open(pin_dir, flows_name)?).map_err(|source| Error::Map {
@@ -458,23 +375,9 @@ impl Sweeper {
     /// that re-pinned maps (`restore_pins`) are the ones swept.
     fn tick(&mut self, pin_dir: &Path) -> Result<usize> {
         let now = now_ns();
-        let mut removed = tick_family::<CtKeyV4>(
-            pin_dir,
-            names::CT_V4,
-            names::FLOWS_V4,
-            &mut self.cursor_v4,
-            &mut self.flows_v4,
-            now,
-        )?;
+        let mut removed = tick_family::<V4>(pin_dir, &mut self.cursor_v4, &mut self.flows_v4, now)?;
         if pin_dir.join(names::CT_V6).exists() {
-            removed += tick_family::<CtKeyV6>(
-                pin_dir,
-                names::CT_V6,
-                names::FLOWS_V6,
-                &mut self.cursor_v6,
-                &mut self.flows_v6,
-                now,
-            )?;
+            removed += tick_family::<V6>(pin_dir, &mut self.cursor_v6, &mut self.flows_v6, now)?;
         }
         if removed > 0 {
             let name = names::COUNTERS;
@@ -520,7 +423,7 @@ pub fn start(pin_dir: &Path) -> std::io::Result<thread::JoinHandle<()>> {
 #[cfg(test)]
 mod tests {
     use egress_common::{
-        conntrack::{state, timeout},
+        conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state, timeout},
         underlay,
     };
 

@@ -28,11 +28,11 @@ fn compiled(nps: Vec<NetworkPolicy>) -> Compiled {
 
 /// `pod`'s entries of family `F`: prefix -> (action, allowed ports as the golden files
 /// show them).
-fn entries_of<F: crate::desired::Part>(
+fn entries_of<F: crate::desired::Family>(
     c: &Compiled,
     pod: F::Addr,
 ) -> BTreeMap<String, (PolicyAction, String)> {
-    F::of(&c.desired)
+    F::part(&c.desired)
         .policy
         .iter()
         .filter(|((p, _), _)| *p == pod)

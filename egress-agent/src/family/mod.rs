@@ -6,6 +6,8 @@
 //!
 //! The eBPF side keeps a copy per family where the verifier's stack budget needs it.
 
+pub mod conntrack;
+
 use std::{
     collections::BTreeMap,
     fmt::{Debug, Display},
@@ -14,6 +16,7 @@ use std::{
 };
 
 use egress_common::{
+    conntrack::{CtKeyV4, CtKeyV6, FlowCount},
     maps::{Map, def},
     policy::{
         AdmittedKeyV4, AdmittedKeyV6, DestValue, DestValueV6, PolicyKeyV4, PolicyKeyV6,
@@ -22,6 +25,8 @@ use egress_common::{
     underlay::Underlay,
 };
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use self::conntrack::CtKey;
 
 /// A pinned map the agent keeps in line with a [`BTreeMap`] of its entries: ordered keys,
 /// comparable values, both plain old data.
@@ -81,18 +86,65 @@ macro_rules! map_types {
             /// An address as the maps hold it (network order).
             type Octets: Copy + Ord + Hash + Debug + Default + aya::Pod;
             $( $(#[$doc])* type $Map: Synced<$($bound)*>; )*
+            /// `CT_*`'s key (the datapath writes the conntrack maps; the agent sweeps and
+            /// reads them).
+            type CtKey: CtKey<Pod = Self::Octets>;
+            /// `CT_*`: the conntrack map.
+            type Ct: Map<Key = Self::CtKey, Value = <Self::CtKey as CtKey>::Entry>;
+            /// `FLOWS_*`: live flows per pod.
+            type Flows: Map<Key = Self::Octets, Value = FlowCount>;
         }
         impl Maps for V4 {
             type Octets = [u8; 4];
             $( type $Map = def::$v4; )*
+            type CtKey = CtKeyV4;
+            type Ct = def::CtV4;
+            type Flows = def::FlowsV4;
         }
         impl Maps for V6 {
             type Octets = [u8; 16];
             $( type $Map = def::$v6; )*
+            type CtKey = CtKeyV6;
+            type Ct = def::CtV6;
+            type Flows = def::FlowsV6;
         }
     };
 }
 family_maps!(map_types);
+
+/// Something with one part per family (as `Desired` has `v4` and `v6`), so that code
+/// written once over `F: Family` reaches its family's part with [`Family::part`].
+pub trait ByFamily {
+    type Part<F: Family>;
+    fn v4(&self) -> &Self::Part<V4>;
+    fn v4_mut(&mut self) -> &mut Self::Part<V4>;
+    fn v6(&self) -> &Self::Part<V6>;
+    fn v6_mut(&mut self) -> &mut Self::Part<V6>;
+}
+
+/// Runs `$body` once, with `$F` the family of the address `$ip` and `$a` its address in
+/// that family: the one dispatch from an [`IpAddr`] to code written over `F: Family`.
+///
+/// ```ignore
+/// by_family!(ip, |a: F| hold::<F>(a))
+/// ```
+#[macro_export]
+macro_rules! by_family {
+    ($ip:expr, |$a:ident: $F:ident| $body:expr) => {
+        match $ip {
+            ::std::net::IpAddr::V4($a) => {
+                #[allow(dead_code, reason = "the body may not name the family")]
+                type $F = $crate::family::V4;
+                $body
+            }
+            ::std::net::IpAddr::V6($a) => {
+                #[allow(dead_code, reason = "the body may not name the family")]
+                type $F = $crate::family::V6;
+                $body
+            }
+        }
+    };
+}
 
 /// IPv4 or IPv6.
 pub trait Family: Maps + Copy + Default + Debug + Eq + Ord + Hash {
@@ -107,6 +159,9 @@ pub trait Family: Maps + Copy + Default + Debug + Eq + Ord + Hash {
     fn net(n: IpNet) -> Option<Self::Net>;
     /// A prefix's network address and length.
     fn split(n: Self::Net) -> (Self::Octets, u8);
+    /// This family's part of `b`.
+    fn part<B: ByFamily>(b: &B) -> &B::Part<Self>;
+    fn part_mut<B: ByFamily>(b: &mut B) -> &mut B::Part<Self>;
 
     fn policy_key(pod: Self::Addr, dst: Self::Net) -> <Self::Policy as Map>::Key;
     /// The pod and the destination prefix's length of a policy key.
@@ -161,7 +216,8 @@ pub struct PolicyRow<F: Family> {
 /// is passed in).
 macro_rules! family {
     (
-        $F:ident, $name:literal, $Ip:ident, $Addr:ty, $Net:ty, [u8; $n:literal],
+        $F:ident, $name:literal, $Ip:ident, $part:ident $part_mut:ident, $Addr:ty, $Net:ty,
+        [u8; $n:literal],
         $PolicyKey:ident, $PolicyValue:ident, $SelectedValue:ident, $RuleValue:ident,
         $AdmittedKey:ident, $dests:ident $(,)?
     ) => {
@@ -190,6 +246,12 @@ macro_rules! family {
             }
             fn split(n: $Net) -> ([u8; $n], u8) {
                 (n.network().octets(), n.prefix_len())
+            }
+            fn part<B: ByFamily>(b: &B) -> &B::Part<Self> {
+                b.$part()
+            }
+            fn part_mut<B: ByFamily>(b: &mut B) -> &mut B::Part<Self> {
+                b.$part_mut()
             }
             fn policy_key(pod: $Addr, dst: $Net) -> $PolicyKey {
                 let (net, len) = Self::split(dst);
@@ -267,6 +329,7 @@ family!(
     V4,
     "IPv4",
     V4,
+    v4 v4_mut,
     Ipv4Addr,
     Ipv4Net,
     [u8; 4],
@@ -281,6 +344,7 @@ family!(
     V6,
     "IPv6",
     V6,
+    v6 v6_mut,
     Ipv6Addr,
     Ipv6Net,
     [u8; 16],
