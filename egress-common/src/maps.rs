@@ -159,10 +159,10 @@ macro_rules! maps {
 }
 
 maps! {
-    POLICY_V4 = PolicyV4: Hash<PolicyKeyV4, PolicyValue>, POLICY_MAX_ENTRIES;
+    POLICY_V4 = PolicyV4: Hash<PolicyKeyV4, PolicyValueV4>, POLICY_MAX_ENTRIES;
     /// The destination prefixes of this node's policy entries, by destination.
-    DESTS_V4 = DestsV4: LpmTrie<[u8; 4], DestValue>, DESTS_MAX_ENTRIES;
-    SELECTED_V4 = SelectedV4: Hash<[u8; 4], SelectedValue>, SELECTED_MAX_ENTRIES;
+    DESTS_V4 = DestsV4: LpmTrie<[u8; 4], DestValueV4>, DESTS_MAX_ENTRIES;
+    SELECTED_V4 = SelectedV4: Hash<[u8; 4], SelectedValueV4>, SELECTED_MAX_ENTRIES;
     RULES_V4 = RulesV4: Hash<u32, RuleValueV4>, RULES_MAX_ENTRIES;
     NODES = Nodes: Hash<Underlay, NodeValue>, NODES_MAX_ENTRIES;
     POD_OWNER_V4 = PodOwnerV4: Hash<[u8; 4], PodOwnerValue>, POD_OWNER_MAX_ENTRIES;

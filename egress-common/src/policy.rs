@@ -9,8 +9,8 @@ use crate::underlay::Underlay;
 /// Key of the IPv4 policy map (`POLICY_V4`, a hash): one destination prefix of one pod.
 /// `dst` is the prefix's network address (the bits past `dst_len` are zero). `from_pod`
 /// finds a packet's entry by masking its destination to each length that both its pod
-/// uses ([`SelectedValue::lengths`]) and the chain of prefixes containing the destination
-/// has ([`DestValue`]), longest first: the first hit is the longest prefix match among
+/// uses ([`SelectedValueV4::lengths`]) and the chain of prefixes containing the destination
+/// has ([`DestValueV4`]), longest first: the first hit is the longest prefix match among
 /// that pod's entries, and an `except` hole is an entry of its own length.
 /// Unlike an LPM trie keyed by (pod, destination), the cost does not grow with the number
 /// of pods in front of the destination bits.
@@ -57,7 +57,7 @@ pub const fn mask_v4(len: u32) -> u32 {
 
 /// What `from_pod` does with a packet whose (pod, destination) matched.
 pub mod action {
-    /// Send to the gateway in `PolicyValue::gateway` (tunnel, or the local gateway path
+    /// Send to the gateway in `PolicyValueV4::gateway` (tunnel, or the local gateway path
     /// when the gateway is this node), tagged with `rule_id`.
     pub const FORWARD: u8 = 1;
     /// An `except` prefix: the packet continues untouched.
@@ -121,7 +121,7 @@ impl PortFilter {
 /// Value of the policy map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PolicyValue {
+pub struct PolicyValueV4 {
     /// Underlay address of the gateway node (zero unless `action == FORWARD`).
     pub gateway: Underlay,
     /// The egress address the gateway will use, for observability (the gateway decides
@@ -137,7 +137,7 @@ pub struct PolicyValue {
     /// the padding of agents before it existed: the layout is the same.
     pub filter: u16,
 }
-const _: () = assert!(core::mem::size_of::<PolicyValue>() == 28);
+const _: () = assert!(core::mem::size_of::<PolicyValueV4>() == 28);
 
 /// Rule ids fit in a 24-bit VNI; `RETURN_VNI` is reserved for replies travelling back from
 /// a gateway to the pod's node.
@@ -149,11 +149,11 @@ pub const RETURN_VNI: u32 = 0x00ff_ffff;
 /// every other such prefix that contains it (bit n: length n). The longest match for a
 /// packet's destination names the chain of prefixes that contain it; `from_pod` probes
 /// `POLICY_V4` only at the lengths of that chain that its pod also uses
-/// ([`SelectedValue::lengths`]), longest first: usually one probe, whatever the number of
+/// ([`SelectedValueV4::lengths`]), longest first: usually one probe, whatever the number of
 /// pods and prefixes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct DestValue {
+pub struct DestValueV4 {
     /// The 64-bit set as two halves, low first (an LPM trie's value must be 4-aligned
     /// here: its 4-byte key leaves no room for an 8-byte alignment).
     pub lengths: [u32; 2],
@@ -161,9 +161,9 @@ pub struct DestValue {
     /// to try first.
     pub len: u32,
 }
-const _: () = assert!(core::mem::size_of::<DestValue>() == 12);
+const _: () = assert!(core::mem::size_of::<DestValueV4>() == 12);
 
-impl DestValue {
+impl DestValueV4 {
     /// Bit n set: a prefix of length n.
     #[inline(always)]
     pub const fn lengths(&self) -> u64 {
@@ -228,10 +228,10 @@ pub mod egress_ip_flags {
 /// destination prefix lengths of its `POLICY_V4` entries. Checked first, so that packets
 /// of unselected pods cost one hash lookup; a selected pod's packet then costs one
 /// `DESTS_V4` lookup (none when the pod uses a single length) and one `POLICY_V4` lookup
-/// per length that both name (see [`DestValue`]), longest first, until one hits.
+/// per length that both name (see [`DestValueV4`]), longest first, until one hits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SelectedValue {
+pub struct SelectedValueV4 {
     /// Bit `n` set: the pod has at least one entry of destination prefix length `n`
     /// (bits 0..=32).
     pub lengths: u64,
@@ -240,9 +240,9 @@ pub struct SelectedValue {
     /// [`selected_flags`] (zero from agents before they existed: the layout is the same).
     pub flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<SelectedValue>() == 16);
+const _: () = assert!(core::mem::size_of::<SelectedValueV4>() == 16);
 
-/// `SelectedValue::flags` and `SelectedValueV6::flags`.
+/// `SelectedValueV4::flags` and `SelectedValueV6::flags`.
 pub mod selected_flags {
     /// The pod's policy entries did not all fit the node's policy map: the agent wrote
     /// none of them, and `from_pod` drops the pod's packets to every destination a rule
@@ -251,7 +251,7 @@ pub mod selected_flags {
     pub const INCOMPLETE: u32 = 1;
 }
 
-impl SelectedValue {
+impl SelectedValueV4 {
     /// Note an entry of destination prefix length `len` (clamped to 32) in `lengths`.
     pub fn add_length(&mut self, len: u32) {
         self.lengths |= 1u64 << len.min(MAX_PREFIX_LEN_V4);
@@ -323,7 +323,7 @@ pub const fn mask_v6(len: u32) -> (u64, u64) {
     }
 }
 
-/// Value of the IPv6 policy map (same meaning as [`PolicyValue`]).
+/// Value of the IPv6 policy map (same meaning as [`PolicyValueV4`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PolicyValueV6 {
@@ -333,14 +333,14 @@ pub struct PolicyValueV6 {
     /// One of [`action`].
     pub action: u8,
     pub _pad: u8,
-    /// As [`PolicyValue::filter`].
+    /// As [`PolicyValueV4::filter`].
     pub filter: u16,
     /// The egress address the gateway will use (observability).
     pub egress_ip: [u8; 16],
 }
 const _: () = assert!(core::mem::size_of::<PolicyValueV6>() == 40);
 
-/// Source side, `SELECTED_V6`: as [`SelectedValue`], for IPv6 pods: bit `n % 64` of
+/// Source side, `SELECTED_V6`: as [`SelectedValueV4`], for IPv6 pods: bit `n % 64` of
 /// `lengths[n / 64]` set means an entry of destination prefix length `n` (0..=128).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -363,13 +363,13 @@ impl SelectedValueV6 {
     }
 }
 
-/// Source side, `DESTS_V6`: as [`DestValue`], with the lengths laid out as in
+/// Source side, `DESTS_V6`: as [`DestValueV4`], with the lengths laid out as in
 /// [`SelectedValueV6`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DestValueV6 {
     pub lengths: [u64; 3],
-    /// As [`DestValue::len`].
+    /// As [`DestValueV4::len`].
     pub len: u32,
     pub _pad: u32,
 }
@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn selected_values_hold_one_bit_per_length() {
-        let mut v = SelectedValue::default();
+        let mut v = SelectedValueV4::default();
         for len in [0, 16, 24, 32, 24] {
             v.add_length(len);
         }

@@ -11,14 +11,14 @@ macro_rules! pod {
 
 pod!(
     PolicyKeyV4,
-    PolicyValue,
+    PolicyValueV4,
     RuleValueV4,
     NodeValue,
     PodOwnerValue,
     EgressIpValue,
-    SelectedValue,
+    SelectedValueV4,
     SelectedValueV6,
-    DestValue,
+    DestValueV4,
     DestValueV6,
     CtKeyV4,
     CtEntryV4,

@@ -122,7 +122,7 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64, flags: u32) -> i32 {
 }
 
 /// A packet of a selected IPv4 pod whose prefix lengths are `lengths`
-/// (`SelectedValue::lengths`), with `flags` (`selected_flags`).
+/// (`SelectedValueV4::lengths`), with `flags` (`selected_flags`).
 #[inline(never)]
 fn selected(ctx: &TcContext, lengths: u64, flags: u32) -> i32 {
     let ip = match parse::ipv4(ctx) {

@@ -8,7 +8,7 @@
 //! containing it. The lookup masks the destination to each length both name, longest
 //! first; the first hit is the longest prefix match among that pod's entries (an `except`
 //! hole is an entry of its own, longer length). Usually one probe: a pod holding the
-//! longest prefix containing the destination (`DestValue::len`, tried first) finds its
+//! longest prefix containing the destination (`DestValueV4::len`, tried first) finds its
 //! entry at once, without a search for the highest length. A pod whose entries
 //! all have one length (one rule's /24s, say) skips `DESTS_*`: that length is the only
 //! candidate.
@@ -18,7 +18,7 @@
 
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use egress_common::policy::{
-    MAX_PREFIX_LEN_V4, MAX_PREFIX_LEN_V6, PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6,
+    MAX_PREFIX_LEN_V4, MAX_PREFIX_LEN_V6, PolicyKeyV4, PolicyKeyV6, PolicyValueV4, PolicyValueV6,
     mask_v4, mask_v6, split_v6,
 };
 
@@ -41,7 +41,7 @@ fn take_highest(w: &mut u64) -> u32 {
 /// The entry of `pod` whose prefix is the longest to contain `dst`; `lengths`: the pod's
 /// prefix lengths (bit n: length n).
 #[inline(always)]
-pub fn lookup4(pod: [u8; 4], dst: [u8; 4], lengths: u64) -> Option<&'static PolicyValue> {
+pub fn lookup4(pod: [u8; 4], dst: [u8; 4], lengths: u64) -> Option<&'static PolicyValueV4> {
     let lengths = lengths & LENGTHS_V4;
     let d = u32::from_be_bytes(dst);
     let mut key = PolicyKeyV4 {
@@ -80,7 +80,7 @@ pub fn lookup4(pod: [u8; 4], dst: [u8; 4], lengths: u64) -> Option<&'static Poli
 
 /// `key.pod`'s entry for the destination `d` masked to `len`, if any.
 #[inline(always)]
-fn probe4(key: &mut PolicyKeyV4, d: u32, len: u32) -> Option<&'static PolicyValue> {
+fn probe4(key: &mut PolicyKeyV4, d: u32, len: u32) -> Option<&'static PolicyValueV4> {
     key.dst = (d & mask_v4(len)).to_be_bytes();
     key.dst_len = len;
     // SAFETY: the agent writes this map; entries are plain values.

@@ -9,7 +9,7 @@
 use egress_common::{
     config::Config,
     conntrack::{CtEntryV4, CtEntryV6},
-    policy::{PolicyValue, PolicyValueV6},
+    policy::{PolicyValueV4, PolicyValueV6},
     underlay::Underlay,
 };
 
@@ -83,7 +83,7 @@ field!(
 field!(
     /// The gateway of an IPv4 policy entry.
     gateway,
-    PolicyValue,
+    PolicyValueV4,
     gateway
 );
 field!(

@@ -29,9 +29,9 @@ use egress_common::{
     counters::{Counter, MAX_REASONS},
     maps,
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValue, DestValueV6,
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValueV4, DestValueV6,
         EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
-        PolicyValue, PolicyValueV6, RuleValueV4, SelectedValue, SelectedValueV6, coverage,
+        PolicyValueV4, PolicyValueV6, RuleValueV4, SelectedValueV4, SelectedValueV6, coverage,
     },
     underlay::{self, Underlay},
 };
@@ -227,12 +227,12 @@ impl Datapath {
 
     /// A policy entry for (pod, dst/len); the pod's prefix lengths in `SELECTED_V4` follow
     /// when it is selected already (as the agent keeps them).
-    pub fn policy(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, value: PolicyValue) {
-        let mut t: HashMap<&mut MapData, PolicyKeyV4, PolicyValue> =
+    pub fn policy(&mut self, pod: Ipv4Addr, dst: Ipv4Addr, len: u32, value: PolicyValueV4) {
+        let mut t: HashMap<&mut MapData, PolicyKeyV4, PolicyValueV4> =
             HashMap::try_from(self.map(maps::POLICY_V4)).unwrap();
         t.insert(PolicyKeyV4::new(v4(pod), v4(dst), len), value, 0)
             .unwrap();
-        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
+        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValueV4> =
             HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
         if let Ok(mut v) = m.get(&v4(pod), 0) {
             v.add_length(len);
@@ -240,10 +240,10 @@ impl Datapath {
             m.insert(v4(pod), v, 0).unwrap();
         }
         // The destination chains of every entry so far, as the agent computes them.
-        let t: HashMap<&mut MapData, PolicyKeyV4, PolicyValue> =
+        let t: HashMap<&mut MapData, PolicyKeyV4, PolicyValueV4> =
             HashMap::try_from(self.map(maps::POLICY_V4)).unwrap();
         let keys: Vec<PolicyKeyV4> = t.keys().map(Result::unwrap).collect();
-        let mut d: LpmTrie<&mut MapData, [u8; 4], DestValue> =
+        let mut d: LpmTrie<&mut MapData, [u8; 4], DestValueV4> =
             LpmTrie::try_from(self.map(maps::DESTS_V4)).unwrap();
         for ((len, net), v) in V4::dests(keys.iter()) {
             d.insert(&Key::new(len, net), v, 0).unwrap();
@@ -252,14 +252,14 @@ impl Datapath {
 
     /// Select `pod`, with the prefix lengths of its policy entries so far.
     pub fn selected(&mut self, pod: Ipv4Addr) {
-        let t: HashMap<&mut MapData, PolicyKeyV4, PolicyValue> =
+        let t: HashMap<&mut MapData, PolicyKeyV4, PolicyValueV4> =
             HashMap::try_from(self.map(maps::POLICY_V4)).unwrap();
-        let mut v = SelectedValue::default();
+        let mut v = SelectedValueV4::default();
         for k in t.keys().flatten().filter(|k| k.pod == v4(pod)) {
             v.add_length(k.dst_len);
             v.entries += 1;
         }
-        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
+        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValueV4> =
             HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
         m.insert(v4(pod), v, 0).unwrap();
     }
@@ -267,11 +267,11 @@ impl Datapath {
     /// Mark `pod` selected with no entries and `selected_flags::INCOMPLETE`: what the agent
     /// writes for a pod whose entries did not fit the policy map.
     pub fn selected_incomplete(&mut self, pod: Ipv4Addr) {
-        let v = SelectedValue {
+        let v = SelectedValueV4 {
             flags: egress_common::policy::selected_flags::INCOMPLETE,
-            ..SelectedValue::default()
+            ..SelectedValueV4::default()
         };
-        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValue> =
+        let mut m: HashMap<&mut MapData, [u8; 4], SelectedValueV4> =
             HashMap::try_from(self.map(maps::SELECTED_V4)).unwrap();
         m.insert(v4(pod), v, 0).unwrap();
     }

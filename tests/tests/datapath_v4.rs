@@ -27,7 +27,7 @@ use egress_common::{
     conntrack::{self, CtEntryV4, CtKeyV4, NextHop, dir, state},
     counters::reason::*,
     maps,
-    policy::{AdmittedKeyV4, AdmittedValue, PolicyValue, RETURN_VNI, action, egress_ip_flags},
+    policy::{AdmittedKeyV4, AdmittedValue, PolicyValueV4, RETURN_VNI, action, egress_ip_flags},
     underlay,
 };
 use egress_tests::{
@@ -188,8 +188,8 @@ fn base(dp: &mut Datapath, net: &Net) {
     dp.egress_ip(SHARED_A, net.sec0, egress_ip_flags::SHARED);
 }
 
-fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValue {
-    PolicyValue {
+fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValueV4 {
+    PolicyValueV4 {
         gateway: underlay::from_v4(gateway.octets()),
         egress_ip: EGRESS_A.octets(),
         rule_id,
@@ -199,8 +199,8 @@ fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValue {
     }
 }
 
-fn sentinel(act: u8) -> PolicyValue {
-    PolicyValue {
+fn sentinel(act: u8) -> PolicyValueV4 {
+    PolicyValueV4 {
         gateway: [0; 16],
         egress_ip: [0; 4],
         rule_id: 0,

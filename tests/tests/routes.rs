@@ -13,7 +13,7 @@ use std::{
 use aya::maps::{HashMap, Map, MapData};
 use egress_common::{
     maps as names,
-    policy::{PolicyKeyV4, PolicyKeyV6, PolicyValue, PolicyValueV6},
+    policy::{PolicyKeyV4, PolicyKeyV6, PolicyValueV4, PolicyValueV6},
 };
 use egress_tests::{
     cluster::{seen, spec_for, up_with_agents, wait_until},
@@ -37,7 +37,7 @@ fn policy_prefixes(lab: &Lab, node: &str, pod: IpAddr) -> Vec<String> {
     };
     match pod {
         IpAddr::V4(pod) => {
-            let t: HashMap<_, PolicyKeyV4, PolicyValue> =
+            let t: HashMap<_, PolicyKeyV4, PolicyValueV4> =
                 HashMap::try_from(open(names::POLICY_V4)).unwrap();
             t.keys()
                 .map(Result::unwrap)

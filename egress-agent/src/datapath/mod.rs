@@ -742,14 +742,14 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
 
 #[cfg(test)]
 mod tests {
-    use egress_common::policy::{SelectedValue, selected_flags};
+    use egress_common::policy::{SelectedValueV4, selected_flags};
 
     use super::*;
     use crate::family::V4;
 
     #[test]
     fn only_pods_turning_incomplete_are_marked_early() {
-        let v = |lengths: u64, flags: u32| SelectedValue {
+        let v = |lengths: u64, flags: u32| SelectedValueV4 {
             lengths,
             entries: u32::from(flags == 0),
             flags,

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use egress_common::{
     maps::{Map, def},
     policy::{
-        DestValue, DestValueV6, PortFilter, SelectedValue, SelectedValueV6, action, coverage,
+        DestValueV4, DestValueV6, PortFilter, SelectedValueV4, SelectedValueV6, action, coverage,
     },
     underlay,
 };
@@ -37,13 +37,13 @@ fn bits(words: &[u64]) -> Vec<u32> {
 }
 
 impl Shown for V4 {
-    fn selected_parts(v: &SelectedValue) -> (u32, Vec<u32>, u32) {
+    fn selected_parts(v: &SelectedValueV4) -> (u32, Vec<u32>, u32) {
         (v.entries, bits(&[v.lengths]), v.flags)
     }
-    fn dest_parts(v: &DestValue) -> (u32, Vec<u32>) {
+    fn dest_parts(v: &DestValueV4) -> (u32, Vec<u32>) {
         (v.len, bits(&[v.lengths()]))
     }
-    fn filter(v: &egress_common::policy::PolicyValue) -> u16 {
+    fn filter(v: &egress_common::policy::PolicyValueV4) -> u16 {
         v.filter
     }
     fn admitted_pod(k: &egress_common::policy::AdmittedKeyV4) -> Self::Addr {

@@ -19,8 +19,8 @@ use egress_common::{
     conntrack::{CtKeyV4, CtKeyV6, FlowCount},
     maps::{Map, def},
     policy::{
-        AdmittedKeyV4, AdmittedKeyV6, DestValue, DestValueV6, PolicyKeyV4, PolicyKeyV6,
-        PolicyValue, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValue, SelectedValueV6,
+        AdmittedKeyV4, AdmittedKeyV6, DestValueV4, DestValueV6, PolicyKeyV4, PolicyKeyV6,
+        PolicyValueV4, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValueV4, SelectedValueV6,
     },
     underlay::Underlay,
 };
@@ -334,8 +334,8 @@ family!(
     Ipv4Net,
     [u8; 4],
     PolicyKeyV4,
-    PolicyValue,
-    SelectedValue,
+    PolicyValueV4,
+    SelectedValueV4,
     RuleValueV4,
     AdmittedKeyV4,
     dests_v4,
@@ -363,7 +363,7 @@ fn dests_v4<'a>(keys: impl Iterator<Item = &'a PolicyKeyV4>) -> Prefixes<def::De
         .into_iter()
         .map(|((net, len), lengths)| {
             let net = ((net >> 96) as u32).to_be_bytes();
-            ((len, net), DestValue::new(len, lengths[0]))
+            ((len, net), DestValueV4::new(len, lengths[0]))
         })
         .collect()
 }

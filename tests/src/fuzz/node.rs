@@ -34,7 +34,7 @@ use egress_common::{
     conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state},
     maps,
     policy::{
-        EgressIpValue, PodOwnerValue, PolicyValue, PolicyValueV6, PortFilter, PortRange,
+        EgressIpValue, PodOwnerValue, PolicyValueV4, PolicyValueV6, PortFilter, PortRange,
         RuleValueV6, action, egress_ip_flags,
     },
     underlay,
@@ -683,7 +683,7 @@ fn policy_entry(dp: &mut Datapath, pod: IpAddr, p: &Policy) {
             pod,
             net,
             u32::from(p.len),
-            PolicyValue {
+            PolicyValueV4 {
                 gateway,
                 egress_ip: [0; 4],
                 rule_id: p.rule,

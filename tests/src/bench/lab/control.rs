@@ -16,7 +16,7 @@ use aya::maps::{HashMap as BpfHash, Map, MapData};
 use egress_common::{
     maps as names,
     policy::{
-        AdmittedKeyV4, AdmittedValue, PodOwnerValue, PolicyKeyV4, PolicyValue, SelectedValue,
+        AdmittedKeyV4, AdmittedValue, PodOwnerValue, PolicyKeyV4, PolicyValueV4, SelectedValueV4,
         action,
     },
     underlay,
@@ -130,12 +130,12 @@ fn open_pinned(lab: &Lab, node: &str, map: &str) -> Result<MapData> {
 pub(super) fn policy_map(
     lab: &Lab,
     node: &str,
-) -> Result<BpfHash<MapData, PolicyKeyV4, PolicyValue>> {
+) -> Result<BpfHash<MapData, PolicyKeyV4, PolicyValueV4>> {
     let data = open_pinned(lab, node, names::POLICY_V4)?;
     BpfHash::try_from(Map::HashMap(data)).context("POLICY_V4 is not a hash")
 }
 
-fn selected_map(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], SelectedValue>> {
+fn selected_map(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], SelectedValueV4>> {
     let data = open_pinned(lab, node, names::SELECTED_V4)?;
     BpfHash::try_from(Map::HashMap(data)).context("SELECTED_V4 is not a hash")
 }
@@ -151,7 +151,7 @@ fn admitted(lab: &Lab, node: &str) -> Result<BpfHash<MapData, AdmittedKeyV4, Adm
 }
 
 /// Is the except entry of w1-p1 in w1's policy map?
-fn except_present(map: &BpfHash<MapData, PolicyKeyV4, PolicyValue>) -> bool {
+fn except_present(map: &BpfHash<MapData, PolicyKeyV4, PolicyValueV4>) -> bool {
     let key = PolicyKeyV4::new(addr::W1_P1.octets(), EXCEPT.0.octets(), u32::from(EXCEPT.1));
     matches!(map.get(&key, 0), Ok(v) if v.action == action::EXCLUDE)
 }

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use aya::maps::{HashMap as BpfHash, MapData};
-use egress_common::policy::{PolicyKeyV4, PolicyValue, action};
+use egress_common::policy::{PolicyKeyV4, PolicyValueV4, action};
 
 use super::control::{Pause, lab_policy, policy_map, reconcile_took, sample_policy};
 use crate::{
@@ -69,7 +69,7 @@ type NodeMs = (String, f64);
 struct Source {
     node: String,
     pod: Ipv4Addr,
-    map: BpfHash<MapData, PolicyKeyV4, PolicyValue>,
+    map: BpfHash<MapData, PolicyKeyV4, PolicyValueV4>,
 }
 
 impl Source {
