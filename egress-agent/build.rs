@@ -8,7 +8,39 @@
 use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
 
+/// The commit being built (`EGRESS_COMMIT`, in `egress-agent --version`): from the
+/// environment (an image built without `.git`), else git, else "unknown"; "-dirty" when
+/// the work tree has changes.
+fn commit() -> String {
+    if let Ok(c) = std::env::var("EGRESS_COMMIT") {
+        return c;
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+        println!("cargo:rerun-if-changed={dir}/index");
+        println!("cargo:rerun-if-changed={dir}/refs");
+        println!("cargo:rerun-if-changed={dir}/packed-refs");
+    }
+    let Some(rev) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".into();
+    };
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty { format!("{rev}-dirty") } else { rev }
+}
+
 fn main() -> anyhow::Result<()> {
+    println!("cargo:rerun-if-env-changed=EGRESS_COMMIT");
+    println!("cargo:rustc-env=EGRESS_COMMIT={}", commit());
     println!("cargo:rerun-if-env-changed=EGRESS_EBPF_TOOLCHAIN");
     let toolchain = std::env::var("EGRESS_EBPF_TOOLCHAIN").unwrap_or_else(|_| "debian".into());
     // Debian's compiler is a stable release: -Z build-std needs RUSTC_BOOTSTRAP, and

@@ -264,6 +264,18 @@ pub struct EgressNodeStatus {
     /// The agent hears fewer than a majority of its peers and holds nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cut_off: bool,
+    /// The newest liveness hello version the agent speaks. Peers judge an agent by its
+    /// hellos only once it says so (or they hear it): during a rolling upgrade, an agent
+    /// older than the protocol is judged by its Node, never declared dead for its silence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hello_version: Option<u32>,
+    /// The agent's version and commit (`egress-agent --version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    /// Whether the agent's hellos are signed (`--liveness-key-file`); `false`: anything
+    /// on the underlay can speak for any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_authenticated: Option<bool>,
     /// What `egress-agent doctor` found when the agent started (kernel, bpffs,
     /// capabilities, tunnel port, rp_filter, MTU, egress IPs), and egress IPs it refused
     /// to claim because another host answers for them (`duplicate-address`).

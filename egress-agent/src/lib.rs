@@ -2,6 +2,15 @@
 //! compiles it into the desired datapath state of this node, and keeps the eBPF maps,
 //! the tunnel device and the egress addresses in line with it.
 
+/// This agent's version and the commit it was built from (`egress-agent --version`, the
+/// EgressNode's `agentVersion`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("EGRESS_COMMIT"),
+    ")"
+);
+
 pub mod agent;
 pub mod api;
 pub mod check;

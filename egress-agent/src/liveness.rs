@@ -3,11 +3,13 @@
 //! what it hears which gateways are alive, whether it is itself cut off, and what each
 //! peer holds. The compiler elects egress IP holders with that view ([`PeerView`]).
 //!
-//! * [`hello`]: the datagram (encode, strict decode).
+//! * [`hello`]: the datagram (two versions, encode, strict decode, authentication).
+//! * [`keys`]: the cluster keys hellos are signed with.
 //! * [`tracker`]: the pure state machine (hellos and the clock in, the view out).
 //! * [`service`]: the socket and the tasks around the tracker.
 
 pub mod hello;
+pub mod keys;
 pub mod service;
 pub mod tracker;
 

@@ -13,7 +13,7 @@ const DEFAULT_TUNNEL_DEVICE: &str = "egress0";
 
 #[derive(Parser)]
 #[command(
-    version,
+    version = egress_agent::VERSION,
     about = "Per-destination egress gateways for Kubernetes, in eBPF",
     long_about = "Runs on every node (a DaemonSet). Pods selected by an EgressGatewayPolicy \
                   reach each destination network through a gateway node, leaving with that \
@@ -161,6 +161,11 @@ struct RunArgs {
     /// UDP port of the liveness probes on the underlay; default: the tunnel port + 1.
     #[arg(long, env = "EGRESS_PROBE_PORT")]
     probe_port: Option<u16>,
+    /// The cluster's liveness keys: one hex key (32 bytes or more) per line, the first
+    /// signs, all are accepted (rotation). Hellos are then signed and only signed ones
+    /// taken. Without it liveness is unauthenticated (a warning says so).
+    #[arg(long, env = "EGRESS_LIVENESS_KEY_FILE", value_name = "PATH")]
+    liveness_key_file: Option<PathBuf>,
     /// A routing table (by number) whose routes this node publishes for rules with
     /// `destinationsFrom: Routes`, besides the main table: for policy routing (NMState
     /// route rules). Repeat the flag, or separate numbers with commas in the variable.
@@ -271,6 +276,7 @@ impl RunArgs {
             probe_port: self
                 .probe_port
                 .unwrap_or(self.node.tunnel_port.wrapping_add(1)),
+            liveness_key_file: self.liveness_key_file,
             route_tables: self.route_tables,
             cluster_cidrs: self.cluster.cluster_cidrs,
             capacities: datapath::Capacities {

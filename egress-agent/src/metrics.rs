@@ -70,8 +70,10 @@ pub struct LivenessStats {
     pub peers: Vec<PeerStatus>,
     /// This node hears too few peers and holds nothing.
     pub cut_off: bool,
-    /// Hellos refused (unknown sender, wrong address, stale, malformed).
-    pub refused: u64,
+    /// Hellos refused, by reason (see `liveness::service::Handle::refused`).
+    pub refused: BTreeMap<String, u64>,
+    /// Hellos are signed and only signed ones taken (`--liveness-key-file`).
+    pub authenticated: bool,
     /// Peers declared dead so far, and the silence before the last one.
     pub detections: u64,
     pub last_detection: Option<Duration>,
@@ -303,9 +305,27 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
         "1 if this node hears fewer than a majority of its peers (it holds nothing)",
         g,
     );
-    let c = Counter::<u64>::default();
-    c.inc_by(l.refused);
-    reg.register("probes_refused", "Hellos refused", c);
+    let refused = Family::<MoveLabels, Counter>::default();
+    for (reason, n) in &l.refused {
+        refused
+            .get_or_create(&MoveLabels {
+                reason: reason.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "probes_refused",
+        "Hellos refused, by reason (malformed, unauthenticated, stale, replayed, unknown_node, \
+         wrong_address, from_myself)",
+        refused,
+    );
+    let g = Gauge::<i64>::default();
+    g.set(i64::from(l.authenticated));
+    reg.register(
+        "liveness_authenticated",
+        "1 if hellos are signed and only signed ones taken (--liveness-key-file), else 0",
+        g,
+    );
     let c = Counter::<u64>::default();
     c.inc_by(l.detections);
     reg.register("peer_deaths", "Peers declared unreachable", c);

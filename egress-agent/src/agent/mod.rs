@@ -69,6 +69,8 @@ pub struct RunConfig {
     /// Liveness probes between agents.
     pub probe: liveness::Settings,
     pub probe_port: u16,
+    /// The cluster's liveness keys (`--liveness-key-file`); none: hellos unsigned.
+    pub liveness_key_file: Option<PathBuf>,
     /// Routing tables besides main whose routes this node publishes (policy routing).
     pub route_tables: Vec<u32>,
     /// The cluster's pod and service CIDRs, set on every view before it is compiled.
@@ -104,8 +106,9 @@ pub enum UnknownPods {
 }
 
 pub async fn run(cfg: RunConfig) -> Result<()> {
-    // Nothing on the host changes before the source answers and this pin directory is
-    // ours: a failed start leaves the node as it was.
+    // Nothing on the host changes before the keys are read, the source answers and this
+    // pin directory is ours: a failed start leaves the node as it was.
+    let liveness_keys = liveness::service::Keys::load(cfg.liveness_key_file.clone())?;
     let (mut views, sink) = start::connect(&cfg).await?;
     let lock = PinLock::acquire(&cfg.bpffs_dir)?;
     let first = Arc::clone(&views.borrow());
@@ -125,8 +128,17 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     let (tunnel_ifindex, tunnel_mtu, underlay_mtu) = tunnel;
     // Started last: its warm-up and detection clocks run from here, and a pass must follow
     // at once (loading the programs takes a second, long enough to declare peers dead).
-    let probes = liveness::service::start_on(probe_socket, &cfg.node_name, cfg.probe)
-        .context("failed to start the liveness probes")?;
+    let probes =
+        liveness::service::start_on(probe_socket, &cfg.node_name, cfg.probe, liveness_keys)
+            .context("failed to start the liveness probes")?;
+    if !probes.handle.authenticated() {
+        warn!(
+            "liveness is UNAUTHENTICATED: hellos are not signed, so anything that can send UDP \
+             from a node's underlay address (a host-network pod, a machine on the underlay's \
+             network) can keep a dead gateway alive or fight for its egress IPs; give every \
+             agent the same key with --liveness-key-file (a Secret: see docs/operations.md)"
+        );
+    }
     info!(
         node = %cfg.node_name,
         tunnel = %cfg.tunnel_device,

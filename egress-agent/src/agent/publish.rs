@@ -158,6 +158,9 @@ pub fn egress_node_doc(
             .collect(),
         cut_off,
         preflight,
+        hello_version: Some(u32::from(crate::liveness::hello::VERSION)),
+        agent_version: Some(crate::VERSION.to_owned()),
+        liveness_authenticated: None,
     });
     doc
 }
@@ -247,6 +250,7 @@ impl Reconciler<'_> {
             s.liveness.peers.clone_from(&statuses);
             s.liveness.cut_off = cut_off;
             s.liveness.refused = self.probes.refused();
+            s.liveness.authenticated = self.probes.authenticated();
             s.liveness.held = holdings
                 .iter()
                 .map(|(ip, h)| metrics::HeldStat {
@@ -283,7 +287,7 @@ impl Reconciler<'_> {
             .map(|c| refreshed(c, holdings))
             .chain(refused)
             .collect();
-        let doc = egress_node_doc(
+        let mut doc = egress_node_doc(
             &self.cfg.node_name,
             underlay,
             interfaces,
@@ -292,6 +296,9 @@ impl Reconciler<'_> {
             cut_off,
             preflight,
         );
+        if let Some(s) = doc.status.as_mut() {
+            s.liveness_authenticated = Some(self.probes.authenticated());
+        }
         if self.last_node_doc.as_ref() != Some(&doc) {
             self.sink.egress_node(&doc)?;
             self.last_node_doc = Some(doc);

@@ -44,6 +44,17 @@ pub fn membership(view: &ClusterView, me: &str) -> Membership {
             .filter(|n| *n != me && agents.contains(n))
             .map(str::to_owned)
             .collect(),
+        speakers: view
+            .egress_nodes
+            .iter()
+            .filter(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.hello_version)
+                    .is_some_and(|v| v >= 2)
+            })
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
     }
 }
 

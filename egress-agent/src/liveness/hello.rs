@@ -1,5 +1,31 @@
 //! The hello datagram agents send each other over the underlay (UDP, next to the tunnel's
-//! port). Big-endian, versioned by its magic, at most [`MAX_LEN`] bytes:
+//! port). Big-endian, at most [`MAX_LEN`] bytes, in two versions.
+//!
+//! **Version 2** (`EGH2`, what this agent sends to every peer that speaks it): fields as
+//! type-length-value records, so that a later version adds fields an older one skips,
+//! then an authentication trailer:
+//!
+//! ```text
+//! 0   "EGH2"
+//! 4   records, each: type u8, length u16, value:
+//!       1 header   flags u8, grace_s u16, incarnation u32, seq u64, sent_us u64,
+//!                  echo_us u64, echo_held_us u32, sent_unix_ms u64 (43 bytes; a longer
+//!                  header's extra bytes are a later version's and skipped)
+//!       2 name     UTF-8 (the sender's node name)
+//!       3 seen     u8 count, each u8 length + name: gateways the sender hears directly
+//!       4 down     u8 count, each u8 length + name: the sender's interfaces that are down
+//!       5 claims   u8 count, each: family u8 (4 | 6), address (4 | 16), epoch u64,
+//!                  u8 length + interface name: egress IPs the sender holds
+//!       6 to       UTF-8: the node the hello is for (a signed hello recorded on its way
+//!                  to one node is refused by every other)
+//!     (any other type: skipped; header and name must be there, each record once)
+//! -36 key id [4]        first 4 bytes of the SHA-256 of the key (zero: unsigned)
+//! -32 MAC [32]          HMAC-SHA256 under that key of every byte before the MAC
+//! ```
+//!
+//! **Version 1** (`EGH1`, the first agents with hellos; sent only to peers that speak
+//! nothing newer, and never accepted under a key, since it has no MAC): the same fields
+//! in a fixed order, without `sent_unix_ms` and without the trailer:
 //!
 //! ```text
 //! 0   "EGH1"            magic and version
@@ -12,28 +38,44 @@
 //! 20  sent_us u64       sender's monotonic clock
 //! 28  echo_us u64       the receiver's own sent_us last seen by the sender (0: none)
 //! 36  echo_held_us u32  how long the sender held that echo before this hello
-//! 40  name              u8 length + UTF-8 (the sender's node name)
-//!     seen              u8 count, each u8 length + name: gateways the sender hears directly
-//!     down              u8 count, each u8 length + name: the sender's interfaces that are down
-//!     claims            u8 count, each: family u8 (4 | 6), address (4 | 16), epoch u64,
-//!                       u8 length + interface name: egress IPs the sender holds
+//! 40  name, seen, down, claims as the records above (name: u8 length + UTF-8)
 //! ```
 //!
-//! Decoding is strict (magic, lengths, UTF-8, families, no trailing bytes): a datagram
-//! that is not exactly a hello is refused whole.
+//! Decoding is strict within what it knows (lengths, UTF-8, families, each field's bytes
+//! exactly used): a datagram that is not a hello is refused whole.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
 };
 
 use bytes::{Buf, BufMut, BytesMut};
 
-pub const MAGIC: [u8; 4] = *b"EGH1";
+use super::keys::{ID_LEN, Keyring, MAC_LEN};
+
+pub const MAGIC_V1: [u8; 4] = *b"EGH1";
+pub const MAGIC_V2: [u8; 4] = *b"EGH2";
+/// The newest version this agent speaks (and advertises in its EgressNode).
+pub const VERSION: u8 = 2;
 /// Largest hello: fits an IPv6 underlay's 1280-byte minimum MTU with headers to spare.
 pub const MAX_LEN: usize = 1200;
-/// Fixed part, up to the name.
-const HEADER_LEN: usize = 40;
+/// Version 1's fixed part, up to the name.
+const HEADER_LEN_V1: usize = 40;
+/// Version 2's header record.
+const HEADER_LEN_V2: usize = 43;
+/// Version 2's trailer: key id and MAC.
+const TRAILER_LEN: usize = ID_LEN + MAC_LEN;
+
+/// Version 2's record types.
+mod record {
+    pub const HEADER: u8 = 1;
+    pub const NAME: u8 = 2;
+    pub const SEEN: u8 = 3;
+    pub const DOWN: u8 = 4;
+    pub const CLAIMS: u8 = 5;
+    pub const TO: u8 = 6;
+}
 
 pub mod flags {
     /// The sender hears too few peers and holds nothing.
@@ -61,11 +103,30 @@ pub struct Hello {
     pub sent_us: u64,
     pub echo_us: u64,
     pub echo_held_us: u32,
+    /// The sender's wall clock (ms since the Unix epoch; 0 in version 1): under a key, a
+    /// hello older or newer than [`MAX_SKEW`] is a replay and refused.
+    pub sent_unix_ms: u64,
     pub name: String,
+    /// The node it is for (empty in version 1).
+    pub to: String,
     pub seen: BTreeSet<String>,
     pub down: BTreeSet<String>,
     pub claims: BTreeMap<IpAddr, Claim>,
 }
+
+/// A hello as it arrived: its version and the key that signed it (verified; `None`
+/// when this agent has no keys, or for an unsigned hello then).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub hello: Hello,
+    pub version: u8,
+    pub key: Option<[u8; ID_LEN]>,
+}
+
+/// How far a signed hello's wall clock may be from the receiver's: bounds how long a
+/// recorded hello can be replayed to an agent that restarted (and so forgot the sender's
+/// last sequence number). Node clocks are kept within milliseconds by NTP.
+pub const MAX_SKEW: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
@@ -73,12 +134,40 @@ pub enum Error {
     Decode(&'static str),
     #[error("failed to encode a hello: {0}")]
     Encode(String),
+    /// Under a key: not signed by an accepted key.
+    #[error("unauthenticated hello: {0}")]
+    Unauthenticated(&'static str),
+}
+
+impl Error {
+    /// The reason label of the refusal counter.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Decode(_) | Error::Encode(_) => "malformed",
+            Error::Unauthenticated(_) => "unauthenticated",
+        }
+    }
 }
 
 impl Hello {
-    pub fn encode(&self) -> Result<BytesMut, Error> {
+    /// The hello in `version` (1 or 2; version 2 signed with `keys`' signing key, if any).
+    pub fn encode(&self, version: u8, keys: &Keyring) -> Result<BytesMut, Error> {
+        let b = match version {
+            1 => self.encode_v1()?,
+            _ => self.encode_v2(keys)?,
+        };
+        if b.len() > MAX_LEN {
+            return Err(Error::Encode(format!(
+                "{} bytes, over the {MAX_LEN}-byte limit",
+                b.len()
+            )));
+        }
+        Ok(b)
+    }
+
+    fn encode_v1(&self) -> Result<BytesMut, Error> {
         let mut b = BytesMut::with_capacity(256);
-        b.put_slice(&MAGIC);
+        b.put_slice(&MAGIC_V1);
         b.put_u8(self.flags);
         b.put_u16(self.grace_s);
         b.put_u8(0);
@@ -90,39 +179,101 @@ impl Hello {
         put_str(&mut b, &self.name, "name")?;
         put_list(&mut b, &self.seen, "seen")?;
         put_list(&mut b, &self.down, "down")?;
-        put_count(&mut b, self.claims.len(), "claims")?;
-        for (ip, c) in &self.claims {
-            match ip {
-                IpAddr::V4(a) => {
-                    b.put_u8(4);
-                    b.put_slice(&a.octets());
-                }
-                IpAddr::V6(a) => {
-                    b.put_u8(6);
-                    b.put_slice(&a.octets());
-                }
-            }
-            b.put_u64(c.epoch);
-            put_str(&mut b, &c.interface, "claims.interface")?;
+        put_claims(&mut b, &self.claims)?;
+        Ok(b)
+    }
+
+    fn encode_v2(&self, keys: &Keyring) -> Result<BytesMut, Error> {
+        let mut b = BytesMut::with_capacity(256);
+        b.put_slice(&MAGIC_V2);
+        put_record(&mut b, record::HEADER, |b| {
+            b.put_u8(self.flags);
+            b.put_u16(self.grace_s);
+            b.put_u32(self.incarnation);
+            b.put_u64(self.seq);
+            b.put_u64(self.sent_us);
+            b.put_u64(self.echo_us);
+            b.put_u32(self.echo_held_us);
+            b.put_u64(self.sent_unix_ms);
+            Ok(())
+        })?;
+        put_record(&mut b, record::NAME, |b| {
+            b.put_slice(self.name.as_bytes());
+            Ok(())
+        })?;
+        put_record(&mut b, record::SEEN, |b| put_list(b, &self.seen, "seen"))?;
+        put_record(&mut b, record::DOWN, |b| put_list(b, &self.down, "down"))?;
+        put_record(&mut b, record::CLAIMS, |b| put_claims(b, &self.claims))?;
+        if !self.to.is_empty() {
+            put_record(&mut b, record::TO, |b| {
+                b.put_slice(self.to.as_bytes());
+                Ok(())
+            })?;
         }
-        if b.len() > MAX_LEN {
-            return Err(Error::Encode(format!(
-                "{} bytes, over the {MAX_LEN}-byte limit",
-                b.len()
-            )));
+        match keys.signing() {
+            Some(k) => {
+                b.put_slice(&k.id);
+                let mac = k.mac(&b);
+                b.put_slice(&mac);
+            }
+            None => b.put_bytes(0, TRAILER_LEN),
         }
         Ok(b)
     }
 
-    pub fn decode(mut b: &[u8]) -> Result<Self, Error> {
+    /// A hello of either version. With `keys` (not empty) only one signed by an
+    /// accepted key is taken; without, the trailer is not checked.
+    pub fn decode(b: &[u8], keys: &Keyring) -> Result<Received, Error> {
         if b.len() > MAX_LEN {
             return Err(Error::Decode("too long"));
         }
-        if b.len() < HEADER_LEN {
-            return Err(Error::Decode("shorter than the header"));
+        match b.get(..4) {
+            Some(m) if *m == MAGIC_V1 => {
+                let hello = Self::decode_v1(b)?;
+                if !keys.is_empty() {
+                    return Err(Error::Unauthenticated("version 1 carries no MAC"));
+                }
+                Ok(Received {
+                    hello,
+                    version: 1,
+                    key: None,
+                })
+            }
+            Some(m) if *m == MAGIC_V2 => {
+                if b.len() < 4 + TRAILER_LEN {
+                    return Err(Error::Decode("shorter than the trailer"));
+                }
+                let (signed, mac) = b.split_at(b.len() - MAC_LEN);
+                let id = &signed[signed.len() - ID_LEN..];
+                let key = if keys.is_empty() {
+                    None
+                } else {
+                    if id.iter().all(|x| *x == 0) {
+                        return Err(Error::Unauthenticated("not signed"));
+                    }
+                    let Some(k) = keys.get(id) else {
+                        return Err(Error::Unauthenticated("signed by a key not accepted"));
+                    };
+                    if !k.verify(signed, mac) {
+                        return Err(Error::Unauthenticated("bad MAC"));
+                    }
+                    Some(k.id)
+                };
+                let hello = Self::decode_v2(&signed[4..signed.len() - ID_LEN])?;
+                Ok(Received {
+                    hello,
+                    version: 2,
+                    key,
+                })
+            }
+            Some(_) => Err(Error::Decode("bad magic or version")),
+            None => Err(Error::Decode("shorter than the magic")),
         }
-        if b[..4] != MAGIC {
-            return Err(Error::Decode("bad magic or version"));
+    }
+
+    fn decode_v1(mut b: &[u8]) -> Result<Self, Error> {
+        if b.len() < HEADER_LEN_V1 {
+            return Err(Error::Decode("shorter than the header"));
         }
         b.advance(4);
         let flags = b.get_u8();
@@ -146,28 +297,141 @@ impl Hello {
         }
         h.seen = get_list(&mut b)?;
         h.down = get_list(&mut b)?;
-        let n = get_u8(&mut b)?;
-        for _ in 0..n {
-            let ip = match get_u8(&mut b)? {
-                4 => {
-                    let o: [u8; 4] = take(&mut b)?;
-                    IpAddr::V4(Ipv4Addr::from(o))
-                }
-                6 => {
-                    let o: [u8; 16] = take(&mut b)?;
-                    IpAddr::V6(Ipv6Addr::from(o))
-                }
-                _ => return Err(Error::Decode("bad address family in a claim")),
-            };
-            let epoch = u64::from_be_bytes(take(&mut b)?);
-            let interface = get_str(&mut b)?;
-            h.claims.insert(ip, Claim { interface, epoch });
-        }
+        h.claims = get_claims(&mut b)?;
         if b.has_remaining() {
             return Err(Error::Decode("trailing bytes"));
         }
         Ok(h)
     }
+
+    /// Version 2's records (between the magic and the trailer).
+    fn decode_v2(mut b: &[u8]) -> Result<Self, Error> {
+        let mut h = Hello::default();
+        let mut seen_types: u64 = 0;
+        while b.has_remaining() {
+            let t = get_u8(&mut b)?;
+            let len = usize::from(u16::from_be_bytes(take(&mut b)?));
+            if b.len() < len {
+                return Err(Error::Decode("truncated record"));
+            }
+            let (mut v, rest) = b.split_at(len);
+            b = rest;
+            if (1..=record::TO).contains(&t) {
+                if seen_types & (1 << t) != 0 {
+                    return Err(Error::Decode("a record twice"));
+                }
+                seen_types |= 1 << t;
+            }
+            match t {
+                record::HEADER => {
+                    if v.len() < HEADER_LEN_V2 {
+                        return Err(Error::Decode("short header record"));
+                    }
+                    h.flags = v.get_u8();
+                    h.grace_s = v.get_u16();
+                    h.incarnation = v.get_u32();
+                    h.seq = v.get_u64();
+                    h.sent_us = v.get_u64();
+                    h.echo_us = v.get_u64();
+                    h.echo_held_us = v.get_u32();
+                    h.sent_unix_ms = v.get_u64();
+                    // Anything after is a later version's.
+                    continue;
+                }
+                record::NAME => {
+                    h.name = std::str::from_utf8(v)
+                        .map_err(|_| Error::Decode("a string is not UTF-8"))?
+                        .to_owned();
+                    if h.name.is_empty() {
+                        return Err(Error::Decode("empty name"));
+                    }
+                    continue;
+                }
+                record::TO => {
+                    h.to = std::str::from_utf8(v)
+                        .map_err(|_| Error::Decode("a string is not UTF-8"))?
+                        .to_owned();
+                    continue;
+                }
+                record::SEEN => h.seen = get_list(&mut v)?,
+                record::DOWN => h.down = get_list(&mut v)?,
+                record::CLAIMS => h.claims = get_claims(&mut v)?,
+                // A later version's record.
+                _ => continue,
+            }
+            if v.has_remaining() {
+                return Err(Error::Decode("trailing bytes in a record"));
+            }
+        }
+        for (t, what) in [(record::HEADER, "no header"), (record::NAME, "no name")] {
+            if seen_types & (1 << t) == 0 {
+                return Err(Error::Decode(what));
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// Whether a signed hello sent at `sent_unix_ms` is fresh at the receiver's `now_unix_ms`.
+pub fn fresh(sent_unix_ms: u64, now_unix_ms: u64) -> bool {
+    let skew = MAX_SKEW.as_millis() as u64;
+    sent_unix_ms.abs_diff(now_unix_ms) <= skew
+}
+
+fn put_record(
+    b: &mut BytesMut,
+    t: u8,
+    value: impl FnOnce(&mut BytesMut) -> Result<(), Error>,
+) -> Result<(), Error> {
+    b.put_u8(t);
+    let at = b.len();
+    b.put_u16(0);
+    value(b)?;
+    let len = b.len() - at - 2;
+    let len = u16::try_from(len).map_err(|_| Error::Encode(format!("a record of {len} bytes")))?;
+    b[at..at + 2].copy_from_slice(&len.to_be_bytes());
+    Ok(())
+}
+
+fn put_claims(b: &mut BytesMut, claims: &BTreeMap<IpAddr, Claim>) -> Result<(), Error> {
+    put_count(b, claims.len(), "claims")?;
+    for (ip, c) in claims {
+        match ip {
+            IpAddr::V4(a) => {
+                b.put_u8(4);
+                b.put_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                b.put_u8(6);
+                b.put_slice(&a.octets());
+            }
+        }
+        b.put_u64(c.epoch);
+        put_str(b, &c.interface, "claims.interface")?;
+    }
+    Ok(())
+}
+
+fn get_claims(b: &mut &[u8]) -> Result<BTreeMap<IpAddr, Claim>, Error> {
+    let n = get_u8(b)?;
+    let mut out = BTreeMap::new();
+    for _ in 0..n {
+        let ip = match get_u8(b)? {
+            4 => {
+                let o: [u8; 4] = take(b)?;
+                IpAddr::V4(Ipv4Addr::from(o))
+            }
+            6 => {
+                let o: [u8; 16] = take(b)?;
+                IpAddr::V6(Ipv6Addr::from(o))
+            }
+            _ => return Err(Error::Decode("bad address family in a claim")),
+        };
+        let epoch = u64::from_be_bytes(take(b)?);
+        let interface = get_str(b)?;
+        out.insert(ip, Claim { interface, epoch });
+    }
+    Ok(out)
 }
 
 fn put_count(b: &mut BytesMut, n: usize, field: &str) -> Result<(), Error> {
@@ -234,7 +498,9 @@ mod tests {
             sent_us: 1_000_000,
             echo_us: 999_000,
             echo_held_us: 250,
+            sent_unix_ms: 0,
             name: "gw1".into(),
+            to: "w1".into(),
             seen: ["gw1".into(), "gw2".into()].into(),
             down: ["sec-b".into()].into(),
             claims: [
@@ -257,31 +523,189 @@ mod tests {
         }
     }
 
+    const A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    const B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+    fn ring(text: &str) -> Keyring {
+        Keyring::parse(text, std::path::Path::new("key")).expect("keys")
+    }
+
+    fn none() -> Keyring {
+        Keyring::default()
+    }
+
+    fn v2(h: &Hello, keys: &Keyring) -> Vec<u8> {
+        h.encode(2, keys).expect("encode").to_vec()
+    }
+
     #[test]
-    fn a_hello_round_trips() {
+    fn a_hello_round_trips_in_both_versions() {
+        let mut h = sample();
+        h.sent_unix_ms = 1_790_000_000_000;
+        let got = Hello::decode(&v2(&h, &none()), &none()).expect("v2");
+        assert_eq!((got.version, got.key, &got.hello), (2, None, &h));
+        let signed = Hello::decode(&v2(&h, &ring(A)), &ring(A)).expect("signed");
+        assert_eq!(signed.hello, h);
+        assert!(signed.key.is_some());
+        // Version 1 has no wall clock.
+        let b = h.encode(1, &none()).expect("v1");
+        assert_eq!(&b[..4], b"EGH1");
+        let got = Hello::decode(&b, &none()).expect("v1");
+        h.sent_unix_ms = 0;
+        h.to = String::new();
+        assert_eq!((got.version, got.hello), (1, h));
+    }
+
+    #[test]
+    fn version_1_is_byte_for_byte_what_the_first_agents_decode() {
+        // The layout of EGH1 as the agents before version 2 wrote it.
+        let h = Hello {
+            name: "n".into(),
+            seq: 1,
+            ..Hello::default()
+        };
+        let b = h.encode(1, &ring(A)).expect("v1");
+        let mut want = b"EGH1".to_vec();
+        want.extend([0, 0, 0, 0]); // flags, grace_s, reserved
+        want.extend([0; 4]); // incarnation
+        want.extend(1u64.to_be_bytes());
+        want.extend([0; 8 + 8 + 4]); // sent_us, echo_us, echo_held_us
+        want.extend([1, b'n', 0, 0, 0]); // name, seen, down, claims
+        assert_eq!(b.to_vec(), want);
+    }
+
+    #[test]
+    fn records_of_a_later_version_are_skipped() {
         let h = sample();
-        let bytes = h.encode().expect("encode");
-        assert_eq!(Hello::decode(&bytes), Ok(h));
+        let b = v2(&h, &none());
+        // A new record type before the trailer, and a longer header record.
+        let body_end = b.len() - TRAILER_LEN;
+        let mut later = b[..body_end].to_vec();
+        later.extend([200, 0, 3, 1, 2, 3]);
+        later.extend(&b[body_end..]);
+        assert_eq!(Hello::decode(&later, &none()).expect("later").hello, h);
+        let mut longer = b[..4].to_vec();
+        longer.extend([record::HEADER, 0, (HEADER_LEN_V2 + 2) as u8]);
+        longer.extend(&b[7..7 + HEADER_LEN_V2]);
+        longer.extend([9, 9]);
+        longer.extend(&b[7 + HEADER_LEN_V2..]);
+        assert_eq!(Hello::decode(&longer, &none()).expect("longer").hello, h);
+        // Signed after the change, under a key: still taken.
+        let k = ring(A);
+        let mut signed = later[..later.len() - TRAILER_LEN].to_vec();
+        let key = k.signing().expect("key");
+        signed.extend(key.id);
+        let mac = key.mac(&signed);
+        signed.extend(mac);
+        assert_eq!(Hello::decode(&signed, &k).expect("signed").hello, h);
+    }
+
+    #[test]
+    fn under_a_key_only_hellos_signed_by_an_accepted_key_are_taken() {
+        let h = sample();
+        let a = ring(A);
+        let unsigned = v2(&h, &none());
+        assert_eq!(
+            Hello::decode(&unsigned, &a),
+            Err(Error::Unauthenticated("not signed"))
+        );
+        assert_eq!(
+            Hello::decode(&h.encode(1, &none()).expect("v1"), &a),
+            Err(Error::Unauthenticated("version 1 carries no MAC"))
+        );
+        assert_eq!(
+            Hello::decode(&v2(&h, &ring(B)), &a),
+            Err(Error::Unauthenticated("signed by a key not accepted"))
+        );
+        // Any byte changed after signing: refused.
+        let good = v2(&h, &a);
+        for at in 4..good.len() - TRAILER_LEN {
+            let mut b = good.clone();
+            b[at] ^= 1;
+            assert!(Hello::decode(&b, &a).is_err(), "byte {at} changed");
+        }
+        let mut b = good.clone();
+        let last = b.len() - 1;
+        b[last] ^= 1;
+        assert_eq!(
+            Hello::decode(&b, &a),
+            Err(Error::Unauthenticated("bad MAC"))
+        );
+    }
+
+    #[test]
+    fn during_a_rotation_both_keys_are_taken() {
+        let h = sample();
+        let old_signs = ring(&format!("{A}\n{B}"));
+        let new_signs = ring(&format!("{B}\n{A}"));
+        for (signer, receiver) in [
+            (&old_signs, &new_signs),
+            (&new_signs, &old_signs),
+            (&ring(B), &old_signs),
+            (&old_signs, &ring(A)),
+        ] {
+            assert_eq!(
+                Hello::decode(&v2(&h, signer), receiver)
+                    .expect("rotation")
+                    .hello,
+                h
+            );
+        }
+        // After step 3, the old key alone is refused.
+        assert!(Hello::decode(&v2(&h, &ring(A)), &ring(B)).is_err());
     }
 
     #[test]
     fn anything_but_an_exact_hello_is_refused() {
-        let good = sample().encode().expect("encode").to_vec();
-        for cut in 0..good.len() {
-            assert!(Hello::decode(&good[..cut]).is_err(), "cut at {cut}");
+        for version in [1, 2] {
+            let good = sample().encode(version, &none()).expect("encode").to_vec();
+            let end = if version == 1 {
+                good.len()
+            } else {
+                good.len() - TRAILER_LEN
+            };
+            for cut in 0..end {
+                let mut b = good[..cut].to_vec();
+                if version == 2 {
+                    b.extend(&good[end..]);
+                }
+                // Version 2's records after the name are optional: a cut at a record's
+                // end decodes, but never to the hello that was sent.
+                assert_ne!(
+                    Hello::decode(&b, &none()).map(|r| r.hello),
+                    Ok(sample()),
+                    "version {version} cut at {cut}"
+                );
+                if version == 1 {
+                    assert!(Hello::decode(&b, &none()).is_err(), "cut at {cut}");
+                }
+            }
         }
+        let good = sample().encode(1, &none()).expect("encode").to_vec();
         let mut trailing = good.clone();
         trailing.push(0);
         assert_eq!(
-            Hello::decode(&trailing),
+            Hello::decode(&trailing, &none()),
             Err(Error::Decode("trailing bytes"))
         );
         let mut magic = good.clone();
-        magic[3] = b'2';
+        magic[3] = b'9';
         assert_eq!(
-            Hello::decode(&magic),
+            Hello::decode(&magic, &none()),
             Err(Error::Decode("bad magic or version"))
         );
+    }
+
+    #[test]
+    fn a_wall_clock_off_by_more_than_the_skew_is_stale() {
+        let now = 1_790_000_000_000;
+        let skew = MAX_SKEW.as_millis() as u64;
+        assert!(fresh(now, now));
+        assert!(fresh(now - skew, now));
+        assert!(fresh(now + skew, now));
+        assert!(!fresh(now - skew - 1, now));
+        assert!(!fresh(now + skew + 1, now));
+        assert!(!fresh(0, now));
     }
 
     #[test]
@@ -290,22 +714,29 @@ mod tests {
         h.seen = (0..200)
             .map(|i| format!("node-with-a-long-name-{i}"))
             .collect();
-        assert!(matches!(h.encode(), Err(Error::Encode(_))));
+        assert!(matches!(h.encode(1, &none()), Err(Error::Encode(_))));
+        assert!(matches!(h.encode(2, &none()), Err(Error::Encode(_))));
     }
 
     proptest! {
         #[test]
-        fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1300)) {
-            let _ = Hello::decode(&bytes);
+        fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1300), v2 in any::<bool>()) {
+            let mut bytes = bytes;
+            if v2 && bytes.len() >= 4 {
+                bytes[..4].copy_from_slice(b"EGH2");
+            }
+            let _ = Hello::decode(&bytes, &none());
+            let _ = Hello::decode(&bytes, &ring(A));
         }
 
         #[test]
-        fn mutated_hellos_decode_to_something_or_fail_cleanly(i in 0usize..200, v in any::<u8>()) {
-            let mut b = sample().encode().expect("encode").to_vec();
+        fn mutated_hellos_decode_to_something_or_fail_cleanly(i in 0usize..200, v in any::<u8>(), version in 1u8..=2) {
+            let mut b = sample().encode(version, &none()).expect("encode").to_vec();
             let at = i % b.len();
             b[at] = v;
-            if let Ok(h) = Hello::decode(&b) {
-                prop_assert_eq!(Hello::decode(&h.encode().expect("re-encode")), Ok(h));
+            if let Ok(r) = Hello::decode(&b, &none()) {
+                let again = r.hello.encode(r.version, &none()).expect("re-encode");
+                prop_assert_eq!(Hello::decode(&again, &none()).map(|r| r.hello), Ok(r.hello));
             }
         }
     }

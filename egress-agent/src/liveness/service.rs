@@ -6,11 +6,12 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr, SocketAddr},
+    path::PathBuf,
     sync::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
     },
-    time::Instant,
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use tokio::{
@@ -20,7 +21,8 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{
-    hello::{Claim, Hello},
+    hello::{self, Claim, Hello},
+    keys::{self, Keyring},
     tracker::{Membership, PeerStatus, PeerView, Settings, Tracker, Transition},
 };
 
@@ -29,7 +31,8 @@ use super::{
 pub struct Handle {
     tracker: Arc<Mutex<Tracker>>,
     kick: Arc<Notify>,
-    refused: Arc<Mutex<u64>>,
+    refused: Refusals,
+    keys: Arc<Mutex<Keyring>>,
     socket: Arc<UdpSocket>,
     v6_socket: bool,
     port: u16,
@@ -44,6 +47,28 @@ pub struct Started {
     pub views: watch::Receiver<PeerView>,
     pub transitions: mpsc::UnboundedReceiver<Transition>,
     pub port: u16,
+}
+
+/// Hellos refused so far, by reason (`hello::Error::reason`, `Refused::reason`, `stale`).
+type Refusals = Arc<Mutex<BTreeMap<&'static str, u64>>>;
+
+/// Where the keys come from: none (unauthenticated), or a key file read at start and
+/// again every [`keys::RELOAD`].
+#[derive(Clone, Debug, Default)]
+pub struct Keys {
+    pub path: Option<PathBuf>,
+    pub ring: Keyring,
+}
+
+impl Keys {
+    /// The keys of `path` (none without one); an unreadable or bad file is an error.
+    pub fn load(path: Option<PathBuf>) -> Result<Self, keys::Error> {
+        let ring = match &path {
+            Some(p) => Keyring::load(p)?,
+            None => Keyring::default(),
+        };
+        Ok(Self { path, ring })
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -88,12 +113,16 @@ impl Handle {
     /// do not fail its egress IPs over while it is away (see `tracker::RESTART_GRACE`).
     pub async fn farewell(&self) {
         let now = Instant::now();
+        let keys = lock(&self.keys).clone();
         let hellos: Vec<(SocketAddr, Vec<u8>)> = {
             let mut t = lock(&self.tracker);
             t.targets()
                 .into_iter()
                 .filter_map(|(name, ip)| {
-                    let bytes = t.farewell_for(&name, now).encode().ok()?;
+                    let version = t.version_for(&name);
+                    let mut h = t.farewell_for(&name, now);
+                    h.sent_unix_ms = unix_ms();
+                    let bytes = h.encode(version, &keys).ok()?;
                     Some((
                         SocketAddr::new(mapped(ip, self.v6_socket), self.port),
                         bytes.to_vec(),
@@ -108,15 +137,25 @@ impl Handle {
         }
     }
 
-    /// Hellos refused so far (unknown sender, wrong address, stale, malformed).
-    pub fn refused(&self) -> u64 {
-        *lock(&self.refused)
+    /// Hellos refused so far, by reason: `malformed`, `unauthenticated`, `stale` (a
+    /// signed hello whose clock is off by more than `hello::MAX_SKEW`), `replayed`,
+    /// `unknown_node`, `wrong_address`, `from_myself`.
+    pub fn refused(&self) -> BTreeMap<String, u64> {
+        lock(&self.refused)
+            .iter()
+            .map(|(r, n)| ((*r).to_owned(), *n))
+            .collect()
+    }
+
+    /// Whether hellos are signed and only signed ones taken.
+    pub fn authenticated(&self) -> bool {
+        !lock(&self.keys).is_empty()
     }
 }
 
 /// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only) and start the tasks.
 pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<Started> {
-    start_on(bind(port).await?, me, settings)
+    start_on(bind(port).await?, me, settings, Keys::default())
 }
 
 /// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only), so that a port in use
@@ -133,7 +172,12 @@ pub async fn bind(port: u16) -> std::io::Result<UdpSocket> {
 
 /// Start the probes on a socket from [`bind`]: their warm-up and detection clocks run
 /// from here.
-pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Result<Started> {
+pub fn start_on(
+    socket: UdpSocket,
+    me: &str,
+    settings: Settings,
+    keys: Keys,
+) -> std::io::Result<Started> {
     // Peers listen on the same port as this node.
     let port = socket.local_addr()?.port();
     let v6_socket = socket.local_addr()?.is_ipv6();
@@ -146,7 +190,11 @@ pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Res
         Instant::now(),
     )));
     let kick = Arc::new(Notify::new());
-    let refused = Arc::new(Mutex::new(0));
+    let refused: Refusals = Arc::default();
+    let ring = Arc::new(Mutex::new(keys.ring.clone()));
+    if let Some(path) = keys.path {
+        spawn_reloader(path, ring.clone());
+    }
     let reporting = Arc::new(AtomicBool::new(false));
     let (view_tx, views) = watch::channel(PeerView::default());
     let view_tx = Arc::new(view_tx);
@@ -159,7 +207,7 @@ pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Res
             tx: tx.clone(),
         },
         socket.clone(),
-        refused.clone(),
+        (refused.clone(), ring.clone()),
         settings,
     );
     spawn_sender(
@@ -169,6 +217,7 @@ pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Res
             tx,
         },
         socket.clone(),
+        ring.clone(),
         (kick.clone(), reporting.clone()),
         (port, v6_socket),
         settings,
@@ -178,6 +227,7 @@ pub fn start_on(socket: UdpSocket, me: &str, settings: Settings) -> std::io::Res
             tracker,
             kick,
             refused,
+            keys: ring,
             socket,
             v6_socket,
             port,
@@ -197,12 +247,44 @@ struct Peers {
     tx: mpsc::UnboundedSender<Transition>,
 }
 
+/// Read the key file again every [`keys::RELOAD`]; a file that turns bad keeps the last
+/// good keys, with a warning (once per distinct problem).
+fn spawn_reloader(path: PathBuf, ring: Arc<Mutex<Keyring>>) {
+    tokio::spawn(async move {
+        let mut last_error = None;
+        loop {
+            tokio::time::sleep(keys::RELOAD).await;
+            match Keyring::load(&path) {
+                Ok(new) => {
+                    let mut cur = lock(&ring);
+                    if *cur != new {
+                        tracing::info!(
+                            keys = ?new.ids(),
+                            "liveness keys changed: signing with key {}",
+                            new.ids().first().map_or("", String::as_str)
+                        );
+                        *cur = new;
+                    }
+                    last_error = None;
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    if last_error.as_ref() != Some(&msg) {
+                        warn!("{msg}; keeping the keys read before");
+                        last_error = Some(msg);
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Receive hellos: each decoded one goes to the tracker (a new view is published when it
-/// changes something); refused ones are counted.
+/// changes something); refused ones are counted by reason.
 fn spawn_receiver(
     peers: Peers,
     socket: Arc<UdpSocket>,
-    refused: Arc<Mutex<u64>>,
+    (refused, ring): (Refusals, Arc<Mutex<Keyring>>),
     settings: Settings,
 ) {
     tokio::spawn(async move {
@@ -216,19 +298,33 @@ fn spawn_receiver(
                     continue;
                 }
             };
-            let result = Hello::decode(&buf[..n])
-                .map_err(|e| e.to_string())
-                .and_then(|h| {
+            let keys = lock(&ring).clone();
+            let result = Hello::decode(&buf[..n], &keys)
+                .map_err(|e| (e.reason(), e.to_string()))
+                .and_then(|r| {
+                    if r.key.is_some() && !hello::fresh(r.hello.sent_unix_ms, unix_ms()) {
+                        return Err((
+                            "stale",
+                            format!(
+                                "stale hello from {}: its clock is {} ms from ours (at most {} ms)",
+                                r.hello.name,
+                                r.hello.sent_unix_ms.abs_diff(unix_ms()),
+                                hello::MAX_SKEW.as_millis()
+                            ),
+                        ));
+                    }
                     let now = Instant::now();
                     let mut t = lock(&peers.tracker);
-                    if t.on_hello(h, from.ip(), now).map_err(|e| e.to_string())? {
+                    if t.on_hello_version(r.hello, r.version, from.ip(), now)
+                        .map_err(|e| (e.reason(), e.to_string()))?
+                    {
                         publish(&mut t, now, &peers.view_tx, &peers.tx);
                     }
                     Ok(())
                 });
-            if let Err(e) = result {
-                *lock(&refused) += 1;
-                debug!("refused a hello from {from}: {e}");
+            if let Err((reason, e)) = result {
+                *lock(&refused).entry(reason).or_default() += 1;
+                debug!(reason, "refused a hello from {from}: {e}");
             }
         }
     });
@@ -240,6 +336,7 @@ fn spawn_receiver(
 fn spawn_sender(
     peers: Peers,
     socket: Arc<UdpSocket>,
+    ring: Arc<Mutex<Keyring>>,
     (kick, reporting): (Arc<Notify>, Arc<AtomicBool>),
     (port, v6_socket): (u16, bool),
     settings: Settings,
@@ -256,6 +353,7 @@ fn spawn_sender(
                 continue;
             }
             let now = Instant::now();
+            let keys = lock(&ring).clone();
             let hellos: Vec<(SocketAddr, Result<_, _>)> = {
                 let mut t = lock(&peers.tracker);
                 publish(&mut t, now, &peers.view_tx, &peers.tx);
@@ -263,7 +361,10 @@ fn spawn_sender(
                     .into_iter()
                     .map(|(name, ip)| {
                         let to = SocketAddr::new(mapped(ip, v6_socket), port);
-                        (to, t.hello_for(&name, now).encode())
+                        let version = t.version_for(&name);
+                        let mut h = t.hello_for(&name, now);
+                        h.sent_unix_ms = unix_ms();
+                        (to, h.encode(version, &keys))
                     })
                     .collect()
             };
@@ -310,6 +411,13 @@ fn mapped(ip: IpAddr, v6_socket: bool) -> IpAddr {
     }
 }
 
+/// The wall clock in ms since the Unix epoch (signed hellos' freshness).
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 fn rand_u32() -> u32 {
     let mut b = [0u8; 4];
     // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
@@ -321,5 +429,235 @@ fn rand_u32() -> u32 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.subsec_nanos() ^ d.as_secs() as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Agents' probe services on loopback addresses (one per node, all on one port),
+    //! hellos crossing the kernel's UDP, and a forger on a gateway's address.
+
+    use std::{
+        net::{Ipv4Addr, SocketAddrV4, UdpSocket as StdSocket},
+        time::Duration,
+    };
+
+    use tokio::runtime::Runtime;
+
+    use super::*;
+    use crate::liveness::keys::Key;
+
+    const K1: [u8; 32] = [1; 32];
+    const K2: [u8; 32] = [2; 32];
+
+    fn ring(keys: &[[u8; 32]]) -> Keyring {
+        Keyring::new(keys.iter().map(|k| Key::new(k.to_vec())).collect())
+    }
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(127, 0, 0, last)
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            interval: Duration::from_millis(100),
+            misses: 3,
+            restart_grace: Duration::ZERO,
+        }
+    }
+
+    /// gw1 at 127.0.0.1, w1 at .2, and w2 at .3 (the recorder: it hears gw1's hellos).
+    fn members() -> Membership {
+        let names = ["gw1", "w1", "w2"];
+        Membership {
+            nodes: names
+                .iter()
+                .zip(1..)
+                .map(|(n, i)| ((*n).to_owned(), IpAddr::V4(ip(i))))
+                .collect(),
+            aliases: BTreeMap::new(),
+            gateways: ["gw1".to_owned()].into(),
+            expected: ["gw1".to_owned(), "w1".to_owned()].into(),
+            speakers: names.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    /// A node's probe service on its own runtime (drop the runtime: the agent dies).
+    struct Node {
+        rt: Runtime,
+        started: Started,
+    }
+
+    fn node(name: &str, at: Ipv4Addr, port: u16, keys: Keys) -> Node {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let started = rt.block_on(async {
+            let socket = UdpSocket::bind(SocketAddrV4::new(at, port))
+                .await
+                .expect("bind");
+            let s = start_on(socket, name, settings(), keys).expect("start");
+            s.handle.update(members(), BTreeSet::new(), BTreeMap::new());
+            s
+        });
+        Node { rt, started }
+    }
+
+    fn keys(ring: Keyring) -> Keys {
+        Keys { path: None, ring }
+    }
+
+    fn gw1_dead(w1: &Node) -> bool {
+        w1.started.views.borrow().dead.contains("gw1")
+    }
+
+    /// Wait up to `limit` for `cond`.
+    fn within(limit: Duration, cond: impl Fn() -> bool) -> bool {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cond()
+    }
+
+    fn free_port() -> u16 {
+        StdSocket::bind((ip(2), 0))
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port()
+    }
+
+    /// After gw1 dies, a forger on gw1's address sends hellos in its name every 100 ms
+    /// for `for_`: unsigned, in version 1, signed with another key, and gw1's own signed
+    /// hellos recorded on their way to w2, replayed to w1 (each in turn).
+    fn forge(port: u16, recorded: &[Vec<u8>], for_: Duration) {
+        let s = StdSocket::bind((ip(1), 0)).expect("bind the forger");
+        let to = (ip(2), port);
+        let end = Instant::now() + for_;
+        let mut seq = 1_000_000;
+        let mut i = 0;
+        while Instant::now() < end {
+            seq += 1;
+            let h = Hello {
+                seq,
+                incarnation: 7,
+                sent_unix_ms: unix_ms(),
+                name: "gw1".into(),
+                to: "w1".into(),
+                ..Hello::default()
+            };
+            let forged = [
+                h.encode(2, &Keyring::default()).expect("unsigned"),
+                h.encode(1, &Keyring::default()).expect("v1"),
+                h.encode(2, &ring(&[[9; 32]])).expect("other key"),
+            ];
+            for b in &forged {
+                s.send_to(b, to).expect("send");
+            }
+            if !recorded.is_empty() {
+                s.send_to(&recorded[i % recorded.len()], to).expect("send");
+                i += 1;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Start gw1 and w1 (with `gw_keys`, `w_keys`), let them hear each other, record
+    /// gw1's hellos to w2, kill gw1, forge for 2 s; returns w1, whether w1 had gw1 alive
+    /// before, and whether it counts gw1 dead at the end.
+    fn kill_and_forge(gw_keys: Keyring, w_keys: Keyring) -> (Node, bool, bool) {
+        let port = free_port();
+        let recorder = StdSocket::bind((ip(3), port)).expect("bind the recorder");
+        recorder
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let w1 = node("w1", ip(2), port, keys(w_keys));
+        let gw1 = node("gw1", ip(1), port, keys(gw_keys));
+        std::thread::sleep(Duration::from_millis(1_200));
+        let alive_before = !gw1_dead(&w1);
+        let mut recorded = Vec::new();
+        let mut buf = [0u8; 1500];
+        while let Ok((n, _)) = recorder.recv_from(&mut buf) {
+            recorded.push(buf[..n].to_vec());
+            if recorded.len() >= 5 {
+                break;
+            }
+        }
+        assert!(!recorded.is_empty(), "gw1 sends hellos to w2");
+        drop(gw1);
+        forge(port, &recorded, Duration::from_secs(2));
+        let dead = gw1_dead(&w1);
+        (w1, alive_before, dead)
+    }
+
+    #[test]
+    fn under_a_key_forged_and_replayed_hellos_do_not_keep_a_dead_gateway_alive() {
+        let (w1, alive_before, dead) = kill_and_forge(ring(&[K1]), ring(&[K1]));
+        assert!(alive_before, "w1 heard gw1 while it ran");
+        assert!(dead, "w1 counts gw1 dead despite the forger");
+        let refused = w1.started.handle.refused();
+        assert!(
+            refused.get("unauthenticated").copied().unwrap_or(0) >= 30,
+            "{refused:?}"
+        );
+        assert!(
+            refused.get("replayed").copied().unwrap_or(0) >= 5,
+            "{refused:?}"
+        );
+        assert!(w1.started.handle.authenticated());
+        drop(w1.rt);
+    }
+
+    #[test]
+    fn without_a_key_a_forger_keeps_a_dead_gateway_alive() {
+        // What the key is for: the same forgery, unauthenticated, is believed.
+        let (w1, alive_before, dead) = kill_and_forge(Keyring::default(), Keyring::default());
+        assert!(alive_before);
+        assert!(!dead, "an unsigned forgery is taken without a key");
+        assert!(!w1.started.handle.authenticated());
+    }
+
+    #[test]
+    fn a_key_rotation_keeps_every_peer_alive_and_a_reloaded_file_takes_effect() {
+        let port = free_port();
+        // Step 2 of a rotation: gw1 signs with the new key, w1 still signs with the old.
+        let file = std::env::temp_dir().join(format!("egress-liveness-key-{port}"));
+        let hex = |k: &[u8; 32]| k.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        std::fs::write(&file, format!("{}\n", hex(&K1))).expect("write the key file");
+        let w1 = node(
+            "w1",
+            ip(2),
+            port,
+            Keys::load(Some(file.clone())).expect("keys"),
+        );
+        let gw1 = node("gw1", ip(1), port, keys(ring(&[K2, K1])));
+        // w1 does not accept K2 yet: gw1 is dead to it.
+        assert!(
+            within(Duration::from_secs(3), || gw1_dead(&w1)),
+            "K2 is not accepted"
+        );
+        // Step 1 reaches w1: both keys accepted, read again within RELOAD.
+        std::fs::write(&file, format!("{}\n{}\n", hex(&K1), hex(&K2))).expect("write");
+        assert!(
+            within(keys::RELOAD + Duration::from_secs(3), || !gw1_dead(&w1)),
+            "the reloaded key file accepts K2"
+        );
+        // And gw1 hears w1, which signs with K1 (still accepted by gw1).
+        assert!(
+            within(Duration::from_secs(2), || gw1
+                .started
+                .handle
+                .status()
+                .iter()
+                .any(|p| p.name == "w1" && p.direct)),
+            "gw1 hears w1"
+        );
+        let _ = std::fs::remove_file(&file);
     }
 }

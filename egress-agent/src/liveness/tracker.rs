@@ -16,6 +16,15 @@
 //!   smallest node name wins) counts itself dead: it holds nothing, so a holder whose
 //!   underlay is cut gives its egress IPs up within the detection time, as its peers take
 //!   them over.
+//! * **Speakers only**: during a rolling upgrade some agents are older than the hello
+//!   protocol, or speak a version this one cannot decode. A peer is judged by its hellos
+//!   only once it speaks them: its EgressNode says so (`helloVersion`), or this agent
+//!   has taken a hello of it since it started. Any other peer is never declared dead for
+//!   its silence and does not count for the quorum: the API judges it (its Node's Ready
+//!   condition), as on a node without probes. So an upgrade moves no egress IP.
+//! * **Replays**: within an incarnation a hello's sequence number must grow; an
+//!   incarnation the sender has left is not taken again; and under a key, a hello whose
+//!   wall clock is off by more than `hello::MAX_SKEW` is refused (`service.rs`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -120,6 +129,9 @@ pub struct Membership {
     pub gateways: BTreeSet<String>,
     /// Agents whose hellos count for the quorum (Ready nodes with an EgressNode).
     pub expected: BTreeSet<String>,
+    /// Agents whose EgressNode says they speak hello version 2 or later: judged by their
+    /// hellos from the start (see "Speakers only" above).
+    pub speakers: BTreeSet<String>,
 }
 
 /// A peer's liveness as `egress-agent status` and the EgressNode show it.
@@ -149,7 +161,28 @@ pub enum Refused {
     FromMyself(String),
     #[error("stale hello from {name} (sequence {seq}, last {last})")]
     Stale { name: String, seq: u64, last: u64 },
+    #[error("replayed hello from {name} (incarnation {incarnation:#x}, which it has left)")]
+    Replayed { name: String, incarnation: u32 },
+    #[error("hello from {name} was for node {to}, not this one")]
+    NotForMe { name: String, to: String },
 }
+
+impl Refused {
+    /// The reason label of the refusal counter.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refused::UnknownNode { .. } => "unknown_node",
+            Refused::WrongAddress { .. } => "wrong_address",
+            Refused::FromMyself(_) => "from_myself",
+            Refused::Stale { .. } | Refused::Replayed { .. } | Refused::NotForMe { .. } => {
+                "replayed"
+            }
+        }
+    }
+}
+
+/// Incarnations of a peer remembered as left, so that their hellos are not taken again.
+const RETIRED: usize = 16;
 
 /// A change the tracker noticed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,6 +202,10 @@ pub enum Transition {
 
 struct Peer {
     incarnation: u32,
+    /// Incarnations it has left, newest last (at most [`RETIRED`]).
+    retired: Vec<u32>,
+    /// The hello version it sent last.
+    version: u8,
     seq: u64,
     last_heard: Instant,
     hello: Hello,
@@ -250,6 +287,23 @@ impl Tracker {
             .collect()
     }
 
+    /// The hello version to send `to`: the newest if its EgressNode or its own hellos say
+    /// it speaks it, else version 1, which the agents before version 2 decode (so that an
+    /// older holder still hears this one during a rollout and keeps its quorum).
+    pub fn version_for(&self, to: &str) -> u8 {
+        let peer = self.peers.get(to).map(|p| p.version);
+        if self.members.speakers.contains(to) || peer == Some(super::hello::VERSION) {
+            super::hello::VERSION
+        } else {
+            peer.unwrap_or(1)
+        }
+    }
+
+    /// Whether `name`'s hellos judge it: it speaks them (see "Speakers only").
+    fn judged_by_hellos(&self, name: &str) -> bool {
+        self.members.speakers.contains(name) || self.peers.contains_key(name)
+    }
+
     fn micros(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.started).as_micros())
             .unwrap_or(u64::MAX)
@@ -259,9 +313,27 @@ impl Tracker {
     /// Take a hello from `from` (its source address) at `now`. Returns whether it may
     /// change the view (a peer heard again, or a report that differs from its last one).
     pub fn on_hello(&mut self, h: Hello, from: IpAddr, now: Instant) -> Result<bool, Refused> {
+        self.on_hello_version(h, super::hello::VERSION, from, now)
+    }
+
+    /// [`Tracker::on_hello`] for a hello that came in `version`: later hellos to the
+    /// sender go out in the version it speaks.
+    pub fn on_hello_version(
+        &mut self,
+        h: Hello,
+        version: u8,
+        from: IpAddr,
+        now: Instant,
+    ) -> Result<bool, Refused> {
         let from = from.to_canonical();
         if h.name == self.me {
             return Err(Refused::FromMyself(h.name));
+        }
+        if !h.to.is_empty() && h.to != self.me {
+            return Err(Refused::NotForMe {
+                name: h.name,
+                to: h.to,
+            });
         }
         let Some(want) = self.members.nodes.get(&h.name) else {
             return Err(Refused::UnknownNode { name: h.name, from });
@@ -278,15 +350,20 @@ impl Tracker {
                 want: *want,
             });
         }
-        if let Some(p) = self.peers.get(&h.name)
-            && p.incarnation == h.incarnation
-            && h.seq <= p.seq
-        {
-            return Err(Refused::Stale {
-                name: h.name,
-                seq: h.seq,
-                last: p.seq,
-            });
+        if let Some(p) = self.peers.get(&h.name) {
+            if p.incarnation == h.incarnation && h.seq <= p.seq {
+                return Err(Refused::Stale {
+                    name: h.name,
+                    seq: h.seq,
+                    last: p.seq,
+                });
+            }
+            if p.retired.contains(&h.incarnation) {
+                return Err(Refused::Replayed {
+                    name: h.name,
+                    incarnation: h.incarnation,
+                });
+            }
         }
         let mine = self.micros(now);
         let rtt = (h.echo_us != 0 && h.echo_us <= mine).then(|| {
@@ -295,6 +372,15 @@ impl Tracker {
         remember(&mut self.last_claims, &h.name, &h.claims);
         let prev = self.peers.get(&h.name);
         let prev_rtt = prev.and_then(|p| p.rtt);
+        let mut retired = prev.map(|p| p.retired.clone()).unwrap_or_default();
+        if let Some(p) = prev
+            && p.incarnation != h.incarnation
+        {
+            retired.push(p.incarnation);
+            if retired.len() > RETIRED {
+                retired.remove(0);
+            }
+        }
         let changed = prev.is_none_or(|p| {
             !self.direct(p, now)
                 || p.hello.flags != h.flags
@@ -306,6 +392,8 @@ impl Tracker {
             h.name.clone(),
             Peer {
                 incarnation: h.incarnation,
+                retired,
+                version,
                 seq: h.seq,
                 last_heard: now,
                 echo: (h.sent_us, now),
@@ -347,7 +435,10 @@ impl Tracker {
             sent_us: self.micros(now),
             echo_us,
             echo_held_us,
+            // The service stamps its wall clock (the tracker reads no clock).
+            sent_unix_ms: 0,
             name: self.me.clone(),
+            to: to.to_owned(),
             seen: self.heard_gateways(now),
             down: self.local.down.clone(),
             claims: if self.last_cut_off {
@@ -430,12 +521,15 @@ impl Tracker {
     }
 
     fn cut_off(&self, now: Instant) -> bool {
+        let expected: BTreeSet<String> = self
+            .members
+            .expected
+            .iter()
+            .filter(|n| self.judged_by_hellos(n))
+            .cloned()
+            .collect();
         self.members.gateways.contains(&self.me)
-            && !has_quorum(
-                &self.me,
-                &self.heard_for_quorum(now),
-                &self.members.expected,
-            )
+            && !has_quorum(&self.me, &self.heard_for_quorum(now), &expected)
     }
 
     /// A peer whose latest hello says it is cut off holds nothing and counts as dead.
@@ -454,7 +548,11 @@ impl Tracker {
             self.members
                 .gateways
                 .iter()
-                .filter(|g| **g != self.me && (!self.alive(g, &heard) || self.says_cut_off(g)))
+                .filter(|g| {
+                    **g != self.me
+                        && self.judged_by_hellos(g)
+                        && (!self.alive(g, &heard) || self.says_cut_off(g))
+                })
                 .cloned()
                 .collect()
         } else {
@@ -538,7 +636,7 @@ impl Tracker {
             .map(|name| {
                 let p = self.peers.get(&name);
                 PeerStatus {
-                    alive: !warm || self.alive(&name, &heard),
+                    alive: !warm || !self.judged_by_hellos(&name) || self.alive(&name, &heard),
                     direct: heard.contains(name.as_str()),
                     last_heard: p.map(|p| now.saturating_duration_since(p.last_heard)),
                     rtt: p.and_then(|p| p.rtt),
@@ -605,6 +703,7 @@ mod tests {
             aliases: BTreeMap::new(),
             gateways: ["gw1".to_owned(), "gw2".to_owned()].into(),
             expected: NODES.iter().map(|(n, _)| (*n).to_owned()).collect(),
+            speakers: NODES.iter().map(|(n, _)| (*n).to_owned()).collect(),
         }
     }
 
@@ -878,6 +977,11 @@ mod tests {
             t.on_hello(h, addr("gw1"), t0),
             Err(Refused::Stale { .. })
         ));
+        let for_w2 = gw.hello_for("w2", t0);
+        assert!(matches!(
+            t.on_hello(for_w2, addr("gw1"), t0),
+            Err(Refused::NotForMe { .. })
+        ));
         let mut stranger = gw.hello_for("w1", t0);
         stranger.name = "mallory".into();
         assert!(matches!(
@@ -889,6 +993,102 @@ mod tests {
         again.set_members(members());
         t.on_hello(again.hello_for("w1", t0), addr("gw1"), t0)
             .expect("a new incarnation is accepted");
+    }
+
+    #[test]
+    fn a_hello_of_an_incarnation_its_sender_has_left_is_refused() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new("w1", Settings::default(), 1, t0);
+        t.set_members(members());
+        let mut first = Tracker::new("gw1", Settings::default(), 9, t0);
+        first.set_members(members());
+        let recorded = first.hello_for("w1", t0);
+        let mut later = first.hello_for("w1", t0);
+        later.seq += 10;
+        t.on_hello(recorded.clone(), addr("gw1"), t0)
+            .expect("first");
+        // gw1 restarts: a new incarnation.
+        let mut again = Tracker::new("gw1", Settings::default(), 10, t0);
+        again.set_members(members());
+        t.on_hello(again.hello_for("w1", t0), addr("gw1"), t0)
+            .expect("new incarnation");
+        // The old incarnation's hellos, even with a higher sequence, are replays.
+        assert_eq!(
+            t.on_hello(later, addr("gw1"), t0),
+            Err(Refused::Replayed {
+                name: "gw1".into(),
+                incarnation: 9
+            })
+        );
+        assert_eq!(
+            t.on_hello(recorded, addr("gw1"), t0)
+                .map_err(|e| e.reason()),
+            Err("replayed")
+        );
+    }
+
+    /// Trackers of the lab's nodes where only `new` run this version: the others are
+    /// older than the hello protocol (silent, no `helloVersion` in their EgressNode).
+    fn mixed(new: &[&'static str]) -> Cluster {
+        let mut c = Cluster::new();
+        c.trackers.retain(|n, _| new.contains(n));
+        let m = Membership {
+            speakers: new.iter().map(|n| (*n).to_owned()).collect(),
+            ..members()
+        };
+        for t in c.trackers.values_mut() {
+            t.set_members(m.clone());
+        }
+        c
+    }
+
+    #[test]
+    fn an_old_holder_that_never_spoke_is_not_declared_dead_by_upgraded_peers() {
+        // The rollout's order: the workers, then the gateway holding nothing (gw2), and
+        // gw1, the holder, last.
+        for new in [&["w1", "w2"][..], &["w1", "w2", "gw2"]] {
+            let mut c = mixed(new);
+            c.run(0, 5_000, |_, _| true);
+            for n in new {
+                assert_eq!(c.dead(n, 5_000), set(&[]), "{n} with {new:?} upgraded");
+            }
+        }
+    }
+
+    #[test]
+    fn a_new_holder_among_old_peers_keeps_its_quorum() {
+        for new in [&["gw1"][..], &["gw1", "w1"], &["gw1", "gw2"]] {
+            let mut c = mixed(new);
+            c.run(0, 5_000, |_, _| true);
+            assert_eq!(c.dead("gw1", 5_000), set(&[]), "{new:?} upgraded");
+            // And it says version 1 to the peers that sent nothing yet.
+            assert_eq!(c.trackers["gw1"].version_for("w2"), 1);
+        }
+    }
+
+    #[test]
+    fn a_peer_that_spoke_is_judged_by_its_hellos_even_in_version_1() {
+        let t0 = Instant::now();
+        let m = Membership {
+            speakers: BTreeSet::new(),
+            ..members()
+        };
+        let mut t = Tracker::new("w1", Settings::default(), 1, t0);
+        t.set_members(m.clone());
+        let mut gw = Tracker::new("gw1", Settings::default(), 9, t0);
+        gw.set_members(m);
+        t.on_hello_version(gw.hello_for("w1", t0), 1, addr("gw1"), t0)
+            .expect("v1");
+        assert_eq!(t.version_for("gw1"), 1);
+        assert_eq!(t.version_for("gw2"), 1);
+        // gw1 falls silent: dead once the detection time has passed; gw2 never spoke.
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(t.view(later).dead, set(&["gw1"]));
+        // Once gw1 speaks version 2, it is spoken to in version 2.
+        let mut h = gw.hello_for("w1", later);
+        h.seq += 1;
+        t.on_hello_version(h, 2, addr("gw1"), later).expect("v2");
+        assert_eq!(t.version_for("gw1"), 2);
     }
 
     #[test]

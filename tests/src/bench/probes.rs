@@ -1,7 +1,8 @@
 //! What the agents' liveness probes cost at a given cluster shape: hellos per second per
 //! node and in the cluster, their size on the wire (real hellos, encoded), and the CPU a
 //! gateway and a worker spend on one probe interval (measured in this process, on the
-//! agent's own tracker and codec).
+//! agent's own tracker and codec). Hellos are version 2, signed under a cluster key
+//! (HMAC-SHA256), as `--liveness-key-file` has them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -10,9 +11,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use egress_agent::liveness::{Claim, Membership, Settings, hello::Hello, tracker::Tracker};
+use egress_agent::liveness::{
+    Claim, Membership, Settings,
+    hello::{Hello, VERSION},
+    keys::{Key, Keyring},
+    tracker::Tracker,
+};
 
 use super::report::{Table, thousands};
+
+/// The cluster key the hellos are signed with.
+fn keys() -> Keyring {
+    Keyring::new(vec![Key::new(vec![7; 32])])
+}
 
 /// Ethernet + IPv4 + UDP headers around a hello.
 const WIRE_OVERHEAD: usize = 14 + 20 + 8;
@@ -47,6 +58,7 @@ fn members(shape: &Shape) -> Membership {
         aliases: BTreeMap::new(),
         gateways: all[..shape.gateways].iter().cloned().collect(),
         expected: all.iter().cloned().collect(),
+        speakers: all.iter().cloned().collect(),
     }
 }
 
@@ -96,14 +108,15 @@ fn trackers(shape: &Shape, settings: Settings, t0: Instant) -> Vec<Tracker> {
 /// One interval of node `i`: its hellos built and encoded, and every hello it receives
 /// decoded and taken (`incoming`, as bytes). Returns the time taken.
 fn one_interval(t: &mut Tracker, incoming: &[(Vec<u8>, IpAddr)], now: Instant) -> Duration {
+    let keys = keys();
     let start = Instant::now();
     for (to, _) in t.targets() {
         let h = t.hello_for(&to, now);
-        black_box(h.encode().map(|b| b.len()).unwrap_or(0));
+        black_box(h.encode(VERSION, &keys).map(|b| b.len()).unwrap_or(0));
     }
     for (bytes, from) in incoming {
-        if let Ok(h) = Hello::decode(bytes) {
-            let _ = black_box(t.on_hello(h, *from, now));
+        if let Ok(r) = Hello::decode(bytes, &keys) {
+            let _ = black_box(t.on_hello(r.hello, *from, now));
         }
     }
     black_box(t.observe(now));
@@ -141,7 +154,7 @@ pub fn table(quick: bool) -> Table {
         let to_name = name(to, shape.gateways);
         ts[from]
             .hello_for(&to_name, t0)
-            .encode()
+            .encode(VERSION, &keys())
             .map(|b| b.len())
             .unwrap_or(0)
     };
@@ -156,7 +169,7 @@ pub fn table(quick: bool) -> Table {
             .map(|i| {
                 let b = ts[i]
                     .hello_for(&to_name, now)
-                    .encode()
+                    .encode(VERSION, &keys())
                     .map(|b| b.to_vec())
                     .unwrap_or_default();
                 (b, addr(i))
