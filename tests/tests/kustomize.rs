@@ -184,15 +184,41 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| {
-            v["hostPath"]["path"]
-                .as_str()
-                .expect("hostPath volumes only")
-        })
+        .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
     assert_eq!(
         volumes,
         ["/sys/fs/bpf", "/run/egress-agent", "/opt/cni/bin"]
+    );
+    // Besides the host paths, only the liveness key's Secret, read-only, where
+    // EGRESS_LIVENESS_KEY_FILE points.
+    let others: Vec<&serde_json::Value> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["hostPath"].is_null())
+        .collect();
+    assert_eq!(others.len(), 1, "{others:#?}");
+    assert_eq!(others[0]["secret"]["secretName"], "egress-liveness-key");
+    let key_env = pod["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "EGRESS_LIVENESS_KEY_FILE")
+        .expect("the DaemonSet sets the liveness key file");
+    let key_dir = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == others[0]["name"])
+        .expect("the key is mounted");
+    assert_eq!(key_dir["readOnly"], true);
+    assert!(
+        key_env["value"]
+            .as_str()
+            .unwrap()
+            .starts_with(key_dir["mountPath"].as_str().unwrap()),
+        "{key_env} under {key_dir}"
     );
 
     // Metrics on the node's address (status.hostIP): what the Service and probes reach.
@@ -376,18 +402,23 @@ fn the_openshift_overlay_allows_what_the_daemonset_uses() {
         }
     }
 
-    // hostPath volumes only (the SCC allows them), Open vSwitch's directory among them.
+    // hostPath volumes (the SCC allows them), Open vSwitch's directory among them, and the key.
     assert_eq!(scc["allowHostDirVolumePlugin"], true);
     assert!(strings(&scc["volumes"]).contains(&"hostPath"), "{scc:#}");
+    for v in pod["volumes"].as_array().unwrap() {
+        let kind = if v["hostPath"].is_null() {
+            "secret"
+        } else {
+            "hostPath"
+        };
+        assert!(!v[kind].is_null(), "hostPath or secret volumes only: {v:#}");
+        assert!(strings(&scc["volumes"]).contains(&kind), "{scc:#}");
+    }
     let mut host_paths: Vec<&str> = pod["volumes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| {
-            v["hostPath"]["path"]
-                .as_str()
-                .expect("hostPath volumes only")
-        })
+        .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
     host_paths.sort_unstable();
     assert_eq!(
