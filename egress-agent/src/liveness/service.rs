@@ -87,7 +87,7 @@ impl Handle {
     ) {
         let mut t = lock(&self.tracker);
         let changed = t.local().down != down || t.local().claims != claims;
-        t.set_members(members);
+        t.set_members_at(members, Instant::now());
         t.set_local(down, claims);
         drop(t);
         let first = !self.reporting.swap(true, Ordering::Relaxed);

@@ -226,6 +226,8 @@ pub struct Tracker {
     last_dead: BTreeSet<String>,
     last_cut_off: bool,
     last_claims: BTreeMap<IpAddr, (String, u64)>,
+    /// Since when each peer has said it speaks hellos (see [`Tracker::set_members_at`]).
+    speakers_since: BTreeMap<String, Instant>,
     /// Set by the farewell: every later hello says so too, so that one the probe loop
     /// sends between the farewell and the process's exit does not take the restart's
     /// grace back at the peers (which keep the latest hello's flags).
@@ -246,6 +248,7 @@ impl Tracker {
             last_dead: BTreeSet::new(),
             last_cut_off: false,
             last_claims: BTreeMap::new(),
+            speakers_since: BTreeMap::new(),
             leaving: false,
         }
     }
@@ -259,7 +262,20 @@ impl Tracker {
         self.started + self.settings.warm_up()
     }
 
+    /// Set who the peers are, as known at the agent's start.
     pub fn set_members(&mut self, members: Membership) {
+        self.set_members_at(members, self.started);
+    }
+
+    /// Set who the peers are at `now`: a peer that says it speaks hellos from now on is
+    /// judged by them once a warm-up has passed since (time for its first hellos to
+    /// arrive: an upgraded agent's EgressNode may reach this node before its hellos do).
+    pub fn set_members_at(&mut self, members: Membership, now: Instant) {
+        self.speakers_since
+            .retain(|n, _| members.speakers.contains(n));
+        for n in &members.speakers {
+            self.speakers_since.entry(n.clone()).or_insert(now);
+        }
         self.members = members;
     }
 
@@ -299,9 +315,13 @@ impl Tracker {
         }
     }
 
-    /// Whether `name`'s hellos judge it: it speaks them (see "Speakers only").
-    fn judged_by_hellos(&self, name: &str) -> bool {
-        self.members.speakers.contains(name) || self.peers.contains_key(name)
+    /// Whether `name`'s hellos judge it at `now`: it speaks them (see "Speakers only").
+    fn judged_by_hellos(&self, name: &str, now: Instant) -> bool {
+        self.peers.contains_key(name)
+            || self
+                .speakers_since
+                .get(name)
+                .is_some_and(|t| now.saturating_duration_since(*t) >= self.settings.warm_up())
     }
 
     fn micros(&self, now: Instant) -> u64 {
@@ -525,7 +545,7 @@ impl Tracker {
             .members
             .expected
             .iter()
-            .filter(|n| self.judged_by_hellos(n))
+            .filter(|n| self.judged_by_hellos(n, now))
             .cloned()
             .collect();
         self.members.gateways.contains(&self.me)
@@ -550,7 +570,7 @@ impl Tracker {
                 .iter()
                 .filter(|g| {
                     **g != self.me
-                        && self.judged_by_hellos(g)
+                        && self.judged_by_hellos(g, now)
                         && (!self.alive(g, &heard) || self.says_cut_off(g))
                 })
                 .cloned()
@@ -636,7 +656,7 @@ impl Tracker {
             .map(|name| {
                 let p = self.peers.get(&name);
                 PeerStatus {
-                    alive: !warm || !self.judged_by_hellos(&name) || self.alive(&name, &heard),
+                    alive: !warm || !self.judged_by_hellos(&name, now) || self.alive(&name, &heard),
                     direct: heard.contains(name.as_str()),
                     last_heard: p.map(|p| now.saturating_duration_since(p.last_heard)),
                     rtt: p.and_then(|p| p.rtt),
@@ -1064,6 +1084,40 @@ mod tests {
             // And it says version 1 to the peers that sent nothing yet.
             assert_eq!(c.trackers["gw1"].version_for("w2"), 1);
         }
+    }
+
+    #[test]
+    fn an_upgraded_holder_whose_egress_node_arrives_before_its_hellos_is_not_declared_dead() {
+        let t0 = Instant::now();
+        // gw2 is an old agent throughout; gw1 is upgraded.
+        let old = Membership {
+            speakers: set(&["w1", "w2"]),
+            ..members()
+        };
+        let new = Membership {
+            speakers: set(&["w1", "w2", "gw1"]),
+            ..members()
+        };
+        let mut t = Tracker::new("w1", Settings::default(), 1, t0);
+        t.set_members(old.clone());
+        let late = t0 + Duration::from_secs(30);
+        assert!(t.view(late).dead.is_empty(), "gw1 is judged by the API");
+        // gw1's new EgressNode says it speaks version 2; its first hello comes 250 ms on.
+        t.set_members_at(new.clone(), late);
+        assert!(t.view(late + Duration::from_millis(250)).dead.is_empty());
+        let mut gw1 = Tracker::new("gw1", Settings::default(), 9, late);
+        gw1.set_members(members());
+        let h = gw1.hello_for("w1", late);
+        t.on_hello(h, addr("gw1"), late + Duration::from_millis(250))
+            .expect("hello");
+        assert!(t.view(late + Duration::from_millis(500)).dead.is_empty());
+        // A speaker that never sends one is dead once the warm-up has passed.
+        let mut t = Tracker::new("w1", Settings::default(), 1, t0);
+        t.set_members(old);
+        t.set_members_at(new, late);
+        let warm = Settings::default().warm_up();
+        assert!(t.view(late + warm / 2).dead.is_empty());
+        assert_eq!(t.view(late + warm).dead, set(&["gw1"]));
     }
 
     #[test]
