@@ -134,7 +134,7 @@ pub trait Bed {
 pub type Setup<N> = Box<dyn Fn(&mut Datapath, &N) + Send>;
 
 pub struct Case<N> {
-    pub name: &'static str,
+    pub name: String,
     pub setup: Setup<N>,
     pub steps: Vec<Step>,
     /// Every non-zero counter after the last step: (reason, packets).
@@ -142,13 +142,13 @@ pub struct Case<N> {
 }
 
 pub fn case<N>(
-    name: &'static str,
+    name: impl Into<String>,
     setup: impl Fn(&mut Datapath, &N) + Send + 'static,
     steps: Vec<Step>,
     counters: &[(u32, u64)],
 ) -> Case<N> {
     Case {
-        name,
+        name: name.into(),
         setup: Box::new(setup),
         steps,
         counters: counters.to_vec(),
@@ -243,7 +243,7 @@ pub fn run_table<N: Bed + 'static>(
     let handles: Vec<_> = cases
         .into_iter()
         .map(|c| {
-            let name = c.name;
+            let name = c.name.clone();
             let prepare = prepare.clone();
             (
                 name,

@@ -25,13 +25,14 @@ use egress_agent::{
 };
 use egress_common::{
     config::Config,
-    conntrack::{CtEntryV4, CtKeyV4, FlowCount},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, FlowCount},
     counters::{Counter, MAX_REASONS},
     maps,
     policy::{
         AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValueV4, DestValueV6,
         EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
-        PolicyValueV4, PolicyValueV6, RuleValueV4, SelectedValueV4, SelectedValueV6, coverage,
+        PolicyValueV4, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValueV4, SelectedValueV6,
+        coverage,
     },
     underlay::{self, Underlay},
 };
@@ -41,6 +42,25 @@ pub const TC_ACT_SHOT: u32 = 2;
 pub const TC_ACT_REDIRECT: u32 = 7;
 /// `TC_ACT_UNSPEC` (-1) as `test_run` reports it: the next program, or the stack.
 pub const TC_ACT_UNSPEC: u32 = u32::MAX;
+
+/// The source port range and tunnel MTU of the tests' configurations.
+pub const PORT_MIN: u16 = 20_000;
+pub const PORT_MAX: u16 = 29_999;
+pub const TUNNEL_MTU: u16 = 1450;
+
+/// The configuration of a ready node at `node_ip` with its tunnel device at
+/// `tunnel_ifindex`: the tests' port range and tunnel MTU, no flow limit.
+pub fn ready_config(node_ip: IpAddr, tunnel_ifindex: u32) -> Config {
+    Config {
+        node_ip: underlay::from_ip(node_ip),
+        tunnel_ifindex,
+        port_min: PORT_MIN,
+        port_max: PORT_MAX,
+        tunnel_mtu: TUNNEL_MTU,
+        flags: egress_common::config::flags::READY,
+        max_flows_per_pod: 0,
+    }
+}
 
 /// Run `f` on a thread of its own in a new, empty network namespace (loopback up).
 pub fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -313,18 +333,24 @@ impl Datapath {
         m.insert(pod.octets(), v, 0).unwrap();
     }
 
-    pub fn rule(&mut self, id: u32, egress_ip: Ipv4Addr, ifindex: u32) {
-        let mut m: HashMap<&mut MapData, u32, RuleValueV4> =
-            HashMap::try_from(self.map(maps::RULES_V4)).unwrap();
-        m.insert(
-            id,
-            RuleValueV4 {
-                egress_ip: v4(egress_ip),
-                ifindex,
-            },
-            0,
-        )
-        .unwrap();
+    /// A rule this gateway serves, of the egress IP's family (`RULES_V4`/`_V6`).
+    pub fn rule(&mut self, id: u32, egress_ip: impl Into<IpAddr>, ifindex: u32) {
+        match egress_ip.into() {
+            IpAddr::V4(ip) => {
+                let v = RuleValueV4 {
+                    egress_ip: v4(ip),
+                    ifindex,
+                };
+                self.insert(maps::RULES_V4, id, v);
+            }
+            IpAddr::V6(ip) => {
+                let v = RuleValueV6 {
+                    egress_ip: ip.octets(),
+                    ifindex,
+                };
+                self.insert(maps::RULES_V6, id, v);
+            }
+        }
     }
 
     /// Let `pod` (either family) use `rule_id` on this gateway (`ADMITTED_V4`/`_V6`).
@@ -407,30 +433,55 @@ impl Datapath {
             .unwrap();
     }
 
-    pub fn pod_owner(&mut self, pod: Ipv4Addr, node: impl Into<IpAddr>) {
-        let mut m: HashMap<&mut MapData, [u8; 4], PodOwnerValue> =
-            HashMap::try_from(self.map(maps::POD_OWNER_V4)).unwrap();
-        let node = underlay::from_ip(node.into());
-        m.insert(v4(pod), PodOwnerValue { node }, 0).unwrap();
+    /// The node owning `pod`, of the pod's family (`POD_OWNER_V4`/`_V6`).
+    pub fn pod_owner(&mut self, pod: impl Into<IpAddr>, node: impl Into<IpAddr>) {
+        let v = PodOwnerValue {
+            node: underlay::from_ip(node.into()),
+        };
+        match pod.into() {
+            IpAddr::V4(pod) => self.insert(maps::POD_OWNER_V4, v4(pod), v),
+            IpAddr::V6(pod) => self.insert(maps::POD_OWNER_V6, pod.octets(), v),
+        }
     }
 
-    pub fn egress_ip(&mut self, ip: Ipv4Addr, ifindex: u32, flags: u32) {
-        let mut m: HashMap<&mut MapData, [u8; 4], EgressIpValue> =
-            HashMap::try_from(self.map(maps::EGRESS_IPS_V4)).unwrap();
-        m.insert(v4(ip), EgressIpValue { ifindex, flags }, 0)
-            .unwrap();
+    /// An egress IP of this gateway, of either family (`EGRESS_IPS_V4`/`_V6`).
+    pub fn egress_ip(&mut self, ip: impl Into<IpAddr>, ifindex: u32, flags: u32) {
+        let v = EgressIpValue { ifindex, flags };
+        match ip.into() {
+            IpAddr::V4(ip) => self.insert(maps::EGRESS_IPS_V4, v4(ip), v),
+            IpAddr::V6(ip) => self.insert(maps::EGRESS_IPS_V6, ip.octets(), v),
+        }
     }
 
     pub fn ct_insert(&mut self, key: CtKeyV4, entry: CtEntryV4) {
-        let mut m: HashMap<&mut MapData, CtKeyV4, CtEntryV4> =
-            HashMap::try_from(self.map(maps::CT_V4)).unwrap();
-        m.insert(key, entry, 0).unwrap();
+        self.insert(maps::CT_V4, key, entry);
     }
 
     /// Every conntrack entry.
     pub fn ct(&mut self) -> Vec<(CtKeyV4, CtEntryV4)> {
-        let m: HashMap<&mut MapData, CtKeyV4, CtEntryV4> =
-            HashMap::try_from(self.map(maps::CT_V4)).unwrap();
+        self.entries(maps::CT_V4)
+    }
+
+    /// [`Datapath::ct_insert`] for an IPv6 flow (`CT_V6`).
+    pub fn ct_insert_v6(&mut self, key: CtKeyV6, entry: CtEntryV6) {
+        self.insert(maps::CT_V6, key, entry);
+    }
+
+    /// Every IPv6 conntrack entry.
+    pub fn ct_v6(&mut self) -> Vec<(CtKeyV6, CtEntryV6)> {
+        self.entries(maps::CT_V6)
+    }
+
+    /// Write `key` -> `value` into the hash map `name`.
+    fn insert<K: aya::Pod, V: aya::Pod>(&mut self, name: &str, key: K, value: V) {
+        let mut m: HashMap<&mut MapData, K, V> = HashMap::try_from(self.map(name)).unwrap();
+        m.insert(key, value, 0)
+            .unwrap_or_else(|e| panic!("failed to insert into {name}: {e}"));
+    }
+
+    /// Every entry of the hash map `name`.
+    fn entries<K: aya::Pod, V: aya::Pod>(&mut self, name: &str) -> Vec<(K, V)> {
+        let m: HashMap<&mut MapData, K, V> = HashMap::try_from(self.map(name)).unwrap();
         m.iter().map(|r| r.unwrap()).collect()
     }
 

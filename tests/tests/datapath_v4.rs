@@ -3,7 +3,9 @@
 //! checksums computed by the test) and counters by reason, summed over CPUs.
 //!
 //! Every case runs on a thread of its own, in a fresh network namespace holding the
-//! devices, routes and neighbours its FIB lookups need, with a freshly loaded object.
+//! devices, routes and neighbours its FIB lookups need, with a freshly loaded object: the
+//! bed of `egress_tests::bed`, over IPv4 addresses (`bed::v4`) and the IPv4 underlay. The
+//! cases the IPv6 table shares come from `bed::cases`; this file holds the IPv4 ones.
 //!
 //! The namespace (one node that is both a source node and a gateway):
 //!
@@ -24,292 +26,57 @@ use std::net::Ipv4Addr;
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY};
 use egress_common::{
     config::{Config, flags},
-    conntrack::{self, CtEntryV4, CtKeyV4, NextHop, dir, state},
+    conntrack::{CtEntryV4, CtKeyV4, dir, state},
     counters::reason::*,
     maps,
-    policy::{AdmittedKeyV4, AdmittedValue, PolicyValueV4, RETURN_VNI, action, egress_ip_flags},
+    policy::{AdmittedKeyV4, AdmittedValue, PolicyValueV4, RETURN_VNI, action},
     underlay,
 };
 use egress_tests::{
-    packet::{
-        HOST_MAC, ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, IP_DF, IP_MF, Ipv4Packet, L4, POD_MAC,
-        PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, checksum, icmp_error,
-        quote, vxlan,
+    bed::{
+        self, Cluster, DEST_A_MAC, Ip, NODE_V4 as NODE, PEER_V4 as PEER, RULE_A, RULE_B, SEC0_MAC,
+        STRANGER_V4 as STRANGER, TCP_PSH, UL4, a, base, cases,
+        cases::{MTU_1300, unknown_pods_drop},
+        config, error_back, error_to, from_pod, from_secondary, from_tunnel, segment, snatted,
+        snatted_in_range, syn, tcp, udp, unnatted,
+        v4::*,
+        valid_error,
     },
-    table::{self, Bed, Case, Dev, Out, Step, case, frame_diff, no_setup, step},
+    packet::{
+        ICMP_DEST_UNREACH, IP_DF, IP_MF, Ipv4Packet, L4, PROTO_GRE, PROTO_TCP, TCP_ACK, TCP_RST,
+        arp_frame, checksum, quote, vxlan,
+    },
+    table::{Case, Out, case, no_setup},
     testrun::{
         Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, ifindex, in_netns, ip, ktime_ns,
-        sysctl,
     },
 };
 
-// ---- the cluster, as seen from this node ----
+type Net = bed::Net<Ipv4Addr>;
 
-const fn a(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
-    Ipv4Addr::new(a, b, c, d)
-}
-
-/// This node (source node and gateway).
-const NODE: Ipv4Addr = a(192, 168, 0, 10);
-/// Another known node, and a gateway for some rules.
-const PEER: Ipv4Addr = a(192, 168, 0, 20);
-/// Not a node.
-const STRANGER: Ipv4Addr = a(192, 168, 0, 99);
-
-const LOCAL_POD: Ipv4Addr = a(10, 244, 1, 5);
-const UNSELECTED_POD: Ipv4Addr = a(10, 244, 1, 9);
-const REMOTE_POD: Ipv4Addr = a(10, 244, 2, 5);
-const REMOTE_POD2: Ipv4Addr = a(10, 244, 2, 6);
-const REMOTE_POD3: Ipv4Addr = a(10, 244, 2, 7);
-/// A pod of the peer that no policy selects: in `POD_OWNER_V4`, not in `ADMITTED_V4`.
-const REMOTE_UNSELECTED: Ipv4Addr = a(10, 244, 2, 9);
-
-/// On network A (sec0), directly connected.
-const DEST_A: Ipv4Addr = a(10, 100, 0, 7);
-/// On network A, no neighbour entry.
-const DEST_A_NO_NEIGH: Ipv4Addr = a(10, 100, 0, 8);
-/// Behind the router 10.100.0.1 on network A.
-const DEST_FAR: Ipv4Addr = a(172, 16, 5, 5);
-/// On network B (sec1).
-const DEST_B: Ipv4Addr = a(10, 200, 0, 9);
-/// Outside every rule.
-const INTERNET: Ipv4Addr = a(8, 8, 8, 8);
-
-const EGRESS_A: Ipv4Addr = a(10, 100, 0, 50);
-const EGRESS_B: Ipv4Addr = a(10, 200, 0, 50);
-/// sec0's own address, used by an `interface:` rule (shared with the host).
-const SHARED_A: Ipv4Addr = a(10, 100, 0, 2);
-
-const RULE_A: u32 = 1;
-const RULE_B: u32 = 2;
 /// An `interface:` rule: out of sec0 with sec0's own address.
-const RULE_SHARED: u32 = 3;
-
-const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
-const SEC0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
-const SEC1_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x02];
-const DEST_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x07];
-const ROUTER_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x01];
-const DEST_B_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x09];
-
-const PORT_MIN: u16 = 20_000;
-const PORT_MAX: u16 = 29_999;
-const TUNNEL_MTU: u16 = 1450;
-
-fn mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Ifindexes of the devices of [`topology`].
-struct Net {
-    pod0: u32,
-    tun0: u32,
-    sec0: u32,
-    sec1: u32,
-}
+const RULE_SHARED: u32 = <Ipv4Addr as Cluster>::RULE_SHARED;
 
 fn topology() -> Net {
-    for (dev, m, addr) in [
-        ("ul0", [0x02, 0, 0, 0, 0xcc, 0x01], Some("192.168.0.10/24")),
-        ("tun0", [0x02, 0, 0, 0, 0xdd, 0x01], None),
-        ("pod0", POD0_MAC, None),
-        ("sec0", SEC0_MAC, Some("10.100.0.2/24")),
-        ("sec1", SEC1_MAC, Some("10.200.0.2/24")),
-    ] {
-        ip(&format!(
-            "link add {dev} address {} type veth peer name {dev}p",
-            mac(m)
-        ));
-        if let Some(addr) = addr {
-            ip(&format!("addr add {addr} dev {dev}"));
-        }
-        ip(&format!("link set {dev} up"));
-        ip(&format!("link set {dev}p up"));
-    }
-    ip(&format!("route add {LOCAL_POD}/32 dev pod0"));
-    ip("route add 172.16.0.0/16 via 10.100.0.1 dev sec0");
-    for (addr, m, dev) in [
-        (LOCAL_POD, POD_MAC, "pod0"),
-        (DEST_A, DEST_A_MAC, "sec0"),
-        (a(10, 100, 0, 1), ROUTER_A_MAC, "sec0"),
-        (DEST_B, DEST_B_MAC, "sec1"),
-    ] {
-        ip(&format!(
-            "neigh replace {addr} lladdr {} dev {dev} nud permanent",
-            mac(m)
-        ));
-    }
-    sysctl("net/ipv4/conf/all/forwarding", "1");
-    Net {
-        pod0: ifindex("pod0"),
-        tun0: ifindex("tun0"),
-        sec0: ifindex("sec0"),
-        sec1: ifindex("sec1"),
-    }
-}
-
-fn config(net: &Net) -> Config {
-    Config {
-        node_ip: underlay::from_v4(NODE.octets()),
-        tunnel_ifindex: net.tun0,
-        port_min: PORT_MIN,
-        port_max: PORT_MAX,
-        tunnel_mtu: TUNNEL_MTU,
-        flags: flags::READY,
-        max_flows_per_pod: 0,
-    }
-}
-
-/// What every case starts from: configuration, nodes, pod owners, the (pod, rule) pairs
-/// admitted, the gateway's rules and egress IPs. Policy entries (source side) are per case.
-fn base(dp: &mut Datapath, net: &Net) {
-    dp.config(config(net));
-    dp.node(NODE, 1);
-    dp.node(PEER, 2);
-    dp.pod_owner(LOCAL_POD, NODE);
-    dp.pod_owner(UNSELECTED_POD, NODE);
-    for pod in [REMOTE_POD, REMOTE_POD2, REMOTE_POD3, REMOTE_UNSELECTED] {
-        dp.pod_owner(pod, PEER);
-    }
-    // Every pod but the unselected ones may use every rule.
-    for pod in [LOCAL_POD, REMOTE_POD, REMOTE_POD2, REMOTE_POD3] {
-        for rule in [RULE_A, RULE_B, RULE_SHARED] {
-            dp.admit(pod, rule);
-        }
-    }
-    dp.rule(RULE_A, EGRESS_A, net.sec0);
-    dp.rule(RULE_B, EGRESS_B, net.sec1);
-    dp.rule(RULE_SHARED, SHARED_A, net.sec0);
-    dp.egress_ip(EGRESS_A, net.sec0, 0);
-    dp.egress_ip(EGRESS_B, net.sec1, 0);
-    dp.egress_ip(SHARED_A, net.sec0, egress_ip_flags::SHARED);
+    Net::build(UL4)
 }
 
 fn forward(gateway: Ipv4Addr, rule_id: u32) -> PolicyValueV4 {
-    PolicyValueV4 {
-        gateway: underlay::from_v4(gateway.octets()),
-        egress_ip: EGRESS_A.octets(),
-        rule_id,
-        action: action::FORWARD,
-        _pad: 0,
-        filter: 0,
-    }
+    Ipv4Addr::forward(gateway, rule_id)
 }
 
 fn sentinel(act: u8) -> PolicyValueV4 {
-    PolicyValueV4 {
-        gateway: [0; 16],
-        egress_ip: [0; 4],
-        rule_id: 0,
-        action: act,
-        _pad: 0,
-        filter: 0,
-    }
+    Ipv4Addr::sentinel(act)
 }
 
 /// `LOCAL_POD` selected, network A (10.100.0.0/24) through rule A at `gateway`.
 fn local_pod_to_a(dp: &mut Datapath, gateway: Ipv4Addr) {
-    dp.selected(LOCAL_POD);
-    dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, forward(gateway, RULE_A));
+    bed::local_pod_to_a::<Ipv4Addr>(dp, gateway);
 }
 
-// ---- the table machinery (`egress_tests::table`) ----
-
-impl Bed for Net {
-    fn ifindex(&self, dev: Dev) -> u32 {
-        match dev {
-            Dev::Pod => self.pod0,
-            Dev::Tunnel => self.tun0,
-            Dev::Secondary => self.sec0,
-        }
-    }
-}
-
-fn from_pod(p: &Ipv4Packet) -> Step {
-    step(FROM_POD, Dev::Pod, None, p)
-}
-
-fn from_tunnel(sender: Ipv4Addr, vni: u32, p: &Ipv4Packet) -> Step {
-    step(FROM_TUNNEL, Dev::Tunnel, Some((sender.into(), vni)), p)
-}
-
-fn from_secondary(p: &Ipv4Packet) -> Step {
-    step(FROM_SECONDARY, Dev::Secondary, None, p)
-}
-
-/// Run every case (each in its own namespace, in parallel) from the topology and the
-/// base maps, and report all failures.
+/// Run every case (each in its own namespace, in parallel) over the IPv4 underlay.
 fn run_table(cases: Vec<Case<Net>>) {
-    table::run_table("the IPv4 table", cases, || {
-        let net = topology();
-        let mut dp = Datapath::load();
-        base(&mut dp, &net);
-        (net, dp)
-    });
-}
-
-// ---- packets ----
-
-fn tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Ipv4Packet {
-    Ipv4Packet::new(src, dst, L4::tcp(sport, dport, flags))
-}
-
-fn syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, mss: u16) -> Ipv4Packet {
-    Ipv4Packet::new(src, dst, L4::syn(sport, dport, mss))
-}
-
-fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
-    Ipv4Packet::new(src, dst, L4::udp(sport, dport, b"hello, gateway!"))
-}
-
-/// A UDP packet with a 1400-byte payload (what fits a 1450-byte tunnel MTU).
-fn big_udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
-    let payload: Vec<u8> = (0..1400u32).map(|i| (i * 7 + 3) as u8).collect();
-    Ipv4Packet::new(src, dst, L4::udp(sport, dport, &payload))
-}
-
-/// `p` after SNAT to `src:sport` on the gateway, leaving by an interface with MAC `smac`
-/// towards `dmac`.
-fn snatted(p: &Ipv4Packet, src: Ipv4Addr, sport: u16, smac: [u8; 6], dmac: [u8; 6]) -> Ipv4Packet {
-    p.clone()
-        .src(src)
-        .l4(p.l4.clone().with_sport(sport))
-        .ttl(p.ttl - 1)
-        .macs(dmac, smac)
-}
-
-/// `p` (a reply) after reverse NAT to `dst:dport`, MACs untouched (tunnel).
-fn unnatted(p: &Ipv4Packet, dst: Ipv4Addr, dport: u16) -> Ipv4Packet {
-    p.clone()
-        .dst(dst)
-        .l4(p.l4.clone().with_dport(dport))
-        .ttl(p.ttl - 1)
-}
-
-/// Source port (or ICMP identifier) of an output frame without IP options.
-fn sport_of(f: &[u8]) -> u16 {
-    let off = if f[23] == 1 { 38 } else { 34 };
-    u16::from_be_bytes([f[off], f[off + 1]])
-}
-
-/// `p` SNATed to `EGRESS_A` on a port of the configured range other than `not`.
-fn snatted_in_range(p: &Ipv4Packet, not: u16) -> impl Fn(&[u8]) -> Result<(), String> + use<> {
-    let p = p.clone();
-    move |out: &[u8]| {
-        let port = sport_of(out);
-        if port == not || !(PORT_MIN..=PORT_MAX).contains(&port) {
-            return Err(format!(
-                "translated port {port}: not a fresh port of the range"
-            ));
-        }
-        frame_diff(
-            out,
-            &snatted(&p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC).build(),
-        )
-    }
+    bed::run_table(UL4, cases);
 }
 
 // ---- from_pod ----
@@ -317,81 +84,14 @@ fn snatted_in_range(p: &Ipv4Packet, not: u16) -> impl Fn(&[u8]) -> Result<(), St
 #[test]
 fn from_pod_table() {
     let to_a = tcp(LOCAL_POD, 40_000, DEST_A, 80, TCP_ACK);
-    let with_opts = |p: &Ipv4Packet| p.clone().options(&[1, 1, 148, 4, 0, 0]);
-    let local_gw_out = snatted(&to_a, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC);
-    let syn_1460 = syn(LOCAL_POD, 40_000, DEST_A, 80, 1460);
-    let syn_clamped = syn(LOCAL_POD, 40_000, DEST_A, 80, TUNNEL_MTU - 40);
     let mut truncated_tcp = to_a.build();
     // IP total length says 20 + 8: a TCP header cut short, consistently.
     truncated_tcp.truncate(14 + 20 + 8);
     truncated_tcp[16..18].copy_from_slice(&28u16.to_be_bytes());
     fix_ip_csum(&mut truncated_tcp);
-    let mut short_frame = to_a.build();
-    short_frame.truncate(14 + 20 + 10);
 
-    run_table(vec![
-        case(
-            "unselected pod passes untouched, uncounted",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).passes()],
-            &[],
-        ),
-        case(
-            "local gateway: a pod with a policy entry but not admitted for its rule dropped",
-            |dp, _| {
-                dp.selected(UNSELECTED_POD);
-                dp.policy(UNSELECTED_POD, a(10, 100, 0, 0), 24, forward(NODE, RULE_A));
-            },
-            vec![from_pod(&to_a.clone().src(UNSELECTED_POD)).dropped()],
-            &[(LOCAL_GATEWAY, 1), (DROP_NOT_ADMITTED, 1)],
-        ),
-        case(
-            "non-IPv4 frame of a selected pod passes",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a).raw(arp_frame()).passes()],
-            &[],
-        ),
-        case(
-            "selected pod, destination outside every rule, passes uncounted",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a.clone().dst(INTERNET)).passes()],
-            &[],
-        ),
-        case(
-            "remote gateway: tunneled untouched",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a).tunneled()],
-            &[(TUNNELED, 1)],
-        ),
-        case(
-            "longest prefix wins: /32 inside the /24 goes to its own (local) gateway",
-            |dp, _| {
-                local_pod_to_a(dp, PEER);
-                dp.policy(LOCAL_POD, DEST_A, 32, forward(NODE, RULE_A));
-            },
-            vec![
-                from_pod(&to_a).redirected(&local_gw_out),
-                from_pod(&to_a.clone().dst(a(10, 100, 0, 6))).tunneled(),
-            ],
-            &[
-                (LOCAL_GATEWAY, 1),
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (TUNNELED, 1),
-            ],
-        ),
-        case(
-            "except prefix passes untouched, counted EXCLUDED",
-            |dp, _| {
-                local_pod_to_a(dp, PEER);
-                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 29, sentinel(action::EXCLUDE));
-            },
-            vec![
-                from_pod(&to_a).passes(),
-                from_pod(&to_a.clone().dst(a(10, 100, 0, 9))).tunneled(),
-            ],
-            &[(EXCLUDED, 1), (TUNNELED, 1)],
-        ),
+    let mut cases = cases::from_pod_cases(UL4);
+    cases.extend(vec![
         case(
             "nested prefixes of two pods: each pod's longest prefix wins, except holes pass",
             |dp, _| {
@@ -451,34 +151,6 @@ fn from_pod_table() {
             &[(EXCLUDED, 1), (TUNNELED, 1)],
         ),
         case(
-            "no gateway, failurePolicy Drop: dropped",
-            |dp, _| {
-                dp.selected(LOCAL_POD);
-                dp.policy(
-                    LOCAL_POD,
-                    a(10, 100, 0, 0),
-                    24,
-                    sentinel(action::NO_GATEWAY_DROP),
-                );
-            },
-            vec![from_pod(&to_a).dropped()],
-            &[(DROP_NO_GATEWAY, 1)],
-        ),
-        case(
-            "no gateway, failurePolicy Fallthrough: passes",
-            |dp, _| {
-                dp.selected(LOCAL_POD);
-                dp.policy(
-                    LOCAL_POD,
-                    a(10, 100, 0, 0),
-                    24,
-                    sentinel(action::NO_GATEWAY_PASS),
-                );
-            },
-            vec![from_pod(&to_a).passes()],
-            &[(FALLTHROUGH, 1)],
-        ),
-        case(
             "unknown action value fails closed",
             |dp, _| {
                 dp.selected(LOCAL_POD);
@@ -488,37 +160,10 @@ fn from_pod_table() {
             &[(DROP_NO_GATEWAY, 1)],
         ),
         case(
-            "SYN MSS 1460 clamped to tunnel_mtu - 40, checksum valid",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&syn_1460).expect(TC_ACT_REDIRECT, Out::Frame(syn_clamped.build()))],
-            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
-        ),
-        case(
             "SYN MSS already small enough: untouched",
             |dp, _| local_pod_to_a(dp, PEER),
             vec![from_pod(&syn(LOCAL_POD, 40_000, DEST_A, 80, 1200)).tunneled()],
             &[(TUNNELED, 1)],
-        ),
-        case(
-            "SYN with IP options: MSS clamped at the right offset",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![
-                from_pod(&with_opts(&syn_1460))
-                    .expect(TC_ACT_REDIRECT, Out::Frame(with_opts(&syn_clamped).build())),
-            ],
-            &[(MSS_CLAMPED, 1), (TUNNELED, 1)],
-        ),
-        case(
-            "local gateway: SNAT to the egress IP, TTL decremented, out of sec0",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![from_pod(&to_a).redirected(&local_gw_out)],
-            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "local gateway with IP options: SNAT checksums correct",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![from_pod(&with_opts(&to_a)).redirected(&with_opts(&local_gw_out))],
-            &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
             "local gateway, UDP: SNAT",
@@ -565,39 +210,8 @@ fn from_pod_table() {
             vec![from_pod(&to_a).raw(truncated_tcp).dropped()],
             &[(DROP_MALFORMED, 1)],
         ),
-        case(
-            "frame shorter than its IP total length passes, counted",
-            |dp, _| local_pod_to_a(dp, PEER),
-            vec![from_pod(&to_a).raw(short_frame).passes()],
-            &[(MALFORMED_PASSED, 1)],
-        ),
-        case(
-            "agent not ready: selected packet dropped",
-            |dp, net| {
-                local_pod_to_a(dp, PEER);
-                dp.config(Config {
-                    flags: 0,
-                    ..config(net)
-                });
-            },
-            vec![from_pod(&to_a).dropped()],
-            &[(DROP_NOT_READY, 1)],
-        ),
     ]);
-}
-
-/// `--unknown-pods drop`: network A (10.100.0.0/24) covered, with an except hole at
-/// 10.100.0.128/28, `LOCAL_POD` selected and `UNSELECTED_POD` known.
-fn unknown_pods_drop(dp: &mut Datapath, net: &Net) {
-    dp.config(Config {
-        flags: flags::READY | flags::UNKNOWN_PODS_DROP,
-        ..config(net)
-    });
-    local_pod_to_a(dp, PEER);
-    dp.known_pod(LOCAL_POD);
-    dp.known_pod(UNSELECTED_POD);
-    dp.covered(a(10, 100, 0, 0), 24, true);
-    dp.covered(a(10, 100, 0, 128), 28, false);
+    run_table(cases);
 }
 
 /// A selected pod whose entries did not fit the policy map (the agent wrote none and
@@ -650,22 +264,14 @@ fn policy_map_full_table() {
     ]);
 }
 
-/// A pod address of this node that no Pod object has announced yet.
-const UNKNOWN_POD: Ipv4Addr = a(10, 244, 1, 77);
-
 #[test]
 fn unknown_pods_table() {
     let to_a = udp(UNKNOWN_POD, 40_000, DEST_A, 53);
     let to_hole = to_a.clone().dst(a(10, 100, 0, 130));
     let mut garbage = to_a.build();
     garbage[14] = 0x00; // version 0, IHL 0: not an IPv4 header, destination still covered
-    run_table(vec![
-        case(
-            "unknown pod to a covered destination: dropped, counted",
-            unknown_pods_drop,
-            vec![from_pod(&to_a).dropped()],
-            &[(DROP_UNKNOWN_POD, 1)],
-        ),
+    let mut cases = cases::unknown_pods_cases();
+    cases.extend(vec![
         case(
             "unknown pod, TCP SYN: dropped, counted",
             unknown_pods_drop,
@@ -721,15 +327,6 @@ fn unknown_pods_table() {
             &[(TUNNELED, 1)],
         ),
         case(
-            "--unknown-pods pass (flag off): unknown pod passes, maps filled or not",
-            |dp, net| {
-                unknown_pods_drop(dp, net);
-                dp.config(config(net));
-            },
-            vec![from_pod(&to_a).passes()],
-            &[],
-        ),
-        case(
             "agent not ready: unknown pod passes (nothing is decided before the agent)",
             |dp, net| {
                 unknown_pods_drop(dp, net);
@@ -742,6 +339,7 @@ fn unknown_pods_table() {
             &[],
         ),
     ]);
+    run_table(cases);
 }
 
 /// `from_underlay`: our VXLAN packets (to this node's address, UDP port
@@ -1034,59 +632,17 @@ fn unadmit(dp: &mut Datapath, pod: Ipv4Addr, rule_id: u32) {
 #[test]
 fn from_tunnel_table() {
     let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
-    let ack_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
     let out = |p: &Ipv4Packet, port| snatted(p, EGRESS_A, port, SEC0_MAC, DEST_A_MAC);
-    let echo = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::echo_request(7, 1));
-    let echo2 = echo.clone().src(REMOTE_POD2);
     let udp0 = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::udp_no_checksum(5000, 53, b"q"));
     let reply_in = tcp(DEST_A, 443, LOCAL_POD, 40_000, TCP_ACK).ttl(63);
-    let with_opts = syn_a.clone().options(&[1, 1, 148, 4, 0, 0]);
 
-    run_table(vec![
-        case(
-            "unknown sender dropped",
-            no_setup,
-            vec![from_tunnel(STRANGER, RULE_A, &syn_a).dropped()],
-            &[(DROP_UNKNOWN_SENDER, 1)],
-        ),
-        case(
-            "inner source not a pod of the sender dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(LOCAL_POD)).dropped(),
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(a(10, 244, 9, 9))).dropped(),
-            ],
-            &[(DROP_SPOOFED_SOURCE, 2)],
-        ),
+    let mut cases = cases::from_tunnel_cases(UL4);
+    cases.extend(vec![
         case(
             "unknown rule dropped",
             no_setup,
             vec![from_tunnel(PEER, 77, &syn_a).dropped()],
             &[(DROP_UNKNOWN_RULE, 1)],
-        ),
-        case(
-            "a pod of the sender that no policy selects, claiming a served rule, dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_UNSELECTED)).dropped(),
-                from_tunnel(PEER, RULE_SHARED, &syn_a.clone().src(REMOTE_UNSELECTED)).dropped(),
-            ],
-            &[(DROP_NOT_ADMITTED, 2)],
-        ),
-        case(
-            "a pod admitted for rule A only: rule B dropped, rule A translated",
-            |dp, _| dp.admit(REMOTE_UNSELECTED, RULE_A),
-            vec![
-                from_tunnel(
-                    PEER,
-                    RULE_B,
-                    &syn_a.clone().src(REMOTE_UNSELECTED).dst(DEST_B),
-                )
-                .dropped(),
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_UNSELECTED))
-                    .redirected(&out(&syn_a.clone().src(REMOTE_UNSELECTED), 40_000)),
-            ],
-            &[(DROP_NOT_ADMITTED, 1), (SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
             "established flow of a pod no longer admitted: conntrack hit, not checked again",
@@ -1108,85 +664,6 @@ fn from_tunnel_table() {
             &[],
         ),
         case(
-            "new flow: SNAT keeps the free pod port, TTL decremented; then conntrack hit",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
-                from_tunnel(PEER, RULE_A, &ack_a).redirected(&out(&ack_a, 40_000)),
-            ],
-            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
-        ),
-        case(
-            "rule B leaves by sec1 with its own egress IP",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_B, &syn_a.clone().dst(DEST_B)).redirected(&snatted(
-                    &syn_a.clone().dst(DEST_B),
-                    EGRESS_B,
-                    40_000,
-                    SEC1_MAC,
-                    DEST_B_MAC,
-                )),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "destination behind a router: next hop's MAC",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_FAR)).redirected(&snatted(
-                    &syn_a.clone().dst(DEST_FAR),
-                    EGRESS_A,
-                    40_000,
-                    SEC0_MAC,
-                    ROUTER_A_MAC,
-                )),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "no neighbour yet: redirect_neigh (SNATed, MACs left to the kernel)",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_A_NO_NEIGH)).redirected(
-                    &snatted(
-                        &syn_a.clone().dst(DEST_A_NO_NEIGH),
-                        EGRESS_A,
-                        40_000,
-                        SEC0_MAC,
-                        DEST_A_MAC,
-                    )
-                    .macs(HOST_MAC, POD_MAC),
-                ),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "destination not reachable through the rule's interface: dropped",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().dst(DEST_B)).dropped()],
-            &[(SNAT_NEW, 1), (DROP_FIB, 1)],
-        ),
-        case(
-            "two pods, same source port, same destination: distinct translations",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a).redirected(&out(&syn_a, 40_000)),
-                from_tunnel(PEER, RULE_A, &syn_a.clone().src(REMOTE_POD2))
-                    .redirected_if(snatted_in_range(&syn_a.clone().src(REMOTE_POD2), 40_000)),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
-            "ICMP echo: identifier kept when free, translated when taken",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &echo).redirected(&out(&echo, 7)),
-                from_tunnel(PEER, RULE_A, &echo2).redirected_if(snatted_in_range(&echo2, 7)),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
             "UDP without checksum: stays zero through SNAT",
             no_setup,
             vec![
@@ -1195,18 +672,6 @@ fn from_tunnel_table() {
                     .redirected_if(snatted_in_range(&udp0.clone().src(REMOTE_POD2), 5000)),
             ],
             &[(SNAT_NEW, 2), (FORWARDED, 2)],
-        ),
-        case(
-            "IP options: SNAT checksums correct",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_A, &with_opts).redirected(&out(&with_opts, 40_000))],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "TTL 1 dropped",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_A, &syn_a.clone().ttl(1)).dropped()],
-            &[(DROP_TTL_EXCEEDED, 1)],
         ),
         case(
             "fragment dropped",
@@ -1221,45 +686,6 @@ fn from_tunnel_table() {
                 from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::raw(PROTO_GRE, &[0; 8]))).dropped(),
             ],
             &[(DROP_UNSUPPORTED_PROTO, 1)],
-        ),
-        case(
-            "port exhaustion (range of two ports) counted",
-            |dp, net| {
-                dp.config(Config {
-                    port_min: 30_000,
-                    port_max: 30_001,
-                    ..config(net)
-                });
-            },
-            vec![
-                from_tunnel(PEER, RULE_A, &syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)))
-                    .redirected(&out(&syn_a.clone().l4(L4::tcp(30_000, 443, 0x02)), 30_000)),
-                from_tunnel(
-                    PEER,
-                    RULE_A,
-                    &syn_a
-                        .clone()
-                        .src(REMOTE_POD2)
-                        .l4(L4::tcp(30_001, 443, 0x02)),
-                )
-                .redirected(&out(
-                    &syn_a
-                        .clone()
-                        .src(REMOTE_POD2)
-                        .l4(L4::tcp(30_001, 443, 0x02)),
-                    30_001,
-                )),
-                from_tunnel(
-                    PEER,
-                    RULE_A,
-                    &syn_a
-                        .clone()
-                        .src(REMOTE_POD3)
-                        .l4(L4::tcp(30_000, 443, 0x02)),
-                )
-                .dropped(),
-            ],
-            &[(SNAT_NEW, 2), (FORWARDED, 2), (DROP_PORT_EXHAUSTED, 1)],
         ),
         case(
             "one-way flow (replies idle past the timeout) keeps its port from a new flow",
@@ -1291,35 +717,6 @@ fn from_tunnel_table() {
             &[(SNAT_HIT, 1), (FORWARDED, 1)],
         ),
         case(
-            "1400-byte UDP payload: SNAT checksum over the whole payload",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
-                    .redirected(&out(&big_udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "agent not ready: tunneled packet dropped",
-            |dp, net| {
-                dp.config(Config {
-                    flags: 0,
-                    ..config(net)
-                })
-            },
-            vec![from_tunnel(PEER, RULE_A, &syn_a).dropped()],
-            &[(DROP_NOT_READY, 1)],
-        ),
-        case(
-            "RETURN_VNI for a local pod: delivered to its device",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RETURN_VNI, &reply_in)
-                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
-            ],
-            &[(RETURN_DELIVERED, 1)],
-        ),
-        case(
             "RETURN_VNI for a pod of another node dropped",
             no_setup,
             vec![from_tunnel(PEER, RETURN_VNI, &reply_in.clone().dst(REMOTE_POD)).dropped()],
@@ -1332,326 +729,29 @@ fn from_tunnel_table() {
             &[(DROP_UNKNOWN_SENDER, 1)],
         ),
     ]);
+    run_table(cases);
 }
 
-/// The next hop an established flow's packets take comes from its conntrack entry, not
-/// from a FIB lookup per packet, until the agent bumps `NH_GEN` (a route or neighbour
-/// change) or the cache is older than a second. The flow goes through router A
-/// (172.16.0.0/16 via 10.100.0.1 on sec0); the router's MAC changes under it.
+/// The next hop an established flow's packets take comes from its conntrack entry until
+/// the generation changes (`bed::cases`): through router A, 172.16.0.0/16 via 10.100.0.1.
 #[test]
 fn an_established_flow_uses_its_cached_next_hop_until_the_generation_changes() {
-    in_netns(|| {
-        const FAR: Ipv4Addr = a(172, 16, 0, 9);
-        const NEW_ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0xee];
-        const POISON: [u8; 6] = [0x02, 0, 0, 0, 0xba, 0xd0];
-        let net = topology();
-        let mut dp = Datapath::load();
-        base(&mut dp, &net);
-        dp.nh_gen(7);
-        let send = |dp: &mut Datapath, flags: u8| {
-            let o = dp.run(
-                FROM_TUNNEL,
-                &tcp(REMOTE_POD, 40_000, FAR, 443, flags).build(),
-                net.tun0,
-                Some((PEER.into(), RULE_A)),
-            );
-            assert_eq!(o.verdict, TC_ACT_REDIRECT);
-            // The frame's destination and source MAC.
-            (
-                <[u8; 6]>::try_from(&o.frame[0..6]).unwrap(),
-                <[u8; 6]>::try_from(&o.frame[6..12]).unwrap(),
-            )
-        };
-        let original = |dp: &mut Datapath| {
-            dp.ct()
-                .into_iter()
-                .find(|(k, _)| k.dir == dir::ORIGINAL)
-                .expect("the flow's original entry")
-        };
-        // The first packet looks the route up and leaves the answer in the entry.
-        assert_eq!(send(&mut dp, 0x02), (ROUTER_A_MAC, SEC0_MAC));
-        let (key, e) = original(&mut dp);
-        assert_eq!(e.next_hop.dmac, ROUTER_A_MAC);
-        assert_eq!(e.next_hop.smac, SEC0_MAC);
-        assert_eq!(e.next_hop.ifindex, net.sec0);
-        assert_eq!(e.next_hop.generation, 7);
-        // The router's MAC changes, and nobody says so: the flow keeps the cached one
-        // (proof that no FIB lookup ran).
-        ip(&format!(
-            "neigh replace 10.100.0.1 lladdr {} dev sec0 nud permanent",
-            mac(NEW_ROUTER_MAC)
-        ));
-        assert_eq!(send(&mut dp, 0x10), (ROUTER_A_MAC, SEC0_MAC));
-        // The agent bumps the generation: the next packet looks again, and caches that.
-        dp.nh_gen(8);
-        assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
-        let (_, e) = original(&mut dp);
-        assert_eq!(
-            (e.next_hop.dmac, e.next_hop.generation),
-            (NEW_ROUTER_MAC, 8)
-        );
-        assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC));
-        // A cache of another generation, one older than a second, or one stamped ahead
-        // of the clock by more than a jiffy (garbage), is never used.
-        let now = ktime_ns();
-        for (generation, filled_ns, case) in [
-            (7, now, "older generation"),
-            (8, now - 2_000_000_000, "filled 2 s ago"),
-            (8, now + 2_000_000_000, "stamped 2 s ahead"),
-        ] {
-            let mut stale = e;
-            stale.next_hop.dmac = POISON;
-            stale.next_hop.generation = generation;
-            stale.next_hop.filled = conntrack::stamp(filled_ns);
-            dp.ct_insert(key, stale);
-            assert_eq!(send(&mut dp, 0x10), (NEW_ROUTER_MAC, SEC0_MAC), "{case}");
-        }
-        // And a valid one is: the poisoned MAC goes out (the cache, not the FIB, decided).
-        let mut cached = e;
-        cached.next_hop.dmac = POISON;
-        cached.next_hop.filled = conntrack::stamp(ktime_ns());
-        dp.ct_insert(key, cached);
-        assert_eq!(send(&mut dp, 0x10), (POISON, SEC0_MAC));
-    });
+    cases::an_established_flow_uses_its_cached_next_hop::<Ipv4Addr>(UL4);
 }
 
 /// The entries a first packet REMOTE_POD:40000 -> DEST_A:443 (TCP, rule A) leaves behind.
 #[test]
 fn from_tunnel_conntrack_entries() {
-    in_netns(|| {
-        let net = topology();
-        let mut dp = Datapath::load();
-        base(&mut dp, &net);
-        let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
-        let o = dp.run(
-            FROM_TUNNEL,
-            &syn_a.build(),
-            net.tun0,
-            Some((PEER.into(), RULE_A)),
-        );
-        assert_eq!(o.verdict, TC_ACT_REDIRECT);
-        let mut ct = dp.ct();
-        ct.sort_by_key(|(k, _)| k.dir);
-        let strip = |mut e: CtEntryV4| {
-            assert_ne!(e.last_seen_ns, 0);
-            e.last_seen_ns = 0;
-            if e.next_hop.ifindex != 0 {
-                assert_ne!(e.next_hop.filled, 0);
-                e.next_hop.filled = 0;
-            }
-            e
-        };
-        let got: Vec<_> = ct.into_iter().map(|(k, e)| (k, strip(e))).collect();
-        // The original entry caches the next hop the first packet's FIB lookup found
-        // (DEST_A's neighbour on sec0); the reply entry, which tunnels, caches nothing.
-        let learned = NextHop {
-            dmac: DEST_A_MAC,
-            smac: SEC0_MAC,
-            mtu: 1500,
-            ifindex: net.sec0,
-            ..NextHop::default()
-        };
-        let common = CtEntryV4 {
-            xlate_addr: EGRESS_A.octets(),
-            xlate_port_be: 40_000u16.to_be(),
-            state: state::NEW,
-            _pad0: 0,
-            pod_node: underlay::from_v4(PEER.octets()),
-            ifindex: net.sec0,
-            rule_id: RULE_A,
-            last_seen_ns: 0,
-            next_hop: Default::default(),
-        };
-        assert_eq!(
-            got,
-            vec![
-                (
-                    CtKeyV4 {
-                        src: REMOTE_POD.octets(),
-                        dst: DEST_A.octets(),
-                        src_port_be: 40_000u16.to_be(),
-                        dst_port_be: 443u16.to_be(),
-                        proto: 6,
-                        dir: dir::ORIGINAL,
-                        _pad: [0; 2],
-                    },
-                    CtEntryV4 {
-                        next_hop: learned,
-                        ..common
-                    }
-                ),
-                (
-                    CtKeyV4 {
-                        src: DEST_A.octets(),
-                        dst: EGRESS_A.octets(),
-                        src_port_be: 443u16.to_be(),
-                        dst_port_be: 40_000u16.to_be(),
-                        proto: 6,
-                        dir: dir::REPLY,
-                        _pad: [0; 2],
-                    },
-                    CtEntryV4 {
-                        xlate_addr: REMOTE_POD.octets(),
-                        ..common
-                    }
-                ),
-            ]
-        );
-    });
+    cases::from_tunnel_conntrack_entries::<Ipv4Addr>(UL4);
 }
 
 // ---- interface rules: a TCP flow from another gateway ----
 
-const TCP_PSH: u8 = 0x08;
-
-/// A segment of an established TCP flow: timestamps and 37 bytes of data.
-fn segment(sport: u16, dport: u16, flags: u8) -> L4 {
-    L4::Tcp {
-        sport,
-        dport,
-        flags,
-        seq: 0x1111_2222,
-        ack: 0x3333_4444,
-        // NOP, NOP, timestamps.
-        options: vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2],
-        payload: b"GET /index.html HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
-    }
-}
-
-/// The RST that answers the segment `p` (MACs as in `p`): from its destination to its
-/// source, with seq = its ack number (RST+ACK, seq 0 and ack = its seq + length if it has
-/// no ACK), window 0, no options or data; the IP header as it was (options, ID, TTL) but
-/// for the addresses and the length. Checksums computed here.
-fn rst_for(p: &Ipv4Packet) -> Vec<u8> {
-    let L4::Tcp {
-        sport,
-        dport,
-        flags,
-        seq,
-        ack,
-        payload,
-        ..
-    } = &p.l4
-    else {
-        panic!("not TCP: {p:?}");
-    };
-    let (seq, ack, flags) = if flags & TCP_ACK != 0 {
-        (*ack, 0, TCP_RST)
-    } else {
-        let len = payload.len() as u32 + u32::from(flags & TCP_FIN != 0);
-        (0, seq + len, TCP_RST | TCP_ACK)
-    };
-    let mut f = p
-        .clone()
-        .src(p.dst)
-        .dst(p.src)
-        .l4(L4::Tcp {
-            sport: *dport,
-            dport: *sport,
-            flags,
-            seq,
-            ack,
-            options: Vec::new(),
-            payload: Vec::new(),
-        })
-        .build();
-    let tcp = f.len() - 20;
-    // Window 0 (the builder's is fixed), then the checksum again.
-    f[tcp + 14..tcp + 18].fill(0);
-    let c = checksum(&[
-        &p.dst.octets(),
-        &p.src.octets(),
-        &[0, PROTO_TCP, 0, 20],
-        &f[tcp..],
-    ]);
-    f[tcp + 16..tcp + 18].copy_from_slice(&c.to_be_bytes());
-    f
-}
-
-fn rst(step: Step, p: &Ipv4Packet) -> Step {
-    step.expect(TC_ACT_REDIRECT, Out::Frame(rst_for(p)))
-}
-
-/// An `interface:` rule SNATs to the gateway's own address, which a new gateway cannot
-/// keep: a mid-stream TCP segment without a flow here (the flow began at another gateway)
-/// is answered with a RST to the pod, so that it fails at once. Dedicated egress IPs take
-/// such flows over, and SYNs, RSTs and other protocols are translated as before.
+/// `bed::cases::interface_rule_cases`: a mid-stream segment of an `interface:` rule without
+/// a flow here is answered with a RST.
 #[test]
 fn interface_rule_table() {
-    let seg = Ipv4Packet::new(REMOTE_POD, DEST_A, segment(40_000, 443, TCP_ACK | TCP_PSH));
-    let seg_opts = seg.clone().options(&[1, 1, 148, 4, 0, 0]);
-    let fin = seg.clone().l4(segment(40_000, 443, TCP_FIN));
-    let local = seg.clone().src(LOCAL_POD);
-    let syn_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_SYN);
-    let rst_a = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_RST | TCP_ACK);
-    let udp_a = udp(REMOTE_POD, 5000, DEST_A, 53);
-    let shared = |p: &Ipv4Packet, port| snatted(p, SHARED_A, port, SEC0_MAC, DEST_A_MAC);
-
-    run_table(vec![
-        case(
-            "mid-stream segment, no flow here: RST back through the tunnel, and no entry made",
-            no_setup,
-            vec![
-                rst(from_tunnel(PEER, RULE_SHARED, &seg), &seg),
-                rst(from_tunnel(PEER, RULE_SHARED, &seg), &seg),
-            ],
-            &[(RESET_MIDSTREAM, 2)],
-        ),
-        case(
-            "mid-stream segment with IP options: options kept, TCP options and data cut",
-            no_setup,
-            vec![rst(from_tunnel(PEER, RULE_SHARED, &seg_opts), &seg_opts)],
-            &[(RESET_MIDSTREAM, 1)],
-        ),
-        case(
-            "segment without ACK (a bare FIN): RST+ACK acknowledging its data and FIN",
-            no_setup,
-            vec![rst(from_tunnel(PEER, RULE_SHARED, &fin), &fin)],
-            &[(RESET_MIDSTREAM, 1)],
-        ),
-        case(
-            "pod on this gateway: RST delivered to its device",
-            |dp, _| {
-                dp.selected(LOCAL_POD);
-                dp.policy(LOCAL_POD, a(10, 100, 0, 0), 24, forward(NODE, RULE_SHARED));
-            },
-            vec![rst(
-                from_pod(&local),
-                &local.clone().macs(POD_MAC, POD0_MAC),
-            )],
-            &[(LOCAL_GATEWAY, 1), (RESET_MIDSTREAM, 1)],
-        ),
-        case(
-            "SYN: translated to the interface's address as before; the flow's segments too",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_SHARED, &syn_a).redirected(&shared(&syn_a, 40_000)),
-                from_tunnel(PEER, RULE_SHARED, &seg).redirected(&shared(&seg, 40_000)),
-            ],
-            &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
-        ),
-        case(
-            "RST without a flow: translated and sent on, never answered",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_SHARED, &rst_a).redirected(&shared(&rst_a, 40_000))],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "UDP without a flow: translated as before",
-            no_setup,
-            vec![from_tunnel(PEER, RULE_SHARED, &udp_a).redirected(&shared(&udp_a, 5000))],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-        case(
-            "dedicated egress IP: the segment takes the flow over (new entry, same port)",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &seg)
-                    .redirected(&snatted(&seg, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC)),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1)],
-        ),
-    ]);
+    run_table(cases::interface_rule_cases(UL4));
 }
 
 /// The RST leaves no conntrack entry behind, and verifies on its own: the IP header and
@@ -1748,111 +848,13 @@ fn a_pod_over_its_flow_limit_gets_no_new_flow_and_others_are_unaffected() {
 
 #[test]
 fn from_secondary_table() {
-    let fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, 0x02);
-    let synack = syn(DEST_A, 443, EGRESS_A, 40_000, 1460).l4(L4::Tcp {
-        sport: 443,
-        dport: 40_000,
-        flags: 0x12,
-        seq: 9,
-        ack: 0x0102_0305,
-        options: vec![2, 4, 0x05, 0xb4],
-        payload: Vec::new(),
-    });
-    let synack_clamped = synack.clone().l4(L4::Tcp {
-        sport: 443,
-        dport: 40_000,
-        flags: 0x12,
-        seq: 9,
-        ack: 0x0102_0305,
-        options: vec![2, 4, 0x05, 0x82],
-        payload: Vec::new(),
-    });
     let reply = tcp(DEST_A, 443, EGRESS_A, 40_000, TCP_ACK);
-    let local_fwd = tcp(LOCAL_POD, 40_000, DEST_A, 443, 0x02);
-    let echo = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::echo_request(7, 1));
-    let echo_reply = Ipv4Packet::new(DEST_A, EGRESS_A, L4::echo_reply(7, 1));
     let udp0 = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::udp_no_checksum(5000, 53, b"q"));
     let udp0_reply = Ipv4Packet::new(DEST_A, EGRESS_A, L4::udp_no_checksum(53, 5000, b"a"));
     let udp_reply = udp(DEST_A, 53, EGRESS_A, 5000);
-    let to_second = |prev: &[u8]| tcp(DEST_A, 443, EGRESS_A, sport_of(prev), TCP_ACK).build();
 
-    run_table(vec![
-        case(
-            "reply with an entry: reverse NAT, tunneled back to the pod's node",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&reply).redirected(&unnatted(&reply, REMOTE_POD, 40_000)),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "SYN-ACK into the tunnel: MSS clamped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&synack).redirected(&unnatted(&synack_clamped, REMOTE_POD, 40_000)),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (MSS_CLAMPED, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "reply to the second of two colliding flows restores its pod and port",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
-                from_tunnel(PEER, RULE_A, &fwd.clone().src(REMOTE_POD2))
-                    .expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&reply)
-                    .derive(to_second)
-                    .redirected(&unnatted(&reply, REMOTE_POD2, 40_000)),
-            ],
-            &[
-                (SNAT_NEW, 2),
-                (FORWARDED, 2),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "reply for a pod on this gateway: delivered to its device",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![
-                from_pod(&local_fwd).expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&reply)
-                    .redirected(&unnatted(&reply, LOCAL_POD, 40_000).macs(POD_MAC, POD0_MAC)),
-            ],
-            &[
-                (LOCAL_GATEWAY, 1),
-                (SNAT_NEW, 1),
-                (FORWARDED, 2),
-                (REVERSE_NAT, 1),
-            ],
-        ),
-        case(
-            "ICMP echo reply: identifier restored",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &echo).expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&echo_reply).redirected(&unnatted(&echo_reply, REMOTE_POD, 7)),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
+    let mut cases = cases::from_secondary_cases(UL4);
+    cases.extend(vec![
         case(
             "UDP reply without checksum stays zero; with checksum, fixed",
             no_setup,
@@ -1916,164 +918,25 @@ fn from_secondary_table() {
             vec![from_secondary(&udp_reply).redirected(&unnatted(&udp_reply, REMOTE_POD, 5000))],
             &[(REVERSE_NAT, 1), (RETURN_TUNNELED, 1)],
         ),
-        case(
-            "1400-byte UDP reply: reverse NAT checksum over the whole payload",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &big_udp(REMOTE_POD, 5000, DEST_A, 53))
-                    .expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&big_udp(DEST_A, 53, EGRESS_A, 5000)).redirected(&unnatted(
-                    &big_udp(DEST_A, 53, EGRESS_A, 5000),
-                    REMOTE_POD,
-                    5000,
-                )),
-            ],
-            &[
-                (SNAT_NEW, 1),
-                (FORWARDED, 1),
-                (REVERSE_NAT, 1),
-                (RETURN_TUNNELED, 1),
-            ],
-        ),
-        case(
-            "agent not ready: dedicated egress IP dropped, shared address passes",
-            |dp, net| {
-                dp.config(Config {
-                    flags: 0,
-                    ..config(net)
-                })
-            },
-            vec![
-                from_secondary(&reply).dropped(),
-                from_secondary(&reply.clone().dst(SHARED_A)).passes(),
-            ],
-            &[(DROP_NOT_READY, 1)],
-        ),
-        case(
-            "reply with TTL 1 dropped",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RULE_A, &fwd).expect(TC_ACT_REDIRECT, Out::Any),
-                from_secondary(&reply.clone().ttl(1)).dropped(),
-            ],
-            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_TTL_EXCEEDED, 1)],
-        ),
-        case(
-            "shared address (the interface's own), no entry: passes to the host",
-            no_setup,
-            vec![from_secondary(&reply.clone().dst(SHARED_A)).passes()],
-            &[],
-        ),
-        case(
-            "unrelated traffic passes untouched",
-            no_setup,
-            vec![
-                from_secondary(&reply.clone().dst(a(10, 100, 0, 99))).passes(),
-                from_secondary(&reply).raw(arp_frame()).passes(),
-            ],
-            &[],
-        ),
     ]);
+    run_table(cases);
 }
 
 // ---- ICMP errors about translated flows ----
 
-/// The router on network A.
-const ROUTER_A: Ipv4Addr = a(10, 100, 0, 1);
-/// The 4 bytes after the checksum of "fragmentation needed": unused, next-hop MTU 1300.
-const MTU_1300: [u8; 4] = [0, 0, 0x05, 0x14];
-
-/// An ICMP error from the router on network A to `to`, quoting `q`.
-fn error_to(to: Ipv4Addr, kind: u8, code: u8, rest: [u8; 4], q: &[u8]) -> Ipv4Packet {
-    Ipv4Packet::new(ROUTER_A, to, icmp_error(kind, code, rest, q)).macs(SEC0_MAC, ROUTER_A_MAC)
-}
-
-/// `q` (a quote of a packet the gateway sent from the egress IP) as its pod sent it:
-/// source `src`, source port (or echo identifier, `port_at` into the transport header)
-/// `port`, its header checksum recomputed; its transport checksum stays that of the
-/// translated packet (see `icmp_error` in the datapath).
-fn requoted(q: &[u8], src: Ipv4Addr, port: u16, port_at: usize) -> Vec<u8> {
-    let mut q = q.to_vec();
-    q[12..16].copy_from_slice(&src.octets());
-    q[20 + port_at..22 + port_at].copy_from_slice(&port.to_be_bytes());
-    q[10..12].copy_from_slice(&[0, 0]);
-    let c = checksum(&[&q[..20]]);
-    q[10..12].copy_from_slice(&c.to_be_bytes());
-    q
-}
-
-/// The error `e` (quoting `q`) translated back to `pod` (quoted port `port` at
-/// `port_at`): destination, TTL, the quote; every checksum computed from scratch.
-fn error_back(e: &Ipv4Packet, q: &[u8], pod: Ipv4Addr, port: u16, port_at: usize) -> Ipv4Packet {
-    let L4::Raw { payload, .. } = &e.l4 else {
-        panic!("not an ICMP error: {e:?}")
-    };
-    let rest = [payload[4], payload[5], payload[6], payload[7]];
-    e.clone().dst(pod).ttl(e.ttl - 1).l4(icmp_error(
-        payload[0],
-        payload[1],
-        rest,
-        &requoted(q, pod, port, port_at),
-    ))
-}
-
-/// Checks `f` is `want` byte for byte, and, on its own, that the outer IPv4 header, the
-/// ICMP message and the quoted IPv4 header all sum to zero (checksums valid).
-fn error_with_valid_checksums(want: &Ipv4Packet) -> impl Fn(&[u8]) -> Result<(), String> + use<> {
-    let want = want.build();
-    move |f: &[u8]| {
-        frame_diff(f, &want)?;
-        let ihl = usize::from(f[14] & 0xf) * 4;
-        let icmp = &f[14 + ihl..];
-        for (what, bytes) in [
-            ("outer IPv4 header", &f[14..14 + ihl]),
-            ("ICMP message", icmp),
-            ("quoted IPv4 header", &icmp[8..28]),
-        ] {
-            if checksum(&[bytes]) != 0 {
-                return Err(format!("{what}: checksum does not verify"));
-            }
-        }
-        Ok(())
-    }
-}
-
+/// `bed::cases::icmp_error_cases`, and errors only IPv4 has: host unreachable, a quote of
+/// a packet the gateway did not send, an error about the host's own flow.
 #[test]
 fn icmp_error_table() {
     let tcp_fwd = tcp(REMOTE_POD, 40_000, DEST_A, 443, TCP_ACK);
     let tcp_out = snatted(&tcp_fwd, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC).build();
-    let udp_fwd = udp(REMOTE_POD, 5000, DEST_A, 53);
-    let udp_out = snatted(&udp_fwd, EGRESS_A, 5000, SEC0_MAC, DEST_A_MAC).build();
-    let echo_fwd = Ipv4Packet::new(REMOTE_POD, DEST_A, L4::echo_request(7, 1));
-    let echo_out = snatted(&echo_fwd, EGRESS_A, 7, SEC0_MAC, DEST_A_MAC).build();
-    let local_fwd = tcp(LOCAL_POD, 40_000, DEST_A, 443, TCP_ACK);
-    let local_out = snatted(&local_fwd, EGRESS_A, 40_000, SEC0_MAC, DEST_A_MAC).build();
-
-    let frag_needed = quote(&tcp_out, 28);
-    let frag_needed_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 4, MTU_1300, &frag_needed);
     let host_unreach = quote(&tcp_out, 40);
     let host_unreach_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 1, [0; 4], &host_unreach);
-    let port_unreach = quote(&udp_out, udp_out.len() - 14);
-    let port_unreach_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 3, [0; 4], &port_unreach);
-    let ttl = quote(&echo_out, 28);
-    let ttl_err = error_to(EGRESS_A, ICMP_TIME_EXCEEDED, 0, [0; 4], &ttl);
-    let local = quote(&local_out, 28);
-    let local_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 4, MTU_1300, &local);
-    let truncated_err = error_to(
-        EGRESS_A,
-        ICMP_DEST_UNREACH,
-        4,
-        MTU_1300,
-        &quote(&tcp_out, 24),
-    );
     // The quote of what the pod sent (not from the egress IP): nothing the gateway sent.
     let foreign = quote(&tcp_fwd.build(), 28);
     let foreign_err = error_to(EGRESS_A, ICMP_DEST_UNREACH, 4, MTU_1300, &foreign);
     let host_flow = quote(&tcp(SHARED_A, 50_000, DEST_A, 443, TCP_ACK).build(), 28);
     let host_flow_err = error_to(SHARED_A, ICMP_DEST_UNREACH, 4, MTU_1300, &host_flow);
-    let reply = tcp(DEST_A, 443, EGRESS_A, 40_000, TCP_ACK);
-    // On the pod's node: the error as the gateway tunneled it back.
-    let returned = error_back(&frag_needed_err, &frag_needed, LOCAL_POD, 40_000, 0);
     let flow = |p: &Ipv4Packet| from_tunnel(PEER, RULE_A, p).forwarded_any();
     let xlated = &[
         (SNAT_NEW, 1),
@@ -2082,81 +945,22 @@ fn icmp_error_table() {
         (RETURN_TUNNELED, 1),
     ];
 
-    run_table(vec![
-        case(
-            "fragmentation needed, 8 bytes of TCP quoted: tunneled back to the pod's node",
-            no_setup,
-            vec![
-                flow(&tcp_fwd),
-                from_secondary(&frag_needed_err).redirected_if(error_with_valid_checksums(
-                    &error_back(&frag_needed_err, &frag_needed, REMOTE_POD, 40_000, 0),
-                )),
-            ],
-            xlated,
-        ),
+    let mut cases = cases::icmp_error_cases(UL4);
+    cases.extend(vec![
         case(
             "host unreachable quoting the whole TCP header",
             no_setup,
             vec![
                 flow(&tcp_fwd),
-                from_secondary(&host_unreach_err).redirected_if(error_with_valid_checksums(
-                    &error_back(&host_unreach_err, &host_unreach, REMOTE_POD, 40_000, 0),
-                )),
-            ],
-            xlated,
-        ),
-        case(
-            "port unreachable about a UDP flow",
-            no_setup,
-            vec![
-                flow(&udp_fwd),
-                from_secondary(&port_unreach_err).redirected_if(error_with_valid_checksums(
-                    &error_back(&port_unreach_err, &port_unreach, REMOTE_POD, 5000, 0),
-                )),
-            ],
-            xlated,
-        ),
-        case(
-            "time exceeded about an echo request: identifier restored",
-            no_setup,
-            vec![
-                flow(&echo_fwd),
-                from_secondary(&ttl_err).redirected_if(error_with_valid_checksums(&error_back(
-                    &ttl_err, &ttl, REMOTE_POD, 7, 4,
+                from_secondary(&host_unreach_err).redirected_if(valid_error(&error_back(
+                    &host_unreach_err,
+                    &host_unreach,
+                    REMOTE_POD,
+                    40_000,
+                    0,
                 ))),
             ],
             xlated,
-        ),
-        case(
-            "for a pod on this gateway: delivered to its device",
-            |dp, _| local_pod_to_a(dp, NODE),
-            vec![
-                from_pod(&local_fwd).forwarded_any(),
-                from_secondary(&local_err).redirected_if(error_with_valid_checksums(
-                    &error_back(&local_err, &local, LOCAL_POD, 40_000, 0).macs(POD_MAC, POD0_MAC),
-                )),
-            ],
-            &[
-                (LOCAL_GATEWAY, 1),
-                (SNAT_NEW, 1),
-                (FORWARDED, 2),
-                (ICMP_ERROR_XLATED, 1),
-            ],
-        ),
-        case(
-            "quoting a flow without an entry: dropped, and no entry made",
-            no_setup,
-            vec![
-                from_secondary(&frag_needed_err).dropped(),
-                from_secondary(&reply).dropped(),
-            ],
-            &[(DROP_ICMP_UNKNOWN_FLOW, 1), (DROP_NO_CONNTRACK, 1)],
-        ),
-        case(
-            "truncated quote (4 bytes of TCP): dropped",
-            no_setup,
-            vec![flow(&tcp_fwd), from_secondary(&truncated_err).dropped()],
-            &[(SNAT_NEW, 1), (FORWARDED, 1), (DROP_ICMP_QUOTE, 1)],
         ),
         case(
             "quote of a packet not from the egress IP: dropped",
@@ -2170,16 +974,8 @@ fn icmp_error_table() {
             vec![from_secondary(&host_flow_err).passes()],
             &[],
         ),
-        case(
-            "on the pod's node: RETURN_VNI error delivered to the pod's device",
-            no_setup,
-            vec![
-                from_tunnel(PEER, RETURN_VNI, &returned)
-                    .redirected(&returned.clone().macs(POD_MAC, POD0_MAC)),
-            ],
-            &[(RETURN_DELIVERED, 1)],
-        ),
     ]);
+    run_table(cases);
 }
 
 // ---- attach ----
@@ -2564,7 +1360,7 @@ fn syn_to_a(dp: &mut Datapath, net: &Net, pod: Ipv4Addr, sport: u16) -> (u32, u1
         net.tun0,
         Some((PEER.into(), RULE_A)),
     );
-    (o.verdict, sport_of(&o.frame))
+    (o.verdict, Ipv4Addr::sport_of(&o.frame))
 }
 
 /// A range of two ports, both taken: a third pod's new flows are refused and counted

@@ -30,7 +30,6 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use egress_common::{
-    config::{Config, flags},
     conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, state},
     maps,
     policy::{
@@ -40,7 +39,7 @@ use egress_common::{
     underlay,
 };
 
-use crate::testrun::{Datapath, ifindex, ip, ktime_ns, sysctl};
+use crate::testrun::{Datapath, ifindex, ip, ktime_ns, ready_config, sysctl};
 
 pub const NODE: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 10));
 pub const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 20));
@@ -56,9 +55,7 @@ pub const RULE_SHARED: u32 = 3;
 /// Served here for IPv4 only, and admitted for nobody.
 pub const RULE_V4_ONLY: u32 = 4;
 
-pub const PORT_MIN: u16 = 20_000;
-pub const PORT_MAX: u16 = 29_999;
-pub const TUNNEL_MTU: u16 = 1450;
+pub use crate::testrun::{PORT_MAX, PORT_MIN, TUNNEL_MTU};
 
 /// The devices of the namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -556,15 +553,7 @@ pub fn topology() -> Net {
 
 /// Fill the maps of `dp` from both plans.
 pub fn fill(dp: &mut Datapath, net: &Net) {
-    dp.config(Config {
-        node_ip: underlay::from_ip(NODE),
-        tunnel_ifindex: net.tun0,
-        port_min: PORT_MIN,
-        port_max: PORT_MAX,
-        tunnel_mtu: TUNNEL_MTU,
-        flags: flags::READY,
-        max_flows_per_pod: 0,
-    });
+    dp.config(ready_config(NODE, net.tun0));
     for (i, n) in NODES.into_iter().enumerate() {
         dp.node(n, i as u32 + 1);
     }

@@ -1,0 +1,765 @@
+//! Bringing the lab up: namespaces, links, routes, sysctls, CNI wiring, OVS, echo
+//! servers.
+
+use super::*;
+
+impl Lab {
+    /// Build the whole lab: namespaces, links, routes, sysctls, echo servers, state dir.
+    /// Everything built so far is removed if a step fails.
+    pub fn up(spec: LabSpec) -> Result<Lab> {
+        validate(&spec)?;
+        if !spec.echo_bin.is_file() {
+            bail!(
+                "failed to start the lab: egress-echo not found at {}",
+                spec.echo_bin.display()
+            );
+        }
+        let (prefix, underlay) = reserve_prefix(spec.prefix.as_deref())?;
+        netns::register_live(&prefix);
+        let dir = std::env::temp_dir().join(format!("egress-lab-{prefix}"));
+        let mut lab = Lab {
+            prefix,
+            dir,
+            pods: Vec::new(),
+            netns: BTreeMap::from([("ul".to_owned(), underlay)]),
+            servers: Vec::new(),
+            agents: BTreeMap::new(),
+            pin_dirs: BTreeMap::new(),
+            ready: NODES.iter().map(|n| (n.name.to_owned(), true)).collect(),
+            drained: std::collections::BTreeSet::new(),
+            unannounced: std::collections::BTreeSet::new(),
+            extra_pod_cidrs: BTreeMap::new(),
+            leaked: false,
+            spec,
+        };
+        lab.build()
+            .with_context(|| format!("failed to bring up lab {}", lab.prefix))?;
+        Ok(lab)
+    }
+
+    fn build(&mut self) -> Result<()> {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(self.state_dir())
+            .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
+        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
+        let v6 = self.spec.family.has_v6();
+
+        // Namespaces first, with rp_filter off before any interface exists (new namespaces
+        // may inherit the host's rp_filter).
+        let mut members = vec!["rtr".to_owned(), "rtr-b".to_owned()];
+        members.extend(NODES.iter().map(|n| n.name.to_owned()));
+        for net in NETWORKS {
+            members.push(format!("net-{}", net.id));
+            members.push(format!("host-{}", net.id));
+        }
+        members.extend(self.pods.iter().map(|p| p.name.clone()));
+        for m in &members {
+            let ns = Netns::add(&self.ns_name(m))?;
+            self.netns.insert(m.clone(), ns);
+        }
+        for (m, ns) in &self.netns {
+            let mut kv = vec![
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
+            ];
+            let router = m == "rtr" || m == "rtr-b" || NODES.iter().any(|n| n.name == m);
+            if router {
+                kv.push(("net.ipv4.ip_forward", "1"));
+            }
+            if v6 {
+                kv.extend([
+                    ("net.ipv6.conf.all.disable_ipv6", "0"),
+                    ("net.ipv6.conf.default.disable_ipv6", "0"),
+                    ("net.ipv6.conf.all.accept_dad", "0"),
+                    ("net.ipv6.conf.default.accept_dad", "0"),
+                ]);
+                if router {
+                    kv.push(("net.ipv6.conf.all.forwarding", "1"));
+                }
+            }
+            ns.sysctls(&kv)?;
+        }
+
+        // Bridges: the underlay and one per external network.
+        self.ns("ul")?
+            .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
+        for net in NETWORKS {
+            self.ns(&format!("net-{}", net.id))?
+                .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
+        }
+
+        // Underlay: every node and the router.
+        let ul = self.ns_name("ul");
+        let mut ul_ports = Vec::new();
+        let cni = self.spec.cni;
+        for node in &NODES {
+            let mut cmds = vec![format!(
+                "link add eth0 type veth peer name {} netns {ul}",
+                node.name
+            )];
+            if cni == Cni::Bridge {
+                cmds.extend([
+                    "link add br-ul type bridge".to_owned(),
+                    "link add cni0 type bridge".to_owned(),
+                    format!("addr add {}/24 dev cni0", node.pod_gateway()),
+                    "link set cni0 up".to_owned(),
+                ]);
+                if v6 {
+                    cmds.push(format!(
+                        "addr add {}/64 dev cni0 nodad",
+                        node.pod_gateway_v6()
+                    ));
+                }
+            }
+            self.ns(node.name)?.ip_batch(&cmds)?;
+            if cni == Cni::Ovs {
+                self.start_ovs(node)?;
+            }
+            self.ns(node.name)?
+                .ip_batch(&node.underlay_config(v6, cni))?;
+            ul_ports.push(node.name.to_owned());
+        }
+        let mut rtr = vec![
+            format!("link add eth0 type veth peer name rtr netns {ul}"),
+            format!("addr add {}/24 dev eth0", addr::ROUTER),
+            "link set eth0 up".to_owned(),
+        ];
+        for node in &NODES {
+            rtr.push(format!("route add {} via {}", node.pod_cidr(), node.ip));
+        }
+        if v6 {
+            rtr.push(format!("addr add {}/64 dev eth0 nodad", addr6::ROUTER));
+            for node in &NODES {
+                rtr.push(format!(
+                    "route add {} via {}",
+                    node.pod_cidr_v6(),
+                    node.ip6()
+                ));
+            }
+        }
+        self.ns("rtr")?.ip_batch(&rtr)?;
+        ul_ports.push("rtr".to_owned());
+        let ul_cmds: Vec<String> = ul_ports
+            .iter()
+            .map(|p| format!("link set {p} master br0 up"))
+            .collect();
+        self.ns("ul")?.ip_batch(&ul_cmds)?;
+
+        // rtr-b: a leg on network B (`eth0`), nothing on the underlay.
+        let net_b = self.ns_name("net-b");
+        let mut rtr_b = vec![
+            format!("link add eth0 type veth peer name rtr-b netns {net_b}"),
+            format!("addr add {}/24 dev eth0", addr::RTR_B),
+            "link set eth0 up".to_owned(),
+        ];
+        if v6 {
+            rtr_b.push(format!("addr add {}/64 dev eth0 nodad", addr6::RTR_B));
+        }
+        self.ns("rtr-b")?.ip_batch(&rtr_b)?;
+        self.ns("net-b")?
+            .ip_batch(&["link set rtr-b master br0 up"])?;
+
+        // The routers' legs on the networks behind them: `net-<id>` (C on rtr; D, E on rtr-b).
+        for net in NETWORKS {
+            let Some(r) = net.router else { continue };
+            let (id, member) = (net.id, r.member);
+            let bridge_ns = self.ns_name(&format!("net-{id}"));
+            let mut cmds = vec![
+                format!("link add net-{id} type veth peer name {member} netns {bridge_ns}"),
+                format!("addr add {}/24 dev net-{id}", r.ip),
+                format!("link set net-{id} up"),
+            ];
+            if v6 {
+                cmds.push(format!("addr add {}/64 dev net-{id} nodad", r.ip6));
+            }
+            self.ns(member)?.ip_batch(&cmds)?;
+            self.ns(&format!("net-{id}"))?
+                .ip_batch(&[format!("link set {member} master br0 up")])?;
+        }
+
+        // Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
+        // Under Cni::Ovs they are 802.1Q VLANs off the gateways' NIC, carried by the
+        // underlay switch to a trunk port of each network's bridge.
+        if cni == Cni::Ovs {
+            for id in ['a', 'b'] {
+                let vid = secondary_vlan(id);
+                self.ns(&format!("net-{id}"))?.ip_batch(&[
+                    format!("link add trunk type veth peer name trunk-{id} netns {ul}"),
+                    "link set trunk up".to_owned(),
+                    format!("link add link trunk name trunk.{vid} type vlan id {vid}"),
+                    format!("link set trunk.{vid} master br0 up"),
+                ])?;
+                self.ns("ul")?
+                    .ip_batch(&[format!("link set trunk-{id} master br0 up")])?;
+            }
+        }
+        for gw in ["gw1", "gw2"] {
+            let mut cmds = Vec::new();
+            for id in ['a', 'b'] {
+                let (ip, ip6) = secondary_addrs(gw, id)?;
+                let bridge_ns = self.ns_name(&format!("net-{id}"));
+                cmds.push(if cni == Cni::Ovs {
+                    let vid = secondary_vlan(id);
+                    format!("link add link eth0 name sec-{id} type vlan id {vid}")
+                } else {
+                    format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}")
+                });
+                cmds.extend([
+                    format!("addr add {ip}/24 dev sec-{id}"),
+                    format!("link set sec-{id} up"),
+                ]);
+                if v6 {
+                    cmds.push(format!("addr add {ip6}/64 dev sec-{id} nodad"));
+                }
+            }
+            self.ns(gw)?.ip_batch(&cmds)?;
+            if cni != Cni::Ovs {
+                for id in ['a', 'b'] {
+                    self.ns(&format!("net-{id}"))?
+                        .ip_batch(&[format!("link set {gw} master br0 up")])?;
+                }
+            }
+            let routes: Vec<String> = gateway_static_routes(v6)
+                .into_iter()
+                .map(|r| format!("route add {r}"))
+                .collect();
+            self.ns(gw)?.ip_batch(&routes)?;
+        }
+
+        // Hosts: only their own subnet, except those behind a router (C, D, E), which answer
+        // through it.
+        for net in NETWORKS {
+            let host = format!("host-{}", net.id);
+            let bridge_ns = self.ns_name(&format!("net-{}", net.id));
+            let mut cmds = vec![
+                format!("link add eth0 type veth peer name {host} netns {bridge_ns}"),
+                format!("addr add {}/24 dev eth0", net.host),
+                "link set eth0 up".to_owned(),
+            ];
+            if let Some(r) = net.router {
+                cmds.push(format!("route add default via {}", r.ip));
+            }
+            if v6 {
+                cmds.push(format!("addr add {}/64 dev eth0 nodad", net.host_v6));
+                if let Some(r) = net.router {
+                    cmds.push(format!("route add ::/0 via {}", r.ip6));
+                }
+            }
+            self.ns(&host)?.ip_batch(&cmds)?;
+            self.ns(&format!("net-{}", net.id))?
+                .ip_batch(&[format!("link set {host} master br0 up")])?;
+        }
+
+        // Pods, as `cni` wires them.
+        let later: BTreeSet<String> = self
+            .spec
+            .pods
+            .iter()
+            .filter(|p| p.wired_later)
+            .map(|p| p.name.clone())
+            .collect();
+        for pod in self.pods.clone() {
+            if !later.contains(&pod.name) {
+                self.wire(&pod)?;
+            }
+        }
+
+        self.write_cluster()?;
+        if self.spec.sample_policy {
+            self.write_policy(&sample_policy_for(self.spec.family))?;
+        }
+        self.start_servers()
+    }
+
+    /// Where `node`'s agent serves the CNI plugin (`--cni-socket`).
+    pub fn cni_socket(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}-cni.sock"))
+    }
+
+    /// [`Lab::wire_pod`], then `plugin` (`egress-cni`) chained after it as a container
+    /// runtime would run it: `CNI_COMMAND=ADD`, the pod's namespace and interface, the
+    /// network configuration with the main plugin's result as `prevResult` on stdin; in
+    /// the node's namespace, against its agent's socket. Returns the plugin's stdout once
+    /// it exits 0 (the program is on the pod's device then).
+    pub fn wire_pod_with_cni(&self, name: &str, plugin: &Path) -> Result<String> {
+        use std::io::Write as _;
+        self.wire_pod(name)?;
+        let pod = self.pod(name)?.clone();
+        let netns_path = self.ns(name)?.path().to_string_lossy().into_owned();
+        let config = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "egress-cni",
+            "agentSocket": self.cni_socket(&pod.node),
+            "timeoutMs": 5000,
+            "prevResult": {
+                "cniVersion": "1.0.0",
+                "interfaces": [
+                    {"name": pod.veth},
+                    {"name": "eth0", "sandbox": netns_path.clone()},
+                ],
+                "ips": pod
+                    .addresses(self.spec.family)
+                    .iter()
+                    .map(|a| {
+                        let len = if a.is_ipv4() { 32 } else { 128 };
+                        serde_json::json!({"address": format!("{a}/{len}"), "interface": 1})
+                    })
+                    .collect::<Vec<_>>(),
+            },
+        });
+        let mut child = self
+            .ns(&pod.node)?
+            .command(plugin)?
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", format!("lab-{name}"))
+            .env("CNI_NETNS", &netns_path)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", plugin.parent().unwrap_or(Path::new("/")))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("failed to run {}", plugin.display()))?;
+        child
+            .stdin
+            .take()
+            .context("plugin stdin")?
+            .write_all(config.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        anyhow::ensure!(
+            out.status.success(),
+            "{} ADD for {name}: {}: {stdout} {}",
+            plugin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(stdout)
+    }
+
+    /// Set up the network of a pod made with [`PodSpec::wired_later`], as a CNI's ADD
+    /// would: its veth (the node side created in the node's namespace by the pod side's
+    /// `ip link add ... netns`), addresses and routes. Returns when the node side is up
+    /// and routed.
+    pub fn wire_pod(&self, name: &str) -> Result<()> {
+        let pod = self.pod(name)?.clone();
+        self.wire(&pod)
+    }
+
+    fn wire(&self, pod: &Pod) -> Result<()> {
+        match self.spec.cni {
+            Cni::Routed => self.wire_routed(pod),
+            Cni::Bridge | Cni::Ovs => self.wire_switched(pod),
+        }
+    }
+
+    /// Calico's way: /32 on the pod, the node's veth answers for 169.254.1.1.
+    fn wire_routed(&self, pod: &Pod) -> Result<()> {
+        let v4 = self.spec.family.has_v4();
+        let node_ns = self.ns_name(&pod.node);
+        let mut cmds = vec![format!(
+            "link add eth0 type veth peer name {} netns {node_ns}",
+            pod.veth
+        )];
+        if v4 {
+            cmds.push(format!("addr add {}/32 dev eth0", pod.ip));
+        }
+        if let Some(ip6) = pod.ipv6 {
+            cmds.push(format!("addr add {ip6}/128 dev eth0 nodad"));
+        }
+        cmds.push("link set eth0 up".to_owned());
+        if v4 {
+            cmds.push(format!(
+                "route add {} dev eth0 scope link",
+                addr::POD_GATEWAY
+            ));
+            cmds.push(format!(
+                "route add default via {} dev eth0",
+                addr::POD_GATEWAY
+            ));
+        }
+        if pod.ipv6.is_some() {
+            cmds.push(format!(
+                "route add ::/0 via {} dev eth0",
+                addr6::POD_GATEWAY
+            ));
+        }
+        self.ns(&pod.name)?.ip_batch(&cmds)?;
+        let node = self.ns(&pod.node)?;
+        node.sysctls(&[
+            (&format!("net.ipv4.conf.{}.proxy_arp", pod.veth), "1"),
+            (&format!("net.ipv4.neigh.{}.proxy_delay", pod.veth), "0"),
+            (&format!("net.ipv4.conf.{}.rp_filter", pod.veth), "0"),
+        ])?;
+        let mut cmds = vec![format!("link set {} up", pod.veth)];
+        if v4 {
+            cmds.push(format!("route add {}/32 dev {}", pod.ip, pod.veth));
+        }
+        if let Some(ip6) = pod.ipv6 {
+            cmds.push(format!(
+                "addr add {}/64 dev {} nodad",
+                addr6::POD_GATEWAY,
+                pod.veth
+            ));
+            cmds.push(format!("route add {ip6}/128 dev {}", pod.veth));
+        }
+        node.ip_batch(&cmds)?;
+        Ok(())
+    }
+
+    /// The bridge plugin's and OVN-Kubernetes' way: the pod in the node's subnet (/24,
+    /// /64) with its gateway at `.1`, its veth a port of `cni0` or of `br-int` (with the
+    /// `iface-id` OVN-Kubernetes sets), no route per pod on the node.
+    fn wire_switched(&self, pod: &Pod) -> Result<()> {
+        let v4 = self.spec.family.has_v4();
+        let node = self.node(&pod.node)?;
+        let node_ns = self.ns_name(&pod.node);
+        let mut cmds = vec![format!(
+            "link add eth0 type veth peer name {} netns {node_ns}",
+            pod.veth
+        )];
+        if v4 {
+            cmds.push(format!("addr add {}/24 dev eth0", pod.ip));
+        }
+        if let Some(ip6) = pod.ipv6 {
+            cmds.push(format!("addr add {ip6}/64 dev eth0 nodad"));
+        }
+        cmds.push("link set eth0 up".to_owned());
+        if v4 {
+            cmds.push(format!("route add default via {}", node.pod_gateway()));
+        }
+        if pod.ipv6.is_some() {
+            cmds.push(format!("route add ::/0 via {}", node.pod_gateway_v6()));
+        }
+        self.ns(&pod.name)?.ip_batch(&cmds)?;
+        if self.spec.cni == Cni::Ovs {
+            let ips: Vec<String> = pod
+                .addresses(self.spec.family)
+                .iter()
+                .map(|a| match a {
+                    IpAddr::V4(a) => format!("{a}/24"),
+                    IpAddr::V6(a) => format!("{a}/64"),
+                })
+                .collect();
+            self.ovs_vsctl(
+                &pod.node,
+                &[
+                    "add-port",
+                    "br-int",
+                    &pod.veth,
+                    "--",
+                    "set",
+                    "interface",
+                    &pod.veth,
+                    &format!("external_ids:iface-id={}_{}", pod.namespace, pod.name),
+                    &format!("external_ids:ip_addresses={}", ips.join(",")),
+                ],
+            )?;
+            self.ns(&pod.node)?
+                .ip_batch(&[format!("link set {} up", pod.veth)])?;
+        } else {
+            self.ns(&pod.node)?
+                .ip_batch(&[format!("link set {} master cni0 up", pod.veth)])?;
+        }
+        Ok(())
+    }
+
+    /// Where `node`'s Open vSwitch keeps its database, socket, pid and log files
+    /// ([`Cni::Ovs`]).
+    pub fn ovs_dir(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}-ovs"))
+    }
+
+    /// `node`'s OVSDB socket ([`Cni::Ovs`]): the agent's `--ovsdb`.
+    pub fn ovsdb_socket(&self, node: &str) -> PathBuf {
+        self.ovs_dir(node).join("db.sock")
+    }
+
+    /// Run an Open vSwitch command in `node`'s namespace against its own daemons.
+    fn ovs_command(&self, node: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let dir = self.ovs_dir(node);
+        let mut cmd = self.ns(node)?.command(program)?;
+        cmd.args(args)
+            .env("OVS_RUNDIR", &dir)
+            .env("OVS_LOGDIR", &dir)
+            .env("OVS_DBDIR", &dir)
+            .env("OVS_SYSCONFDIR", &dir);
+        netns::run_checked(&mut cmd).with_context(|| format!("{program} on {node}"))
+    }
+
+    /// `ovs-vsctl` against `node`'s OVSDB.
+    pub fn ovs_vsctl(&self, node: &str, args: &[&str]) -> Result<Output> {
+        self.ovs_command(node, "ovs-vsctl", &[&["--timeout=30"], args].concat())
+    }
+
+    /// Start `node`'s own `ovsdb-server` and `ovs-vswitchd` in its namespace (no systemd:
+    /// Debian's packages, started by hand), then wire it as OVN-Kubernetes leaves a node:
+    /// `br-int` with the management port `ovn-k8s-mp0` (the pod subnet's gateway), and
+    /// `br-ex` with the NIC `eth0` as its port (the node's address goes on `br-ex`).
+    fn start_ovs(&self, node: &Node) -> Result<()> {
+        let dir = self.ovs_dir(node.name);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("failed to create {}", dir.display()))?;
+        let db = dir.join("conf.db");
+        let db = db.to_string_lossy();
+        let schema = "/usr/share/openvswitch/vswitch.ovsschema";
+        anyhow::ensure!(
+            Path::new(schema).is_file(),
+            "{schema} is missing: --cni ovs needs Debian's openvswitch-switch (cargo xtask vm \
+             installs it)"
+        );
+        self.ovs_command(node.name, "ovsdb-tool", &["create", &db, schema])?;
+        let sock = self.ovsdb_socket(node.name);
+        let remote = format!("--remote=punix:{}", sock.display());
+        self.ovs_command(
+            node.name,
+            "ovsdb-server",
+            &[
+                &db,
+                &remote,
+                "--pidfile",
+                "--detach",
+                "--no-chdir",
+                "--log-file",
+            ],
+        )?;
+        self.ovs_vsctl(node.name, &["--no-wait", "init"])?;
+        let db_remote = format!("unix:{}", sock.display());
+        self.ovs_command(
+            node.name,
+            "ovs-vswitchd",
+            &[
+                &db_remote,
+                "--pidfile",
+                "--detach",
+                "--no-chdir",
+                "--log-file",
+            ],
+        )?;
+        let mp0_id = format!("external_ids:iface-id=k8s-{}", node.name);
+        // br-ex takes the NIC's MAC, as OVN-Kubernetes sets it: left to itself, OVS moves
+        // the bridge's MAC to its lowest port's when it gets to it, after neighbours may
+        // have learnt the first one.
+        // (`/sys/class/net` is the host's here: a namespace entered with setns keeps
+        // its mount namespace.)
+        let mac_of = |dev: &str| -> Result<String> {
+            let out = self.exec(node.name, "ip", &["-br", "link", "show", "dev", dev])?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.split_whitespace()
+                .nth(2)
+                .map(str::to_owned)
+                .with_context(|| format!("{}: no MAC of {dev} in {text:?}", node.name))
+        };
+        let eth0_mac = mac_of("eth0")?;
+        let hwaddr = format!("other-config:hwaddr=\"{eth0_mac}\"");
+        self.ovs_vsctl(
+            node.name,
+            &[
+                "add-br",
+                "br-int",
+                "--",
+                "add-br",
+                "br-ex",
+                "--",
+                "set",
+                "bridge",
+                "br-ex",
+                &hwaddr,
+                "--",
+                "add-port",
+                "br-ex",
+                "eth0",
+                "--",
+                "add-port",
+                "br-int",
+                "ovn-k8s-mp0",
+                "--",
+                "set",
+                "interface",
+                "ovn-k8s-mp0",
+                "type=internal",
+                &mp0_id,
+            ],
+        )?;
+        // ovs-vsctl returns once ovs-vswitchd has applied it.
+        let br_ex_mac = mac_of("br-ex")?;
+        anyhow::ensure!(
+            br_ex_mac == eth0_mac,
+            "{}: br-ex has MAC {br_ex_mac}, not the NIC's {eth0_mac}",
+            node.name
+        );
+        let mut cmds = vec![
+            format!("addr add {}/24 dev ovn-k8s-mp0", node.pod_gateway()),
+            "link set br-int up".to_owned(),
+            "link set ovn-k8s-mp0 up".to_owned(),
+        ];
+        if self.spec.family.has_v6() {
+            cmds.push(format!(
+                "addr add {}/64 dev ovn-k8s-mp0 nodad",
+                node.pod_gateway_v6()
+            ));
+        }
+        self.ns(node.name)?.ip_batch(&cmds)
+    }
+
+    fn start_servers(&mut self) -> Result<()> {
+        let port = addr::ECHO_PORT.to_string();
+        // One server on 0.0.0.0 and, with IPv6, one on the host's IPv6 address (a socket on
+        // [::] would also take IPv4 and report it as ::ffff:a.b.c.d).
+        let mut logs = Vec::new();
+        for net in NETWORKS {
+            let host = format!("host-{}", net.id);
+            let log = self.dir.join(format!("{host}.log"));
+            let child = self.ns(&host)?.spawn(
+                &self.spec.echo_bin,
+                &["serve", "--tcp", &port, "--udp", &port],
+                &log,
+            )?;
+            self.servers.push(child);
+            logs.push((net.id, log));
+            if self.spec.family.has_v6() {
+                let log = self.dir.join(format!("{host}-v6.log"));
+                let bind = net.host_v6.to_string();
+                let child = self.ns(&host)?.spawn(
+                    &self.spec.echo_bin,
+                    &["serve", "--bind", &bind, "--tcp", &port, "--udp", &port],
+                    &log,
+                )?;
+                self.servers.push(child);
+                logs.push((net.id, log));
+            }
+        }
+        // Each server prints one "ready" line once both sockets are bound.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (i, (id, log)) in logs.iter().enumerate() {
+            loop {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                if text.lines().any(|l| l.starts_with("ready ")) {
+                    break;
+                }
+                if let Some(server) = self.servers.get_mut(i)
+                    && let Some(status) = server.try_wait()?
+                {
+                    bail!("egress-echo on host-{id} exited ({status}): {text}");
+                }
+                if Instant::now() > deadline {
+                    bail!("egress-echo on host-{id} not ready after 5 s: {text}");
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate(spec: &LabSpec) -> Result<()> {
+    if spec.underlay == Underlay::V6 && !spec.family.has_v6() {
+        bail!("invalid lab spec: an IPv6 underlay needs IPv6 in the lab (family V6 or Dual)");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for pod in &spec.pods {
+        if pod.name.is_empty()
+            || pod.name.len() > 10
+            || !pod
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            bail!(
+                "invalid lab spec: pod name {:?} must be 1-10 characters of [a-zA-Z0-9-]",
+                pod.name
+            );
+        }
+        let reserved = ["ul", "rtr", "rtr-b"];
+        if reserved.contains(&pod.name.as_str())
+            || pod.name.starts_with("net-")
+            || pod.name.starts_with("host-")
+            || NODES.iter().any(|n| n.name == pod.name)
+        {
+            bail!("invalid lab spec: pod name {:?} is reserved", pod.name);
+        }
+        if !seen.insert(pod.name.clone()) {
+            bail!("invalid lab spec: pod {:?} listed twice", pod.name);
+        }
+        if !NODES.iter().any(|n| n.name == pod.node) {
+            bail!(
+                "invalid lab spec: pod {:?} on unknown node {:?}",
+                pod.name,
+                pod.node
+            );
+        }
+    }
+    if let Some(p) = &spec.prefix
+        && (p.is_empty() || p.len() > 12 || !p.chars().all(|c| c.is_ascii_alphanumeric()))
+    {
+        bail!("invalid lab spec: prefix {p:?} must be 1-12 alphanumeric characters");
+    }
+    Ok(())
+}
+
+pub(super) fn assign_pod_ips(specs: &[PodSpec], family: Family, cni: Cni) -> Result<Vec<Pod>> {
+    let mut used: std::collections::BTreeSet<Ipv4Addr> =
+        specs.iter().filter_map(|p| p.ip).collect();
+    let mut pods = Vec::new();
+    for spec in specs {
+        let node = NODES
+            .iter()
+            .find(|n| n.name == spec.node)
+            .with_context(|| format!("pod {} on unknown node {}", spec.name, spec.node))?;
+        let ip = match spec.ip {
+            Some(ip) => ip,
+            None => {
+                let octet = node.ip.octets()[3];
+                let ip = (11..=254)
+                    .map(|n| Ipv4Addr::new(10, 244, octet, n))
+                    .find(|ip| !used.contains(ip))
+                    .with_context(|| format!("no free pod address on {}", node.name))?;
+                used.insert(ip);
+                ip
+            }
+        };
+        pods.push(Pod {
+            name: spec.name.clone(),
+            namespace: spec.namespace.clone(),
+            node: spec.node.clone(),
+            labels: spec.labels.clone(),
+            ip,
+            veth: cni.veth(&spec.name),
+            ipv6: family.has_v6().then(|| {
+                let [_, _, node, n] = ip.octets();
+                Ipv6Addr::new(0xfd00, 0x244, hex_like(node), 0, 0, 0, 0, hex_like(n))
+            }),
+        });
+    }
+    Ok(pods)
+}
+
+/// Claim a prefix by creating its underlay namespace (`ip netns add` fails if it exists, so
+/// two processes cannot both win).
+fn reserve_prefix(fixed: Option<&str>) -> Result<(String, Netns)> {
+    let existing = netns::list_netns()?;
+    let taken = |p: &str| {
+        let head = format!("{p}-");
+        existing.iter().any(|n| n.starts_with(&head))
+    };
+    if let Some(p) = fixed {
+        if taken(p) {
+            bail!("failed to start lab {p}: namespaces {p}-* exist (Lab::teardown_by_prefix)");
+        }
+        return Ok((p.to_owned(), Netns::add(&format!("{p}-ul"))?));
+    }
+    let mut last = None;
+    for _ in 0..100 {
+        let p = netns::next_prefix();
+        if taken(&p) {
+            continue;
+        }
+        match Netns::add(&format!("{p}-ul")) {
+            Ok(ns) => return Ok((p, ns)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("every lab prefix of this process is taken")))
+        .context("failed to reserve a lab prefix")
+}

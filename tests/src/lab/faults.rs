@@ -1,0 +1,154 @@
+//! Failures the tests inject (links, partitions) and the gateways' routes.
+
+use super::*;
+
+impl Lab {
+    /// Take a node's underlay link (`eth0` in its namespace) down, or bring it back up with
+    /// its addresses and routes (the kernel drops static routes, and IPv6 addresses, of a
+    /// link that goes down). Down, the node reaches no other node, and nothing reaches it.
+    pub fn set_underlay_link(&self, node: &str, up: bool) -> Result<()> {
+        let n = self.node(node)?;
+        if up {
+            self.ns(node)?
+                .ip_batch(&n.underlay_config(self.spec.family.has_v6(), self.spec.cni))
+        } else {
+            self.ns(node)?.ip_batch(&["link set eth0 down"])
+        }
+    }
+
+    /// Take a gateway's link to a secondary network (`sec-a`, `sec-b`) down, or bring it
+    /// back up with the gateway's own addresses on it and the lab's static routes out of it
+    /// ([`gateway_static_routes`]); egress IPs are the agent's to add, and routes added with
+    /// [`Lab::add_gateway_route`] are gone with the link.
+    pub fn set_secondary_link(&self, gw: &str, link: &str, up: bool) -> Result<()> {
+        let id = match link {
+            "sec-a" => 'a',
+            "sec-b" => 'b',
+            other => bail!("{other:?} is not a secondary link (sec-a, sec-b)"),
+        };
+        let (ip, ip6) = secondary_addrs(gw, id)?;
+        let mut cmds = vec![format!(
+            "link set {link} {}",
+            if up { "up" } else { "down" }
+        )];
+        if up {
+            cmds.push(format!("addr replace {ip}/24 dev {link}"));
+            if self.spec.family.has_v6() {
+                cmds.push(format!("addr replace {ip6}/64 dev {link} nodad"));
+            }
+            cmds.extend(
+                gateway_static_routes(self.spec.family.has_v6())
+                    .into_iter()
+                    .filter(|r| r.dev == link)
+                    .map(|r| format!("route replace {r}")),
+            );
+        }
+        self.ns(gw)?.ip_batch(&cmds)
+    }
+
+    /// `ip route add <route>` in a gateway's namespace: a route that `destinationsFrom:
+    /// Routes` learns (e.g. [`GatewayRoute::net_e`]).
+    pub fn add_gateway_route(&self, node: &str, route: &GatewayRoute) -> Result<()> {
+        self.gateway_route(node, "add", route)
+    }
+
+    /// `ip route del <route>` in a gateway's namespace.
+    pub fn del_gateway_route(&self, node: &str, route: &GatewayRoute) -> Result<()> {
+        self.gateway_route(node, "del", route)
+    }
+
+    fn gateway_route(&self, node: &str, verb: &str, route: &GatewayRoute) -> Result<()> {
+        let family = if route.via.is_ipv6() { "-6" } else { "-4" };
+        let args = format!("{family} route {verb} {route}");
+        self.exec(node, "ip", &args.split_whitespace().collect::<Vec<_>>())
+            .with_context(|| format!("failed to {verb} route {route} on {node}"))
+            .map(drop)
+    }
+
+    /// Nodes `a` and `b` can no longer reach each other over the underlay: no IP packet of
+    /// either family passes between them, as behind a filtering router; ARP and neighbour
+    /// discovery still do (else their neighbour entries would fail and keep failing for
+    /// seconds after the repair). Every other pair is untouched. The underlay bridge
+    /// filters what it forwards between their ports (nftables, bridge family, in the `ul`
+    /// namespace): nothing changes inside the nodes themselves.
+    pub fn partition_underlay(&self, a: &str, b: &str) -> Result<()> {
+        self.node(a)?;
+        self.node(b)?;
+        let rules: String = [(a, b), (b, a)]
+            .iter()
+            .map(|(from, to)| {
+                let ports = format!("iifname {from} oifname {to}");
+                format!(
+                    "    {ports} ether type arp accept
+    {ports} icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert }} accept
+    {ports} drop
+"
+                )
+            })
+            .collect();
+        let script = format!(
+            "table bridge {PARTITION_TABLE} {{
+  chain forward {{
+    type filter hook forward priority 0; policy accept;
+{rules}  }}
+}}
+"
+        );
+        let path = self.dir.join(format!("partition-{a}-{b}.nft"));
+        std::fs::write(&path, script)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+        self.exec("ul", "nft", &["-f", &path.to_string_lossy()])
+            .map(drop)
+    }
+
+    /// What OVN-Kubernetes' EgressIP does on a node for `pods` leaving by the primary
+    /// network, in local gateway mode (pod egress routed by the host): `ip` on the node's
+    /// underlay device (where OVN's gateway router would answer for it) and SNAT of the
+    /// pods' packets leaving by it to `ip` (nftables, table `ovnk_egressip`); and the
+    /// `k8s.ovn.org/v1` EgressIP object in the state directory (`ovn-egressip.yaml`),
+    /// which the agents read. OVN itself is not run.
+    pub fn add_ovn_egress_ip(&self, node: &str, pods: &[&str], ip: Ipv4Addr) -> Result<()> {
+        let dev = self.spec.cni.underlay_device();
+        let sources: Vec<String> = pods
+            .iter()
+            .map(|p| Ok(self.pod(p)?.ip.to_string()))
+            .collect::<Result<_>>()?;
+        self.ns(node)?
+            .ip_batch(&[format!("addr add {ip}/32 dev {dev}")])?;
+        let script = format!(
+            "table ip ovnk_egressip {{
+  chain post {{
+    type nat hook postrouting priority 100; policy accept;
+    ip saddr {{ {} }} oifname \"{dev}\" snat to {ip}
+  }}
+}}
+",
+            sources.join(", ")
+        );
+        let path = self.dir.join(format!("ovn-egressip-{node}.nft"));
+        std::fs::write(&path, script)
+            .with_context(|| format!("failed to write {}", path.display()))?;
+        self.exec(node, "nft", &["-f", &path.to_string_lossy()])?;
+        let selected: Vec<&Pod> = pods.iter().map(|p| self.pod(p)).collect::<Result<_>>()?;
+        let object = json!({
+            "apiVersion": "k8s.ovn.org/v1",
+            "kind": "EgressIP",
+            "metadata": {"name": "lab-ovn"},
+            "spec": {
+                "egressIPs": [ip.to_string()],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": selected[0].namespace}},
+                "podSelector": {"matchLabels": selected[0].labels},
+            },
+        });
+        self.write_state_file("ovn-egressip.yaml", &to_yaml_doc(&object))
+    }
+
+    /// Remove every partition of [`Lab::partition_underlay`].
+    pub fn heal_underlay(&self) -> Result<()> {
+        let out = self.ns("ul")?.exec_unchecked("nft", &["list", "tables"])?;
+        if String::from_utf8_lossy(&out.stdout).contains(PARTITION_TABLE) {
+            self.exec("ul", "nft", &["delete", "table", "bridge", PARTITION_TABLE])?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! The lab's names and addresses: prefix, members, nodes, pods, directories, logs.
+
+use super::*;
+
+impl Lab {
+    /// The lab's unique prefix, e.g. `eg4270`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The pods' address families.
+    pub fn family(&self) -> Family {
+        self.spec.family
+    }
+
+    /// What the lab was built from.
+    pub fn spec(&self) -> &LabSpec {
+        &self.spec
+    }
+
+    /// The namespace name of a member: `<prefix>-<member>`.
+    pub fn ns_name(&self, member: &str) -> String {
+        format!("{}-{member}", self.prefix)
+    }
+
+    /// The namespace of a member: a node (`w1`, `w2`, `gw1`, `gw2`), a pod (`w1-p1`, ...),
+    /// a host (`host-a` to `host-e`), a network bridge (`net-a`, ...), a router (`rtr`,
+    /// `rtr-b`) or the underlay bridge (`ul`).
+    pub fn ns(&self, member: &str) -> Result<&Netns> {
+        self.netns.get(member).with_context(|| {
+            format!(
+                "lab {} has no member {member:?} (members: {:?})",
+                self.prefix,
+                self.netns.keys().collect::<Vec<_>>()
+            )
+        })
+    }
+
+    /// Every member name.
+    pub fn members(&self) -> impl Iterator<Item = &str> {
+        self.netns.keys().map(String::as_str)
+    }
+
+    /// The lab's temp directory (logs, state dir).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The YAML state directory the agents read.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    pub fn nodes(&self) -> &'static [Node] {
+        &NODES
+    }
+
+    pub fn node(&self, name: &str) -> Result<&'static Node> {
+        NODES
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("lab has no node {name:?}"))
+    }
+
+    pub fn pods(&self) -> &[Pod] {
+        &self.pods
+    }
+
+    pub fn pod(&self, name: &str) -> Result<&Pod> {
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .with_context(|| format!("lab has no pod {name:?}"))
+    }
+
+    /// The bpffs pin directory of a node's agent: `/sys/fs/bpf/<prefix>-<node>`.
+    pub fn bpffs_dir(&self, node: &str) -> PathBuf {
+        Path::new("/sys/fs/bpf").join(self.ns_name(node))
+    }
+
+    /// The log file of a node's agent.
+    pub fn agent_log_path(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("agent-{node}.log"))
+    }
+
+    pub fn agent_log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.agent_log_path(node)).unwrap_or_default()
+    }
+}
