@@ -3,7 +3,7 @@
 
 use std::{
     net::IpAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -49,10 +49,16 @@ pub fn up_with_agent_args(spec: LabSpec, extra: &[&str]) -> Result<Lab> {
 /// Start one agent per node of a lab that has none, with `extra` flags, and wait as
 /// [`up_with_agents`] does.
 pub fn start_agents_and_wait(lab: &mut Lab, extra: &[&str]) -> Result<()> {
-    let family = lab.family();
     let bin = agent_bin()?;
+    let keyed = lab.spec().liveness_key;
+    start_agents_of(lab, &bin, extra, keyed)
+}
+
+/// [`start_agents_and_wait`] with the agent at `bin`, with the lab's liveness key or not.
+pub fn start_agents_of(lab: &mut Lab, bin: &Path, extra: &[&str], keyed: bool) -> Result<()> {
+    let family = lab.family();
     for node in lab.nodes() {
-        lab.start_agent(node.name, &bin, extra)?;
+        lab.start_agent_as(node.name, bin, extra, keyed)?;
     }
     let lab = &*lab;
     // Converged when every agent has it: both egress IPs held, and every selected pod (on

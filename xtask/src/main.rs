@@ -6,6 +6,7 @@ mod fuzz;
 mod image;
 mod soak;
 mod test;
+mod upgrade;
 mod vm;
 
 use anyhow::Result;
@@ -53,6 +54,10 @@ enum Command {
     /// writable but discarded); exit with CMD's status. E.g. `cargo xtask vm --kernel
     /// debian-6.1 -- uname -r`.
     Vm(vm::Args),
+    /// A rolling upgrade in the lab from an earlier build (`--from <rev>`, built in a
+    /// worktree) to this tree's, and the rollback, under TCP, UDP and ping through egress
+    /// IP A; one row per node replaced (holders, two-holder time, TCP, UDP gap).
+    UpgradeTest(upgrade::Args),
 }
 
 fn main() -> Result<()> {
@@ -75,5 +80,6 @@ fn main() -> Result<()> {
         Command::Fuzz(args) => fuzz::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Vm(args) => vm::main(args),
+        Command::UpgradeTest(args) => upgrade::run(args),
     }
 }

@@ -12,6 +12,12 @@
 //! every way `egress_tests::failover` knows while a pod streams through it, one row per
 //! case; exits non-zero if a TCP stream did not survive or two gateways held the IP for
 //! more than a second.
+//!
+//! `--upgrade --old BIN [--old-label L] [--old-keyed]`: the lab's agents start as `BIN`
+//! (an older build), then a rolling upgrade to this directory's `egress-agent` (signing
+//! its hellos with the lab's key) and a rollback, one row per node replaced
+//! (`egress_tests::failover::upgrade`); exits non-zero if egress IP A moved, two gateways
+//! held it, or a TCP stream broke. `cargo xtask upgrade-test --from <rev>` builds `BIN`.
 
 use std::{
     net::IpAddr,
@@ -247,6 +253,21 @@ fn real_main() -> Result<bool> {
     let agent = agent_bin(&bin_dir)?;
     let t0 = Instant::now();
     let mut spec = lab_spec(family, underlay)?;
+    if arg("--upgrade") {
+        let old = failover::upgrade::Build {
+            label: value("--old-label").unwrap_or_else(|| "old".to_owned()),
+            bin: value("--old")
+                .map(PathBuf::from)
+                .context("--upgrade needs --old BIN")?,
+            keyed: arg("--old-keyed"),
+        };
+        let new = failover::upgrade::Build {
+            label: "new".to_owned(),
+            bin: agent,
+            keyed: true,
+        };
+        return upgrade_table(spec, &old, &new);
+    }
     if arg("--failover") {
         let rounds = match value("--rounds") {
             Some(r) => r.parse().context("--rounds needs a positive number")?,
@@ -580,6 +601,65 @@ fn failover_table(spec: LabSpec, rounds: u32) -> Result<bool> {
     println!("{:.0}s in all", t0.elapsed().as_secs_f64());
     lab.stop_agents();
     lab.down()?;
+    Ok(ok)
+}
+
+/// `--upgrade`: the lab with `old`'s agents, then a rolling upgrade to `new` and back.
+fn upgrade_table(
+    spec: LabSpec,
+    old: &failover::upgrade::Build,
+    new: &failover::upgrade::Build,
+) -> Result<bool> {
+    use failover::upgrade::{StepReport, roll};
+    let t0 = Instant::now();
+    let version = |b: &std::path::Path| {
+        Command::new(b)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    println!(
+        "rolling upgrade: {} ({}) -> {} ({}), and back",
+        old.label,
+        version(&old.bin),
+        new.label,
+        version(&new.bin)
+    );
+    let mut lab = Lab::up(spec)?;
+    cluster::start_agents_of(&mut lab, &old.bin, &[], old.keyed)?;
+    println!(
+        "lab {} up with {} agents in {:.1}s; logs in {}",
+        lab.prefix(),
+        old.label,
+        t0.elapsed().as_secs_f64(),
+        lab.dir().display()
+    );
+    let timing = failover::Timing::default();
+    let mut ok = true;
+    let mut run = |lab: &mut Lab, from, to, what: &str| -> Result<()> {
+        println!("\n{what}:\n{}", StepReport::header());
+        for step in roll(lab, from, to, &timing)? {
+            println!("{}", step.row());
+            ok &= step.ok();
+        }
+        Ok(())
+    };
+    let result = run(&mut lab, old, new, "upgrade")
+        .and_then(|()| run(&mut lab, new, old, "rollback"));
+    if let Err(e) = &result {
+        println!("failed: {e:#}");
+        for n in lab.nodes() {
+            eprintln!("--- agent log {} (tail) ---", n.name);
+            let log = lab.agent_log(n.name);
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            eprintln!("{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+    }
+    println!("\n{:.0}s in all", t0.elapsed().as_secs_f64());
+    lab.stop_agents();
+    lab.down()?;
+    result?;
     Ok(ok)
 }
 

@@ -16,6 +16,7 @@
 mod flows;
 mod holders;
 mod table;
+pub mod upgrade;
 
 use std::{
     fmt,

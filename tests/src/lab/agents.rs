@@ -15,7 +15,36 @@ impl Lab {
     /// /sys/fs/bpf/<prefix>-N [extra...]` in node N's namespace, output to
     /// [`Lab::agent_log_path`]. Mounts bpffs at /sys/fs/bpf if needed. The pin directory
     /// survives [`Lab::stop_agent`] (a restarted agent adopts it) and goes with the lab.
+    /// With [`LabSpec::liveness_key`], also `--liveness-key-file` (the lab's key).
     pub fn start_agent(&mut self, node: &str, agent_bin: &Path, extra: &[&str]) -> Result<()> {
+        let keyed = self.spec.liveness_key;
+        self.start_agent_as(node, agent_bin, extra, keyed)
+    }
+
+    /// The lab's liveness key file (one random key, written on first use).
+    pub fn liveness_key_file(&self) -> Result<PathBuf> {
+        let path = self.dir().join("liveness.key");
+        if !path.exists() {
+            let mut key = [0u8; 32];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+                .context("failed to read /dev/urandom")?;
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            std::fs::write(&path, format!("{hex}\n"))
+                .with_context(|| format!("failed to write {}", path.display()))?;
+        }
+        Ok(path)
+    }
+
+    /// [`Lab::start_agent`], with the lab's liveness key or without (`keyed`: an older
+    /// build without the flag).
+    pub fn start_agent_as(
+        &mut self,
+        node: &str,
+        agent_bin: &Path,
+        extra: &[&str],
+        keyed: bool,
+    ) -> Result<()> {
         self.node(node)?;
         if self.agents.contains_key(node) {
             bail!("failed to start the agent on {node}: it is running");
@@ -37,6 +66,12 @@ impl Lab {
             "--cni-socket".to_owned(),
             self.cni_socket(node).to_string_lossy().into_owned(),
         ];
+        if keyed {
+            args.extend([
+                "--liveness-key-file".to_owned(),
+                self.liveness_key_file()?.to_string_lossy().into_owned(),
+            ]);
+        }
         if self.spec.cni == Cni::Ovs {
             // w1 and gw1 find pods by OVN-Kubernetes' naming of their ports; w2 and gw2 as
             // the DaemonSet does by default (auto: the veth's peer first).

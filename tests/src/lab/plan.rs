@@ -367,6 +367,9 @@ pub struct LabSpec {
     pub underlay: Underlay,
     /// How pods and the underlay are wired ([`Cni::Routed`] by default).
     pub cni: Cni,
+    /// Agents sign their hellos with a lab key (`--liveness-key-file`), as the DaemonSet
+    /// has them (on by default).
+    pub liveness_key: bool,
 }
 
 /// Family of the lab's underlay.
@@ -479,6 +482,7 @@ impl LabSpec {
             family: Family::V4,
             underlay: Underlay::V4,
             cni: Cni::Routed,
+            liveness_key: true,
         }
     }
 
