@@ -51,8 +51,12 @@ fn git(args: &[&str]) -> Result<String> {
 
 pub fn run(args: Args) -> Result<()> {
     bootstrap::run()?;
-    let commit = git(&["rev-parse", "--verify", &format!("{}^{{commit}}", args.from)])
-        .with_context(|| format!("--from {}: no such revision here", args.from))?;
+    let commit = git(&[
+        "rev-parse",
+        "--verify",
+        &format!("{}^{{commit}}", args.from),
+    ])
+    .with_context(|| format!("--from {}: no such revision here", args.from))?;
     let short = &commit[..12];
     let base = root().join("target/upgrade");
     let tree = base.join(short);
@@ -68,10 +72,20 @@ pub fn run(args: Args) -> Result<()> {
             &commit,
         ])?;
     }
-    eprintln!("xtask: building {} ({short}) in {}", args.from, tree.display());
+    eprintln!(
+        "xtask: building {} ({short}) in {}",
+        args.from,
+        tree.display()
+    );
     let target = base.join("target");
     let status = Command::new("cargo")
-        .args(["build", "--package", "egress-agent", "--bin", "egress-agent"])
+        .args([
+            "build",
+            "--package",
+            "egress-agent",
+            "--bin",
+            "egress-agent",
+        ])
         .current_dir(&tree)
         .env("CARGO_TARGET_DIR", &target)
         .env("EGRESS_COMMIT", short)

@@ -322,6 +322,14 @@ fn spawn_receiver(
                     }
                     Ok(())
                 });
+            if result.as_ref().is_err_and(|(r, _)| *r == "unauthenticated") {
+                // An older agent's unsigned hello: echoed, nothing more.
+                if let Ok(r) = Hello::decode(&buf[..n], &Keyring::default())
+                    && r.version == 1
+                {
+                    lock(&peers.tracker).echo_only(&r.hello, from.ip(), Instant::now());
+                }
+            }
             if let Err((reason, e)) = result {
                 *lock(&refused).entry(reason).or_default() += 1;
                 debug!(reason, "refused a hello from {from}: {e}");

@@ -228,6 +228,9 @@ pub struct Tracker {
     last_claims: BTreeMap<IpAddr, (String, u64)>,
     /// Since when each peer has said it speaks hellos (see [`Tracker::set_members_at`]).
     speakers_since: BTreeMap<String, Instant>,
+    /// Unsigned version-1 hellos of older peers under a key ([`Tracker::echo_only`]):
+    /// their `sent_us` and arrival, only to echo.
+    echo_only: BTreeMap<String, (u64, Instant)>,
     /// Set by the farewell: every later hello says so too, so that one the probe loop
     /// sends between the farewell and the process's exit does not take the restart's
     /// grace back at the peers (which keep the latest hello's flags).
@@ -249,6 +252,7 @@ impl Tracker {
             last_cut_off: false,
             last_claims: BTreeMap::new(),
             speakers_since: BTreeMap::new(),
+            echo_only: BTreeMap::new(),
             leaving: false,
         }
     }
@@ -270,9 +274,20 @@ impl Tracker {
     /// Set who the peers are at `now`: a peer that says it speaks hellos from now on is
     /// judged by them once a warm-up has passed since (time for its first hellos to
     /// arrive: an upgraded agent's EgressNode may reach this node before its hellos do).
+    /// A peer that stops saying so (rolled back to an older agent) is forgotten until it
+    /// is heard again: under a key its unsigned hellos never will be, and the API judges
+    /// it.
     pub fn set_members_at(&mut self, members: Membership, now: Instant) {
-        self.speakers_since
-            .retain(|n, _| members.speakers.contains(n));
+        let left: Vec<String> = self
+            .speakers_since
+            .keys()
+            .filter(|n| !members.speakers.contains(*n))
+            .cloned()
+            .collect();
+        for n in &left {
+            self.speakers_since.remove(n);
+            self.peers.remove(n);
+        }
         for n in &members.speakers {
             self.speakers_since.entry(n.clone()).or_insert(now);
         }
@@ -424,6 +439,20 @@ impl Tracker {
         Ok(changed)
     }
 
+    /// An unsigned version-1 hello under a key, from an agent older than version 2 (its
+    /// EgressNode says no `helloVersion`): refused as evidence of anything (it could be
+    /// forged), but echoed in the hellos this node sends it, so that the older agent,
+    /// which counts its quorum by echoes, does not fence itself while its peers are
+    /// upgraded. Ignored for a peer that speaks version 2 or from a wrong address.
+    pub fn echo_only(&mut self, h: &Hello, from: IpAddr, now: Instant) {
+        let from = from.to_canonical();
+        if self.members.speakers.contains(&h.name) || self.members.nodes.get(&h.name) != Some(&from)
+        {
+            return;
+        }
+        self.echo_only.insert(h.name.clone(), (h.sent_us, now));
+    }
+
     /// The last hello to `to` before this agent stops for a restart: the same, flagged.
     pub fn farewell_for(&mut self, to: &str, now: Instant) -> Hello {
         self.leaving = true;
@@ -433,13 +462,19 @@ impl Tracker {
     /// The next hello to `to`.
     pub fn hello_for(&mut self, to: &str, now: Instant) -> Hello {
         self.seq += 1;
+        let held = |(sent_us, at): (u64, Instant)| {
+            (
+                sent_us,
+                u32::try_from(now.saturating_duration_since(at).as_micros()).unwrap_or(u32::MAX),
+            )
+        };
+        let detection = self.settings.detection();
         let (echo_us, echo_held_us) = match self.peers.get(to) {
-            Some(p) if self.direct(p, now) => (
-                p.echo.0,
-                u32::try_from(now.saturating_duration_since(p.echo.1).as_micros())
-                    .unwrap_or(u32::MAX),
-            ),
-            _ => (0, 0),
+            Some(p) if self.direct(p, now) => held(p.echo),
+            _ => match self.echo_only.get(to) {
+                Some(e) if now.saturating_duration_since(e.1) < detection => held(*e),
+                _ => (0, 0),
+            },
         };
         let grace = u16::try_from(self.settings.restart_grace.as_secs()).unwrap_or(u16::MAX);
         let restarting = self.leaving && grace > 0;
@@ -1118,6 +1153,54 @@ mod tests {
         let warm = Settings::default().warm_up();
         assert!(t.view(late + warm / 2).dead.is_empty());
         assert_eq!(t.view(late + warm).dead, set(&["gw1"]));
+    }
+
+    #[test]
+    fn an_older_peers_unsigned_hellos_are_echoed_but_prove_nothing() {
+        let t0 = Instant::now();
+        let m = Membership {
+            speakers: set(&["w1", "gw2"]),
+            ..members()
+        };
+        let mut t = Tracker::new("w1", Settings::default(), 1, t0);
+        t.set_members(m.clone());
+        let mut old = Tracker::new("gw1", Settings::default(), 9, t0);
+        old.set_members(m);
+        let h = old.hello_for("w1", t0);
+        t.echo_only(&h, addr("gw1"), t0);
+        let back = t.hello_for("gw1", t0 + Duration::from_millis(10));
+        assert_eq!((back.echo_us, back.echo_held_us), (h.sent_us, 10_000));
+        // No liveness from it: gw1 is still judged by the API, not heard.
+        assert!(t.status(t0).iter().all(|p| !p.direct));
+        assert_eq!(t.version_for("gw1"), 1);
+        // From another address, or once gw1 speaks version 2: not echoed.
+        let mut t2 = Tracker::new("w1", Settings::default(), 1, t0);
+        t2.set_members(members());
+        t2.echo_only(&h, addr("gw1"), t0);
+        t.echo_only(&h, addr("gw2"), t0 + Duration::from_secs(1));
+        assert_eq!(t2.hello_for("gw1", t0).echo_us, 0);
+        assert_eq!(t.hello_for("gw1", t0 + Duration::from_secs(1)).echo_us, 0);
+    }
+
+    #[test]
+    fn a_peer_rolled_back_to_an_older_agent_is_judged_by_the_api_again() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new("gw2", Settings::default(), 1, t0);
+        t.set_members(members());
+        let mut gw1 = Tracker::new("gw1", Settings::default(), 9, t0);
+        gw1.set_members(members());
+        t.on_hello(gw1.hello_for("gw2", t0), addr("gw1"), t0)
+            .expect("v2");
+        // gw1's EgressNode, rewritten by an older agent, no longer says it speaks v2; its
+        // unsigned hellos are refused under the key: it is not dead for that silence.
+        let later = t0 + Duration::from_secs(10);
+        let rolled_back = Membership {
+            speakers: set(&["w1", "w2", "gw2"]),
+            ..members()
+        };
+        t.set_members_at(rolled_back, later);
+        assert!(!t.view(later).dead.contains("gw1"));
+        assert_eq!(t.version_for("gw1"), 1);
     }
 
     #[test]

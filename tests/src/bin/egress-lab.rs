@@ -639,14 +639,13 @@ fn upgrade_table(
     let mut ok = true;
     let mut run = |lab: &mut Lab, from, to, what: &str| -> Result<()> {
         println!("\n{what}:\n{}", StepReport::header());
-        for step in roll(lab, from, to, &timing)? {
-            println!("{}", step.row());
+        for step in roll(lab, from, to, &timing, |s| println!("{}", s.row()))? {
             ok &= step.ok();
         }
         Ok(())
     };
-    let result = run(&mut lab, old, new, "upgrade")
-        .and_then(|()| run(&mut lab, new, old, "rollback"));
+    let result =
+        run(&mut lab, old, new, "upgrade").and_then(|()| run(&mut lab, new, old, "rollback"));
     if let Err(e) = &result {
         println!("failed: {e:#}");
         for n in lab.nodes() {

@@ -12,8 +12,7 @@ use std::{fmt, path::PathBuf, thread, time::Duration};
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    STALLED_AFTER_MS, Target, TcpVerdict, Timing, flows::Flows, holders::Sampler,
-    wait_steady,
+    STALLED_AFTER_MS, Target, TcpVerdict, Timing, flows::Flows, holders::Sampler, wait_steady,
 };
 use crate::{
     cluster,
@@ -109,7 +108,11 @@ impl fmt::Display for StepReport {
 pub fn order(lab: &Lab, target: &Target) -> Result<Vec<&'static str>> {
     let (holder, _) = cluster::holder(lab, target.egress)
         .with_context(|| format!("no gateway holds {}", target.egress))?;
-    let mut out: Vec<&'static str> = NODES.iter().filter(|n| !n.gateway).map(|n| n.name).collect();
+    let mut out: Vec<&'static str> = NODES
+        .iter()
+        .filter(|n| !n.gateway)
+        .map(|n| n.name)
+        .collect();
     out.extend(
         NODES
             .iter()
@@ -122,7 +125,14 @@ pub fn order(lab: &Lab, target: &Target) -> Result<Vec<&'static str>> {
 
 /// Replace every node's agent (running `from`) by `to`'s, in [`order`], one step each.
 /// The lab must be steady; it is steady again after each step.
-pub fn roll(lab: &mut Lab, from: &Build, to: &Build, timing: &Timing) -> Result<Vec<StepReport>> {
+/// `each` sees every step's report as it is made.
+pub fn roll(
+    lab: &mut Lab,
+    from: &Build,
+    to: &Build,
+    timing: &Timing,
+    mut each: impl FnMut(&StepReport),
+) -> Result<Vec<StepReport>> {
     let target = Target::of(lab.family());
     let nodes = order(lab, &target)?;
     let mut out = Vec::new();
@@ -150,7 +160,7 @@ pub fn roll(lab: &mut Lab, from: &Build, to: &Build, timing: &Timing) -> Result<
         let seen = flows.stop()?;
         let timeline = sampler.stop()?;
         replaced.with_context(|| format!("failed to replace the agent on {node}"))?;
-        out.push(StepReport {
+        let report = StepReport {
             node: node.to_owned(),
             to: to.label.clone(),
             holder_path: timeline.path(t),
@@ -160,7 +170,9 @@ pub fn roll(lab: &mut Lab, from: &Build, to: &Build, timing: &Timing) -> Result<
             udp: seen.udp,
             ping: seen.ping,
             t_unix_ms: t,
-        });
+        };
+        each(&report);
+        out.push(report);
         wait_steady(lab, &target, timing).with_context(|| format!("after replacing {node}"))?;
         if let Some((n, status)) = lab.exited_agents().into_iter().next() {
             bail!("the agent on {n} exited ({status}): {}", lab.agent_log(&n));
