@@ -163,7 +163,7 @@ fn stage_cni_bundle(agent: &Path, rootfs: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `0.1.0` from `egress-agent 0.1.0`.
+/// `0.2.0` from `egress-agent 0.2.0 (commit 0123456789ab)`.
 fn agent_version(agent: &Path) -> Result<String> {
     let out = Command::new(agent)
         .arg("--version")
@@ -171,7 +171,9 @@ fn agent_version(agent: &Path) -> Result<String> {
         .with_context(|| format!("failed to run {} --version", agent.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
     match text.trim().split_once(' ') {
-        Some(("egress-agent", v)) if out.status.success() && !v.is_empty() => Ok(v.to_owned()),
+        Some(("egress-agent", v)) if out.status.success() && !v.is_empty() => {
+            Ok(v.split_whitespace().next().unwrap_or(v).to_owned())
+        }
         _ => bail!("failed to read the agent's version: `--version` printed {text:?}"),
     }
 }
