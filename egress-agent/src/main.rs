@@ -193,6 +193,23 @@ struct RunArgs {
           default_value_t = egress_common::maps::CT_MAX_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1_024..=8_388_608))]
     conntrack_entries: u32,
+    /// Entries of each pod owner map (POD_OWNER_V4, POD_OWNER_V6): every selected pod of
+    /// the cluster must fit (a gateway tunnels their replies back by it). Preallocated:
+    /// about 90 bytes per entry for IPv4 and 96 for IPv6 (46 MiB at the default). Changing
+    /// it replaces the pinned maps at start (refilled on the first pass).
+    #[arg(long, env = "EGRESS_POD_OWNER_ENTRIES",
+          default_value_t = egress_common::maps::POD_OWNER_MAX_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1_024..=8_388_608))]
+    pod_owner_entries: u32,
+    /// Entries of each admitted-pairs map (ADMITTED_V4, ADMITTED_V6): the (selected pod,
+    /// rule) pairs of the rules this node serves as a gateway. Entries are allocated as
+    /// they are inserted, but the hash buckets are not (8 MiB per family at the
+    /// default); a node that never serves a gateway admits nothing and can run with the
+    /// minimum. Changing it replaces the pinned maps at start (refilled on the first pass).
+    #[arg(long, env = "EGRESS_ADMITTED_ENTRIES",
+          default_value_t = egress_common::maps::ADMITTED_MAX_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1_024..=8_388_608))]
+    admitted_entries: u32,
     /// What this node does with packets from a pod address it has not seen yet (its
     /// Pod object has not reached the agent, or it is not Running) toward a destination
     /// that any rule of any policy covers: `pass` them (normal routing, the node's
@@ -282,6 +299,8 @@ impl RunArgs {
             capacities: datapath::Capacities {
                 policy: self.policy_map_entries,
                 conntrack: self.conntrack_entries,
+                pod_owner: self.pod_owner_entries,
+                admitted: self.admitted_entries,
             },
             unknown_pods: self.unknown_pods,
             cni_socket: (!self.cni_socket.as_os_str().is_empty()).then_some(self.cni_socket),

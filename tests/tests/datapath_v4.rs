@@ -1193,6 +1193,33 @@ fn the_policy_map_capacity_is_the_operators() {
     );
 }
 
+/// `--pod-owner-entries` and `--admitted-entries` size both families' pod owner and
+/// admitted-pairs maps; the default again replaces them; the others keep the object's.
+#[test]
+fn the_pod_owner_and_admitted_capacities_are_the_operators() {
+    use egress_agent::datapath::{Capacities, Datapath};
+    let (dir, _guard) = pin_dir("owner-capacity");
+    let capacity = |name: &str| capacity(&dir, name);
+    let small = Capacities {
+        pod_owner: 2_048,
+        admitted: 1_024,
+        ..Capacities::default()
+    };
+    drop(Datapath::open_with(&dir, &small).expect("opens with small owner maps"));
+    assert_eq!(capacity(maps::POD_OWNER_V4), 2_048);
+    assert_eq!(capacity(maps::POD_OWNER_V6), 2_048);
+    assert_eq!(capacity(maps::ADMITTED_V4), 1_024);
+    assert_eq!(capacity(maps::ADMITTED_V6), 1_024);
+    assert_eq!(
+        capacity(maps::CT_V4),
+        maps::CT_MAX_ENTRIES,
+        "the others keep theirs"
+    );
+    drop(Datapath::open(&dir).expect("reopens with the default"));
+    assert_eq!(capacity(maps::POD_OWNER_V4), maps::POD_OWNER_MAX_ENTRIES);
+    assert_eq!(capacity(maps::ADMITTED_V6), maps::ADMITTED_MAX_ENTRIES);
+}
+
 /// `--conntrack-entries` sizes both conntrack maps and the per-pod flow counts. A
 /// kernel map cannot be resized, so another capacity replaces the pinned maps at start:
 /// their flows are carried into the new ones (flow fields kept, the cached next hop

@@ -91,9 +91,10 @@ fn podman_loads_the_image_and_runs_the_agent() {
         "--version",
     ]));
     assert!(
-        version
-            .trim()
-            .starts_with(&format!("egress-agent {} (commit ", env!("CARGO_PKG_VERSION"))),
+        version.trim().starts_with(&format!(
+            "egress-agent {} (commit ",
+            env!("CARGO_PKG_VERSION")
+        )),
         "{version}"
     );
 }
@@ -145,9 +146,10 @@ fn the_file_tree_is_the_binary_and_its_libraries() {
         .arg(&rootfs)
         .args([ENTRYPOINT, "--version"]));
     assert!(
-        version
-            .trim()
-            .starts_with(&format!("egress-agent {} (commit ", env!("CARGO_PKG_VERSION"))),
+        version.trim().starts_with(&format!(
+            "egress-agent {} (commit ",
+            env!("CARGO_PKG_VERSION")
+        )),
         "{version}"
     );
 

@@ -171,9 +171,10 @@ pub fn capacity_flag(name: &str) -> String {
             "raise --policy-map-entries (both maps), or select fewer pods or prefixes".to_owned()
         }
         "CT" | "FLOWS" => "raise --conntrack-entries".to_owned(),
-        "ADMITTED" => "new flows of the pods left out are dropped as DROP_NOT_ADMITTED; \
-                       ADMITTED_MAX_ENTRIES is a build constant: serve fewer rules here"
+        "ADMITTED" => "new flows of the pods left out are dropped as DROP_NOT_ADMITTED: \
+                       raise --admitted-entries, or serve fewer rules here"
             .to_owned(),
+        "POD_OWNER" => "raise --pod-owner-entries (both maps)".to_owned(),
         _ => format!(
             "a build constant, {family}_MAX_ENTRIES in egress-common/src/maps.rs: \
              spread the load over more nodes"
@@ -210,6 +211,13 @@ pub struct Capacities {
     /// kernel whatever they hold; also the capacity of `FLOWS_V4` / `_V6` (one per pod
     /// with flows, so never more than conntrack's).
     pub conntrack: u32,
+    /// Entries of each pod owner map (`POD_OWNER_V4`, `POD_OWNER_V6`): every selected pod
+    /// of the cluster, preallocated by the kernel whatever they hold.
+    pub pod_owner: u32,
+    /// Entries of each admitted-pairs map (`ADMITTED_V4`, `ADMITTED_V6`): (selected pod,
+    /// rule) pairs of the rules this node serves as a gateway; not preallocated, but its
+    /// hash buckets are (8 bytes each).
+    pub admitted: u32,
 }
 
 impl Default for Capacities {
@@ -217,6 +225,8 @@ impl Default for Capacities {
         Self {
             policy: names::POLICY_MAX_ENTRIES,
             conntrack: names::CT_MAX_ENTRIES,
+            pod_owner: names::POD_OWNER_MAX_ENTRIES,
+            admitted: names::ADMITTED_MAX_ENTRIES,
         }
     }
 }
@@ -229,6 +239,8 @@ impl Capacities {
                 Some(self.policy)
             }
             names::CT_V4 | names::CT_V6 | names::FLOWS_V4 | names::FLOWS_V6 => Some(self.conntrack),
+            names::POD_OWNER_V4 | names::POD_OWNER_V6 => Some(self.pod_owner),
+            names::ADMITTED_V4 | names::ADMITTED_V6 => Some(self.admitted),
             _ => None,
         }
     }
