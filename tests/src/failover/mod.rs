@@ -222,14 +222,15 @@ pub struct CaseReport {
     pub notes: Vec<String>,
 }
 
-impl CaseReport {
-    pub fn tcp_verdict(&self) -> TcpVerdict {
-        let t = &self.tcp;
+impl TcpVerdict {
+    /// What became of the TCP stream `t` around an event at `t_unix_ms`: reset, failed,
+    /// stalled (nothing delivered after the event, or nothing lately), or survived.
+    pub fn of(t: &Summary, t_unix_ms: u64) -> Self {
         if t.reset {
             TcpVerdict::Reset
         } else if t.error.is_some() {
             TcpVerdict::Failed
-        } else if t.first_reply_after(self.t_unix_ms).is_none()
+        } else if t.first_reply_after(t_unix_ms).is_none()
             || t.last_reply()
                 .is_none_or(|last| last + STALLED_AFTER_MS < t.end_unix_ms)
         {
@@ -237,6 +238,12 @@ impl CaseReport {
         } else {
             TcpVerdict::Survived
         }
+    }
+}
+
+impl CaseReport {
+    pub fn tcp_verdict(&self) -> TcpVerdict {
+        TcpVerdict::of(&self.tcp, self.t_unix_ms)
     }
 
     /// How UDP came back from its worst interruption after T: a gap between replies of

@@ -11,9 +11,7 @@ use std::{fmt, path::PathBuf, thread, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{
-    STALLED_AFTER_MS, Target, TcpVerdict, Timing, flows::Flows, holders::Sampler, wait_steady,
-};
+use super::{Target, TcpVerdict, Timing, flows::Flows, holders::Sampler, wait_steady};
 use crate::{
     cluster,
     lab::{Lab, NODES},
@@ -49,19 +47,7 @@ pub struct StepReport {
 
 impl StepReport {
     pub fn tcp_verdict(&self) -> TcpVerdict {
-        let t = &self.tcp;
-        if t.reset {
-            TcpVerdict::Reset
-        } else if t.error.is_some() {
-            TcpVerdict::Failed
-        } else if t
-            .last_reply()
-            .is_none_or(|last| last + STALLED_AFTER_MS < t.end_unix_ms)
-        {
-            TcpVerdict::Stalled
-        } else {
-            TcpVerdict::Survived
-        }
+        TcpVerdict::of(&self.tcp, self.t_unix_ms)
     }
 
     /// A stayed where it was, on one gateway.
