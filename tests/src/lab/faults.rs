@@ -2,18 +2,30 @@
 
 use super::*;
 
+/// How long the kernel may take to act on a link going down or up ([`Lab::set_underlay_link`]).
+pub const LINK_BACK_WITHIN: Duration = Duration::from_secs(30);
+
 impl Lab {
     /// Take a node's underlay link (`eth0` in its namespace) down, or bring it back up with
     /// its addresses and routes (the kernel drops static routes, and IPv6 addresses, of a
     /// link that goes down). Down, the node reaches no other node, and nothing reaches it.
+    ///
+    /// Each returns once the kernel has acted on it: down, once the switch's port stopped
+    /// forwarding; up, once it forwards again and, with IPv6, the device has its
+    /// link-local address. Both wait for the kernel's link watcher, which needs the RTNL
+    /// lock: while another lab tears its namespaces down, a port has been seen to keep
+    /// its old state for over ten seconds (and, had the test not waited, to go down only
+    /// after the link was back up).
     pub fn set_underlay_link(&self, node: &str, up: bool) -> Result<()> {
         let n = self.node(node)?;
-        if up {
-            self.ns(node)?
-                .ip_batch(&n.underlay_config(self.spec.family.has_v6(), self.spec.cni))
-        } else {
-            self.ns(node)?.ip_batch(&["link set eth0 down"])
+        if !up {
+            self.ns(node)?.ip_batch(&["link set eth0 down"])?;
+            return self.wait_port("ul", node, false);
         }
+        let v6 = self.spec.family.has_v6();
+        self.ns(node)?
+            .ip_batch(&n.underlay_config(v6, self.spec.cni))?;
+        self.wait_carried(node, self.spec.cni.underlay_device(), "ul", node)
     }
 
     /// Take a gateway's link to a secondary network (`sec-a`, `sec-b`) down, or bring it
@@ -43,7 +55,85 @@ impl Lab {
                     .map(|r| format!("route replace {r}")),
             );
         }
-        self.ns(gw)?.ip_batch(&cmds)
+        self.ns(gw)?.ip_batch(&cmds)?;
+        // Under Cni::Ovs the link is a VLAN off the NIC: no port of its own.
+        let port = (self.spec.cni != Cni::Ovs).then_some(gw);
+        let bridge = format!("net-{id}");
+        match (port, up) {
+            (Some(port), false) => self.wait_port(&bridge, port, false),
+            (None, false) => Ok(()),
+            (Some(port), true) => self.wait_carried(gw, link, &bridge, port),
+            (None, true) => self.wait_carried_at(gw, link, None),
+        }
+    }
+
+    /// Wait until bridge port `port` in `bridge_ns` forwards (`forwarding`) or does not.
+    fn wait_port(&self, bridge_ns: &str, port: &str, forwarding: bool) -> Result<()> {
+        let deadline = Instant::now() + LINK_BACK_WITHIN;
+        while self.port_forwards(bridge_ns, port)? != forwarding {
+            if Instant::now() >= deadline {
+                bail!(
+                    "port {port} of {bridge_ns}'s bridge {} forwarding {}s after its link \
+                     went {}",
+                    if forwarding { "is not" } else { "is still" },
+                    LINK_BACK_WITHIN.as_secs(),
+                    if forwarding { "up" } else { "down" },
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Wait until `member`'s `dev` is carried again: `port` of the bridge in `bridge_ns`
+    /// is up and forwarding, and `dev` has an IPv6 link-local address (in a dual or IPv6
+    /// lab). An error after [`LINK_BACK_WITHIN`] names what is still missing.
+    fn wait_carried(&self, member: &str, dev: &str, bridge_ns: &str, port: &str) -> Result<()> {
+        self.wait_carried_at(member, dev, Some((bridge_ns, port)))
+    }
+
+    fn wait_carried_at(&self, member: &str, dev: &str, port: Option<(&str, &str)>) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
+        let deadline = Instant::now() + LINK_BACK_WITHIN;
+        loop {
+            let mut missing = Vec::new();
+            if let Some((bridge_ns, port)) = port
+                && !self.port_forwards(bridge_ns, port)?
+            {
+                missing.push(format!("port {port} of {bridge_ns}'s bridge forwarding"));
+            }
+            if v6 {
+                let o = self.exec(
+                    member,
+                    "ip",
+                    &["-6", "-o", "addr", "show", "dev", dev, "scope", "link"],
+                )?;
+                if o.stdout.is_empty() {
+                    missing.push(format!("an IPv6 link-local address on {member}'s {dev}"));
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{member}'s {dev} is not carried {}s after it came up: no {}",
+                    LINK_BACK_WITHIN.as_secs(),
+                    missing.join(", no ")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether bridge port `port` in `bridge_ns` is up and forwarding.
+    fn port_forwards(&self, bridge_ns: &str, port: &str) -> Result<bool> {
+        let o = self.exec(bridge_ns, "ip", &["-j", "-d", "link", "show", "dev", port])?;
+        let links: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .with_context(|| format!("ip -j link show {port} in {bridge_ns} is not JSON"))?;
+        let link = &links[0];
+        Ok(link["operstate"] == "UP"
+            && link["linkinfo"]["info_slave_data"]["state"] == "forwarding")
     }
 
     /// `ip route add <route>` in a gateway's namespace: a route that `destinationsFrom:
