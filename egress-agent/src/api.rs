@@ -5,6 +5,8 @@
 //! CEL rules reject what can be rejected statically, and the compiler turns anything that
 //! still slips through (a YAML directory has no API server to validate it) into a condition.
 
+use std::net::IpAddr;
+
 use k8s_openapi::{
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     apimachinery::pkg::apis::meta::v1::LabelSelector,
@@ -93,14 +95,26 @@ pub enum FailurePolicy {
 
 /// One rule: destination prefixes (listed in `destinations`, or learned from the
 /// gateways' routing tables with `destinationsFrom: Routes`), the prefixes excepted from
-/// them, and either a dedicated egress IP (`egressIP`) or a gateway interface whose own
-/// address is used (`interface`).
+/// them, and one of: a dedicated egress IP (`egressIP`), several spread over the gateways
+/// (`egressIPs`), or a gateway interface whose own address is used (`interface`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "has(self.egressIP) != has(self.interface)",
-        "message": "exactly one of egressIP or interface must be set"
+        "rule": "(has(self.egressIP) ? 1 : 0) + (has(self.egressIPs) ? 1 : 0) + (has(self.interface) ? 1 : 0) == 1",
+        "message": "exactly one of egressIP, egressIPs or interface must be set"
+    },
+    {
+        "rule": "!has(self.egressIPs) || self.egressIPs.all(a, !isIP(a) || self.egressIPs.exists_one(b, isIP(b) && ip(b) == ip(a)))",
+        "message": "egressIPs must not list an address twice"
+    },
+    {
+        "rule": "!has(self.egressIPs) || self.egressIPs.all(a, !isIP(a) || !isIP(self.egressIPs[0]) || ip(a).family() == ip(self.egressIPs[0]).family())",
+        "message": "egressIPs must all be of one address family"
+    },
+    {
+        "rule": "!has(self.destinations) || !has(self.egressIPs) || !isIP(self.egressIPs[0]) || self.destinations.all(d, !isCIDR(d) || cidr(d).ip().family() == ip(self.egressIPs[0]).family())",
+        "message": "destinations must be of the same address family as egressIPs"
     },
     {
         "rule": "has(self.destinations) != has(self.destinationsFrom)",
@@ -147,11 +161,32 @@ pub struct EgressRule {
     #[serde(default, rename = "egressIP", skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_ip_schema")]
     pub egress_ip: Option<String>,
+    /// Several dedicated egress addresses of one family, each held by a different eligible
+    /// gateway where there are enough: each selected pod leaves with one of them, the same
+    /// one while it lives (a hash of the pod over the addresses), so a far side can allow
+    /// each pod's address and a failure moves only the failed address's pods.
+    #[serde(default, rename = "egressIPs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "egress_ip_list_schema")]
+    pub egress_ips: Vec<String>,
     /// A gateway interface name: each eligible gateway with this interface SNATs to its own
     /// address there, and selected pods are spread over those gateways.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_interface_schema")]
     pub interface: Option<String>,
+}
+
+impl EgressRule {
+    /// The dedicated egress addresses the rule names (`egressIP` or `egressIPs`) that
+    /// parse, in the order written; none for an `interface:` rule.
+    pub fn dedicated_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        let listed = self.interface.is_none().then_some(
+            self.egress_ip
+                .iter()
+                .chain(&self.egress_ips)
+                .filter_map(|t| t.parse::<IpAddr>().ok()),
+        );
+        listed.into_iter().flatten()
+    }
 }
 
 /// Where a rule's destinations come from, when not listed.
@@ -209,9 +244,12 @@ pub struct EgressIpStatus {
     pub since: Option<String>,
     /// Why the address is where it is: `Assigned`, or why the previous holder lost it
     /// (`HolderUnreachable`, `HolderNotReady`, `HolderDrained`, `HolderInterfaceDown`,
-    /// `HolderNotSelected`, `Reassigned`).
+    /// `HolderNotSelected`, `Reassigned`, `Rebalanced`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// How many of the policy's selected pods leave by it (through this node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<u32>,
 }
 
 /// The network inventory of one node, published by the agent on that node (name = node
@@ -389,6 +427,19 @@ fn optional_ip_schema(generator: &mut SchemaGenerator) -> Schema {
     ip_schema(generator)
 }
 
+/// The most addresses one `egressIPs` list may name.
+pub const MAX_RULE_EGRESS_IPS: usize = 16;
+
+fn egress_ip_list_schema(generator: &mut SchemaGenerator) -> Schema {
+    let item = ip_schema(generator);
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_RULE_EGRESS_IPS,
+        "items": item
+    })
+}
+
 fn interface_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
@@ -535,7 +586,8 @@ mod tests {
     fn policy_schema_carries_cel_rules() {
         let yaml = crd_yaml();
         for needle in [
-            "exactly one of egressIP or interface must be set",
+            "exactly one of egressIP, egressIPs or interface must be set",
+            "egressIPs must not list an address twice",
             "every except prefix must lie inside one of the destinations",
             "destinations must be of the same address family as egressIP",
             "isCIDR(self)",

@@ -42,6 +42,22 @@ pub struct Stats {
     pub liveness: LivenessStats,
     /// Interface -> routes out of it listed in this node's EgressNode.
     pub routes_published: BTreeMap<String, usize>,
+    /// The address each of this node's selected pods leaves with, per rule.
+    pub pod_routes: Vec<PodRouteStat>,
+}
+
+/// One of this node's pods and how it leaves under one rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodRouteStat {
+    /// `namespace/name`.
+    pub pod: String,
+    pub pod_ip: String,
+    /// `policy rules[i]`.
+    pub rule: String,
+    /// The egress address (`-`: none).
+    pub egress_ip: String,
+    /// The gateway (`-`: none, the failure policy applies).
+    pub gateway: String,
 }
 
 /// One egress address and where it lives.
@@ -52,6 +68,11 @@ pub struct HolderStat {
     pub interface: String,
     /// Why it is there (`compiler::move_reason`).
     pub reason: String,
+    pub policy: String,
+    /// The policy's selected pods that leave by it, cluster-wide.
+    pub pods: u32,
+    /// Those of them on this node.
+    pub local_pods: u32,
 }
 
 /// An egress IP this node holds.
@@ -113,6 +134,13 @@ struct HolderLabels {
     ip: String,
     node: String,
     interface: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AddressLabels {
+    ip: String,
+    node: String,
+    policy: String,
 }
 
 /// How often scrapes read the maps at most.
@@ -227,6 +255,27 @@ fn register_holders(reg: &mut Registry, stats: &Stats) {
         "egress_ip_holder",
         "Which node and interface hold each egress IP",
         holders,
+    );
+    let pods = Family::<AddressLabels, Gauge>::default();
+    let local = Family::<AddressLabels, Gauge>::default();
+    for h in &stats.holders {
+        let labels = AddressLabels {
+            ip: h.ip.clone(),
+            node: h.node.clone(),
+            policy: h.policy.clone(),
+        };
+        pods.get_or_create(&labels).inc_by(i64::from(h.pods));
+        local.get_or_create(&labels).inc_by(i64::from(h.local_pods));
+    }
+    reg.register(
+        "egress_ip_pods",
+        "Selected pods (cluster-wide) that leave by each egress address and gateway, per policy",
+        pods,
+    );
+    reg.register(
+        "egress_ip_local_pods",
+        "This node's selected pods that leave by each egress address and gateway, per policy",
+        local,
     );
 }
 
@@ -393,8 +442,19 @@ pub fn status_text(stats: &Stats) -> String {
     for h in &stats.holders {
         let _ = writeln!(
             out,
-            "  {:<40} {:<20} {:<10} {}",
-            h.ip, h.node, h.interface, h.reason
+            "  {:<40} {:<20} {:<10} {:<20} {} pods ({} here)",
+            h.ip, h.node, h.interface, h.reason, h.pods, h.local_pods
+        );
+    }
+    let _ = writeln!(out, "\npods here and the address each leaves with:");
+    if stats.pod_routes.is_empty() {
+        let _ = writeln!(out, "  (none selected)");
+    }
+    for r in &stats.pod_routes {
+        let _ = writeln!(
+            out,
+            "  {:<40} {:<40} {:<24} {:<40} via {}",
+            r.pod, r.pod_ip, r.rule, r.egress_ip, r.gateway
         );
     }
     if let Some(d) = l.last_detection {

@@ -74,7 +74,13 @@ fn egress_node(name: &'static str, body: &str, refused_by: &'static [&'static st
     }
 }
 
-const TARGET: &str = "spec.rules[]: exactly one of egressIP or interface must be set";
+const TARGET: &str = "spec.rules[]: exactly one of egressIP, egressIPs or interface must be set";
+const EGRESS_IPS_TWICE: &str = "spec.rules[]: egressIPs must not list an address twice";
+const EGRESS_IPS_FAMILY: &str = "spec.rules[]: egressIPs must all be of one address family";
+const FAMILY_EGRESS_IPS: &str =
+    "spec.rules[]: destinations must be of the same address family as egressIPs";
+const EGRESS_IPS_ITEM: &str =
+    "spec.rules[].egressIPs[]: must be an IP address such as 198.51.100.10";
 const DESTINATIONS: &str =
     "spec.rules[]: exactly one of destinations or destinationsFrom must be set";
 const INCLUDE_DEFAULT: &str = "spec.rules[]: includeDefault applies only with destinationsFrom";
@@ -140,6 +146,49 @@ fn cases() -> Vec<Case> {
             "neither egressIP nor interface",
             "{destinations: [192.168.101.0/24]}",
             &[TARGET],
+        ),
+        // egressIPs: several addresses, one family, each once.
+        policy(
+            "listed destinations, two egress IPs",
+            "{destinations: [192.168.101.0/24], egressIPs: [192.168.101.50, 192.168.101.51]}",
+            &[],
+        ),
+        policy(
+            "learned destinations, two IPv6 egress IPs",
+            "{destinationsFrom: Routes, egressIPs: ['fd00:101::50', 'fd00:101::51']}",
+            &[],
+        ),
+        policy(
+            "egressIP and egressIPs",
+            "{destinations: [192.168.101.0/24], egressIP: 192.168.101.50, \
+             egressIPs: [192.168.101.51]}",
+            &[TARGET],
+        ),
+        policy(
+            "egressIPs and interface",
+            "{destinations: [192.168.101.0/24], egressIPs: [192.168.101.51], interface: sec-a}",
+            &[TARGET],
+        ),
+        policy(
+            "an address listed twice in egressIPs",
+            "{destinations: [192.168.101.0/24], \
+             egressIPs: [192.168.101.50, 192.168.101.51, 192.168.101.50]}",
+            &[EGRESS_IPS_TWICE],
+        ),
+        policy(
+            "egressIPs of both families",
+            "{destinationsFrom: Routes, egressIPs: [192.168.101.50, 'fd00:101::50']}",
+            &[EGRESS_IPS_FAMILY],
+        ),
+        policy(
+            "IPv4 destinations, IPv6 egressIPs",
+            "{destinations: [192.168.101.0/24], egressIPs: ['fd00:101::50']}",
+            &[FAMILY_EGRESS_IPS],
+        ),
+        policy(
+            "an egressIPs item that is no address",
+            "{destinations: [192.168.101.0/24], egressIPs: [192.168.101.50, gw-a]}",
+            &[EGRESS_IPS_ITEM],
         ),
         // Destinations: exactly one of destinations and destinationsFrom.
         policy(

@@ -424,7 +424,7 @@ pub fn release_reason(ip: IpAddr, compiled: &Compiled) -> String {
             p.spec
                 .rules
                 .iter()
-                .any(|r| r.egress_ip.as_deref().and_then(|t| t.parse().ok()) == Some(ip))
+                .any(|r| r.dedicated_ips().any(|a| a == ip))
         })
         .map(|(name, _)| name)
         .collect();
@@ -999,6 +999,7 @@ mod tests {
                 shared: false,
                 epoch: 3,
                 reason,
+                pods: 0,
             }],
             policy_egress_ips: BTreeSet::from([A.into()]),
             ..Compiled::default()

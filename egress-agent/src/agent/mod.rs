@@ -233,6 +233,7 @@ fn record_pass(
         Ok(o) => {
             s.ready = true;
             s.holders = o.holders;
+            s.pod_routes = o.pod_routes;
             s.problems = o.problems.len();
             let state = source_errors.iter().map(|e| format!("state: {e}"));
             let all: Vec<String> = state.chain(o.problems).collect();
@@ -257,6 +258,7 @@ fn record_pass(
 struct Outcome {
     changed: usize,
     holders: Vec<metrics::HolderStat>,
+    pod_routes: Vec<metrics::PodRouteStat>,
     problems: Vec<String>,
 }
 
@@ -370,6 +372,7 @@ impl Reconciler<'_> {
         Ok(Outcome {
             changed,
             holders: holder_stats(&compiled),
+            pod_routes: pod_route_stats(&compiled),
             problems,
         })
     }
@@ -459,8 +462,14 @@ fn own_egress_node<'v>(view: &'v ClusterView, me: &str) -> Option<&'v EgressNode
         .find(|n| n.metadata.name.as_deref() == Some(me))
 }
 
-/// Every holder of the compile, for the metrics.
+/// Every holder of the compile, with the pods that leave by it, for the metrics.
 fn holder_stats(compiled: &Compiled) -> Vec<metrics::HolderStat> {
+    let mut local: BTreeMap<(&str, std::net::IpAddr, &str), u32> = BTreeMap::new();
+    for r in &compiled.pod_routes {
+        if let (Some(ip), Some(gw)) = (r.egress_ip, &r.gateway) {
+            *local.entry((&r.policy, ip, gw)).or_default() += 1;
+        }
+    }
     compiled
         .holders
         .iter()
@@ -469,6 +478,28 @@ fn holder_stats(compiled: &Compiled) -> Vec<metrics::HolderStat> {
             node: h.node.clone(),
             interface: h.interface.clone(),
             reason: h.reason.to_owned(),
+            policy: h.policy.clone(),
+            pods: h.pods,
+            local_pods: local
+                .get(&(h.policy.as_str(), h.ip, h.node.as_str()))
+                .copied()
+                .unwrap_or(0),
+        })
+        .collect()
+}
+
+/// This node's pods and their addresses, for `egress-agent status`.
+fn pod_route_stats(compiled: &Compiled) -> Vec<metrics::PodRouteStat> {
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+    compiled
+        .pod_routes
+        .iter()
+        .map(|r| metrics::PodRouteStat {
+            pod: r.pod.clone(),
+            pod_ip: r.pod_ip.to_string(),
+            rule: format!("{} rules[{}]", r.policy, r.rule),
+            egress_ip: dash(r.egress_ip.map(|ip| ip.to_string())),
+            gateway: dash(r.gateway.clone()),
         })
         .collect()
 }

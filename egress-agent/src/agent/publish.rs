@@ -466,6 +466,7 @@ mod tests {
             shared: false,
             epoch: 1,
             reason,
+            pods: 0,
         }
     }
 

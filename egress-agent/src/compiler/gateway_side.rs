@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     Holder,
-    placement::{GatewayAddr, PolicyPlan},
+    placement::{GatewayAddr, PolicyPlan, Served},
+    spread::Counts,
 };
 use crate::{
     api::EgressIpStatus,
@@ -18,6 +19,7 @@ use crate::{
 /// statuses), and this node's gateway-side state in `desired`.
 pub(super) fn serve(
     plans: &[PolicyPlan<'_>],
+    counts: &Counts,
     node_name: &str,
     desired: &mut Desired,
 ) -> (Vec<Holder>, BTreeMap<String, BTreeSet<EgressIpStatus>>) {
@@ -26,17 +28,27 @@ pub(super) fn serve(
     for plan in plans {
         let ips = egress_ips.entry(plan.name.clone()).or_default();
         for rule in &plan.rules {
-            for (g, shared) in rule.served() {
+            for Served {
+                gateway: g,
+                shared,
+                id,
+            } in rule.served()
+            {
+                let pods = counts
+                    .get(&(plan.name.clone(), g.ip, g.node.clone()))
+                    .copied()
+                    .unwrap_or(0);
                 holders.push(Holder {
                     ip: g.ip,
                     node: g.node.clone(),
                     interface: g.interface.clone(),
                     policy: plan.name.clone(),
                     rule: rule.index,
-                    rule_id: rule.rule_id,
+                    rule_id: id,
                     shared,
                     epoch: g.epoch,
                     reason: g.reason,
+                    pods,
                 });
                 ips.insert(EgressIpStatus {
                     ip: g.ip.to_string(),
@@ -44,9 +56,10 @@ pub(super) fn serve(
                     interface: g.interface.clone(),
                     since: (!shared).then(|| g.since.clone()).flatten(),
                     reason: (!shared).then(|| g.reason.to_owned()),
+                    pods: Some(pods),
                 });
                 if g.node == node_name {
-                    serve_locally(desired, rule.rule_id, g, shared);
+                    serve_locally(desired, id, g, shared);
                 }
             }
         }

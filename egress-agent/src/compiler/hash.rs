@@ -2,7 +2,10 @@
 //! agent must compute the same values on every platform, so nothing here uses `std`'s
 //! randomly seeded hashers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use egress_common::policy::MAX_RULE_ID;
 
@@ -49,6 +52,10 @@ pub fn rendezvous<'a>(
         .map(|(_, name)| name)
 }
 
+/// What a wire id is for: a rule (`None`), or one address of a rule's `egressIPs` list
+/// (the gateway reads the address from the id the tunnel carries).
+pub type WireKey = (String, usize, Option<IpAddr>);
+
 /// Cluster-wide rule ids for `(policy, rule index)` pairs: FNV-1a 64 of
 /// `"<policy>/<index>"` mod `MAX_RULE_ID`, plus one; collisions are resolved by linear
 /// probing in sorted (policy, index) order, so every agent that sees the same policies
@@ -56,17 +63,32 @@ pub fn rendezvous<'a>(
 pub fn rule_ids<'a>(
     rules: impl IntoIterator<Item = (&'a str, usize)>,
 ) -> BTreeMap<(String, usize), u32> {
-    let sorted: BTreeSet<(&str, usize)> = rules.into_iter().collect();
+    wire_ids(rules.into_iter().map(|(p, i)| (p.to_owned(), i, None)))
+        .into_iter()
+        .map(|((p, i, _), id)| ((p, i), id))
+        .collect()
+}
+
+/// [`rule_ids`] for rules and the addresses of `egressIPs` lists: an address hashes
+/// `"<policy>/<index>/<address>"`, so an address keeps its id when others join or leave
+/// the list. Keys sort rules before their addresses, so a rule's id is the one
+/// [`rule_ids`] gives it unless an address's hash collides with it.
+pub fn wire_ids(keys: impl IntoIterator<Item = WireKey>) -> BTreeMap<WireKey, u32> {
+    let sorted: BTreeSet<WireKey> = keys.into_iter().collect();
     let mut used = BTreeSet::new();
     let mut ids = BTreeMap::new();
-    for (policy, index) in sorted {
-        let h = fnv1a64(format!("{policy}/{index}").as_bytes()) % u64::from(MAX_RULE_ID);
+    for key in sorted {
+        let text = match key.2 {
+            None => format!("{}/{}", key.0, key.1),
+            Some(ip) => format!("{}/{}/{ip}", key.0, key.1),
+        };
+        let h = fnv1a64(text.as_bytes()) % u64::from(MAX_RULE_ID);
         // `h < MAX_RULE_ID`, so it fits.
         let mut id = u32::try_from(h).unwrap_or(0) + 1;
         while !used.insert(id) {
             id = id % MAX_RULE_ID + 1;
         }
-        ids.insert((policy.to_owned(), index), id);
+        ids.insert(key, id);
     }
     ids
 }

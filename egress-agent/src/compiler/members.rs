@@ -64,7 +64,8 @@ pub fn policy_egress_ips(view: &ClusterView) -> BTreeSet<IpAddr> {
     view.policies
         .iter()
         .flat_map(|p| p.spec.rules.iter())
-        .filter_map(|r| r.egress_ip.as_deref()?.parse().ok())
+        .flat_map(|r| r.egress_ip.iter().chain(&r.egress_ips))
+        .filter_map(|t| t.parse().ok())
         .collect()
 }
 

@@ -32,6 +32,7 @@ mod routes;
 mod rules;
 mod selector;
 mod source_side;
+mod spread;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -39,6 +40,7 @@ mod tests;
 pub use hash::{fnv1a64, rule_ids};
 pub use nodes::{gateway_candidates, node_drained, node_ready, node_underlay};
 pub use selector::Selector;
+pub use spread::PodRoute;
 
 /// Condition types.
 pub mod condition {
@@ -52,6 +54,9 @@ pub mod condition {
     /// AdminNetworkPolicies, BaselineAdminNetworkPolicies or EgressFirewalls exist that
     /// may cover the pods this policy redirects: they do not hold for that traffic.
     pub const ADMIN_POLICIES_NOT_APPLIED: &str = "AdminPoliciesNotApplied";
+    /// Several addresses of one rule's `egressIPs` share a gateway: fewer eligible
+    /// gateways host them than the rule has addresses.
+    pub const EGRESS_IPS_SHARE_GATEWAY: &str = "EgressIPsShareGateway";
 }
 
 /// Condition reasons (stable: users and alerts match on them).
@@ -103,6 +108,8 @@ pub mod reason {
     pub const DESTINATIONS_COVER_CLUSTER: &str = "DestinationsCoverCluster";
     // AdminPoliciesNotApplied=True
     pub const NOT_APPLIED_TO_REDIRECTED_TRAFFIC: &str = "NotAppliedToRedirectedTraffic";
+    // EgressIPsShareGateway=True
+    pub const FEWER_GATEWAYS_THAN_EGRESS_IPS: &str = "FewerGatewaysThanEgressIPs";
     // Problems about other objects.
     pub const NO_UNDERLAY_ADDRESS: &str = "NoUnderlayAddress";
     pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";
@@ -124,8 +131,11 @@ pub mod move_reason {
     pub const HOLDER_NOT_SELECTED: &str = "HolderNotSelected";
     /// Anything else (the policy changed, several nodes claimed it).
     pub const REASSIGNED: &str = "Reassigned";
+    /// The previous holder holds another address of the rule's `egressIPs`, and an
+    /// eligible gateway that holds none can host this one.
+    pub const REBALANCED: &str = "Rebalanced";
 
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         ASSIGNED,
         HOLDER_UNREACHABLE,
         HOLDER_NOT_READY,
@@ -133,6 +143,7 @@ pub mod move_reason {
         HOLDER_INTERFACE_DOWN,
         HOLDER_NOT_SELECTED,
         REASSIGNED,
+        REBALANCED,
     ];
 
     /// The constant spelled `text`, if any.
@@ -168,6 +179,8 @@ pub struct Compiled {
     /// The node whose agent writes policy statuses and Events (the same on every node
     /// that hears the same peers).
     pub status_writer: Option<String>,
+    /// The address each of this node's selected pods leaves with, per rule, sorted.
+    pub pod_routes: Vec<PodRoute>,
 }
 
 /// One egress address in use: a dedicated egress IP and its holder, or (`shared`) a
@@ -188,6 +201,8 @@ pub struct Holder {
     pub epoch: u64,
     /// Why it is held there (see [`move_reason`]).
     pub reason: &'static str,
+    /// The selected pods (cluster-wide) that leave by it.
+    pub pods: u32,
 }
 
 /// The object a [`Problem`] is about.
@@ -259,7 +274,8 @@ pub fn compile_remembering(
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
     report_disputed(&mut plans, &pods);
     report_unapplied(&mut plans, &pods, &view.unapplied);
-    let (holders, egress_ips) = gateway_side::serve(&plans, node_name, &mut desired);
+    let (counts, pod_routes) = spread::spread(&plans, &pods, node_name);
+    let (holders, egress_ips) = gateway_side::serve(&plans, &counts, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
     netpol::restrict(view, &pods, node_name, &mut desired, &mut problems);
@@ -280,6 +296,7 @@ pub fn compile_remembering(
         membership: members::membership(view, node_name),
         policy_egress_ips: members::policy_egress_ips(view),
         status_writer: members::status_writer(view, &peers.dead),
+        pod_routes,
     }
 }
 

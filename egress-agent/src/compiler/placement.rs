@@ -72,17 +72,38 @@ pub(super) enum Destinations {
 }
 
 pub(super) enum Target {
-    /// A dedicated egress IP and its holder.
-    Dedicated {
-        ip: IpAddr,
-        holder: Option<GatewayAddr>,
-    },
+    /// Dedicated egress IPs (`egressIP`, or each of `egressIPs`) and their holders.
+    Dedicated { addresses: Vec<Dedicated> },
     /// An interface rule and the gateways serving it, by node name.
     Interface {
         gateways: BTreeMap<String, GatewayAddr>,
     },
     /// No gateway at all (invalid, unhostable, ...): the failure policy applies.
     None,
+}
+
+/// One dedicated egress IP of a rule.
+pub(super) struct Dedicated {
+    pub(super) ip: IpAddr,
+    /// Its wire id: the rule's for `egressIP`, its own for an address of `egressIPs`.
+    pub(super) id: u32,
+    pub(super) holder: Option<GatewayAddr>,
+}
+
+/// How a pod address leaves under a rule: the wire id, the gateway (none: the failure
+/// policy applies) and the egress address.
+pub(super) struct Route<'a> {
+    pub(super) id: u32,
+    pub(super) gateway: Option<&'a GatewayAddr>,
+    pub(super) egress_ip: Option<IpAddr>,
+}
+
+/// One gateway address serving a rule, with its wire id (`shared`: an interface's own
+/// address, not a dedicated egress IP).
+pub(super) struct Served<'a> {
+    pub(super) gateway: &'a GatewayAddr,
+    pub(super) shared: bool,
+    pub(super) id: u32,
 }
 
 /// One gateway's address serving a rule.
@@ -129,35 +150,90 @@ impl RulePlan {
         matches!(self.destinations, Destinations::Learned { .. })
     }
 
-    /// The gateway serving pod address `ip` under this rule: the holder of its egress IP,
-    /// or the rendezvous winner among the gateways of its interface (per pod address and
-    /// rule, so pods spread and each stays put while its gateway lives).
-    pub(super) fn gateway_for(&self, ip: IpAddr) -> Option<&GatewayAddr> {
+    /// How pod address `ip` leaves under this rule. A dedicated rule's pod takes the
+    /// rendezvous winner among its addresses that have a holder (per pod address and
+    /// rule, so pods spread over the addresses, each keeps its address while that address
+    /// is held anywhere, and only the pods of an address that loses every holder move);
+    /// with none held, the winner among all, without a gateway. An interface rule's pod
+    /// takes the rendezvous winner among the gateways of its interface.
+    pub(super) fn route_for(&self, ip: IpAddr) -> Route<'_> {
+        let rule_id = self.rule_id.to_be_bytes();
+        let octets = ip_bytes(ip);
+        let key: [&[u8]; 2] = [&octets, &rule_id];
         match &self.target {
-            Target::Dedicated {
-                holder: Some(h), ..
-            } => Some(h),
-            Target::Interface { gateways } => {
-                let rule_id = self.rule_id.to_be_bytes();
-                let octets = ip_bytes(ip);
-                hash::rendezvous(&[&octets, &rule_id], gateways.keys().map(String::as_str))
-                    .and_then(|node| gateways.get(node))
+            Target::Dedicated { addresses } => {
+                let held: Vec<&Dedicated> =
+                    addresses.iter().filter(|a| a.holder.is_some()).collect();
+                let pool = if held.is_empty() {
+                    addresses.iter().collect()
+                } else {
+                    held
+                };
+                let Some(chosen) = pick_address(&key, &pool) else {
+                    return self.no_route();
+                };
+                Route {
+                    id: chosen.id,
+                    gateway: chosen.holder.as_ref(),
+                    egress_ip: Some(chosen.ip),
+                }
             }
-            _ => None,
+            Target::Interface { gateways } => {
+                let gateway = hash::rendezvous(&key, gateways.keys().map(String::as_str))
+                    .and_then(|node| gateways.get(node));
+                Route {
+                    id: self.rule_id,
+                    gateway,
+                    egress_ip: gateway.map(|g| g.ip),
+                }
+            }
+            Target::None => self.no_route(),
         }
     }
 
-    /// Every gateway address serving this rule (with `true` for a shared one: an
-    /// interface's own address).
-    pub(super) fn served(&self) -> Vec<(&GatewayAddr, bool)> {
-        match &self.target {
-            Target::Dedicated {
-                holder: Some(h), ..
-            } => vec![(h, false)],
-            Target::Interface { gateways } => gateways.values().map(|g| (g, true)).collect(),
-            _ => Vec::new(),
+    fn no_route(&self) -> Route<'_> {
+        Route {
+            id: self.rule_id,
+            gateway: None,
+            egress_ip: None,
         }
     }
+
+    /// Every gateway address serving this rule.
+    pub(super) fn served(&self) -> Vec<Served<'_>> {
+        match &self.target {
+            Target::Dedicated { addresses } => addresses
+                .iter()
+                .filter_map(|a| {
+                    Some(Served {
+                        gateway: a.holder.as_ref()?,
+                        shared: false,
+                        id: a.id,
+                    })
+                })
+                .collect(),
+            Target::Interface { gateways } => gateways
+                .values()
+                .map(|g| Served {
+                    gateway: g,
+                    shared: true,
+                    id: self.rule_id,
+                })
+                .collect(),
+            Target::None => Vec::new(),
+        }
+    }
+}
+
+/// The rendezvous winner for `key` among `addresses` (one address needs no hashing).
+fn pick_address<'d>(key: &[&[u8]], addresses: &[&'d Dedicated]) -> Option<&'d Dedicated> {
+    if let [only] = addresses {
+        return Some(only);
+    }
+    let names: Vec<String> = addresses.iter().map(|a| a.ip.to_string()).collect();
+    let winner = hash::rendezvous(key, names.iter().map(String::as_str))?;
+    let i = names.iter().position(|n| n == winner)?;
+    addresses.get(i).copied()
 }
 
 /// Plan every policy (sorted by name). The first policy (in name order) that can place an
@@ -194,9 +270,18 @@ pub(super) fn plan<'a>(
         &'a EgressGatewayPolicy,
         Option<(&'a EgressGatewayPolicy, PolicyReport)>,
     )| { last.as_ref().map_or(&policy.spec, |(l, _)| &l.spec) };
-    let ids = hash::rule_ids(chosen.iter().flat_map(|c| {
+    let ids = hash::wire_ids(chosen.iter().flat_map(|c| {
         let name = c.0.metadata.name.as_deref().unwrap_or_default();
-        (0..spec_of(c).rules.len()).map(move |i| (name, i))
+        spec_of(c)
+            .rules
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, rule)| {
+                let listed = rule.egress_ip.is_none() && !rule.egress_ips.is_empty();
+                let addresses = rule.dedicated_ips().filter(move |_| listed);
+                std::iter::once((name.to_owned(), i, None))
+                    .chain(addresses.map(move |ip| (name.to_owned(), i, Some(ip))))
+            })
     }));
     let mut placed = Placed::new();
     let owners = egress_ip_owners(chosen.iter().map(|c| (c.0, spec_of(c))));
@@ -210,11 +295,7 @@ pub(super) fn plan<'a>(
     chosen
         .into_iter()
         .map(|(policy, last)| {
-            let name = policy.metadata.name.clone().unwrap_or_default();
             let spec = last.as_ref().map_or(&policy.spec, |(l, _)| &l.spec);
-            let ids: Vec<u32> = (0..spec.rules.len())
-                .map(|i| ids.get(&(name.clone(), i)).copied().unwrap_or(0))
-                .collect();
             let mut plan = plan_policy(policy, spec, &ids, &context, &mut placed);
             if let Some((last, fresh)) = last {
                 plan.report
@@ -271,11 +352,7 @@ fn egress_ip_owners<'a>(
         let name = policy.metadata.name.as_deref().unwrap_or_default();
         let created = policy.metadata.creation_timestamp.as_ref();
         for rule in &spec.rules {
-            let ip = rule
-                .egress_ip
-                .as_deref()
-                .and_then(|t| t.parse::<IpAddr>().ok());
-            if let Some(ip) = ip.filter(|_| rule.interface.is_none()) {
+            for ip in rule.dedicated_ips() {
                 naming
                     .entry(ip)
                     .or_default()
@@ -312,7 +389,7 @@ struct Context<'c, 'a> {
 fn plan_policy<'a>(
     policy: &'a EgressGatewayPolicy,
     spec: &EgressGatewayPolicySpec,
-    ids: &[u32],
+    ids: &BTreeMap<hash::WireKey, u32>,
     cx: &Context<'_, '_>,
     placed: &mut Placed,
 ) -> PolicyPlan<'a> {
@@ -340,7 +417,8 @@ fn plan_policy<'a>(
         .unwrap_or_default();
     let mut rules = Vec::new();
     for (index, rule) in spec.rules.iter().enumerate() {
-        let rule_id = ids.get(index).copied().unwrap_or(0);
+        let id_of = |ip| ids.get(&(name.clone(), index, ip)).copied().unwrap_or(0);
+        let rule_id = id_of(None);
         let Some(checked) = rules::check_rule(index, rule, &mut report) else {
             rules.push(RulePlan {
                 index,
@@ -350,12 +428,20 @@ fn plan_policy<'a>(
             });
             continue;
         };
+        let listed = rule.egress_ip.is_none() && !rule.egress_ips.is_empty();
+        let addresses: Vec<(IpAddr, u32)> = checked
+            .egress_ips
+            .iter()
+            .map(|ip| (*ip, if listed { id_of(Some(*ip)) } else { rule_id }))
+            .collect();
         let at = RuleAt {
             policy: &name,
             index,
             checked: &checked,
+            listed,
         };
-        rules.extend(plan_rule(&at, rule_id, &gateways, cx, placed, &mut report));
+        let ids = (rule_id, addresses.as_slice());
+        rules.extend(plan_rule(&at, ids, &gateways, cx, placed, &mut report));
     }
     let accepted = report.accepted().then_some(policy);
     PolicyPlan {
@@ -444,13 +530,26 @@ struct RuleAt<'r> {
     policy: &'r str,
     index: usize,
     checked: &'r CheckedRule,
+    /// Its addresses are an `egressIPs` list.
+    listed: bool,
+}
+
+impl RuleAt<'_> {
+    /// The field naming the rule's `k`th dedicated address.
+    fn address_field(&self, k: usize) -> String {
+        if self.listed {
+            format!("rules[{}].egressIPs[{k}]", self.index)
+        } else {
+            format!("rules[{}].egressIP", self.index)
+        }
+    }
 }
 
 /// The plans of one checked rule: one, or one per family for an interface rule whose
 /// destinations are learned (an interface routes both).
 fn plan_rule(
     at: &RuleAt<'_>,
-    rule_id: u32,
+    (rule_id, addresses): (u32, &[(IpAddr, u32)]),
     gateways: &Gateways<'_, '_>,
     cx: &Context<'_, '_>,
     placed: &mut Placed,
@@ -485,22 +584,26 @@ fn plan_rule(
     if !checked.valid {
         return vec![plan((listed(at), Target::None))];
     }
-    match (checked.egress_ip, checked.interface.as_deref()) {
-        (Some(ip), None) => {
-            let holder = place_egress_ip(at, ip, gateways, cx, placed, report);
+    match (addresses.first(), checked.interface.as_deref()) {
+        (Some((first, _)), None) => {
+            let placed = place_egress_ips(at, addresses, gateways, cx, placed, report);
             let destinations = match checked.from_routes {
                 None => listed(at),
                 Some(include_default) => {
-                    let serving = hosting(&gateways.eligible, ip);
-                    let selected = hosting(&gateways.selected_nodes, ip);
+                    let ips: Vec<IpAddr> = addresses.iter().map(|(ip, _)| *ip).collect();
+                    let serving = hosting(&gateways.eligible, &ips);
+                    let selected = hosting(&gateways.selected_nodes, &ips);
                     let learn = Learn {
-                        v6: ip.is_ipv6(),
+                        v6: first.is_ipv6(),
                         include_default,
                     };
                     learn.destinations(at, &serving, &selected, cx, report)
                 }
             };
-            vec![plan((destinations, Target::Dedicated { ip, holder }))]
+            vec![plan((
+                destinations,
+                Target::Dedicated { addresses: placed },
+            ))]
         }
         (None, Some(interface)) => match checked.from_routes {
             None => vec![plan(listed_on_interface(at, interface, gateways, report))],
@@ -598,13 +701,14 @@ impl LearnOn<'_, '_> {
     }
 }
 
-/// The nodes among `nodes` with an up interface whose subnet hosts `ip`, and that
-/// interface.
-fn hosting<'a>(nodes: &[&NodeInfo<'a>], ip: IpAddr) -> Vec<(&'a str, String)> {
+/// The nodes among `nodes` with an up interface whose subnet hosts one of `ips` (the
+/// first that one hosts), and that interface.
+fn hosting<'a>(nodes: &[&NodeInfo<'a>], ips: &[IpAddr]) -> Vec<(&'a str, String)> {
     nodes
         .iter()
         .filter_map(|n| {
-            let (iface, _) = n.egress.as_ref()?.hosting_interface(ip)?;
+            let egress = n.egress.as_ref()?;
+            let (iface, _) = ips.iter().find_map(|ip| egress.hosting_interface(*ip))?;
             Some((n.name, iface.to_owned()))
         })
         .collect()
@@ -760,19 +864,70 @@ fn interface_not_found(
     );
 }
 
-/// The holder of a rule's dedicated egress IP `ip`, if it has one.
-fn place_egress_ip(
+/// The holders of a rule's dedicated egress IPs (`addresses`: each with its wire id), in
+/// the order written. Each address goes to a host holding the fewest earlier addresses of
+/// the rule: one gateway each where enough can host them; several share a gateway only
+/// when fewer can (as evenly as they can), and the status says so.
+fn place_egress_ips(
     at: &RuleAt<'_>,
-    ip: IpAddr,
+    addresses: &[(IpAddr, u32)],
     gateways: &Gateways<'_, '_>,
     cx: &Context<'_, '_>,
     placed: &mut Placed,
     report: &mut PolicyReport,
+) -> Vec<Dedicated> {
+    let mut taken: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (k, (ip, id)) in addresses.iter().enumerate() {
+        let load: BTreeMap<&str, usize> =
+            taken.iter().map(|(n, a)| (n.as_str(), a.len())).collect();
+        let field = at.address_field(k);
+        let holder = place_egress_ip(at, &field, *ip, (gateways, &load), cx, placed, report);
+        if let Some(h) = &holder {
+            taken.entry(h.node.clone()).or_default().push(*ip);
+        }
+        out.push(Dedicated {
+            ip: *ip,
+            id: *id,
+            holder,
+        });
+    }
+    let shared: Vec<String> = taken
+        .iter()
+        .filter(|(_, ips)| ips.len() > 1)
+        .map(|(node, ips)| {
+            let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+            format!("{} on {node}", ips.join(" and "))
+        })
+        .collect();
+    if !shared.is_empty() {
+        report.shared_gateways(format!(
+            "rules[{}].egressIPs: fewer eligible gateways host them ({}) than the rule \
+             has addresses ({}): {}",
+            at.index,
+            taken.len(),
+            addresses.len(),
+            shared.join("; ")
+        ));
+    }
+    out
+}
+
+/// The holder of a rule's dedicated egress IP `ip` (named by `field`), if it has one,
+/// among the hosts with the least `load` (addresses of the rule placed before it).
+fn place_egress_ip(
+    at: &RuleAt<'_>,
+    field: &str,
+    ip: IpAddr,
+    (gateways, load): (&Gateways<'_, '_>, &BTreeMap<&str, usize>),
+    cx: &Context<'_, '_>,
+    placed: &mut Placed,
+    report: &mut PolicyReport,
 ) -> Option<GatewayAddr> {
-    let (index, nodes) = (at.index, cx.nodes);
+    let nodes = cx.nodes;
     if let Some(owner) = cx.foreign.get(&ip) {
         report.claimed_elsewhere(format!(
-            "rules[{index}].egressIP: {ip} is also claimed by {owner}; this policy leaves it \
+            "{field}: {ip} is also claimed by {owner}; this policy leaves it \
              to them (remove it from one of the two)"
         ));
         return None;
@@ -780,20 +935,20 @@ fn place_egress_ip(
     if let Some((owner, others)) = cx.owners.get(&ip) {
         if owner != at.policy {
             let message = format!(
-                "rules[{index}].egressIP: {ip} belongs to policy {owner} (the older policy \
+                "{field}: {ip} belongs to policy {owner} (the older policy \
                  naming it; ties by name): this rule gets no gateway and follows the failure \
                  policy; give it its own egress IP"
             );
             report.egress_ip_conflict(message);
             report.unready(
                 reason::EGRESS_IP_IN_USE,
-                format!("rules[{index}].egressIP: {ip} is policy {owner}'s: no gateway"),
+                format!("{field}: {ip} is policy {owner}'s: no gateway"),
             );
             return None;
         }
         if !others.is_empty() {
             report.egress_ip_conflict(format!(
-                "rules[{index}].egressIP: {ip} is also named by policy {}: it stays this \
+                "{field}: {ip} is also named by policy {}: it stays this \
                  policy's (the older one naming it); theirs get no gateway",
                 others.join(", ")
             ));
@@ -808,7 +963,7 @@ fn place_egress_ip(
         report.unready(
             reason::EGRESS_IP_IS_NODE_ADDRESS,
             format!(
-                "rules[{index}].egressIP: {ip} is an address of node {node} ({how}); use a \
+                "{field}: {ip} is an address of node {node} ({how}); use a \
                  free address of that subnet, or `interface:` to SNAT to the gateways' own \
                  addresses"
             ),
@@ -836,7 +991,7 @@ fn place_egress_ip(
             report.unready(
                 reason::EGRESS_IP_IN_USE,
                 format!(
-                    "rules[{index}].egressIP: {ip} is held by {} for policy {decider}, which \
+                    "{field}: {ip} is held by {} for policy {decider}, which \
                      is not an eligible gateway here",
                     placed_at.node
                 ),
@@ -848,7 +1003,7 @@ fn place_egress_ip(
         report.unready(
             reason::EGRESS_IP_NOT_HOSTABLE,
             format!(
-                "rules[{index}].egressIP: {ip} is in no subnet of an up interface of any \
+                "{field}: {ip} is in no subnet of an up interface of any \
                  eligible gateway ({})",
                 gateways.names()
             ),
@@ -859,7 +1014,7 @@ fn place_egress_ip(
         ip,
         &hosts,
         nodes,
-        &gateways.selected,
+        (&gateways.selected, load),
         cx.peers.last_claims.get(&ip),
     );
     if let Some(h) = &chosen {
@@ -882,13 +1037,25 @@ fn ip_bytes(ip: IpAddr) -> Vec<u8> {
 /// holder back from the dead has an older one). Otherwise a host that claims it anyway
 /// (the largest epoch first), else the rendezvous winner, takes it with the newest epoch
 /// + 1, and the reason says why the last claimant lost it.
+///
+/// Only the hosts with the least `load` (other addresses of the rule they hold) are
+/// considered: a holder with more gives the address up to one with fewer
+/// ([`move_reason::REBALANCED`]).
 fn choose_holder(
     ip: IpAddr,
     hosts: &[GatewayAddr],
     nodes: &[NodeInfo<'_>],
-    selected: &BTreeSet<&str>,
+    (selected, load): (&BTreeSet<&str>, &BTreeMap<&str, usize>),
     heard: Option<&(String, u64)>,
 ) -> Option<GatewayAddr> {
+    let load_of = |name: &str| load.get(name).copied().unwrap_or(0);
+    let least = hosts.iter().map(|h| load_of(&h.node)).min().unwrap_or(0);
+    let lightest: Vec<GatewayAddr> = hosts
+        .iter()
+        .filter(|h| load_of(&h.node) == least)
+        .cloned()
+        .collect();
+    let hosts = &lightest;
     let octets = ip_bytes(ip);
     let node_info = |name: &str| nodes.iter().find(|n| n.name == name);
     let claim =
@@ -950,6 +1117,7 @@ fn choose_holder(
         {
             move_reason::HOLDER_INTERFACE_DOWN
         }
+        Some((_, n)) if load_of(n.name) > least => move_reason::REBALANCED,
         Some(_) => move_reason::REASSIGNED,
     };
     Some(g)

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{reason, status::PolicyReport};
-use crate::api::EgressRule;
+use crate::api::{EgressRule, MAX_RULE_EGRESS_IPS};
 
 fn family_name(v6: bool) -> &'static str {
     if v6 { "IPv6" } else { "IPv4" }
@@ -21,7 +21,9 @@ pub(super) struct CheckedRule {
     /// Parsed destinations/excepts (both families only in an invalid rule).
     pub(super) destinations: Vec<IpNet>,
     pub(super) except: Vec<IpNet>,
-    pub(super) egress_ip: Option<IpAddr>,
+    /// Its dedicated egress addresses (`egressIP`, or `egressIPs` in the order written)
+    /// that parse; empty for an `interface:` rule.
+    pub(super) egress_ips: Vec<IpAddr>,
     /// The rule's interface (an `interface:` rule).
     pub(super) interface: Option<String>,
     /// `destinationsFrom: Routes`: the destinations are learned from the gateways'
@@ -61,8 +63,9 @@ pub(super) fn check_rule(
     let from_routes = check_destination_kind(&at, rule, report);
     let destinations = parse_destinations(&at, rule, report);
     let except = parse_except(&at, rule, from_routes.is_some(), &destinations, report);
-    let egress_ip = check_target(&at, rule, report);
-    let (v6, mixed) = check_family(&at, &destinations, egress_ip, report);
+    let egress_ips = check_target(&at, rule, report);
+    let listed = !rule.egress_ips.is_empty();
+    let (v6, mixed) = check_family(&at, &destinations, (&egress_ips, listed), report);
     let valid = report.invalid_count() == before;
     if destinations.is_empty() && from_routes.is_none() {
         return None;
@@ -73,7 +76,7 @@ pub(super) fn check_rule(
         v6: v6 && !mixed,
         destinations,
         except,
-        egress_ip,
+        egress_ips,
         interface: rule.interface.clone(),
         from_routes,
     })
@@ -150,42 +153,102 @@ fn parse_except(
     except
 }
 
-/// Exactly one of `egressIP` (returned when it parses) and `interface` (a valid name).
-fn check_target(at: &str, rule: &EgressRule, report: &mut PolicyReport) -> Option<IpAddr> {
-    match (&rule.egress_ip, &rule.interface) {
-        (Some(_), Some(_)) | (None, None) => report.invalid(
+/// Exactly one of `egressIP`, `egressIPs` (the addresses that parse are returned, each
+/// once) and `interface` (a valid name).
+fn check_target(at: &str, rule: &EgressRule, report: &mut PolicyReport) -> Vec<IpAddr> {
+    let set = [
+        rule.egress_ip.is_some(),
+        !rule.egress_ips.is_empty(),
+        rule.interface.is_some(),
+    ];
+    if set.iter().filter(|s| **s).count() != 1 {
+        report.invalid(
             reason::INVALID_TARGET,
-            format!("{at}: exactly one of egressIP or interface must be set"),
-        ),
-        (Some(text), None) => match text.parse::<IpAddr>() {
-            Ok(ip) => return Some(ip),
+            format!("{at}: exactly one of egressIP, egressIPs or interface must be set"),
+        );
+        return Vec::new();
+    }
+    if let Some(text) = &rule.egress_ip {
+        return match text.parse::<IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => {
+                report.invalid(
+                    reason::INVALID_IP,
+                    format!("{at}.egressIP: invalid IP address {text:?}"),
+                );
+                Vec::new()
+            }
+        };
+    }
+    if let Some(name) = &rule.interface {
+        if name.is_empty()
+            || name.len() > 15
+            || name.contains(['/', ':'])
+            || name.contains(char::is_whitespace)
+        {
+            report.invalid(
+                reason::INVALID_INTERFACE,
+                format!("{at}.interface: {name:?} is not a valid interface name"),
+            );
+        }
+        return Vec::new();
+    }
+    check_egress_ips(at, &rule.egress_ips, report)
+}
+
+/// The addresses of an `egressIPs` list: each parses, none twice, one family, at most
+/// [`MAX_RULE_EGRESS_IPS`].
+fn check_egress_ips(at: &str, texts: &[String], report: &mut PolicyReport) -> Vec<IpAddr> {
+    if texts.len() > MAX_RULE_EGRESS_IPS {
+        report.invalid(
+            reason::INVALID_TARGET,
+            format!(
+                "{at}.egressIPs: lists {} addresses; at most {MAX_RULE_EGRESS_IPS}",
+                texts.len()
+            ),
+        );
+    }
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let field = format!("{at}.egressIPs[{i}]");
+        match text.parse::<IpAddr>() {
             Err(_) => report.invalid(
                 reason::INVALID_IP,
-                format!("{at}.egressIP: invalid IP address {text:?}"),
+                format!("{field}: invalid IP address {text:?}"),
             ),
-        },
-        (None, Some(name)) => {
-            if name.is_empty()
-                || name.len() > 15
-                || name.contains(['/', ':'])
-                || name.contains(char::is_whitespace)
-            {
-                report.invalid(
-                    reason::INVALID_INTERFACE,
-                    format!("{at}.interface: {name:?} is not a valid interface name"),
-                );
-            }
+            Ok(ip) => match ips.iter().position(|a| *a == ip) {
+                Some(first) => report.invalid(
+                    reason::INVALID_IP,
+                    format!("{field}: {ip} is listed already (egressIPs[{first}])"),
+                ),
+                None => {
+                    if let Some(first) = ips.first()
+                        && first.is_ipv6() != ip.is_ipv6()
+                    {
+                        report.invalid(
+                            reason::FAMILY_MISMATCH,
+                            format!(
+                                "{field}: {ip} is {} but egressIPs[0] is {}",
+                                family_name(ip.is_ipv6()),
+                                family_name(first.is_ipv6())
+                            ),
+                        );
+                    }
+                    ips.push(ip);
+                }
+            },
         }
     }
-    None
+    ips
 }
 
 /// The rule's family: (IPv6, mixed). Destinations of both families, or an egress IP of
-/// the other family than the destinations', are reported.
+/// the other family than the destinations', are reported (`listed`: the addresses are an
+/// `egressIPs` list).
 fn check_family(
     at: &str,
     destinations: &[IpNet],
-    egress_ip: Option<IpAddr>,
+    (egress_ips, listed): (&[IpAddr], bool),
     report: &mut PolicyReport,
 ) -> (bool, bool) {
     let v6_dest = destinations
@@ -200,19 +263,28 @@ fn check_family(
         );
     }
     let v6 = if destinations.is_empty() {
-        matches!(egress_ip, Some(IpAddr::V6(_)))
+        egress_ips.first().is_some_and(IpAddr::is_ipv6)
     } else {
         v6_dest == destinations.len()
     };
-    if let Some(ip) = egress_ip
+    // One address of the other family is enough to say (egressIPs are one family, or
+    // said so already).
+    if let Some((i, ip)) = egress_ips
+        .iter()
+        .enumerate()
+        .find(|(_, ip)| ip.is_ipv6() != v6)
         && !mixed
         && !destinations.is_empty()
-        && ip.is_ipv6() != v6
     {
+        let field = if listed {
+            format!("egressIPs[{i}]")
+        } else {
+            "egressIP".to_owned()
+        };
         report.invalid(
             reason::FAMILY_MISMATCH,
             format!(
-                "{at}.egressIP: {ip} is {} but the destinations are {}",
+                "{at}.{field}: {ip} is {} but the destinations are {}",
                 family_name(ip.is_ipv6()),
                 family_name(v6)
             ),

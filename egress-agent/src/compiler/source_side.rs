@@ -10,7 +10,7 @@ use std::{
 use ipnet::IpNet;
 
 use super::{
-    placement::{GatewayAddr, PolicyPlan, RulePlan, Target},
+    placement::{PolicyPlan, Route},
     pods::{PodInfo, Pods},
     routes::Kind,
 };
@@ -197,7 +197,8 @@ impl Claimer<'_, '_, '_> {
         let rule = &policy.rules[r_idx];
         let local = pod.node == self.node_name;
         for ip in &pod.ips {
-            let gateway = rule.gateway_for(*ip);
+            let route = rule.route_for(*ip);
+            let gateway = route.gateway;
             // A prefix applies to the pod's address of its own family.
             let prefixes = rule.prefixes(gateway).0.iter().filter(|(p, kind)| {
                 p.addr().is_ipv6() == ip.is_ipv6()
@@ -209,12 +210,12 @@ impl Claimer<'_, '_, '_> {
                 // prefixes wins, as an except over a destination), admission if served
                 // here.
                 if serves_here && prefixes.clone().any(|(_, k)| *k == Kind::Forward) {
-                    desired.admitted.insert((*ip, rule.rule_id));
+                    desired.admitted.insert((*ip, route.id));
                 }
                 if local {
                     for (prefix, kind) in prefixes {
                         let entry = match kind {
-                            Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
+                            Kind::Forward => Entry::of(&route, policy.failure_policy),
                             Kind::Except | Kind::Carve | Kind::Cluster => {
                                 Entry::exclude(rule.rule_id)
                             }
@@ -261,13 +262,13 @@ impl Claimer<'_, '_, '_> {
                     });
                 }
                 if *kind == Kind::Forward && serves_here {
-                    desired.admitted.insert((*ip, rule.rule_id));
+                    desired.admitted.insert((*ip, route.id));
                 }
                 if !local {
                     continue;
                 }
                 let entry = match kind {
-                    Kind::Forward => Entry::of(rule, gateway, policy.failure_policy),
+                    Kind::Forward => Entry::of(&route, policy.failure_policy),
                     Kind::Except | Kind::Carve | Kind::Cluster => Entry::exclude(rule.rule_id),
                 };
                 entry.insert(desired, *ip, *prefix, true);
@@ -336,15 +337,15 @@ impl Entry {
         }
     }
 
-    /// The entry for destination traffic under `rule` through `gateway` (the pod
-    /// address's): forward to it, or the failure policy when there is none.
-    fn of(rule: &RulePlan, gateway: Option<&GatewayAddr>, failure_policy: FailurePolicy) -> Self {
-        match gateway {
+    /// The entry for destination traffic of a pod address that leaves by `route`: forward
+    /// to its gateway, or the failure policy when there is none.
+    fn of(route: &Route<'_>, failure_policy: FailurePolicy) -> Self {
+        match route.gateway {
             Some(g) => Self {
                 action: PolicyAction::Forward,
                 gateway: Some(g.underlay),
                 egress_ip: Some(g.ip),
-                rule_id: rule.rule_id,
+                rule_id: route.id,
             },
             None => Self {
                 action: match failure_policy {
@@ -352,11 +353,8 @@ impl Entry {
                     FailurePolicy::Fallthrough => PolicyAction::NoGatewayPass,
                 },
                 gateway: None,
-                egress_ip: match &rule.target {
-                    Target::Dedicated { ip, .. } => Some(*ip),
-                    _ => None,
-                },
-                rule_id: rule.rule_id,
+                egress_ip: route.egress_ip,
+                rule_id: route.id,
             },
         }
     }

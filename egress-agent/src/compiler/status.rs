@@ -38,9 +38,18 @@ pub(super) struct PolicyReport {
     overridden_count: usize,
     /// Policy kinds that may cover its pods and that redirected traffic escapes.
     unapplied: Option<String>,
+    /// Rules whose `egressIPs` share gateways (fewer host them than there are).
+    shared_gateways: Vec<(&'static str, String)>,
 }
 
 impl PolicyReport {
+    /// Several addresses of a rule's `egressIPs` share a gateway
+    /// (`EgressIPsShareGateway=True`); the rule is served.
+    pub(super) fn shared_gateways(&mut self, message: String) {
+        self.shared_gateways
+            .push((reason::FEWER_GATEWAYS_THAN_EGRESS_IPS, message));
+    }
+
     /// Policy kinds not applied to redirected traffic may cover its pods
     /// (`AdminPoliciesNotApplied=True`).
     pub(super) fn unapplied(&mut self, message: String) {
@@ -153,7 +162,8 @@ pub(super) fn statuses<'a>(
             .iter()
             .chain(&report.unready)
             .chain(&report.routes)
-            .chain(&report.cluster);
+            .chain(&report.cluster)
+            .chain(&report.shared_gateways);
         for (reason, message) in all {
             problems.push(Problem {
                 object: object.clone(),
@@ -176,6 +186,14 @@ pub(super) fn statuses<'a>(
                 true,
                 reason,
                 joined(&report.cluster),
+            ));
+        }
+        if let Some((reason, _)) = report.shared_gateways.first() {
+            conditions.push(condition(
+                condition::EGRESS_IPS_SHARE_GATEWAY,
+                true,
+                reason,
+                joined(&report.shared_gateways),
             ));
         }
         if let Some(message) = &report.unapplied {

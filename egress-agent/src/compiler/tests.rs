@@ -28,6 +28,7 @@ use crate::{
 
 mod conflicts;
 mod coverage;
+mod egress_ips;
 mod last_accepted;
 mod members;
 mod netpol;
@@ -247,6 +248,29 @@ fn rule_id(policy: &str, index: usize) -> u32 {
     rule_ids([(policy, index)])[&(policy.to_owned(), index)]
 }
 
+/// `c`'s holders published as claims in the EgressNodes of `view` (what agents do once
+/// they hold).
+fn publish_holders(view: &mut ClusterView, c: &Compiled) {
+    for en in &mut view.egress_nodes {
+        let name = en.metadata.name.clone().unwrap_or_default();
+        let held: Vec<HeldEgressIp> = c
+            .holders
+            .iter()
+            .filter(|h| h.node == name && !h.shared)
+            .map(|h| HeldEgressIp {
+                ip: h.ip.to_string(),
+                interface: h.interface.clone(),
+                epoch: h.epoch,
+                reason: Some(h.reason.to_owned()),
+                ..Default::default()
+            })
+            .collect();
+        if let Some(st) = &mut en.status {
+            st.egress_ips = held;
+        }
+    }
+}
+
 /// The Node named `name` in `view`, to change in place.
 fn node_mut<'a>(view: &'a mut ClusterView, name: &str) -> &'a mut Node {
     view.nodes
@@ -460,6 +484,7 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
         interface: "ens224".to_owned(),
         since: None,
         reason: Some("Assigned".to_owned()),
+        pods: Some(3),
     }));
     assert_eq!(st.egress_ips.len(), 3, "one dedicated, two shared: {st:?}");
 }
@@ -667,6 +692,7 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
         interface: "ens224".to_owned(),
         since: None,
         reason: Some("Assigned".to_owned()),
+        pods: Some(3),
     }));
     assert_eq!(st.egress_ips.len(), 6, "two dedicated, four shared: {st:?}");
 }
@@ -905,7 +931,7 @@ rules:
             tweak: no_tweak,
             condition: "Accepted",
             reason: "InvalidTarget",
-            message: "rules[0]: exactly one of egressIP or interface must be set",
+            message: "rules[0]: exactly one of egressIP, egressIPs or interface must be set",
         },
         Guardrail {
             name: "except outside destinations",
@@ -1190,23 +1216,7 @@ rules:
     // Once holders publish what they hold, nothing moves at all.
     let mut view = with_policies(base(), vec![policy("p", spec)]);
     let c = compile(&view, "worker-1");
-    for en in &mut view.egress_nodes {
-        let name = en.metadata.name.clone().unwrap_or_default();
-        let held: Vec<HeldEgressIp> = c
-            .holders
-            .iter()
-            .filter(|h| h.node == name && !h.shared)
-            .map(|h| HeldEgressIp {
-                ip: h.ip.to_string(),
-                interface: h.interface.clone(),
-                epoch: h.epoch,
-                ..Default::default()
-            })
-            .collect();
-        if let Some(st) = &mut en.status {
-            st.egress_ips = held;
-        }
-    }
+    publish_holders(&mut view, &c);
     let pinned: Vec<_> = ips.iter().map(|i| holder_of(&c, i)).collect();
     for k in 3..9 {
         let name = format!("gw-{k}");

@@ -376,14 +376,14 @@ fn candidates(
             gateway = true;
             let name = p.metadata.name.as_deref().unwrap_or("?");
             for (i, r) in p.spec.rules.iter().enumerate() {
-                let Some(ip) = r.egress_ip.as_deref().and_then(|t| t.parse().ok()) else {
-                    continue;
-                };
-                out.push(Candidate {
-                    ip,
-                    from: format!("policy {name} rules[{i}]"),
-                    interface: r.interface.clone(),
-                });
+                let ips = r.egress_ip.iter().chain(&r.egress_ips);
+                for ip in ips.filter_map(|t| t.parse().ok()) {
+                    out.push(Candidate {
+                        ip,
+                        from: format!("policy {name} rules[{i}]"),
+                        interface: r.interface.clone(),
+                    });
+                }
             }
         }
     }

@@ -1,0 +1,77 @@
+//! Which pod leaves by which egress address: each selected pod address's route under
+//! each rule (the rendezvous choice of [`RulePlan::route_for`]), counted per address for
+//! the statuses, and listed for this node's own pods (`egress-agent status`, metrics).
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use super::{
+    placement::{PolicyPlan, RulePlan},
+    pods::Pods,
+};
+
+/// One of this node's pods and the address it leaves with under one rule.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRoute {
+    /// `namespace/name`.
+    pub pod: String,
+    pub pod_ip: IpAddr,
+    pub policy: String,
+    pub rule: usize,
+    /// The egress address (none: an interface rule without a gateway, or an invalid rule).
+    pub egress_ip: Option<IpAddr>,
+    /// The gateway it leaves through (none: the failure policy applies).
+    pub gateway: Option<String>,
+}
+
+/// Pods per (policy, egress address, gateway), cluster-wide.
+pub(super) type Counts = BTreeMap<(String, IpAddr, String), u32>;
+
+/// The pods that leave by each served address (counted once per pod and address), and
+/// the routes of `node_name`'s own pods, sorted.
+pub(super) fn spread(
+    plans: &[PolicyPlan<'_>],
+    pods: &Pods<'_>,
+    node_name: &str,
+) -> (Counts, Vec<PodRoute>) {
+    let mut counts = Counts::new();
+    let mut local = Vec::new();
+    for plan in plans {
+        let Some((ns_sel, pod_sel)) = &plan.selectors else {
+            continue;
+        };
+        for pod in pods.selected(ns_sel, pod_sel) {
+            for rule in &plan.rules {
+                for ip in pod.ips.iter().filter(|ip| serves_family(rule, **ip)) {
+                    let route = rule.route_for(*ip);
+                    if let Some(g) = route.gateway {
+                        *counts
+                            .entry((plan.name.clone(), g.ip, g.node.clone()))
+                            .or_default() += 1;
+                    }
+                    if pod.node == node_name {
+                        local.push(PodRoute {
+                            pod: format!("{}/{}", pod.namespace, pod.name),
+                            pod_ip: *ip,
+                            policy: plan.name.clone(),
+                            rule: rule.index,
+                            egress_ip: route.egress_ip,
+                            gateway: route.gateway.map(|g| g.node.clone()),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    local.sort();
+    local.dedup();
+    (counts, local)
+}
+
+/// Whether `rule` steers pod address `ip` at all: it forwards a prefix of the address's
+/// family.
+fn serves_family(rule: &RulePlan, ip: IpAddr) -> bool {
+    let gateway = rule.route_for(ip).gateway;
+    rule.prefixes(gateway)
+        .forwards()
+        .any(|p| p.addr().is_ipv6() == ip.is_ipv6())
+}
