@@ -37,15 +37,31 @@ impl Lab {
         Ok(lab)
     }
 
+    /// The lab's steps, in order: each builds on what the ones before it made.
     fn build(&mut self) -> Result<()> {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(self.state_dir())
             .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
         self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
-        let v6 = self.spec.family.has_v6();
+        self.build_namespaces()?;
+        self.build_bridges()?;
+        self.build_underlay()?;
+        self.build_router_b()?;
+        self.build_routed_networks()?;
+        self.build_secondaries()?;
+        self.build_hosts()?;
+        self.build_pods()?;
+        self.write_cluster()?;
+        if self.spec.sample_policy {
+            self.write_policy(&sample_policy_for(self.spec.family))?;
+        }
+        self.start_servers()
+    }
 
-        // Namespaces first, with rp_filter off before any interface exists (new namespaces
-        // may inherit the host's rp_filter).
+    /// Namespaces first, with rp_filter off before any interface exists (new namespaces may
+    /// inherit the host's rp_filter), forwarding on the routers and nodes.
+    fn build_namespaces(&mut self) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
         let mut members = vec!["rtr".to_owned(), "rtr-b".to_owned()];
         members.extend(NODES.iter().map(|n| n.name.to_owned()));
         for net in NETWORKS {
@@ -79,16 +95,23 @@ impl Lab {
             }
             ns.sysctls(&kv)?;
         }
+        Ok(())
+    }
 
-        // Bridges: the underlay and one per external network.
+    /// Bridges: the underlay and one per external network.
+    fn build_bridges(&self) -> Result<()> {
         self.ns("ul")?
             .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
         for net in NETWORKS {
             self.ns(&format!("net-{}", net.id))?
                 .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
         }
+        Ok(())
+    }
 
-        // Underlay: every node and the router.
+    /// The underlay: every node (with its CNI's devices) and the router, on one bridge.
+    fn build_underlay(&self) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
         let ul = self.ns_name("ul");
         let mut ul_ports = Vec::new();
         let cni = self.spec.cni;
@@ -144,8 +167,12 @@ impl Lab {
             .map(|p| format!("link set {p} master br0 up"))
             .collect();
         self.ns("ul")?.ip_batch(&ul_cmds)?;
+        Ok(())
+    }
 
-        // rtr-b: a leg on network B (`eth0`), nothing on the underlay.
+    /// `rtr-b`: a leg on network B (`eth0`), nothing on the underlay.
+    fn build_router_b(&self) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
         let net_b = self.ns_name("net-b");
         let mut rtr_b = vec![
             format!("link add eth0 type veth peer name rtr-b netns {net_b}"),
@@ -158,8 +185,12 @@ impl Lab {
         self.ns("rtr-b")?.ip_batch(&rtr_b)?;
         self.ns("net-b")?
             .ip_batch(&["link set rtr-b master br0 up"])?;
+        Ok(())
+    }
 
-        // The routers' legs on the networks behind them: `net-<id>` (C on rtr; D, E on rtr-b).
+    /// The routers' legs on the networks behind them: `net-<id>` (C on rtr; D, E on rtr-b).
+    fn build_routed_networks(&self) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
         for net in NETWORKS {
             let Some(r) = net.router else { continue };
             let (id, member) = (net.id, r.member);
@@ -176,10 +207,16 @@ impl Lab {
             self.ns(&format!("net-{id}"))?
                 .ip_batch(&[format!("link set {member} master br0 up")])?;
         }
+        Ok(())
+    }
 
-        // Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
-        // Under Cni::Ovs they are 802.1Q VLANs off the gateways' NIC, carried by the
-        // underlay switch to a trunk port of each network's bridge.
+    /// Secondary networks: only the gateways have a leg on them, and a route to D via rtr-b.
+    /// Under [`Cni::Ovs`] they are 802.1Q VLANs off the gateways' NIC, carried by the
+    /// underlay switch to a trunk port of each network's bridge.
+    fn build_secondaries(&self) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
+        let cni = self.spec.cni;
+        let ul = self.ns_name("ul");
         if cni == Cni::Ovs {
             for id in ['a', 'b'] {
                 let vid = secondary_vlan(id);
@@ -225,9 +262,13 @@ impl Lab {
                 .collect();
             self.ns(gw)?.ip_batch(&routes)?;
         }
+        Ok(())
+    }
 
-        // Hosts: only their own subnet, except those behind a router (C, D, E), which answer
-        // through it.
+    /// Hosts: only their own subnet, except those behind a router (C, D, E), which answer
+    /// through it.
+    fn build_hosts(&self) -> Result<()> {
+        let v6 = self.spec.family.has_v6();
         for net in NETWORKS {
             let host = format!("host-{}", net.id);
             let bridge_ns = self.ns_name(&format!("net-{}", net.id));
@@ -249,8 +290,11 @@ impl Lab {
             self.ns(&format!("net-{}", net.id))?
                 .ip_batch(&[format!("link set {host} master br0 up")])?;
         }
+        Ok(())
+    }
 
-        // Pods, as `cni` wires them.
+    /// Pods, as `cni` wires them (those wired later are left for the test).
+    fn build_pods(&self) -> Result<()> {
         let later: BTreeSet<String> = self
             .spec
             .pods
@@ -263,12 +307,7 @@ impl Lab {
                 self.wire(&pod)?;
             }
         }
-
-        self.write_cluster()?;
-        if self.spec.sample_policy {
-            self.write_policy(&sample_policy_for(self.spec.family))?;
-        }
-        self.start_servers()
+        Ok(())
     }
 
     /// Where `node`'s agent serves the CNI plugin (`--cni-socket`).
