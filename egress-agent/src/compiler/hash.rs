@@ -52,8 +52,9 @@ pub fn rendezvous<'a>(
         .map(|(_, name)| name)
 }
 
-/// What a wire id is for: a rule (`None`), or one address of a rule's `egressIPs` list
-/// (the gateway reads the address from the id the tunnel carries).
+/// What a wire id is for: a rule (`None`; also its first dedicated address), or another
+/// address of a rule's `egressIPs` list (the gateway reads the address from the id the
+/// tunnel carries).
 pub type WireKey = (String, usize, Option<IpAddr>);
 
 /// Cluster-wide rule ids for `(policy, rule index)` pairs: FNV-1a 64 of

@@ -85,7 +85,8 @@ pub(super) enum Target {
 /// One dedicated egress IP of a rule.
 pub(super) struct Dedicated {
     pub(super) ip: IpAddr,
-    /// Its wire id: the rule's for `egressIP`, its own for an address of `egressIPs`.
+    /// Its wire id: the rule's for `egressIP` and the first address of `egressIPs`, its
+    /// own for each other address.
     pub(super) id: u32,
     pub(super) holder: Option<GatewayAddr>,
 }
@@ -278,7 +279,9 @@ pub(super) fn plan<'a>(
             .enumerate()
             .flat_map(move |(i, rule)| {
                 let listed = rule.egress_ip.is_none() && !rule.egress_ips.is_empty();
-                let addresses = rule.dedicated_ips().filter(move |_| listed);
+                // The first address takes the rule's own id (as `egressIP` has it): a
+                // rule that goes from `egressIP: A` to `egressIPs: [A, ...]` keeps A's.
+                let addresses = rule.dedicated_ips().skip(1).filter(move |_| listed);
                 std::iter::once((name.to_owned(), i, None))
                     .chain(addresses.map(move |ip| (name.to_owned(), i, Some(ip))))
             })
@@ -432,7 +435,17 @@ fn plan_policy<'a>(
         let addresses: Vec<(IpAddr, u32)> = checked
             .egress_ips
             .iter()
-            .map(|ip| (*ip, if listed { id_of(Some(*ip)) } else { rule_id }))
+            .enumerate()
+            .map(|(k, ip)| {
+                (
+                    *ip,
+                    if listed && k > 0 {
+                        id_of(Some(*ip))
+                    } else {
+                        rule_id
+                    },
+                )
+            })
             .collect();
         let at = RuleAt {
             policy: &name,

@@ -393,3 +393,23 @@ fn an_address_of_a_list_that_another_policy_owns_is_refused_by_name() {
         "{by_pod:?}"
     );
 }
+
+#[test]
+fn an_egress_ip_keeps_its_wire_id_when_the_rule_turns_into_a_list() {
+    let single = {
+        let mut view = view_with(&THREE[..1], 4);
+        let rule = &mut view.policies[0].spec.rules[0];
+        rule.egress_ip = rule.egress_ips.pop();
+        compile(&view, "worker-1")
+    };
+    let listed = compile(&view_with(&THREE, 4), "worker-1");
+    let id_of = |c: &Compiled, ip: &str| {
+        let ip: IpAddr = ip.parse().expect("ip");
+        c.holders.iter().find(|h| h.ip == ip).map(|h| h.rule_id)
+    };
+    assert_eq!(id_of(&single, THREE[0]), Some(rule_id("p", 0)));
+    assert_eq!(id_of(&listed, THREE[0]), Some(rule_id("p", 0)));
+    // The others keep theirs when the list changes around them.
+    let fewer = compile(&view_with(&[THREE[0], THREE[2]], 4), "worker-1");
+    assert_eq!(id_of(&fewer, THREE[2]), id_of(&listed, THREE[2]));
+}
