@@ -12,6 +12,7 @@ pub mod netns;
 pub mod packet;
 pub mod packet6;
 pub mod soak;
+pub mod spread;
 pub mod stream;
 pub mod table;
 pub mod testrun;

@@ -10,6 +10,7 @@ pub mod per_packet;
 pub mod probes;
 pub mod report;
 pub mod scale;
+pub mod spread;
 
 /// One `BPF_PROG_TEST_RUN` call: the verdict of the last run and the kernel's own average
 /// time per run (whole nanoseconds, truncated by the kernel).

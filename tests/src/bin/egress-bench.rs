@@ -21,6 +21,8 @@ const USAGE: &str =
   --no-write   print the report only
   --probes     the liveness probes' cost only, printed (not written)
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
+  --spread     two gateways against one only (egressIPs: aggregate TCP of the selected
+               pods, one egress IP then two, alternating), printed
   --like-for-like
                ours (also with 100k conntrack flows preloaded on the gateway, and from
                the gateway's own pod, tunnel-free), the tunneled baseline (point-to-point
@@ -93,6 +95,11 @@ fn args() -> Result<Args> {
                     plan,
                     failover::table(egress_tests::cluster::default_spec()?, rounds)?,
                 )?;
+            }
+            "--spread" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let spec = egress_tests::cluster::default_spec()?;
+                print_alone(plan, egress_tests::bench::spread::table(spec, &plan)?)?;
             }
             "--scale" => print_tables(plan, scale_tables(plan)?)?,
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
@@ -192,6 +199,14 @@ fn main() -> Result<()> {
             .unwrap_or_else(|e| egress_tests::bench::report::Table {
                 title: "Failover".to_owned(),
                 intro: vec![format!("The failover lab failed: {e:#}")],
+                ..Default::default()
+            });
+        tables.push(t);
+        let t = egress_tests::cluster::default_spec()
+            .and_then(|spec| egress_tests::bench::spread::table(spec, &plan))
+            .unwrap_or_else(|e| egress_tests::bench::report::Table {
+                title: "Two gateways against one (egressIPs)".to_owned(),
+                intro: vec![format!("The lab failed: {e:#}")],
                 ..Default::default()
             });
         tables.push(t);

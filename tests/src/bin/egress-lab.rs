@@ -30,7 +30,7 @@ use anyhow::{Context as _, Result, bail};
 use egress_tests::{
     cluster, failover,
     lab::{self, Family, GatewayRoute, Lab, LabSpec, Proto, Query, Underlay, addr, addr6},
-    netns,
+    netns, spread,
 };
 
 struct Row {
@@ -295,6 +295,11 @@ fn real_main() -> Result<bool> {
     for v6 in [false, true] {
         if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
             ok_all &= route_step(&lab, v6)?;
+        }
+    }
+    for v6 in [false, true] {
+        if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
+            ok_all &= spread_step(&lab, v6)?;
         }
     }
     if let Some((_, gw, _)) = holders.first() {
@@ -578,6 +583,61 @@ fn route_step(lab: &Lab, v6: bool) -> Result<bool> {
     Ok(ok_all)
 }
 
+/// Network A's rule edited to leave by two addresses (`egressIPs: [A, A2]`): both held, on
+/// two gateways, each selected pod seen by the host on A with the address its node gives
+/// it, the pods split between the two; then the sample policy back, A2 released.
+fn spread_step(lab: &Lab, v6: bool) -> Result<bool> {
+    let [a, a2] = spread::addresses(v6);
+    println!("\n== network A's rule with egressIPs: [{a}, {a2}] ==");
+    let holders = spread::apply(lab, v6)?;
+    let rows = spread::rows(lab, v6)?;
+    println!(
+        "{:<8} {:<4} {:<30} {:<16} {:<16} {:<8} ok",
+        "pod", "", "destination", "expected source", "observed source", "gateway",
+    );
+    let host = if v6 {
+        IpAddr::V6(addr6::HOST_A)
+    } else {
+        IpAddr::V4(addr::HOST_A)
+    };
+    let mut ok_all = true;
+    for r in &rows {
+        ok_all &= r.ok();
+        println!(
+            "{:<8} {:<4} {:<30} {:<16} {:<16} {:<8} {}",
+            r.pod,
+            "tcp",
+            format!(
+                "host-a {}",
+                std::net::SocketAddr::new(host, addr::ECHO_PORT)
+            ),
+            r.expected,
+            r.observed
+                .map_or("unreachable".to_owned(), |ip| ip.to_string()),
+            r.gateway.as_deref().unwrap_or("-"),
+            if r.ok() { "ok" } else { "FAIL" },
+        );
+    }
+    let distinct = holders[0] != holders[1];
+    let split = spread::used(&rows).len() == 2;
+    println!(
+        "{a} on {}, {a2} on {}: {}; pods on both addresses: {}",
+        holders[0],
+        holders[1],
+        if distinct {
+            "two gateways"
+        } else {
+            "ONE GATEWAY"
+        },
+        if split { "yes" } else { "NO" },
+    );
+    ok_all &= distinct && split;
+    lab.write_policy(&lab::sample_policy_for(lab.family()))?;
+    cluster::wait_until(spread::PLACED_WITHIN, || cluster::holder(lab, a2).is_none())
+        .context("A2 was not released after the policy went back")?;
+    Ok(ok_all)
+}
+
 /// `--failover`: the lab with agents, then every failure kind `rounds` times.
 fn failover_table(spec: LabSpec, rounds: u32) -> Result<bool> {
     if rounds == 0 {
@@ -597,7 +657,17 @@ fn failover_table(spec: LabSpec, rounds: u32) -> Result<bool> {
         lab.spec().underlay,
         lab.dir().display(),
     );
-    let ok = failover::run_table(&mut lab, rounds, &failover::Timing::default())?;
+    let mut ok = failover::run_table(&mut lab, rounds, &failover::Timing::default())?;
+    if lab.family().has_v4() {
+        let [a, a2] = spread::addresses(false);
+        println!(
+            "\n== network A's rule with egressIPs: [{a}, {a2}], the holder of {a} dies \
+             silently (TCP every 20 ms from each worker's pod) =="
+        );
+        let report = spread::failover(&mut lab, false, Duration::from_millis(20))?;
+        println!("{}", report.table());
+        ok &= report.ok();
+    }
     println!("{:.0}s in all", t0.elapsed().as_secs_f64());
     lab.stop_agents();
     lab.down()?;

@@ -237,6 +237,12 @@ pub fn sample_policy_for(family: Family) -> String {
             addr6::EGRESS_IP_B.into(),
         );
     }
+    payments_policy(rules)
+}
+
+/// The sample policy `payments` (team payments' app api pods, through the gateways, fail
+/// closed) with `rules`.
+pub fn payments_policy(rules: Vec<Value>) -> String {
     to_yaml_doc(&json!({
         "apiVersion": "egress.dev/v1alpha1",
         "kind": "EgressGatewayPolicy",

@@ -39,9 +39,20 @@ pub fn iperf_to(
     udp: bool,
     secs: u32,
 ) -> Result<Iperf> {
+    iperf_at(lab, pod, (host, IPERF_PORT), udp, secs)
+}
+
+/// [`iperf_to`] the iperf3 server at `(host, port)`.
+pub fn iperf_at(
+    lab: &Lab,
+    pod: &str,
+    (host, port): (std::net::Ipv4Addr, u16),
+    udp: bool,
+    secs: u32,
+) -> Result<Iperf> {
     let host = host.to_string();
     let (t, limit) = (secs.to_string(), (secs + 15).to_string());
-    let port = IPERF_PORT.to_string();
+    let port = port.to_string();
     let mut args = vec![
         limit.as_str(),
         "iperf3",
