@@ -567,6 +567,46 @@ mod tests {
     }
 
     #[test]
+    fn status_and_metrics_show_each_pods_address() {
+        let stats = Stats {
+            holders: vec![HolderStat {
+                ip: "192.168.101.57".to_owned(),
+                node: "gw-2".to_owned(),
+                interface: "sec-a".to_owned(),
+                reason: "Assigned".to_owned(),
+                policy: "payments".to_owned(),
+                pods: 7,
+                local_pods: 2,
+            }],
+            pod_routes: vec![PodRouteStat {
+                pod: "shop/api-1".to_owned(),
+                pod_ip: "10.244.1.11".to_owned(),
+                rule: "payments rules[0]".to_owned(),
+                egress_ip: "192.168.101.57".to_owned(),
+                gateway: "gw-2".to_owned(),
+            }],
+            ..Stats::default()
+        };
+        let text = status_text(&stats);
+        assert!(text.contains("7 pods (2 here)"), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.contains("shop/api-1"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            line.contains("192.168.101.57") && line.ends_with("via gw-2"),
+            "{line}"
+        );
+        let m = render(&MapStats::default(), &stats);
+        assert!(
+            m.contains(
+                "egress_egress_ip_local_pods{ip=\"192.168.101.57\",node=\"gw-2\",policy=\"payments\"} 2"
+            ),
+            "{m}"
+        );
+    }
+
+    #[test]
     fn routes_published_per_interface() {
         let stats = Stats {
             routes_published: BTreeMap::from([("eth1".to_owned(), 3), ("eth2".to_owned(), 0)]),
