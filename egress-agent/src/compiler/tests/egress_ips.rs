@@ -413,3 +413,32 @@ fn an_egress_ip_keeps_its_wire_id_when_the_rule_turns_into_a_list() {
     let fewer = compile(&view_with(&[THREE[0], THREE[2]], 4), "worker-1");
     assert_eq!(id_of(&fewer, THREE[2]), id_of(&listed, THREE[2]));
 }
+
+#[test]
+fn learned_destinations_follow_the_gateway_of_each_pods_address() {
+    // gw-1 routes 10.50.0.0/16 out of ens224, gw-2 routes 10.60.0.0/16: each pod learns
+    // the routes of the gateway that holds its address.
+    let spec = "namespaceSelector: {matchLabels: {team: payments}}\n\
+                podSelector: {matchLabels: {app: api}}\n\
+                gatewaySelector: {matchLabels: {egress.dev/gateway: \"true\"}}\n\
+                rules:\n- {destinationsFrom: Routes, egressIPs: [198.51.100.10, 198.51.100.11]}\n";
+    let mut view = with_policies(base(), vec![policy("p", spec)]);
+    view.pods = many_pods(40);
+    super::routes::set_routes(&mut view, "gw-1", "ens224", &["10.50.0.0/16"]);
+    super::routes::set_routes(&mut view, "gw-2", "ens224", &["10.60.0.0/16"]);
+    let c = compile(&view, "worker-1");
+    let holder: BTreeMap<IpAddr, String> =
+        c.holders.iter().map(|h| (h.ip, h.node.clone())).collect();
+    assert_eq!(holder.len(), 2, "{:?}", c.holders);
+    let mut seen = BTreeSet::new();
+    for ((pod, prefix), e) in &c.desired.v4.policy {
+        let egress = IpAddr::V4(e.egress_ip.expect("forward entries name the address"));
+        let want = match holder[&egress].as_str() {
+            "gw-1" => "10.50.0.0/16",
+            _ => "10.60.0.0/16",
+        };
+        assert_eq!(prefix.to_string(), want, "{pod} leaves by {egress}");
+        seen.insert(egress);
+    }
+    assert_eq!(seen.len(), 2, "pods on both addresses");
+}
