@@ -42,7 +42,7 @@ pub fn table(spec: LabSpec, plan: &Plan) -> Result<Table> {
     let mut carried: BTreeMap<Setup, String> = BTreeMap::new();
     for _ in 0..plan.rounds {
         for setup in [Setup::One, Setup::Two] {
-            let gateways = switch(&lab, setup)?;
+            let gateways = switch(&lab, setup, &pods)?;
             carried.insert(setup, gateways);
             gbps.entry(setup)
                 .or_default()
@@ -142,8 +142,8 @@ fn start_servers(lab: &Lab, n: usize) -> Result<Vec<NsChild>> {
     Ok(servers)
 }
 
-/// Network A's rule as `setup` says, served: returns who carries which pods.
-fn switch(lab: &Lab, setup: Setup) -> Result<String> {
+/// Network A's rule as `setup` says, served: returns who carries which of `pods`.
+fn switch(lab: &Lab, setup: Setup, pods: &[String]) -> Result<String> {
     match setup {
         Setup::One => {
             lab.write_policy(&sample_policy_for(lab.family()))?;
@@ -164,7 +164,7 @@ fn switch(lab: &Lab, setup: Setup) -> Result<String> {
             let rows = spread::rows(lab, false)?;
             let on = |gw: &str| {
                 rows.iter()
-                    .filter(|r| r.gateway.as_deref() == Some(gw))
+                    .filter(|r| r.gateway.as_deref() == Some(gw) && pods.contains(&r.pod))
                     .map(|r| r.pod.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
