@@ -329,6 +329,7 @@ fn validate(spec: &EgressGatewayPolicySpec) -> PolicyReport {
     for (index, rule) in spec.rules.iter().enumerate() {
         rules::check_rule(index, rule, &mut report);
     }
+    rules::check_addresses_across_rules(&spec.rules, &mut report);
     report
 }
 
@@ -419,10 +420,11 @@ fn plan_policy<'a>(
         .map(|sel| Gateways::select(&sel, nodes, &mut report))
         .unwrap_or_default();
     let mut rules = Vec::new();
+    let sharing = rules::check_addresses_across_rules(&spec.rules, &mut report);
     for (index, rule) in spec.rules.iter().enumerate() {
         let id_of = |ip| ids.get(&(name.clone(), index, ip)).copied().unwrap_or(0);
         let rule_id = id_of(None);
-        let Some(checked) = rules::check_rule(index, rule, &mut report) else {
+        let Some(mut checked) = rules::check_rule(index, rule, &mut report) else {
             rules.push(RulePlan {
                 index,
                 rule_id,
@@ -431,6 +433,8 @@ fn plan_policy<'a>(
             });
             continue;
         };
+        // Said by check_addresses_across_rules: no gateway, the failure policy.
+        checked.valid &= !sharing.contains(&index);
         let listed = rule.egress_ip.is_none() && !rule.egress_ips.is_empty();
         let addresses: Vec<(IpAddr, u32)> = checked
             .egress_ips

@@ -292,3 +292,43 @@ fn check_family(
     }
     (v6, mixed)
 }
+
+/// An address of an `egressIPs` list must be in no other rule of the spec (as `egressIP`
+/// or in its `egressIPs`): each address is placed and spread for one rule. Reports each
+/// later naming, and returns the indexes of the rules that name one.
+pub(super) fn check_addresses_across_rules(
+    rules: &[EgressRule],
+    report: &mut PolicyReport,
+) -> std::collections::BTreeSet<usize> {
+    let mut refused = std::collections::BTreeSet::new();
+    let mut first: Vec<(IpAddr, usize, bool)> = Vec::new();
+    for (index, rule) in rules.iter().enumerate() {
+        let listed = !rule.egress_ips.is_empty();
+        for (k, ip) in rule.dedicated_ips().enumerate() {
+            let earlier = first
+                .iter()
+                .find(|(a, i, _)| *a == ip && *i != index)
+                .copied();
+            match earlier {
+                Some((_, i, earlier_listed)) if listed || earlier_listed => {
+                    let field = if listed {
+                        format!("rules[{index}].egressIPs[{k}]")
+                    } else {
+                        format!("rules[{index}].egressIP")
+                    };
+                    report.invalid(
+                        reason::INVALID_IP,
+                        format!(
+                            "{field}: {ip} is also in rules[{i}]: an address of an egressIPs \
+                             list belongs to that rule alone"
+                        ),
+                    );
+                    refused.insert(index);
+                }
+                Some(_) => {}
+                None => first.push((ip, index, listed)),
+            }
+        }
+    }
+    refused
+}

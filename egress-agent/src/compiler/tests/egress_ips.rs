@@ -442,3 +442,40 @@ fn learned_destinations_follow_the_gateway_of_each_pods_address() {
     }
     assert_eq!(seen.len(), 2, "pods on both addresses");
 }
+
+#[test]
+fn an_address_of_a_list_in_another_rule_is_refused_naming_both() {
+    let spec = "namespaceSelector: {matchLabels: {team: payments}}\n\
+                podSelector: {matchLabels: {app: api}}\n\
+                gatewaySelector: {matchLabels: {egress.dev/gateway: \"true\"}}\n\
+                rules:\n\
+                - {destinations: [192.0.2.0/24], egressIPs: [198.51.100.10, 198.51.100.11]}\n\
+                - {destinations: [192.0.3.0/24], egressIP: 198.51.100.11}\n\
+                - {destinations: [192.0.4.0/24], egressIP: 198.51.100.20}\n\
+                - {destinations: [192.0.5.0/24], egressIP: 198.51.100.20}\n";
+    let view = with_policies(base(), vec![policy("p", spec)]);
+    let c = compile(&view, "worker-1");
+    let accepted = status(&c, "p", condition::ACCEPTED);
+    assert_eq!(accepted.status, "False");
+    assert!(
+        accepted.message.contains(
+            "rules[1].egressIP: 198.51.100.11 is also in rules[0]: an address of an \
+             egressIPs list belongs to that rule alone"
+        ),
+        "{accepted:?}"
+    );
+    // Two rules naming one egressIP (no list) stay allowed, as before.
+    assert!(!accepted.message.contains("rules[3]"), "{accepted:?}");
+    // The refused rule follows the failure policy; the list's rule is served.
+    let pod: Ipv4Addr = "10.244.1.11".parse().expect("pod");
+    let entry = |prefix: &str| {
+        c.desired
+            .v4
+            .policy
+            .iter()
+            .find(|((p, n), _)| *p == pod && n.to_string() == prefix)
+            .map(|(_, e)| e.action)
+    };
+    assert_eq!(entry("192.0.3.0/24"), Some(PolicyAction::NoGatewayDrop));
+    assert_eq!(entry("192.0.2.0/24"), Some(PolicyAction::Forward));
+}
