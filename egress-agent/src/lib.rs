@@ -23,6 +23,7 @@ pub mod ebpf;
 pub mod family;
 pub mod iface;
 pub mod liveness;
+pub mod logs;
 pub mod metrics;
 pub mod report;
 pub mod source;

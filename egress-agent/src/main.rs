@@ -21,6 +21,17 @@ const DEFAULT_TUNNEL_DEVICE: &str = "egress0";
                   egress IPs on gateways and attaches the TC programs."
 )]
 struct Cli {
+    /// How logs are written to stderr: `text` (coloured on a terminal) or `json` (one
+    /// object per line: timestamp, level, target, message and fields, for a log
+    /// collector). Which logs: `RUST_LOG` (default `info`; e.g. `egress_agent=debug`).
+    #[arg(
+        long,
+        global = true,
+        env = "EGRESS_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: egress_agent::logs::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -372,7 +383,7 @@ fn main() -> ExitCode {
 
 fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse();
-    init_logs();
+    egress_agent::logs::init(cli.log_format);
     match cli.command {
         Command::Run(args) => {
             let cfg = args.into_config()?;
@@ -426,17 +437,6 @@ fn real_main() -> Result<ExitCode> {
             tunnel_device,
         } => cleanup(&bpffs_dir, &tunnel_device),
     }
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`), coloured on a terminal.
-fn init_logs() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }
 
 /// A tokio runtime: multi-threaded with `workers` threads, or on this thread for 0.
