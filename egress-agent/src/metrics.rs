@@ -268,12 +268,12 @@ fn register_holders(reg: &mut Registry, stats: &Stats) {
         local.get_or_create(&labels).inc_by(i64::from(h.local_pods));
     }
     reg.register(
-        "egress_ip_pods",
+        "ip_pods",
         "Selected pods (cluster-wide) that leave by each egress address and gateway, per policy",
         pods,
     );
     reg.register(
-        "egress_ip_local_pods",
+        "ip_local_pods",
         "This node's selected pods that leave by each egress address and gateway, per policy",
         local,
     );
@@ -600,7 +600,7 @@ mod tests {
         let m = render(&MapStats::default(), &stats);
         assert!(
             m.contains(
-                "egress_egress_ip_local_pods{ip=\"192.168.101.57\",node=\"gw-2\",policy=\"payments\"} 2"
+                "egress_ip_local_pods{ip=\"192.168.101.57\",node=\"gw-2\",policy=\"payments\"} 2"
             ),
             "{m}"
         );
