@@ -58,6 +58,16 @@ const MAX_ADDRESSES: u64 = 64;
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Egress IPs",
+        type_ = "string",
+        json_path = ".status.egressIPs[*].ip"
+    ),
+    printcolumn(
+        name = "Holders",
+        type_ = "string",
+        json_path = ".status.egressIPs[*].node"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -259,11 +269,19 @@ pub struct EgressIpStatus {
     group = "egress.dev",
     version = "v1alpha1",
     kind = "EgressNode",
+    shortname = "egn",
     status = "EgressNodeStatus",
     derive = "PartialEq",
     derive = "Default",
     doc = "Network inventory of one node (name = node name), written by the agent on it.",
     printcolumn(name = "Underlay", type_ = "string", json_path = ".spec.underlayIP"),
+    printcolumn(
+        name = "Egress IPs",
+        type_ = "string",
+        json_path = ".status.egressIPs[*].ip"
+    ),
+    printcolumn(name = "Cut Off", type_ = "boolean", json_path = ".status.cutOff"),
+    printcolumn(name = "Agent", type_ = "string", json_path = ".status.agentVersion"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -580,6 +598,23 @@ mod tests {
             assert_eq!(crd.spec.scope, "Cluster");
         }
         assert_eq!(crds[0].spec.names.short_names, Some(vec!["egp".to_owned()]));
+        assert_eq!(crds[1].spec.names.short_names, Some(vec!["egn".to_owned()]));
+        let columns = |i: usize| -> Vec<String> {
+            crds[i].spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.clone())
+                .collect()
+        };
+        assert_eq!(
+            columns(0),
+            ["Accepted", "Ready", "Egress IPs", "Holders", "Age"]
+        );
+        assert_eq!(
+            columns(1),
+            ["Underlay", "Egress IPs", "Cut Off", "Agent", "Age"]
+        );
     }
 
     #[test]
