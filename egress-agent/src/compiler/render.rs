@@ -110,7 +110,7 @@ pub fn cluster(c: &Compiled) -> String {
     for h in &c.holders {
         let _ = writeln!(
             s,
-            "holder {} ({}/rules[{}], rule {}): {} on {}{}, {}",
+            "holder {} ({}/rules[{}], rule {}): {} on {}{}, {}, pods {}",
             h.ip,
             h.policy,
             h.rule,
@@ -122,7 +122,8 @@ pub fn cluster(c: &Compiled) -> String {
             } else {
                 format!(" epoch {}", h.epoch)
             },
-            h.reason
+            h.reason,
+            h.pods
         );
     }
     for (name, st) in &c.statuses {
