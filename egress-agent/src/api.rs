@@ -265,6 +265,10 @@ pub struct EgressIpStatus {
 /// The network inventory of one node, published by the agent on that node (name = node
 /// name). Every agent reads all of them to know which gateway can host which egress IP.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[expect(
+    clippy::duplicated_attributes,
+    reason = "kube-derive's printcolumn(...) repeats the same keys for every column"
+)]
 #[kube(
     group = "egress.dev",
     version = "v1alpha1",

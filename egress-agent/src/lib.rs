@@ -20,6 +20,7 @@ pub mod datapath;
 pub mod desired;
 pub mod doctor;
 pub mod ebpf;
+pub mod endpoints;
 pub mod family;
 pub mod iface;
 pub mod liveness;

@@ -8,9 +8,7 @@
 
 use std::{
     fmt::Write as _,
-    net::SocketAddr,
-    path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -20,10 +18,6 @@ use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
-};
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpListener,
 };
 
 use crate::{datapath::dump, liveness::PeerStatus};
@@ -468,56 +462,39 @@ pub fn status_text(stats: &Stats) -> String {
     out
 }
 
-/// Serve metrics and health on `addr` in the background; returns the bound address (the
-/// real port when `addr` asks for port 0), which it logs.
-pub async fn serve(
-    addr: SocketAddr,
-    pin_dir: PathBuf,
-    stats: Arc<Mutex<Stats>>,
-) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tracing::info!(addr = %bound, "serving /metrics, /status, /healthz and /readyz");
-    let maps = Arc::new(Cached::<MapStats>::new(MAP_STATS_INTERVAL));
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                continue;
-            };
-            let pin_dir = pin_dir.clone();
-            let stats = stats.clone();
-            let maps = maps.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                let n =
-                    match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
-                        Ok(Ok(n)) => n,
-                        _ => return,
-                    };
-                let req = String::from_utf8_lossy(&buf[..n]);
-                let path = req.split_whitespace().nth(1).unwrap_or("/");
-                let snapshot = stats.lock().map(|s| s.clone()).unwrap_or_default();
-                let (status, body) = match path {
-                    "/metrics" => {
-                        let read = maps.get(move || MapStats::read(&pin_dir)).await;
-                        let read = read.unwrap_or_default();
-                        ("200 OK", render(&read, &snapshot))
-                    }
-                    "/healthz" => ("200 OK", "ok\n".to_owned()),
-                    "/status" => ("200 OK", status_text(&snapshot)),
-                    "/readyz" if snapshot.ready => ("200 OK", "ready\n".to_owned()),
-                    "/readyz" => ("503 Service Unavailable", "not ready\n".to_owned()),
-                    _ => ("404 Not Found", "not found\n".to_owned()),
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-            });
+/// OpenMetrics text (what [`render`] writes) as the Prometheus text format 0.0.4, for a
+/// client that does not accept OpenMetrics: a counter family's `# HELP` and `# TYPE` name
+/// its samples (`<name>_total`), and the `# UNIT` and `# EOF` lines go.
+pub fn text_004(openmetrics: &str) -> String {
+    let counters: std::collections::BTreeSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
         }
-    });
-    Ok(bound)
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let sep = if tail.is_empty() { "" } else { " " };
+                if counters.contains(name) {
+                    let _ = writeln!(out, "{prefix}{name}_total{sep}{tail}");
+                } else {
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+            None => {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -553,17 +530,35 @@ mod tests {
         assert_eq!(*cache.get(read(reads.clone())).await.unwrap(), 2);
     }
 
-    #[tokio::test]
-    async fn the_bound_address_is_returned_for_port_0() {
-        let stats = Arc::new(Mutex::new(Stats::default()));
-        let bound = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            PathBuf::from("/nonexistent/egress-metrics"),
-            stats,
-        )
-        .await
-        .unwrap();
-        assert_ne!(bound.port(), 0);
+    #[test]
+    fn text_004_names_counter_families_by_their_samples_and_drops_eof() {
+        let stats = Stats {
+            reconciles: 3,
+            ..Stats::default()
+        };
+        let maps = MapStats {
+            counters: vec![(5, egress_common::counters::Counter::default())],
+            sizes: vec![("CT_V4", 7)],
+        };
+        let om = render(&maps, &stats);
+        assert!(om.trim_end().ends_with("# EOF"), "{om}");
+        let text = text_004(&om);
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT "),
+            "{text}"
+        );
+        // Every family's TYPE line names samples that follow it.
+        for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let (name, kind) = line.split_once(' ').expect("name and type");
+            assert!(
+                text.lines()
+                    .any(|l| !l.starts_with('#') && l.starts_with(name)),
+                "{name} ({kind}) has no sample: {text}"
+            );
+            if kind == "counter" {
+                assert!(name.ends_with("_total"), "{line}");
+            }
+        }
     }
 
     #[test]

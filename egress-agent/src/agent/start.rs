@@ -17,7 +17,7 @@ use crate::{
     api::{PreflightCheck, PreflightResult},
     datapath::{self, Datapath},
     doctor, iface, liveness,
-    metrics::{self, Stats},
+    metrics::Stats,
     source::{
         StatusWriter, kube as kube_source,
         yaml::{self, Snapshot},
@@ -131,7 +131,7 @@ pub(super) async fn open_ports(
             )
         })?;
     if let Some(addr) = cfg.metrics_addr {
-        metrics::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
+        crate::endpoints::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
             .await
             .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
     }

@@ -1,0 +1,247 @@
+//! The agent's HTTP endpoints, on hyper: `/metrics`, `/status`, `/healthz` and `/readyz`.
+//!
+//! `GET` and `HEAD` only (anything else: 405 with `Allow`); at most [`MAX_CONNECTIONS`]
+//! connections at once (more wait to be accepted), the request head within
+//! [`HEAD_TIMEOUT`] and [`MAX_HEAD_BYTES`]; one request per connection. `/metrics` is
+//! OpenMetrics text for a client that accepts it (Prometheus asks for it), else the
+//! Prometheus text format 0.0.4 ([`metrics::text_004`]).
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    header::{ACCEPT, ALLOW, CONTENT_TYPE, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::Semaphore};
+
+use crate::metrics::{self, Cached, MAP_STATS_INTERVAL, MapStats, Stats};
+
+/// Connections served at once; further ones wait in the listen queue.
+pub const MAX_CONNECTIONS: usize = 64;
+/// The request line and headers must arrive within this.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most bytes of request head read (hyper's minimum buffer); a larger head gets 431.
+pub const MAX_HEAD_BYTES: usize = 8192;
+
+/// The OpenMetrics text content type.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The Prometheus text format's content type.
+pub const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What the handlers read.
+struct Context {
+    pin_dir: PathBuf,
+    stats: Arc<Mutex<Stats>>,
+    maps: Cached<MapStats>,
+}
+
+/// Serve the endpoints on `addr` in the background; returns the bound address (the real
+/// port when `addr` asks for port 0), which it logs.
+pub async fn serve(
+    addr: SocketAddr,
+    pin_dir: PathBuf,
+    stats: Arc<Mutex<Stats>>,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(addr = %bound, "serving /metrics, /status, /healthz and /readyz");
+    let cx = Arc::new(Context {
+        pin_dir,
+        stats,
+        maps: Cached::new(MAP_STATS_INTERVAL),
+    });
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let cx = cx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let service = service_fn(move |req| handle(req, cx.clone()));
+                let served = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .max_buf_size(MAX_HEAD_BYTES)
+                    .keep_alive(false)
+                    .serve_connection(TokioIo::new(sock), service)
+                    .await;
+                if let Err(e) = served {
+                    tracing::debug!("an endpoint connection failed: {e}");
+                }
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// One request.
+async fn handle<B>(req: Request<B>, cx: Arc<Context>) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET or HEAD only\n",
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return Ok(r);
+    }
+    let snapshot = cx.stats.lock().map(|s| s.clone()).unwrap_or_default();
+    let plain = "text/plain; charset=utf-8";
+    let r = match req.uri().path() {
+        "/metrics" => {
+            let pin_dir = cx.pin_dir.clone();
+            let read = cx.maps.get(move || MapStats::read(&pin_dir)).await;
+            let body = metrics::render(&read.unwrap_or_default(), &snapshot);
+            if accepts_openmetrics(req.headers().get(ACCEPT)) {
+                reply(StatusCode::OK, OPENMETRICS, body)
+            } else {
+                reply(StatusCode::OK, TEXT_004, metrics::text_004(&body))
+            }
+        }
+        "/status" => reply(StatusCode::OK, plain, metrics::status_text(&snapshot)),
+        "/healthz" => reply(StatusCode::OK, plain, "ok\n"),
+        "/readyz" if snapshot.ready => reply(StatusCode::OK, plain, "ready\n"),
+        "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, plain, "not ready\n"),
+        _ => reply(StatusCode::NOT_FOUND, plain, "not found\n"),
+    };
+    Ok(r)
+}
+
+/// Whether an `Accept` header asks for OpenMetrics text (at a weight above zero).
+fn accepts_openmetrics(accept: Option<&HeaderValue>) -> bool {
+    let Some(text) = accept.and_then(|a| a.to_str().ok()) else {
+        return false;
+    };
+    text.split(',').any(|part| {
+        let mut fields = part.split(';').map(str::trim);
+        let kind = fields.next().unwrap_or_default();
+        let refused = fields.any(|f| {
+            f.strip_prefix("q=")
+                .and_then(|q| q.parse::<f32>().ok())
+                .is_some_and(|q| q <= 0.0)
+        });
+        kind.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+    })
+}
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// One raw HTTP/1.1 exchange with `addr`: the response, whole.
+    async fn exchange(addr: SocketAddr, request: &str) -> String {
+        let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        sock.write_all(request.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    async fn server() -> SocketAddr {
+        let stats = Arc::new(Mutex::new(Stats {
+            ready: true,
+            ..Stats::default()
+        }));
+        let dir = std::env::temp_dir().join("egress-endpoints-test-none");
+        serve("127.0.0.1:0".parse().expect("addr"), dir, stats)
+            .await
+            .expect("bind")
+    }
+
+    #[tokio::test]
+    async fn metrics_as_the_client_asks_methods_checked_heads_bounded() {
+        let addr = server().await;
+        assert_ne!(addr.port(), 0, "the bound port is returned for port 0");
+        let om = exchange(
+            addr,
+            "GET /metrics HTTP/1.1\r\nhost: x\r\naccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n",
+        )
+        .await;
+        assert!(om.starts_with("HTTP/1.1 200 OK"), "{om}");
+        assert!(
+            om.to_lowercase()
+                .contains(&format!("content-type: {OPENMETRICS}")),
+            "{om}"
+        );
+        assert!(om.contains("# TYPE egress_reconciles"), "{om}");
+        assert!(om.trim_end().ends_with("# EOF"), "{om}");
+        let text = exchange(
+            addr,
+            "GET /metrics HTTP/1.1\r\nhost: x\r\naccept: */*\r\n\r\n",
+        )
+        .await;
+        assert!(
+            text.to_lowercase()
+                .contains(&format!("content-type: {TEXT_004}")),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+        let post = exchange(
+            addr,
+            "POST /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        assert!(post.to_lowercase().contains("allow: get, head"), "{post}");
+        let big = format!(
+            "GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD_BYTES * 2)
+        );
+        let refused = exchange(addr, &big).await;
+        assert!(refused.starts_with("HTTP/1.1 431"), "{refused:.200}");
+        let ready = exchange(addr, "GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        assert!(
+            ready.starts_with("HTTP/1.1 200 OK") && ready.ends_with("ready\n"),
+            "{ready}"
+        );
+        let missing = exchange(addr, "GET /nothing HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    }
+
+    #[test]
+    fn openmetrics_is_asked_for_by_name_at_a_weight_above_zero() {
+        let h = |s: &'static str| Some(HeaderValue::from_static(s));
+        assert!(accepts_openmetrics(
+            h("application/openmetrics-text; version=1.0.0").as_ref()
+        ));
+        assert!(accepts_openmetrics(
+            h("text/plain;version=0.0.4;q=0.5,application/OpenMetrics-Text;q=0.9").as_ref()
+        ));
+        assert!(!accepts_openmetrics(
+            h("application/openmetrics-text;q=0").as_ref()
+        ));
+        assert!(!accepts_openmetrics(h("*/*").as_ref()));
+        assert!(!accepts_openmetrics(None));
+    }
+}
