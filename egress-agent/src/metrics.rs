@@ -1,4 +1,6 @@
-//! Prometheus metrics (`/metrics`) and health endpoints (`/healthz`, `/readyz`).
+//! Prometheus metrics (`/metrics`), in OpenMetrics: counters end in `_total`, times are
+//! in seconds, the detection, failover and reconcile times are histograms. The names,
+//! labels and types are those of docs/operations.md's table (a test holds them equal).
 //!
 //! What the pinned maps say (counters, entries per map, conntrack included) is read on a
 //! blocking thread, never on the runtime that runs the reconcile loop, and at most once
@@ -16,7 +18,7 @@ use std::{collections::BTreeMap, sync::atomic::AtomicU64};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
@@ -31,8 +33,12 @@ pub struct Stats {
     pub problems: usize,
     pub source_errors: usize,
     pub last_reconcile: Duration,
+    /// Every pass's duration.
+    pub reconcile_duration: Seconds,
     /// Every egress address in use, cluster-wide, as this node computes it.
     pub holders: Vec<HolderStat>,
+    /// The dedicated egress IPs of served policies that no node holds.
+    pub unheld: Vec<UnheldStat>,
     pub liveness: LivenessStats,
     /// Interface -> routes out of it listed in this node's EgressNode.
     pub routes_published: BTreeMap<String, usize>,
@@ -52,6 +58,36 @@ pub struct PodRouteStat {
     pub egress_ip: String,
     /// The gateway (`-`: none, the failure policy applies).
     pub gateway: String,
+}
+
+/// A dedicated egress IP of a served policy that no node holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UnheldStat {
+    pub ip: String,
+    pub policy: String,
+}
+
+/// Upper bounds of the time histograms, in seconds: a reconcile pass (milliseconds), a
+/// detection and a failover (tenths of a second to seconds), a slow API (a minute).
+pub const SECONDS_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// A histogram of durations kept across scrapes (each scrape builds its registry anew;
+/// clones share the counts).
+#[derive(Clone, Debug)]
+pub struct Seconds(Histogram);
+
+impl Default for Seconds {
+    fn default() -> Self {
+        Self(Histogram::new(SECONDS_BUCKETS))
+    }
+}
+
+impl Seconds {
+    pub fn observe(&self, d: Duration) {
+        self.0.observe(d.as_secs_f64());
+    }
 }
 
 /// One egress address and where it lives.
@@ -92,8 +128,13 @@ pub struct LivenessStats {
     /// Peers declared dead so far, and the silence before the last one.
     pub detections: u64,
     pub last_detection: Option<Duration>,
+    /// The silence before each peer was declared dead.
+    pub detection: Seconds,
     /// Egress IPs this node took, by reason.
     pub acquired: BTreeMap<String, u64>,
+    /// For each egress IP taken from an unreachable holder, that holder's silence when
+    /// this node added it.
+    pub failover: Seconds,
     pub held: Vec<HeldStat>,
 }
 
@@ -131,6 +172,12 @@ struct HolderLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UnheldLabels {
+    ip: String,
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AddressLabels {
     ip: String,
     node: String,
@@ -145,6 +192,8 @@ pub const MAP_STATS_INTERVAL: Duration = Duration::from_secs(2);
 pub struct MapStats {
     pub counters: Vec<(u32, egress_common::counters::Counter)>,
     pub sizes: Vec<(&'static str, usize)>,
+    /// `max_entries` of each pinned hash map and trie.
+    pub capacities: Vec<(&'static str, u32)>,
 }
 
 impl MapStats {
@@ -153,6 +202,7 @@ impl MapStats {
         Self {
             counters: dump::counters(pin_dir).unwrap_or_default(),
             sizes: dump::sizes(pin_dir).unwrap_or_default(),
+            capacities: dump::capacities(pin_dir),
         }
     }
 }
@@ -231,6 +281,17 @@ fn register_datapath(reg: &mut Registry, maps: &MapStats) {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     reg.register("map_entries", "Entries per BPF map", entries);
+    let capacity = Family::<MapLabels, Gauge>::default();
+    for &(map, n) in &maps.capacities {
+        capacity
+            .get_or_create(&MapLabels { map: map.into() })
+            .set(i64::from(n));
+    }
+    reg.register(
+        "map_capacity",
+        "Capacity (max_entries) of each BPF map, as sized at load",
+        capacity,
+    );
 }
 
 /// Which node and interface hold each egress IP.
@@ -246,9 +307,23 @@ fn register_holders(reg: &mut Registry, stats: &Stats) {
             .set(1);
     }
     reg.register(
-        "egress_ip_holder",
+        "ip_holder",
         "Which node and interface hold each egress IP",
         holders,
+    );
+    let unheld = Family::<UnheldLabels, Gauge>::default();
+    for u in &stats.unheld {
+        unheld
+            .get_or_create(&UnheldLabels {
+                ip: u.ip.clone(),
+                policy: u.policy.clone(),
+            })
+            .set(1);
+    }
+    reg.register(
+        "ip_unheld",
+        "1 for each egress IP of a served policy that no node holds",
+        unheld,
     );
     let pods = Family::<AddressLabels, Gauge>::default();
     let local = Family::<AddressLabels, Gauge>::default();
@@ -273,12 +348,17 @@ fn register_holders(reg: &mut Registry, stats: &Stats) {
     );
 }
 
-/// The reconcile passes: how many, failed, their problems and the last one's duration.
+/// The reconcile passes: how many, failed, their problems and durations.
 fn register_passes(reg: &mut Registry, stats: &Stats) {
-    let last_us = u64::try_from(stats.last_reconcile.as_micros()).unwrap_or(u64::MAX);
     for (name, help, v) in [
         ("reconciles", "Reconcile passes", stats.reconciles),
         ("reconcile_errors", "Failed reconcile passes", stats.errors),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(v);
+        reg.register(name, help, c);
+    }
+    for (name, help, v) in [
         (
             "problems",
             "Problems in the last pass (see log)",
@@ -289,14 +369,14 @@ fn register_passes(reg: &mut Registry, stats: &Stats) {
             "Objects the state source could not parse",
             stats.source_errors as u64,
         ),
-        (
-            "last_reconcile_microseconds",
-            "Duration of the last reconcile",
-            last_us,
-        ),
     ] {
         reg.register(name, help, gauge(v));
     }
+    reg.register(
+        "reconcile_duration_seconds",
+        "Duration of each reconcile pass",
+        stats.reconcile_duration.0.clone(),
+    );
 }
 
 /// Routes published per interface in this node's EgressNode.
@@ -372,12 +452,10 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
     let c = Counter::<u64>::default();
     c.inc_by(l.detections);
     reg.register("peer_deaths", "Peers declared unreachable", c);
-    let g = Gauge::<f64, AtomicU64>::default();
-    g.set(l.last_detection.map_or(0.0, |d| d.as_secs_f64()));
     reg.register(
-        "detection_seconds",
-        "Silence before the last peer was declared unreachable",
-        g,
+        "peer_detection_seconds",
+        "Silence before each peer was declared unreachable",
+        l.detection.0.clone(),
     );
     let moves = Family::<MoveLabels, Counter>::default();
     for (reason, n) in &l.acquired {
@@ -391,6 +469,12 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
         "failovers",
         "Egress IPs this node took, by reason (Assigned: first holder)",
         moves,
+    );
+    reg.register(
+        "failover_seconds",
+        "For each egress IP taken from an unreachable holder: that holder's silence when \
+         this node added the address",
+        l.failover.0.clone(),
     );
 }
 
@@ -499,7 +583,7 @@ pub fn text_004(openmetrics: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::{path::Path, sync::atomic::AtomicUsize};
+    use std::{collections::BTreeSet, path::Path, sync::atomic::AtomicUsize};
 
     use super::*;
 
@@ -539,6 +623,7 @@ mod tests {
         let maps = MapStats {
             counters: vec![(5, egress_common::counters::Counter::default())],
             sizes: vec![("CT_V4", 7)],
+            capacities: vec![("CT_V4", 65536)],
         };
         let om = render(&maps, &stats);
         assert!(om.trim_end().ends_with("# EOF"), "{om}");
@@ -621,19 +706,12 @@ mod tests {
         );
     }
 
-    /// docs/operations.md documents every metric this build serves and every datapath
-    /// counter reason: a new one without a line there fails here.
-    #[test]
-    fn every_metric_and_counter_reason_is_in_the_operations_guide() {
-        let guide = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../docs/operations.md"
-        ))
-        .unwrap();
-        // One sample of every family, so that each is rendered.
+    /// Every family rendered, with one sample each.
+    fn every_family() -> (MapStats, Stats) {
         let stats = Stats {
             routes_published: BTreeMap::from([("eth1".to_owned(), 3)]),
             holders: vec![HolderStat::default()],
+            unheld: vec![UnheldStat::default()],
             liveness: LivenessStats {
                 peers: vec![crate::liveness::PeerStatus {
                     name: "gw-1".to_owned(),
@@ -642,30 +720,112 @@ mod tests {
                     last_heard: None,
                     rtt: Some(Duration::from_millis(1)),
                 }],
+                refused: BTreeMap::from([("stale".to_owned(), 1)]),
                 last_detection: Some(Duration::from_millis(300)),
                 acquired: BTreeMap::from([("Assigned".to_owned(), 1)]),
                 ..LivenessStats::default()
             },
             ..Stats::default()
         };
+        stats.liveness.detection.observe(Duration::from_millis(300));
         let maps = MapStats {
             counters: vec![(1, egress_common::counters::Counter::default())],
             sizes: vec![("CT_V4", 0)],
+            capacities: vec![("CT_V4", 65536)],
         };
-        let text = render(&maps, &stats);
-        let names: Vec<&str> = text
+        (maps, stats)
+    }
+
+    /// The families of a scrape in the text format 0.0.4 (the names Prometheus stores):
+    /// name -> (type, label names; `le` of histogram buckets left out).
+    fn families(text: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
+        let mut out: BTreeMap<String, (String, BTreeSet<String>)> = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(t) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = t.split_once(' ').expect("name and type");
+                out.insert(name.to_owned(), (kind.to_owned(), BTreeSet::new()));
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let series = line.split([' ', '{']).next().unwrap_or_default();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| {
+                    let base = series.strip_suffix(s)?;
+                    out.get(base)
+                        .is_some_and(|(k, _)| k == "histogram")
+                        .then_some(base)
+                })
+                .unwrap_or(series);
+            let labels = line
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map(|(l, _)| l)
+                .unwrap_or_default();
+            let entry = out
+                .get_mut(family)
+                .unwrap_or_else(|| panic!("sample {line:?} before its TYPE"));
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                let (k, _) = pair.split_once('=').expect("label=value");
+                if k != "le" {
+                    entry.1.insert(k.to_owned());
+                }
+            }
+        }
+        out
+    }
+
+    /// The metrics table of docs/operations.md: name -> (type, label names).
+    fn documented(guide: &str) -> BTreeMap<String, (String, BTreeSet<String>)> {
+        let section = guide
+            .split("\n## Metrics\n")
+            .nth(1)
+            .expect("a Metrics section");
+        section
             .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .filter_map(|l| l.split_whitespace().next())
-            .collect();
-        assert!(names.len() > 15, "{text}");
-        let missing: Vec<&&str> = names
-            .iter()
-            .filter(|n| !guide.contains(&format!("`{n}`")))
-            .collect();
+            .filter(|l| l.starts_with("| `egress_"))
+            .map(|row| {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                let name = cells[1].trim_matches('`').to_owned();
+                let labels = cells[3]
+                    .split(',')
+                    .map(|l| l.trim().trim_matches('`'))
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                (name, (cells[2].to_owned(), labels))
+            })
+            .collect()
+    }
+
+    fn read_doc(path: &str) -> String {
+        std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// docs/operations.md's metrics table and the endpoint agree on every name, type and
+    /// label, both ways; every datapath counter reason is in its counter table.
+    #[test]
+    fn the_operations_guide_and_the_endpoint_agree() {
+        let guide = read_doc("docs/operations.md");
+        let (maps, stats) = every_family();
+        let served = families(&text_004(&render(&maps, &stats)));
+        assert!(served.len() > 20, "{served:?}");
+        let docs = documented(&guide);
+        for (name, want) in &served {
+            assert_eq!(
+                docs.get(name),
+                Some(want),
+                "{name}: served as {want:?}, docs/operations.md says {:?}",
+                docs.get(name)
+            );
+        }
+        let stale: Vec<&String> = docs.keys().filter(|n| !served.contains_key(*n)).collect();
         assert!(
-            missing.is_empty(),
-            "metrics not in docs/operations.md: {missing:?}"
+            stale.is_empty(),
+            "docs/operations.md lists metrics not served: {stale:?}"
         );
         let reasons: Vec<&str> = egress_common::counters::ALL
             .iter()
@@ -676,5 +836,69 @@ mod tests {
             reasons.is_empty(),
             "reasons not in docs/operations.md: {reasons:?}"
         );
+    }
+
+    /// Every metric name written anywhere in the docs, the README or deploy/ (alert rules,
+    /// the dashboard) is one the endpoint serves (a series of it: `_bucket`, `_sum` and
+    /// `_count` of a histogram count).
+    #[test]
+    fn every_metric_named_in_the_docs_and_deploy_is_served() {
+        let (maps, stats) = every_family();
+        let served = families(&text_004(&render(&maps, &stats)));
+        let series = |name: &str| {
+            served.contains_key(name)
+                || ["_bucket", "_sum", "_count"].iter().any(|s| {
+                    name.strip_suffix(s)
+                        .is_some_and(|b| served.get(b).is_some_and(|(k, _)| k == "histogram"))
+                })
+        };
+        // Identifiers of the code that look like metric names.
+        let not_metrics = [
+            "egress_agent",
+            "egress_common",
+            "egress_ebpf",
+            "egress_tests",
+            "egress_ip",
+            "egress_ips",
+        ];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![root.join("README.md")];
+        for dir in ["docs", "deploy"] {
+            let mut stack = vec![root.join(dir)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).unwrap().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p
+                        .extension()
+                        .is_some_and(|x| ["md", "yaml", "yml", "json"].iter().any(|y| x == *y))
+                    {
+                        files.push(p);
+                    }
+                }
+            }
+        }
+        let mut unknown = BTreeSet::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find("egress_") {
+                let before = rest[..i].chars().next_back();
+                let tail = &rest[i..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .unwrap_or(tail.len());
+                let name = tail[..end].trim_end_matches('_');
+                if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                    && !not_metrics.contains(&name)
+                    && !series(name)
+                {
+                    unknown.insert(format!("{}: {name}", f.display()));
+                }
+                rest = &tail[end.max(1)..];
+            }
+        }
+        assert!(unknown.is_empty(), "not served: {unknown:#?}");
     }
 }

@@ -106,12 +106,12 @@ pub(crate) struct Pass<'a> {
     pub dad: bool,
 }
 
-/// What a step changed, what went wrong, and the reasons of the addresses it took.
+/// What a step changed, what went wrong, and the addresses it took with their reasons.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Done {
     pub changed: usize,
     pub problems: Vec<String>,
-    pub acquired: Vec<&'static str>,
+    pub acquired: Vec<(IpAddr, &'static str)>,
 }
 
 /// The egress IPs of this node: held, lingering after a release, waiting for a handover,
@@ -258,7 +258,7 @@ impl Ownership {
             self.took(h, pass.stamp);
             addrs.announce(i, h.ip);
             done.changed += 1;
-            done.acquired.push(h.reason);
+            done.acquired.push((h.ip, h.reason));
         }
         self.handover_since.retain(|ip, _| wanted.contains(ip));
         self.refused.retain(|ip, _| wanted.contains(ip));
@@ -1043,7 +1043,10 @@ mod tests {
                 "announce 192.168.101.50 sec-a"
             ]
         );
-        assert_eq!((done.changed, done.acquired), (1, vec!["Assigned"]));
+        assert_eq!(
+            (done.changed, done.acquired),
+            (1, vec![(IpAddr::V4(A), "Assigned")])
+        );
         let held = &own.holdings()[&IpAddr::V4(A)];
         assert_eq!(
             (held.epoch, held.since.as_str()),
@@ -1094,7 +1097,7 @@ mod tests {
         );
         // Still claimed at the deadline: taken, unprobed (the claimant would answer).
         let done = acquire(&mut own, &mut fake, &c, &pass_at(t0, 600, &peers));
-        assert_eq!(done.acquired, ["HolderDrained"]);
+        assert_eq!(done.acquired, [(IpAddr::V4(A), "HolderDrained")]);
         assert_eq!(
             fake.log,
             [

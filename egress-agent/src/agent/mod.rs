@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::{EgressNode, PreflightCheck},
-    compiler::{self, Compiled},
+    compiler::{self, Compiled, move_reason},
     datapath::{self, Datapath, lock::PinLock},
     iface,
     liveness::{self, PeerView, service::Handle},
@@ -228,11 +228,13 @@ fn record_pass(
     let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
     s.reconciles += 1;
     s.last_reconcile = took;
+    s.reconcile_duration.observe(took);
     s.source_errors = source_errors.len();
     match outcome {
         Ok(o) => {
             s.ready = true;
             s.holders = o.holders;
+            s.unheld = o.unheld;
             s.pod_routes = o.pod_routes;
             s.problems = o.problems.len();
             let state = source_errors.iter().map(|e| format!("state: {e}"));
@@ -258,6 +260,7 @@ fn record_pass(
 struct Outcome {
     changed: usize,
     holders: Vec<metrics::HolderStat>,
+    unheld: Vec<metrics::UnheldStat>,
     pod_routes: Vec<metrics::PodRouteStat>,
     problems: Vec<String>,
 }
@@ -372,6 +375,7 @@ impl Reconciler<'_> {
         Ok(Outcome {
             changed,
             holders: holder_stats(&compiled),
+            unheld: unheld_stats(&compiled),
             pod_routes: pod_route_stats(&compiled),
             problems,
         })
@@ -446,13 +450,33 @@ impl Reconciler<'_> {
             .own
             .acquire(addrs, compiled, ifaces, &pass, published)
             .await;
+        let status = self.probes.status();
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        for reason in done.acquired {
+        for (ip, reason) in done.acquired {
             *s.liveness.acquired.entry(reason.to_owned()).or_default() += 1;
+            if let Some(silence) = takeover_silence(ip, reason, peers, &status) {
+                s.liveness.failover.observe(silence);
+            }
         }
         problems.extend(done.problems);
         done.changed
     }
+}
+
+/// For an egress IP taken from a holder declared unreachable: how long that holder had
+/// been silent when this node added the address (its last hello heard here to the
+/// address on this node), the failover time a far side sees, less the announcement.
+fn takeover_silence(
+    ip: std::net::IpAddr,
+    reason: &str,
+    peers: &PeerView,
+    status: &[crate::liveness::PeerStatus],
+) -> Option<Duration> {
+    if reason != move_reason::HOLDER_UNREACHABLE {
+        return None;
+    }
+    let (previous, _) = peers.last_claims.get(&ip)?;
+    status.iter().find(|p| &p.name == previous)?.last_heard
 }
 
 /// The EgressNode of the node named `me` in `view`.
@@ -486,6 +510,29 @@ fn holder_stats(compiled: &Compiled) -> Vec<metrics::HolderStat> {
                 .unwrap_or(0),
         })
         .collect()
+}
+
+/// The dedicated egress IPs of every served policy that no node holds, for the metrics.
+fn unheld_stats(compiled: &Compiled) -> Vec<metrics::UnheldStat> {
+    let held: BTreeSet<std::net::IpAddr> = compiled.holders.iter().map(|h| h.ip).collect();
+    let mut out: Vec<metrics::UnheldStat> = compiled
+        .accepted
+        .iter()
+        .flat_map(|(name, p)| {
+            p.spec
+                .rules
+                .iter()
+                .flat_map(|r| r.dedicated_ips())
+                .filter(|ip| !held.contains(ip))
+                .map(move |ip| metrics::UnheldStat {
+                    ip: ip.to_string(),
+                    policy: name.clone(),
+                })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// This node's pods and their addresses, for `egress-agent status`.

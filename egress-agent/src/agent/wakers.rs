@@ -143,6 +143,7 @@ impl Reconciler<'_> {
                 );
                 s.liveness.detections += 1;
                 s.liveness.last_detection = Some(*silent_for);
+                s.liveness.detection.observe(*silent_for);
             }
             Transition::Revived { name } => info!(peer = %name, "peer reachable again"),
             Transition::CutOff => warn!(

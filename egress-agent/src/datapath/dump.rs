@@ -159,6 +159,19 @@ pub fn sizes(pin_dir: &Path) -> Result<Vec<(&'static str, usize)>> {
     count.out
 }
 
+/// The capacity (`max_entries`) of every pinned hash map and trie of the registry, as the
+/// kernel has it (sized by flags at load: conntrack, pod owners, ...), for metrics.
+pub fn capacities(pin_dir: &Path) -> Vec<(&'static str, u32)> {
+    names::REGISTRY
+        .iter()
+        .filter(|spec| !matches!(spec.kind, MapKind::Array | MapKind::PerCpuArray))
+        .filter_map(|spec| {
+            let info = aya::maps::MapInfo::from_pin(pin_dir.join(spec.name)).ok()?;
+            Some((spec.name, info.max_entries()))
+        })
+        .collect()
+}
+
 /// The pinned hash map `M`, typed by its declaration.
 fn hash<M: names::Map>(pin_dir: &Path) -> Result<HashMap<MapData, M::Key, M::Value>> {
     let name = M::SPEC.name;
