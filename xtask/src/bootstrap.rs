@@ -43,11 +43,18 @@ const APT_PACKAGES: &[(&str, &str)] = &[
 
 /// Debian packages installed only when their command is missing: Debian 12 calls its
 /// kubectl `kubernetes-client`, and another package's kubectl may own /usr/bin/kubectl.
-const APT_COMMANDS: &[(&str, &str, &str)] = &[(
-    "kubectl",
-    "kubernetes-client",
-    "`kubectl kustomize deploy/` in a test",
-)];
+const APT_COMMANDS: &[(&str, &str, &str)] = &[
+    (
+        "kubectl",
+        "kubernetes-client",
+        "`kubectl kustomize deploy/` in a test",
+    ),
+    (
+        "promtool",
+        "prometheus",
+        "`promtool check rules` and `promtool test rules` on deploy/monitoring in a test",
+    ),
+];
 
 /// Name under which Debian's compiler is linked into rustup.
 pub const TOOLCHAIN: &str = "debian";

@@ -1,0 +1,182 @@
+//! `deploy/monitoring/`: the PrometheusRule's rules pass `promtool check rules` and the unit
+//! tests of `rules.test.yaml` (`promtool test rules`: each alert fires on the series that
+//! should fire it, with its labels and annotations, and not on the others); the
+//! ServiceMonitor scrapes the base's metrics Service by its labels and port name; the
+//! dashboard's every panel queries at least one of the agent's metrics. That every metric
+//! named there is one the agent serves is egress-agent's test
+//! (`every_metric_named_in_the_docs_and_deploy_is_served`). Needs `promtool` (Debian's
+//! `prometheus` package) and `kubectl`, which `cargo xtask bootstrap` installs.
+
+use std::{path::Path, process::Command};
+
+use serde_json::Value;
+
+fn workspace() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn monitoring(file: &str) -> String {
+    let p = workspace().join("deploy/monitoring").join(file);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn yaml(text: &str) -> Value {
+    serde_yaml_ng::from_str(text).unwrap()
+}
+
+/// `promtool <args>` in `dir`: its output, asserted successful.
+fn promtool(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("failed to run promtool (cargo xtask bootstrap installs Debian's prometheus)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?}:\n{text}");
+    text
+}
+
+/// The PrometheusRule's spec as a rules file, beside the unit tests, in a fresh directory.
+fn rules_dir() -> tempfile::TempDir {
+    let rule = yaml(&monitoring("prometheusrule.yaml"));
+    assert_eq!(rule["kind"], "PrometheusRule");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_yaml_ng::to_string(&rule["spec"]).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("rules.test.yaml"),
+        monitoring("rules.test.yaml"),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn alert_rules_pass_promtool_check_and_their_unit_tests() {
+    let dir = rules_dir();
+    let checked = promtool(dir.path(), &["check", "rules", "rules.yaml"]);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested = promtool(dir.path(), &["test", "rules", "rules.test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+/// Every alert of the rules has a unit test that expects it to fire.
+#[test]
+fn every_alert_is_unit_tested_firing() {
+    let rule = yaml(&monitoring("prometheusrule.yaml"));
+    let tests = yaml(&monitoring("rules.test.yaml"));
+    let alerts: Vec<&str> = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert!(alerts.len() >= 6, "{alerts:?}");
+    let fired: Vec<&str> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+        .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| !e.is_empty()))
+        .filter_map(|a| a["alertname"].as_str())
+        .collect();
+    let untested: Vec<&&str> = alerts.iter().filter(|a| !fired.contains(a)).collect();
+    assert!(
+        untested.is_empty(),
+        "alerts never tested firing: {untested:?}"
+    );
+}
+
+/// A broken rule fails the check: the test above can fail.
+#[test]
+fn promtool_refuses_a_broken_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        "groups:\n- name: x\n  rules:\n  - alert: Broken\n    expr: max by (ip (egress_ip_unheld)\n",
+    )
+    .unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "rules", "rules.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("failed to run promtool");
+    assert!(!out.status.success());
+}
+
+/// The ServiceMonitor finds the base's metrics Service by its labels and port name.
+#[test]
+fn the_service_monitor_selects_the_metrics_service() {
+    let monitor = yaml(&monitoring("servicemonitor.yaml"));
+    let service = yaml(
+        &std::fs::read_to_string(workspace().join("deploy/base/metrics-service.yaml")).unwrap(),
+    );
+    let want = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    for (k, v) in want {
+        assert_eq!(&service["metadata"]["labels"][k], v, "label {k:?}");
+    }
+    let port = monitor["spec"]["endpoints"][0]["port"].as_str().unwrap();
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == port),
+        "no port {port} on the Service"
+    );
+    assert_eq!(
+        monitor["spec"]["namespaceSelector"]["matchNames"][0],
+        service["metadata"]["namespace"]
+    );
+}
+
+/// Each panel of the dashboard has queries, each naming one of the agent's metrics, on
+/// the dashboard's data source variable; kustomize packs it in a labelled ConfigMap.
+#[test]
+fn every_dashboard_panel_queries_the_agents_metrics() {
+    let dash: Value = serde_json::from_str(&monitoring("dashboards/egress-gateway.json")).unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10);
+    for p in panels {
+        let title = p["title"].as_str().unwrap();
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no query");
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap();
+            assert!(expr.contains("egress_"), "{title}: {expr}");
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
+        }
+    }
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(workspace().join("deploy/monitoring"))
+        .output()
+        .expect("failed to run kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(kinds.len(), 3, "{kinds:?}");
+    let cm = objects.iter().find(|o| o["kind"] == "ConfigMap").unwrap();
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(cm["metadata"]["namespace"], "egress-system");
+    let packed: Value =
+        serde_json::from_str(cm["data"]["egress-gateway.json"].as_str().unwrap()).unwrap();
+    assert_eq!(packed, dash);
+}
