@@ -4,7 +4,10 @@
 //! connections at once (more wait to be accepted), the request head within
 //! [`HEAD_TIMEOUT`] and [`MAX_HEAD_BYTES`]; one request per connection. `/metrics` is
 //! OpenMetrics text for a client that accepts it (Prometheus asks for it), else the
-//! Prometheus text format 0.0.4 ([`metrics::text_004`]).
+//! Prometheus text format 0.0.4 ([`metrics::text_004`]). With [`TlsFiles`], HTTPS, and
+//! client certificates for `/metrics` and `/status` ([`tls`]).
+
+pub mod tls;
 
 use std::{
     convert::Infallible,
@@ -24,7 +27,9 @@ use hyper::{
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
+use tokio_rustls::TlsAcceptor;
 
+pub use self::tls::TlsFiles;
 use crate::metrics::{self, Cached, MAP_STATS_INTERVAL, MapStats, Stats};
 
 /// Connections served at once; further ones wait in the listen queue.
@@ -46,16 +51,34 @@ struct Context {
     maps: Cached<MapStats>,
 }
 
-/// Serve the endpoints on `addr` in the background; returns the bound address (the real
-/// port when `addr` asks for port 0), which it logs.
+/// What a connection may read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    All,
+    /// A TLS client without a certificate where one is required: `/healthz` and
+    /// `/readyz` only.
+    ProbesOnly,
+}
+
+/// Serve the endpoints on `addr` in the background, over TLS when `tls` names the files;
+/// returns the bound address (the real port when `addr` asks for port 0), which it logs.
 pub async fn serve(
     addr: SocketAddr,
     pin_dir: PathBuf,
     stats: Arc<Mutex<Stats>>,
-) -> std::io::Result<SocketAddr> {
+    tls: Option<TlsFiles>,
+) -> anyhow::Result<SocketAddr> {
+    let tls = tls
+        .map(|files| tls::Reloading::start(files, tls::RELOAD))
+        .transpose()?;
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tracing::info!(addr = %bound, "serving /metrics, /status, /healthz and /readyz");
+    let scheme = match &tls {
+        None => "http",
+        Some(t) if t.needs_client_certificate() => "https, client certificates for /metrics",
+        Some(_) => "https",
+    };
+    tracing::info!(addr = %bound, scheme, "serving /metrics, /status, /healthz and /readyz");
     let cx = Arc::new(Context {
         pin_dir,
         stats,
@@ -70,28 +93,63 @@ pub async fn serve(
             let Ok((sock, _)) = listener.accept().await else {
                 continue;
             };
-            let cx = cx.clone();
+            let (cx, tls) = (cx.clone(), tls.clone());
             tokio::spawn(async move {
                 let _permit = permit;
-                let service = service_fn(move |req| handle(req, cx.clone()));
-                let served = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEAD_TIMEOUT)
-                    .max_buf_size(MAX_HEAD_BYTES)
-                    .keep_alive(false)
-                    .serve_connection(TokioIo::new(sock), service)
-                    .await;
-                if let Err(e) = served {
-                    tracing::debug!("an endpoint connection failed: {e}");
-                }
+                let Some(tls) = tls else {
+                    return connection(TokioIo::new(sock), cx, Access::All).await;
+                };
+                let accepted = tokio::time::timeout(
+                    HEAD_TIMEOUT,
+                    TlsAcceptor::from(tls.current()).accept(sock),
+                )
+                .await;
+                let stream = match accepted {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => return tracing::debug!("a TLS handshake failed: {e}"),
+                    Err(_) => return tracing::debug!("a TLS handshake timed out"),
+                };
+                let certified = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .is_some_and(|c| !c.is_empty());
+                let access = if certified || !tls.needs_client_certificate() {
+                    Access::All
+                } else {
+                    Access::ProbesOnly
+                };
+                connection(TokioIo::new(stream), cx, access).await;
             });
         }
     });
     Ok(bound)
 }
 
+/// Serve one connection: one request, its head bounded in size and time.
+async fn connection<I>(io: I, cx: Arc<Context>, access: Access)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| handle(req, cx.clone(), access));
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(false)
+        .serve_connection(io, service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!("an endpoint connection failed: {e}");
+    }
+}
+
 /// One request.
-async fn handle<B>(req: Request<B>, cx: Arc<Context>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle<B>(
+    req: Request<B>,
+    cx: Arc<Context>,
+    access: Access,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -101,6 +159,13 @@ async fn handle<B>(req: Request<B>, cx: Arc<Context>) -> Result<Response<Full<By
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
+    }
+    if access == Access::ProbesOnly && matches!(req.uri().path(), "/metrics" | "/status") {
+        return Ok(reply(
+            StatusCode::UNAUTHORIZED,
+            "text/plain; charset=utf-8",
+            "a client certificate signed by a CA of --metrics-client-ca-file is required\n",
+        ));
     }
     let snapshot = cx.stats.lock().map(|s| s.clone()).unwrap_or_default();
     let plain = "text/plain; charset=utf-8";
@@ -174,7 +239,7 @@ mod tests {
             ..Stats::default()
         }));
         let dir = std::env::temp_dir().join("egress-endpoints-test-none");
-        serve("127.0.0.1:0".parse().expect("addr"), dir, stats)
+        serve("127.0.0.1:0".parse().expect("addr"), dir, stats, None)
             .await
             .expect("bind")
     }
@@ -227,6 +292,102 @@ mod tests {
         );
         let missing = exchange(addr, "GET /nothing HTTP/1.1\r\nhost: x\r\n\r\n").await;
         assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    }
+
+    /// One HTTPS exchange with `addr`, trusting `ca`, presenting `client` (certificate and
+    /// key PEM) if given: the response, or the handshake's error.
+    async fn exchange_tls(
+        addr: SocketAddr,
+        ca: &tls::tests::Ca,
+        client: Option<(String, String)>,
+        request: &str,
+    ) -> Result<String, std::io::Error> {
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject as _};
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der()).expect("root");
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+        let config = match client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("chain");
+                let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+                builder.with_client_auth_cert(chain, key).expect("client")
+            }
+        };
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = ServerName::try_from("127.0.0.1").expect("name");
+        let mut sock = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await?;
+        sock.write_all(request.as_bytes()).await?;
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut out)).await;
+        if let Ok(Err(e)) = read
+            && out.is_empty()
+        {
+            return Err(e);
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Over TLS with a client CA: the probes answer anyone, `/metrics` and `/status` only a
+    /// client with a certificate of that CA (401 without one; another CA's fails the
+    /// handshake); plain HTTP gets no answer.
+    #[tokio::test]
+    async fn tls_with_client_certificates_for_metrics_and_open_probes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (server_ca, client_ca, stranger) = (
+            tls::tests::Ca::new("server CA"),
+            tls::tests::Ca::new("client CA"),
+            tls::tests::Ca::new("another CA"),
+        );
+        let files = tls::tests::write_files(dir.path(), &server_ca, Some(&client_ca));
+        let stats = Arc::new(Mutex::new(Stats {
+            ready: true,
+            ..Stats::default()
+        }));
+        let addr = serve(
+            "127.0.0.1:0".parse().expect("addr"),
+            dir.path().join("no-pins"),
+            stats,
+            Some(files),
+        )
+        .await
+        .expect("serve");
+        let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        let probe = exchange_tls(addr, &server_ca, None, &get("/readyz"))
+            .await
+            .expect("probe");
+        assert!(probe.starts_with("HTTP/1.1 200 OK"), "{probe}");
+        for path in ["/metrics", "/status"] {
+            let refused = exchange_tls(addr, &server_ca, None, &get(path))
+                .await
+                .expect("refused");
+            assert!(refused.starts_with("HTTP/1.1 401"), "{path}: {refused}");
+        }
+        let scraper = client_ca.issue("prometheus", true);
+        let scraped = exchange_tls(addr, &server_ca, Some(scraper), &get("/metrics"))
+            .await
+            .expect("scrape");
+        assert!(
+            scraped.starts_with("HTTP/1.1 200 OK") && scraped.contains("egress_reconciles_total"),
+            "{scraped:.300}"
+        );
+        let forged = stranger.issue("prometheus", true);
+        let answer = exchange_tls(addr, &server_ca, Some(forged), &get("/metrics")).await;
+        assert!(
+            !answer.as_ref().is_ok_and(|a| a.contains("200 OK")),
+            "another CA's client was served: {answer:?}"
+        );
+        let plain = exchange(addr, &get("/metrics")).await;
+        assert!(!plain.contains("200 OK"), "{plain}");
     }
 
     #[test]

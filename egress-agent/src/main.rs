@@ -148,9 +148,33 @@ struct RunArgs {
     /// Last SNAT port.
     #[arg(long, default_value_t = DEFAULT_PORT_MAX)]
     port_max: u16,
-    /// Serve /metrics, /healthz and /readyz here.
+    /// Serve /metrics, /status, /healthz and /readyz here.
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
+    /// Serve them over HTTPS with this PEM certificate chain (leaf first); read again
+    /// every 30 s, so a rotated certificate is served without a restart.
+    #[arg(
+        long,
+        env = "EGRESS_METRICS_TLS_CERT_FILE",
+        requires = "metrics_tls_key_file"
+    )]
+    metrics_tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --metrics-tls-cert-file.
+    #[arg(
+        long,
+        env = "EGRESS_METRICS_TLS_KEY_FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    metrics_tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates: /metrics and /status answer only clients presenting a
+    /// certificate one of them signed (401 otherwise); /healthz and /readyz stay open to
+    /// the kubelet's probes. Needs --metrics-tls-cert-file.
+    #[arg(
+        long,
+        env = "EGRESS_METRICS_CLIENT_CA_FILE",
+        requires = "metrics_tls_cert_file"
+    )]
+    metrics_client_ca_file: Option<PathBuf>,
     /// Full resync interval in seconds, on top of change notifications.
     #[arg(long, default_value_t = 10)]
     resync_secs: u64,
@@ -295,6 +319,14 @@ impl RunArgs {
             port_min: self.port_min,
             port_max: self.port_max,
             metrics_addr: self.metrics_addr,
+            metrics_tls: match (self.metrics_tls_cert_file, self.metrics_tls_key_file) {
+                (Some(cert), Some(key)) => Some(egress_agent::endpoints::TlsFiles {
+                    cert,
+                    key,
+                    client_ca: self.metrics_client_ca_file,
+                }),
+                _ => None,
+            },
             resync: Duration::from_secs(self.resync_secs.max(1)),
             probe: liveness::Settings {
                 interval: Duration::from_millis(self.probe_interval_ms),

@@ -447,6 +447,40 @@ fn the_openshift_overlay_allows_what_the_daemonset_uses() {
     assert!(!env.contains_key("EGRESS_CLUSTER_CIDRS"), "{env:?}");
     assert_speaks_the_agents_flags(agent);
 
+    // /metrics over HTTPS with the service CA's certificate for the metrics Service: the
+    // Service asks for the Secret the DaemonSet mounts, the flags name files in that
+    // mount, and the kubelet's probes speak HTTPS.
+    let service = named(&objects, "Service", "egress-agent-metrics");
+    let secret =
+        service["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"]
+            .as_str()
+            .expect("a serving certificate for the metrics Service");
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == secret)
+        .expect("the serving certificate's volume");
+    let mount = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("its mount");
+    let dir = mount["mountPath"].as_str().unwrap();
+    assert_eq!(
+        env["EGRESS_METRICS_TLS_CERT_FILE"]["value"],
+        format!("{dir}/tls.crt")
+    );
+    assert_eq!(
+        env["EGRESS_METRICS_TLS_KEY_FILE"]["value"],
+        format!("{dir}/tls.key")
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(agent[probe]["httpGet"]["scheme"], "HTTPS", "{probe}");
+        assert_eq!(agent[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+
     // Pod security admission: only `privileged` admits these pods, and OpenShift's label
     // synchronizer leaves the labels as written.
     let labels = &one(&objects, "Namespace")["metadata"]["labels"];

@@ -180,3 +180,41 @@ fn every_dashboard_panel_queries_the_agents_metrics() {
         serde_json::from_str(cm["data"]["egress-gateway.json"].as_str().unwrap()).unwrap();
     assert_eq!(packed, dash);
 }
+
+/// `deploy/openshift/monitoring`: the same alerts and dashboard, scraped over HTTPS with
+/// the service CA's certificate verified for the metrics Service's name.
+#[test]
+fn openshift_scrapes_over_https_verifying_the_service_ca() {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(workspace().join("deploy/openshift/monitoring"))
+        .output()
+        .expect("failed to run kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let mut kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["ConfigMap", "PrometheusRule", "ServiceMonitor"]);
+    let monitor = objects
+        .iter()
+        .find(|o| o["kind"] == "ServiceMonitor")
+        .unwrap();
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(
+        endpoint["tlsConfig"]["serverName"],
+        "egress-agent-metrics.egress-system.svc"
+    );
+    assert_eq!(
+        endpoint["tlsConfig"]["ca"]["configMap"]["name"],
+        "openshift-service-ca.crt"
+    );
+}

@@ -65,6 +65,8 @@ pub struct RunConfig {
     pub port_min: u16,
     pub port_max: u16,
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve the endpoints over TLS with these files (`--metrics-tls-cert-file`, ...).
+    pub metrics_tls: Option<crate::endpoints::TlsFiles>,
     pub resync: Duration,
     /// Liveness probes between agents.
     pub probe: liveness::Settings,

@@ -131,7 +131,8 @@ pub(super) async fn open_ports(
             )
         })?;
     if let Some(addr) = cfg.metrics_addr {
-        crate::endpoints::serve(addr, cfg.bpffs_dir.clone(), stats.clone())
+        let tls = cfg.metrics_tls.clone();
+        crate::endpoints::serve(addr, cfg.bpffs_dir.clone(), stats.clone(), tls)
             .await
             .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
     }
