@@ -24,6 +24,24 @@ fn yaml(text: &str) -> Value {
     serde_yaml_ng::from_str(text).unwrap()
 }
 
+/// `kubectl kustomize <dir>` (relative to the workspace): the objects.
+fn kustomize(dir: &str) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(workspace().join(dir))
+        .output()
+        .expect("failed to run kubectl (cargo xtask bootstrap installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
 /// `promtool <args>` in `dir`: its output, asserted successful.
 fn promtool(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("promtool")
@@ -157,20 +175,7 @@ fn every_dashboard_panel_queries_the_agents_metrics() {
             assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
         }
     }
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(workspace().join("deploy/monitoring"))
-        .output()
-        .expect("failed to run kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
+    let objects = kustomize("deploy/monitoring");
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
     assert_eq!(kinds.len(), 3, "{kinds:?}");
     let cm = objects.iter().find(|o| o["kind"] == "ConfigMap").unwrap();
@@ -185,20 +190,7 @@ fn every_dashboard_panel_queries_the_agents_metrics() {
 /// the service CA's certificate verified for the metrics Service's name.
 #[test]
 fn openshift_scrapes_over_https_verifying_the_service_ca() {
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(workspace().join("deploy/openshift/monitoring"))
-        .output()
-        .expect("failed to run kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
+    let objects = kustomize("deploy/openshift/monitoring");
     let mut kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["ConfigMap", "PrometheusRule", "ServiceMonitor"]);
