@@ -160,7 +160,8 @@ impl Report {
             s,
             "Written by `cargo xtask bench{}` (`tests/src/bin/egress-bench.rs`). \
              Numbers are measured, never asserted; each is the median of several rounds, \
-             with the min and max of those rounds as the spread.\n",
+             with the min and max of those rounds as the spread. Sections titled \
+             \"{HAND_WRITTEN}\" are notes that a new run keeps as they are.\n",
             if p.quick { " --quick" } else { "" }
         );
         let _ = writeln!(s, "| | |\n|---|---|");
@@ -428,3 +429,54 @@ const NEW_FLOW_NOTE: &str = "Row 3: a new flow cannot be repeated on one skb, so
      single run also pays the timer's own overhead (F2, the empty program timed the same \
      way) and starts with caches disturbed by the syscall; row 4s times the established \
      flow of row 4 the same way, so row 3 minus row 4s is the cost of creating the flow.";
+
+/// The end of a `## ` heading that `cargo xtask bench` keeps as written: notes on what
+/// changed between runs, with the commits they are about.
+pub const HAND_WRITTEN: &str = "(hand-written, not regenerated)";
+
+/// `generated` with every hand-written section of `previous` (a `## ` heading ending in
+/// [`HAND_WRITTEN`], to the next `## ` heading) put back before its first section, in
+/// their order, so that regenerating the report loses none of them.
+pub fn keep_hand_written(previous: &str, generated: &str) -> String {
+    let mut kept = String::new();
+    let mut keeping = false;
+    for line in previous.lines() {
+        if line.starts_with("## ") {
+            keeping = line.trim_end().ends_with(HAND_WRITTEN);
+        }
+        if keeping {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    if kept.is_empty() {
+        return generated.to_owned();
+    }
+    if !kept.ends_with("\n\n") {
+        kept.push('\n');
+    }
+    match generated.find("\n## ") {
+        Some(i) => format!("{}{kept}{}", &generated[..=i], &generated[i + 1..]),
+        None => format!("{generated}\n{kept}"),
+    }
+}
+
+#[cfg(test)]
+mod hand_written_tests {
+    use super::*;
+
+    #[test]
+    fn hand_written_sections_survive_a_regeneration_and_generated_ones_do_not() {
+        let previous = "# Benchmarks\n\nheader\n\n## What changed since abc (hand-written, not regenerated)\n\nnotes on abc\n\n| a | b |\n\n## Per packet\n\nold numbers\n\n## Later notes (hand-written, not regenerated)\n\nmore\n";
+        let generated = "# Benchmarks\n\nnew header\n\n## Per packet\n\nnew numbers\n";
+        let out = keep_hand_written(previous, generated);
+        assert_eq!(
+            out,
+            "# Benchmarks\n\nnew header\n\n## What changed since abc (hand-written, not regenerated)\n\nnotes on abc\n\n| a | b |\n\n## Later notes (hand-written, not regenerated)\n\nmore\n\n## Per packet\n\nnew numbers\n"
+        );
+        assert!(!out.contains("old numbers"));
+        // Twice is the same as once: nothing doubles.
+        assert_eq!(keep_hand_written(&out, generated), out);
+        assert_eq!(keep_hand_written("", generated), generated);
+    }
+}

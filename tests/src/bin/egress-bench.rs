@@ -225,6 +225,9 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("failed to create {}", dir.display()))?;
         }
+        // Hand-written sections (notes on what changed, naming their commits) stay.
+        let previous = std::fs::read_to_string(&path).unwrap_or_default();
+        let md = egress_tests::bench::report::keep_hand_written(&previous, &md);
         std::fs::write(&path, &md)
             .with_context(|| format!("failed to write {}", path.display()))?;
         eprintln!("egress-bench: wrote {}", path.display());
