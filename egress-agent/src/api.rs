@@ -210,34 +210,100 @@ pub enum DestinationsFrom {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyStatus {
-    /// `metadata.generation` of the spec these conditions describe.
+    /// `metadata.generation` of the spec these conditions describe (each condition says
+    /// so too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "generation_schema")]
     pub observed_generation: Option<i64>,
-    /// `Accepted` and `Ready` always; `Conflict` when another policy wins some of this
-    /// policy's (pod, destination) pairs.
+    /// At most one of each type: `Accepted` and `Ready` always; `Conflict`,
+    /// `RoutesDegraded`, `ClusterExcluded`, `AdminPoliciesNotApplied` and
+    /// `EgressIPsShareGateway` when they hold (see `type`).
     #[serde(default)]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["type"],
+        "maxItems" = 16
+    ))]
     pub conditions: Vec<PolicyCondition>,
     /// Egress addresses in use for this policy and where.
     #[serde(default, rename = "egressIPs")]
     pub egress_ips: Vec<EgressIpStatus>,
 }
 
-/// A condition in the usual Kubernetes shape.
+/// A condition in the shape of `metav1.Condition`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyCondition {
-    /// `Accepted`, `Ready` or `Conflict`.
+    /// `Accepted`: the spec is valid (`False`: it is refused, the message names the field
+    /// to fix). `Ready`: every rule has a gateway. `Conflict`: another policy or implementation wins some of
+    /// this policy's pods, destinations or egress IPs. `RoutesDegraded`: destinations
+    /// learned from routes are left out or differ between gateways.
+    /// `ClusterExcluded`: listed destinations cover the cluster's own addresses, which
+    /// are carved out. `AdminPoliciesNotApplied`: policy kinds the datapath does not
+    /// apply may cover the redirected pods. `EgressIPsShareGateway`: fewer gateways host
+    /// a rule's `egressIPs` than it lists.
     #[serde(rename = "type")]
+    #[schemars(schema_with = "condition_type_schema")]
     pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// A CamelCase word for machines.
-    pub reason: String,
-    /// What is wrong, naming the rule and field, for humans.
-    pub message: String,
-    /// RFC 3339 time of the last status change; set by the writer, not the compiler.
+    pub status: ConditionStatus,
+    /// `metadata.generation` of the spec this condition describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "generation_schema")]
+    pub observed_generation: Option<i64>,
+    /// RFC 3339 time the condition last changed status. The compiler leaves it unset;
+    /// the status writer keeps the time of the condition it replaces while the status is
+    /// the same, else writes the current time. A status written without it (by an older
+    /// agent) still reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "transition_time_schema")]
     pub last_transition_time: Option<String>,
+    /// A CamelCase word for machines (stable: alerts match on it).
+    #[schemars(schema_with = "condition_reason_schema")]
+    pub reason: String,
+    /// What is wrong, naming the rule and field, and what to do, for humans.
+    #[schemars(length(max = 32768))]
+    pub message: String,
+}
+
+/// The most characters of a condition message (as `metav1.Condition` allows).
+pub const MAX_CONDITION_MESSAGE: usize = 32_768;
+
+/// Whether a condition holds.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConditionStatus {
+    True,
+    False,
+    #[default]
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(holds: bool) -> Self {
+        if holds { Self::True } else { Self::False }
+    }
+}
+
+/// `status == "True"`, as the wire spells it.
+impl PartialEq<&str> for ConditionStatus {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::fmt::Display for ConditionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Where one egress address of a policy lives.
@@ -433,6 +499,35 @@ pub struct HeldEgressIp {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// `metav1.Condition`'s `type`: a CamelCase word, optionally prefixed by a DNS domain.
+fn condition_type_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 316,
+        "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+    })
+}
+
+/// `metav1.Condition`'s `reason`.
+fn condition_reason_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 1024,
+        "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+    })
+}
+
+fn generation_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer", "format": "int64", "minimum": 0})
+}
+
+/// Required and never null, although the compiler leaves it unset: the writer fills it
+/// in before anything reaches the API server.
+fn transition_time_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "string", "format": "date-time"})
 }
 
 fn ip_schema(_: &mut SchemaGenerator) -> Schema {
@@ -635,6 +730,89 @@ mod tests {
         ] {
             assert!(yaml.contains(needle), "missing {needle:?}");
         }
+    }
+
+    /// The schema of `crds()[index]` at `path` (property names, `items` for list items).
+    fn schema_at(index: usize, path: &[&str]) -> serde_json::Value {
+        let crd = serde_json::to_value(&crds()[index]).expect("CRD to JSON");
+        let mut at = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        for step in path {
+            at = if *step == "items" {
+                &at["items"]
+            } else {
+                &at["properties"][*step]
+            };
+        }
+        assert!(!at.is_null(), "no schema at {path:?}");
+        at.clone()
+    }
+
+    #[test]
+    fn policy_conditions_follow_metav1_condition() {
+        let list = schema_at(0, &["status", "conditions"]);
+        assert_eq!(list["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            list["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
+        let item = schema_at(0, &["status", "conditions", "items"]);
+        let mut required: Vec<&str> = item["required"]
+            .as_array()
+            .expect("required")
+            .iter()
+            .filter_map(|r| r.as_str())
+            .collect();
+        required.sort_unstable();
+        assert_eq!(
+            required,
+            ["lastTransitionTime", "message", "reason", "status", "type"]
+        );
+        let field = |name: &str| item["properties"][name].clone();
+        assert_eq!(
+            field("status")["enum"],
+            serde_json::json!(["True", "False", "Unknown"])
+        );
+        let time = field("lastTransitionTime");
+        assert_eq!(
+            (&time["type"], &time["format"], time.get("nullable")),
+            (&"string".into(), &"date-time".into(), None)
+        );
+        assert_eq!(field("observedGeneration")["format"], "int64");
+        assert_eq!(field("observedGeneration")["minimum"].as_f64(), Some(0.0));
+        assert!(field("reason")["pattern"].is_string());
+        // Every type the compiler emits is described.
+        let described = field("type")["description"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        for type_ in crate::compiler::condition::ALL {
+            assert!(
+                described.contains(&format!("`{type_}`")),
+                "{type_} in {described:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_status_an_older_agent_wrote_still_reads() {
+        // No observedGeneration per condition; one condition without a transition time.
+        let old = r#"
+observedGeneration: 2
+conditions:
+- {type: Accepted, status: "True", reason: Accepted, message: the policy is valid,
+   lastTransitionTime: "2026-01-01T00:00:00Z"}
+- {type: Ready, status: "False", reason: NoEligibleGateway, message: none}
+egressIPs: []
+"#;
+        let status: PolicyStatus = serde_yaml_ng::from_str(old).expect("old status reads");
+        assert_eq!(status.conditions[0].status, ConditionStatus::True);
+        assert_eq!(status.conditions[0].observed_generation, None);
+        assert_eq!(
+            status.conditions[0].last_transition_time.as_deref(),
+            Some("2026-01-01T00:00:00Z")
+        );
+        assert_eq!(status.conditions[1].status, ConditionStatus::False);
+        assert_eq!(status.conditions[1].last_transition_time, None);
     }
 
     #[test]

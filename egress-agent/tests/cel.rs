@@ -26,7 +26,7 @@ use std::{
 
 use cel::{Context, ExecutionError, Program, Value, extractors::This, objects::Opaque, to_value};
 use egress_agent::{
-    api::EgressGatewayPolicy,
+    api::{ConditionStatus, EgressGatewayPolicy},
     compiler::{compile, condition},
     source::ClusterView,
 };
@@ -447,7 +447,7 @@ fn compiler_disagrees(object: &Json, cel_accepts: bool) -> Option<String> {
             "the compiler gives no Accepted condition: {compiled:?}"
         ));
     };
-    let compiler_accepts = accepted.status == "True";
+    let compiler_accepts = accepted.status == ConditionStatus::True;
     (compiler_accepts != cel_accepts).then(|| {
         format!(
             "CEL {} it, the compiler says Accepted={} ({}: {})",

@@ -14,7 +14,7 @@ use std::{
 };
 
 use egress_agent::{
-    api::{EgressIpStatus, PolicyCondition, PolicyStatus},
+    api::{ConditionStatus, EgressIpStatus, PolicyCondition, PolicyStatus},
     source::{
         kube::{self as kube_source, EventType},
         yaml::Snapshot,
@@ -855,17 +855,19 @@ fn status(ready: &str) -> PolicyStatus {
         conditions: vec![
             PolicyCondition {
                 type_: "Accepted".to_owned(),
-                status: "True".to_owned(),
+                status: ConditionStatus::True,
+                observed_generation: Some(3),
+                last_transition_time: None,
                 reason: "Accepted".to_owned(),
                 message: "policy accepted".to_owned(),
-                last_transition_time: None,
             },
             PolicyCondition {
                 type_: "Ready".to_owned(),
-                status: ready.to_owned(),
+                status: (ready == "True").into(),
+                observed_generation: Some(3),
+                last_transition_time: None,
                 reason: "Held".to_owned(),
                 message: "every egress IP is held".to_owned(),
-                last_transition_time: None,
             },
         ],
         egress_ips: vec![EgressIpStatus {
@@ -935,10 +937,10 @@ async fn publish_policy_status_patches_the_status_subresource_when_changed() {
         json!({"status": {
             "observedGeneration": 3,
             "conditions": [
-                {"type": "Accepted", "status": "True", "reason": "Accepted",
-                 "message": "policy accepted"},
-                {"type": "Ready", "status": "True", "reason": "Held",
-                 "message": "every egress IP is held"}
+                {"type": "Accepted", "status": "True", "observedGeneration": 3,
+                 "reason": "Accepted", "message": "policy accepted"},
+                {"type": "Ready", "status": "True", "observedGeneration": 3,
+                 "reason": "Held", "message": "every egress IP is held"}
             ],
             "egressIPs": [{"ip": "198.51.100.10", "node": "gw-1", "interface": "ens224"}]
         }})

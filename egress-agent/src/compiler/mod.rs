@@ -57,6 +57,17 @@ pub mod condition {
     /// Several addresses of one rule's `egressIPs` share a gateway: fewer eligible
     /// gateways host them than the rule has addresses.
     pub const EGRESS_IPS_SHARE_GATEWAY: &str = "EgressIPsShareGateway";
+
+    /// Every type the compiler emits (the CRD's description of `type` names them all).
+    pub const ALL: [&str; 7] = [
+        ACCEPTED,
+        READY,
+        CONFLICT,
+        ROUTES_DEGRADED,
+        CLUSTER_EXCLUDED,
+        ADMIN_POLICIES_NOT_APPLIED,
+        EGRESS_IPS_SHARE_GATEWAY,
+    ];
 }
 
 /// Condition reasons (stable: users and alerts match on them).

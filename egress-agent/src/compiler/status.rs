@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Object, Problem, condition, reason};
-use crate::api::{EgressIpStatus, PolicyCondition, PolicyStatus};
+use crate::api::{EgressIpStatus, MAX_CONDITION_MESSAGE, PolicyCondition, PolicyStatus};
 
 /// Most conflict pairs named in a condition message; the rest are counted.
 const MAX_CONFLICTS_NAMED: usize = 3;
@@ -255,6 +255,9 @@ pub(super) fn statuses<'a>(
                 .join("; ");
             conditions.push(condition(condition::CONFLICT, true, reason, message));
         }
+        for c in &mut conditions {
+            c.observed_generation = plan.generation;
+        }
         out.insert(
             plan.name.to_owned(),
             PolicyStatus {
@@ -336,12 +339,23 @@ fn conflict_message(report: &PolicyReport) -> Option<String> {
     Some(message)
 }
 
-fn condition(type_: &str, ok: bool, reason: &str, message: String) -> PolicyCondition {
+/// A condition of `type_` that holds (`ok`) or not. The writer sets its transition
+/// time, [`statuses`] its generation; a message too long for the API is cut.
+fn condition(type_: &str, ok: bool, reason: &str, mut message: String) -> PolicyCondition {
+    if message.len() > MAX_CONDITION_MESSAGE {
+        let mut end = MAX_CONDITION_MESSAGE - 3;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...");
+    }
     PolicyCondition {
         type_: type_.to_owned(),
-        status: if ok { "True" } else { "False" }.to_owned(),
+        status: ok.into(),
+        observed_generation: None,
+        last_transition_time: None,
         reason: reason.to_owned(),
         message,
-        last_transition_time: None,
     }
 }

@@ -18,8 +18,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     api::{
-        EgressIpStatus, EgressNode, EgressNodeSpec, EgressNodeStatus, EgressRule, FailurePolicy,
-        HeldEgressIp, NodeInterface, PolicyCondition,
+        ConditionStatus, EgressIpStatus, EgressNode, EgressNodeSpec, EgressNodeStatus, EgressRule,
+        FailurePolicy, HeldEgressIp, NodeInterface, PolicyCondition,
     },
     desired::{GatewayRuleV4, GatewayRuleV6, HeldIp, PolicyAction, PolicyEntryV4, PolicyEntryV6},
     liveness::{PeerView, Report},
@@ -1030,7 +1030,12 @@ rules:
         view.policies = vec![policy("bad", case.spec), policy("a-good", PAYMENTS)];
         let c = compile(&view, "worker-1");
         let cond = status(&c, "bad", case.condition);
-        assert_eq!(cond.status, "False", "{}: {cond:?}", case.name);
+        assert_eq!(
+            cond.status,
+            ConditionStatus::False,
+            "{}: {cond:?}",
+            case.name
+        );
         assert_eq!(cond.reason, case.reason, "{}: {cond:?}", case.name);
         assert!(
             cond.message.contains(case.message),
@@ -1955,7 +1960,7 @@ fn a_dead_holder_loses_its_ip_to_a_newer_epoch_with_reason_unreachable() {
     assert!(
         st.conditions
             .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True"),
+            .any(|c| c.type_ == "Ready" && c.status == ConditionStatus::True),
         "{st:?}"
     );
     // The dead node itself, cut off (it counts itself dead): holds nothing.

@@ -24,7 +24,7 @@ fn created(mut p: EgressGatewayPolicy, at: &str) -> EgressGatewayPolicy {
 /// The Conflict condition of `policy`, which must be there.
 fn conflict<'a>(c: &'a Compiled, policy: &str) -> &'a PolicyCondition {
     let cond = status(c, policy, condition::CONFLICT);
-    assert_eq!(cond.status, "True", "{cond:?}");
+    assert_eq!(cond.status, ConditionStatus::True, "{cond:?}");
     cond
 }
 

@@ -952,10 +952,11 @@ mod tests {
     fn condition(type_: &str, status: &str, time: Option<&str>) -> PolicyCondition {
         PolicyCondition {
             type_: type_.to_owned(),
-            status: status.to_owned(),
+            status: (status == "True").into(),
+            observed_generation: Some(1),
+            last_transition_time: time.map(str::to_owned),
             reason: "R".to_owned(),
             message: "m".to_owned(),
-            last_transition_time: time.map(str::to_owned),
         }
     }
 
