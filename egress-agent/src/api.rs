@@ -30,6 +30,12 @@ const MAX_ADDRESS_LEN: u64 = 49;
 const MAX_PREFIXES: u64 = 64;
 const MAX_ADDRESSES: u64 = 64;
 
+/// Why the CRD's rule refuses an empty `gatewaySelector`, and what to write instead (the
+/// compiler's condition says the same of `spec.gatewaySelector`).
+pub const GATEWAY_SELECTOR_EMPTY: &str = "gatewaySelector must not be empty (it would make \
+    every node a gateway): select the gateway nodes by label, such as \
+    matchLabels: {egress.dev/gateway: \"true\"}";
+
 /// Routes the traffic of selected pods to selected destinations through gateway nodes,
 /// with a source address chosen per destination.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -82,7 +88,12 @@ pub struct EgressGatewayPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<LabelSelector>,
     /// Nodes that may act as gateways for this policy (they must also be Ready and run an
-    /// agent that publishes their EgressNode).
+    /// agent that publishes their EgressNode). Must not be empty: an empty selector would
+    /// make every node a gateway.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+        "message": GATEWAY_SELECTOR_EMPTY
+    }]))]
     pub gateway_selector: LabelSelector,
     /// What selected traffic to a rule's destinations does when the rule has no usable
     /// gateway: `Drop` (the default) or `Fallthrough` (leave as if unselected).
@@ -791,6 +802,18 @@ mod tests {
                 "{type_} in {described:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_empty_gateway_selector_is_refused_by_the_schema() {
+        let rules = schema_at(0, &["spec", "gatewaySelector"])["x-kubernetes-validations"].clone();
+        assert_eq!(rules[0]["message"], GATEWAY_SELECTOR_EMPTY, "{rules}");
+        let rule = rules[0]["rule"].as_str().unwrap_or_default();
+        assert!(
+            rule.contains("size(self.matchLabels) > 0")
+                && rule.contains("size(self.matchExpressions) > 0"),
+            "{rule}"
+        );
     }
 
     #[test]

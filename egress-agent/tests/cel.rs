@@ -62,6 +62,22 @@ fn policy(name: &'static str, rule: &str, refused_by: &'static [&'static str]) -
     }
 }
 
+/// An EgressGatewayPolicy with a good rule and `gateways` (a YAML flow mapping) as its
+/// `gatewaySelector`.
+fn gateways(name: &'static str, gateways: &str, refused_by: &'static [&'static str]) -> Case {
+    Case {
+        name,
+        kind: "EgressGatewayPolicy",
+        object: format!(
+            "apiVersion: egress.dev/v1alpha1\nkind: EgressGatewayPolicy\n\
+             metadata: {{name: p}}\n\
+             spec:\n  gatewaySelector: {gateways}\n  \
+             rules:\n  - {{destinations: [192.168.101.0/24], egressIP: 192.168.101.50}}\n"
+        ),
+        refused_by,
+    }
+}
+
 /// An EgressNode (`body` is its spec and status, as YAML at the top level).
 fn egress_node(name: &'static str, body: &str, refused_by: &'static [&'static str]) -> Case {
     Case {
@@ -74,6 +90,9 @@ fn egress_node(name: &'static str, body: &str, refused_by: &'static [&'static st
     }
 }
 
+const GATEWAY_SELECTOR: &str = "spec.gatewaySelector: gatewaySelector must not be empty (it \
+                                would make every node a gateway): select the gateway nodes by \
+                                label, such as matchLabels: {egress.dev/gateway: \"true\"}";
 const TARGET: &str = "spec.rules[]: exactly one of egressIP, egressIPs or interface must be set";
 const EGRESS_IPS_TWICE: &str = "spec.rules[]: egressIPs must not list an address twice";
 const EGRESS_IPS_FAMILY: &str = "spec.rules[]: egressIPs must all be of one address family";
@@ -296,6 +315,23 @@ fn cases() -> Vec<Case> {
             "{destinations: [0.0.0.0/0], except: ['::/0'], egressIP: 192.168.101.50}",
             &[EXCEPT_INSIDE],
         ),
+        // gatewaySelector: labels or expressions, never empty (every node a gateway).
+        gateways(
+            "gateways by an expression",
+            "{matchExpressions: [{key: egress.dev/gateway, operator: Exists}]}",
+            &[],
+        ),
+        gateways(
+            "gateways by labels, no expressions",
+            "{matchLabels: {egress.dev/gateway: 'true'}, matchExpressions: []}",
+            &[],
+        ),
+        gateways("an empty gatewaySelector", "{}", &[GATEWAY_SELECTOR]),
+        gateways(
+            "a gatewaySelector of empty lists",
+            "{matchLabels: {}, matchExpressions: []}",
+            &[GATEWAY_SELECTOR],
+        ),
         // EgressNodes, as agents publish them.
         egress_node(
             "an agent's EgressNode",
@@ -411,8 +447,8 @@ fn every_cel_rule_passes_good_objects_and_refuses_bad_ones() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // What the walk found, for a reviewer: 14 rules today.
-    assert!(rules.len() >= 14, "the walk lost rules: {rules:#?}");
+    // What the walk found, for a reviewer: 15 rules today.
+    assert!(rules.len() >= 15, "the walk lost rules: {rules:#?}");
 }
 
 /// The walk finds rules at every depth: under properties, items and the root.

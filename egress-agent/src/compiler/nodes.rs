@@ -55,13 +55,13 @@ pub fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Nodes that some policy's gatewaySelector matches (invalid selectors match nothing):
-/// the gateways every agent probes.
+/// Nodes that some policy's gatewaySelector matches (invalid or empty selectors match
+/// nothing): the gateways every agent probes.
 pub fn gateway_candidates(view: &ClusterView) -> BTreeSet<String> {
     let selectors: Vec<Selector> = view
         .policies
         .iter()
-        .filter_map(|p| Selector::new(&p.spec.gateway_selector, "spec.gatewaySelector").ok())
+        .filter_map(|p| Selector::gateways(&p.spec.gateway_selector).ok())
         .collect();
     view.nodes
         .iter()

@@ -316,12 +316,13 @@ fn validate(spec: &EgressGatewayPolicySpec) -> PolicyReport {
     let selectors = [
         (spec.namespace_selector.as_ref(), "spec.namespaceSelector"),
         (spec.pod_selector.as_ref(), "spec.podSelector"),
-        (Some(&spec.gateway_selector), "spec.gatewaySelector"),
     ];
-    for (sel, field) in selectors {
-        if let Some(Err(message)) = sel.map(|s| Selector::new(s, field)) {
-            report.invalid(reason::INVALID_SELECTOR, message);
-        }
+    let checked = selectors
+        .into_iter()
+        .filter_map(|(sel, field)| Some(Selector::new(sel?, field)))
+        .chain([Selector::gateways(&spec.gateway_selector)]);
+    for message in checked.filter_map(Result::err) {
+        report.invalid(reason::INVALID_SELECTOR, message);
     }
     if spec.rules.is_empty() {
         report.invalid(reason::NO_RULES, NO_RULES_MESSAGE.to_owned());
@@ -412,7 +413,13 @@ fn plan_policy<'a>(
     };
     let ns_sel = selector(spec.namespace_selector.as_ref(), "spec.namespaceSelector");
     let pod_sel = selector(spec.pod_selector.as_ref(), "spec.podSelector");
-    let gw_sel = selector(Some(&spec.gateway_selector), "spec.gatewaySelector");
+    let gw_sel = match Selector::gateways(&spec.gateway_selector) {
+        Ok(s) => Some(s),
+        Err(message) => {
+            report.invalid(reason::INVALID_SELECTOR, message);
+            None
+        }
+    };
     if spec.rules.is_empty() {
         report.invalid(reason::NO_RULES, NO_RULES_MESSAGE.to_owned());
     }

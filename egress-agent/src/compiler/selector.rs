@@ -14,6 +14,9 @@ enum Requirement {
     DoesNotExist(String),
 }
 
+/// The field [`Selector::gateways`] checks, for messages.
+const GATEWAY_SELECTOR: &str = "spec.gatewaySelector";
+
 /// A checked selector. The empty selector matches everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selector {
@@ -66,6 +69,20 @@ impl Selector {
             requirements.push(requirement);
         }
         Ok(Self { requirements })
+    }
+
+    /// Check a policy's `spec.gatewaySelector`: as [`Selector::new`], and never empty (an
+    /// empty selector would make every node a gateway).
+    pub fn gateways(selector: &LabelSelector) -> Result<Self, String> {
+        let checked = Self::new(selector, GATEWAY_SELECTOR)?;
+        if checked.requirements.is_empty() {
+            return Err(format!(
+                "{GATEWAY_SELECTOR}: must not be empty (it would make every node a gateway): \
+                 select the gateway nodes by label, such as \
+                 `gatewaySelector: {{matchLabels: {{egress.dev/gateway: \"true\"}}}}`"
+            ));
+        }
+        Ok(checked)
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {

@@ -801,7 +801,7 @@ rules:
         Guardrail {
             name: "mixed destination families",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.0/24", "2001:db8::/32"]
   interface: ens224
@@ -881,9 +881,37 @@ rules:
             message: "spec.gatewaySelector: no selected node is eligible: gw-1 is not Ready, gw-2 has no EgressNode",
         },
         Guardrail {
-            name: "invalid CIDR",
+            name: "empty gateway selector",
             spec: r#"
 gatewaySelector: {}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidSelector",
+            message: "spec.gatewaySelector: must not be empty (it would make every node a gateway): \
+                      select the gateway nodes by label, such as `gatewaySelector: {matchLabels: \
+                      {egress.dev/gateway: \"true\"}}`",
+        },
+        Guardrail {
+            name: "gateway selector of empty lists",
+            spec: r#"
+gatewaySelector: {matchLabels: {}, matchExpressions: []}
+rules:
+- destinations: ["192.0.2.0/24"]
+  egressIP: 198.51.100.10
+"#,
+            tweak: no_tweak,
+            condition: "Accepted",
+            reason: "InvalidSelector",
+            message: "spec.gatewaySelector: must not be empty",
+        },
+        Guardrail {
+            name: "invalid CIDR",
+            spec: r#"
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.0/33"]
   egressIP: 198.51.100.10
@@ -896,7 +924,7 @@ rules:
         Guardrail {
             name: "host bits",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.7/24"]
   egressIP: 198.51.100.10
@@ -909,7 +937,7 @@ rules:
         Guardrail {
             name: "invalid IP",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.0/24"]
   egressIP: 198.51.100.300
@@ -922,7 +950,7 @@ rules:
         Guardrail {
             name: "both egressIP and interface",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.0/24"]
   egressIP: 198.51.100.10
@@ -936,7 +964,7 @@ rules:
         Guardrail {
             name: "except outside destinations",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["192.0.2.0/24"]
   except: ["192.0.3.0/25"]
@@ -950,7 +978,7 @@ rules:
         Guardrail {
             name: "no destinations",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: []
   egressIP: 198.51.100.10
@@ -963,7 +991,7 @@ rules:
         Guardrail {
             name: "invalid selector",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 podSelector: {matchExpressions: [{key: app, operator: Like, values: [api]}]}
 rules:
 - destinations: ["192.0.2.0/24"]
@@ -977,7 +1005,7 @@ rules:
         Guardrail {
             name: "IPv6 egress IP on IPv4-only gateways",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["2001:db8::/32"]
   egressIP: "2001:db8:1::10"
@@ -990,7 +1018,7 @@ rules:
         Guardrail {
             name: "IPv6 interface rule, interface with only a link-local IPv6",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["2001:db8::/32"]
   interface: ens256
@@ -1011,7 +1039,7 @@ rules:
         Guardrail {
             name: "IPv6 egress IP that is a gateway's own address",
             spec: r#"
-gatewaySelector: {}
+gatewaySelector: {matchLabels: {egress.dev/gateway: "true"}}
 rules:
 - destinations: ["2001:db8::/32"]
   egressIP: "2001:db8:a::2"
@@ -1608,7 +1636,7 @@ fn build_view(
             namespace_selector: None,
             pod_selector: gp.app.map(LabelSelectorLike::app),
             gateway_selector: if gp.gateway_all {
-                Default::default()
+                LabelSelectorLike::every_node()
             } else {
                 LabelSelectorLike::gateway()
             },
@@ -1651,6 +1679,20 @@ impl LabelSelectorLike {
         k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
             match_labels: labels(&[GW]),
             match_expressions: None,
+        }
+    }
+
+    /// Every node, said explicitly (an empty selector is refused): no node has the label.
+    fn every_node() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "example.com/never".to_owned(),
+                    operator: "DoesNotExist".to_owned(),
+                    values: None,
+                },
+            ]),
         }
     }
 }

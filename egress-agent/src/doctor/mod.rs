@@ -367,7 +367,7 @@ fn candidates(
     });
     if let (Some(v), Some(labels)) = (view, labels) {
         for p in &v.policies {
-            let Ok(sel) = Selector::new(&p.spec.gateway_selector, "spec.gatewaySelector") else {
+            let Ok(sel) = Selector::gateways(&p.spec.gateway_selector) else {
                 continue;
             };
             if !sel.matches(&labels) {
