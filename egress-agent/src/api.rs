@@ -246,7 +246,8 @@ pub struct PolicyStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PolicyCondition {
     /// `Accepted`: the spec is valid (`False`: it is refused, the message names the field
-    /// to fix). `Ready`: every rule has a gateway. `Conflict`: another policy or implementation wins some of
+    /// to fix). `Ready`: every rule has a gateway and every selected pod's entries fit
+    /// the nodes' policy maps. `Conflict`: another policy or implementation wins some of
     /// this policy's pods, destinations or egress IPs. `RoutesDegraded`: destinations
     /// learned from routes are left out or differ between gateways.
     /// `ClusterExcluded`: listed destinations cover the cluster's own addresses, which
@@ -419,6 +420,29 @@ pub struct EgressNodeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 128))]
     pub preflight: Vec<PreflightCheck>,
+    /// This node's policy maps that cannot hold every selected local pod's entries: the
+    /// pods left out have their traffic to the destinations a rule covers dropped. The
+    /// policies named get `Ready=False` with reason `PolicyMapFull`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    pub full_policy_maps: Vec<FullPolicyMap>,
+}
+
+/// A policy map (one per address family) too small for the node's selected pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FullPolicyMap {
+    /// `POLICY_V4` or `POLICY_V6`.
+    #[schemars(length(max = 32))]
+    pub map: String,
+    /// Its capacity in entries (`--policy-map-entries`).
+    pub capacity: u32,
+    /// Selected pods whose entries were left out (whole pods: none of a pod's entries is
+    /// in the map, so none of its covered traffic leaves with the pod's own address).
+    pub pods_left_out: u32,
+    /// The policies that select a pod left out, sorted.
+    #[schemars(length(max = 1024), inner(length(max = 253)))]
+    pub policies: Vec<String>,
 }
 
 /// One line of `egress-agent doctor`.

@@ -2,13 +2,16 @@
 //! the map contents of what it serves, fitted to the maps' capacities, through
 //! [`Datapath`].
 
+use std::{collections::BTreeSet, net::IpAddr};
+
 use anyhow::Result;
 use tracing::{info, warn};
 
 use super::{Reconciler, UnknownPods, start::tunnel_mtu_for};
 use crate::{
-    api::{PreflightCheck, PreflightResult},
-    datapath::{self, Datapath, MapState},
+    api::{FullPolicyMap, PreflightCheck, PreflightResult},
+    compiler::PodRoute,
+    datapath::{self, Datapath, MapState, state::LeftOut},
     desired::Desired,
     iface,
 };
@@ -80,16 +83,25 @@ impl Reconciler<'_> {
         Ok(1)
     }
 
+    /// The maps of what this node serves (`desired`), fitted to their capacities: what
+    /// did not fit is a problem, and (naming the policies of `pod_routes` that select the
+    /// pods left out) goes into the EgressNode for the policies' statuses.
     pub(super) fn sync_maps(
         &mut self,
         dp: &mut Datapath,
         desired: &Desired,
+        pod_routes: &[PodRoute],
         ifaces: &[iface::Interface],
         problems: &mut Vec<String>,
     ) -> Result<usize> {
         let ifindex = |n: &str| ifaces.iter().find(|i| i.name == n).map(|i| i.ifindex);
         let (mut want, unresolved) = MapState::from_desired(desired, ifindex);
         let left_out = want.fit_policy(self.cfg.capacities.policy);
+        self.full_policy_maps = left_out
+            .iter()
+            .map(|l| full_policy_map(l, pod_routes))
+            .collect();
+        let left_out: Vec<String> = left_out.iter().map(ToString::to_string).collect();
         // The EgressNode says so too, for as long as it lasts (statuses are the same on
         // every node; this is one node's map).
         let check = match left_out.first() {
@@ -118,5 +130,62 @@ impl Reconciler<'_> {
         let st = dp.apply(&want)?;
         problems.extend(st.problems());
         Ok(st.changed())
+    }
+}
+
+/// What the EgressNode says of a policy map that `left_out` did not fit: the policies
+/// (of this node's `pod_routes`) that select a pod left out.
+fn full_policy_map(left_out: &LeftOut, pod_routes: &[PodRoute]) -> FullPolicyMap {
+    let pods: BTreeSet<IpAddr> = left_out.pods.iter().map(|(p, _)| *p).collect();
+    let policies: BTreeSet<&str> = pod_routes
+        .iter()
+        .filter(|r| pods.contains(&r.pod_ip))
+        .map(|r| r.policy.as_str())
+        .collect();
+    FullPolicyMap {
+        map: left_out.map.to_owned(),
+        capacity: u32::try_from(left_out.capacity).unwrap_or(u32::MAX),
+        pods_left_out: u32::try_from(left_out.pods.len()).unwrap_or(u32::MAX),
+        policies: policies.into_iter().map(str::to_owned).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(pod_ip: &str, policy: &str) -> PodRoute {
+        PodRoute {
+            pod: format!("default/{pod_ip}"),
+            pod_ip: pod_ip.parse().expect("address literal"),
+            policy: policy.to_owned(),
+            rule: 0,
+            egress_ip: None,
+            gateway: None,
+        }
+    }
+
+    #[test]
+    fn a_full_policy_map_names_the_policies_of_the_pods_left_out() {
+        let left_out = LeftOut {
+            map: "POLICY_V4",
+            capacity: 4,
+            pods: vec![("10.244.1.2".parse().expect("address literal"), 3)],
+        };
+        let routes = [
+            route("10.244.1.1", "fits"),
+            route("10.244.1.2", "payments"),
+            route("10.244.1.2", "audit"),
+            route("10.244.1.2", "payments"),
+        ];
+        assert_eq!(
+            full_policy_map(&left_out, &routes),
+            FullPolicyMap {
+                map: "POLICY_V4".to_owned(),
+                capacity: 4,
+                pods_left_out: 1,
+                policies: vec!["audit".to_owned(), "payments".to_owned()],
+            }
+        );
     }
 }

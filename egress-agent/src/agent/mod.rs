@@ -297,6 +297,8 @@ struct Reconciler<'a> {
     new_devices: attachments::NewDevices,
     /// The egress interfaces of the last pass (never a pod device).
     egress_interfaces: BTreeSet<String>,
+    /// This node's policy maps that the last pass could not fit, for its EgressNode.
+    full_policy_maps: Vec<crate::api::FullPolicyMap>,
 }
 
 impl<'a> Reconciler<'a> {
@@ -330,6 +332,7 @@ impl<'a> Reconciler<'a> {
             preflight,
             new_devices: attachments::NewDevices::default(),
             egress_interfaces: BTreeSet::new(),
+            full_policy_maps: Vec::new(),
         }
     }
 }
@@ -359,7 +362,7 @@ impl Reconciler<'_> {
             .release(view, &compiled, &ifaces, now, &mut problems)
             .await;
         let serving = self.own.serving(&compiled.desired);
-        changed += self.sync_maps(dp, &serving, &ifaces, &mut problems)?;
+        changed += self.sync_maps(dp, &serving, &compiled.pod_routes, &ifaces, &mut problems)?;
         self.sync_devices(dp, view, &serving, &ifaces, &mut problems)
             .await;
         changed += self

@@ -161,6 +161,7 @@ pub fn egress_node_doc(
         hello_version: Some(u32::from(crate::liveness::hello::VERSION)),
         agent_version: Some(crate::VERSION.to_owned()),
         liveness_authenticated: None,
+        full_policy_maps: Vec::new(),
     });
     doc
 }
@@ -298,6 +299,7 @@ impl Reconciler<'_> {
         );
         if let Some(s) = doc.status.as_mut() {
             s.liveness_authenticated = Some(self.probes.authenticated());
+            s.full_policy_maps.clone_from(&self.full_policy_maps);
         }
         if self.last_node_doc.as_ref() != Some(&doc) {
             self.sink.egress_node(&doc)?;

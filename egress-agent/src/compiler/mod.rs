@@ -109,6 +109,9 @@ pub mod reason {
     pub const EGRESS_IP_CLAIMED_ELSEWHERE: &str = "EgressIPClaimedElsewhere";
     pub const INTERFACE_NOT_FOUND: &str = "InterfaceNotFound";
     pub const NO_ROUTES: &str = "NoRoutes";
+    /// A node's policy map cannot hold the entries of every selected pod there: the pods
+    /// left out (some selected by this policy) have their covered traffic dropped.
+    pub const POLICY_MAP_FULL: &str = "PolicyMapFull";
     // Conflict=True
     pub const DESTINATION_CLAIMED: &str = "DestinationClaimed";
     // RoutesDegraded=True
@@ -285,6 +288,7 @@ pub fn compile_remembering(
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
     report_disputed(&mut plans, &pods);
     report_unapplied(&mut plans, &pods, &view.unapplied);
+    report_full_maps(&mut plans, view);
     let (counts, pod_routes) = spread::spread(&plans, &pods, node_name);
     let (holders, egress_ips) = gateway_side::serve(&plans, &counts, node_name, &mut desired);
     source_side::claim(&mut plans, &pods, node_name, &mut desired);
@@ -329,6 +333,40 @@ fn report_disputed(plans: &mut [placement::PolicyPlan<'_>], pods: &pods::Pods<'_
             if d.pods.iter().any(|p| selected.contains(p)) {
                 plan.report.address_conflict(d.message());
             }
+        }
+    }
+}
+
+/// A node's policy map that its agent could not fit (its EgressNode says so, naming the
+/// policies that select the pods left out) makes those policies `Ready=False`. Only
+/// nodes with a Node object count: a stale EgressNode of a deleted node does not.
+fn report_full_maps(plans: &mut [placement::PolicyPlan<'_>], view: &ClusterView) {
+    let nodes: BTreeSet<&str> = view
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    let mut full: Vec<(&str, &crate::api::FullPolicyMap)> = view
+        .egress_nodes
+        .iter()
+        .filter_map(|e| Some((e.metadata.name.as_deref()?, e.status.as_ref()?)))
+        .filter(|(name, _)| nodes.contains(name))
+        .flat_map(|(name, st)| st.full_policy_maps.iter().map(move |m| (name, m)))
+        .collect();
+    full.sort_by(|a, b| (a.0, &a.1.map).cmp(&(b.0, &b.1.map)));
+    for plan in plans {
+        for (node, map) in full.iter().filter(|(_, m)| m.policies.contains(&plan.name)) {
+            plan.report.unready(
+                reason::POLICY_MAP_FULL,
+                format!(
+                    "node {node}: map {} is full at {} entries: the entries of {} selected \
+                     pods there (some selected by this policy) are left out and their traffic \
+                     to the destinations a rule covers is dropped (DROP_POLICY_MAP_FULL); \
+                     raise --policy-map-entries on the agents, or select fewer pods or \
+                     prefixes",
+                    map.map, map.capacity, map.pods_left_out
+                ),
+            );
         }
     }
 }

@@ -33,6 +33,7 @@ mod last_accepted;
 mod members;
 mod netpol;
 mod ovn;
+mod policy_map;
 mod routes;
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {

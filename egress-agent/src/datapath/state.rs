@@ -269,32 +269,56 @@ impl<F: Family> FamilyMaps<F> {
 /// Pods named in a problem about a full policy map; the rest are counted.
 const LEFT_OUT_NAMED: usize = 3;
 
-/// The problem of map `name` (of `capacity` entries) when `left_out` pods did not fit.
-fn left_out_problem<A: std::fmt::Display>(
-    name: &str,
-    capacity: usize,
-    left_out: &[(A, usize)],
-) -> Option<String> {
-    if left_out.is_empty() {
-        return None;
+/// The pods whose entries did not fit one family's policy map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeftOut {
+    /// The map (`POLICY_V4`, `POLICY_V6`).
+    pub map: &'static str,
+    /// Its capacity in entries.
+    pub capacity: usize,
+    /// Each pod left out with its number of entries, in address order.
+    pub pods: Vec<(IpAddr, usize)>,
+}
+
+impl LeftOut {
+    fn new<A: Into<IpAddr>>(
+        map: &'static str,
+        capacity: usize,
+        pods: Vec<(A, usize)>,
+    ) -> Option<Self> {
+        (!pods.is_empty()).then(|| Self {
+            map,
+            capacity,
+            pods: pods.into_iter().map(|(p, n)| (p.into(), n)).collect(),
+        })
     }
-    let entries: usize = left_out.iter().map(|(_, n)| n).sum();
-    let mut named: Vec<String> = left_out
-        .iter()
-        .take(LEFT_OUT_NAMED)
-        .map(|(pod, n)| format!("{pod} ({n})"))
-        .collect();
-    if left_out.len() > LEFT_OUT_NAMED {
-        named.push(format!("and {} more", left_out.len() - LEFT_OUT_NAMED));
+}
+
+/// The problem: the map, the first pods left out, what happens to them and what to do.
+impl std::fmt::Display for LeftOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let entries: usize = self.pods.iter().map(|(_, n)| n).sum();
+        let mut named: Vec<String> = self
+            .pods
+            .iter()
+            .take(LEFT_OUT_NAMED)
+            .map(|(pod, n)| format!("{pod} ({n})"))
+            .collect();
+        if self.pods.len() > LEFT_OUT_NAMED {
+            named.push(format!("and {} more", self.pods.len() - LEFT_OUT_NAMED));
+        }
+        write!(
+            f,
+            "map {}: the entries of {} pods ({entries}) do not fit its {}: their packets to \
+             every destination a rule covers are dropped (DROP_POLICY_MAP_FULL), never sent \
+             with the pod's own address; raise --policy-map-entries, or select fewer pods or \
+             prefixes; pods left out (entries): {}",
+            self.map,
+            self.pods.len(),
+            self.capacity,
+            named.join(", ")
+        )
     }
-    Some(format!(
-        "map {name}: the entries of {} pods ({entries}) do not fit its {capacity}: their \
-         packets to every destination a rule covers are dropped (DROP_POLICY_MAP_FULL), never \
-         sent with the pod's own address; raise --policy-map-entries, or select fewer pods \
-         or prefixes; pods left out (entries): {}",
-        left_out.len(),
-        named.join(", ")
-    ))
 }
 
 impl MapState {
@@ -353,15 +377,14 @@ impl MapState {
     }
 
     /// Keep each family's policy entries within `capacity` (`--policy-map-entries`), as
-    /// [`FamilyMaps::fit_policy`] does; one problem per family that did not fit, naming
-    /// the map, the flag and the first pods left out.
-    pub fn fit_policy(&mut self, capacity: u32) -> Vec<String> {
+    /// [`FamilyMaps::fit_policy`] does; what was left out, per family that did not fit.
+    pub fn fit_policy(&mut self, capacity: u32) -> Vec<LeftOut> {
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
         let v4 = self.v4.fit_policy(capacity);
         let v6 = self.v6.fit_policy(capacity);
         [
-            left_out_problem(def::PolicyV4::SPEC.name, capacity, &v4),
-            left_out_problem(def::PolicyV6::SPEC.name, capacity, &v6),
+            LeftOut::new(def::PolicyV4::SPEC.name, capacity, v4),
+            LeftOut::new(def::PolicyV6::SPEC.name, capacity, v6),
         ]
         .into_iter()
         .flatten()
@@ -494,7 +517,13 @@ mod tests {
         }
         d.covered.insert("192.0.0.0/16".parse().unwrap(), true);
         let (mut s, _) = MapState::from_desired(&d, |_| Some(4));
-        let problems = s.fit_policy(4);
+        let left_out = s.fit_policy(4);
+        let problems: Vec<String> = left_out.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            left_out[0].pods,
+            [(std::net::IpAddr::V4(pods[1]), 3)],
+            "{left_out:?}"
+        );
         assert_eq!(s.v4.policy.len(), 3);
         let kept: BTreeSet<[u8; 4]> = s.v4.policy.keys().map(|k| k.pod).collect();
         assert_eq!(kept, [pods[0].octets(), pods[2].octets()].into());
