@@ -359,3 +359,25 @@ fn condition(type_: &str, ok: bool, reason: &str, mut message: String) -> Policy
         message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_too_long_for_the_api_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_CONDITION_MESSAGE);
+        let c = condition(condition::READY, false, reason::NO_ELIGIBLE_GATEWAY, long);
+        assert!(
+            c.message.len() <= MAX_CONDITION_MESSAGE,
+            "{}",
+            c.message.len()
+        );
+        assert!(c.message.ends_with("é..."));
+        let short = condition(condition::READY, true, reason::READY, "fine".to_owned());
+        assert_eq!(
+            (short.message.as_str(), short.status),
+            ("fine", crate::api::ConditionStatus::True)
+        );
+    }
+}
