@@ -380,6 +380,21 @@ fn policies(view: &crate::source::ClusterView, problems: &mut Vec<Problem>) -> V
     out
 }
 
+/// The NetworkPolicies (`namespace/name`, sorted) that select a pod of `namespace` with
+/// `labels` for `Egress`, those that do not parse included (they isolate it too): what
+/// `explain` names as the source of a verdict. None: the pod is not restricted.
+pub fn isolating(
+    view: &crate::source::ClusterView,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Vec<String> {
+    policies(view, &mut Vec::new())
+        .iter()
+        .filter(|p| p.egress && p.namespace == namespace && p.pods.matches(labels))
+        .map(EgressPolicy::label)
+        .collect()
+}
+
 /// Restrict this node's policy entries (`desired`) by the egress NetworkPolicies of the
 /// view; fills `desired.port_filters`.
 pub(super) fn restrict(

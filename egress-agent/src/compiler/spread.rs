@@ -21,6 +21,11 @@ pub struct PodRoute {
     pub egress_ip: Option<IpAddr>,
     /// The gateway it leaves through (none: the failure policy applies).
     pub gateway: Option<String>,
+    /// The rule's id (what its `except` entries carry).
+    pub rule_id: u32,
+    /// The wire id of the route (what its forwarded entries carry): the rule's id, or
+    /// the own id of a later address of its `egressIPs`.
+    pub wire_id: u32,
 }
 
 /// Pods per (policy, egress address, gateway), cluster-wide.
@@ -56,6 +61,8 @@ pub(super) fn spread(
                             rule: rule.index,
                             egress_ip: route.egress_ip,
                             gateway: route.gateway.map(|g| g.node.clone()),
+                            rule_id: rule.rule_id,
+                            wire_id: route.id,
                         });
                     }
                 }

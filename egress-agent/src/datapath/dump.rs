@@ -226,6 +226,18 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     Ok(s)
 }
 
+/// The underlay address of the node whose agent pinned the maps under `pin_dir` (its
+/// `CONFIG` entry).
+pub fn node_address(pin_dir: &Path) -> Result<IpAddr> {
+    let name = names::CONFIG;
+    let cfg: Array<MapData, <def::Config as names::Map>::Value> =
+        Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    let c = cfg
+        .get(&0, 0)
+        .map_err(|source| Error::Map { name, source })?;
+    Ok(node(c.node_ip))
+}
+
 /// This node's `CONFIG` entry, on one line.
 fn render_config(pin_dir: &Path, s: &mut String) -> Result<()> {
     let name = names::CONFIG;

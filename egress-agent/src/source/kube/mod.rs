@@ -700,6 +700,15 @@ pub async fn watch(
     Ok(rx)
 }
 
+/// List the cluster once: the first [`Snapshot`] [`watch`] publishes, for one-shot tools
+/// (`egress-agent explain`). Waits, as `watch` does, until every kind has been listed: the
+/// caller bounds it.
+pub async fn list(client: Client, cluster_cidrs: Vec<ipnet::IpNet>) -> Result<Snapshot> {
+    let rx = watch(client, cluster_cidrs).await?;
+    let snapshot = (**rx.borrow()).clone();
+    Ok(snapshot)
+}
+
 // ---------------------------------------------------------------------------------------
 // Writing
 
