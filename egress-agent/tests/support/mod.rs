@@ -1,0 +1,489 @@
+//! A fake Kubernetes API server for the tests: a small HTTP/1.1 server on 127.0.0.1 that
+//! serves LIST (with a resourceVersion) and WATCH (chunked, newline-delimited JSON events)
+//! for the watched kinds, GET and PATCH of single objects, and POST of Events, and that
+//! the tests script: send events, end a watch, answer `410 Gone`, drop the connection
+//! mid-chunk. Shared by the test crates that talk to an API server (`kube_source`,
+//! `explain`), each of which uses part of it.
+
+#![allow(
+    dead_code,
+    reason = "each test crate that includes this module uses a part of it"
+)]
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{TcpListener, TcpStream},
+    sync::{Notify, mpsc},
+    time::timeout,
+};
+
+pub const PODS: &str = "/api/v1/pods";
+pub const NAMESPACES: &str = "/api/v1/namespaces";
+pub const NODES: &str = "/api/v1/nodes";
+pub const POLICIES: &str = "/apis/egress.dev/v1alpha1/egressgatewaypolicies";
+pub const EGRESS_NODES: &str = "/apis/egress.dev/v1alpha1/egressnodes";
+pub const EVENTS: &str = "/api/v1/namespaces/default/events";
+pub const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
+
+/// How long any one expectation may take. Re-lists wait for the watcher's backoff
+/// (0.8 s to 1.6 s for a first error), so this leaves ample room.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------
+// The fake API server
+
+/// What the server does to the open watches of a collection.
+pub enum WatchCommand {
+    /// Send one event line.
+    Event(String),
+    /// End the response properly (last chunk): a watch that ends, as at its timeout.
+    End,
+    /// Write half a chunk, then close the socket.
+    Drop,
+}
+
+pub struct Collection {
+    pub kind: &'static str,
+    pub api_version: &'static str,
+    /// By `namespace/name` (or `name`).
+    pub items: BTreeMap<String, Value>,
+    pub watches: Vec<mpsc::UnboundedSender<WatchCommand>>,
+    /// Watch requests answered so far.
+    pub watches_started: usize,
+    pub lists: usize,
+    /// Lists still to answer with `500` (an API server in trouble, a CRD not yet served).
+    pub failing_lists: usize,
+}
+
+/// One request the server received (other than LIST and WATCH).
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_type: String,
+    pub body: Value,
+}
+
+pub struct State {
+    pub resource_version: u64,
+    pub collections: BTreeMap<&'static str, Collection>,
+    pub recorded: Vec<Recorded>,
+}
+
+pub struct Fake {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<State>>,
+    /// Notified whenever a watch or list is served.
+    pub served: Arc<Notify>,
+}
+
+pub fn key_of(object: &Value) -> String {
+    let meta = &object["metadata"];
+    match meta["namespace"].as_str() {
+        Some(ns) => format!("{ns}/{}", meta["name"].as_str().unwrap_or_default()),
+        None => meta["name"].as_str().unwrap_or_default().to_owned(),
+    }
+}
+
+impl State {
+    pub fn bump(&mut self) -> String {
+        self.resource_version += 1;
+        self.resource_version.to_string()
+    }
+
+    pub fn collection(&mut self, path: &str) -> &mut Collection {
+        self.collections
+            .get_mut(path)
+            .unwrap_or_else(|| panic!("no collection {path}"))
+    }
+
+    /// Stamp `object` with kind, apiVersion and a new resourceVersion.
+    pub fn stamp(&mut self, path: &str, mut object: Value) -> Value {
+        let rv = self.bump();
+        let c = self.collection(path);
+        object["kind"] = json!(c.kind);
+        object["apiVersion"] = json!(c.api_version);
+        object["metadata"]["resourceVersion"] = json!(rv);
+        if !object["metadata"]["uid"].is_string() {
+            object["metadata"]["uid"] = json!(format!("uid-{}", key_of(&object)));
+        }
+        object
+    }
+
+    pub fn send(&mut self, path: &str, command: impl Fn() -> WatchCommand) {
+        self.collection(path)
+            .watches
+            .retain(|w| w.send(command()).is_ok());
+    }
+}
+
+impl Fake {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let mut collections = BTreeMap::new();
+        for (path, kind, api_version) in [
+            (PODS, "Pod", "v1"),
+            (NAMESPACES, "Namespace", "v1"),
+            (NODES, "Node", "v1"),
+            (POLICIES, "EgressGatewayPolicy", "egress.dev/v1alpha1"),
+            (EGRESS_NODES, "EgressNode", "egress.dev/v1alpha1"),
+            (NETWORK_POLICIES, "NetworkPolicy", "networking.k8s.io/v1"),
+        ] {
+            collections.insert(
+                path,
+                Collection {
+                    kind,
+                    api_version,
+                    items: BTreeMap::new(),
+                    watches: Vec::new(),
+                    watches_started: 0,
+                    lists: 0,
+                    failing_lists: 0,
+                },
+            );
+        }
+        let state = Arc::new(Mutex::new(State {
+            resource_version: 100,
+            collections,
+            recorded: Vec::new(),
+        }));
+        let served = Arc::new(Notify::new());
+        let (s, n) = (state.clone(), served.clone());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(serve(socket, s.clone(), n.clone()));
+            }
+        });
+        Self {
+            addr,
+            state,
+            served,
+        }
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn client(&self) -> kube::Client {
+        let url = format!("http://{}", self.addr).parse().expect("url");
+        kube::Client::try_from(kube::Config::new(url)).expect("client")
+    }
+
+    /// Store `object` without telling the watches (what a re-list will see).
+    pub fn put_silently(&self, path: &str, object: Value) {
+        let mut s = self.state();
+        let object = s.stamp(path, object);
+        s.collection(path).items.insert(key_of(&object), object);
+    }
+
+    pub fn remove_silently(&self, path: &str, key: &str) {
+        self.state().collection(path).items.remove(key);
+    }
+
+    /// Store `object` and send ADDED or MODIFIED to the open watches.
+    pub fn apply(&self, path: &str, object: Value) {
+        let mut s = self.state();
+        let object = s.stamp(path, object);
+        let key = key_of(&object);
+        let type_ = if s.collection(path).items.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        s.collection(path).items.insert(key, object.clone());
+        let line = json!({"type": type_, "object": object}).to_string();
+        s.send(path, || WatchCommand::Event(line.clone()));
+    }
+
+    /// Remove an object and send DELETED.
+    pub fn delete(&self, path: &str, key: &str) {
+        let mut s = self.state();
+        let Some(mut object) = s.collection(path).items.remove(key) else {
+            panic!("no {key} in {path}");
+        };
+        object["metadata"]["resourceVersion"] = json!(s.bump());
+        let line = json!({"type": "DELETED", "object": object}).to_string();
+        s.send(path, || WatchCommand::Event(line.clone()));
+    }
+
+    /// Answer the open watches with `ERROR 410 Gone`, as when their resourceVersion is
+    /// too old.
+    pub fn gone(&self, path: &str) {
+        let line = json!({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": "too old resource version: 101 (150)",
+            "reason": "Expired", "code": 410
+        }})
+        .to_string();
+        let mut s = self.state();
+        s.send(path, || WatchCommand::Event(line.clone()));
+        s.send(path, || WatchCommand::End);
+        s.collection(path).watches.clear();
+    }
+
+    pub fn end_watches(&self, path: &str) {
+        let mut s = self.state();
+        s.send(path, || WatchCommand::End);
+        s.collection(path).watches.clear();
+    }
+
+    pub fn drop_watches(&self, path: &str) {
+        let mut s = self.state();
+        s.send(path, || WatchCommand::Drop);
+        s.collection(path).watches.clear();
+    }
+
+    pub fn fail_lists(&self, path: &str, n: usize) {
+        self.state().collection(path).failing_lists = n;
+    }
+
+    pub fn watches_started(&self, path: &str) -> usize {
+        self.state().collection(path).watches_started
+    }
+
+    pub fn lists(&self, path: &str) -> usize {
+        self.state().collection(path).lists
+    }
+
+    /// Wait until at least `n` watches of `path` have been started.
+    pub async fn wait_watches(&self, path: &str, n: usize) {
+        let waited = timeout(WAIT, async {
+            loop {
+                let served = self.served.notified();
+                if self.watches_started(path) >= n {
+                    return;
+                }
+                served.await;
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "watch {n} of {path} not started within {WAIT:?} (started: {})",
+            self.watches_started(path)
+        );
+    }
+
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.state().recorded.clone()
+    }
+}
+
+pub async fn write_response(
+    socket: &mut TcpStream,
+    code: u16,
+    body: &Value,
+) -> std::io::Result<()> {
+    let body = body.to_string();
+    let head = format!(
+        "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await?;
+    socket.write_all(body.as_bytes()).await?;
+    socket.shutdown().await
+}
+
+pub fn not_found(what: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("{what} not found"), "reason": "NotFound", "code": 404})
+}
+
+/// Serve one connection: one request, then close.
+pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Notify>) {
+    let mut reader = BufReader::new(socket);
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).await.is_err() {
+        return;
+    }
+    let mut parts = request_line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let target = parts.next().unwrap_or_default().to_owned();
+    let (mut length, mut content_type) = (0usize, String::new());
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().unwrap_or(0),
+                "content-type" => content_type = value.trim().to_owned(),
+                _ => {}
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    if reader.read_exact(&mut body).await.is_err() {
+        return;
+    }
+    let mut socket = reader.into_inner();
+    let (path, query) = target
+        .split_once('?')
+        .map_or((target.clone(), String::new()), |(p, q)| {
+            (p.to_owned(), q.to_owned())
+        });
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let lock = || state.lock().unwrap_or_else(|e| e.into_inner());
+
+    // Events.
+    if method == "POST" && path == EVENTS {
+        lock().recorded.push(Recorded {
+            method,
+            path,
+            query,
+            content_type,
+            body: body.clone(),
+        });
+        let _ = write_response(&mut socket, 201, &body).await;
+        return;
+    }
+
+    // A collection: LIST or WATCH.
+    if method == "GET" && lock().collections.contains_key(path.as_str()) {
+        if query
+            .split('&')
+            .any(|p| p == "watch=true" || p == "watch=1")
+        {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            {
+                let mut s = lock();
+                let c = s.collection(&path);
+                c.watches.push(tx);
+                c.watches_started += 1;
+            }
+            served.notify_waiters();
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                        Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+            if socket.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            while let Some(command) = rx.recv().await {
+                let result = match command {
+                    WatchCommand::Event(line) => {
+                        let line = format!("{line}\n");
+                        let chunk = format!("{:x}\r\n{line}\r\n", line.len());
+                        socket.write_all(chunk.as_bytes()).await
+                    }
+                    WatchCommand::End => {
+                        let _ = socket.write_all(b"0\r\n\r\n").await;
+                        let _ = socket.shutdown().await;
+                        return;
+                    }
+                    WatchCommand::Drop => {
+                        // A chunk announced as 0x100 bytes, cut short: the connection dies
+                        // in the middle of an event.
+                        let _ = socket.write_all(b"100\r\n{\"type\":\"ADDED\",\"obj").await;
+                        let _ = socket.flush().await;
+                        return; // dropping the socket closes it
+                    }
+                };
+                if result.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        let (code, list) = {
+            let mut s = lock();
+            let rv = s.resource_version.to_string();
+            let c = s.collection(&path);
+            c.lists += 1;
+            if c.failing_lists > 0 {
+                c.failing_lists -= 1;
+                let error = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": "etcd is sad", "reason": "InternalError",
+                    "code": 500});
+                (500, error)
+            } else {
+                let list = json!({
+                    "kind": format!("{}List", c.kind),
+                    "apiVersion": c.api_version,
+                    "metadata": {"resourceVersion": rv},
+                    "items": c.items.values().cloned().collect::<Vec<_>>(),
+                });
+                (200, list)
+            }
+        };
+        served.notify_waiters();
+        let _ = write_response(&mut socket, code, &list).await;
+        return;
+    }
+
+    // A single object: GET, or PATCH of it or of its status.
+    let Some((collection, rest)) = lock().collections.keys().find_map(|c| {
+        path.strip_prefix(c)
+            .and_then(|r| r.strip_prefix('/'))
+            .map(|r| (*c, r.to_owned()))
+    }) else {
+        let _ = write_response(&mut socket, 404, &not_found(&path)).await;
+        return;
+    };
+    let (name, status) = match rest.strip_suffix("/status") {
+        Some(name) => (name.to_owned(), true),
+        None => (rest.clone(), false),
+    };
+    let (code, response) = object_request(
+        &mut lock(),
+        collection,
+        &name,
+        status,
+        Recorded {
+            method,
+            path,
+            query,
+            content_type,
+            body,
+        },
+    );
+    let _ = write_response(&mut socket, code, &response).await;
+}
+
+/// GET of an object, or PATCH of it (its spec) or of its status.
+pub fn object_request(
+    s: &mut State,
+    collection: &str,
+    name: &str,
+    status: bool,
+    request: Recorded,
+) -> (u16, Value) {
+    let existing = s.collection(collection).items.get(name).cloned();
+    match request.method.as_str() {
+        "GET" => match existing {
+            Some(object) => (200, object),
+            None => (404, not_found(&request.path)),
+        },
+        "PATCH" => {
+            let mut object = existing.unwrap_or_else(|| json!({"metadata": {"name": name}}));
+            if status {
+                object["status"] = request.body["status"].clone();
+            } else {
+                object["spec"] = request.body["spec"].clone();
+            }
+            s.recorded.push(request);
+            let object = s.stamp(collection, object);
+            s.collection(collection)
+                .items
+                .insert(name.to_owned(), object.clone());
+            (200, object)
+        }
+        _ => (404, not_found(&request.path)),
+    }
+}
