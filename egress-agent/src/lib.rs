@@ -21,6 +21,7 @@ pub mod desired;
 pub mod doctor;
 pub mod ebpf;
 pub mod endpoints;
+pub mod explain;
 pub mod family;
 pub mod iface;
 pub mod liveness;

@@ -84,6 +84,11 @@ enum Command {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Say why a pod's traffic to a destination leaves the way it does: the policy, rule
+    /// and prefix that match (longest prefix), the gateway, interface and egress IP, the
+    /// NetworkPolicy verdict and the failure policy; or why no policy takes it. Reads a
+    /// state directory, or the Kubernetes API; adds the counters of the maps pinned here.
+    Explain(Box<egress_agent::explain::cli::ExplainArgs>),
     /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
     Crd,
     /// Install the chained CNI plugin `egress-cni` into a CNI bin directory (the
@@ -436,6 +441,13 @@ fn real_main() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { state_dir, cluster } => Ok(check(&state_dir, &cluster.cluster_cidrs)),
+        Command::Explain(args) => {
+            print!(
+                "{}",
+                runtime(0)?.block_on(egress_agent::explain::cli::run(&args))?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor {
             node_name,
             state_dir,
