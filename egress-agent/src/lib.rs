@@ -27,5 +27,6 @@ pub mod iface;
 pub mod liveness;
 pub mod logs;
 pub mod metrics;
+pub mod overview;
 pub mod report;
 pub mod source;
