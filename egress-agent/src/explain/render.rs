@@ -105,8 +105,19 @@ fn matched(s: &mut String, m: &Match) {
     if let Some(hop) = &m.gateway {
         line(s, "gateway", hop_text(hop));
     }
-    if let Some(text) = egress_text(m) {
-        line(s, "egress IP", text);
+    match m.action {
+        PolicyAction::Forward => {
+            if let Some(text) = egress_text(m) {
+                line(s, "egress IP", text);
+            }
+        }
+        PolicyAction::NoGatewayDrop | PolicyAction::NoGatewayPass => {
+            if let Some(text) = egress_text(m) {
+                line(s, "egress IP", format!("{text}; no gateway serves it now"));
+            }
+        }
+        // The pod's own address, or nothing.
+        PolicyAction::Exclude | PolicyAction::Deny => {}
     }
     line(s, "NetworkPolicy", network_policy(&m.network_policy));
     if m.action != PolicyAction::Exclude {

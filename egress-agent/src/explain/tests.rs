@@ -207,6 +207,7 @@ fn the_longest_prefix_wins_an_except_inside_a_destination() {
         "{text}"
     );
     assert!(!text.contains("no gateway:"), "{text}");
+    assert!(!text.contains("egress IP:"), "{text}");
 }
 
 #[test]
@@ -375,6 +376,12 @@ fn without_a_gateway_the_failure_policy_decides() {
         let text = render::text(&e);
         assert!(text.contains(verdict), "{text}");
         assert!(text.contains("condition:      Ready=False "), "{text}");
+        assert!(
+            text.contains(
+                "egress IP:      198.51.100.10 (the rule's egressIP); no gateway serves it now"
+            ),
+            "{text}"
+        );
     }
 }
 
