@@ -168,6 +168,7 @@ mod tests {
                 failure_policy: FailurePolicy::Drop,
                 network_policy: NetworkPolicyVerdict::NotRestricted,
                 conditions: Vec::new(),
+                status_holder: None,
             })),
         }
     }

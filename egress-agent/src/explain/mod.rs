@@ -142,6 +142,10 @@ pub struct Match {
     /// The policy's conditions that are not as they should be (`Ready=False`,
     /// `Conflict=True`, ...): type, status, reason, message.
     pub conditions: Vec<Condition>,
+    /// Where the policy's status (as the agents wrote it) puts the egress IP, when that is
+    /// another gateway than this compile's: the agents probe the gateways, `explain` takes
+    /// every gateway with an EgressNode as alive. Node, and why it is there.
+    pub status_holder: Option<(String, Option<String>)>,
 }
 
 /// A condition of a policy status: type, status, reason, message.
@@ -395,7 +399,9 @@ fn matched(
         PolicyAction::Forward | PolicyAction::Deny => verdict(view, compiled, pod, to, hit),
         _ => NetworkPolicyVerdict::LeftToCni,
     };
+    let status_holder = status_holder(view, &policy, hit.egress_ip, gateway.as_ref());
     Match {
+        status_holder,
         rule: rule_index,
         rule_id: hit.rule_id,
         prefix: hit.prefix,
@@ -410,6 +416,25 @@ fn matched(
         conditions: troubles(compiled, &policy),
         policy,
     }
+}
+
+/// The holder of `egress_ip` in policy `name`'s status, when it is not `gateway`.
+fn status_holder(
+    view: &ClusterView,
+    name: &str,
+    egress_ip: Option<IpAddr>,
+    gateway: Option<&Hop>,
+) -> Option<(String, Option<String>)> {
+    let ip = egress_ip?;
+    let listed = view
+        .policies
+        .iter()
+        .filter(|p| p.metadata.name.as_deref() == Some(name))
+        .filter_map(|p| p.status.as_ref())
+        .flat_map(|s| &s.egress_ips)
+        .find(|e| e.ip.parse::<IpAddr>().ok() == Some(ip))?;
+    (gateway.map(|g| g.node.as_str()) != Some(listed.node.as_str()))
+        .then(|| (listed.node.clone(), listed.reason.clone()))
 }
 
 /// Where the matched prefix comes from in `rule`.

@@ -123,6 +123,20 @@ fn matched(s: &mut String, m: &Match) {
     if m.action != PolicyAction::Exclude {
         line(s, "no gateway", failure(m.failure_policy));
     }
+    if let Some((node, why)) = &m.status_holder {
+        let why = why.as_deref().map_or(String::new(), |w| format!(" ({w})"));
+        line(
+            s,
+            "note",
+            format!(
+                "the policy's status puts {} on {node}{why}: the agents probe the gateways, \
+                 explain takes every gateway with an EgressNode as alive; the status is what \
+                 they serve",
+                m.egress_ip
+                    .map_or("the address".to_owned(), |ip| ip.to_string())
+            ),
+        );
+    }
     for (type_, status, reason, message) in &m.conditions {
         line(
             s,

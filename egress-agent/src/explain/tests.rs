@@ -500,3 +500,29 @@ fn counters_without_pins_are_one_line() {
         )
     );
 }
+
+#[test]
+fn a_status_that_puts_the_address_elsewhere_is_noted() {
+    // The agents found gw-1 dead and moved .11 to gw-2: their status says so, the
+    // EgressNodes (and so this compile) do not yet.
+    let v = view(
+        "  rules:\n  - destinations: [\"192.0.2.0/24\"]\n    \
+         egressIPs: [198.51.100.10, 198.51.100.11]\nstatus:\n  egressIPs:\n  \
+         - {ip: 198.51.100.11, node: gw-2, interface: ens224, reason: HolderUnreachable}\n",
+        "",
+    );
+    let e = ask(&v, "shop/api-1", "192.0.2.7");
+    let m = matched(&e);
+    assert_eq!(m.gateway.as_ref().map(|g| g.node.as_str()), Some("gw-1"));
+    assert_eq!(
+        m.status_holder,
+        Some(("gw-2".to_owned(), Some("HolderUnreachable".to_owned())))
+    );
+    assert!(render::text(&e).contains(
+        "note:           the policy's status puts 198.51.100.11 on gw-2 \
+             (HolderUnreachable): the agents probe the gateways"
+    ));
+    // Where they agree, nothing is said.
+    let e = ask(&v, "shop/api-2", "192.0.2.7");
+    assert_eq!(matched(&e).status_holder, None);
+}
