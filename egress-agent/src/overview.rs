@@ -12,18 +12,30 @@ use crate::api::{EgressGatewayPolicy, EgressNode};
 /// Errors of listing the cluster's egress objects.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "failed to list {kind}s: {source} (is the CRD installed: `egress-agent crd | kubectl \
-         apply -f -`? may this user list {plural}?)"
-    )]
+    #[error("failed to list {plural}: {source}{}", hint(.source, .plural))]
     List {
-        kind: &'static str,
         plural: &'static str,
         #[source]
         source: kube::Error,
     },
-    #[error("failed to list {kind}s within {secs} s: is the API server reachable?")]
-    Timeout { kind: &'static str, secs: u64 },
+    #[error("failed to list {plural} within {secs} s: is the API server reachable?")]
+    Timeout { plural: &'static str, secs: u64 },
+}
+
+/// What to fix, for the answers that say it.
+fn hint(e: &kube::Error, plural: &str) -> String {
+    match e {
+        kube::Error::Api(status) if status.code == 404 => {
+            " (is the CRD installed? `egress-agent crd | kubectl apply -f -`)".to_owned()
+        }
+        kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
+            format!(" (this user may not list {plural}: see the RBAC in deploy/)")
+        }
+        kube::Error::Service(_) | kube::Error::HyperError(_) => {
+            " (is the API server of the kubeconfig's current context reachable?)".to_owned()
+        }
+        _ => String::new(),
+    }
 }
 
 /// Every EgressGatewayPolicy and EgressNode of the cluster, each list within `timeout`.
@@ -34,7 +46,6 @@ pub async fn list(
     async fn all<K>(
         client: &Client,
         timeout: Duration,
-        kind: &'static str,
         plural: &'static str,
     ) -> Result<Vec<K>, Error>
     where
@@ -47,24 +58,14 @@ pub async fn list(
         let list = tokio::time::timeout(timeout, api.list(&ListParams::default()))
             .await
             .map_err(|_| Error::Timeout {
-                kind,
+                plural,
                 secs: timeout.as_secs(),
             })?
-            .map_err(|source| Error::List {
-                kind,
-                plural,
-                source,
-            })?;
+            .map_err(|source| Error::List { plural, source })?;
         Ok(list.items)
     }
-    let policies = all(
-        client,
-        timeout,
-        "EgressGatewayPolicy",
-        "egressgatewaypolicies",
-    )
-    .await?;
-    let nodes = all(client, timeout, "EgressNode", "egressnodes").await?;
+    let policies = all(client, timeout, "egressgatewaypolicies").await?;
+    let nodes = all(client, timeout, "egressnodes").await?;
     Ok((policies, nodes))
 }
 

@@ -286,3 +286,19 @@ async fn the_kubectl_plugin_explains_and_shows_the_status() {
          namespace and the name)\n"
     );
 }
+
+#[tokio::test]
+async fn status_without_the_crds_says_to_install_them() {
+    let fake = cluster().await;
+    fake.state().collections.remove(POLICIES);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = kubeconfig(&fake, dir.path());
+    let out = kubectl_egress(&config, &["status"]).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("kubectl egress: failed to list egressgatewaypolicies: ")
+            && stderr.contains("(is the CRD installed? `egress-agent crd | kubectl apply -f -`)"),
+        "{stderr}"
+    );
+}
