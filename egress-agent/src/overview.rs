@@ -215,7 +215,12 @@ mod tests {
     fn condition(type_: &str, status: &str, reason: &str, message: &str) -> PolicyCondition {
         PolicyCondition {
             type_: type_.to_owned(),
-            status: status.to_owned(),
+            status: match status {
+                "True" => crate::api::ConditionStatus::True,
+                "False" => crate::api::ConditionStatus::False,
+                _ => crate::api::ConditionStatus::Unknown,
+            },
+            observed_generation: None,
             reason: reason.to_owned(),
             message: message.to_owned(),
             last_transition_time: None,

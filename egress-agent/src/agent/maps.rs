@@ -162,6 +162,8 @@ mod tests {
             rule: 0,
             egress_ip: None,
             gateway: None,
+            rule_id: 0,
+            wire_id: 0,
         }
     }
 

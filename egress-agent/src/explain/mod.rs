@@ -487,7 +487,7 @@ fn troubles(compiled: &Compiled, name: &str) -> Vec<Condition> {
         .map(|c| {
             (
                 c.type_.clone(),
-                c.status.clone(),
+                c.status.to_string(),
                 c.reason.clone(),
                 c.message.clone(),
             )
