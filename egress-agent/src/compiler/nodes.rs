@@ -104,9 +104,15 @@ pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo
                     own_addresses.push((ip, "EgressNode underlayIP".to_owned()));
                 }
                 if let Some(info) = &egress {
+                    // An egress IP on its interface is no address of the node: held now
+                    // (its hellos claim it), or held when it published its EgressNode
+                    // (a planned move: it has let go since, and its next EgressNode
+                    // drops the address with the claim).
+                    let egress_ip =
+                        |a: &IpAddr| info.held.contains_key(a) || info.held_meta.contains_key(a);
                     for (iface, nets) in &info.interfaces {
                         for net in nets {
-                            if !info.held.contains_key(&net.addr()) {
+                            if !egress_ip(&net.addr()) {
                                 own_addresses.push((net.addr(), format!("interface {iface}")));
                             }
                         }

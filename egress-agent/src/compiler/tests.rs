@@ -2081,6 +2081,47 @@ fn an_interface_reported_down_in_a_hello_moves_its_ips_even_once_released() {
     );
 }
 
+/// A planned move, seen by the new holder: the old holder (drained) has let A go in its
+/// hellos, but its EgressNode, published before, still lists A as held and as an address
+/// of ens224. A is not "an address of node gw-1": it goes to gw-2 (the agents saw the new
+/// holder drop A for 40-80 ms and take it again until the old EgressNode was replaced).
+#[test]
+fn a_released_egress_ip_still_on_the_old_holders_published_interface_is_no_node_address() {
+    let mut view = held_view("gw-1", 4, None);
+    node_mut(&mut view, "gw-1").metadata.annotations = Some(BTreeMap::from([(
+        DRAIN_ANNOTATION.to_owned(),
+        "true".to_owned(),
+    )]));
+    let en = view
+        .egress_nodes
+        .iter_mut()
+        .find(|n| n.metadata.name.as_deref() == Some("gw-1"))
+        .expect("gw-1's EgressNode");
+    let st = en.status.as_mut().expect("status");
+    st.interfaces
+        .iter_mut()
+        .find(|i| i.name == "ens224")
+        .expect("ens224")
+        .addresses
+        .push(format!("{A}/24"));
+    let mut peers = PeerView::default();
+    // gw-1's hello: up, claims nothing any more.
+    peers.reports.insert("gw-1".to_owned(), Report::default());
+    peers
+        .last_claims
+        .insert(A.parse().expect("ip"), ("gw-1".to_owned(), 4));
+    for me in ["gw-2", "worker-1"] {
+        let c = compile_with(&view, &peers, me);
+        let h = holder_record(&c);
+        assert_eq!(
+            (h.node.as_str(), h.epoch, h.reason),
+            ("gw-2", 5, move_reason::HOLDER_DRAINED),
+            "{me}: {:?}",
+            c.problems
+        );
+    }
+}
+
 #[derive(Clone, Debug)]
 struct GwState {
     ready: bool,
