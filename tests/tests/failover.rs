@@ -37,6 +37,13 @@ fn case(kind: Kind) -> CaseReport {
         matches!(r.udp_back(), Recovery::Unbroken | Recovery::After(..=5000)),
         "UDP resumes within about 5 s\n{report}"
     );
+    if matches!(kind, Kind::NotReady | Kind::Drain) {
+        // A planned move: the old holder let go first, and nothing argues with the new.
+        assert!(
+            !r.new_holder_let_go(),
+            "the new holder keeps the address once it took it\n{report}"
+        );
+    }
     if kind.expects_move() {
         assert!(
             r.moved(),

@@ -358,9 +358,10 @@ impl Reconciler<'_> {
         problems.extend(compiled.problems.iter().map(ToString::to_string));
 
         let mut changed = self.configure(dp, &compiled.desired, &mut problems).await?;
-        changed += self
+        let released = self
             .release(view, &compiled, &ifaces, now, &mut problems)
             .await;
+        changed += released;
         let serving = self.own.serving(&compiled.desired);
         changed += self.sync_maps(dp, &serving, &compiled.pod_routes, &ifaces, &mut problems)?;
         self.sync_devices(dp, view, &serving, &ifaces, &mut problems)
@@ -375,6 +376,18 @@ impl Reconciler<'_> {
         // Tell the peers and the cluster.
         let membership = compiled.membership.clone();
         self.probes.update(membership, down, self.own.claims());
+        // An address released in this pass is in `ifaces` (read before) but no longer held:
+        // published so, it would be an address of this node to every compile until the
+        // next pass, and the peer taking it over would let it go again at once
+        // (`EgressIPIsNodeAddress`). What is published is what the interfaces carry now.
+        let ifaces = if released > 0 {
+            self.nl.interfaces().await.unwrap_or_else(|e| {
+                warn!("failed to read the interfaces again after a release: {e:#}");
+                ifaces
+            })
+        } else {
+            ifaces
+        };
         self.publish_node(compiled.desired.node_ip, &ifaces, &peers)?;
         self.report(&compiled);
         Ok(Outcome {

@@ -258,6 +258,19 @@ impl CaseReport {
         matches!(self.end_holders.as_slice(), [(gw, _)] if *gw != self.old.0)
     }
 
+    /// Whether the new holder let the address go after taking it: a `-` after its first
+    /// entry in [`CaseReport::holder_path`] (`gw2@+159 > -@+246 > gw2@+434`), a second
+    /// gap for every stream.
+    pub fn new_holder_let_go(&self) -> bool {
+        let Some((new, _)) = &self.new else {
+            return false;
+        };
+        self.holder_path
+            .iter()
+            .skip_while(|p| p.split('@').next() != Some(new.as_str()))
+            .any(|p| p.starts_with("-@"))
+    }
+
     /// What the table's exit status holds a case to.
     pub fn ok(&self) -> bool {
         self.tcp_verdict() == TcpVerdict::Survived && self.two_holders_ms <= TWO_HOLDERS_LIMIT_MS
@@ -527,6 +540,30 @@ mod tests {
             Some(1_709_208_000_123)
         );
         assert_eq!(rfc3339_unix_ms("INFO"), None);
+    }
+
+    #[test]
+    fn a_new_holder_that_lets_go_after_taking_is_seen_in_the_path() {
+        let report = |path: &str| CaseReport {
+            kind: Kind::NotReady,
+            old: ("gw1".into(), "sec-a".into()),
+            new: Some(("gw2".into(), "sec-a".into())),
+            end_holders: vec![("gw2".into(), "sec-a".into())],
+            holder_path: path.split(" > ").map(str::to_owned).collect(),
+            t_unix_ms: 0,
+            detection_ms: None,
+            tcp: Summary::default(),
+            udp: Summary::default(),
+            ping: Summary::default(),
+            control: Summary::default(),
+            two_holders_ms: 0,
+            interval_ms: 20,
+            notes: Vec::new(),
+        };
+        assert!(report("gw1 > -@+91 > gw2@+159 > -@+246 > gw2@+434").new_holder_let_go());
+        assert!(!report("gw1 > -@+91 > gw2@+159").new_holder_let_go());
+        assert!(!report("gw1 > gw1+gw2@+98 > gw2@+99").new_holder_let_go());
+        assert!(report("gw1 > gw1+gw2@+98 > gw2@+99 > -@+120 > gw2@+200").new_holder_let_go());
     }
 
     #[test]
