@@ -12,7 +12,7 @@ pub mod tls;
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -26,7 +26,10 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{
+    net::{TcpListener, UnixListener},
+    sync::Semaphore,
+};
 use tokio_rustls::TlsAcceptor;
 
 pub use self::tls::TlsFiles;
@@ -124,6 +127,65 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+/// The default `--status-socket`: in the DaemonSet's `/run/egress-agent` (the pin lock's
+/// directory), where `kubectl exec ... egress-agent status` finds it.
+pub const DEFAULT_STATUS_SOCKET: &str = "/run/egress-agent/status.sock";
+
+/// Serve the same endpoints on a Unix socket at `path` in the background, for
+/// `egress-agent status` on the node: plain HTTP whatever `--metrics-addr` speaks, with
+/// no client certificate (the socket is its owner's only, mode 0600). A file left there
+/// by an agent that is gone is replaced; a socket that still answers is not taken.
+pub async fn serve_unix(
+    path: &Path,
+    pin_dir: PathBuf,
+    stats: Arc<Mutex<Stats>>,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!(
+            "{} is served by another process (another agent?): give this one its own \
+             --status-socket",
+            path.display()
+        );
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::debug!(path = %path.display(), "replaced a stale status socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("failed to remove the stale {}: {e}", path.display()),
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("failed to create {}: {e}", dir.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("failed to bind {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| anyhow::anyhow!("failed to make {} its owner's only: {e}", path.display()))?;
+    tracing::info!(path = %path.display(), "serving /status and /metrics on a Unix socket");
+    let cx = Arc::new(Context {
+        pin_dir,
+        stats,
+        maps: Cached::new(MAP_STATS_INTERVAL),
+    });
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let cx = cx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                connection(TokioIo::new(sock), cx, Access::All).await;
+            });
+        }
+    });
+    Ok(())
 }
 
 /// Serve one connection: one request, its head bounded in size and time.
@@ -242,6 +304,44 @@ mod tests {
         serve("127.0.0.1:0".parse().expect("addr"), dir, stats, None)
             .await
             .expect("bind")
+    }
+
+    #[tokio::test]
+    async fn the_status_socket_is_its_owners_replaces_a_stale_file_and_takes_no_live_one() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("egress-status-sock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("run").join("status.sock");
+        let stats = || {
+            Arc::new(Mutex::new(Stats {
+                ready: true,
+                ..Stats::default()
+            }))
+        };
+        // A stale socket file: bound once, its listener gone.
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        serve_unix(&path, dir.clone(), stats())
+            .await
+            .expect("serve");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        let mut sock = tokio::net::UnixStream::connect(&path)
+            .await
+            .expect("connect");
+        sock.write_all(b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut out)).await;
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        // A second agent on the same path is refused: the first one answers there.
+        let e = serve_unix(&path, dir.clone(), stats())
+            .await
+            .expect_err("a live socket is not taken");
+        assert!(e.to_string().contains("--status-socket"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

@@ -69,8 +69,13 @@ enum Command {
     /// Print a running agent's view: the egress IPs it holds, its peers (alive, round
     /// trip), every holder and why (from its --metrics-addr).
     Status {
-        #[arg(long, default_value = "127.0.0.1:9465")]
-        metrics_addr: SocketAddr,
+        /// The agent's `--status-socket` (what `kubectl exec` into the agent's pod finds).
+        #[arg(long, env = "EGRESS_STATUS_SOCKET", default_value = egress_agent::endpoints::DEFAULT_STATUS_SOCKET)]
+        socket: PathBuf,
+        /// Ask the agent's `--metrics-addr` instead (plain HTTP only: with TLS on, use the
+        /// socket).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
     },
     /// Print an agent's maps, conntrack and counters in human terms.
     Maps {
@@ -180,6 +185,10 @@ struct RunArgs {
         requires = "metrics_tls_cert_file"
     )]
     metrics_client_ca_file: Option<PathBuf>,
+    /// Serve /status and /metrics on this Unix socket too (mode 0600), plain HTTP with
+    /// no client certificate, for `egress-agent status` on the node; empty: none.
+    #[arg(long, env = "EGRESS_STATUS_SOCKET", default_value = egress_agent::endpoints::DEFAULT_STATUS_SOCKET)]
+    status_socket: PathBuf,
     /// Full resync interval in seconds, on top of change notifications.
     #[arg(long, default_value_t = 10)]
     resync_secs: u64,
@@ -332,6 +341,7 @@ impl RunArgs {
                 }),
                 _ => None,
             },
+            status_socket: Some(self.status_socket).filter(|p| !p.as_os_str().is_empty()),
             resync: Duration::from_secs(self.resync_secs.max(1)),
             probe: liveness::Settings {
                 interval: Duration::from_millis(self.probe_interval_ms),
@@ -427,8 +437,15 @@ fn real_main() -> Result<ExitCode> {
             runtime(2)?.block_on(agent::run(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { metrics_addr } => {
-            print!("{}", fetch_status(metrics_addr)?);
+        Command::Status {
+            socket,
+            metrics_addr,
+        } => {
+            let status = match metrics_addr {
+                Some(addr) => fetch_status(addr)?,
+                None => fetch_status_unix(&socket)?,
+            };
+            print!("{status}");
             Ok(ExitCode::SUCCESS)
         }
         Command::InstallCni { dir, bundle } => {
@@ -548,21 +565,46 @@ fn cleanup(bpffs_dir: &std::path::Path, tunnel_device: &str) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-/// GET /status from a running agent's metrics endpoint.
+/// GET /status from a running agent's metrics endpoint (plain HTTP).
 fn fetch_status(addr: SocketAddr) -> Result<String> {
-    use std::io::{Read as _, Write as _};
     let timeout = Duration::from_secs(5);
-    let mut sock = std::net::TcpStream::connect_timeout(&addr, timeout).with_context(|| {
+    let sock = std::net::TcpStream::connect_timeout(&addr, timeout).with_context(|| {
         format!("failed to reach the agent at {addr}: is it running with --metrics-addr {addr}?")
     })?;
     sock.set_read_timeout(Some(timeout))?;
-    sock.write_all(b"GET /status HTTP/1.0\r\n\r\n")?;
-    let mut resp = String::new();
-    sock.read_to_string(&mut resp)
-        .with_context(|| format!("failed to read the status from {addr}"))?;
-    let body = resp
+    get_status(sock, &addr.to_string()).context(
+        "an agent serving HTTPS there is asked by its --status-socket: drop --metrics-addr",
+    )
+}
+
+/// GET /status from a running agent's `--status-socket`.
+fn fetch_status_unix(path: &std::path::Path) -> Result<String> {
+    let sock = std::os::unix::net::UnixStream::connect(path).with_context(|| {
+        format!(
+            "failed to reach the agent at {}: is it running on this node, with this \
+             --status-socket? (or ask its --metrics-addr)",
+            path.display()
+        )
+    })?;
+    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    get_status(sock, &path.display().to_string())
+}
+
+/// One `GET /status` on `sock`: the body of a 200, else an error with what was said.
+fn get_status(mut sock: impl std::io::Read + std::io::Write, at: &str) -> Result<String> {
+    sock.write_all(b"GET /status HTTP/1.0\r\nhost: localhost\r\n\r\n")?;
+    let mut resp = Vec::new();
+    sock.read_to_end(&mut resp)
+        .with_context(|| format!("failed to read the status from {at}"))?;
+    let resp = String::from_utf8_lossy(&resp);
+    let (head, body) = resp
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .with_context(|| format!("failed to read the status from {addr}: not HTTP"))?;
-    Ok(body)
+        .with_context(|| format!("failed to read the status from {at}: not HTTP"))?;
+    let line = head.lines().next().unwrap_or_default();
+    anyhow::ensure!(
+        line.split_whitespace().nth(1) == Some("200"),
+        "{at} answered {line}: {}",
+        body.trim()
+    );
+    Ok(body.to_owned())
 }

@@ -44,6 +44,24 @@ fn one_pod_leaves_through_each_network_with_that_networks_egress_ip() {
             "{pod} {proto} -> {host}"
         );
     }
+
+    // What the operator asks on the holder's node: `egress-agent status` by the agent's
+    // socket (the lab gives each agent its own) names the address it holds.
+    let (gw, _) = holder(&lab, EGRESS_IP_A).expect("A is held");
+    let socket = lab.status_socket(&gw).to_string_lossy().into_owned();
+    let bin = cluster::agent_bin().unwrap();
+    let out = std::process::Command::new(&bin)
+        .args(["status", "--socket", &socket])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let held = said.split("held here:").nth(1).unwrap_or_default();
+    assert!(held.contains(&EGRESS_IP_A.to_string()), "{said}");
 }
 
 #[test]

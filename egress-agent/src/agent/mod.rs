@@ -67,6 +67,8 @@ pub struct RunConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Serve the endpoints over TLS with these files (`--metrics-tls-cert-file`, ...).
     pub metrics_tls: Option<crate::endpoints::TlsFiles>,
+    /// Serve `/status` and `/metrics` on this Unix socket too (`--status-socket`).
+    pub status_socket: Option<PathBuf>,
     pub resync: Duration,
     /// Liveness probes between agents.
     pub probe: liveness::Settings,

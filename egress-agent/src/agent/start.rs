@@ -136,6 +136,13 @@ pub(super) async fn open_ports(
             .await
             .with_context(|| format!("failed to serve metrics on {addr} (--metrics-addr)"))?;
     }
+    if let Some(path) = &cfg.status_socket {
+        // The datapath does not need it: without it `egress-agent status` cannot ask.
+        let served = crate::endpoints::serve_unix(path, cfg.bpffs_dir.clone(), stats.clone()).await;
+        if let Err(e) = served {
+            warn!("not serving the status socket: {e:#}; `egress-agent status` cannot ask");
+        }
+    }
     Ok(probe_socket)
 }
 

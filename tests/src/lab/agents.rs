@@ -98,6 +98,8 @@ impl Lab {
         let mut cmd = self.ns(node)?.command(agent_bin)?;
         cmd.args(&args)
             .env("RUST_LOG", &self.spec.agent_log)
+            // An environment variable, not a flag, so that a build without it starts too.
+            .env("EGRESS_STATUS_SOCKET", self.status_socket(node))
             .stdout(out)
             .stderr(err);
         let child = NsChild::spawn(cmd, &self.ns_name(node))?;
@@ -171,6 +173,7 @@ impl Lab {
   shell on a node (sees /sys/fs/bpf): nsenter --net=/run/netns/{p}-gw1 bash
   traffic:             ip netns exec {p}-w1-p1 {echo} query tcp {a}:{port} --size 1400
   agent maps:          <egress-agent> maps --bpffs-dir /sys/fs/bpf/{p}-gw1
+  agent status:        <egress-agent> status --socket {dir}/gw1-status.sock
   raw maps:            bpftool map dump pinned /sys/fs/bpf/{p}-gw1/<map>
   logs and state dir:  {dir}
   tear down:           Lab::teardown_by_prefix(\"{p}\") (cargo xtask lab --down {p})

@@ -78,6 +78,11 @@ impl Lab {
         Path::new("/sys/fs/bpf").join(self.ns_name(node))
     }
 
+    /// The `--status-socket` of a node's agent (`egress-agent status --socket` asks it).
+    pub fn status_socket(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}-status.sock"))
+    }
+
     /// The log file of a node's agent.
     pub fn agent_log_path(&self, node: &str) -> PathBuf {
         self.dir.join(format!("agent-{node}.log"))
