@@ -35,6 +35,7 @@ use crate::{
     lab::{Lab, Proto, addr, locate_echo_bin},
 };
 
+pub mod at_scale;
 pub mod baseline;
 pub mod control;
 pub mod hooks;

@@ -283,7 +283,7 @@ fn ms_since(t: Instant) -> f64 {
 }
 
 /// `bytes_memlock` of the map pinned at `path`.
-fn memlock(path: &Path) -> Result<u64> {
+pub(crate) fn memlock(path: &Path) -> Result<u64> {
     let out = Command::new("bpftool")
         .args(["-j", "map", "show", "pinned"])
         .arg(path)

@@ -30,6 +30,8 @@ const USAGE: &str =
                gateway's own pod, at one served pod only, printed
   --scale      the cluster-scale rows only (compiler, apply and map memory at 100 nodes
                and 100k pods; the gateway's per-packet rows with conntrack full), printed
+  --at-scale   the lab's four agents against a state of 100 nodes and 100k pods: their
+               memory (RSS, maps) and idle CPU, printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
                fewer changes with --quick first), printed
   --hooks      legacy tc against TCX only (the agents restarted with each hook in
@@ -102,6 +104,11 @@ fn args() -> Result<Args> {
                 print_alone(plan, egress_tests::bench::spread::table(spec, &plan)?)?;
             }
             "--scale" => print_tables(plan, scale_tables(plan)?)?,
+            "--at-scale" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let run = lab::at_scale::run()?;
+                print_alone(plan, lab::at_scale::table(&run))?;
+            }
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
             "--like-for-like" => {
                 egress_tests::netns::install_signal_teardown()?;

@@ -140,7 +140,7 @@ fn selected_map(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], Selec
     BpfHash::try_from(Map::HashMap(data)).context("SELECTED_V4 is not a hash")
 }
 
-fn pod_owner(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], PodOwnerValue>> {
+pub(super) fn pod_owner(lab: &Lab, node: &str) -> Result<BpfHash<MapData, [u8; 4], PodOwnerValue>> {
     let data = open_pinned(lab, node, names::POD_OWNER_V4)?;
     BpfHash::try_from(Map::HashMap(data)).context("POD_OWNER_V4 is not a hash")
 }
