@@ -44,10 +44,22 @@ macro_rules! family_maps_struct {
             pub fn sizes(&self) -> Vec<(&'static str, usize)> {
                 vec![ $( (F::$Map::SPEC.name, self.$field.len()), )* ]
             }
+
+            /// Entries an apply from `self` to `want` writes: removed, added or changed.
+            pub fn changes(&self, want: &Self) -> usize {
+                0 $( + changes(&self.$field, &want.$field) )*
+            }
         }
     };
 }
 family_maps!(family_maps_struct);
+
+/// Keys of `held` not in `want`, and entries of `want` that `held` lacks or holds otherwise.
+fn changes<K: Ord, V: PartialEq>(held: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> usize {
+    let removed = held.keys().filter(|k| !want.contains_key(k)).count();
+    let written = want.iter().filter(|(k, v)| held.get(k) != Some(v)).count();
+    removed + written
+}
 
 /// What every map should hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -391,6 +403,15 @@ impl MapState {
         .collect()
     }
 
+    /// Entries an apply from `self` (what the maps hold) to `want` writes, as
+    /// [`crate::datapath::Datapath::apply`] finds them, without the maps.
+    pub fn changes(&self, want: &Self) -> usize {
+        self.v4.changes(&want.v4)
+            + self.v6.changes(&want.v6)
+            + changes(&self.nodes, &want.nodes)
+            + changes(&self.port_filters, &want.port_filters)
+    }
+
     /// Number of entries per map, by map name.
     pub fn sizes(&self) -> impl Iterator<Item = (&'static str, usize)> {
         let nodes = (def::Nodes::SPEC.name, self.nodes.len());
@@ -466,6 +487,28 @@ mod tests {
             prefix_len,
             shared,
         }
+    }
+
+    #[test]
+    fn changes_count_what_an_apply_removes_adds_and_rewrites() {
+        let owner = |d: &mut Desired, pod: &str, node: &str| {
+            d.v4.pod_owner
+                .insert(pod.parse().unwrap(), node.parse().unwrap());
+        };
+        let mut held = Desired::default();
+        owner(&mut held, "10.244.0.1", "10.200.0.1");
+        owner(&mut held, "10.244.0.2", "10.200.0.1");
+        let mut want = held.clone();
+        let state = |d: &Desired| MapState::from_desired(d, |_| Some(2)).0;
+        assert_eq!(state(&held).changes(&state(&want)), 0);
+        want.v4.pod_owner.remove(&"10.244.0.1".parse().unwrap());
+        owner(&mut want, "10.244.0.2", "10.200.0.2");
+        owner(&mut want, "10.244.0.3", "10.200.0.1");
+        assert_eq!(
+            state(&held).changes(&state(&want)),
+            3,
+            "one removed, one rewritten, one added"
+        );
     }
 
     #[test]

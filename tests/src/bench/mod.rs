@@ -2,6 +2,7 @@
 //! empty-program floor ([`per_packet`]), the lab sections ([`lab`]), and the markdown
 //! report ([`report`]). Benchmarks are measured and reported, never asserted.
 
+pub mod churn;
 pub mod empty;
 pub mod failover;
 pub mod frame;

@@ -49,7 +49,7 @@ pub const SHAPE: Shape = Shape {
 };
 
 impl Shape {
-    fn pods_per_node(&self) -> u32 {
+    pub(super) fn pods_per_node(&self) -> u32 {
         self.pods / self.nodes
     }
 
@@ -59,7 +59,7 @@ impl Shape {
     }
 }
 
-fn node_name(shape: &Shape, i: u32) -> String {
+pub(super) fn node_name(shape: &Shape, i: u32) -> String {
     if i < shape.gateways {
         format!("gateway-{i:02}")
     } else {
@@ -140,7 +140,7 @@ fn objects_yaml(shape: &Shape) -> String {
 }
 
 /// Pod `j` of node `i`: `api-<i>-<j>` in namespace `ns-<(i * per node + j) % policies>`.
-fn pod(shape: &Shape, i: u32, j: u32) -> PodSummary {
+pub(super) fn pod(shape: &Shape, i: u32, j: u32) -> PodSummary {
     let n = i * shape.pods_per_node() + j;
     PodSummary {
         namespace: format!("ns-{}", n % shape.policies),
@@ -188,7 +188,7 @@ pub fn cluster(shape: &Shape) -> Result<ClusterView> {
 }
 
 /// A gateway that serves at least one rule (holds an egress IP) in `view`.
-fn serving_gateway(shape: &Shape, view: &ClusterView) -> Result<String> {
+pub(super) fn serving_gateway(shape: &Shape, view: &ClusterView) -> Result<String> {
     (0..shape.gateways)
         .map(|g| node_name(shape, g))
         .find(|n| !compile(view, n).desired.v4.rules.is_empty())
@@ -452,7 +452,7 @@ pub fn run(plan: &Plan) -> Result<ScaleRun> {
     })
 }
 
-fn spread_ms(v: &[f64]) -> String {
+pub(super) fn spread_ms(v: &[f64]) -> String {
     match Spread::of(v) {
         None => "-".to_owned(),
         Some(s) => format!("**{:.0}** ({:.0}-{:.0}) ms", s.median, s.min, s.max),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use egress_tests::bench::{
-    Plan, failover, lab, per_packet, probes,
+    Plan, churn, failover, lab, per_packet, probes,
     report::{Machine, Report, Table, datapath_source, per_packet_table},
     scale,
 };
@@ -32,6 +32,8 @@ const USAGE: &str =
                and 100k pods; the gateway's per-packet rows with conntrack full), printed
   --at-scale   the lab's four agents against a state of 100 nodes and 100k pods: their
                memory (RSS, maps) and idle CPU, printed
+  --churn      one pod change at 100k pods only (the pass of a source node and a gateway,
+               CPU under 10 pod events/s), in this process without root, printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
                fewer changes with --quick first), printed
   --hooks      legacy tc against TCX only (the agents restarted with each hook in
@@ -109,6 +111,7 @@ fn args() -> Result<Args> {
                 let run = lab::at_scale::run()?;
                 print_alone(plan, lab::at_scale::table(&run))?;
             }
+            "--churn" => print_alone(plan, churn::table(&churn::run(&plan)))?,
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
             "--like-for-like" => {
                 egress_tests::netns::install_signal_teardown()?;
