@@ -286,12 +286,13 @@ pub fn compile_remembering(
     let policies = sorted_policies(view);
     let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
-    report_disputed(&mut plans, &pods);
-    report_unapplied(&mut plans, &pods, &view.unapplied);
+    let selected = pods.selected_by(&plans);
+    report_disputed(&mut plans, &pods, &selected);
+    report_unapplied(&mut plans, &selected, &view.unapplied);
     report_full_maps(&mut plans, view);
-    let (counts, pod_routes) = spread::spread(&plans, &pods, node_name);
+    let (counts, pod_routes) = spread::spread(&plans, &selected, node_name);
     let (holders, egress_ips) = gateway_side::serve(&plans, &counts, node_name, &mut desired);
-    source_side::claim(&mut plans, &pods, node_name, &mut desired);
+    source_side::claim(&mut plans, &selected, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
     netpol::restrict(view, &pods, node_name, &mut desired, &mut problems);
     let reported = plans.iter().map(placement::PolicyPlan::reported);
@@ -316,16 +317,19 @@ pub fn compile_remembering(
 }
 
 /// A pod address claimed twice is a conflict on every policy that selects a claimant.
-fn report_disputed(plans: &mut [placement::PolicyPlan<'_>], pods: &pods::Pods<'_>) {
+fn report_disputed(
+    plans: &mut [placement::PolicyPlan<'_>],
+    pods: &pods::Pods<'_>,
+    selected_by: &[Vec<&pods::PodInfo<'_>>],
+) {
     if pods.disputed.is_empty() {
         return;
     }
-    for plan in plans {
-        let Some((ns_sel, pod_sel)) = &plan.selectors else {
+    for (plan, selected) in plans.iter_mut().zip(selected_by) {
+        if plan.selectors.is_none() {
             continue;
-        };
-        let selected: std::collections::BTreeSet<String> = pods
-            .selected(ns_sel, pod_sel)
+        }
+        let selected: std::collections::BTreeSet<String> = selected
             .iter()
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
@@ -379,7 +383,7 @@ const UNAPPLIED_NAMED: usize = 3;
 /// they do not hold for the traffic it redirects.
 fn report_unapplied(
     plans: &mut [placement::PolicyPlan<'_>],
-    pods: &pods::Pods<'_>,
+    selected_by: &[Vec<&pods::PodInfo<'_>>],
     unapplied: &[crate::source::admin::Unapplied],
 ) {
     if unapplied.is_empty() {
@@ -387,15 +391,12 @@ fn report_unapplied(
     }
     let mut sorted: Vec<&crate::source::admin::Unapplied> = unapplied.iter().collect();
     sorted.sort();
-    for plan in plans {
-        let Some((ns_sel, pod_sel)) = &plan.selectors else {
+    for (plan, selected) in plans.iter_mut().zip(selected_by) {
+        if plan.selectors.is_none() {
             continue;
-        };
-        let namespaces: std::collections::BTreeSet<&str> = pods
-            .selected(ns_sel, pod_sel)
-            .iter()
-            .map(|p| p.namespace)
-            .collect();
+        }
+        let namespaces: std::collections::BTreeSet<&str> =
+            selected.iter().map(|p| p.namespace).collect();
         if namespaces.is_empty() {
             continue;
         }

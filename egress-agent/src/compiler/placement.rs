@@ -162,6 +162,15 @@ impl RulePlan {
         let octets = ip_bytes(ip);
         let key: [&[u8]; 2] = [&octets, &rule_id];
         match &self.target {
+            // One address is the pool whether it is held or not.
+            Target::Dedicated { addresses } if addresses.len() == 1 => {
+                let chosen = &addresses[0];
+                Route {
+                    id: chosen.id,
+                    gateway: chosen.holder.as_ref(),
+                    egress_ip: Some(chosen.ip),
+                }
+            }
             Target::Dedicated { addresses } => {
                 let held: Vec<&Dedicated> =
                     addresses.iter().filter(|a| a.holder.is_some()).collect();
@@ -248,7 +257,7 @@ pub(super) fn plan<'a>(
     last_accepted: &'a BTreeMap<String, EgressGatewayPolicy>,
     nodes: &[NodeInfo<'_>],
     peers: &PeerView,
-    reserved: &Reserved,
+    reserved: &Reserved<'_>,
     foreign: &BTreeMap<IpAddr, String>,
 ) -> Vec<PolicyPlan<'a>> {
     let chosen: Vec<(
@@ -382,7 +391,7 @@ fn egress_ip_owners<'a>(
 struct Context<'c, 'a> {
     nodes: &'c [NodeInfo<'a>],
     peers: &'c PeerView,
-    reserved: &'c Reserved,
+    reserved: &'c Reserved<'a>,
     /// Who owns each dedicated egress IP ([`egress_ip_owners`]).
     owners: &'c Owners,
     /// Egress addresses other implementations claim (OVN-Kubernetes `EgressIP`s), with

@@ -138,47 +138,77 @@ impl<'a> Pods<'a> {
         }
     }
 
+    /// The pods each plan selects (none for a plan without valid selectors), by plan.
+    pub(super) fn selected_by(
+        &self,
+        plans: &[super::placement::PolicyPlan<'_>],
+    ) -> Vec<Vec<&PodInfo<'a>>> {
+        plans
+            .iter()
+            .map(|p| match &p.selectors {
+                Some((ns_sel, pod_sel)) => self.selected(ns_sel, pod_sel),
+                None => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The pods that a policy's namespace and pod selectors select. A namespace without a
     /// Namespace object still has its implicit `kubernetes.io/metadata.name` label.
+    /// The namespace is matched once for each run of its pods (they are sorted by it).
     pub(super) fn selected(&self, ns_sel: &Selector, pod_sel: &Selector) -> Vec<&PodInfo<'a>> {
+        let mut namespace: Option<(&str, bool)> = None;
         self.pods
             .iter()
             .filter(|pod| {
-                let matches_ns = match self.namespace_labels.get(pod.namespace) {
-                    Some(labels) if !labels.is_empty() => ns_sel.matches(labels),
+                let matches_ns = match namespace {
+                    Some((ns, matches)) if ns == pod.namespace => matches,
                     _ => {
-                        let implicit = BTreeMap::from([(
-                            "kubernetes.io/metadata.name".to_owned(),
-                            pod.namespace.to_owned(),
-                        )]);
-                        ns_sel.matches(&implicit)
+                        let matches = self.namespace_matches(pod.namespace, ns_sel);
+                        namespace = Some((pod.namespace, matches));
+                        matches
                     }
                 };
                 matches_ns && pod_sel.matches(pod.labels)
             })
             .collect()
     }
+
+    fn namespace_matches(&self, namespace: &str, ns_sel: &Selector) -> bool {
+        match self.namespace_labels.get(namespace) {
+            Some(labels) if !labels.is_empty() => ns_sel.matches(labels),
+            _ => {
+                let implicit = BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_owned(),
+                    namespace.to_owned(),
+                )]);
+                ns_sel.matches(&implicit)
+            }
+        }
+    }
 }
 
 /// The addresses listed by more than one of `pods`, or by a pod and a node (`nodes`).
 fn disputed(pods: &[PodInfo<'_>], nodes: &BTreeMap<IpAddr, String>) -> Vec<Disputed> {
-    let mut by_ip: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
-    for p in pods {
-        for ip in &p.ips {
-            by_ip
-                .entry(*ip)
-                .or_default()
-                .push(format!("{}/{}", p.namespace, p.name));
-        }
-    }
-    by_ip
-        .into_iter()
-        .filter_map(|(ip, mut claimants)| {
-            claimants.dedup();
+    // Every (address, pod) listing, by address and then in the pods' order.
+    let mut listed: Vec<(IpAddr, usize)> = pods
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.ips.iter().map(move |ip| (*ip, i)))
+        .collect();
+    listed.sort_unstable();
+    listed
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter_map(|by_ip| {
+            let ip = by_ip[0].0;
+            let mut claimants: Vec<&PodInfo<'_>> = by_ip.iter().map(|(_, i)| &pods[*i]).collect();
+            claimants.dedup_by(|a, b| (a.namespace, a.name) == (b.namespace, b.name));
             let node = nodes.get(&ip).cloned();
-            (claimants.len() > 1 || node.is_some()).then_some(Disputed {
+            (claimants.len() > 1 || node.is_some()).then(|| Disputed {
                 ip,
-                pods: claimants,
+                pods: claimants
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .collect(),
                 node,
             })
         })

@@ -52,7 +52,7 @@ impl Prefixes {
     pub(super) fn listed_carved(
         destinations: &[IpNet],
         except: &[IpNet],
-        reserved: &Reserved,
+        reserved: &Reserved<'_>,
     ) -> (Self, Vec<(usize, IpNet, Vec<String>)>) {
         let listed = Self::listed(destinations, except);
         let mut carved: BTreeSet<IpNet> = BTreeSet::new();
@@ -82,15 +82,32 @@ impl Prefixes {
 }
 
 /// The cluster's own addresses, which no learned route may steer to a gateway.
-pub(super) struct Reserved {
+pub(super) struct Reserved<'a> {
     /// Cluster CIDRs (`--cluster-cidr`) and Nodes' pod CIDRs, with what they are.
     cidrs: Vec<(IpNet, String)>,
     /// Node underlay and pod addresses, sorted, with whose they are.
-    hosts: Vec<(IpAddr, String)>,
+    hosts: Vec<(IpAddr, Host<'a>)>,
 }
 
-impl Reserved {
-    pub(super) fn new(view: &ClusterView, nodes: &[NodeInfo<'_>], pods: &Pods<'_>) -> Self {
+/// Whose address a reserved host address is, put in words only when a route meets it.
+enum Host<'a> {
+    /// A node's underlay address, in words.
+    Node(String),
+    /// A pod's address: its namespace and name.
+    Pod(&'a str, &'a str),
+}
+
+impl Host<'_> {
+    fn describe(&self, ip: &IpAddr) -> String {
+        match self {
+            Self::Node(what) => what.clone(),
+            Self::Pod(namespace, name) => format!("address {ip} of pod {namespace}/{name}"),
+        }
+    }
+}
+
+impl<'a> Reserved<'a> {
+    pub(super) fn new(view: &ClusterView, nodes: &[NodeInfo<'_>], pods: &Pods<'a>) -> Self {
         let mut cidrs: Vec<(IpNet, String)> = view
             .cluster_cidrs
             .iter()
@@ -102,7 +119,7 @@ impl Reserved {
                 cidrs.push((*c, format!("pod CIDR {c} of node {}", n.name)));
             }
             if let Some(u) = n.underlay {
-                hosts.push((u, format!("address {u} of node {}", n.name)));
+                hosts.push((u, Host::Node(format!("address {u} of node {}", n.name))));
                 // The subnet of the interface that holds the underlay address: the other
                 // nodes, and the routers between them, are there.
                 let subnet = n.egress.as_ref().and_then(|e| {
@@ -128,10 +145,7 @@ impl Reserved {
         }
         for p in &pods.pods {
             for ip in &p.ips {
-                hosts.push((
-                    *ip,
-                    format!("address {ip} of pod {}/{}", p.namespace, p.name),
-                ));
+                hosts.push((*ip, Host::Pod(p.namespace, p.name)));
             }
         }
         hosts.sort_by_key(|h| h.0);
@@ -140,19 +154,19 @@ impl Reserved {
 
     /// What of the cluster `net` overlaps (a CIDR it is inside of or contains, an
     /// address it contains); `None` if nothing.
-    fn overlap(&self, net: IpNet) -> Option<&str> {
+    fn overlap(&self, net: IpNet) -> Option<String> {
         if let Some((_, what)) = self
             .cidrs
             .iter()
             .find(|(c, _)| c.contains(&net) || net.contains(c))
         {
-            return Some(what);
+            return Some(what.clone());
         }
         let first = self.hosts.partition_point(|(h, _)| *h < net.network());
         self.hosts
             .get(first)
             .filter(|(h, _)| net.contains(h))
-            .map(|(_, what)| what.as_str())
+            .map(|(h, what)| what.describe(h))
     }
 
     /// What of the cluster lies within `net`, as prefixes to carve out of it, with what
@@ -178,7 +192,7 @@ impl Reserved {
             .iter()
             .take_while(|(h, _)| net.contains(h))
             .filter(|(h, _)| !cidrs.iter().any(|(c, _)| c.contains(h)))
-            .map(|(h, what)| (IpNet::from(*h), what.clone()))
+            .map(|(h, what)| (IpNet::from(*h), what.describe(h)))
             .collect::<Vec<_>>();
         let mut out = cidrs;
         out.extend(hosts);
@@ -206,7 +220,7 @@ pub(super) fn learn(
     v6: bool,
     include_default: bool,
     except: &[IpNet],
-    reserved: &Reserved,
+    reserved: &Reserved<'_>,
 ) -> Learned {
     let mut out = Learned {
         prefixes: Prefixes::default(),
@@ -230,7 +244,7 @@ pub(super) fn learn(
                     cluster.extend(reserved.within(*p).into_iter().map(|(n, _)| n));
                 }
             } else if let Some(what) = reserved.overlap(*p) {
-                out.overlapping.push((*p, what.to_owned()));
+                out.overlapping.push((*p, what));
             } else if !excepted(p) {
                 forwards.insert(*p);
             }

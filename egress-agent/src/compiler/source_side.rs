@@ -3,16 +3,16 @@
 //! node), and the policy entries of this node's own pods.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     net::IpAddr,
 };
 
 use ipnet::IpNet;
 
 use super::{
-    placement::{PolicyPlan, Route},
-    pods::{PodInfo, Pods},
-    routes::Kind,
+    placement::{Destinations, PolicyPlan, Route},
+    pods::PodInfo,
+    routes::{Kind, Prefixes},
 };
 use crate::{
     api::FailurePolicy,
@@ -40,33 +40,13 @@ enum Pass {
 /// policy the earlier rule. Lost pairs are conflicts in the loser's report.
 pub(super) fn claim(
     plans: &mut [PolicyPlan<'_>],
-    pods: &Pods<'_>,
+    selected: &[Vec<&PodInfo<'_>>],
     node_name: &str,
     desired: &mut Desired,
 ) {
     let mut order: Vec<usize> = (0..plans.len()).collect();
     order.sort_by_key(|i| (!plans[*i].report.accepted(), *i));
-    let selected: Vec<Vec<&PodInfo<'_>>> = plans
-        .iter()
-        .map(|p| match &p.selectors {
-            Some((ns_sel, pod_sel)) => pods.selected(ns_sel, pod_sel),
-            None => Vec::new(),
-        })
-        .collect();
-    // Pod addresses that more than one rule selects: only their pairs can be contested.
-    let mut rules_of: HashMap<IpAddr, BTreeSet<(usize, usize)>> = HashMap::new();
-    for (p_idx, pods) in selected.iter().enumerate() {
-        for rule in &plans[p_idx].rules {
-            for ip in pods.iter().flat_map(|p| &p.ips) {
-                rules_of.entry(*ip).or_default().insert((p_idx, rule.index));
-            }
-        }
-    }
-    let contested = rules_of
-        .into_iter()
-        .filter(|(_, rules)| rules.len() > 1)
-        .map(|(ip, _)| ip)
-        .collect();
+    let contested = contested(plans, selected);
     let mut claimer = Claimer {
         plans: &*plans,
         node_name,
@@ -96,6 +76,54 @@ pub(super) fn claim(
     for (p_idx, message) in overrides {
         plans[p_idx].report.overridden(message);
     }
+}
+
+/// Pod addresses whose pairs more than one rule may claim: those that rules of two
+/// policies select, or two rules of a policy whose rules may name one prefix twice
+/// ([`rules_disjoint`]). Every pair of the others is its one rule's.
+fn contested(plans: &[PolicyPlan<'_>], selected: &[Vec<&PodInfo<'_>>]) -> HashSet<IpAddr> {
+    // The first policy with a rule that selects each address.
+    let mut first: HashMap<IpAddr, usize> = HashMap::new();
+    let mut contested = HashSet::new();
+    for (p_idx, pods) in selected.iter().enumerate() {
+        let rules = plans[p_idx].rules.len();
+        if rules == 0 {
+            continue;
+        }
+        let shared = rules > 1 && !rules_disjoint(&plans[p_idx]);
+        for ip in pods.iter().flat_map(|p| &p.ips) {
+            let by = *first.entry(*ip).or_insert(p_idx);
+            if by != p_idx || shared {
+                contested.insert(*ip);
+            }
+        }
+    }
+    contested
+}
+
+/// Whether no prefix of `plan`'s rules, whichever gateway serves them, appears twice: in
+/// two rules, or twice in one rule's list. A pod address that only this policy selects
+/// then has one claimant for each of its pairs (nothing lost, nothing overridden), and
+/// claiming them gives what its rules give it unclaimed.
+fn rules_disjoint(plan: &PolicyPlan<'_>) -> bool {
+    let mut rule_of: HashMap<IpNet, usize> = HashMap::new();
+    for (r_idx, rule) in plan.rules.iter().enumerate() {
+        let lists: Vec<&Prefixes> = match &rule.destinations {
+            Destinations::Listed(prefixes) => vec![prefixes],
+            Destinations::Learned { by_node, fallback } => {
+                by_node.values().chain(std::iter::once(fallback)).collect()
+            }
+        };
+        for list in lists {
+            let mut in_list = HashSet::new();
+            for (prefix, _) in &list.0 {
+                if !in_list.insert(*prefix) || *rule_of.entry(*prefix).or_insert(r_idx) != r_idx {
+                    return false;
+                }
+            }
+        }
+    }
+    true
 }
 
 struct Claimer<'p, 'a, 'n> {

@@ -2,11 +2,14 @@
 //! each rule (the rendezvous choice of [`RulePlan::route_for`]), counted per address for
 //! the statuses, and listed for this node's own pods (`egress-agent status`, metrics).
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+};
 
 use super::{
-    placement::{PolicyPlan, RulePlan},
-    pods::Pods,
+    placement::{GatewayAddr, PolicyPlan, RulePlan},
+    pods::PodInfo,
 };
 
 /// One of this node's pods and the address it leaves with under one rule.
@@ -35,22 +38,23 @@ pub(super) type Counts = BTreeMap<(String, IpAddr, String), u32>;
 /// the routes of `node_name`'s own pods, sorted.
 pub(super) fn spread(
     plans: &[PolicyPlan<'_>],
-    pods: &Pods<'_>,
+    selected: &[Vec<&PodInfo<'_>>],
     node_name: &str,
 ) -> (Counts, Vec<PodRoute>) {
-    let mut counts = Counts::new();
+    // Counted under borrowed keys, owned once per key at the end.
+    let mut counts: HashMap<(&str, IpAddr, &str), u32> = HashMap::new();
     let mut local = Vec::new();
-    for plan in plans {
-        let Some((ns_sel, pod_sel)) = &plan.selectors else {
-            continue;
-        };
-        for pod in pods.selected(ns_sel, pod_sel) {
+    for (plan, pods) in plans.iter().zip(selected) {
+        for pod in pods {
             for rule in &plan.rules {
-                for ip in pod.ips.iter().filter(|ip| serves_family(rule, **ip)) {
+                for ip in &pod.ips {
                     let route = rule.route_for(*ip);
+                    if !serves_family(rule, route.gateway, *ip) {
+                        continue;
+                    }
                     if let Some(g) = route.gateway {
                         *counts
-                            .entry((plan.name.clone(), g.ip, g.node.clone()))
+                            .entry((plan.name.as_str(), g.ip, g.node.as_str()))
                             .or_default() += 1;
                     }
                     if pod.node == node_name {
@@ -71,13 +75,16 @@ pub(super) fn spread(
     }
     local.sort();
     local.dedup();
+    let counts = counts
+        .into_iter()
+        .map(|((policy, ip, node), n)| ((policy.to_owned(), ip, node.to_owned()), n))
+        .collect();
     (counts, local)
 }
 
 /// Whether `rule` steers pod address `ip` at all: it forwards a prefix of the address's
-/// family.
-fn serves_family(rule: &RulePlan, ip: IpAddr) -> bool {
-    let gateway = rule.route_for(ip).gateway;
+/// family (`gateway`: the address's route under it).
+fn serves_family(rule: &RulePlan, gateway: Option<&GatewayAddr>, ip: IpAddr) -> bool {
     rule.prefixes(gateway)
         .forwards()
         .any(|p| p.addr().is_ipv6() == ip.is_ipv6())

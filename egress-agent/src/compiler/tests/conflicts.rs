@@ -256,3 +256,41 @@ fn a_pod_address_claimed_twice_or_by_a_node_is_nobodys() {
     // The other pods are untouched.
     assert!(!entries(&c, "10.244.1.99").is_empty());
 }
+
+#[test]
+fn a_prefix_two_rules_of_one_policy_name_is_the_earlier_rules_and_a_conflict() {
+    // Rules whose prefixes are disjoint have every pair without claims (the fast path at
+    // scale); one prefix named twice still goes through them.
+    let mut view = base();
+    view.policies = vec![policy(
+        "a",
+        &(spec("payments", "api", "192.0.2.0/24", "198.51.100.10")
+            + "- destinations: [\"192.0.2.0/24\", \"198.18.0.0/16\"]\n  egressIP: 203.0.113.10\n"),
+    )];
+    let c = compile(&view, "worker-1");
+    let a = conflict(&c, "a");
+    assert!(
+        a.message.contains(
+            "rules[1]: pod shop/api-1 destination 192.0.2.0/24 is claimed by rules[0] of \
+             this policy"
+        ),
+        "{a:?}"
+    );
+    let mut got = entries(&c, "10.244.1.11");
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "192.0.2.0/24".to_owned(),
+                PolicyAction::Forward,
+                Some("198.51.100.10".parse().unwrap())
+            ),
+            (
+                "198.18.0.0/16".to_owned(),
+                PolicyAction::Forward,
+                Some("203.0.113.10".parse().unwrap())
+            ),
+        ]
+    );
+}
