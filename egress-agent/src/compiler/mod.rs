@@ -254,6 +254,21 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The pods each plan selects (none for a plan without valid selectors), by plan: once
+/// per compile, for every stage that needs them.
+fn selected_by<'p, 'a>(
+    pods: &'p pods::Pods<'a>,
+    plans: &[placement::PolicyPlan<'_>],
+) -> Vec<Vec<&'p pods::PodInfo<'a>>> {
+    plans
+        .iter()
+        .map(|p| match &p.selectors {
+            Some((ns_sel, pod_sel)) => pods.selected(ns_sel, pod_sel),
+            None => Vec::new(),
+        })
+        .collect()
+}
+
 /// Compile `view` for the node named `node_name`, without liveness probes (every node
 /// with an EgressNode counts as alive): what `egress-agent check` and tests see.
 pub fn compile(view: &ClusterView, node_name: &str) -> Compiled {
@@ -286,7 +301,7 @@ pub fn compile_remembering(
     let policies = sorted_policies(view);
     let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
-    let selected = pods.selected_by(&plans);
+    let selected = selected_by(&pods, &plans);
     report_disputed(&mut plans, &pods, &selected);
     report_unapplied(&mut plans, &selected, &view.unapplied);
     report_full_maps(&mut plans, view);

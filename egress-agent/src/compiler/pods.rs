@@ -138,20 +138,6 @@ impl<'a> Pods<'a> {
         }
     }
 
-    /// The pods each plan selects (none for a plan without valid selectors), by plan.
-    pub(super) fn selected_by(
-        &self,
-        plans: &[super::placement::PolicyPlan<'_>],
-    ) -> Vec<Vec<&PodInfo<'a>>> {
-        plans
-            .iter()
-            .map(|p| match &p.selectors {
-                Some((ns_sel, pod_sel)) => self.selected(ns_sel, pod_sel),
-                None => Vec::new(),
-            })
-            .collect()
-    }
-
     /// The pods that a policy's namespace and pod selectors select. A namespace without a
     /// Namespace object still has its implicit `kubernetes.io/metadata.name` label.
     /// The namespace is matched once for each run of its pods (they are sorted by it).
