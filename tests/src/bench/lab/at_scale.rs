@@ -179,6 +179,8 @@ pub struct Cost {
     pub maps_bytes: u64,
     /// CPU seconds per second (user + system).
     pub cpu: f64,
+    /// The passes it logged over the idle window, by trigger.
+    pub passes: std::collections::BTreeMap<String, usize>,
 }
 
 /// What one run measured.
@@ -242,10 +244,24 @@ fn maps_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The passes `log` records, by trigger (`reconciled trigger="state"`).
+fn passes(log: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in log.lines() {
+        if let Some(rest) = l.split_once("reconciled trigger=\"").map(|(_, r)| r)
+            && let Some((trigger, _)) = rest.split_once('"')
+        {
+            *out.entry(trigger.to_owned()).or_default() += 1;
+        }
+    }
+    out
+}
+
 /// Every agent's cost now, its CPU over [`IDLE`].
 fn costs(lab: &Lab) -> Result<Vec<Cost>> {
     let pids = agent_pids(lab)?;
     let ticks: Vec<u64> = pids.iter().map(|(_, p)| cpu_ticks(*p)).collect();
+    let logged: Vec<usize> = pids.iter().map(|(n, _)| lab.agent_log(n).len()).collect();
     let t0 = Instant::now();
     thread::sleep(IDLE);
     let secs = t0.elapsed().as_secs_f64();
@@ -254,7 +270,9 @@ fn costs(lab: &Lab) -> Result<Vec<Cost>> {
     Ok(pids
         .iter()
         .zip(ticks)
-        .map(|((node, pid), before)| Cost {
+        .zip(logged)
+        .map(|(((node, pid), before), from)| Cost {
+            passes: passes(lab.agent_log(node).get(from..).unwrap_or_default()),
             node: node.clone(),
             hwm_kib: status_kib(*pid, "VmHWM:"),
             rss_kib: status_kib(*pid, "VmRSS:"),
@@ -347,6 +365,7 @@ pub fn table(r: &Run) -> Table {
             "maps",
             "RSS + maps",
             "idle CPU",
+            "passes while idle, by trigger",
             "at the lab's 7 pods (RSS + maps, idle CPU)",
         ]
         .map(str::to_owned)
@@ -362,6 +381,11 @@ pub fn table(r: &Run) -> Table {
             mib(c.maps_bytes / 1024),
             format!("**{}**", mib(c.rss_kib + c.maps_bytes / 1024)),
             format!("{:.1} %", c.cpu * 100.0),
+            c.passes
+                .iter()
+                .map(|(t, n)| format!("{t} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             before.map_or("-".to_owned(), |b| {
                 format!(
                     "{}, {:.1} %",
