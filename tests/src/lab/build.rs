@@ -14,6 +14,9 @@ impl Lab {
                 spec.echo_bin.display()
             );
         }
+        // The remains of labs whose process was killed (SIGKILL, a machine restart) before
+        // it could tear them down.
+        Lab::sweep_abandoned();
         let (prefix, underlay) = reserve_prefix(spec.prefix.as_deref())?;
         netns::register_live(&prefix);
         let dir = std::env::temp_dir().join(format!("egress-lab-{prefix}"));
@@ -42,6 +45,10 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(self.state_dir())
             .with_context(|| format!("failed to create {}", self.state_dir().display()))?;
+        if let Err(e) = super::teardown::write_owner(&self.dir) {
+            let p = &self.prefix;
+            eprintln!("lab {p}: {e:#} (a kill of this process leaves the lab behind)");
+        }
         self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
         self.build_namespaces()?;
         self.build_bridges()?;
