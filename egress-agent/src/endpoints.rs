@@ -54,6 +54,16 @@ struct Context {
     maps: Cached<MapStats>,
 }
 
+impl Context {
+    fn shared(pin_dir: PathBuf, stats: Arc<Mutex<Stats>>) -> Arc<Self> {
+        Arc::new(Context {
+            pin_dir,
+            stats,
+            maps: Cached::new(MAP_STATS_INTERVAL),
+        })
+    }
+}
+
 /// What a connection may read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Access {
@@ -82,11 +92,7 @@ pub async fn serve(
         Some(_) => "https",
     };
     tracing::info!(addr = %bound, scheme, "serving /metrics, /status, /healthz and /readyz");
-    let cx = Arc::new(Context {
-        pin_dir,
-        stats,
-        maps: Cached::new(MAP_STATS_INTERVAL),
-    });
+    let cx = Context::shared(pin_dir, stats);
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
@@ -164,11 +170,7 @@ pub async fn serve_unix(
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| anyhow::anyhow!("failed to make {} its owner's only: {e}", path.display()))?;
     tracing::info!(path = %path.display(), "serving /status and /metrics on a Unix socket");
-    let cx = Arc::new(Context {
-        pin_dir,
-        stats,
-        maps: Cached::new(MAP_STATS_INTERVAL),
-    });
+    let cx = Context::shared(pin_dir, stats);
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {

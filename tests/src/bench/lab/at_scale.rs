@@ -24,7 +24,6 @@ use crate::{
     bench::report::Table,
     cluster::{self, wait_until},
     lab::{GATEWAY_LABEL, Lab},
-    netns,
 };
 
 /// Nodes beside the lab's four.
@@ -197,20 +196,6 @@ pub struct Run {
     pub owners: Vec<(String, usize)>,
 }
 
-/// The agents' processes, by node.
-fn agent_pids(lab: &Lab) -> Result<Vec<(String, i32)>> {
-    let mut out = Vec::new();
-    for node in ["w1", "w2", "gw1", "gw2"] {
-        for pid in netns::netns_pids(&lab.ns_name(node))? {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "egress-agent" {
-                out.push((node.to_owned(), pid));
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// user + system clock ticks of `pid`.
 fn cpu_ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -221,16 +206,6 @@ fn cpu_ticks(pid: i32) -> u64 {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
-}
-
-fn status_kib(pid: i32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The summed `bytes_memlock` of the maps pinned in `dir`.
@@ -259,7 +234,7 @@ fn passes(log: &str) -> std::collections::BTreeMap<String, usize> {
 
 /// Every agent's cost now, its CPU over [`IDLE`].
 fn costs(lab: &Lab) -> Result<Vec<Cost>> {
-    let pids = agent_pids(lab)?;
+    let pids = control::agent_pids(lab)?;
     let ticks: Vec<u64> = pids.iter().map(|(_, p)| cpu_ticks(*p)).collect();
     let logged: Vec<usize> = pids.iter().map(|(n, _)| lab.agent_log(n).len()).collect();
     let t0 = Instant::now();
@@ -274,8 +249,8 @@ fn costs(lab: &Lab) -> Result<Vec<Cost>> {
         .map(|(((node, pid), before), from)| Cost {
             passes: passes(lab.agent_log(node).get(from..).unwrap_or_default()),
             node: node.clone(),
-            hwm_kib: status_kib(*pid, "VmHWM:"),
-            rss_kib: status_kib(*pid, "VmRSS:"),
+            hwm_kib: control::status_kib(*pid, "VmHWM:"),
+            rss_kib: control::status_kib(*pid, "VmRSS:"),
             maps_bytes: maps_bytes(&lab.bpffs_dir(node)),
             cpu: cpu_ticks(*pid).saturating_sub(before) as f64 / hz / secs,
         })

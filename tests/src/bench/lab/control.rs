@@ -413,26 +413,38 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 
 /// (node, VmHWM KiB, VmRSS KiB) of each running agent.
 pub fn agent_memory(lab: &Lab) -> Result<Vec<(String, u64, u64)>> {
+    Ok(agent_pids(lab)?
+        .into_iter()
+        .map(|(node, pid)| {
+            let (hwm, rss) = (status_kib(pid, "VmHWM:"), status_kib(pid, "VmRSS:"));
+            (node, hwm, rss)
+        })
+        .collect())
+}
+
+/// The agents' processes, by node.
+pub(super) fn agent_pids(lab: &Lab) -> Result<Vec<(String, i32)>> {
     let mut out = Vec::new();
     for node in ["w1", "w2", "gw1", "gw2"] {
         for pid in netns::netns_pids(&lab.ns_name(node))? {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() != "egress-agent" {
-                continue;
+            if comm.trim() == "egress-agent" {
+                out.push((node.to_owned(), pid));
             }
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-            let kib = |key: &str| {
-                status
-                    .lines()
-                    .find(|l| l.starts_with(key))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            out.push((node.to_owned(), kib("VmHWM:"), kib("VmRSS:")));
         }
     }
     Ok(out)
+}
+
+/// A `/proc/<pid>/status` figure in KiB (`VmHWM:`, `VmRSS:`); 0 when absent.
+pub(super) fn status_kib(pid: i32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The compiler in this process at `pods` pods x 10 prefixes: the lab's state directory
