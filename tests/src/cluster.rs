@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::lab::{
-    Family, Lab, LabSpec, NODES, Proto, Query, Seen, Underlay, addr, addr6, locate_echo_bin,
+    Family, Lab, LabSpec, Proto, Query, Seen, Underlay, addr, addr6, locate_echo_bin,
 };
 
 /// The `egress-agent` binary next to the running executable (or one directory up, for
@@ -57,7 +57,7 @@ pub fn start_agents_and_wait(lab: &mut Lab, extra: &[&str]) -> Result<()> {
 /// [`start_agents_and_wait`] with the agent at `bin`, with the lab's liveness key or not.
 pub fn start_agents_of(lab: &mut Lab, bin: &Path, extra: &[&str], keyed: bool) -> Result<()> {
     let family = lab.family();
-    for node in lab.nodes() {
+    for node in lab.nodes().to_vec() {
         lab.start_agent_as(node.name, bin, extra, keyed)?;
     }
     let lab = &*lab;
@@ -94,7 +94,8 @@ pub fn start_agents_of(lab: &mut Lab, bin: &Path, extra: &[&str], keyed: bool) -
         v4 && v6
     })
     .with_context(|| {
-        let warnings: String = NODES
+        let warnings: String = lab
+            .nodes()
             .iter()
             .map(|n| {
                 let log = lab.agent_log(n.name);
@@ -142,7 +143,7 @@ pub fn holder(lab: &Lab, ip: impl Into<IpAddr>) -> Option<(String, String)> {
 pub fn holders(lab: &Lab, ip: impl Into<IpAddr>) -> Vec<(String, String)> {
     let ip: IpAddr = ip.into();
     let mut out = Vec::new();
-    for gw in NODES.iter().filter(|n| n.gateway).map(|n| n.name) {
+    for gw in lab.gateways() {
         let addrs = lab
             .ns(gw)
             .and_then(|ns| ns.up_addresses())

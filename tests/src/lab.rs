@@ -165,7 +165,9 @@ mod tests {
     fn default_pod_ips_are_fixed_and_free_ones_assigned() {
         let mut specs = LabSpec::default_pods();
         specs.push(PodSpec::new("w1-p3", PAYMENTS, "w1", &[]));
-        let pods = assign_pod_ips(&specs, Family::V4, Cni::Routed).unwrap();
+        let mut spec = LabSpec::new("egress-echo");
+        spec.pods = specs;
+        let pods = assign_pod_ips(&spec).unwrap();
         assert_eq!(pods[0].ip, addr::W1_P1);
         assert_eq!(pods[5].ip, Ipv4Addr::new(10, 244, 11, 13));
         assert_eq!(pods[5].veth, "cali-w1-p3");

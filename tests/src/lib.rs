@@ -11,6 +11,7 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod packet6;
+pub mod scale_lab;
 pub mod soak;
 pub mod spread;
 pub mod stream;

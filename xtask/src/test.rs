@@ -54,6 +54,23 @@ pub struct LabArgs {
     #[arg(long, value_name = "WIRING", default_value = "routed",
           value_parser = ["routed", "bridge", "ovs"])]
     cni: String,
+    /// A lab of N nodes (IPv4, routed), two pods on each worker, networks A and B on
+    /// every gateway; prints a summary instead of the table: sources per destination,
+    /// holders, a silent death and a drain under a TCP stream from every worker, a policy
+    /// edit and a gateway route timed to the last node, and what the agents cost.
+    #[arg(long, value_name = "N", conflicts_with_all = ["failover", "ipv6", "dual_stack", "underlay", "down"],
+          value_parser = clap::value_parser!(u32).range(3..=193))]
+    nodes: Option<u32>,
+    /// With --nodes: how many of them are gateways (default: a tenth, at least 2).
+    #[arg(long, value_name = "G", requires = "nodes",
+          value_parser = clap::value_parser!(u32).range(1..=39))]
+    gateways: Option<u32>,
+    /// With --nodes: the agents' --probe-interval-ms (default 100).
+    #[arg(long, value_name = "MS", requires = "nodes")]
+    probe_interval_ms: Option<u64>,
+    /// With --nodes: the agents' --probe-misses (default 3).
+    #[arg(long, value_name = "N", requires = "nodes")]
+    probe_misses: Option<u32>,
 }
 
 #[derive(clap::Args)]
@@ -330,6 +347,20 @@ pub fn lab(args: LabArgs) -> Result<()> {
         a.extend(["--down", &down]);
     }
     a.extend(["--cni", &args.cni]);
+    let scale: Vec<String> = [
+        ("--nodes", args.nodes.map(|n| n.to_string())),
+        ("--gateways", args.gateways.map(|n| n.to_string())),
+        (
+            "--probe-interval-ms",
+            args.probe_interval_ms.map(|n| n.to_string()),
+        ),
+        ("--probe-misses", args.probe_misses.map(|n| n.to_string())),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| [k.to_owned(), v]))
+    .flatten()
+    .collect();
+    a.extend(scale.iter().map(String::as_str));
     build_bins()?;
     if args.cni == "ovs" {
         anyhow::ensure!(

@@ -30,7 +30,7 @@ use anyhow::{Context as _, Result, bail};
 use egress_tests::{
     cluster, failover,
     lab::{self, Family, GatewayRoute, Lab, LabSpec, Proto, Query, Underlay, addr, addr6},
-    netns, spread,
+    netns, scale_lab, spread,
 };
 
 struct Row {
@@ -251,6 +251,9 @@ fn real_main() -> Result<bool> {
         .map(PathBuf::from)
         .context("no directory for the current executable")?;
     let agent = agent_bin(&bin_dir)?;
+    if let Some(nodes) = value("--nodes") {
+        return scale(&nodes, &agent, &bin_dir);
+    }
     let t0 = Instant::now();
     let mut spec = lab_spec(family, underlay)?;
     if arg("--upgrade") {
@@ -318,6 +321,37 @@ fn real_main() -> Result<bool> {
     );
     finish(lab, arg("--keep"))?;
     Ok(ok_all)
+}
+
+/// `--nodes N [--gateways G]`: the lab at that scale, its summary ([`scale_lab`]).
+fn scale(nodes: &str, agent: &std::path::Path, bin_dir: &std::path::Path) -> Result<bool> {
+    let nodes: u32 = nodes.parse().context("--nodes needs a number of nodes")?;
+    let gateways: u32 = match value("--gateways") {
+        Some(g) => g.parse().context("--gateways needs a number of gateways")?,
+        None => (nodes / 10).max(2),
+    };
+    anyhow::ensure!(
+        nodes > gateways,
+        "--nodes {nodes} must be more than --gateways {gateways} (the rest are workers)"
+    );
+    let mut opts = scale_lab::Options::new(
+        nodes - gateways,
+        gateways,
+        agent.to_path_buf(),
+        bin_dir.join("egress-echo"),
+    );
+    if let Some(ms) = value("--probe-interval-ms") {
+        opts.probe_interval_ms = ms
+            .parse()
+            .context("--probe-interval-ms needs milliseconds")?;
+    }
+    if let Some(n) = value("--probe-misses") {
+        opts.probe_misses = n.parse().context("--probe-misses needs a number")?;
+    }
+    opts.keep = arg("--keep");
+    let report = scale_lab::run(&opts)?;
+    print!("{}", scale_lab::print(&report));
+    Ok(report.failures().is_empty())
 }
 
 /// `--ipv6` or `--dual-stack`; IPv4 without either.

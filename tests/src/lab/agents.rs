@@ -5,7 +5,7 @@ use super::*;
 impl Lab {
     /// Start one `egress-agent run` per node (see [`Lab::start_agent`]).
     pub fn start_agents(&mut self, agent_bin: &Path) -> Result<()> {
-        for node in &NODES {
+        for node in self.spec.nodes.clone() {
             self.start_agent(node.name, agent_bin, &[])?;
         }
         Ok(())
@@ -45,7 +45,11 @@ impl Lab {
         extra: &[&str],
         keyed: bool,
     ) -> Result<()> {
-        self.node(node)?;
+        let role_args = if self.node(node)?.gateway {
+            self.spec.gateway_agent_args.clone()
+        } else {
+            self.spec.worker_agent_args.clone()
+        };
         if self.agents.contains_key(node) {
             bail!("failed to start the agent on {node}: it is running");
         }
@@ -87,6 +91,7 @@ impl Lab {
                 self.ovsdb_socket(node).to_string_lossy().into_owned(),
             ]);
         }
+        args.extend(role_args);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = self.agent_log_path(node);
         let out = std::fs::OpenOptions::new()

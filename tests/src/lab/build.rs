@@ -28,7 +28,11 @@ impl Lab {
             servers: Vec::new(),
             agents: BTreeMap::new(),
             pin_dirs: BTreeMap::new(),
-            ready: NODES.iter().map(|n| (n.name.to_owned(), true)).collect(),
+            ready: spec
+                .nodes
+                .iter()
+                .map(|n| (n.name.to_owned(), true))
+                .collect(),
             drained: std::collections::BTreeSet::new(),
             unannounced: std::collections::BTreeSet::new(),
             extra_pod_cidrs: BTreeMap::new(),
@@ -49,7 +53,7 @@ impl Lab {
             let p = &self.prefix;
             eprintln!("lab {p}: {e:#} (a kill of this process leaves the lab behind)");
         }
-        self.pods = assign_pod_ips(&self.spec.pods, self.spec.family, self.spec.cni)?;
+        self.pods = assign_pod_ips(&self.spec)?;
         self.build_namespaces()?;
         self.build_bridges()?;
         self.build_underlay()?;
@@ -70,7 +74,7 @@ impl Lab {
     fn build_namespaces(&mut self) -> Result<()> {
         let v6 = self.spec.family.has_v6();
         let mut members = vec!["rtr".to_owned(), "rtr-b".to_owned()];
-        members.extend(NODES.iter().map(|n| n.name.to_owned()));
+        members.extend(self.spec.nodes.iter().map(|n| n.name.to_owned()));
         for net in NETWORKS {
             members.push(format!("net-{}", net.id));
             members.push(format!("host-{}", net.id));
@@ -85,7 +89,7 @@ impl Lab {
                 ("net.ipv4.conf.all.rp_filter", "0"),
                 ("net.ipv4.conf.default.rp_filter", "0"),
             ];
-            let router = m == "rtr" || m == "rtr-b" || NODES.iter().any(|n| n.name == m);
+            let router = m == "rtr" || m == "rtr-b" || self.spec.nodes.iter().any(|n| n.name == m);
             if router {
                 kv.push(("net.ipv4.ip_forward", "1"));
             }
@@ -122,7 +126,8 @@ impl Lab {
         let ul = self.ns_name("ul");
         let mut ul_ports = Vec::new();
         let cni = self.spec.cni;
-        for node in &NODES {
+        let nodes = &self.spec.nodes;
+        for node in nodes {
             let mut cmds = vec![format!(
                 "link add eth0 type veth peer name {} netns {ul}",
                 node.name
@@ -146,7 +151,7 @@ impl Lab {
                 self.start_ovs(node)?;
             }
             self.ns(node.name)?
-                .ip_batch(&node.underlay_config(v6, cni))?;
+                .ip_batch(&node.underlay_config(nodes, v6, cni))?;
             ul_ports.push(node.name.to_owned());
         }
         let mut rtr = vec![
@@ -154,12 +159,12 @@ impl Lab {
             format!("addr add {}/24 dev eth0", addr::ROUTER),
             "link set eth0 up".to_owned(),
         ];
-        for node in &NODES {
+        for node in nodes {
             rtr.push(format!("route add {} via {}", node.pod_cidr(), node.ip));
         }
         if v6 {
             rtr.push(format!("addr add {}/64 dev eth0 nodad", addr6::ROUTER));
-            for node in &NODES {
+            for node in nodes {
                 rtr.push(format!(
                     "route add {} via {}",
                     node.pod_cidr_v6(),
@@ -237,10 +242,12 @@ impl Lab {
                     .ip_batch(&[format!("link set trunk-{id} master br0 up")])?;
             }
         }
-        for gw in ["gw1", "gw2"] {
+        for gw in self.spec.nodes.iter().filter(|n| n.gateway) {
+            let gw_node = gw;
+            let gw = gw.name;
             let mut cmds = Vec::new();
             for id in ['a', 'b'] {
-                let (ip, ip6) = secondary_addrs(gw, id)?;
+                let (ip, ip6) = gw_node.secondary_addrs(id)?;
                 let bridge_ns = self.ns_name(&format!("net-{id}"));
                 cmds.push(if cni == Cni::Ovs {
                     let vid = secondary_vlan(id);
@@ -721,14 +728,14 @@ fn validate(spec: &LabSpec) -> Result<()> {
         if reserved.contains(&pod.name.as_str())
             || pod.name.starts_with("net-")
             || pod.name.starts_with("host-")
-            || NODES.iter().any(|n| n.name == pod.name)
+            || spec.nodes.iter().any(|n| n.name == pod.name)
         {
             bail!("invalid lab spec: pod name {:?} is reserved", pod.name);
         }
         if !seen.insert(pod.name.clone()) {
             bail!("invalid lab spec: pod {:?} listed twice", pod.name);
         }
-        if !NODES.iter().any(|n| n.name == pod.node) {
+        if !spec.nodes.iter().any(|n| n.name == pod.node) {
             bail!(
                 "invalid lab spec: pod {:?} on unknown node {:?}",
                 pod.name,
@@ -744,16 +751,18 @@ fn validate(spec: &LabSpec) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn assign_pod_ips(specs: &[PodSpec], family: Family, cni: Cni) -> Result<Vec<Pod>> {
+pub(super) fn assign_pod_ips(spec: &LabSpec) -> Result<Vec<Pod>> {
+    let (specs, family, cni) = (&spec.pods, spec.family, spec.cni);
     let mut used: std::collections::BTreeSet<Ipv4Addr> =
         specs.iter().filter_map(|p| p.ip).collect();
     let mut pods = Vec::new();
-    for spec in specs {
-        let node = NODES
+    for pod in specs {
+        let node = spec
+            .nodes
             .iter()
-            .find(|n| n.name == spec.node)
-            .with_context(|| format!("pod {} on unknown node {}", spec.name, spec.node))?;
-        let ip = match spec.ip {
+            .find(|n| n.name == pod.node)
+            .with_context(|| format!("pod {} on unknown node {}", pod.name, pod.node))?;
+        let ip = match pod.ip {
             Some(ip) => ip,
             None => {
                 let octet = node.ip.octets()[3];
@@ -766,12 +775,12 @@ pub(super) fn assign_pod_ips(specs: &[PodSpec], family: Family, cni: Cni) -> Res
             }
         };
         pods.push(Pod {
-            name: spec.name.clone(),
-            namespace: spec.namespace.clone(),
-            node: spec.node.clone(),
-            labels: spec.labels.clone(),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            node: pod.node.clone(),
+            labels: pod.labels.clone(),
             ip,
-            veth: cni.veth(&spec.name),
+            veth: cni.veth(&pod.name),
             ipv6: family.has_v6().then(|| {
                 let [_, _, node, n] = ip.octets();
                 Ipv6Addr::new(0xfd00, 0x244, hex_like(node), 0, 0, 0, 0, hex_like(n))

@@ -24,7 +24,7 @@ impl Lab {
         }
         let v6 = self.spec.family.has_v6();
         self.ns(node)?
-            .ip_batch(&n.underlay_config(v6, self.spec.cni))?;
+            .ip_batch(&n.underlay_config(&self.spec.nodes, v6, self.spec.cni))?;
         self.wait_carried(node, self.spec.cni.underlay_device(), "ul", node)
     }
 
@@ -38,7 +38,7 @@ impl Lab {
             "sec-b" => 'b',
             other => bail!("{other:?} is not a secondary link (sec-a, sec-b)"),
         };
-        let (ip, ip6) = secondary_addrs(gw, id)?;
+        let (ip, ip6) = self.node(gw)?.secondary_addrs(id)?;
         let mut cmds = vec![format!(
             "link set {link} {}",
             if up { "up" } else { "down" }

@@ -51,12 +51,27 @@ impl Lab {
         self.dir.join("state")
     }
 
-    pub fn nodes(&self) -> &'static [Node] {
-        &NODES
+    pub fn nodes(&self) -> &[Node] {
+        &self.spec.nodes
     }
 
-    pub fn node(&self, name: &str) -> Result<&'static Node> {
-        NODES
+    /// The gateways' names.
+    pub fn gateways(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.spec.nodes.iter().filter(|n| n.gateway).map(|n| n.name)
+    }
+
+    /// The workers' names.
+    pub fn workers(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.spec
+            .nodes
+            .iter()
+            .filter(|n| !n.gateway)
+            .map(|n| n.name)
+    }
+
+    pub fn node(&self, name: &str) -> Result<&Node> {
+        self.spec
+            .nodes
             .iter()
             .find(|n| n.name == name)
             .with_context(|| format!("lab has no node {name:?}"))

@@ -69,7 +69,7 @@ impl Node {
     /// up, default route, other nodes' pod ranges. Idempotent (`replace`), so they also
     /// restore what the kernel drops when the link goes down (its static routes, its IPv6
     /// addresses).
-    pub(super) fn underlay_config(&self, v6: bool, cni: Cni) -> Vec<String> {
+    pub(super) fn underlay_config(&self, nodes: &[Node], v6: bool, cni: Cni) -> Vec<String> {
         let dev = cni.underlay_device();
         let mut cmds = match cni {
             Cni::Routed => vec![],
@@ -84,7 +84,7 @@ impl Node {
             format!("addr replace {}/24 dev {dev}", self.ip),
             format!("route replace default via {}", addr::ROUTER),
         ]);
-        for other in NODES.iter().filter(|o| o.name != self.name) {
+        for other in nodes.iter().filter(|o| o.name != self.name) {
             cmds.push(format!(
                 "route replace {} via {}",
                 other.pod_cidr(),
@@ -94,7 +94,7 @@ impl Node {
         if v6 {
             cmds.push(format!("addr replace {}/64 dev {dev} nodad", self.ip6()));
             cmds.push(format!("route replace ::/0 via {}", addr6::ROUTER));
-            for other in NODES.iter().filter(|o| o.name != self.name) {
+            for other in nodes.iter().filter(|o| o.name != self.name) {
                 cmds.push(format!(
                     "route replace {} via {}",
                     other.pod_cidr_v6(),
@@ -116,15 +116,100 @@ impl Node {
     }
 }
 
-/// A gateway's own addresses on secondary network `id` (`a` or `b`): `sec-<id>` has them.
-pub(super) fn secondary_addrs(gw: &str, id: char) -> Result<(Ipv4Addr, Ipv6Addr)> {
-    Ok(match (gw, id) {
-        ("gw1", 'a') => (addr::GW1_SEC_A, addr6::GW1_SEC_A),
-        ("gw1", 'b') => (addr::GW1_SEC_B, addr6::GW1_SEC_B),
-        ("gw2", 'a') => (addr::GW2_SEC_A, addr6::GW2_SEC_A),
-        ("gw2", 'b') => (addr::GW2_SEC_B, addr6::GW2_SEC_B),
-        _ => bail!("{gw} has no link sec-{id} (gateways gw1 and gw2 have sec-a and sec-b)"),
-    })
+impl Node {
+    /// Worker `i` (1-based) of a lab of any size: `w<i>`, underlay `10.200.0.11` and `.12`
+    /// for the first two (the four-node lab's), `10.200.0.<100 + i>` from the third on.
+    pub fn worker(i: u32) -> Result<Node> {
+        let octet = match i {
+            1 | 2 => 10 + i,
+            3..=MAX_WORKERS => 100 + i,
+            _ => bail!("a lab has workers 1 to {MAX_WORKERS}, not {i}"),
+        };
+        Ok(Node {
+            name: interned(format!("w{i}")),
+            ip: Ipv4Addr::new(10, 200, 0, octet as u8),
+            gateway: false,
+        })
+    }
+
+    /// Gateway `i` (1-based): `gw<i>`, underlay `10.200.0.<20 + i>`, with `sec-a` and
+    /// `sec-b` on networks A and B at `.<10 + i>` ([`Node::secondary_addrs`]).
+    pub fn gateway(i: u32) -> Result<Node> {
+        if !(1..=MAX_GATEWAYS).contains(&i) {
+            bail!("a lab has gateways 1 to {MAX_GATEWAYS}, not {i}");
+        }
+        Ok(Node {
+            name: interned(format!("gw{i}")),
+            ip: Ipv4Addr::new(10, 200, 0, (20 + i) as u8),
+            gateway: true,
+        })
+    }
+
+    /// A gateway's own addresses on secondary network `id` (`a` or `b`), which `sec-<id>`
+    /// has: `192.168.10<1|2>.<10 + i>` and `fd00:10<1|2>::<10 + i>` for gateway `i`.
+    pub fn secondary_addrs(&self, id: char) -> Result<(Ipv4Addr, Ipv6Addr)> {
+        let host = self.ip.octets()[3].wrapping_sub(10);
+        let net = match id {
+            'a' => 101,
+            'b' => 102,
+            _ => bail!(
+                "{} has no link sec-{id} (gateways have sec-a and sec-b)",
+                self.name
+            ),
+        };
+        if !self.gateway {
+            bail!("{} is no gateway: it has no link sec-{id}", self.name);
+        }
+        Ok((
+            Ipv4Addr::new(192, 168, net, host),
+            Ipv6Addr::new(
+                0xfd00,
+                0x100 + u16::from(net - 100),
+                0,
+                0,
+                0,
+                0,
+                0,
+                hex_like(host),
+            ),
+        ))
+    }
+}
+
+/// Most workers a lab can have (their underlay addresses end at `.254`).
+pub const MAX_WORKERS: u32 = 154;
+/// Most gateways a lab can have (their addresses on A and B stay below the egress IPs'
+/// `.50`).
+pub const MAX_GATEWAYS: u32 = 39;
+
+/// The nodes of a lab of `workers` workers and `gateways` gateways (`cargo xtask lab
+/// --nodes N --gateways G`): `w1`.. then `gw1`..
+pub fn scaled_nodes(workers: u32, gateways: u32) -> Result<Vec<Node>> {
+    if workers == 0 || gateways == 0 {
+        bail!("a lab needs at least one worker and one gateway ({workers} and {gateways} asked)");
+    }
+    let mut out = (1..=workers)
+        .map(Node::worker)
+        .collect::<Result<Vec<_>>>()?;
+    out.extend(
+        (1..=gateways)
+            .map(Node::gateway)
+            .collect::<Result<Vec<_>>>()?,
+    );
+    Ok(out)
+}
+
+/// A generated node's name, kept for the process's life ([`Node::name`] is `&'static`, as
+/// the four constant nodes' are): each distinct name is leaked once, however many labs.
+fn interned(name: String) -> &'static str {
+    static NAMES: std::sync::Mutex<BTreeSet<&'static str>> = std::sync::Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.get(name.as_str()) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(n);
+    n
 }
 
 /// `11` -> `0x11`: IPv6 addresses that read like their IPv4 counterparts.
@@ -370,6 +455,13 @@ pub struct LabSpec {
     /// Agents sign their hellos with a lab key (`--liveness-key-file`), as the DaemonSet
     /// has them (on by default).
     pub liveness_key: bool,
+    /// The nodes: [`NODES`] (two workers, two gateways) by default; [`scaled_nodes`] for
+    /// a lab at a cluster's scale ([`LabSpec::scaled`]).
+    pub nodes: Vec<Node>,
+    /// Flags every agent on a worker gets (before a test's own), e.g. small maps.
+    pub worker_agent_args: Vec<String>,
+    /// Flags every agent on a gateway gets (before a test's own).
+    pub gateway_agent_args: Vec<String>,
 }
 
 /// Family of the lab's underlay.
@@ -483,7 +575,28 @@ impl LabSpec {
             underlay: Underlay::V4,
             cni: Cni::Routed,
             liveness_key: true,
+            nodes: NODES.to_vec(),
+            worker_agent_args: Vec::new(),
+            gateway_agent_args: Vec::new(),
         }
+    }
+
+    /// A lab of `workers` workers and `gateways` gateways ([`scaled_nodes`]), IPv4, with
+    /// two pods per worker: `w<i>-p1` app=api (selected by the sample policy) and
+    /// `w<i>-p2` app=web (not selected), both in `payments`.
+    pub fn scaled(echo_bin: impl Into<PathBuf>, workers: u32, gateways: u32) -> Result<Self> {
+        let mut spec = Self::new(echo_bin);
+        spec.nodes = scaled_nodes(workers, gateways)?;
+        spec.pods = (1..=workers)
+            .flat_map(|i| {
+                let node = format!("w{i}");
+                [
+                    PodSpec::new(&format!("{node}-p1"), PAYMENTS, &node, &[("app", "api")]),
+                    PodSpec::new(&format!("{node}-p2"), PAYMENTS, &node, &[("app", "web")]),
+                ]
+            })
+            .collect();
+        Ok(spec)
     }
 
     /// Pods of `family`, on the underlay such a cluster has: IPv6 for IPv6-only pods,

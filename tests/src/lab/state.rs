@@ -113,7 +113,7 @@ impl Lab {
                 "metadata": {"name": name, "labels": labels},
             }));
         }
-        for node in &NODES {
+        for node in &self.spec.nodes {
             let mut labels = BTreeMap::from([
                 ("kubernetes.io/hostname".to_owned(), node.name.to_owned()),
                 ("kubernetes.io/os".to_owned(), "linux".to_owned()),
@@ -172,7 +172,9 @@ impl Lab {
             .iter()
             .filter(|p| !self.unannounced.contains(&p.name))
         {
-            let host_ip = NODES
+            let host_ip = self
+                .spec
+                .nodes
                 .iter()
                 .find(|n| n.name == pod.node)
                 .map(|n| n.ip.to_string())

@@ -279,7 +279,7 @@ impl Churn {
         lab.write_policy(&sample_policy())?;
         let i = self.policy_broken.take();
         self.close(i);
-        for node in lab.nodes().iter().map(|n| n.name) {
+        for node in lab.nodes().iter().map(|n| n.name).collect::<Vec<_>>() {
             if !lab.agent_running(node) {
                 lab.start_agent(node, &self.agent_bin, &AGENT_ARGS)?;
             }

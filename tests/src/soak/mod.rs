@@ -231,7 +231,7 @@ fn lab_up() -> Result<Lab> {
     let mut lab = Lab::up(spec)?;
     lab.connect_router_to('a')?;
     let bin = agent_bin()?;
-    for node in lab.nodes().iter().map(|n| n.name) {
+    for node in lab.nodes().iter().map(|n| n.name).collect::<Vec<_>>() {
         lab.start_agent(node, &bin, &AGENT_ARGS)?;
     }
     let (ea, eb) = (IpAddr::V4(addr::EGRESS_IP_A), IpAddr::V4(addr::EGRESS_IP_B));

@@ -197,7 +197,7 @@ pub struct Run {
 }
 
 /// user + system clock ticks of `pid`.
-fn cpu_ticks(pid: i32) -> u64 {
+pub(crate) fn cpu_ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
@@ -209,7 +209,7 @@ fn cpu_ticks(pid: i32) -> u64 {
 }
 
 /// The summed `bytes_memlock` of the maps pinned in `dir`.
-fn maps_bytes(dir: &Path) -> u64 {
+pub(crate) fn maps_bytes(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };

@@ -423,9 +423,9 @@ pub fn agent_memory(lab: &Lab) -> Result<Vec<(String, u64, u64)>> {
 }
 
 /// The agents' processes, by node.
-pub(super) fn agent_pids(lab: &Lab) -> Result<Vec<(String, i32)>> {
+pub(crate) fn agent_pids(lab: &Lab) -> Result<Vec<(String, i32)>> {
     let mut out = Vec::new();
-    for node in ["w1", "w2", "gw1", "gw2"] {
+    for node in lab.nodes().iter().map(|n| n.name) {
         for pid in netns::netns_pids(&lab.ns_name(node))? {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             if comm.trim() == "egress-agent" {
@@ -437,7 +437,7 @@ pub(super) fn agent_pids(lab: &Lab) -> Result<Vec<(String, i32)>> {
 }
 
 /// A `/proc/<pid>/status` figure in KiB (`VmHWM:`, `VmRSS:`); 0 when absent.
-pub(super) fn status_kib(pid: i32, key: &str) -> u64 {
+pub(crate) fn status_kib(pid: i32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()

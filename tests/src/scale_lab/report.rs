@@ -1,0 +1,207 @@
+//! The run's summary, as `cargo xtask lab --nodes N --gateways G` prints it.
+
+use std::fmt::Write as _;
+
+use super::{Cost, NodeTimes, Report, SourceCheck};
+
+/// The whole summary.
+pub fn print(r: &Report) -> String {
+    let mut s = String::new();
+    let pods = r.workers * 2;
+    let _ = writeln!(
+        s,
+        "Scale lab: {} nodes ({} workers, {} gateways), {pods} pods ({} selected), probes every \
+         {} ms, a peer dead after {} missed",
+        r.workers + r.gateways,
+        r.workers,
+        r.gateways,
+        r.workers,
+        r.probe_interval_ms,
+        r.probe_misses
+    );
+    let _ = writeln!(s, "  worker agents:  {}", r.worker_args.join(" "));
+    let _ = writeln!(s, "  gateway agents: {}", r.gateway_args.join(" "));
+    let _ = writeln!(
+        s,
+        "Up: lab {:.1} s; agents started {:.1} s and converged {:.1} s after their start \
+         (every selected pod leaves by egress IPs A and B)",
+        r.lab_up.as_secs_f64(),
+        r.started.as_secs_f64(),
+        r.converged.as_secs_f64()
+    );
+    s.push_str("\nSources at the far hosts, every pod (selected: by the egress IP; unselected: no way to A, B, D; C untouched):\n");
+    sources(&mut s, &r.first_check);
+    holders(&mut s, &r.holders);
+    s.push_str(
+        "\nFailover: a TCP stream from every worker's selected pod through egress IP A, a \
+         line every 100 ms;\nback = from the failure to the reply that ended the node's \
+         worst gap (0: none over 300 ms)\n",
+    );
+    let _ = writeln!(
+        s,
+        "  {:<13} {:<7} {:<10} {:>7} {:>6}  {:>7} {:>7} {:>7} {:>7}  slowest",
+        "event",
+        "failed",
+        "new holder",
+        "streams",
+        "broken",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "min ms"
+    );
+    for f in &r.failovers {
+        let (p50, p99, max, min) = f.back.spread();
+        let _ = writeln!(
+            s,
+            "  {:<13} {:<7} {:<10} {:>7} {:>6}  {p50:>7} {p99:>7} {max:>7} {min:>7}  {}",
+            f.how,
+            f.from,
+            f.to.join(","),
+            f.streams,
+            f.broken.len(),
+            slowest(&f.back)
+        );
+    }
+    s.push_str(
+        "\nPropagation: a UDP stream from every worker's selected pod, a datagram every 50 \
+         ms;\ntime from the change until the far host sees the new source from that node\n",
+    );
+    let _ = writeln!(
+        s,
+        "  {:<14} {:>5} {:>7} {:>7} {:>7}  slowest",
+        "change", "nodes", "p50 ms", "p99 ms", "max ms"
+    );
+    for p in &r.propagations {
+        let (p50, p99, max, _) = p.shown.spread();
+        let _ = writeln!(
+            s,
+            "  {:<14} {:>5} {p50:>7} {p99:>7} {max:>7}  {}",
+            p.what,
+            p.shown.0.len(),
+            slowest(&p.shown)
+        );
+    }
+    s.push_str("\nCost per agent (CPU in cores; memory in MiB: resident, peak resident, the maps' bytes_memlock):\n");
+    let _ = writeln!(
+        s,
+        "  {:<22} {:<8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "window",
+        "role",
+        "agents",
+        "CPU mean",
+        "CPU max",
+        "RSS mean",
+        "RSS max",
+        "peak RSS",
+        "maps mean",
+        "maps max"
+    );
+    cost(
+        &mut s,
+        &format!("idle {:.0} s", r.idle.window.as_secs_f64()),
+        &r.idle,
+    );
+    cost(
+        &mut s,
+        &format!("events {:.0} s", r.busy.window.as_secs_f64()),
+        &r.busy,
+    );
+    let _ = writeln!(
+        s,
+        "  underlay while idle: {:.0} packets/s, {:.1} KiB/s sent by the nodes (hellos and \
+         their answers, ARP: no traffic runs)",
+        r.idle.underlay.packets_per_sec,
+        r.idle.underlay.bytes_per_sec / 1024.0
+    );
+    let _ = writeln!(
+        s,
+        "  state directory: {:.1} KiB",
+        r.state_dir_bytes as f64 / 1024.0
+    );
+    s.push_str(
+        "\nAfter the events (rule A by the edited egress IP, network E routed by the gateways):\n",
+    );
+    sources(&mut s, &r.last_check);
+    holders(&mut s, &r.holders_after);
+    let failures = r.failures();
+    if failures.is_empty() {
+        s.push_str("\nResult: every source right, one holder per egress IP, no stream broken\n");
+    } else {
+        let _ = writeln!(s, "\nResult: {} failures", failures.len());
+        for f in failures {
+            let _ = writeln!(s, "  {f}");
+        }
+    }
+    s
+}
+
+fn sources(s: &mut String, checks: &[SourceCheck]) {
+    let _ = writeln!(
+        s,
+        "  {:<12} {:>7} {:>6} {:>6}",
+        "destination", "checked", "right", "wrong"
+    );
+    for c in checks {
+        let _ = writeln!(
+            s,
+            "  {:<12} {:>7} {:>6} {:>6}{}",
+            c.destination,
+            c.checked,
+            c.right,
+            c.wrong.len(),
+            c.wrong
+                .first()
+                .map_or(String::new(), |w| format!("  (first: {w})"))
+        );
+    }
+}
+
+fn holders(s: &mut String, holders: &[(std::net::IpAddr, Vec<(String, String)>)]) {
+    let list: Vec<String> = holders
+        .iter()
+        .map(|(ip, h)| {
+            let by: Vec<String> = h.iter().map(|(g, i)| format!("{g} ({i})")).collect();
+            format!(
+                "{ip} on {}",
+                if by.is_empty() {
+                    "no gateway".to_owned()
+                } else {
+                    by.join(" and ")
+                }
+            )
+        })
+        .collect();
+    let _ = writeln!(s, "  held: {}", list.join("; "));
+}
+
+fn slowest(t: &NodeTimes) -> String {
+    let missing = t.missing();
+    let mut out = t
+        .slowest()
+        .map_or("-".to_owned(), |(n, ms)| format!("{n} ({ms} ms)"));
+    if !missing.is_empty() {
+        let _ = write!(out, "; never: {}", missing.join(", "));
+    }
+    out
+}
+
+fn cost(s: &mut String, window: &str, c: &Cost) {
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    for r in &c.roles {
+        let _ = writeln!(
+            s,
+            "  {:<22} {:<8} {:>6} {:>8.3} {:>8.3} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>9.1}",
+            window,
+            r.role,
+            r.agents,
+            r.cpu_mean,
+            r.cpu_max,
+            mib(r.rss_mean_kib),
+            mib(r.rss_max_kib),
+            mib(r.hwm_max_kib),
+            r.maps_mean_bytes as f64 / 1048576.0,
+            r.maps_max_bytes as f64 / 1048576.0,
+        );
+    }
+}
