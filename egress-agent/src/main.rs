@@ -192,6 +192,15 @@ struct RunArgs {
     /// Full resync interval in seconds, on top of change notifications.
     #[arg(long, default_value_t = 10)]
     resync_secs: u64,
+    /// While passes are expensive and the cluster keeps changing, a state change waits
+    /// until the last pass has rested three times its own duration (passes then take at
+    /// most a quarter of a core), but at most this many milliseconds after that pass
+    /// ended; changes meanwhile share one pass. A quiet agent passes at once; probes,
+    /// netlink and timers never wait. 0: every change passes at once.
+    #[arg(long, env = "EGRESS_STATE_BATCH_MAX_MS",
+          default_value_t = egress_agent::agent::batch::DEFAULT_MAX_REST_MS,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    state_batch_max_ms: u64,
     /// Milliseconds between two liveness probes (hellos) to each peer.
     #[arg(long, env = "EGRESS_PROBE_INTERVAL_MS", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(10..=60_000))]
@@ -343,6 +352,7 @@ impl RunArgs {
             },
             status_socket: Some(self.status_socket).filter(|p| !p.as_os_str().is_empty()),
             resync: Duration::from_secs(self.resync_secs.max(1)),
+            state_batch_max: Duration::from_millis(self.state_batch_max_ms),
             probe: liveness::Settings {
                 interval: Duration::from_millis(self.probe_interval_ms),
                 misses: self.probe_misses,

@@ -35,6 +35,9 @@ pub struct Stats {
     pub last_reconcile: Duration,
     /// Every pass's duration.
     pub reconcile_duration: Seconds,
+    /// For every pass that took a state change: how long the change waited for it
+    /// (`--state-batch-max-ms`).
+    pub state_batch_delay: Seconds,
     /// Every egress address in use, cluster-wide, as this node computes it.
     pub holders: Vec<HolderStat>,
     /// The dedicated egress IPs of served policies that no node holds.
@@ -376,6 +379,11 @@ fn register_passes(reg: &mut Registry, stats: &Stats) {
         "reconcile_duration_seconds",
         "Duration of each reconcile pass",
         stats.reconcile_duration.0.clone(),
+    );
+    reg.register(
+        "state_batch_delay_seconds",
+        "How long each state change waited for its pass while passes were expensive",
+        stats.state_batch_delay.0.clone(),
     );
 }
 

@@ -4,7 +4,8 @@
 //! one bad object or interface never stops the rest.
 //!
 //! * [`start`]: connecting to the source, the ports, the preflight, the node's set-up.
-//! * [`wakers`]: what wakes a pass, and what is handled between passes.
+//! * [`wakers`]: what wakes a pass, and what is handled between passes; [`batch`]: how
+//!   long a state change waits for its pass while passes are expensive.
 //! * [`maps`]: the node's configuration and map contents, through the datapath.
 //! * [`devices`]: pod devices found and attached ([`attachments`] decides).
 //! * [`holding`]: which egress IPs this node holds, and the order of acquire and release.
@@ -33,6 +34,7 @@ use crate::{
 };
 
 pub mod attachments;
+pub mod batch;
 mod devices;
 pub mod holding;
 mod maps;
@@ -70,6 +72,9 @@ pub struct RunConfig {
     /// Serve `/status` and `/metrics` on this Unix socket too (`--status-socket`).
     pub status_socket: Option<PathBuf>,
     pub resync: Duration,
+    /// The longest rest after a pass before a state change's pass
+    /// (`--state-batch-max-ms`; zero: none, see [`batch`]).
+    pub state_batch_max: Duration,
     /// Liveness probes between agents.
     pub probe: liveness::Settings,
     pub probe_port: u16,
@@ -156,6 +161,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         "agent started"
     );
     let mut wakers = wakers::Wakers {
+        batch: batch::StateBatch::new(cfg.state_batch_max),
         changes: iface::Netlink::subscribe_changes().await?,
         tick: tokio::time::interval(cfg.resync),
         sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
@@ -200,6 +206,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         let t0 = Instant::now();
         let outcome = r.reconcile(&mut dp, &snap.view, peers).await;
         let took = t0.elapsed();
+        wakers.batch.ran(t0, took);
         record_pass(
             &stats,
             &mut problem_log,

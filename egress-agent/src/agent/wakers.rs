@@ -1,14 +1,17 @@
-//! What wakes the agent for a pass, besides the state source: link and address changes,
-//! the resync tick, the liveness service, timers the pass asked for, signals; and what is
-//! handled at once between passes (new pod devices, the CNI plugin's requests, peers'
-//! transitions).
+//! What wakes the agent for a pass: the state source (held back while passes are
+//! expensive, [`StateBatch`]), link and address changes, the resync tick, the liveness
+//! service, timers the pass asked for, signals; and what is handled at once between
+//! passes (new pod devices, the CNI plugin's requests, peers' transitions).
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use tracing::{info, warn};
 
-use super::Reconciler;
+use super::{Reconciler, batch::StateBatch};
 use crate::{
     datapath::Datapath,
     iface,
@@ -18,6 +21,8 @@ use crate::{
 
 /// What wakes the agent for a pass, besides the state source.
 pub(super) struct Wakers {
+    /// When a pass for a state change may start (told of every pass).
+    pub(super) batch: StateBatch,
     /// Link and address changes on this node.
     pub(super) changes: tokio::sync::mpsc::Receiver<()>,
     /// The periodic resync (`--resync`).
@@ -71,6 +76,9 @@ impl Wakers {
         r: &mut Reconciler<'_>,
         dp: &mut Datapath,
     ) -> Result<Option<&'static str>> {
+        // A state change seen and waiting for the batch's start: when it was seen, and
+        // when its pass starts.
+        let mut held: Option<(Instant, Instant)> = None;
         loop {
             let wake = r.wake_at;
             let trigger = tokio::select! {
@@ -85,12 +93,19 @@ impl Wakers {
                     let _ = reply.send(answer);
                     continue;
                 }
-                res = views.changed() => {
+                res = views.changed(), if held.is_none() => {
                     if res.is_err() {
                         anyhow::bail!("the state source stopped");
                     }
+                    let now = Instant::now();
+                    let at = self.batch.start_at(now);
+                    if at > now {
+                        held = Some((now, at));
+                        continue;
+                    }
                     "state"
                 }
+                () = sleep_until(held.map(|(_, at)| at)) => "state",
                 res = self.peer_views.changed() => {
                     if res.is_err() {
                         anyhow::bail!("the probe service stopped");
@@ -117,6 +132,12 @@ impl Wakers {
             while self.changes.try_recv().is_ok() {}
             while let Ok(t) = self.transitions.try_recv() {
                 r.note(&t);
+            }
+            // Whatever woke this pass, it takes the change that was waiting.
+            let waited = held.map_or(Duration::ZERO, |(seen, _)| seen.elapsed());
+            if held.is_some() || trigger == "state" {
+                let s = r.stats.lock().unwrap_or_else(|e| e.into_inner());
+                s.state_batch_delay.observe(waited);
             }
             return Ok(Some(trigger));
         }

@@ -1,13 +1,16 @@
-//! One pod change at cluster scale (issue 15, "One change at scale"): on the synthetic
-//! cluster of [`scale`](super::scale), the pass an agent makes when one pod comes or goes
-//! (compile, `MapState::from_desired`, and the diff against what its maps hold, without
-//! the map writes), and its CPU while pods change 10 times a second across the cluster.
+//! One pod change at cluster scale (issues 15 and 34, "One change at scale"): on the
+//! synthetic cluster of [`scale`](super::scale), the pass an agent makes when one pod comes
+//! or goes (compile, `MapState::from_desired`, and the diff against what its maps hold,
+//! without the map writes), the pass of the resync tick (nothing changed), and its CPU and
+//! latency while pods change 10 times a second across the cluster, with the agent's
+//! state passes batched as its own [`StateBatch`] allows, unbatched and at two bounds.
 //! Measured in this process, without root: `egress-bench --churn`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use egress_agent::{
+    agent::batch::{DEFAULT_MAX_REST_MS, FACTOR, StateBatch},
     compiler::{Compiled, compile},
     datapath::state::MapState,
     source::ClusterView,
@@ -92,16 +95,18 @@ fn churn_pod(shape: &Shape, k: u32) -> egress_agent::source::PodSummary {
     scale::pod(shape, node, shape.pods_per_node() + k % 20)
 }
 
-/// One node's pass for one added pod.
+/// One node's pass for one added pod, and with nothing changed.
 #[derive(Clone, Debug)]
 pub struct OnePod {
     pub node: String,
     pub gateway: bool,
     pub passes: Vec<PassTimes>,
+    /// A pass with nothing changed since the last one: what the resync tick costs.
+    pub unchanged: Vec<PassTimes>,
 }
 
-/// Add one pod to `view` on `node` and pass, then remove it and pass again (untimed),
-/// `rounds` times.
+/// Add one pod to `view` on `node` and pass, then remove it and pass again (untimed), then
+/// pass once more with nothing changed, `rounds` times.
 fn one_pod_added(
     shape: &Shape,
     view: &mut ClusterView,
@@ -110,7 +115,7 @@ fn one_pod_added(
     rounds: usize,
 ) -> OnePod {
     let mut agent = Agent::new(view, node);
-    let mut passes = Vec::new();
+    let (mut passes, mut unchanged) = (Vec::new(), Vec::new());
     for k in 0..rounds as u32 {
         let i = view
             .nodes
@@ -122,11 +127,13 @@ fn one_pod_added(
         passes.push(agent.pass(view));
         view.pods.pop();
         agent.pass(view);
+        unchanged.push(agent.pass(view));
     }
     OnePod {
         node: node.to_owned(),
         gateway,
         passes,
+        unchanged,
     }
 }
 
@@ -135,6 +142,8 @@ fn one_pod_added(
 pub struct Churn {
     pub node: String,
     pub gateway: bool,
+    /// `--state-batch-max-ms`; zero: unbatched, every pass as soon as the last is over.
+    pub max_rest: Duration,
     pub events: u32,
     pub passes: u32,
     pub wall_s: f64,
@@ -157,52 +166,88 @@ fn cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
+/// Pod events at `rate` per second from `start`, `total` of them: the first arrives at
+/// `start`, the `k`th `k` periods later.
+struct Events {
+    start: Instant,
+    period: Duration,
+    total: u32,
+}
+
+impl Events {
+    /// How many have arrived by `t`.
+    fn arrived(&self, t: Instant) -> u32 {
+        let periods =
+            t.saturating_duration_since(self.start).as_secs_f64() / self.period.as_secs_f64();
+        (periods as u32 + 1).min(self.total)
+    }
+
+    /// When the `k`th arrives.
+    fn at(&self, k: u32) -> Instant {
+        self.start + self.period * k
+    }
+}
+
+/// Apply events `from..to` to `view`: even ones add the churn's next pod, odd ones remove it.
+fn apply_events(shape: &Shape, view: &mut ClusterView, from: u32, to: u32) {
+    for k in from..to {
+        if k % 2 == 0 {
+            view.pods.push(churn_pod(shape, k / 2));
+        } else {
+            view.pods.pop();
+        }
+    }
+}
+
 /// Pod events arrive at `rate` per second (a pod added, then removed again, on another
-/// node each time); the agent takes every event that has arrived in one pass, as it does
-/// from its watch channel, and sleeps while none is pending.
+/// node each time). The agent's loop: it sleeps while no event is pending; a pending one
+/// asks for a pass, which starts when the agent's own [`StateBatch`] (bounded by
+/// `max_rest`) allows; the pass takes every event that has arrived by then, as the agent
+/// takes the newest view from its watch channel.
 fn churn(
     shape: &Shape,
     view: &mut ClusterView,
     node: &str,
     gateway: bool,
-    rate: u32,
-    wall: Duration,
+    (rate, wall): (u32, Duration),
+    max_rest: Duration,
 ) -> Churn {
     let mut agent = Agent::new(view, node);
-    let period = Duration::from_secs(1) / rate;
-    let total = (wall.as_secs_f64() * f64::from(rate)) as u32;
-    let (start, cpu_start) = (Instant::now(), cpu_seconds());
+    let mut batch = StateBatch::new(max_rest);
+    let events = Events {
+        start: Instant::now(),
+        period: Duration::from_secs(1) / rate,
+        total: (wall.as_secs_f64() * f64::from(rate)) as u32,
+    };
+    let cpu_start = cpu_seconds();
     let (mut taken, mut passes, mut latency_ms) = (0u32, 0u32, Vec::new());
-    while taken < total {
-        let arrived =
-            ((start.elapsed().as_secs_f64() / period.as_secs_f64()) as u32 + 1).min(total);
-        if arrived == taken {
-            std::thread::sleep((start + period * taken).saturating_duration_since(Instant::now()));
+    while taken < events.total {
+        let now = Instant::now();
+        if events.arrived(now) == taken {
+            std::thread::sleep(events.at(taken).saturating_duration_since(now));
             continue;
         }
-        for k in taken..arrived {
-            if k % 2 == 0 {
-                view.pods.push(churn_pod(shape, k / 2));
-            } else {
-                view.pods.pop();
-            }
-        }
+        std::thread::sleep(batch.start_at(now).saturating_duration_since(now));
+        let began = Instant::now();
+        let arrived = events.arrived(began);
+        apply_events(shape, view, taken, arrived);
         agent.pass(view);
+        batch.ran(began, began.elapsed());
         passes += 1;
-        let done = start.elapsed();
-        latency_ms.extend((taken..arrived).map(|k| (done - period * k).as_secs_f64() * 1e3));
+        let done = Instant::now();
+        latency_ms.extend((taken..arrived).map(|k| (done - events.at(k)).as_secs_f64() * 1e3));
         taken = arrived;
     }
-    if total % 2 == 1 {
+    if events.total % 2 == 1 {
         view.pods.pop();
     }
-    let wall_s = start.elapsed().as_secs_f64();
     Churn {
         node: node.to_owned(),
         gateway,
-        events: total,
+        max_rest,
+        events: events.total,
         passes,
-        wall_s,
+        wall_s: events.start.elapsed().as_secs_f64(),
         cpu_s: cpu_seconds() - cpu_start,
         latency_ms,
     }
@@ -220,6 +265,14 @@ pub struct ChurnRun {
 pub const RATE: u32 = 10;
 pub const WALL: Duration = Duration::from_secs(10);
 
+/// The churn's `--state-batch-max-ms` settings: unbatched (as before issue 34), the
+/// default, and twice the default.
+pub const MAX_RESTS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(DEFAULT_MAX_REST_MS),
+    Duration::from_millis(2 * DEFAULT_MAX_REST_MS),
+];
+
 /// Measure a source node and a serving gateway: one pod added, then churn.
 pub fn run(plan: &Plan) -> Result<ChurnRun> {
     let shape = SHAPE;
@@ -235,11 +288,15 @@ pub fn run(plan: &Plan) -> Result<ChurnRun> {
     }
     let mut churns = Vec::new();
     for (node, is_gateway) in &nodes {
-        eprintln!(
-            "churn: {RATE} pod events/s for {} s, {node}",
-            WALL.as_secs()
-        );
-        churns.push(churn(&shape, &mut view, node, *is_gateway, RATE, WALL));
+        for max_rest in MAX_RESTS {
+            eprintln!(
+                "churn: {RATE} pod events/s for {} s, {node}, --state-batch-max-ms {}",
+                WALL.as_secs(),
+                max_rest.as_millis()
+            );
+            let load = (RATE, WALL);
+            churns.push(churn(&shape, &mut view, node, *is_gateway, load, max_rest));
+        }
     }
     Ok(ChurnRun {
         shape,
@@ -252,7 +309,7 @@ fn role(gateway: bool) -> &'static str {
     if gateway { "gateway" } else { "source node" }
 }
 
-/// The rows of one pod change at cluster scale.
+/// The rows of one pod change at cluster scale: one pod added, and nothing changed.
 pub fn table(run: &Result<ChurnRun>) -> Table {
     let title = "One pod change at cluster scale".to_owned();
     let cols = ["metric", "value", "notes"].map(str::to_owned).to_vec();
@@ -269,63 +326,157 @@ pub fn table(run: &Result<ChurnRun>) -> Table {
     };
     let mut rows = Vec::new();
     for o in &r.one_pod {
-        let stage = |f: fn(&PassTimes) -> f64| {
-            scale::spread_ms(&o.passes.iter().map(f).collect::<Vec<_>>())
-        };
-        rows.push(vec![
+        rows.push(pass_row(
             format!(
                 "one pod added at {} pods, {} ({})",
                 super::report::thousands(u64::from(r.shape.pods)),
                 role(o.gateway),
                 o.node
             ),
-            stage(PassTimes::total_ms),
-            format!(
-                "the whole pass but the map writes: compile {}, `MapState::from_desired` {}, \
-                 diff against the maps' state {}; {} entries to write; {} runs",
-                stage(|p| p.compile_ms),
-                stage(|p| p.from_desired_ms),
-                stage(|p| p.diff_ms),
-                o.passes.first().map_or(0, |p| p.changed),
-                o.passes.len()
-            ),
-        ]);
+            &o.passes,
+        ));
     }
-    for c in &r.churn {
-        let lat = super::Spread::of(&c.latency_ms);
-        rows.push(vec![
+    for o in &r.one_pod {
+        let mut row = pass_row(
             format!(
-                "{} pod events/s churn: CPU per agent, {} ({})",
-                RATE,
-                role(c.gateway),
-                c.node
+                "nothing changed (the resync tick's pass), {}",
+                role(o.gateway)
             ),
-            format!("**{:.3}** CPU s per s", c.cpu_s / c.wall_s),
-            format!(
-                "{} events in {:.1} s (a pod added or removed, on another node each time), \
-                 taken in {} passes (each takes every event that has arrived, as the watch \
-                 channel does); event to pass done: median {}, max {}",
-                c.events,
-                c.wall_s,
-                c.passes,
-                lat.as_ref()
-                    .map_or("-".to_owned(), |s| format!("{:.0} ms", s.median)),
-                lat.as_ref()
-                    .map_or("-".to_owned(), |s| format!("{:.0} ms", s.max)),
-            ),
-        ]);
+            &o.unchanged,
+        );
+        let median = super::Spread::of(
+            &o.unchanged
+                .iter()
+                .map(PassTimes::total_ms)
+                .collect::<Vec<_>>(),
+        );
+        if let Some(m) = median {
+            row[2].push_str(&format!(
+                "; every 10 s (`--resync-secs`): {:.1} % of a core idle",
+                m.median / 100.0
+            ));
+        }
+        rows.push(row);
     }
     Table {
         title,
-        intro: vec![format!(
+        intro: vec![
             "The cluster of the section above, in this process (release build, \
              `tests/src/bench/churn.rs`, `egress-bench --churn`, no root): the pass an agent \
-             makes after one pod change (everything but the map writes), and its CPU while \
-             pods change {RATE} times a second across the cluster for {} s.",
-            WALL.as_secs()
+             makes after one pod change, and after none (everything but the map writes)."
+                .to_owned(),
+        ],
+        header: cols,
+        rows,
+        notes: vec![],
+    }
+}
+
+/// A row of pass times: the whole pass, then its stages.
+fn pass_row(metric: String, passes: &[PassTimes]) -> Vec<String> {
+    let stage =
+        |f: fn(&PassTimes) -> f64| scale::spread_ms(&passes.iter().map(f).collect::<Vec<_>>());
+    vec![
+        metric,
+        stage(PassTimes::total_ms),
+        format!(
+            "the whole pass but the map writes: compile {}, `MapState::from_desired` {}, \
+             diff against the maps' state {}; {} entries to write; {} runs",
+            stage(|p| p.compile_ms),
+            stage(|p| p.from_desired_ms),
+            stage(|p| p.diff_ms),
+            passes.first().map_or(0, |p| p.changed),
+            passes.len()
+        ),
+    ]
+}
+
+/// The `p`th percentile (0-1) of `v`, nearest rank.
+fn percentile(v: &[f64], p: f64) -> Option<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return None;
+    }
+    s.sort_by(f64::total_cmp);
+    let rank = (p * s.len() as f64).ceil() as usize;
+    Some(s[rank.clamp(1, s.len()) - 1])
+}
+
+/// The churn with state passes unbatched and batched, side by side.
+pub fn churn_table(run: &Result<ChurnRun>) -> Table {
+    let title = format!("{RATE} pod events/s at cluster scale, unbatched and batched");
+    let cols = [
+        "node",
+        "`--state-batch-max-ms`",
+        "CPU s per s",
+        "passes",
+        "events",
+        "wall",
+        "event to pass done: p50",
+        "p99",
+        "max",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let Ok(r) = run else {
+        return Table {
+            title,
+            header: cols,
+            ..Default::default()
+        };
+    };
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} ms"));
+    let rows = r
+        .churn
+        .iter()
+        .map(|c| {
+            vec![
+                format!("{} ({})", role(c.gateway), c.node),
+                match c.max_rest.as_millis() {
+                    0 => "0 (unbatched)".to_owned(),
+                    n => n.to_string(),
+                },
+                format!("**{:.3}**", c.cpu_s / c.wall_s),
+                c.passes.to_string(),
+                c.events.to_string(),
+                format!("{:.1} s", c.wall_s),
+                ms(percentile(&c.latency_ms, 0.5)),
+                ms(percentile(&c.latency_ms, 0.99)),
+                ms(percentile(&c.latency_ms, 1.0)),
+            ]
+        })
+        .collect();
+    Table {
+        title,
+        intro: vec![format!(
+            "Pods change {RATE} times a second across the cluster for {} s (a pod added or \
+             removed, on another node each time). The loop is the agent's: a pending change \
+             asks for a pass, which starts when the agent's `StateBatch` allows (at once on \
+             a quiet agent; while passes are expensive, once the last pass has rested {} \
+             times its duration, at most the bound), and takes every event that has arrived \
+             by then, driving the real compile and diff. Latency is from an event's \
+             arrival to the end of the pass that took it (the Kubernetes source's 50 ms \
+             batching and its snapshot not included).",
+            WALL.as_secs(),
+            FACTOR - 1
         )],
         header: cols,
         rows,
         notes: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), Some(50.0));
+        assert_eq!(percentile(&v, 0.99), Some(99.0));
+        assert_eq!(percentile(&v, 1.0), Some(100.0));
+        assert_eq!(percentile(&[3.0], 0.99), Some(3.0));
+        assert_eq!(percentile(&[], 0.5), None);
     }
 }

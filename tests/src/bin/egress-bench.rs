@@ -33,7 +33,8 @@ const USAGE: &str =
   --at-scale   the lab's four agents against a state of 100 nodes and 100k pods: their
                memory (RSS, maps) and idle CPU, printed
   --churn      one pod change at 100k pods only (the pass of a source node and a gateway,
-               CPU under 10 pod events/s), in this process without root, printed
+               and with nothing changed; CPU, passes and latency under 10 pod events/s,
+               state passes unbatched and batched), in this process without root, printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
                fewer changes with --quick first), printed
   --hooks      legacy tc against TCX only (the agents restarted with each hook in
@@ -111,7 +112,10 @@ fn args() -> Result<Args> {
                 let run = lab::at_scale::run()?;
                 print_alone(plan, lab::at_scale::table(&run))?;
             }
-            "--churn" => print_alone(plan, churn::table(&churn::run(&plan)))?,
+            "--churn" => {
+                let run = churn::run(&plan);
+                print_tables(plan, vec![churn::table(&run), churn::churn_table(&run)])?;
+            }
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
             "--like-for-like" => {
                 egress_tests::netns::install_signal_teardown()?;
