@@ -38,7 +38,8 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// `egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]`.
+/// `egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
+/// [--new-flows]`.
 #[derive(Clone, Debug)]
 pub struct Args {
     pub udp: bool,
@@ -46,6 +47,10 @@ pub struct Args {
     pub interval: Duration,
     pub duration: Duration,
     pub events: Option<PathBuf>,
+    /// UDP: every datagram from a new socket (a new source port), so each is a new flow
+    /// to the datapath, as a new connection would be; its reply is awaited for at most the
+    /// interval.
+    pub new_flows: bool,
 }
 
 impl Args {
@@ -67,8 +72,13 @@ impl Args {
             interval: Duration::from_millis(20),
             duration: Duration::from_secs(10),
             events: None,
+            new_flows: false,
         };
         while let Some(a) = it.next() {
+            if a == "--new-flows" {
+                out.new_flows = true;
+                continue;
+            }
             let v = it.next().with_context(|| format!("{a} needs a value"))?;
             match a.as_str() {
                 "--interval-ms" => {
@@ -343,7 +353,9 @@ pub fn run(args: &[String]) -> Result<bool> {
         args.target,
         rec.epoch_ms
     );
-    let outcome = if args.udp {
+    let outcome = if args.udp && args.new_flows {
+        stream_udp_new_flows(&args, &rec)
+    } else if args.udp {
         stream_udp(&args, &rec)
     } else {
         stream_tcp(&args, &rec)
@@ -636,6 +648,42 @@ fn stream_udp(args: &Args, rec: &Recorder) -> Result<()> {
             other => other.map(drop),
         },
         |done| read_lines(rec, done, true, |b| reader.recv(b)),
+    );
+    Ok(())
+}
+
+/// UDP, a new socket per datagram ([`Args::new_flows`]); its reply is read on the same
+/// socket, for at most the interval.
+fn stream_udp_new_flows(args: &Args, rec: &Recorder) -> Result<()> {
+    let local: SocketAddr = match args.target {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let wait = args.interval.max(Duration::from_millis(1));
+    drive(
+        args,
+        rec,
+        |seq| {
+            let socket = UdpSocket::bind(local)?;
+            socket.connect(args.target)?;
+            socket.set_read_timeout(Some(wait))?;
+            if let Err(e) = socket.send(format!("STREAM {seq}").as_bytes()) {
+                rec.event(rec.now_ms(), &format!("send-error {seq} {e}"));
+                return Ok(());
+            }
+            let mut buf = [0_u8; 2048];
+            match socket.recv(&mut buf) {
+                Ok(n) => rec.reply(String::from_utf8_lossy(&buf[..n]).trim()),
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => rec.event(rec.now_ms(), &format!("icmp {e}")),
+            }
+            Ok(())
+        },
+        |done| {
+            while !done.load(Ordering::Relaxed) {
+                thread::sleep(POLL);
+            }
+        },
     );
     Ok(())
 }

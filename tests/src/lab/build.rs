@@ -54,6 +54,7 @@ impl Lab {
             eprintln!("lab {p}: {e:#} (a kill of this process leaves the lab behind)");
         }
         self.pods = assign_pod_ips(&self.spec)?;
+        make_neighbour_room(self.spec.nodes.len(), self.pods.len())?;
         self.build_namespaces()?;
         self.build_bridges()?;
         self.build_underlay()?;
@@ -704,6 +705,38 @@ impl Lab {
         }
         Ok(())
     }
+}
+
+/// Raise the kernel's neighbour table limits (`gc_thresh2` and `gc_thresh3` of ARP and
+/// NDP) where a lab of `nodes` and `pods` would overflow them. They count the entries of
+/// every namespace together, and the defaults (512 and 1,024) are a single host's: 100
+/// nodes that all probe each other on one underlay hold about 10,000 entries, and past
+/// the limit the kernel refuses new ones ("arp_cache: neighbor table overflow!", and
+/// ENOBUFS from a pod's first packet). The only setting the lab changes outside its own
+/// namespaces; it only ever raises it, and says so.
+fn make_neighbour_room(nodes: usize, pods: usize) -> Result<()> {
+    let need = (nodes * (nodes + 8) + pods * 2 + 256) as u64;
+    for family in ["ipv4", "ipv6"] {
+        let dir = Path::new("/proc/sys/net")
+            .join(family)
+            .join("neigh/default");
+        for (key, want) in [("gc_thresh2", need), ("gc_thresh3", need * 2)] {
+            let path = dir.join(key);
+            let now: u64 = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            if now < want {
+                std::fs::write(&path, want.to_string())
+                    .with_context(|| format!("failed to raise {} to {want}", path.display()))?;
+                eprintln!(
+                    "lab: raised {} from {now} to {want} (a lab of {nodes} nodes)",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn validate(spec: &LabSpec) -> Result<()> {

@@ -25,8 +25,8 @@ use crate::{
 pub const EDITED_EGRESS_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 51);
 /// Between two lines of a failover's TCP streams.
 const TCP_INTERVAL_MS: u64 = 100;
-/// Between two datagrams of a propagation's UDP streams.
-const UDP_INTERVAL_MS: u64 = 50;
+/// Between two datagrams (each a new flow) of a propagation's UDP streams.
+const UDP_INTERVAL_MS: u64 = 100;
 /// A gap between replies longer than this counts as an interruption.
 const MIN_GAP_MS: u64 = 3 * TCP_INTERVAL_MS;
 
@@ -157,7 +157,9 @@ struct Stream {
     events: PathBuf,
 }
 
-/// A stream from every worker's selected pod to `host`.
+/// A stream from every worker's selected pod to `host`: TCP, or UDP with a new flow per
+/// datagram (`udp`: an established flow keeps its gateway and translation by design, so
+/// a change shows on new flows).
 fn start_streams(lab: &Lab, proto: &str, host: IpAddr, label: &str) -> Result<Vec<Stream>> {
     let interval = if proto == "tcp" {
         TCP_INTERVAL_MS
@@ -169,21 +171,25 @@ fn start_streams(lab: &Lab, proto: &str, host: IpAddr, label: &str) -> Result<Ve
     for pod in lab.pods().iter().filter(|p| check::selected(p)) {
         let log = lab.dir().join(format!("{label}-{}.log", pod.name));
         let events = lab.dir().join(format!("{label}-{}.events", pod.name));
-        let child = lab.ns(&pod.name)?.spawn(
-            &lab.spec().echo_bin,
-            &[
-                "stream",
-                proto,
-                &target,
-                "--interval-ms",
-                &interval.to_string(),
-                "--duration-ms",
-                "600000",
-                "--events",
-                &events.to_string_lossy(),
-            ],
-            &log,
-        )?;
+        let interval = interval.to_string();
+        let events_arg = events.to_string_lossy();
+        let mut args = vec![
+            "stream",
+            proto,
+            &target,
+            "--interval-ms",
+            &interval,
+            "--duration-ms",
+            "600000",
+            "--events",
+            &events_arg,
+        ];
+        if proto == "udp" {
+            args.push("--new-flows");
+        }
+        let child = lab
+            .ns(&pod.name)?
+            .spawn(&lab.spec().echo_bin, &args, &log)?;
         out.push(Stream {
             node: pod.node.clone(),
             child,
@@ -259,7 +265,21 @@ pub fn fail_holder(lab: &mut Lab, how: How, opts: &Options) -> Result<Failover> 
     let t = unix_ms();
     eprintln!("scale lab: {how:?}: {} fails (holder of {ip})", holder.0);
     failover::inject(lab, how.kind(), &holder)?;
-    wait_flowing(&streams, t + 1, Some(ip), opts.event_timeout);
+    // Moved first (a drain is a Node edit every agent must read), then flowing.
+    let deadline = Instant::now() + opts.event_timeout;
+    while Instant::now() < deadline {
+        let now = cluster::holders(lab, ip);
+        if now.len() == 1 && now[0].0 != holder.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_flowing(
+        &streams,
+        t + 1,
+        Some(ip),
+        deadline.saturating_duration_since(Instant::now()),
+    );
     // Long enough to see a second interruption, if there is one.
     std::thread::sleep(Duration::from_secs(2));
     let to: Vec<String> = cluster::holders(lab, ip).into_iter().map(|h| h.0).collect();

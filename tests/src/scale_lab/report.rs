@@ -64,8 +64,9 @@ pub fn print(r: &Report) -> String {
         );
     }
     s.push_str(
-        "\nPropagation: a UDP stream from every worker's selected pod, a datagram every 50 \
-         ms;\ntime from the change until the far host sees the new source from that node\n",
+        "\nPropagation: a UDP stream from every worker's selected pod, a datagram every 100 \
+         ms, each a new flow\n(an established flow keeps its gateway and translation); time \
+         from the change until the far host sees the new source from that node\n",
     );
     let _ = writeln!(
         s,

@@ -423,7 +423,7 @@ impl Stores {
                 &self.egress_nodes,
                 &mut errors,
                 objects::check_egress_node,
-                Clone::clone,
+                super::view_egress_node,
             ),
             network_policies: collect(&self.network_policies, &mut errors, Clone::clone),
             cluster_cidrs: self.cluster_cidrs_with(&mut errors),

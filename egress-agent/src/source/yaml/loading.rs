@@ -374,7 +374,10 @@ impl Loader {
             Added::Node(n) => Slot::Node(push(&mut view.nodes, *n)),
             Added::Namespace(n) => Slot::Namespace(push(&mut view.namespaces, *n)),
             Added::Policy(p) => Slot::Policy(push(&mut view.policies, *p)),
-            Added::EgressNode(n) => Slot::EgressNode(push(&mut view.egress_nodes, *n)),
+            Added::EgressNode(n) => Slot::EgressNode(push(
+                &mut view.egress_nodes,
+                crate::source::view_egress_node(&n),
+            )),
             Added::OvnEgressIp(e) => Slot::OvnEgressIp(push(&mut view.ovn_egress_ips, *e)),
             Added::NetworkPolicy(n) => Slot::NetworkPolicy(push(&mut view.network_policies, *n)),
             Added::Unapplied(u) => Slot::Unapplied(push(&mut view.unapplied, u)),
