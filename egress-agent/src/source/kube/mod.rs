@@ -54,7 +54,7 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView, PodSummary, admin,
+    ClusterView, PodScope, PodSummary, admin,
     objects::{self, FieldError},
     openshift, ovn,
     yaml::{DocumentError, LoadError, Snapshot},
@@ -418,6 +418,7 @@ impl Stores {
             pods: collect_checked(&self.pods, &mut errors, objects::check_pod, |p: &Pod| {
                 PodSummary::from(p)
             }),
+            pod_scope: PodScope::Cluster,
             nodes: collect_checked(&self.nodes, &mut errors, objects::check_node, Clone::clone),
             egress_nodes: collect_checked(
                 &self.egress_nodes,
