@@ -426,6 +426,43 @@ pub struct EgressNodeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 2))]
     pub full_policy_maps: Vec<FullPolicyMap>,
+    /// The pods the agent's view of the cluster holds, as of the maps it last wrote:
+    /// `Cluster` (every pod; unset means so, as agents before this field watched every
+    /// pod) or `Node` (the pods of this node only: a worker's). A node that a policy's
+    /// `gatewaySelector` selects is an eligible gateway only with `Cluster`: it admits and
+    /// owns every selected pod then.
+    #[serde(default, skip_serializing_if = "PodScope::is_cluster")]
+    pub pod_scope: PodScope,
+}
+
+/// Which pods a view of the cluster holds, or a node needs. `Node < Cluster`: the larger
+/// of two needs is their `max`.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    JsonSchema,
+)]
+pub enum PodScope {
+    /// The pods whose `spec.nodeName` is this node.
+    Node,
+    /// Every pod of the cluster.
+    #[default]
+    Cluster,
+}
+
+impl PodScope {
+    pub fn is_cluster(&self) -> bool {
+        *self == Self::Cluster
+    }
 }
 
 /// A policy map (one per address family) too small for the node's selected pods.

@@ -82,8 +82,9 @@ pub struct FamilyDesired<F: Family> {
     /// Gateway side: rule id -> egress address and interface, for every rule this node
     /// may serve.
     pub rules: BTreeMap<u32, GatewayRule<F>>,
-    /// Every pod address of the family in the cluster -> underlay address of its node
-    /// (spoofing check and return path).
+    /// Pod address of the family -> underlay address of its node: every pod of the
+    /// cluster on a gateway (spoofing check, return path), this node's pods elsewhere
+    /// (the return path's check that a reply is for a pod of this node).
     pub pod_owner: BTreeMap<F::Addr, IpAddr>,
     /// Egress addresses this node holds (dedicated) or uses (shared), by address.
     pub egress_ips: BTreeMap<F::Addr, HeldIp>,

@@ -251,10 +251,11 @@ struct RunArgs {
           default_value_t = egress_common::maps::CT_MAX_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1_024..=8_388_608))]
     conntrack_entries: u32,
-    /// Entries of each pod owner map (POD_OWNER_V4, POD_OWNER_V6): every selected pod of
-    /// the cluster must fit (a gateway tunnels their replies back by it). Preallocated:
-    /// about 90 bytes per entry for IPv4 and 96 for IPv6 (46 MiB at the default). Changing
-    /// it replaces the pinned maps at start (refilled on the first pass).
+    /// Entries of each pod owner map (POD_OWNER_V4, POD_OWNER_V6): on a gateway every
+    /// running pod of the cluster must fit (it tunnels their replies back by it), on any
+    /// other node its own pods (the return path's check). Preallocated: about 90 bytes
+    /// per entry for IPv4 and 96 for IPv6 (46 MiB at the default). Changing it replaces
+    /// the pinned maps at start (refilled on the first pass).
     #[arg(long, env = "EGRESS_POD_OWNER_ENTRIES",
           default_value_t = egress_common::maps::POD_OWNER_MAX_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1_024..=8_388_608))]

@@ -10,6 +10,7 @@ use k8s_openapi::api::{
     networking::v1::NetworkPolicy,
 };
 
+pub use crate::api::PodScope;
 use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
 pub mod admin;
@@ -30,6 +31,11 @@ pub trait StatusWriter: Send + Sync {
     fn policy_statuses(&self, statuses: &BTreeMap<String, PolicyStatus>);
     /// Record an Event on a policy.
     fn event(&self, ev: Event);
+    /// The pods this node needs, as its last compile found ([`crate::compiler::pods_needed`]
+    /// with liveness and the policies' last accepted versions): a source that watches
+    /// fewer than every pod widens or narrows its watch to that (see [`kube::watch_node`]).
+    /// A source that always holds every pod ignores it.
+    fn pods_needed(&self, _scope: PodScope) {}
 }
 
 /// An Event to record on a policy.
@@ -82,6 +88,10 @@ pub struct ClusterView {
     pub policies: Vec<EgressGatewayPolicy>,
     pub namespaces: Vec<Namespace>,
     pub pods: Vec<PodSummary>,
+    /// Which pods `pods` holds: every pod of the cluster, or (a worker's view from the
+    /// Kubernetes source) those of the node the view is for. The compiler gives a node the
+    /// same datapath state from either when it needs no more ([`crate::compiler::pods_needed`]).
+    pub pod_scope: PodScope,
     pub nodes: Vec<Node>,
     pub egress_nodes: Vec<EgressNode>,
     /// The cluster's own prefixes that no route may steer to a gateway (pod and service
@@ -101,9 +111,9 @@ pub struct ClusterView {
     pub unapplied: Vec<admin::Unapplied>,
 }
 
-/// What the compiler reads of a Pod. Every agent holds every pod of the cluster, and a
-/// whole `Pod` takes over 1.6 KiB before its first container or label (its `spec` and
-/// `status` are wide structs of optional fields): this takes a tenth of that.
+/// What the compiler reads of a Pod. Gateways hold every pod of the cluster, and a whole
+/// `Pod` takes over 1.6 KiB before its first container or label (its `spec` and `status`
+/// are wide structs of optional fields): this takes a tenth of that.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodSummary {
     /// `metadata.namespace`, `default` when unset.

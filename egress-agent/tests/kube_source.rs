@@ -12,7 +12,7 @@ use std::{
 };
 
 use egress_agent::{
-    api::{ConditionStatus, EgressIpStatus, PolicyCondition, PolicyStatus},
+    api::{ConditionStatus, EgressIpStatus, PodScope, PolicyCondition, PolicyStatus},
     source::{
         kube::{self as kube_source, EventType},
         yaml::Snapshot,
@@ -297,6 +297,166 @@ async fn watch_events_update_the_view() {
     fake.wait_watches(POLICIES, 1).await;
     fake.apply(POLICIES, policy("second"));
     wait_for(&mut rx, "ADDED policy", |s| s.view.policies.len() == 2).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// An agent's pods: its node's, or every pod (issue 34)
+
+fn pod_on(name: &str, ip: &str, node: &str) -> Value {
+    let mut p = pod("payments", name, ip);
+    p["spec"]["nodeName"] = json!(node);
+    p
+}
+
+/// `cluster()` and a worker, node-2 (not selected by the policy, not the first node by
+/// name), with pods c and d.
+async fn cluster_with_a_worker() -> Fake {
+    let fake = cluster().await;
+    let mut worker = node("node-2", "172.16.0.2");
+    worker["metadata"]["labels"] = json!({});
+    fake.put_silently(NODES, worker);
+    fake.put_silently(PODS, pod_on("c", "10.0.0.3", "node-2"));
+    fake.put_silently(PODS, pod_on("d", "10.0.0.4", "node-2"));
+    fake
+}
+
+/// Watch as node `name`'s agent does, with the cluster's pods in 10.0.0.0/16; returns
+/// the sender of what its compiles need.
+async fn start_node_watch(
+    fake: &Fake,
+    name: &str,
+) -> (watch::Receiver<Arc<Snapshot>>, watch::Sender<PodScope>) {
+    let (needed, wanted) = watch::channel(PodScope::Node);
+    let node = kube_source::NodePods {
+        name: name.to_owned(),
+        wanted,
+    };
+    let cidrs = vec!["10.0.0.0/16".parse().expect("CIDR")];
+    let rx = timeout(WAIT, kube_source::watch_node(fake.client(), cidrs, node))
+        .await
+        .expect("initial lists within the time limit")
+        .expect("watch");
+    (rx, needed)
+}
+
+/// The views published, as (pod scope, pod names).
+type Views = Arc<Mutex<Vec<(PodScope, Vec<String>)>>>;
+
+/// Every view published from now on, as (pod scope, pod names).
+fn record_views(mut rx: watch::Receiver<Arc<Snapshot>>) -> Views {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let s = rx.borrow_and_update().clone();
+            let views = &mut *out.lock().unwrap_or_else(|e| e.into_inner());
+            views.push((s.view.pod_scope, pod_names(&s)));
+        }
+    });
+    seen
+}
+
+#[tokio::test]
+async fn a_worker_lists_and_watches_only_its_nodes_pods() {
+    let fake = cluster_with_a_worker().await;
+    let (mut rx, _needed) = start_node_watch(&fake, "node-2").await;
+    let first = rx.borrow_and_update().clone();
+    assert_eq!(first.view.pod_scope, PodScope::Node);
+    assert_eq!(pod_names(&first), ["c", "d"]);
+    let sent = fake.sent(PODS);
+    assert_eq!((sent.lists, sent.list_objects), (1, 2), "{sent:?}");
+    // Everything else as before.
+    assert_eq!(first.view.nodes.len(), 2);
+    assert_eq!(first.view.policies.len(), 1);
+
+    fake.wait_watches(PODS, 1).await;
+    fake.apply(PODS, pod_on("e", "10.0.0.5", "node-1"));
+    fake.apply(PODS, pod_on("f", "10.0.0.6", "node-2"));
+    wait_for(&mut rx, "pod f of node-2", |s| {
+        pod_names(s) == ["c", "d", "f"]
+    })
+    .await;
+    fake.delete(PODS, "payments/c");
+    wait_for(&mut rx, "pod c deleted", |s| pod_names(s) == ["d", "f"]).await;
+    assert_eq!(fake.sent(PODS).watch_events, 2, "f added, c deleted; not e");
+}
+
+#[tokio::test]
+async fn a_gateway_and_the_status_writer_watch_every_pod() {
+    let fake = cluster_with_a_worker().await;
+    // node-1 is both: selected by the policy and the first Ready node by name.
+    let (rx, _needed) = start_node_watch(&fake, "node-1").await;
+    let first = rx.borrow().clone();
+    assert_eq!(first.view.pod_scope, PodScope::Cluster);
+    assert_eq!(pod_names(&first), ["a", "b", "c", "d"]);
+}
+
+#[tokio::test]
+async fn a_role_change_switches_the_watch_without_a_partial_view() {
+    let fake = cluster_with_a_worker().await;
+    let (mut rx, needed) = start_node_watch(&fake, "node-2").await;
+    let views = record_views(rx.clone());
+    let all = ["a", "b", "c", "d"];
+    let own = ["c", "d"];
+    fake.wait_watches(NODES, 1).await;
+
+    // A gateway label: every pod, listed while its own pods are served.
+    fake.apply(NODES, node("node-2", "172.16.0.2"));
+    wait_for(&mut rx, "every pod", |s| {
+        s.view.pod_scope == PodScope::Cluster
+    })
+    .await;
+    assert_eq!(pod_names(&rx.borrow()), all);
+    assert_eq!(fake.lists(PODS), 2);
+    // Its pods come from the new watch: a pod of node-1 arrives.
+    fake.wait_watches(PODS, 2).await;
+    fake.apply(PODS, pod_on("e", "10.0.0.5", "node-1"));
+    wait_for(&mut rx, "pod e", |s| pod_names(s).len() == 5).await;
+    fake.delete(PODS, "payments/e");
+
+    // The label gone, and its last compile still a gateway's: every pod still.
+    let mut worker = node("node-2", "172.16.0.2");
+    worker["metadata"]["labels"] = json!({});
+    needed.send_replace(PodScope::Cluster);
+    fake.apply(NODES, worker);
+    wait_for(&mut rx, "node-2 unlabeled", |s| {
+        s.view.nodes.iter().any(|n| {
+            n.metadata.name.as_deref() == Some("node-2")
+                && n.metadata.labels.as_ref().is_some_and(|l| l.is_empty())
+        })
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(rx.borrow().view.pod_scope, PodScope::Cluster);
+    // Once its compile needs its own pods only: back to those.
+    needed.send_replace(PodScope::Node);
+    wait_for(&mut rx, "its own pods", |s| {
+        s.view.pod_scope == PodScope::Node
+    })
+    .await;
+    assert_eq!(pod_names(&rx.borrow()), own);
+
+    // And the agent's compile alone can widen it (it became the status writer).
+    needed.send_replace(PodScope::Cluster);
+    wait_for(&mut rx, "every pod again", |s| {
+        s.view.pod_scope == PodScope::Cluster
+    })
+    .await;
+    assert_eq!(pod_names(&rx.borrow()), all);
+
+    // No view on the way held a part of the pods of its scope.
+    let views = views.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(views.len() >= 3, "{views:?}");
+    for (scope, pods) in &views {
+        let ok = match scope {
+            PodScope::Cluster => pods.len() >= all.len(),
+            PodScope::Node => pods == &own,
+        };
+        assert!(
+            ok,
+            "a partial view was published: {scope:?} {pods:?} in {views:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use super::{Reconciler, holding::Holding};
 use crate::{
     api::{
         EgressNode, EgressNodeSpec, EgressNodeStatus, HeldEgressIp, MAX_ROUTES, NodeInterface,
-        PeerLiveness, PreflightCheck, PreflightResult,
+        PeerLiveness, PodScope, PreflightCheck, PreflightResult,
     },
     compiler::{Compiled, Holder},
     iface,
@@ -162,6 +162,7 @@ pub fn egress_node_doc(
         agent_version: Some(crate::VERSION.to_owned()),
         liveness_authenticated: None,
         full_policy_maps: Vec::new(),
+        pod_scope: PodScope::Cluster,
     });
     doc
 }
@@ -236,6 +237,22 @@ fn refreshed(check: &PreflightCheck, holdings: &BTreeMap<IpAddr, Holding>) -> Pr
 }
 
 impl Reconciler<'_> {
+    /// Say in this node's EgressNode which pods its maps were written from, when that
+    /// changed: a gateway is eligible only once they are every pod of the cluster.
+    fn publish_pod_scope(&mut self, scope: PodScope) {
+        let Some(doc) = self.last_node_doc.as_mut() else {
+            return;
+        };
+        let Some(status) = doc.status.as_mut().filter(|s| s.pod_scope != scope) else {
+            return;
+        };
+        status.pod_scope = scope;
+        info!(pods = ?scope, "maps written from this view of the pods");
+        if let Err(e) = self.sink.egress_node(doc) {
+            warn!("failed to publish the EgressNode's pod scope: {e:#}");
+        }
+    }
+
     /// Write this node's EgressNode when it changed, and its part of the metrics.
     pub(super) fn publish_node(
         &mut self,
@@ -300,6 +317,13 @@ impl Reconciler<'_> {
         if let Some(s) = doc.status.as_mut() {
             s.liveness_authenticated = Some(self.probes.authenticated());
             s.full_policy_maps.clone_from(&self.full_policy_maps);
+            // Set by `report`, after the maps are written.
+            s.pod_scope = self
+                .last_node_doc
+                .as_ref()
+                .and_then(|d| d.status.as_ref())
+                .map(|s| s.pod_scope)
+                .unwrap_or_default();
         }
         if self.last_node_doc.as_ref() != Some(&doc) {
             self.sink.egress_node(&doc)?;
@@ -308,15 +332,26 @@ impl Reconciler<'_> {
         Ok(())
     }
 
-    /// Policy statuses and holder moves: logged always; written to the API (statuses,
-    /// Events) by the compile's status writer only.
+    /// The pods this node needs, to the source; the pods its maps were written from, in
+    /// its EgressNode; policy statuses and holder moves: logged always, written to the
+    /// API (statuses, Events) by the compile's status writer only, once its view holds
+    /// every pod.
     pub(super) fn report(&mut self, compiled: &Compiled) {
+        self.sink.pods_needed(compiled.pods_needed);
+        self.publish_pod_scope(compiled.pod_scope);
+        let writer = compiled.status_writer.as_deref() == Some(self.cfg.node_name.as_str());
+        if writer && compiled.pod_scope != PodScope::Cluster {
+            // Just elected (its source is listing every pod now): statuses counted from
+            // this node's pods would be wrong. The moves are logged and written once it
+            // has them all.
+            return;
+        }
         let (now, moves) = holder_moves(&self.last_holders, &compiled.holders);
         self.last_holders = now;
         for (_, m) in &moves {
             info!("{m}");
         }
-        if compiled.status_writer.as_deref() != Some(self.cfg.node_name.as_str()) {
+        if !writer {
             return;
         }
         self.sink.policy_statuses(&compiled.statuses);

@@ -19,7 +19,7 @@ use crate::{
     doctor, iface, liveness,
     metrics::Stats,
     source::{
-        StatusWriter, kube as kube_source,
+        PodScope, StatusWriter, kube as kube_source,
         yaml::{self, Snapshot},
     },
 };
@@ -105,13 +105,19 @@ pub(super) async fn connect(
                     API_TIMEOUT.as_secs()
                 ),
             }
-            let views = kube_source::watch(client.clone(), cfg.cluster_cidrs.clone())
+            // The compiles tell the source which pods the node needs (through the writer,
+            // `StatusWriter::pods_needed`); until the first, the view alone decides.
+            let (needed, wanted) = tokio::sync::watch::channel(PodScope::Node);
+            let node = kube_source::NodePods {
+                name: cfg.node_name.clone(),
+                wanted,
+            };
+            let views = kube_source::watch_node(client.clone(), cfg.cluster_cidrs.clone(), node)
                 .await
                 .context("failed to list the cluster (check the RBAC in deploy/base/rbac.yaml)")?;
-            Ok((
-                views,
-                Box::new(kube_source::writer::Writer::start(client, &cfg.node_name)),
-            ))
+            let writer =
+                kube_source::writer::Writer::start(client, &cfg.node_name).with_pods_needed(needed);
+            Ok((views, Box::new(writer)))
         }
     }
 }

@@ -6,7 +6,10 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use super::nodes::{gateway_candidates, node_ready, node_underlay};
-use crate::{liveness::Membership, source::ClusterView};
+use crate::{
+    liveness::Membership,
+    source::{ClusterView, PodScope},
+};
 
 /// Whom the node named `me` probes and counts (see [`crate::liveness::tracker`]): every
 /// node with an underlay address, its other addresses, the possible gateways, and the
@@ -81,4 +84,45 @@ pub fn status_writer(view: &ClusterView, dead: &BTreeSet<String>) -> Option<Stri
         .filter(|name| !dead.contains(*name))
         .min()
         .map(str::to_owned)
+}
+
+/// Which pods the node named `me` needs, as far as `view` tells without liveness or the
+/// policies' last accepted versions: what the Kubernetes source watches before the agent's
+/// first compile, and whenever the view alone says more is needed than the compile last
+/// asked for. The compile's own answer ([`super::Compiled::pods_needed`]) adds the
+/// gateways of policies served from a last accepted version, and the status writer as
+/// the probes elect it.
+pub fn pods_needed(view: &ClusterView, me: &str) -> PodScope {
+    let gateway = gateway_candidates(view).contains(me);
+    needed(view, gateway, me, &BTreeSet::new())
+}
+
+/// Every pod of the cluster, for:
+///
+/// * a gateway (`gateway`: some policy's gatewaySelector, current or served, selects
+///   `me`): it admits the selected pods of every node and checks each tunneled packet's
+///   inner source against its owner;
+/// * the status writer ([`status_writer`] with `dead`): statuses count pods cluster-wide
+///   and report their conflicts;
+/// * every node of a cluster whose CIDRs are not declared (`cluster_cidrs` empty: no
+///   `--cluster-cidr`, no OpenShift Network): the compiler carves each pod address that
+///   no cluster or node pod CIDR holds out of every destination, on every node, so a
+///   worker would need every pod's address.
+///
+/// Else only the node's own pods: its policy entries, NetworkPolicy restrictions, known
+/// pods (`--unknown-pods drop`) and pod owners (the return path's check) are of its own
+/// pods, and a NetworkPolicy's pod or namespace peers never allow a redirected
+/// destination (`compiler::netpol`).
+pub(super) fn needed(
+    view: &ClusterView,
+    gateway: bool,
+    me: &str,
+    dead: &BTreeSet<String>,
+) -> PodScope {
+    let writer = status_writer(view, dead).as_deref() == Some(me);
+    if gateway || writer || view.cluster_cidrs.is_empty() {
+        PodScope::Cluster
+    } else {
+        PodScope::Node
+    }
 }

@@ -16,7 +16,7 @@ use crate::{
     api::{EgressGatewayPolicy, PolicyStatus},
     desired::Desired,
     liveness::{Membership, PeerView},
-    source::ClusterView,
+    source::{ClusterView, PodScope},
 };
 
 mod coverage;
@@ -38,6 +38,7 @@ mod status;
 mod tests;
 
 pub use hash::{fnv1a64, rule_ids};
+pub use members::pods_needed;
 pub use nodes::{gateway_candidates, node_drained, node_ready, node_underlay};
 pub use selector::Selector;
 pub use spread::PodRoute;
@@ -127,6 +128,9 @@ pub mod reason {
     // Problems about other objects.
     pub const NO_UNDERLAY_ADDRESS: &str = "NoUnderlayAddress";
     pub const UNDERLAY_FAMILY_MISMATCH: &str = "UnderlayFamilyMismatch";
+    /// Pods of a node have addresses outside the declared cluster CIDRs and the nodes'
+    /// pod CIDRs.
+    pub const POD_OUTSIDE_CLUSTER_CIDRS: &str = "PodOutsideClusterCIDRs";
 }
 
 /// Why an egress IP is held where it is (stable: `EgressIpStatus.reason`, Events and the
@@ -195,6 +199,14 @@ pub struct Compiled {
     pub status_writer: Option<String>,
     /// The address each of this node's selected pods leaves with, per rule, sorted.
     pub pod_routes: Vec<PodRoute>,
+    /// The pods this node needs ([`members::needed`]): every pod of the cluster on a
+    /// gateway, on the status writer, and where the cluster's CIDRs are not declared;
+    /// else its own. A view of its own pods gives it the same `desired` and `pod_routes`
+    /// as a view of every pod.
+    pub pods_needed: PodScope,
+    /// The pods the compiled view held (`ClusterView::pod_scope`): statuses, holders'
+    /// pod counts and problems about pods are cluster-wide only from `Cluster`.
+    pub pod_scope: PodScope,
 }
 
 /// One egress address in use: a dedicated egress IP and its holder, or (`shared`) a
@@ -296,11 +308,13 @@ pub fn compile_remembering(
     let nodes = nodes::index(view, peers);
     let mut problems = nodes::register(&nodes, node_name, &mut desired);
     let pods = pods::Pods::index(view);
-    pods.record_owners(&nodes, &mut desired);
     let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
     let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
+    let gateway = is_gateway(view, &plans, &nodes, node_name);
+    pods.record_owners(&nodes, (!gateway).then_some(node_name), &mut desired);
+    report_outside_cidrs(view, &nodes, &pods, &mut problems);
     let selected = selected_by(&pods, &plans);
     report_disputed(&mut plans, &pods, &selected);
     report_unapplied(&mut plans, &selected, &view.unapplied);
@@ -328,6 +342,70 @@ pub fn compile_remembering(
         policy_egress_ips: members::policy_egress_ips(view),
         status_writer: members::status_writer(view, &peers.dead),
         pod_routes,
+        pods_needed: members::needed(view, gateway, node_name, &peers.dead),
+        pod_scope: view.pod_scope,
+    }
+}
+
+/// Whether some policy's gatewaySelector selects the node named `me`: as the view has
+/// it (the gateways every agent probes), or as the accepted version a plan is served
+/// from has it (an edit that is not accepted keeps the old gateways serving).
+fn is_gateway(
+    view: &ClusterView,
+    plans: &[placement::PolicyPlan<'_>],
+    nodes: &[nodes::NodeInfo<'_>],
+    me: &str,
+) -> bool {
+    if gateway_candidates(view).contains(me) {
+        return true;
+    }
+    let Some(me) = nodes.iter().find(|n| n.name == me) else {
+        return false;
+    };
+    plans
+        .iter()
+        .filter_map(|p| p.accepted)
+        .filter_map(|a| Selector::gateways(&a.spec.gateway_selector).ok())
+        .any(|s| s.matches(&me.labels))
+}
+
+/// Pods whose addresses no declared cluster CIDR and no node's pod CIDR holds, one
+/// problem per node: a worker that watches only its own node's pods
+/// ([`members::needed`]) does not carve them out of the destinations, as a view of every
+/// pod does. Only a view of every pod sees them, and only declared CIDRs make workers
+/// watch less.
+fn report_outside_cidrs(
+    view: &ClusterView,
+    nodes: &[nodes::NodeInfo<'_>],
+    pods: &pods::Pods<'_>,
+    problems: &mut Vec<Problem>,
+) {
+    if view.pod_scope != PodScope::Cluster || view.cluster_cidrs.is_empty() {
+        return;
+    }
+    let cidrs: Vec<ipnet::IpNet> = view
+        .cluster_cidrs
+        .iter()
+        .chain(nodes.iter().flat_map(|n| &n.pod_cidrs))
+        .map(ipnet::IpNet::trunc)
+        .collect();
+    let declared: Vec<String> = view.cluster_cidrs.iter().map(ToString::to_string).collect();
+    for outside in pods.outside(&cidrs) {
+        problems.push(Problem {
+            object: Object::Node(outside.node.to_owned()),
+            reason: reason::POD_OUTSIDE_CLUSTER_CIDRS.to_owned(),
+            message: format!(
+                "{} pods of this node have addresses outside the cluster's CIDRs ({}) and \
+                 every node's pod CIDRs, such as pod {} at {}: the agents that watch only \
+                 their own node's pods do not carve these addresses out of the policies' \
+                 destinations, so their pods' traffic to them may be steered to a gateway; \
+                 add the range to --cluster-cidr",
+                outside.pods,
+                declared.join(", "),
+                outside.example,
+                outside.ip
+            ),
+        });
     }
 }
 

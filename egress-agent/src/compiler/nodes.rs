@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::{DRAIN_ANNOTATION, Object, Problem, Selector, reason};
 use crate::{
-    api::EgressNode,
+    api::{EgressNode, PodScope},
     desired::Desired,
     liveness::{PeerView, Report},
     source::ClusterView,
@@ -279,6 +279,8 @@ pub(super) struct EgressInfo {
     pub(super) held_meta: BTreeMap<IpAddr, (u64, Option<String>, Option<String>)>,
     /// The routes it publishes, by interface (up or not).
     pub(super) routes: BTreeMap<String, PublishedRoutes>,
+    /// The pods its agent's maps were written from (`status.podScope`).
+    pub(super) pod_scope: PodScope,
 }
 
 /// The routes a node publishes out of one interface.
@@ -338,6 +340,7 @@ impl EgressInfo {
             held,
             held_meta,
             routes,
+            pod_scope: en.status.as_ref().map(|s| s.pod_scope).unwrap_or_default(),
         }
     }
 

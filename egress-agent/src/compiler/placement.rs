@@ -18,7 +18,7 @@ use super::{
     status::{PolicyReport, Reported},
 };
 use crate::{
-    api::{EgressGatewayPolicy, EgressGatewayPolicySpec, FailurePolicy},
+    api::{EgressGatewayPolicy, EgressGatewayPolicySpec, FailurePolicy, PodScope},
     liveness::PeerView,
 };
 
@@ -497,8 +497,9 @@ struct Gateways<'n, 'a> {
 }
 
 impl<'n, 'a> Gateways<'n, 'a> {
-    /// Eligible: Ready, heard by the probes, not drained, with an EgressNode and an
-    /// underlay address. Says why none is, when none is.
+    /// Eligible: Ready, heard by the probes, not drained, with an EgressNode whose agent
+    /// holds every pod (`podScope` not `Node`) and an underlay address. Says why none
+    /// is, when none is.
     fn select(sel: &Selector, nodes: &'n [NodeInfo<'a>], report: &mut PolicyReport) -> Self {
         let candidates: Vec<&NodeInfo<'_>> =
             nodes.iter().filter(|n| sel.matches(&n.labels)).collect();
@@ -524,6 +525,17 @@ impl<'n, 'a> Gateways<'n, 'a> {
             } else if node.egress.is_none() {
                 why_not.push(format!(
                     "{} has no EgressNode (is its agent running?)",
+                    node.name
+                ));
+            } else if node
+                .egress
+                .as_ref()
+                .is_some_and(|e| e.pod_scope == PodScope::Node)
+            {
+                why_not.push(format!(
+                    "{} is still listing the cluster's pods (its EgressNode says podScope: \
+                     Node: its agent watched only its own node's pods when it last wrote its \
+                     maps)",
                     node.name
                 ));
             } else if node.underlay.is_none() {

@@ -2,6 +2,8 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
+use ipnet::IpNet;
+
 use super::{Selector, nodes::NodeInfo};
 use crate::{desired::Desired, source::ClusterView};
 
@@ -114,14 +116,23 @@ impl<'a> Pods<'a> {
         }
     }
 
-    /// Every pod address of the cluster -> the underlay address of its node (spoofing
-    /// check and return path, on every node).
-    pub(super) fn record_owners(&self, nodes: &[NodeInfo<'_>], desired: &mut Desired) {
+    /// Pod address -> the underlay address of its node: of every pod of the cluster
+    /// (`only`: `None`) on a gateway, where `from_tunnel` checks a forwarded packet's
+    /// inner source against the sender and `from_secondary` tunnels a reply back to the
+    /// pod's node; of the pods of node `only` elsewhere, which needs them for the return
+    /// path's check (a reply the gateway tunnels back is for a pod of this node).
+    pub(super) fn record_owners(
+        &self,
+        nodes: &[NodeInfo<'_>],
+        only: Option<&str>,
+        desired: &mut Desired,
+    ) {
         let underlay_of: BTreeMap<&str, IpAddr> = nodes
             .iter()
             .filter_map(|n| Some((n.name, n.underlay?)))
             .collect();
-        for pod in &self.pods {
+        let owned = |pod: &&PodInfo<'_>| only.is_none_or(|node| pod.node == node);
+        for pod in self.pods.iter().filter(owned) {
             let Some(underlay) = underlay_of.get(pod.node) else {
                 continue;
             };
@@ -170,6 +181,41 @@ impl<'a> Pods<'a> {
                 ns_sel.matches(&implicit)
             }
         }
+    }
+}
+
+/// The pods of one node whose addresses lie outside the given CIDRs.
+pub(super) struct Outside<'a> {
+    pub(super) node: &'a str,
+    pub(super) pods: usize,
+    /// The first of them (`namespace/name`) and its first address outside.
+    pub(super) example: String,
+    pub(super) ip: IpAddr,
+}
+
+impl<'a> Pods<'a> {
+    /// The pods with an address that none of `cidrs` holds, by node (sorted by name).
+    pub(super) fn outside(&self, cidrs: &[IpNet]) -> Vec<Outside<'a>> {
+        let mut by_node: BTreeMap<&'a str, Outside<'a>> = BTreeMap::new();
+        for pod in &self.pods {
+            let Some(ip) = pod
+                .ips
+                .iter()
+                .find(|ip| !cidrs.iter().any(|c| c.contains(*ip)))
+            else {
+                continue;
+            };
+            by_node
+                .entry(pod.node)
+                .or_insert_with(|| Outside {
+                    node: pod.node,
+                    pods: 0,
+                    example: format!("{}/{}", pod.namespace, pod.name),
+                    ip: *ip,
+                })
+                .pods += 1;
+        }
+        by_node.into_values().collect()
     }
 }
 

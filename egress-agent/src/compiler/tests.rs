@@ -33,6 +33,7 @@ mod last_accepted;
 mod members;
 mod netpol;
 mod ovn;
+mod pod_scope;
 mod policy_map;
 mod routes;
 
@@ -177,6 +178,7 @@ fn base() -> ClusterView {
             pod("shop", "web-1", "web", "worker-1", "10.244.1.21"),
             pod("other", "api-9", "api", "worker-1", "10.244.1.99"),
         ],
+        pod_scope: PodScope::Cluster,
         nodes: vec![
             node("worker-1", "10.0.0.1", false, true),
             node("worker-2", "10.0.0.2", false, true),
@@ -320,8 +322,12 @@ fn the_underlay_is_each_nodes_first_internal_ip_of_either_family() {
             .collect()
     );
     assert_eq!(
-        w1.desired.v4.pod_owner[&ip("10.244.2.13")],
+        compile(&view, "gw-1").desired.v4.pod_owner[&ip("10.244.2.13")],
         node_ip("fd00::2")
+    );
+    assert_eq!(
+        w1.desired.v4.pod_owner[&ip("10.244.1.11")],
+        node_ip("fd00::1")
     );
     let holder = holder_of(&w1, "198.51.100.10").expect("a holder");
     let want = if holder == "gw-1" {
@@ -382,9 +388,27 @@ fn payments_example_compiles_on_source_and_gateway_nodes() {
             (node_ip("10.0.0.2"), 4)
         ])
     );
-    assert_eq!(w1.desired.v4.pod_owner.len(), 5);
+    // A worker owns its own pods (the return path's check); a gateway every pod.
     assert_eq!(
-        w1.desired.v4.pod_owner[&ip("10.244.2.13")],
+        w1.desired.v4.pod_owner.keys().copied().collect::<Vec<_>>(),
+        [
+            ip("10.244.1.11"),
+            ip("10.244.1.12"),
+            ip("10.244.1.21"),
+            ip("10.244.1.99")
+        ]
+    );
+    assert!(
+        w1.desired
+            .v4
+            .pod_owner
+            .values()
+            .all(|u| *u == node_ip("10.0.0.1"))
+    );
+    let gw1 = compile(&view, "gw-1");
+    assert_eq!(gw1.desired.v4.pod_owner.len(), 5);
+    assert_eq!(
+        gw1.desired.v4.pod_owner[&ip("10.244.2.13")],
         node_ip("10.0.0.2")
     );
 
@@ -572,18 +596,22 @@ fn every_pod_owner_names_a_known_node() {
             .values()
             .chain(c.desired.v6.pod_owner.values())
             .collect();
-        assert!(owners.len() > 10, "{name}: {owners:?}");
+        // A gateway owns every pod, a worker its own.
+        let gateway = name == "gw-1";
+        assert!(!owners.is_empty(), "{name}");
+        assert_eq!(owners.len() > 10, gateway, "{name}: {owners:?}");
         for owner in owners {
             assert!(
                 c.desired.nodes.contains_key(owner),
                 "{name}: {owner} not in nodes"
             );
         }
-        assert!(
+        assert_eq!(
             c.desired
                 .v4
                 .pod_owner
-                .contains_key(&"10.244.9.9".parse().unwrap())
+                .contains_key(&"10.244.9.9".parse().unwrap()),
+            name != "worker-1"
         );
     }
 }
@@ -596,10 +624,11 @@ fn dual_stack_pods_use_each_familys_egress_ip() {
     let w1 = compile(&view, "worker-1");
     assert_eq!(w1.problems, [], "{:#?}", w1.statuses);
     assert_eq!(status(&w1, "payments", "Ready").status, "True");
-    assert_eq!(w1.desired.v4.pod_owner.len(), 5);
-    assert_eq!(w1.desired.v6.pod_owner.len(), 5);
+    let gw1 = compile(&view, "gw-1");
+    assert_eq!(gw1.desired.v4.pod_owner.len(), 5);
+    assert_eq!(gw1.desired.v6.pod_owner.len(), 5);
     assert_eq!(
-        w1.desired.v6.pod_owner[&ip6("fd00:244:2::13")],
+        gw1.desired.v6.pod_owner[&ip6("fd00:244:2::13")],
         ip("10.0.0.2"),
         "IPv6 pods are owned by their node's IPv4 underlay address"
     );
@@ -1932,7 +1961,7 @@ fn compiles_10k_pods_times_10_prefixes_quickly() {
     let c = compile(&view, "worker-1");
     let took = start.elapsed();
     assert_eq!(c.desired.v4.policy.len(), 5_000 * 10);
-    assert_eq!(c.desired.v4.pod_owner.len(), 10_000);
+    assert_eq!(c.desired.v4.pod_owner.len(), 5_000);
     // The budget (compile and apply within 1 s) is measured in release by the bench; this
     // only guards against an accidental blow-up, in a debug build.
     assert!(

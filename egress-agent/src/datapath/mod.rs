@@ -211,8 +211,9 @@ pub struct Capacities {
     /// kernel whatever they hold; also the capacity of `FLOWS_V4` / `_V6` (one per pod
     /// with flows, so never more than conntrack's).
     pub conntrack: u32,
-    /// Entries of each pod owner map (`POD_OWNER_V4`, `POD_OWNER_V6`): every selected pod
-    /// of the cluster, preallocated by the kernel whatever they hold.
+    /// Entries of each pod owner map (`POD_OWNER_V4`, `POD_OWNER_V6`): every running pod
+    /// of the cluster on a gateway, the node's own elsewhere; preallocated by the kernel
+    /// whatever they hold.
     pub pod_owner: u32,
     /// Entries of each admitted-pairs map (`ADMITTED_V4`, `ADMITTED_V6`): (selected pod,
     /// rule) pairs of the rules this node serves as a gateway; not preallocated, but its

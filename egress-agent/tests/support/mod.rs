@@ -1,9 +1,11 @@
 //! A fake Kubernetes API server for the tests: a small HTTP/1.1 server on 127.0.0.1 that
 //! serves LIST (with a resourceVersion) and WATCH (chunked, newline-delimited JSON events)
-//! for the watched kinds, GET and PATCH of single objects, and POST of Events, and that
+//! for the watched kinds, with a `fieldSelector` of one `path=value` (as
+//! `spec.nodeName=<node>`), GET and PATCH of single objects, and POST of Events, and that
 //! the tests script: send events, end a watch, answer `410 Gone`, drop the connection
-//! mid-chunk. Shared by the test crates that talk to an API server (`kube_source`,
-//! `explain`), each of which uses part of it.
+//! mid-chunk. It counts what it sends of each collection ([`Sent`]). Shared by the test
+//! crates that talk to an API server (`kube_source`, `explain`, `fan_out`), each of which
+//! uses part of it.
 
 #![allow(
     dead_code,
@@ -50,17 +52,127 @@ pub enum WatchCommand {
     Drop,
 }
 
+/// An open watch: what it selects, and where its events go.
+pub struct Watch {
+    pub selector: Option<FieldSelector>,
+    pub tx: mpsc::UnboundedSender<WatchCommand>,
+}
+
+/// A `fieldSelector` of one `path=value` (`spec.nodeName=node-1`): objects whose field at
+/// that dotted path is the string `value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldSelector {
+    pub path: Vec<String>,
+    pub value: String,
+}
+
+impl FieldSelector {
+    /// The selector of a request's query, if it has one; `Err` for one this server does
+    /// not serve.
+    pub fn of_query(query: &str) -> Result<Option<Self>, String> {
+        let Some(raw) = query
+            .split('&')
+            .find_map(|p| p.strip_prefix("fieldSelector="))
+        else {
+            return Ok(None);
+        };
+        let text = percent_decoded(raw);
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let (path, value) = text
+            .split_once("==")
+            .or_else(|| text.split_once('='))
+            .filter(|(p, _)| !p.ends_with('!') && !text.contains(','))
+            .ok_or_else(|| format!("unsupported fieldSelector {text:?}"))?;
+        Ok(Some(Self {
+            path: path.split('.').map(str::to_owned).collect(),
+            value: value.to_owned(),
+        }))
+    }
+
+    pub fn matches(&self, object: &Value) -> bool {
+        let field = self.path.iter().fold(object, |v, key| &v[key.as_str()]);
+        field.as_str() == Some(self.value.as_str())
+    }
+}
+
+/// `text` with its `%XX` escapes (and `+` for space) decoded.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    Err(_) => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What the server sent of one collection: its lists' and its watches' JSON (bodies and
+/// event lines, without HTTP framing), and the objects in them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub lists: usize,
+    pub list_bytes: usize,
+    pub list_objects: usize,
+    pub watch_bytes: usize,
+    pub watch_events: usize,
+}
+
+impl Sent {
+    pub fn bytes(&self) -> usize {
+        self.list_bytes + self.watch_bytes
+    }
+
+    pub fn objects(&self) -> usize {
+        self.list_objects + self.watch_events
+    }
+}
+
+impl std::ops::AddAssign for Sent {
+    fn add_assign(&mut self, o: Self) {
+        self.lists += o.lists;
+        self.list_bytes += o.list_bytes;
+        self.list_objects += o.list_objects;
+        self.watch_bytes += o.watch_bytes;
+        self.watch_events += o.watch_events;
+    }
+}
+
 pub struct Collection {
     pub kind: &'static str,
     pub api_version: &'static str,
     /// By `namespace/name` (or `name`).
     pub items: BTreeMap<String, Value>,
-    pub watches: Vec<mpsc::UnboundedSender<WatchCommand>>,
+    pub watches: Vec<Watch>,
     /// Watch requests answered so far.
     pub watches_started: usize,
     pub lists: usize,
     /// Lists still to answer with `500` (an API server in trouble, a CRD not yet served).
     pub failing_lists: usize,
+    pub sent: Sent,
 }
 
 /// One request the server received (other than LIST and WATCH).
@@ -122,7 +234,32 @@ impl State {
     pub fn send(&mut self, path: &str, command: impl Fn() -> WatchCommand) {
         self.collection(path)
             .watches
-            .retain(|w| w.send(command()).is_ok());
+            .retain(|w| w.tx.send(command()).is_ok());
+    }
+
+    /// Tell each open watch of `path` that `object` changed from `before` (`None`: it
+    /// is new) or was deleted (`deleted`), as that watch's selector sees it: an object
+    /// that comes to match is ADDED, one that stops matching DELETED.
+    pub fn send_change(
+        &mut self,
+        path: &str,
+        before: Option<&Value>,
+        object: &Value,
+        deleted: bool,
+    ) {
+        self.collection(path).watches.retain(|w| {
+            let selects = |o: &Value| w.selector.as_ref().is_none_or(|s| s.matches(o));
+            let was = before.is_some_and(selects);
+            let is = !deleted && selects(object);
+            let type_ = match (was, is) {
+                (false, false) => return true,
+                (false, true) => "ADDED",
+                (true, true) => "MODIFIED",
+                (true, false) => "DELETED",
+            };
+            let line = json!({"type": type_, "object": object}).to_string();
+            w.tx.send(WatchCommand::Event(line)).is_ok()
+        });
     }
 }
 
@@ -149,6 +286,7 @@ impl Fake {
                     watches_started: 0,
                     lists: 0,
                     failing_lists: 0,
+                    sent: Sent::default(),
                 },
             );
         }
@@ -191,30 +329,37 @@ impl Fake {
         self.state().collection(path).items.remove(key);
     }
 
-    /// Store `object` and send ADDED or MODIFIED to the open watches.
+    /// Store `object` and send ADDED or MODIFIED to the open watches (as their
+    /// selectors see it: see [`State::send_change`]).
     pub fn apply(&self, path: &str, object: Value) {
         let mut s = self.state();
         let object = s.stamp(path, object);
         let key = key_of(&object);
-        let type_ = if s.collection(path).items.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        s.collection(path).items.insert(key, object.clone());
-        let line = json!({"type": type_, "object": object}).to_string();
-        s.send(path, || WatchCommand::Event(line.clone()));
+        let before = s.collection(path).items.insert(key, object.clone());
+        s.send_change(path, before.as_ref(), &object, false);
     }
 
-    /// Remove an object and send DELETED.
+    /// Remove an object and send DELETED (to the watches that selected it).
     pub fn delete(&self, path: &str, key: &str) {
         let mut s = self.state();
         let Some(mut object) = s.collection(path).items.remove(key) else {
             panic!("no {key} in {path}");
         };
+        let before = object.clone();
         object["metadata"]["resourceVersion"] = json!(s.bump());
-        let line = json!({"type": "DELETED", "object": object}).to_string();
-        s.send(path, || WatchCommand::Event(line.clone()));
+        s.send_change(path, Some(&before), &object, true);
+    }
+
+    /// What the server sent of collection `path` since it started (or the last
+    /// [`Fake::reset_sent`]).
+    pub fn sent(&self, path: &str) -> Sent {
+        self.state().collection(path).sent
+    }
+
+    pub fn reset_sent(&self) {
+        for c in self.state().collections.values_mut() {
+            c.sent = Sent::default();
+        }
     }
 
     /// Answer the open watches with `ERROR 410 Gone`, as when their resourceVersion is
@@ -285,7 +430,11 @@ pub async fn write_response(
     code: u16,
     body: &Value,
 ) -> std::io::Result<()> {
-    let body = body.to_string();
+    write_text(socket, code, &body.to_string()).await
+}
+
+/// Answer with the JSON `body`, already serialized.
+pub async fn write_text(socket: &mut TcpStream, code: u16, body: &str) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n",
@@ -358,6 +507,16 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
 
     // A collection: LIST or WATCH.
     if method == "GET" && lock().collections.contains_key(path.as_str()) {
+        let selector = match FieldSelector::of_query(&query) {
+            Ok(selector) => selector,
+            Err(message) => {
+                let error = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": message, "reason": "BadRequest",
+                    "code": 400});
+                let _ = write_response(&mut socket, 400, &error).await;
+                return;
+            }
+        };
         if query
             .split('&')
             .any(|p| p == "watch=true" || p == "watch=1")
@@ -366,7 +525,7 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
             {
                 let mut s = lock();
                 let c = s.collection(&path);
-                c.watches.push(tx);
+                c.watches.push(Watch { selector, tx });
                 c.watches_started += 1;
             }
             served.notify_waiters();
@@ -375,9 +534,26 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
             if socket.write_all(head.as_bytes()).await.is_err() {
                 return;
             }
-            while let Some(command) = rx.recv().await {
+            let (mut from_client, mut socket) = socket.split();
+            loop {
+                // A client that closes its end (a watch it dropped) ends the watch at
+                // once: no later event is counted as sent to it.
+                let mut byte = [0u8; 1];
+                let command = tokio::select! {
+                    command = rx.recv() => command,
+                    _ = from_client.read(&mut byte) => None,
+                };
+                let Some(command) = command else {
+                    return;
+                };
                 let result = match command {
                     WatchCommand::Event(line) => {
+                        {
+                            let mut s = lock();
+                            let sent = &mut s.collection(&path).sent;
+                            sent.watch_bytes += line.len();
+                            sent.watch_events += 1;
+                        }
                         let line = format!("{line}\n");
                         let chunk = format!("{:x}\r\n{line}\r\n", line.len());
                         socket.write_all(chunk.as_bytes()).await
@@ -399,7 +575,6 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
                     return;
                 }
             }
-            return;
         }
         let (code, list) = {
             let mut s = lock();
@@ -411,19 +586,38 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
                 let error = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
                     "status": "Failure", "message": "etcd is sad", "reason": "InternalError",
                     "code": 500});
-                (500, error)
+                (500, error.to_string())
             } else {
-                let list = json!({
+                // Written item by item: a list of 100k pods is not copied into a Value.
+                let mut list = json!({
                     "kind": format!("{}List", c.kind),
                     "apiVersion": c.api_version,
                     "metadata": {"resourceVersion": rv},
-                    "items": c.items.values().cloned().collect::<Vec<_>>(),
-                });
+                })
+                .to_string();
+                list.pop();
+                list.push_str(",\"items\":[");
+                let mut objects = 0;
+                let selected = c
+                    .items
+                    .values()
+                    .filter(|o| selector.as_ref().is_none_or(|s| s.matches(o)));
+                for item in selected {
+                    if objects > 0 {
+                        list.push(',');
+                    }
+                    list.push_str(&item.to_string());
+                    objects += 1;
+                }
+                list.push_str("]}");
+                c.sent.lists += 1;
+                c.sent.list_bytes += list.len();
+                c.sent.list_objects += objects;
                 (200, list)
             }
         };
         served.notify_waiters();
-        let _ = write_response(&mut socket, code, &list).await;
+        let _ = write_text(&mut socket, code, &list).await;
         return;
     }
 

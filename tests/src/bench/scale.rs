@@ -195,8 +195,9 @@ pub(super) fn serving_gateway(shape: &Shape, view: &ClusterView) -> Result<Strin
         .context("no gateway of the synthetic cluster serves a rule")
 }
 
-/// What one node's compile must give before it is timed: no problem, every pod's owner,
-/// and on a source node exactly its pods' entries, on the gateway some admitted pairs.
+/// What one node's compile must give before it is timed: no problem, every pod's owner
+/// on the gateway and its own pods' on a source node, and on a source node exactly its
+/// pods' entries, on the gateway some admitted pairs.
 fn check_compiled(shape: &Shape, node: &str, c: &Compiled, gateway: bool) -> Result<()> {
     let d = &c.desired;
     ensure!(
@@ -204,11 +205,15 @@ fn check_compiled(shape: &Shape, node: &str, c: &Compiled, gateway: bool) -> Res
         "compile for {node}: problems: {}",
         joined(&c.problems)
     );
+    let owners = if gateway {
+        shape.pods as usize
+    } else {
+        shape.pods_per_node() as usize
+    };
     ensure!(
-        d.v4.pod_owner.len() == shape.pods as usize,
-        "compile for {node}: {} pod owners, expected {}",
+        d.v4.pod_owner.len() == owners,
+        "compile for {node}: {} pod owners, expected {owners}",
         d.v4.pod_owner.len(),
-        shape.pods
     );
     ensure!(
         d.v4.policy.len() == shape.entries_per_node(),

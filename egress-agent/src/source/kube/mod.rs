@@ -1,8 +1,10 @@
 //! Kubernetes as the source of cluster state, and the place the agent writes back to.
 //!
 //! [`watch`] runs one kube-rs [`watcher`] and reflector store per kind (Pods, Namespaces,
-//! Nodes, EgressGatewayPolicies, EgressNodes) and publishes a [`Snapshot`] of all five
-//! stores, the same type the YAML directory source produces, whenever one of them changes.
+//! Nodes, EgressGatewayPolicies, EgressNodes, NetworkPolicies, and the optional kinds the
+//! API server serves) and publishes a [`Snapshot`] of the stores, the same type the YAML
+//! directory source produces, whenever one of them changes. [`watch_node`], the agent's,
+//! watches only the Pods its node needs ([`pods`]).
 //! Watch trouble (a watch that ends, `410 Gone`, a dropped connection, an API server that is
 //! away) is the watcher's to recover from: it resumes or re-lists with backoff
 //! ([`WatchStreamExt::default_backoff`]), and the stores, hence the published view, keep the
@@ -54,7 +56,7 @@ use tokio::{sync::Notify, task::AbortHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    ClusterView, PodSummary, admin,
+    ClusterView, PodScope, PodSummary, admin,
     objects::{self, FieldError},
     openshift, ovn,
     yaml::{DocumentError, LoadError, Snapshot},
@@ -74,6 +76,7 @@ pub const DEBOUNCE: Duration = Duration::from_millis(50);
 /// that does not answer.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+mod pods;
 /// Errors of the Kubernetes source and writers.
 pub mod writer;
 
@@ -320,11 +323,26 @@ fn start<K>(client: &Client, changed: &Arc<Notify>, tasks: &mut Tasks) -> Store<
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + Sync + 'static,
 {
+    // Any semantic: initial lists and re-lists are served from the API server's watch
+    // cache, as client-go informers do: every agent of a DaemonSet lists these kinds.
+    let config = watcher::Config::default().any_semantic();
+    let (store, task) = start_with(client, config, changed);
+    tasks.0.push(task);
+    store
+}
+
+/// [`start`] with the watcher's `config` (selectors), returning the task that fills the
+/// store, for the caller to stop.
+fn start_with<K>(
+    client: &Client,
+    config: watcher::Config,
+    changed: &Arc<Notify>,
+) -> (Store<Decoded<K>>, AbortHandle)
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + Sync + 'static,
+{
     let api: Api<Decoded<K>> = Api::all(client.clone());
     let (store, writer) = reflector::store();
-    // Any semantic: initial lists and re-lists are served from the API server's watch
-    // cache, as client-go informers do; every agent of a DaemonSet lists every Pod.
-    let config = watcher::Config::default().any_semantic();
     let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
     let changed = changed.clone();
     let task = tokio::spawn(async move {
@@ -347,15 +365,15 @@ where
             }
         }
     });
-    tasks.0.push(task.abort_handle());
-    store
+    (store, task.abort_handle())
 }
 
 /// The stores of every kind.
 struct Stores {
     policies: Store<Decoded<EgressGatewayPolicy>>,
     namespaces: Store<Decoded<Namespace>>,
-    pods: Store<Decoded<Pod>>,
+    /// None only before the agent's first view decided which pods to watch.
+    pods: Option<pods::Pods>,
     nodes: Store<Decoded<Node>>,
     egress_nodes: Store<Decoded<EgressNode>>,
     network_policies: Store<Decoded<NetworkPolicy>>,
@@ -384,10 +402,12 @@ impl Stores {
                     kind: static_kind(&K::kind(&())),
                 })
         }
+        if let Some(pods) = &self.pods {
+            ready(&pods.serving.store).await?;
+        }
         tokio::try_join!(
             ready(&self.policies),
             ready(&self.namespaces),
-            ready(&self.pods),
             ready(&self.nodes),
             ready(&self.egress_nodes),
             ready(&self.network_policies),
@@ -415,9 +435,22 @@ impl Stores {
         let view = ClusterView {
             policies: collect(&self.policies, &mut errors, Clone::clone),
             namespaces: collect(&self.namespaces, &mut errors, Clone::clone),
-            pods: collect_checked(&self.pods, &mut errors, objects::check_pod, |p: &Pod| {
-                PodSummary::from(p)
-            }),
+            pods: self
+                .pods
+                .as_ref()
+                .map(|pods| {
+                    collect_checked(
+                        &pods.serving.store,
+                        &mut errors,
+                        objects::check_pod,
+                        |p: &Pod| PodSummary::from(p),
+                    )
+                })
+                .unwrap_or_default(),
+            pod_scope: self
+                .pods
+                .as_ref()
+                .map_or(PodScope::Cluster, |pods| pods.serving.scope),
             nodes: collect_checked(&self.nodes, &mut errors, objects::check_node, Clone::clone),
             egress_nodes: collect_checked(
                 &self.egress_nodes,
@@ -621,7 +654,8 @@ where
 
 /// Watch the cluster: returns once every kind has been listed, with a receiver that holds
 /// the [`Snapshot`] of that list and then changes whenever a watched object changes
-/// (batched over [`DEBOUNCE`]; an unchanged view is not sent again).
+/// (batched over [`DEBOUNCE`]; an unchanged view is not sent again). Every pod of the
+/// cluster is watched: [`watch_node`] watches those an agent's node needs.
 ///
 /// Until the first lists complete this waits, retrying with backoff and logging why (an
 /// unreachable API server, missing RBAC, CRDs not installed): publishing a partial view
@@ -632,12 +666,45 @@ pub async fn watch(
     client: Client,
     cluster_cidrs: Vec<ipnet::IpNet>,
 ) -> Result<tokio::sync::watch::Receiver<Arc<Snapshot>>> {
+    watch_with(client, cluster_cidrs, None).await
+}
+
+/// The node an agent's source watches for, and the pods its compiles ask for.
+pub struct NodePods {
+    /// The node's name: [`PodScope::Node`] means its pods.
+    pub name: String,
+    /// The pods its last compile needs ([`crate::compiler::Compiled::pods_needed`]), as
+    /// the agent tells its [`writer::Writer`].
+    pub wanted: tokio::sync::watch::Receiver<PodScope>,
+}
+
+/// [`watch`] for the agent of node `node.name`: of the Pods, only those the node needs,
+/// the larger of what the view says ([`crate::compiler::pods_needed`]: a gateway or the
+/// status writer needs every pod, a worker its own, when the cluster's CIDRs are
+/// declared) and what its last compile asked for (`node.wanted`). The other kinds are
+/// listed first, to decide; when the need changes, the pods are listed again in the new
+/// scope while the old watch serves, and the view changes over once that list is
+/// complete ([`pods::Pods::steer`]). Each view says which pods it holds
+/// ([`ClusterView::pod_scope`]).
+pub async fn watch_node(
+    client: Client,
+    cluster_cidrs: Vec<ipnet::IpNet>,
+    node: NodePods,
+) -> Result<tokio::sync::watch::Receiver<Arc<Snapshot>>> {
+    watch_with(client, cluster_cidrs, Some(node)).await
+}
+
+async fn watch_with(
+    client: Client,
+    cluster_cidrs: Vec<ipnet::IpNet>,
+    mut node: Option<NodePods>,
+) -> Result<tokio::sync::watch::Receiver<Arc<Snapshot>>> {
     let changed = Arc::new(Notify::new());
     let mut tasks = Tasks(Vec::new());
-    let stores = Stores {
+    let mut stores = Stores {
         policies: start(&client, &changed, &mut tasks),
         namespaces: start(&client, &changed, &mut tasks),
-        pods: start(&client, &changed, &mut tasks),
+        pods: None,
         nodes: start(&client, &changed, &mut tasks),
         egress_nodes: start(&client, &changed, &mut tasks),
         network_policies: start(&client, &changed, &mut tasks),
@@ -662,12 +729,24 @@ pub async fn watch(
         },
         cluster_cidrs,
     };
+    let scope = match node.as_mut() {
+        None => PodScope::Cluster,
+        Some(n) => {
+            // Every kind but Pods, to decide which pods.
+            stores.wait_until_ready().await?;
+            let wanted = *n.wanted.borrow_and_update();
+            crate::compiler::pods_needed(&stores.snapshot().view, &n.name).max(wanted)
+        }
+    };
+    let name = node.as_ref().map_or("", |n| n.name.as_str());
+    stores.pods = Some(pods::Pods::start(client.clone(), name, scope, &changed));
     stores.wait_until_ready().await?;
     let first = stores.snapshot();
     info!(
         policies = first.view.policies.len(),
         namespaces = first.view.namespaces.len(),
         pods = first.view.pods.len(),
+        pod_scope = ?first.view.pod_scope,
         nodes = first.view.nodes.len(),
         egress_nodes = first.view.egress_nodes.len(),
         network_policies = first.view.network_policies.len(),
@@ -677,16 +756,33 @@ pub async fn watch(
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(first));
     tokio::spawn(async move {
         let _tasks = tasks;
+        // Until the agent's writer is gone.
+        let mut asking = node.is_some();
         loop {
+            let wanted = node.as_mut().filter(|_| asking).map(|n| &mut n.wanted);
+            let asked = async move {
+                match wanted {
+                    Some(w) => w.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = tx.closed() => break,
                 () = changed.notified() => {}
+                open = asked => asking = open,
             }
             tokio::select! {
                 () = tx.closed() => break,
                 () = tokio::time::sleep(DEBOUNCE) => {}
             }
-            let snapshot = stores.snapshot();
+            let mut snapshot = stores.snapshot();
+            if let (Some(n), Some(pods)) = (node.as_mut(), stores.pods.as_mut()) {
+                let view_needs = crate::compiler::pods_needed(&snapshot.view, &n.name);
+                let wanted = view_needs.max(*n.wanted.borrow_and_update());
+                if pods.steer(wanted, &changed) {
+                    snapshot = stores.snapshot();
+                }
+            }
             tx.send_if_modified(|current| {
                 if **current == snapshot {
                     false

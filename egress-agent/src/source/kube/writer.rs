@@ -10,7 +10,7 @@ use tracing::warn;
 
 use crate::{
     api::{EgressNode, PolicyStatus},
-    source::{Event, StatusWriter},
+    source::{Event, PodScope, StatusWriter},
 };
 
 /// The background writer's inputs.
@@ -18,6 +18,8 @@ pub struct Writer {
     node: watch::Sender<Option<EgressNode>>,
     statuses: watch::Sender<BTreeMap<String, PolicyStatus>>,
     events: mpsc::Sender<Event>,
+    /// The pods the agent's compiles need, to its source ([`super::watch_node`]).
+    pods: Option<watch::Sender<PodScope>>,
 }
 
 /// Events waiting for the API beyond this are dropped (and logged).
@@ -77,7 +79,15 @@ impl Writer {
             node,
             statuses,
             events,
+            pods: None,
         }
+    }
+
+    /// Tell the source behind `pods` (the sender of [`super::NodePods::wanted`]) which
+    /// pods the agent's compiles need.
+    pub fn with_pods_needed(mut self, pods: watch::Sender<PodScope>) -> Self {
+        self.pods = Some(pods);
+        self
     }
 }
 
@@ -101,6 +111,12 @@ impl StatusWriter for Writer {
     fn event(&self, ev: Event) {
         if let Err(e) = self.events.try_send(ev) {
             warn!("failed to queue an Event (the API is slow or down): {e}");
+        }
+    }
+
+    fn pods_needed(&self, scope: PodScope) {
+        if let Some(pods) = &self.pods {
+            pods.send_if_modified(|s| std::mem::replace(s, scope) != scope);
         }
     }
 }
