@@ -135,6 +135,8 @@ pub struct LivenessStats {
     pub detection: Seconds,
     /// Egress IPs this node took, by reason.
     pub acquired: BTreeMap<String, u64>,
+    /// Held egress IPs announced again (a peer let one go, or a peer came back).
+    pub reannounced: u64,
     /// For each egress IP taken from an unreachable holder, that holder's silence when
     /// this node added it.
     pub failover: Seconds,
@@ -477,6 +479,14 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
         "failovers",
         "Egress IPs this node took, by reason (Assigned: first holder)",
         moves,
+    );
+    let c = Counter::<u64>::default();
+    c.inc_by(l.reannounced);
+    reg.register(
+        "reannouncements",
+        "Held egress IPs announced again (gratuitous ARP, unsolicited NA) because a peer \
+         let one go or a peer became reachable again",
+        c,
     );
     reg.register(
         "failover_seconds",

@@ -86,8 +86,13 @@ pub(crate) trait Addresses {
     /// Duplicate address detection for `ip` on `i`: the problem that names the host
     /// answering for it, if one does; an error when no probe could be sent.
     async fn probe(&mut self, i: &Interface, ip: IpAddr) -> Result<Option<String>, String>;
-    /// Tell `i`'s network that `ip` is here now (in the background).
+    /// Tell `i`'s network that `ip` is here now (in the background, a few times over
+    /// [`ANNOUNCE_AT`]), in place of what is still pending for `ip`.
     fn announce(&mut self, i: &Interface, ip: IpAddr);
+    /// Stop announcing `ip`: nothing pending is sent after this returns (a send already
+    /// under way on another thread completes). Called before the address is removed, so
+    /// that no neighbour learns an address this node no longer has.
+    fn silence(&mut self, ip: IpAddr);
 }
 
 /// What one pass knows besides the compile: who this node is, the time, the peers, and
@@ -130,6 +135,8 @@ pub struct Ownership {
     warm_pending: bool,
     /// Egress IPs another host answered for, when, and the problem that names it.
     refused: BTreeMap<IpAddr, (Instant, String)>,
+    /// What the last pass saw of the peers, for [`Ownership::reannounce`].
+    seen: PeerSnapshot,
 }
 
 impl Ownership {
@@ -172,6 +179,7 @@ impl Ownership {
         removable.extend(published.iter().filter_map(|h| h.ip.parse::<IpAddr>().ok()));
         let mut done = Done::default();
         for r in to_release(ifaces, &compiled.desired, &removable) {
+            addrs.silence(r.ip);
             if let Err(e) = addrs.remove(&r).await {
                 done.problems.push(format!("egress IP {}: {e}", r.ip));
                 continue;
@@ -192,8 +200,16 @@ impl Ownership {
             );
         }
         // Held IPs whose address vanished (the interface went away): not held any more.
-        self.holdings
-            .retain(|ip, h| carries(ifaces, &h.interface, *ip));
+        let vanished: Vec<IpAddr> = self
+            .holdings
+            .iter()
+            .filter(|(ip, h)| !carries(ifaces, &h.interface, **ip))
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in vanished {
+            addrs.silence(ip);
+            self.holdings.remove(&ip);
+        }
         self.lingering.retain(|_, l| l.until > now);
         done
     }
@@ -373,6 +389,38 @@ impl Ownership {
         );
     }
 
+    /// Announce again what this node holds when the network may have been told
+    /// otherwise since: a peer let one of these addresses go (its announcements may have
+    /// raced ours), or a peer is reachable again after a partition (a heal: it may have
+    /// announced on its side). `fresh`: taken in this pass, announced already. The
+    /// addresses announced again, with why.
+    pub(crate) fn reannounce(
+        &mut self,
+        addrs: &mut impl Addresses,
+        ifaces: &[Interface],
+        peers: &PeerView,
+        me: &str,
+        fresh: &[IpAddr],
+    ) -> Vec<(IpAddr, String)> {
+        let now = PeerSnapshot::of(peers, me);
+        let held = self.holdings.keys().filter(|ip| !fresh.contains(ip));
+        let due = to_reannounce(held.copied(), &self.seen, &now);
+        self.seen = now;
+        let mut out = Vec::new();
+        for (ip, why) in due {
+            let Some(h) = self.holdings.get(&ip) else {
+                continue;
+            };
+            let Some(i) = ifaces.iter().find(|i| i.name == h.interface) else {
+                continue;
+            };
+            info!(%ip, interface = %i.name, "announcing egress IP again: {why}");
+            addrs.announce(i, ip);
+            out.push((ip, why));
+        }
+        out
+    }
+
     /// Remember the gateway-side map contents of this pass's `desired`, for the linger of
     /// what a later pass releases.
     pub fn remember(&mut self, desired: &Desired) {
@@ -400,6 +448,58 @@ impl Ownership {
         let waiting = self.warm_pending || !self.handover_since.is_empty();
         next.or(waiting.then_some(now))
     }
+}
+
+/// What one pass saw of the peers, as far as announcements care: who else claims each
+/// address, and who is unreachable.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerSnapshot {
+    /// The other nodes whose latest report claims each address.
+    pub claimants: BTreeMap<IpAddr, BTreeSet<String>>,
+    /// Unreachable peers (this node left out).
+    pub dead: BTreeSet<String>,
+}
+
+impl PeerSnapshot {
+    pub fn of(peers: &PeerView, me: &str) -> Self {
+        let mut claimants: BTreeMap<IpAddr, BTreeSet<String>> = BTreeMap::new();
+        for (node, r) in peers.reports.iter().filter(|(n, _)| n.as_str() != me) {
+            for ip in r.claims.keys() {
+                claimants.entry(*ip).or_default().insert(node.clone());
+            }
+        }
+        let dead = peers.dead.iter().filter(|n| *n != me).cloned().collect();
+        Self { claimants, dead }
+    }
+}
+
+/// Which of the `held` addresses to announce again between two passes that saw `before`
+/// and `now`, and why: all of them when a peer is reachable again (a heal), and each one
+/// that a peer claimed before and claims no more (it let go, and what it had pending may
+/// have reached a neighbour after ours).
+pub fn to_reannounce(
+    held: impl Iterator<Item = IpAddr>,
+    before: &PeerSnapshot,
+    now: &PeerSnapshot,
+) -> BTreeMap<IpAddr, String> {
+    let revived: Vec<&str> = before
+        .dead
+        .difference(&now.dead)
+        .map(String::as_str)
+        .collect();
+    let mut out = BTreeMap::new();
+    for ip in held {
+        let empty = BTreeSet::new();
+        let was = before.claimants.get(&ip).unwrap_or(&empty);
+        let is = now.claimants.get(&ip).unwrap_or(&empty);
+        let let_go: Vec<&str> = was.difference(is).map(String::as_str).collect();
+        if !let_go.is_empty() {
+            out.insert(ip, format!("{} let it go", let_go.join(", ")));
+        } else if !revived.is_empty() {
+            out.insert(ip, format!("{} reachable again", revived.join(", ")));
+        }
+    }
+    out
 }
 
 /// Whether `ifaces` has `ip` on the interface named `interface`.
@@ -451,17 +551,49 @@ pub fn release_reason(ip: IpAddr, compiled: &Compiled) -> String {
 
 /// The node's own addresses: netlink for the address, ARP and NDP for the probes and
 /// announcements.
-pub(crate) struct NodeAddresses<'a>(pub &'a crate::iface::Netlink);
+pub(crate) struct NodeAddresses<'a> {
+    pub nl: &'a crate::iface::Netlink,
+    pub announcing: &'a mut Announcing,
+}
+
+/// The announcements still pending, by address: a release cancels them.
+#[derive(Debug, Default)]
+pub struct Announcing(BTreeMap<IpAddr, tokio::task::AbortHandle>);
+
+impl Announcing {
+    /// Start announcing `ip` on `ifindex` at `mac`, in place of what is pending for it.
+    fn start(&mut self, ifindex: u32, mac: [u8; 6], ip: IpAddr) {
+        self.stop(ip);
+        self.0.retain(|_, h| !h.is_finished());
+        let task = tokio::spawn(async move {
+            if let Err(e) = crate::iface::announce(ifindex, mac, ip, &ANNOUNCE_AT).await {
+                warn!("failed to announce {ip}: {e}");
+            }
+        });
+        self.0.insert(ip, task.abort_handle());
+    }
+
+    /// Cancel what is pending for `ip`: the task sends nothing more (it sleeps between
+    /// its sends, where an abort takes it).
+    fn stop(&mut self, ip: IpAddr) {
+        if let Some(h) = self.0.remove(&ip)
+            && !h.is_finished()
+        {
+            h.abort();
+            debug!(%ip, "pending announcements cancelled");
+        }
+    }
+}
 
 impl Addresses for NodeAddresses<'_> {
     async fn add(&mut self, i: &Interface, ip: IpAddr, prefix_len: u8) -> Result<(), String> {
         // The kernel's own IPv6 DAD stays off: see `add_address`.
-        let added = self.0.add_address(i.ifindex, ip, prefix_len).await;
+        let added = self.nl.add_address(i.ifindex, ip, prefix_len).await;
         added.map_err(|e| e.to_string())
     }
 
     async fn remove(&mut self, r: &Release) -> Result<(), String> {
-        let removed = self.0.del_address(r.ifindex, r.ip, r.prefix_len).await;
+        let removed = self.nl.del_address(r.ifindex, r.ip, r.prefix_len).await;
         removed.map_err(|e| e.to_string())
     }
 
@@ -478,14 +610,13 @@ impl Addresses for NodeAddresses<'_> {
     }
 
     fn announce(&mut self, i: &Interface, ip: IpAddr) {
-        let (Some(mac), ifindex) = (i.mac, i.ifindex) else {
-            return;
-        };
-        tokio::spawn(async move {
-            if let Err(e) = crate::iface::announce(ifindex, mac, ip, &ANNOUNCE_AT).await {
-                warn!("failed to announce {ip}: {e}");
-            }
-        });
+        if let Some(mac) = i.mac {
+            self.announcing.start(i.ifindex, mac, ip);
+        }
+    }
+
+    fn silence(&mut self, ip: IpAddr) {
+        self.announcing.stop(ip);
     }
 }
 
@@ -977,6 +1108,10 @@ mod tests {
         fn announce(&mut self, i: &Interface, ip: IpAddr) {
             self.log.push(format!("announce {ip} {}", i.name));
         }
+
+        fn silence(&mut self, ip: IpAddr) {
+            self.log.push(format!("silence {ip}"));
+        }
     }
 
     const A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 50);
@@ -1153,7 +1288,11 @@ mod tests {
         let now = t0 + Duration::from_secs(1);
         let done = release(&mut own, &mut fake, &moved, now);
         assert_eq!(done.changed, 1);
-        assert_eq!(fake.log.last().unwrap(), "remove 192.168.101.50 sec-a");
+        assert_eq!(
+            fake.log[fake.log.len() - 2..],
+            ["silence 192.168.101.50", "remove 192.168.101.50 sec-a"],
+            "pending announcements stop before the address goes"
+        );
         assert!(own.holdings().is_empty() && own.claims().is_empty());
         let serving = own.serving(&moved.desired);
         assert_eq!(
@@ -1167,6 +1306,73 @@ mod tests {
         release(&mut own, &mut fake, &moved, now + LINGER);
         assert!(matches!(own.serving(&moved.desired), Cow::Borrowed(_)));
         assert_eq!(own.next_pass(now + LINGER, detection, t0), None);
+    }
+
+    fn snapshot(claims: &[(&str, &str)], dead: &[&str]) -> PeerSnapshot {
+        let mut claimants: BTreeMap<IpAddr, BTreeSet<String>> = BTreeMap::new();
+        for (node, ip) in claims {
+            let ip = ip.parse().unwrap();
+            claimants.entry(ip).or_default().insert((*node).to_owned());
+        }
+        PeerSnapshot {
+            claimants,
+            dead: dead.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn what_is_held_is_announced_again_when_a_peer_lets_it_go_or_comes_back() {
+        let (a, b): (IpAddr, IpAddr) = (A.into(), "192.168.102.50".parse().unwrap());
+        let held = || [a, b].into_iter();
+        let quiet = snapshot(&[], &[]);
+        assert!(
+            to_reannounce(held(), &quiet, &quiet).is_empty(),
+            "nothing new"
+        );
+        // gw1 took A at a heal in the same millisecond as this node, and let it go: its
+        // announcements may have reached a neighbour after ours.
+        let both = snapshot(&[("gw1", "192.168.101.50")], &[]);
+        assert_eq!(
+            to_reannounce(held(), &both, &quiet),
+            BTreeMap::from([(a, "gw1 let it go".to_owned())])
+        );
+        assert!(
+            to_reannounce(held(), &quiet, &both).is_empty(),
+            "a claim appearing is the compile's business, not an announcement's"
+        );
+        // A heal: a peer reachable again may have announced on its side.
+        let partitioned = snapshot(&[], &["gw1"]);
+        let again = to_reannounce(held(), &partitioned, &quiet);
+        assert_eq!(again.keys().copied().collect::<Vec<_>>(), [a, b]);
+        assert_eq!(again[&a], "gw1 reachable again");
+        assert!(to_reannounce(held(), &quiet, &partitioned).is_empty());
+    }
+
+    #[test]
+    fn reannounce_skips_what_this_pass_took_and_remembers_what_it_saw() {
+        let (mut fake, c) = gw2_holding_a(crate::compiler::move_reason::ASSIGNED);
+        let (mut own, t0) = (Ownership::default(), Instant::now());
+        let quiet = PeerView::default();
+        acquire(&mut own, &mut fake, &c, &pass_at(t0, 100, &quiet));
+        let mut partitioned = PeerView::default();
+        partitioned.dead.insert("gw1".to_owned());
+        let ifaces = fake.ifaces.clone();
+        own.reannounce(&mut fake, &ifaces, &partitioned, "gw2", &[]);
+        fake.log.clear();
+        let fresh = [IpAddr::from(A)];
+        assert!(
+            own.reannounce(&mut fake, &ifaces, &quiet, "gw2", &fresh)
+                .is_empty()
+        );
+        assert!(fake.log.is_empty(), "taken in this pass: announced already");
+        own.reannounce(&mut fake, &ifaces, &partitioned, "gw2", &[]);
+        let again = own.reannounce(&mut fake, &ifaces, &quiet, "gw2", &[]);
+        assert_eq!(again, [(IpAddr::from(A), "gw1 reachable again".to_owned())]);
+        assert_eq!(fake.log, ["announce 192.168.101.50 sec-a"]);
+        assert!(
+            own.reannounce(&mut fake, &ifaces, &quiet, "gw2", &[])
+                .is_empty()
+        );
     }
 
     #[test]

@@ -295,6 +295,8 @@ struct Reconciler<'a> {
     last_holders: publish::Placement,
     /// The egress IPs this node holds, lingers, waits for or refused.
     own: Ownership,
+    /// The announcements of [`Ownership`]'s addresses still pending.
+    announcing: holding::Announcing,
     /// The next time a pass is due (a handover, the warm-up or a linger ending).
     wake_at: Option<Instant>,
     /// Each policy's last accepted version: a broken edit keeps being served from it.
@@ -335,6 +337,7 @@ impl<'a> Reconciler<'a> {
             routes_capped: BTreeSet::new(),
             last_holders: publish::Placement::new(),
             own: Ownership::default(),
+            announcing: holding::Announcing::default(),
             wake_at: None,
             last_accepted: BTreeMap::new(),
             stats,
@@ -442,7 +445,10 @@ impl Reconciler<'_> {
         problems: &mut Vec<String>,
     ) -> usize {
         let published = publish::held_in(own_egress_node(view, &self.cfg.node_name));
-        let addrs = &mut NodeAddresses(&self.nl);
+        let addrs = &mut NodeAddresses {
+            nl: &self.nl,
+            announcing: &mut self.announcing,
+        };
         let done = self
             .own
             .release(addrs, compiled, published, ifaces, now)
@@ -472,13 +478,19 @@ impl Reconciler<'_> {
             dad: self.cfg.dad,
         };
         let published = publish::held_in(self.last_node_doc.as_ref());
-        let addrs = &mut NodeAddresses(&self.nl);
+        let addrs = &mut NodeAddresses {
+            nl: &self.nl,
+            announcing: &mut self.announcing,
+        };
         let done = self
             .own
             .acquire(addrs, compiled, ifaces, &pass, published)
             .await;
+        let fresh: Vec<std::net::IpAddr> = done.acquired.iter().map(|(ip, _)| *ip).collect();
+        let again = self.own.reannounce(addrs, ifaces, peers, pass.me, &fresh);
         let status = self.probes.status();
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.liveness.reannounced += again.len() as u64;
         for (ip, reason) in done.acquired {
             *s.liveness.acquired.entry(reason.to_owned()).or_default() += 1;
             if let Some(silence) = takeover_silence(ip, reason, peers, &status) {

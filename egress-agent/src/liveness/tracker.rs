@@ -225,6 +225,9 @@ pub struct Tracker {
     peers: BTreeMap<String, Peer>,
     last_dead: BTreeSet<String>,
     last_cut_off: bool,
+    /// When this node last heard a majority again after being cut off: the views of its
+    /// peers it holds then are from before the heal (see [`Tracker::warm_at`]).
+    rejoined: Option<Instant>,
     last_claims: BTreeMap<IpAddr, (String, u64)>,
     /// Since when each peer has said it speaks hellos (see [`Tracker::set_members_at`]).
     speakers_since: BTreeMap<String, Instant>,
@@ -250,6 +253,7 @@ impl Tracker {
             peers: BTreeMap::new(),
             last_dead: BTreeSet::new(),
             last_cut_off: false,
+            rejoined: None,
             last_claims: BTreeMap::new(),
             speakers_since: BTreeMap::new(),
             echo_only: BTreeMap::new(),
@@ -261,9 +265,14 @@ impl Tracker {
         self.settings
     }
 
-    /// When the warm-up ends: every live peer has been heard by then.
+    /// When the warm-up ends: every live peer has been heard by then. It starts at the
+    /// agent's start, and again when this node hears a majority after being cut off: at a
+    /// heal, what it last heard of its peers is from before (a peer that was cut off too
+    /// still says so, or is not heard yet), and two gateways healing in the same
+    /// millisecond would each take what the other is taking. Nothing is taken until the
+    /// peers' hellos from after the heal have arrived.
     pub fn warm_at(&self) -> Instant {
-        self.started + self.settings.warm_up()
+        self.rejoined.unwrap_or(self.started).max(self.started) + self.settings.warm_up()
     }
 
     /// Set who the peers are, as known at the agent's start.
@@ -649,6 +658,7 @@ impl Tracker {
             out.push(if cut_off {
                 Transition::CutOff
             } else {
+                self.rejoined = Some(now);
                 Transition::Reconnected
             });
         }
@@ -933,6 +943,34 @@ mod tests {
         c.run(1000, 3000, astray);
         for g in ["gw1", "gw2"] {
             assert!(c.dead(g, 3000).contains(g), "{g} must fence itself");
+        }
+    }
+
+    #[test]
+    fn gateways_healing_together_take_nothing_before_they_have_heard_each_other_again() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        let started_warm = c.trackers["gw1"].warm_at();
+        assert_eq!(started_warm, c.t0 + Settings::default().warm_up());
+        // Both gateways fence themselves (the heal), then heal in the same
+        // interval: each first hears the workers, while its last hello of the other
+        // gateway still says "cut off".
+        c.run(1000, 3000, |from: &str, _: &str| !from.starts_with("gw"));
+        c.run(3000, 3200, |_, _| true);
+        let healed = c.t0 + Duration::from_millis(3000);
+        for g in ["gw1", "gw2"] {
+            let t = &c.trackers[g];
+            assert!(!c.dead(g, 3100).contains(g), "{g} hears a majority again");
+            assert!(
+                t.warm_at() >= healed + Settings::default().warm_up(),
+                "{g} must wait one warm-up after the heal before it takes anything"
+            );
+        }
+        // By the end of that wait each hears the other, alive and not cut off: both
+        // elect from the same view.
+        c.run(3200, 3600, |_, _| true);
+        for g in ["gw1", "gw2"] {
+            assert_eq!(c.dead(g, 3500), set(&[]), "{g}");
         }
     }
 
