@@ -8,6 +8,7 @@
 use egress_tests::{
     cluster,
     failover::{self, CaseReport, Kind, TcpVerdict, Timing},
+    lab::Family,
     stream::Recovery,
 };
 
@@ -36,6 +37,12 @@ fn case(kind: Kind) -> CaseReport {
     assert!(
         matches!(r.udp_back(), Recovery::Unbroken | Recovery::After(..=5000)),
         "UDP resumes within about 5 s\n{report}"
+    );
+    assert!(
+        r.stale_neighbours.is_empty(),
+        "after the recovery every host and router on A and B (keeping neighbour entries \
+         for hours, as switches do) points each egress IP at its holder: {:?}\n{report}",
+        r.stale_neighbours
     );
     if matches!(kind, Kind::NotReady | Kind::Drain) {
         // A planned move: the old holder let go first, and nothing argues with the new.
@@ -87,4 +94,39 @@ fn gateways_that_cannot_reach_each_other_move_nothing() {
 #[test]
 fn drained_holder_hands_over_and_tcp_survives() {
     case(Kind::Drain);
+}
+
+/// The issue's heal: both gateways cut off from the majority at once (each fences itself),
+/// then healed at once, three times, IPv4 and IPv6. Each regained the majority with a
+/// view of the other from before the heal, and both took the egress IPs in the same
+/// millisecond; one let go, and its pending announcements left a host pointing at it.
+/// Before the fix, a heal here also showed a gateway taking the addresses and letting them
+/// go 30 ms later for the other (1 of 3 heals). Now: never two holders, not for a
+/// millisecond (from the kernel's address notifications), each address taken once after
+/// the heal and kept, and every neighbour on A and B points at the holder afterwards.
+#[test]
+fn gateways_cut_off_together_heal_with_one_holder_that_the_network_believes() {
+    let spec = cluster::spec_for(Family::Dual).unwrap();
+    let mut lab = cluster::up_with_agents(spec).unwrap();
+    for round in 1..=3 {
+        let r = failover::heal::run(&mut lab, &Timing::default(), &format!("heal-{round}"))
+            .unwrap_or_else(|e| panic!("heal {round}: {e:#}"));
+        let path = r.path.join(" ");
+        eprintln!("heal {round}: back after {:?}: {path}", r.back_after);
+        assert!(
+            r.two_holders.is_empty(),
+            "heal {round}: two holders {:?}\n{path}",
+            r.two_holders
+        );
+        assert!(
+            r.retaken.is_empty(),
+            "heal {round}: an address taken after the heal was let go again {:?}\n{path}",
+            r.retaken
+        );
+        assert!(
+            r.stale_neighbours.is_empty(),
+            "heal {round}: neighbours not at the holder {:?}\n{path}",
+            r.stale_neighbours
+        );
+    }
 }

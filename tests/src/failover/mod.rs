@@ -13,8 +13,11 @@
 //! back); stop everything; read the flows' summaries, the samples and the new holder's
 //! agent log; recover, and wait until the lab is steady again.
 
+pub mod events;
 mod flows;
+pub mod heal;
 mod holders;
+pub mod neighbours;
 mod table;
 pub mod upgrade;
 
@@ -42,6 +45,9 @@ use crate::{
 pub const POD: &str = "w1-p1";
 /// More than this with two holders fails a case.
 pub const TWO_HOLDERS_LIMIT_MS: u64 = 1000;
+/// After a move, a holder's announcements (and any a released one had pending) are over
+/// by then: the agent's schedule ends at 2 s.
+pub const ANNOUNCEMENTS_OVER: Duration = Duration::from_millis(2500);
 /// A stream whose last reply is older than this when it stops is stalled (TCP) or not
 /// back (UDP).
 const STALLED_AFTER_MS: u64 = 500;
@@ -219,6 +225,9 @@ pub struct CaseReport {
     pub two_holders_ms: u64,
     /// Between two lines of a stream ([`Timing::interval`]).
     pub interval_ms: u64,
+    /// Neighbour entries on the secondary networks that did not point at the holder
+    /// once the lab was steady again and announcements were over ([`neighbours::stale`]).
+    pub stale_neighbours: Vec<String>,
     pub notes: Vec<String>,
 }
 
@@ -273,7 +282,9 @@ impl CaseReport {
 
     /// What the table's exit status holds a case to.
     pub fn ok(&self) -> bool {
-        self.tcp_verdict() == TcpVerdict::Survived && self.two_holders_ms <= TWO_HOLDERS_LIMIT_MS
+        self.tcp_verdict() == TcpVerdict::Survived
+            && self.two_holders_ms <= TWO_HOLDERS_LIMIT_MS
+            && self.stale_neighbours.is_empty()
     }
 }
 
@@ -287,8 +298,19 @@ pub fn run_case(lab: &mut Lab, kind: Kind, timing: &Timing, label: &str) -> Resu
     let report = seen.map(|seen| seen.report(lab, kind, &old, &target, timing));
     // Recover also when the case failed half way, so that the lab is left as it was.
     recover(lab, kind, &old).with_context(|| format!("failed to recover from {kind}"))?;
-    let report = report?;
+    let mut report = report?;
     wait_steady(lab, &target, timing).with_context(|| format!("after recovering from {kind}"))?;
+    // What the network believes once every announcement of the move and the recovery is
+    // over: the hosts keep entries as switches do, so nothing but an announcement fixes a
+    // wrong one.
+    thread::sleep(ANNOUNCEMENTS_OVER);
+    report.stale_neighbours = neighbours::stale(lab, true)?;
+    report.notes.extend(
+        report
+            .stale_neighbours
+            .iter()
+            .map(|n| format!("neighbour {n}")),
+    );
     Ok(report)
 }
 
@@ -393,6 +415,7 @@ impl Observation {
             t_unix_ms: t,
             detection_ms,
             two_holders_ms: self.timeline.two_holders_ms(),
+            stale_neighbours: Vec::new(),
             tcp,
             udp,
             ping,
@@ -558,6 +581,7 @@ mod tests {
             control: Summary::default(),
             two_holders_ms: 0,
             interval_ms: 20,
+            stale_neighbours: Vec::new(),
             notes: Vec::new(),
         };
         assert!(report("gw1 > -@+91 > gw2@+159 > -@+246 > gw2@+434").new_holder_let_go());

@@ -176,7 +176,10 @@ fn legend(target: &Target) -> String {
   end          holders when the flows stopped
   notes        holder changes (@ ms from T), UDP source changes, TCP errors, agents that
                exited; \"host stall\": the control flow (UDP to host C, through no gateway)
-               had a gap too: the machine, not the failover, stalled the flows
+               had a gap too: the machine, not the failover, stalled the flows;
+               \"neighbour\": after the recovery, a host or router on A or B (which keep
+               entries for hours, as switches do) still pointed the egress IP at a MAC
+               that is not its holder's: an outage until the next announcement
 kinds (what happens at T to the holder; how the lab recovers after the case)
 ",
         ip = target.egress,

@@ -62,6 +62,7 @@ impl Lab {
         self.build_routed_networks()?;
         self.build_secondaries()?;
         self.build_hosts()?;
+        self.keep_neighbours_as_switches_do()?;
         self.build_pods()?;
         self.write_cluster()?;
         if self.spec.sample_policy {
@@ -276,6 +277,29 @@ impl Lab {
                 .map(|r| format!("route add {r}"))
                 .collect();
             self.ns(gw)?.ip_batch(&routes)?;
+        }
+        Ok(())
+    }
+
+    /// The hosts and routers on the secondary networks keep their neighbour entries as
+    /// switches do ([`SWITCH_LIKE_NEIGHBOURS`]), on their leg there (`eth0`).
+    fn keep_neighbours_as_switches_do(&self) -> Result<()> {
+        let families: &[&str] = if self.spec.family.has_v6() {
+            &["ipv4", "ipv6"]
+        } else {
+            &["ipv4"]
+        };
+        for member in ON_SECONDARY_NETWORKS {
+            let kv: Vec<(String, &str)> = families
+                .iter()
+                .flat_map(|f| {
+                    SWITCH_LIKE_NEIGHBOURS
+                        .iter()
+                        .map(move |(k, v)| (format!("net.{f}.neigh.eth0.{k}"), *v))
+                })
+                .collect();
+            let kv: Vec<(&str, &str)> = kv.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            self.ns(member)?.sysctls(&kv)?;
         }
         Ok(())
     }
@@ -706,6 +730,23 @@ impl Lab {
         Ok(())
     }
 }
+
+/// The hosts and routers on the secondary networks (A and B), where egress IPs are
+/// announced: their neighbour entries outlive a failover, as a switch's or a router's do.
+pub const ON_SECONDARY_NETWORKS: [&str; 3] = ["host-a", "host-b", "rtr-b"];
+
+/// Neighbour settings of [`ON_SECONDARY_NETWORKS`] (per device, of each family): entries
+/// kept four hours, as core switches keep ARP (OVN-Kubernetes issue 6553). Linux's
+/// defaults re-verify an entry within seconds of its use (reachable 15-45 s, then a
+/// unicast probe after 5 s that the old holder no longer answers, then a broadcast that
+/// the new one does): a lab with them heals a wrong announcement by itself and hides it.
+/// With these an entry is only changed by an announcement (gratuitous ARP, unsolicited
+/// NA), as on a switch.
+const SWITCH_LIKE_NEIGHBOURS: [(&str, &str); 3] = [
+    ("base_reachable_time_ms", "14400000"),
+    ("delay_first_probe_time", "14400"),
+    ("gc_stale_time", "14400"),
+];
 
 /// Raise the kernel's neighbour table limits (`gc_thresh2` and `gc_thresh3` of ARP and
 /// NDP) where a lab of `nodes` and `pods` would overflow them. They count the entries of
