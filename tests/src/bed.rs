@@ -259,6 +259,8 @@ pub trait Ip: Cluster + Copy + Into<IpAddr> + Display + Debug + PartialEq + Send
     fn ct_entry(like: &CtLike, xlate: Self, port: u16) -> Self::CtEntry;
     fn next_hop(entry: &mut Self::CtEntry) -> &mut NextHop;
     fn last_seen(entry: &mut Self::CtEntry) -> &mut u64;
+    /// The entry's TCP state (`egress_common::conntrack::state`).
+    fn state(entry: &mut Self::CtEntry) -> &mut u8;
     /// The pseudo-header of a transport checksum.
     fn pseudo_header(src: Self, dst: Self, proto: u8, len: usize) -> Vec<u8>;
     /// Source port (or echo identifier) of an output frame without options.
@@ -387,6 +389,9 @@ macro_rules! family {
             }
             fn last_seen(entry: &mut $Entry) -> &mut u64 {
                 &mut entry.last_seen_ns
+            }
+            fn state(entry: &mut $Entry) -> &mut u8 {
+                &mut entry.state
             }
             fn pseudo_header(src: Self, dst: Self, proto: u8, len: usize) -> Vec<u8> {
                 $pseudo(src, dst, proto, len)

@@ -1782,3 +1782,13 @@ fn the_datapath_loads_under_a_stream_of_signals_at_the_loading_thread() {
     );
     dp.expect("the datapath loads while signals keep arriving at the loading thread");
 }
+
+#[test]
+fn a_reset_from_the_destination_closes_both_entries() {
+    cases::a_reset_closes_both_entries::<Ipv4Addr>(UL4, true);
+}
+
+#[test]
+fn a_reset_from_the_pod_closes_both_entries() {
+    cases::a_reset_closes_both_entries::<Ipv4Addr>(UL4, false);
+}

@@ -920,3 +920,66 @@ pub fn unknown_pods_cases<A: Ip>() -> Vec<Case<Net<A>>> {
         ),
     ]
 }
+
+/// A RST closes the whole flow on the gateway: both conntrack entries are reset, the
+/// flow is over 10 s (`timeout::TCP_RESET`) after its last packet, whatever either entry
+/// said before, and a new flow of the same tuple is made (`SNAT_NEW`); within those 10 s
+/// a SYN of the same tuple reopens it (a reused tuple), and the handshake establishes it
+/// again. Before, the RST reset only the entry it crossed, and the other kept the flow
+/// (its SNAT port, its place under `--max-flows-per-pod`) for 6 hours.
+pub fn a_reset_closes_both_entries<A: Ip>(u: UnderlayNet, reset_from_destination: bool) {
+    in_netns(move || {
+        let (net, mut dp) = bed::<A>(u);
+        let peer = u.peer;
+        let out = |flags: u8| tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, flags).build();
+        let back = |flags: u8| tcp(A::DEST_A, 443, A::EGRESS_A, 40_000, flags).build();
+        let mut send = |dp: &mut Datapath, from_pod_side: bool, f: Vec<u8>| {
+            let o = if from_pod_side {
+                dp.run(FROM_TUNNEL, &f, net.tun0, Some((peer, RULE_A)))
+            } else {
+                dp.run(egress_agent::ebpf::FROM_SECONDARY, &f, net.sec0, None)
+            };
+            assert_eq!(o.verdict, TC_ACT_REDIRECT, "{:?}", dp.counters());
+        };
+        let states = |dp: &mut Datapath| {
+            let mut ct = A::ct(dp);
+            assert_eq!(ct.len(), 2, "{ct:?}");
+            ct.sort_by_key(|(k, _)| A::ct_dir(k));
+            [*A::state(&mut ct[0].1), *A::state(&mut ct[1].1)]
+        };
+        let est = [state::ESTABLISHED; 2];
+        let handshake = |dp: &mut Datapath, send: &mut dyn FnMut(&mut Datapath, bool, Vec<u8>)| {
+            send(dp, true, out(TCP_SYN));
+            send(dp, false, back(TCP_SYN | TCP_ACK));
+            send(dp, true, out(TCP_ACK));
+            send(dp, false, back(TCP_ACK));
+        };
+        handshake(&mut dp, &mut send);
+        assert_eq!(states(&mut dp), est);
+
+        // The RST, from either side: both entries reset.
+        if reset_from_destination {
+            send(&mut dp, false, back(TCP_RST));
+        } else {
+            send(&mut dp, true, out(TCP_RST | TCP_ACK));
+        }
+        assert_eq!(states(&mut dp), [state::RESET; 2], "after the RST");
+
+        // The tuple reused within the timeout: the SYN and SYN-ACK reopen the entries.
+        handshake(&mut dp, &mut send);
+        assert_eq!(states(&mut dp), est, "a reused tuple, reopened");
+
+        // Reset again, then 11 s of silence (the entries aged by hand): the flow is over,
+        // and the next SYN of the tuple makes a new flow.
+        send(&mut dp, false, back(TCP_RST));
+        let now = ktime_ns();
+        for (k, mut e) in A::ct(&mut dp) {
+            *A::last_seen(&mut e) = now - 11_000_000_000;
+            A::ct_insert(&mut dp, k, e);
+        }
+        send(&mut dp, true, out(TCP_SYN));
+        assert_eq!(states(&mut dp), [state::NEW; 2], "a new flow");
+        let c = dp.counters();
+        assert_eq!(c.get(&SNAT_NEW), Some(&2), "{c:?}");
+    });
+}
