@@ -122,13 +122,19 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64, flags: u32) -> i32 {
 }
 
 /// A packet of a selected IPv4 pod whose prefix lengths are `lengths`
-/// (`SelectedValueV4::lengths`), with `flags` (`selected_flags`).
+/// (`SelectedValueV4::lengths`), with `flags` (`selected_flags`). Link-local, multicast
+/// and broadcast destinations are the node's whatever the policy says
+/// ([`parse::link_scoped4`]): a `0.0.0.0/0` rule must not tunnel DNS to NodeLocal
+/// DNSCache (169.254.20.10) or a request for the cloud's metadata.
 #[inline(never)]
 fn selected(ctx: &TcContext, lengths: u64, flags: u32) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
     };
+    if parse::link_scoped4(ip.dst) {
+        return OK;
+    }
     // No entry: the destination is outside every rule of this pod, or the pod's entries
     // did not fit the map (then it is dropped wherever a rule covers it).
     let Some(entry) = policy::lookup4(ip.src, ip.dst, lengths) else {

@@ -57,11 +57,12 @@ fn unknown4(ctx: &TcContext, src: &[u8; 4]) -> i32 {
     OK
 }
 
-/// Whether a rule of any policy covers `dst` (`COVERED_V4`); multicast, limited broadcast
-/// and class E never leave through a gateway.
+/// Whether a rule of any policy covers `dst` (`COVERED_V4`); link-local, multicast,
+/// limited broadcast and class E never leave through a gateway
+/// ([`parse::link_scoped4`]).
 #[inline(always)]
 pub fn covered4(dst: [u8; 4]) -> bool {
-    dst[0] < 224 && covered(COVERED_V4.get(&Key::new(32, dst)))
+    !parse::link_scoped4(dst) && covered(COVERED_V4.get(&Key::new(32, dst)))
 }
 
 /// An IPv6 packet of an unselected pod address `src`.

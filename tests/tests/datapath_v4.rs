@@ -1792,3 +1792,46 @@ fn a_reset_from_the_destination_closes_both_entries() {
 fn a_reset_from_the_pod_closes_both_entries() {
     cases::a_reset_closes_both_entries::<Ipv4Addr>(UL4, false);
 }
+
+/// A `0.0.0.0/0` rule leaves the node's own destinations alone: link-local (NodeLocal
+/// DNSCache at 169.254.20.10, the cloud's metadata at 169.254.169.254), multicast and the
+/// limited broadcast pass untouched and uncounted, from selected and unknown pods alike;
+/// the rest of the world is tunneled (or, unknown, dropped).
+#[test]
+fn a_default_rule_leaves_link_local_multicast_and_broadcast_to_the_node() {
+    let dns = udp(LOCAL_POD, 40_000, a(169, 254, 20, 10), 53);
+    let node_own = [
+        dns.clone(),
+        dns.clone().l4(L4::syn(40_001, 53, 1460)),
+        dns.clone().dst(a(169, 254, 169, 254)),
+        dns.clone().dst(a(224, 0, 0, 251)),
+        dns.clone().dst(a(255, 255, 255, 255)),
+    ];
+    let selected = node_own.iter().map(|p| from_pod(p).passes());
+    let unknown = node_own
+        .iter()
+        .map(|p| from_pod(&p.clone().src(UNKNOWN_POD)).passes());
+    let to_world = dns.clone().dst(INTERNET);
+    run_table(vec![
+        case(
+            "selected pod under a 0.0.0.0/0 rule",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(LOCAL_POD, a(0, 0, 0, 0), 0, forward(PEER, RULE_A));
+            },
+            selected.chain([from_pod(&to_world).tunneled()]).collect(),
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "unknown pod, --unknown-pods drop, 0.0.0.0/0 covered",
+            |dp, net| {
+                unknown_pods_drop(dp, net);
+                dp.covered(a(0, 0, 0, 0), 0, true);
+            },
+            unknown
+                .chain([from_pod(&to_world.clone().src(UNKNOWN_POD)).dropped()])
+                .collect(),
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+    ]);
+}
