@@ -15,7 +15,7 @@ use crate::{
     gateway,
     handoff::Origin,
     maps::{self, SELECTED_V4, SELECTED_V6},
-    netpol, parse, parse6, policy, reset, scratch, tunnel, underlay, unknown,
+    netpol, parse, parse6, policy, reset, scratch, source, tunnel, underlay, unknown,
 };
 
 #[inline(always)]
@@ -24,6 +24,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         let Some(sel) = (unsafe { SELECTED_V4.get(src) }) else {
             return unknown::check4(ctx, &src);
         };
+        if source::elsewhere4(ctx, &src) {
+            return verdict(ctx, reason::DROP_SOURCE_DEVICE, SHOT);
+        }
         return reset::deferred4(ctx, selected(ctx, sel.lengths, sel.flags));
     }
     if !parse6::IPV6_DATAPATH {
@@ -33,6 +36,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         let Some(sel) = (unsafe { SELECTED_V6.get(src.bytes()) }) else {
             return unknown::check6(ctx, src.bytes());
         };
+        if source::elsewhere6(ctx, src.bytes()) {
+            return verdict(ctx, reason::DROP_SOURCE_DEVICE, SHOT);
+        }
         let l = &sel.lengths;
         return reset::deferred6(ctx, selected6(ctx, l[0], l[1], l[2], sel.flags));
     }

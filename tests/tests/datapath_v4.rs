@@ -1784,6 +1784,11 @@ fn the_datapath_loads_under_a_stream_of_signals_at_the_loading_thread() {
 }
 
 #[test]
+fn a_pod_cannot_send_as_another_pod_of_its_node() {
+    run_table(cases::source_device_cases());
+}
+
+#[test]
 fn a_reset_from_the_destination_closes_both_entries() {
     cases::a_reset_closes_both_entries::<Ipv4Addr>(UL4, true);
 }

@@ -438,6 +438,7 @@ impl Datapath {
             admitted: self.read::<Hash<F::Admitted>>()?,
             known_pods: self.read::<Hash<F::KnownPods>>()?,
             covered: self.read::<Lpm<F::Covered>>()?,
+            pod_devices: self.read::<Hash<F::PodDevices>>()?,
         })
     }
 
@@ -489,6 +490,29 @@ impl Datapath {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
         let result = self.sync_all(&mut held, want, &mut stats);
+        self.held = held;
+        result?;
+        Ok(stats)
+    }
+
+    /// Bring the pod-device maps alone (`POD_DEVICES_*`) in line with `want`: the
+    /// bindings are decided by the devices step of a pass, after the other maps' apply.
+    pub fn apply_pod_devices(&mut self, want: &MapState) -> Result<ApplyStats> {
+        let mut stats = ApplyStats::default();
+        let mut held = std::mem::take(&mut self.held);
+        let mut result = Ok(());
+        'phases: for phase in Phase::ALL {
+            let mut pass = Pass {
+                phase,
+                stats: &mut stats,
+            };
+            for step in [Step::V4, Step::V6].map(|f| f(FamilyMap::PodDevices)) {
+                result = self.sync_step(step, &mut held, want, &mut pass);
+                if result.is_err() {
+                    break 'phases;
+                }
+            }
+        }
         self.held = held;
         result?;
         Ok(stats)

@@ -12,8 +12,8 @@ use egress_common::{
 use super::{
     CtLike, DEST_A_MAC, DEST_B_MAC, Ip, Net, POD0_MAC, Packet, ROUTER_A_MAC, RULE_A, RULE_B,
     SEC0_MAC, SEC1_MAC, TCP_PSH, TUNNEL_MTU, UnderlayNet, bed, big_udp, config, echo, echo_reply,
-    error_back, error_to, from_pod, from_secondary, from_tunnel, local_pod_to_a, mac, rst, segment,
-    snatted, snatted_in_range, syn, tcp, udp, unnatted, valid_error,
+    error_back, error_to, from_other_pod, from_pod, from_secondary, from_tunnel, local_pod_to_a,
+    mac, rst, segment, snatted, snatted_in_range, syn, tcp, udp, unnatted, valid_error,
 };
 use crate::{
     packet::{HOST_MAC, L4, POD_MAC, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, quote},
@@ -916,6 +916,75 @@ pub fn unknown_pods_cases<A: Ip>() -> Vec<Case<Net<A>>> {
                 dp.config(config(net));
             },
             vec![from_pod(&to_a).passes()],
+            &[],
+        ),
+    ]
+}
+
+/// `LOCAL_POD` selected (network A through the peer) and bound to pod0, and
+/// `UNSELECTED_POD` bound to pod1, as the agent binds pods to the devices it found them
+/// behind (`POD_DEVICES_*`).
+fn bound<A: Ip>(dp: &mut Datapath, net: &Net<A>) {
+    local_pod_to_a::<A>(dp, net.ul.peer);
+    dp.pod_device(A::LOCAL_POD, net.pod0);
+    dp.pod_device(A::UNSELECTED_POD, net.pod1);
+}
+
+/// A pod cannot send as another pod of its node: a packet whose source address the agent
+/// bound to another device is dropped (`DROP_SOURCE_DEVICE`) whatever its destination,
+/// for selected pods always and for known pods under `--unknown-pods drop`; an address not
+/// bound yet is treated as before the binding existed.
+pub fn source_device_cases<A: Ip>() -> Vec<Case<Net<A>>> {
+    let to_a = udp(A::LOCAL_POD, 40_000, A::DEST_A, 53);
+    let as_unselected = to_a.clone().src(A::UNSELECTED_POD);
+    let drop_mode = |dp: &mut Datapath, net: &Net<A>| {
+        unknown_pods_drop(dp, net);
+        bound(dp, net);
+    };
+    vec![
+        case(
+            "selected pod bound to its device: tunneled from it, dropped from another pod's",
+            bound,
+            vec![
+                from_pod(&to_a).tunneled(),
+                from_other_pod(&to_a).dropped(),
+                // Whatever the destination: uncovered, or an except hole of its rule.
+                from_other_pod(&to_a.clone().dst(A::INTERNET)).dropped(),
+                from_other_pod(&to_a.clone().dst(A::HOLE_A)).dropped(),
+            ],
+            &[(TUNNELED, 1), (DROP_SOURCE_DEVICE, 3)],
+        ),
+        case(
+            "selected pod not bound yet: tunneled from any device, as before the check",
+            |dp: &mut Datapath, net: &Net<A>| local_pod_to_a::<A>(dp, net.ul.peer),
+            vec![from_pod(&to_a).tunneled(), from_other_pod(&to_a).tunneled()],
+            &[(TUNNELED, 2)],
+        ),
+        case(
+            "--unknown-pods drop: a known pod bound to its device passes from it, is dropped \
+             from another pod's (uncovered destination too); a selected one likewise",
+            drop_mode,
+            vec![
+                from_other_pod(&as_unselected).passes(),
+                from_pod(&as_unselected).dropped(),
+                from_pod(&as_unselected.clone().dst(A::INTERNET)).dropped(),
+                from_other_pod(&to_a).dropped(),
+            ],
+            &[(DROP_SOURCE_DEVICE, 3)],
+        ),
+        case(
+            "--unknown-pods drop: a pod not bound yet follows the unknown-pod policy",
+            unknown_pods_drop,
+            vec![
+                from_other_pod(&as_unselected).passes(),
+                from_other_pod(&to_a.clone().src(A::UNKNOWN_POD)).dropped(),
+            ],
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+        case(
+            "--unknown-pods pass: an unselected pod is not checked (nothing redirects it)",
+            bound,
+            vec![from_pod(&as_unselected).passes()],
             &[],
         ),
     ]
