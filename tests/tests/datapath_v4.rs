@@ -1840,3 +1840,38 @@ fn a_default_rule_leaves_link_local_multicast_and_broadcast_to_the_node() {
         ),
     ]);
 }
+
+/// The devices step's bindings reach the pinned maps of both families, only what
+/// changed is written, a restarted agent reads them back, and a full apply of the maps
+/// step keeps them (its state carries them).
+#[test]
+fn pod_bindings_are_written_read_back_and_kept_by_the_maps_step() {
+    use std::{collections::BTreeMap, net::IpAddr};
+
+    use egress_agent::datapath::Datapath;
+    let (dir, _guard) = pin_dir("pod-devices");
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let bound = BTreeMap::from([(ip("10.244.1.5"), 11), (ip("fd00:244:1::5"), 12)]);
+    let mut dp = Datapath::open(&dir).unwrap();
+    let st = dp.apply_pod_devices(&bound).unwrap();
+    assert_eq!((st.inserted, st.removed), (2, 0));
+    assert_eq!(dp.apply_pod_devices(&bound).unwrap().changed(), 0);
+    let mut want = dp.held().clone();
+    want.set_pod_devices(&bound);
+    assert_eq!(dp.apply(&want).unwrap().changed(), 0);
+    drop(dp);
+    let mut dp = Datapath::open(&dir).unwrap();
+    let held = dp.held();
+    let v4: Vec<_> = held
+        .v4
+        .pod_devices
+        .iter()
+        .map(|(k, v)| (*k, v.ifindex))
+        .collect();
+    assert_eq!(v4, [([10, 244, 1, 5], 11)]);
+    assert_eq!(held.v6.pod_devices.len(), 1);
+    // The pod moved to another device: one entry rewritten; the IPv6 pod gone: removed.
+    let moved = BTreeMap::from([(ip("10.244.1.5"), 13)]);
+    let st = dp.apply_pod_devices(&moved).unwrap();
+    assert_eq!((st.inserted, st.removed), (1, 1));
+}

@@ -262,24 +262,19 @@ impl Reconciler<'_> {
 }
 
 impl Reconciler<'_> {
-    /// Write this pass's bindings of pods to their devices (`POD_DEVICES_*`) when they
-    /// changed; a failed write is a problem, and the next pass tries again.
+    /// Write this pass's bindings of pods to their devices (`POD_DEVICES_*`) where
+    /// they changed; a failed write is a problem, and the next pass tries again.
     fn bind_pods(
         &mut self,
         dp: &mut Datapath,
         bound: std::collections::BTreeMap<IpAddr, u32>,
         problems: &mut Vec<String>,
     ) {
-        let mut want = dp.held().clone();
-        want.set_pod_devices(&bound);
-        self.pod_devices = bound;
-        if want == *dp.held() {
-            return;
-        }
-        match dp.apply_pod_devices(&want) {
+        match dp.apply_pod_devices(&bound) {
             Ok(st) => problems.extend(st.problems()),
             Err(e) => problems.push(format!("failed to bind pods to their devices: {e}")),
         }
+        self.pod_devices = bound;
     }
 }
 

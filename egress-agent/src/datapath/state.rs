@@ -94,7 +94,7 @@ impl std::fmt::Display for Unresolved {
 }
 
 /// The bindings of `bound` of family `F`, as `POD_DEVICES_*` holds them.
-fn pod_devices<F: Family>(bound: &BTreeMap<IpAddr, u32>) -> Entries<F::PodDevices> {
+pub(crate) fn pod_devices<F: Family>(bound: &BTreeMap<IpAddr, u32>) -> Entries<F::PodDevices> {
     bound
         .iter()
         .filter_map(|(pod, ifindex)| {
