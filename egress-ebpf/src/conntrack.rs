@@ -287,9 +287,11 @@ macro_rules! family {
             }
 
             /// Create both entries of a new flow. Keeps the pod's port when it is free for
-            /// (destination, egress IP), else tries random ports of the configured range,
-            /// then looks for a free one among [`PORT_SCAN_LEN`] consecutive ports from a
-            /// random start. Returns the chosen port (network order).
+            /// (destination, egress IP) and, unless `any_port`, inside the configured range
+            /// (an address shared with the gateway's own sockets gets ports of the range
+            /// only), else tries random ports of the range, then looks for a free one
+            /// among [`PORT_SCAN_LEN`] consecutive ports from a random start. Returns the
+            /// chosen port (network order).
             #[allow(dead_code, reason = "IPv4 only")]
             #[expect(
                 clippy::too_many_arguments,
@@ -306,6 +308,7 @@ macro_rules! family {
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
                 next_hop: Option<&NextHop>,
+                any_port: bool,
             ) -> Result<u16, AllocError> {
                 // SAFETY: all-zero keys and entries are valid.
                 let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
@@ -320,6 +323,7 @@ macro_rules! family {
                     pod_node,
                     now,
                     next_hop,
+                    any_port,
                     slots,
                 )
             }
@@ -400,6 +404,7 @@ macro_rules! family {
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
                 next_hop: Option<&NextHop>,
+                any_port: bool,
                 s: &mut Slots,
             ) -> Result<u16, AllocError> {
                 let st = if ip.proto == PROTO_TCP {
@@ -432,9 +437,11 @@ macro_rules! family {
                 unsafe { crate::mem::zero(&mut s.entry.next_hop) };
                 let lo = u32::from(cfg.port_min);
                 let span = u32::from(cfg.port_max).saturating_sub(lo) + 1;
+                let own = u32::from(u16::from_be(l4.sport_be));
+                let keep_own = any_port || own.wrapping_sub(lo) < span;
                 let mut claimed = false;
                 for i in 0..PORT_ALLOC_TRIES {
-                    if i > 0 {
+                    if i > 0 || !keep_own {
                         let r = unsafe { bpf_get_prandom_u32() };
                         s.key.dst_port_be = ((lo + r % span) as u16).to_be();
                     }

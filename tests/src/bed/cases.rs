@@ -10,10 +10,11 @@ use egress_common::{
 };
 
 use super::{
-    CtLike, DEST_A_MAC, DEST_B_MAC, Ip, Net, POD0_MAC, Packet, ROUTER_A_MAC, RULE_A, RULE_B,
-    SEC0_MAC, SEC1_MAC, TCP_PSH, TUNNEL_MTU, UnderlayNet, bed, big_udp, config, echo, echo_reply,
-    error_back, error_to, from_other_pod, from_pod, from_secondary, from_tunnel, local_pod_to_a,
-    mac, rst, segment, snatted, snatted_in_range, syn, tcp, udp, unnatted, valid_error,
+    CtLike, DEST_A_MAC, DEST_B_MAC, Ip, Net, POD0_MAC, PORT_MAX, PORT_MIN, Packet, ROUTER_A_MAC,
+    RULE_A, RULE_B, SEC0_MAC, SEC1_MAC, TCP_PSH, TUNNEL_MTU, UnderlayNet, bed, big_udp, config,
+    echo, echo_reply, error_back, error_to, from_other_pod, from_pod, from_secondary, from_tunnel,
+    local_pod_to_a, mac, rst, segment, snatted, snatted_in_range, syn, tcp, udp, unnatted,
+    valid_error,
 };
 use crate::{
     packet::{HOST_MAC, L4, POD_MAC, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, quote},
@@ -537,10 +538,25 @@ pub fn interface_rule_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
     let seg_opts = A::with_options(&seg);
     let fin = seg.clone().l4(segment(40_000, 443, TCP_FIN));
     let local = seg.clone().src(A::LOCAL_POD);
+    // Pod ports inside the tests' --port-min/--port-max, which an interface's address
+    // keeps (`PORT_MIN..=PORT_MAX`); `syn_a`'s 40,000 is outside it.
     let syn_a = tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, TCP_SYN);
-    let rst_a = tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, TCP_RST | TCP_ACK);
-    let udp_a = udp(A::REMOTE_POD, 5000, A::DEST_A, 53);
+    let syn_in = tcp(A::REMOTE_POD, 25_000, A::DEST_A, 443, TCP_SYN);
+    let seg_in = seg.clone().l4(segment(25_000, 443, TCP_ACK | TCP_PSH));
+    let rst_a = tcp(A::REMOTE_POD, 25_000, A::DEST_A, 443, TCP_RST | TCP_ACK);
+    let udp_a = udp(A::REMOTE_POD, 25_053, A::DEST_A, 53);
     let shared = |p: &A::Packet, port| snatted(p, A::SHARED_A, port, SEC0_MAC, DEST_A_MAC);
+    let shared_in_range = {
+        let syn_a = syn_a.clone();
+        move |out: &[u8]| {
+            let port = A::sport_of(out);
+            if !(PORT_MIN..=PORT_MAX).contains(&port) {
+                return Err(format!("translated port {port}: outside the range"));
+            }
+            let want = snatted(&syn_a, A::SHARED_A, port, SEC0_MAC, DEST_A_MAC);
+            crate::table::frame_diff(out, &want.build())
+        }
+    };
     let (peer, by_shared) = (u.peer, A::RULE_SHARED);
     vec![
         case(
@@ -584,21 +600,28 @@ pub fn interface_rule_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
             "SYN: translated to the interface's address as before; the flow's segments too",
             no_setup,
             vec![
-                from_tunnel(peer, by_shared, &syn_a).redirected(&shared(&syn_a, 40_000)),
-                from_tunnel(peer, by_shared, &seg).redirected(&shared(&seg, 40_000)),
+                from_tunnel(peer, by_shared, &syn_in).redirected(&shared(&syn_in, 25_000)),
+                from_tunnel(peer, by_shared, &seg_in).redirected(&shared(&seg_in, 25_000)),
             ],
             &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
         ),
         case(
+            "pod port outside --port-min/--port-max: a port of the range (the interface's \
+             address is the gateway's own sockets' too)",
+            no_setup,
+            vec![from_tunnel(peer, by_shared, &syn_a).redirected_if(shared_in_range)],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
             "RST without a flow: translated and sent on, never answered",
             no_setup,
-            vec![from_tunnel(peer, by_shared, &rst_a).redirected(&shared(&rst_a, 40_000))],
+            vec![from_tunnel(peer, by_shared, &rst_a).redirected(&shared(&rst_a, 25_000))],
             &[(SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
             "UDP without a flow: translated as before",
             no_setup,
-            vec![from_tunnel(peer, by_shared, &udp_a).redirected(&shared(&udp_a, 5000))],
+            vec![from_tunnel(peer, by_shared, &udp_a).redirected(&shared(&udp_a, 25_053))],
             &[(SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
