@@ -245,7 +245,7 @@ impl Reconciler<'_> {
         if let Some(bound) =
             attachments::bindings(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods)
         {
-            self.bind_pods(dp, bound, problems);
+            Self::bind_pods(dp, &bound, problems);
         }
         self.egress_interfaces
             .clone_from(&desired.egress_interfaces);
@@ -265,16 +265,14 @@ impl Reconciler<'_> {
     /// Write this pass's bindings of pods to their devices (`POD_DEVICES_*`) where
     /// they changed; a failed write is a problem, and the next pass tries again.
     fn bind_pods(
-        &mut self,
         dp: &mut Datapath,
-        bound: std::collections::BTreeMap<IpAddr, u32>,
+        bound: &std::collections::BTreeMap<IpAddr, u32>,
         problems: &mut Vec<String>,
     ) {
-        match dp.apply_pod_devices(&bound) {
+        match dp.apply_pod_devices(bound) {
             Ok(st) => problems.extend(st.problems()),
             Err(e) => problems.push(format!("failed to bind pods to their devices: {e}")),
         }
-        self.pod_devices = bound;
     }
 }
 

@@ -127,10 +127,11 @@ impl Reconciler<'_> {
             want.forget_unknown_pods();
         }
         // The devices step binds pods to their devices after this apply; until then each
-        // keeps its last binding, while it is still a local pod that is bound at all.
-        self.pod_devices
-            .retain(|pod, _| bindable(desired, self.cfg.unknown_pods, *pod));
-        want.set_pod_devices(&self.pod_devices);
+        // keeps the binding the maps hold (also those a restarted agent finds pinned),
+        // while it is still a local pod that is bound at all.
+        let mut bound = dp.held().pod_devices();
+        bound.retain(|pod, _| bindable(desired, self.cfg.unknown_pods, *pod));
+        want.set_pod_devices(&bound);
         problems.extend(unresolved.iter().map(ToString::to_string));
         let st = dp.apply(&want)?;
         problems.extend(st.problems());

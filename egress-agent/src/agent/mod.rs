@@ -304,9 +304,6 @@ struct Reconciler<'a> {
     preflight: Vec<PreflightCheck>,
     /// Devices `from_pod` went on at their RTM_NEWLINK (`--unknown-pods drop`).
     new_devices: attachments::NewDevices,
-    /// Local pods' addresses bound to their devices by the last devices step
-    /// (`POD_DEVICES_*`).
-    pod_devices: BTreeMap<std::net::IpAddr, u32>,
     /// The egress interfaces of the last pass (never a pod device).
     egress_interfaces: BTreeSet<String>,
     /// This node's policy maps that the last pass could not fit, for its EgressNode.
@@ -343,7 +340,6 @@ impl<'a> Reconciler<'a> {
             stats,
             preflight,
             new_devices: attachments::NewDevices::default(),
-            pod_devices: BTreeMap::new(),
             egress_interfaces: BTreeSet::new(),
             full_policy_maps: Vec::new(),
         }

@@ -104,6 +104,15 @@ pub(crate) fn pod_devices<F: Family>(bound: &BTreeMap<IpAddr, u32>) -> Entries<F
         .collect()
 }
 
+/// The pods of family `F`'s `POD_DEVICES_*` entries, with their ifindexes.
+fn bound_pods<F: Family>(
+    entries: &Entries<F::PodDevices>,
+) -> impl Iterator<Item = (IpAddr, u32)> + '_ {
+    entries
+        .iter()
+        .map(|(pod, v)| (F::Addr::from(*pod).into(), v.ifindex))
+}
+
 /// An optional underlay address as the maps hold it (zero for none).
 fn underlay_of(ip: Option<IpAddr>) -> Underlay {
     ip.map_or([0; 16], underlay::from_ip)
@@ -381,6 +390,14 @@ impl MapState {
     pub fn set_pod_devices(&mut self, bound: &BTreeMap<IpAddr, u32>) {
         self.v4.pod_devices = pod_devices::<V4>(bound);
         self.v6.pod_devices = pod_devices::<V6>(bound);
+    }
+
+    /// The pods bound to their devices (`POD_DEVICES_*`), both families: what
+    /// [`MapState::set_pod_devices`] was given.
+    pub fn pod_devices(&self) -> BTreeMap<IpAddr, u32> {
+        bound_pods::<V4>(&self.v4.pod_devices)
+            .chain(bound_pods::<V6>(&self.v6.pod_devices))
+            .collect()
     }
 
     /// Leave the maps of `--unknown-pods drop` empty (the mode is off); the covered
