@@ -11,7 +11,7 @@ use std::{net::IpAddr, time::Duration};
 use anyhow::{Context as _, Result};
 use egress_common::counters::reason::{DROP_SOURCE_DEVICE, TUNNELED};
 use egress_tests::{
-    cluster::{agent_bin, counted, default_spec, seen, wait_until},
+    cluster::{agent_bin, capture, counted, default_spec, seen, wait_until},
     lab::{Lab, Proto, addr},
 };
 
@@ -57,13 +57,7 @@ fn send_as(lab: &Lab, pod: &str, as_addr: IpAddr) -> Result<()> {
 #[test]
 fn a_pod_cannot_send_as_another_pod_of_its_node() -> Result<()> {
     let lab = lab()?;
-    let capture = lab.dir().join("host-a.pcap.txt");
-    let mut dump = lab.ns("host-a")?.spawn(
-        "tcpdump",
-        &["-n", "-l", "-A", "-i", "eth0", "udp dst port 7777"],
-        &capture,
-    )?;
-    std::thread::sleep(Duration::from_millis(500));
+    let (mut dump, capture) = capture(&lab, "host-a", "udp dst port 7777", "host-a.pcap.txt")?;
     let (tunneled0, dropped0) = (
         counted(&lab, "w1", TUNNELED),
         counted(&lab, "w1", DROP_SOURCE_DEVICE),
