@@ -152,11 +152,11 @@ struct RunArgs {
     kubeconfig: Option<PathBuf>,
     #[command(flatten)]
     node: NodeArgs,
-    /// First SNAT port.
-    #[arg(long, default_value_t = DEFAULT_PORT_MIN)]
+    /// First SNAT port (1 or more: port 0 is no port on the wire).
+    #[arg(long, default_value_t = DEFAULT_PORT_MIN, value_parser = clap::value_parser!(u16).range(1..))]
     port_min: u16,
     /// Last SNAT port.
-    #[arg(long, default_value_t = DEFAULT_PORT_MAX)]
+    #[arg(long, default_value_t = DEFAULT_PORT_MAX, value_parser = clap::value_parser!(u16).range(1..))]
     port_max: u16,
     /// Serve /metrics, /status, /healthz and /readyz here.
     #[arg(long)]
@@ -618,4 +618,37 @@ fn get_status(mut sock: impl std::io::Read + std::io::Write, at: &str) -> Result
         body.trim()
     );
     Ok(body.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--port-min 0` would let the SNAT hand out port 0: refused, naming the flag.
+    #[test]
+    fn a_port_range_from_zero_is_refused_naming_the_flag() {
+        for flag in ["--port-min", "--port-max"] {
+            let Err(e) = Cli::try_parse_from(["egress-agent", "run", flag, "0"]) else {
+                panic!("{flag} 0 was accepted");
+            };
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+            assert!(e.to_string().contains(flag), "{e}");
+        }
+        let args = [
+            "egress-agent",
+            "run",
+            "--node-name",
+            "n1",
+            "--state-dir",
+            "/nonexistent",
+            "--port-min",
+            "1",
+        ];
+        let ok = Cli::try_parse_from(args);
+        assert!(
+            ok.is_ok(),
+            "--port-min 1: {:?}",
+            ok.err().map(|e| e.to_string())
+        );
+    }
 }

@@ -34,7 +34,13 @@ pub mod dir {
 pub mod state {
     pub const NEW: u8 = 0;
     pub const ESTABLISHED: u8 = 1;
+    /// A FIN crossed this direction (the other may still send: a half-close).
     pub const CLOSING: u8 = 2;
+    /// A RST crossed the flow: the datapath marks both directions' entries, and a flow
+    /// with either entry reset and idle past [`super::timeout::TCP_RESET`] is over
+    /// whatever the other says (its SNAT port is free, and it no longer counts against
+    /// `--max-flows-per-pod`). A SYN reopens it as [`NEW`] (a reused tuple).
+    pub const RESET: u8 = 3;
 }
 
 #[repr(C)]
@@ -134,12 +140,17 @@ pub mod timeout {
     pub const TCP_NEW: u64 = 60 * SEC;
     pub const TCP_ESTABLISHED: u64 = 6 * 3600 * SEC;
     pub const TCP_CLOSING: u64 = 30 * SEC;
+    /// Linux conntrack's `nf_conntrack_tcp_timeout_close`: long enough for the RST's
+    /// retransmissions and stray segments to be translated, short enough that aborted
+    /// connections do not pile up.
+    pub const TCP_RESET: u64 = 10 * SEC;
     pub const UDP: u64 = 120 * SEC;
     pub const ICMP: u64 = 30 * SEC;
 }
 
 /// The idle timeout of an entry of protocol `proto` in TCP state `st` (any state but
-/// [`state::ESTABLISHED`] and [`state::CLOSING`] counts as [`state::NEW`]).
+/// [`state::ESTABLISHED`], [`state::CLOSING`] and [`state::RESET`] counts as
+/// [`state::NEW`]).
 #[inline(always)]
 pub const fn idle_timeout(proto: u8, st: u8) -> u64 {
     const TCP: u8 = 6;
@@ -147,6 +158,7 @@ pub const fn idle_timeout(proto: u8, st: u8) -> u64 {
     match (proto, st) {
         (TCP, state::ESTABLISHED) => timeout::TCP_ESTABLISHED,
         (TCP, state::CLOSING) => timeout::TCP_CLOSING,
+        (TCP, state::RESET) => timeout::TCP_RESET,
         (TCP, _) => timeout::TCP_NEW,
         (UDP, _) => timeout::UDP,
         _ => timeout::ICMP,
@@ -159,6 +171,14 @@ pub const fn idle_timeout(proto: u8, st: u8) -> u64 {
 #[inline(always)]
 pub const fn expired(proto: u8, st: u8, last_seen_ns: u64, now: u64) -> bool {
     now.saturating_sub(last_seen_ns) > idle_timeout(proto, st)
+}
+
+/// Whether an entry (of protocol `proto`, in state `st`, last seen at `last_seen_ns`)
+/// ends its flow by itself at `now`: reset and idle past its timeout, so that the other
+/// direction's entry does not keep the flow alive (it may never have seen the RST).
+#[inline(always)]
+pub const fn reset_over(proto: u8, st: u8, last_seen_ns: u64, now: u64) -> bool {
+    st == state::RESET && expired(proto, st, last_seen_ns, now)
 }
 
 /// How many ports a new flow tries to claim (the pod's own, then random ones of the

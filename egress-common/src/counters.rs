@@ -62,6 +62,7 @@ reasons! {
     DROP_POLICY_MAP_FULL = 54, "packet of a selected pod whose policy entries did not fit this node's policy map, to a destination a rule covers: dropped, never sent with the pod's own address (--policy-map-entries)";
     DROP_NETWORK_POLICY = 55, "packet of a selected pod that its egress NetworkPolicies do not allow (destination, protocol or port), to a destination a rule redirects: dropped before the tunnel, as the CNI would have";
     DROP_UNKNOWN_POD = 52, "packet from a pod address the agent has not seen yet, to a destination that a rule covers (--unknown-pods drop)";
+    DROP_SOURCE_DEVICE = 56, "packet from a pod address that the agent bound to another device of this node (POD_DEVICES_*): a pod sending as another pod, dropped whatever its destination";
 }
 
 /// Name of a reason number, or `None` for a number that was never assigned.

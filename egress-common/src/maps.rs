@@ -34,6 +34,9 @@ pub const FLOWS_MAX_ENTRIES: u32 = CT_MAX_ENTRIES;
 /// Local pods the agent has seen, per family (not preallocated: empty unless
 /// `--unknown-pods drop`). A pod left out by a full map stays unknown: fail closed.
 pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
+/// Local pods bound to their host-side device, per family (not preallocated): as many
+/// as the known pods.
+pub const POD_DEVICES_MAX_ENTRIES: u32 = KNOWN_PODS_MAX_ENTRIES;
 /// Covered destination and except prefixes, per family: every rule's listed prefixes and
 /// the union of the routes its gateways publish (16,384 per gateway interface at most).
 pub const COVERED_MAX_ENTRIES: u32 = 131_072;
@@ -188,6 +191,10 @@ maps! {
     /// Local pod addresses the agent has seen (`--unknown-pods drop`).
     KNOWN_PODS_V4 = KnownPodsV4: Hash<[u8; 4], KnownPodValue>, KNOWN_PODS_MAX_ENTRIES;
     KNOWN_PODS_V6 = KnownPodsV6: Hash<[u8; 16], KnownPodValue>, KNOWN_PODS_MAX_ENTRIES, optional;
+    /// Local pod addresses bound to the device they were found behind (`from_pod`'s
+    /// source check).
+    POD_DEVICES_V4 = PodDevicesV4: Hash<[u8; 4], PodDeviceValue>, POD_DEVICES_MAX_ENTRIES;
+    POD_DEVICES_V6 = PodDevicesV6: Hash<[u8; 16], PodDeviceValue>, POD_DEVICES_MAX_ENTRIES, optional;
     /// What any rule covers, by destination (`--unknown-pods drop`).
     COVERED_V4 = CoveredV4: LpmTrie<[u8; 4], CoveredValue>, COVERED_MAX_ENTRIES;
     COVERED_V6 = CoveredV6: LpmTrie<[u8; 16], CoveredValue>, COVERED_MAX_ENTRIES, optional;

@@ -429,6 +429,20 @@ pub struct KnownPodValue {
 }
 const _: () = assert!(core::mem::size_of::<KnownPodValue>() == 4);
 
+/// Source side, `POD_DEVICES_V4` / `_V6`: the host-side device a local pod address was
+/// found behind (its host route, its veth's peer, its OVS port), written by the agent for
+/// every selected pod, and every known pod with `--unknown-pods drop`. `from_pod` drops a
+/// packet of a bound address that arrived on another device (`DROP_SOURCE_DEVICE`): a pod
+/// cannot send as another pod of its node. An address without an entry (a pod the agent
+/// has not bound yet, or found behind several devices) is left to the unknown-pod policy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PodDeviceValue {
+    /// The host-side device's ifindex (never 0).
+    pub ifindex: u32,
+}
+const _: () = assert!(core::mem::size_of::<PodDeviceValue>() == 4);
+
 /// Source side, `COVERED_V4` / `_V6` (LPM tries keyed by destination): what any rule of
 /// any policy covers. The longest match decides: [`coverage::COVERED`] for a rule's
 /// destination, [`coverage::EXCEPTED`] for its `except` prefixes inside it.

@@ -48,6 +48,23 @@ pub fn to_ip(u: &Underlay) -> IpAddr {
     }
 }
 
+/// The bytes of `struct bpf_tunnel_key` that the datapath passes to
+/// `bpf_skb_get_tunnel_key` and `bpf_skb_set_tunnel_key`: the layout up to and including
+/// `tunnel_label` (`tunnel_id`, `remote_ipv4` / `remote_ipv6`, `tunnel_tos`, `tunnel_ttl`,
+/// `tunnel_ext`, `tunnel_label`), without `local_ipv4` / `local_ipv6`, which the datapath
+/// never sets. Linux 5.19 added those 16 bytes (`sizeof` became 44) and kept 28 among the
+/// sizes both helpers accept; before it, 28 was `sizeof` itself and anything larger was
+/// refused with EINVAL (every tunneled packet a `DROP_TUNNEL_KEY`). So 28 is accepted by
+/// every kernel the datapath runs on, whatever it reports: no probe to get wrong.
+pub const TUNNEL_KEY_SIZE: u32 = 28;
+
+/// The sizes each kernel's `bpf_skb_set_tunnel_key` accepts (`net/core/filter.c`): before
+/// 5.19 (`sizeof` 28 and the older layouts ending at `tunnel_label`, `tunnel_ext` and
+/// `remote_ipv6[1]`, the last for IPv4 only), and from 5.19 on (`sizeof` 44, and 28 added
+/// to the older layouts).
+pub const TUNNEL_KEY_SIZES_BEFORE_5_19: [u32; 4] = [28, 24, 22, 8];
+pub const TUNNEL_KEY_SIZES_SINCE_5_19: [u32; 5] = [44, 28, 24, 22, 8];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +78,24 @@ mod tests {
         assert_eq!(as_v4(&from_v4([10, 0, 0, 1])), Some([10, 0, 0, 1]));
         assert_eq!(as_v4(&"::1".parse::<Ipv6Addr>().unwrap().octets()), None);
         assert_eq!(from_v4([1, 2, 3, 4])[..12], V4_MAPPED_PREFIX);
+    }
+
+    /// The size works on old and new kernels, and holds what the datapath writes: the
+    /// IPv6 remote (bytes 4..20) and the flow label (24..28), which the 8-byte layout
+    /// lacks (IPv4 only) and the 22- and 24-byte ones cut.
+    #[test]
+    fn the_tunnel_key_size_is_one_every_kernel_accepts_with_an_ipv6_remote() {
+        assert!(TUNNEL_KEY_SIZES_BEFORE_5_19.contains(&TUNNEL_KEY_SIZE));
+        assert!(TUNNEL_KEY_SIZES_SINCE_5_19.contains(&TUNNEL_KEY_SIZE));
+        const REMOTE_IPV6_END: u32 = 20;
+        const TUNNEL_LABEL_END: u32 = 28;
+        let fits = |size: u32| size >= REMOTE_IPV6_END.max(TUNNEL_LABEL_END);
+        assert!(fits(TUNNEL_KEY_SIZE));
+        // The largest size both eras accept is the one chosen.
+        let common = TUNNEL_KEY_SIZES_SINCE_5_19
+            .iter()
+            .filter(|s| TUNNEL_KEY_SIZES_BEFORE_5_19.contains(s))
+            .max();
+        assert_eq!(common, Some(&TUNNEL_KEY_SIZE));
     }
 }

@@ -33,6 +33,7 @@ pod!(
     AdmittedKeyV6,
     AdmittedValue,
     KnownPodValue,
+    PodDeviceValue,
     FlowCount,
     CoveredValue,
     PortFilter

@@ -19,13 +19,21 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_coarse_ns() }
 }
 
+/// The state of an entry in state `cur` after a packet with `tcp_flags`: a RST resets
+/// (the caller marks the other direction's entry too), a FIN closes this direction, a
+/// SYN on a closing or reset entry reopens it (a reused tuple: it would otherwise die
+/// at the closing timeout), and the first ACK establishes.
 #[inline(always)]
 pub fn next_state(proto: u8, cur: u8, tcp_flags: u8) -> u8 {
     if proto != PROTO_TCP {
         return state::ESTABLISHED;
     }
-    if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+    if tcp_flags & TCP_RST != 0 {
+        state::RESET
+    } else if tcp_flags & TCP_FIN != 0 {
         state::CLOSING
+    } else if tcp_flags & TCP_SYN != 0 && (cur == state::CLOSING || cur == state::RESET) {
+        state::NEW
     } else if tcp_flags & TCP_SYN == 0 && tcp_flags & TCP_ACK != 0 && cur == state::NEW {
         state::ESTABLISHED
     } else {
@@ -174,10 +182,14 @@ macro_rules! family {
             /// an entry that looks idle asks its partner (its key built in `pk`) before the flow
             /// counts as over: a one-way stream must keep both its translation and its claim on
             /// the reply tuple. Only paid on the expired path.
+            /// A reset entry idle past its (short) timeout ends the flow without asking.
             #[inline(always)]
             fn flow_live(key: &$Key, e: &$Entry, now: u64, pk: &mut $Key) -> bool {
                 if !expired(key.proto, e, now) {
                     return true;
+                }
+                if e.state == state::RESET {
+                    return false;
                 }
                 partner_key(key, e, pk);
                 let Some(p) = $MAP.get_ptr(&*pk) else {
@@ -227,7 +239,27 @@ macro_rules! family {
                 }
                 e.last_seen_ns = now;
                 e.state = next_state(key.proto, e.state, tcp_flags);
+                if e.state == state::RESET {
+                    reset_partner(key, e, pk);
+                }
                 Some(e)
+            }
+
+            /// A RST crossed (`key`, `e`): its partner entry (the other direction, key
+            /// built in `pk`) is reset too, its last-seen time left as it is, so that the
+            /// whole flow ends [`timeout::TCP_RESET`](egress_common::conntrack::timeout)
+            /// after its last packet. A partner whose slot another flow took is left alone.
+            #[inline(always)]
+            fn reset_partner(key: &$Key, e: &$Entry, pk: &mut $Key) {
+                partner_key(key, e, pk);
+                let Some(p) = $MAP.get_ptr_mut(&*pk) else {
+                    return;
+                };
+                // SAFETY: valid map value pointer; the state is advisory (see `lookup_in`).
+                let p = unsafe { &mut *p };
+                if partners(key, pk, p) {
+                    p.state = state::RESET;
+                }
             }
 
             /// A live entry for `key`, left as it is: neither its last-seen time nor its
@@ -255,9 +287,11 @@ macro_rules! family {
             }
 
             /// Create both entries of a new flow. Keeps the pod's port when it is free for
-            /// (destination, egress IP), else tries random ports of the configured range,
-            /// then looks for a free one among [`PORT_SCAN_LEN`] consecutive ports from a
-            /// random start. Returns the chosen port (network order).
+            /// (destination, egress IP) and, unless `any_port`, inside the configured range
+            /// (an address shared with the gateway's own sockets gets ports of the range
+            /// only), else tries random ports of the range, then looks for a free one
+            /// among [`PORT_SCAN_LEN`] consecutive ports from a random start. Returns the
+            /// chosen port (network order).
             #[allow(dead_code, reason = "IPv4 only")]
             #[expect(
                 clippy::too_many_arguments,
@@ -274,6 +308,7 @@ macro_rules! family {
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
                 next_hop: Option<&NextHop>,
+                any_port: bool,
             ) -> Result<u16, AllocError> {
                 // SAFETY: all-zero keys and entries are valid.
                 let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
@@ -288,6 +323,7 @@ macro_rules! family {
                     pod_node,
                     now,
                     next_hop,
+                    any_port,
                     slots,
                 )
             }
@@ -368,6 +404,7 @@ macro_rules! family {
                 pod_node: egress_common::underlay::Underlay,
                 now: u64,
                 next_hop: Option<&NextHop>,
+                any_port: bool,
                 s: &mut Slots,
             ) -> Result<u16, AllocError> {
                 let st = if ip.proto == PROTO_TCP {
@@ -400,9 +437,11 @@ macro_rules! family {
                 unsafe { crate::mem::zero(&mut s.entry.next_hop) };
                 let lo = u32::from(cfg.port_min);
                 let span = u32::from(cfg.port_max).saturating_sub(lo) + 1;
+                let own = u32::from(u16::from_be(l4.sport_be));
+                let keep_own = any_port || own.wrapping_sub(lo) < span;
                 let mut claimed = false;
                 for i in 0..PORT_ALLOC_TRIES {
-                    if i > 0 {
+                    if i > 0 || !keep_own {
                         let r = unsafe { bpf_get_prandom_u32() };
                         s.key.dst_port_be = ((lo + r % span) as u16).to_be();
                     }

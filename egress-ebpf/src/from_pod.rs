@@ -15,7 +15,7 @@ use crate::{
     gateway,
     handoff::Origin,
     maps::{self, SELECTED_V4, SELECTED_V6},
-    netpol, parse, parse6, policy, reset, scratch, tunnel, underlay, unknown,
+    netpol, parse, parse6, policy, reset, scratch, source, tunnel, underlay, unknown,
 };
 
 #[inline(always)]
@@ -24,6 +24,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         let Some(sel) = (unsafe { SELECTED_V4.get(src) }) else {
             return unknown::check4(ctx, &src);
         };
+        if source::elsewhere4(ctx, &src) {
+            return verdict(ctx, reason::DROP_SOURCE_DEVICE, SHOT);
+        }
         return reset::deferred4(ctx, selected(ctx, sel.lengths, sel.flags));
     }
     if !parse6::IPV6_DATAPATH {
@@ -33,6 +36,9 @@ pub fn run(ctx: &TcContext) -> i32 {
         let Some(sel) = (unsafe { SELECTED_V6.get(src.bytes()) }) else {
             return unknown::check6(ctx, src.bytes());
         };
+        if source::elsewhere6(ctx, src.bytes()) {
+            return verdict(ctx, reason::DROP_SOURCE_DEVICE, SHOT);
+        }
         let l = &sel.lengths;
         return reset::deferred6(ctx, selected6(ctx, l[0], l[1], l[2], sel.flags));
     }
@@ -122,13 +128,19 @@ fn selected6(ctx: &TcContext, l0: u64, l1: u64, l2: u64, flags: u32) -> i32 {
 }
 
 /// A packet of a selected IPv4 pod whose prefix lengths are `lengths`
-/// (`SelectedValueV4::lengths`), with `flags` (`selected_flags`).
+/// (`SelectedValueV4::lengths`), with `flags` (`selected_flags`). Link-local, multicast
+/// and broadcast destinations are the node's whatever the policy says
+/// ([`parse::link_scoped4`]): a `0.0.0.0/0` rule must not tunnel DNS to NodeLocal
+/// DNSCache (169.254.20.10) or a request for the cloud's metadata.
 #[inline(never)]
 fn selected(ctx: &TcContext, lengths: u64, flags: u32) -> i32 {
     let ip = match parse::ipv4(ctx) {
         Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::MALFORMED_PASSED, OK),
     };
+    if parse::link_scoped4(ip.dst) {
+        return OK;
+    }
     // No entry: the destination is outside every rule of this pod, or the pod's entries
     // did not fit the map (then it is dropped wherever a rule covers it).
     let Some(entry) = policy::lookup4(ip.src, ip.dst, lengths) else {

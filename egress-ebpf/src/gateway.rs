@@ -128,6 +128,7 @@ pub fn forward(
                     pod_node,
                     now,
                     cache,
+                    !shared4(rule.egress_ip),
                 ) {
                     Ok(port_be) => {
                         count(ctx, reason::SNAT_NEW);
@@ -367,6 +368,7 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
         conntrack::now(),
         // Cached after the FIB lookup (`cache6`): IPv6 looks up after the entry is made.
         None,
+        !shared6(&rule.egress_ip),
         &mut s.ct6,
     ) {
         Ok(port_be) => {

@@ -27,6 +27,7 @@ mod policy;
 mod reset;
 mod rewrite;
 mod scratch;
+mod source;
 mod tunnel;
 mod underlay;
 mod unknown;

@@ -183,6 +183,24 @@ pub static KNOWN_PODS_V6: HashMap<
     NO_PREALLOC,
 > = HashMap::new();
 
+// ---- local pods bound to their host-side device (`from_pod`'s source check) ----
+
+#[btf_map]
+pub static POD_DEVICES_V4: HashMap<
+    K<def::PodDevicesV4>,
+    V<def::PodDevicesV4>,
+    { cap::<def::PodDevicesV4>() },
+    NO_PREALLOC,
+> = HashMap::new();
+
+#[btf_map]
+pub static POD_DEVICES_V6: HashMap<
+    K<def::PodDevicesV6>,
+    V<def::PodDevicesV6>,
+    { cap::<def::PodDevicesV6>() },
+    NO_PREALLOC,
+> = HashMap::new();
+
 #[btf_map]
 pub static COVERED_V4: LpmTrie<K<def::CoveredV4>, V<def::CoveredV4>, { cap::<def::CoveredV4>() }> =
     LpmTrie::new();

@@ -121,6 +121,16 @@ pub fn ipv4_src(ctx: &TcContext) -> Option<[u8; 4]> {
     Some(word(unsafe { &*((start + IP_SRC_OFF) as *const [u8; 4]) }))
 }
 
+/// Whether an IPv4 destination is the node's business, never a gateway's: link-local
+/// 169.254.0.0/16 (NodeLocal DNSCache's 169.254.20.10, the clouds' metadata at
+/// 169.254.169.254), multicast 224.0.0.0/4, class E 240.0.0.0/4 and the limited
+/// broadcast. A `0.0.0.0/0` rule covers them by its prefix, not by intent; IPv6's
+/// counterpart is `parse6::link_scoped`.
+#[inline(always)]
+pub fn link_scoped4(dst: [u8; 4]) -> bool {
+    dst[0] >= 224 || (dst[0] == 169 && dst[1] == 254)
+}
+
 /// The transport header's offset in a packet without IP options, and in an IPv6 packet
 /// without extension headers.
 const L4_OFF_V4: usize = ETH_LEN + Ipv4Hdr::LEN;

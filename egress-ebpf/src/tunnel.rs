@@ -2,7 +2,7 @@
 //! `RETURN_VNI` for replies), the outer source tells who sent the packet. The underlay is
 //! IPv4 or IPv6, per peer: an IPv4-mapped [`Underlay`] address goes over IPv4.
 
-use core::mem::{MaybeUninit, size_of};
+use core::mem::{MaybeUninit, offset_of, size_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_TUNINFO_IPV6, bpf_tunnel_key},
@@ -12,7 +12,7 @@ use aya_ebpf::{
 use egress_common::{
     config::Config,
     counters::reason,
-    underlay::{self, Underlay},
+    underlay::{self, TUNNEL_KEY_SIZE, Underlay},
 };
 
 use crate::{
@@ -26,6 +26,12 @@ use crate::{
 /// then removes the branch (the value sits in `.rodata`).
 #[unsafe(no_mangle)]
 static TEST_TUNNEL_FROM_CB: u8 = 0;
+
+// The key's first `TUNNEL_KEY_SIZE` bytes are the layout every kernel accepts (see
+// `egress_common::underlay::TUNNEL_KEY_SIZE`): they end with `tunnel_label`, where the
+// 16 bytes of `local_ipv4` / `local_ipv6` (5.19, never set here) begin.
+const _: () = assert!(offset_of!(bpf_tunnel_key, tunnel_label) + 4 == TUNNEL_KEY_SIZE as usize);
+const _: () = assert!(size_of::<bpf_tunnel_key>() == TUNNEL_KEY_SIZE as usize + 16);
 
 /// Tunnel metadata of a received packet.
 #[repr(C)]
@@ -56,10 +62,10 @@ pub fn received(ctx: &TcContext) -> Option<Received> {
             vni: cb[4],
         });
     }
-    // SAFETY: all-zero is a valid bpf_tunnel_key; the helper writes at most `size_of` bytes.
+    // SAFETY: all-zero is a valid bpf_tunnel_key; the helper writes at most `size` bytes.
     let mut slot = MaybeUninit::<bpf_tunnel_key>::uninit();
     let key = unsafe { crate::mem::zeroed_in(&mut slot) };
-    let size = size_of::<bpf_tunnel_key>() as u32;
+    let size = TUNNEL_KEY_SIZE;
     // IPv4 underlay first (the common case); the helper refuses a family mismatch
     // (-EPROTO), and then the packet came over IPv6. Without metadata both calls fail.
     let ret = unsafe { bpf_skb_get_tunnel_key(ctx.skb.skb, &mut *key, size, 0) };
@@ -154,9 +160,7 @@ fn finish(
             u64::from(BPF_F_TUNINFO_IPV6)
         }
     };
-    let ret = unsafe {
-        bpf_skb_set_tunnel_key(ctx.skb.skb, key, size_of::<bpf_tunnel_key>() as u32, flags)
-    };
+    let ret = unsafe { bpf_skb_set_tunnel_key(ctx.skb.skb, key, TUNNEL_KEY_SIZE, flags) };
     if ret != 0 {
         return verdict(ctx, reason::DROP_TUNNEL_KEY, SHOT);
     }

@@ -15,7 +15,7 @@ use crate::{
     counters::{OK, SHOT, verdict},
     maps::{CONFIG, COVERED_V4, COVERED_V6, KNOWN_PODS_V4, KNOWN_PODS_V6},
     parse::{self, IP_DST_OFF, IP6_DST_OFF, IP6_HDR_LEN},
-    parse6,
+    parse6, source,
 };
 
 /// Whether the node drops packets of unknown pods (the agent has written `CONFIG` with
@@ -46,7 +46,7 @@ pub fn check4(ctx: &TcContext, src: &[u8; 4]) -> i32 {
 fn unknown4(ctx: &TcContext, src: &[u8; 4]) -> i32 {
     // SAFETY: presence only; the value is not read.
     if unsafe { KNOWN_PODS_V4.get(src) }.is_some() {
-        return OK;
+        return known(ctx, source::elsewhere4(ctx, src));
     }
     let Ok(dst) = ctx.load::<[u8; 4]>(IP_DST_OFF) else {
         return verdict(ctx, reason::MALFORMED_PASSED, OK);
@@ -57,11 +57,22 @@ fn unknown4(ctx: &TcContext, src: &[u8; 4]) -> i32 {
     OK
 }
 
-/// Whether a rule of any policy covers `dst` (`COVERED_V4`); multicast, limited broadcast
-/// and class E never leave through a gateway.
+/// A known pod's packet passes, unless it came from another device than the one the
+/// agent bound its source address to (`elsewhere`: a pod sending as another pod).
+#[inline(always)]
+fn known(ctx: &TcContext, elsewhere: bool) -> i32 {
+    if elsewhere {
+        return verdict(ctx, reason::DROP_SOURCE_DEVICE, SHOT);
+    }
+    OK
+}
+
+/// Whether a rule of any policy covers `dst` (`COVERED_V4`); link-local, multicast,
+/// limited broadcast and class E never leave through a gateway
+/// ([`parse::link_scoped4`]).
 #[inline(always)]
 pub fn covered4(dst: [u8; 4]) -> bool {
-    dst[0] < 224 && covered(COVERED_V4.get(&Key::new(32, dst)))
+    !parse::link_scoped4(dst) && covered(COVERED_V4.get(&Key::new(32, dst)))
 }
 
 /// An IPv6 packet of an unselected pod address `src`.
@@ -77,7 +88,7 @@ pub fn check6(ctx: &TcContext, src: &[u8; 16]) -> i32 {
 fn unknown6(ctx: &TcContext, src: &[u8; 16]) -> i32 {
     // SAFETY: presence only; the value is not read.
     if unsafe { KNOWN_PODS_V6.get(src) }.is_some() {
-        return OK;
+        return known(ctx, source::elsewhere6(ctx, src));
     }
     let Ok(dst) = ctx.load::<[u8; 16]>(IP6_DST_OFF) else {
         return verdict(ctx, reason::MALFORMED_PASSED, OK);

@@ -259,6 +259,8 @@ pub trait Ip: Cluster + Copy + Into<IpAddr> + Display + Debug + PartialEq + Send
     fn ct_entry(like: &CtLike, xlate: Self, port: u16) -> Self::CtEntry;
     fn next_hop(entry: &mut Self::CtEntry) -> &mut NextHop;
     fn last_seen(entry: &mut Self::CtEntry) -> &mut u64;
+    /// The entry's TCP state (`egress_common::conntrack::state`).
+    fn state(entry: &mut Self::CtEntry) -> &mut u8;
     /// The pseudo-header of a transport checksum.
     fn pseudo_header(src: Self, dst: Self, proto: u8, len: usize) -> Vec<u8>;
     /// Source port (or echo identifier) of an output frame without options.
@@ -388,6 +390,9 @@ macro_rules! family {
             fn last_seen(entry: &mut $Entry) -> &mut u64 {
                 &mut entry.last_seen_ns
             }
+            fn state(entry: &mut $Entry) -> &mut u8 {
+                &mut entry.state
+            }
             fn pseudo_header(src: Self, dst: Self, proto: u8, len: usize) -> Vec<u8> {
                 $pseudo(src, dst, proto, len)
             }
@@ -495,6 +500,9 @@ fn options6(p: &Ipv6Packet) -> Ipv6Packet {
 pub struct Net<A> {
     pub ul: UnderlayNet,
     pub pod0: u32,
+    /// Another pod's device (no pod behind it in the namespace): where a pod sending as
+    /// `LOCAL_POD` would come from.
+    pub pod1: u32,
     pub tun0: u32,
     pub sec0: u32,
     pub sec1: u32,
@@ -508,6 +516,7 @@ impl<A: Ip> Net<A> {
             ("ul0", [0x02, 0, 0, 0, 0xcc, 0x01], Some(ul.cidr)),
             ("tun0", [0x02, 0, 0, 0, 0xdd, 0x01], None),
             ("pod0", POD0_MAC, None),
+            ("pod1", [0x02, 0, 0, 0, 0xbb, 0x02], None),
             ("sec0", SEC0_MAC, Some(A::SEC0_CIDR)),
             ("sec1", SEC1_MAC, Some(A::SEC1_CIDR)),
         ] {
@@ -549,6 +558,7 @@ impl<A: Ip> Net<A> {
         Net {
             ul,
             pod0: ifindex("pod0"),
+            pod1: ifindex("pod1"),
             tun0: ifindex("tun0"),
             sec0: ifindex("sec0"),
             sec1: ifindex("sec1"),
@@ -561,6 +571,7 @@ impl<A> Bed for Net<A> {
     fn ifindex(&self, dev: Dev) -> u32 {
         match dev {
             Dev::Pod => self.pod0,
+            Dev::OtherPod => self.pod1,
             Dev::Tunnel => self.tun0,
             Dev::Secondary => self.sec0,
         }
@@ -633,6 +644,11 @@ pub fn local_pod_to_a<A: Ip>(dp: &mut Datapath, gateway: impl Into<IpAddr>) {
 
 pub fn from_pod(p: &impl Frame) -> Step {
     step(egress_agent::ebpf::FROM_POD, Dev::Pod, None, p)
+}
+
+/// `p` into `from_pod` on another pod's device than `LOCAL_POD`'s (`Net::pod1`).
+pub fn from_other_pod(p: &impl Frame) -> Step {
+    step(egress_agent::ebpf::FROM_POD, Dev::OtherPod, None, p)
 }
 
 pub fn from_tunnel(sender: impl Into<IpAddr>, vni: u32, p: &impl Frame) -> Step {

@@ -219,6 +219,24 @@ pub fn colliding_connections(lab: &Lab, host: IpAddr) -> Vec<Result<Seen>> {
     })
 }
 
+/// Start capturing what `host_ns` receives on eth0 matching the tcpdump `filter`, with
+/// each packet's contents in ASCII (`-A`), into `file` under the lab's directory; returns
+/// once tcpdump has had half a second to start. Stop it with `terminate` (or drop it),
+/// then read the file.
+pub fn capture(
+    lab: &Lab,
+    host_ns: &str,
+    filter: &str,
+    file: &str,
+) -> Result<(crate::netns::NsChild, PathBuf)> {
+    let path = lab.dir().join(file);
+    let dump =
+        lab.ns(host_ns)?
+            .spawn("tcpdump", &["-n", "-l", "-A", "-i", "eth0", filter], &path)?;
+    std::thread::sleep(Duration::from_millis(500));
+    Ok((dump, path))
+}
+
 /// `pod` pings `host` twice (both must be answered) while `host_ns` captures the first
 /// packet matching the tcpdump `filter`: what tcpdump printed.
 pub fn ping_captured(

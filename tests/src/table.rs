@@ -37,6 +37,8 @@ impl Frame for Ipv6Packet {
 #[derive(Clone, Copy, Debug)]
 pub enum Dev {
     Pod,
+    /// Another pod's device on the same node.
+    OtherPod,
     Tunnel,
     Secondary,
 }

@@ -30,9 +30,9 @@ use egress_common::{
     maps,
     policy::{
         AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, DestValueV4, DestValueV6,
-        EgressIpValue, KnownPodValue, NodeValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6,
-        PolicyValueV4, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValueV4, SelectedValueV6,
-        coverage,
+        EgressIpValue, KnownPodValue, NodeValue, PodDeviceValue, PodOwnerValue, PolicyKeyV4,
+        PolicyKeyV6, PolicyValueV4, PolicyValueV6, RuleValueV4, RuleValueV6, SelectedValueV4,
+        SelectedValueV6, coverage,
     },
     underlay::{self, Underlay},
 };
@@ -399,6 +399,15 @@ impl Datapath {
                     HashMap::try_from(self.map(maps::KNOWN_PODS_V6)).unwrap();
                 m.insert(pod.octets(), v, 0).unwrap();
             }
+        }
+    }
+
+    /// A local pod address bound to its host-side device (`POD_DEVICES_V4`/`_V6`).
+    pub fn pod_device(&mut self, pod: impl Into<IpAddr>, ifindex: u32) {
+        let v = PodDeviceValue { ifindex };
+        match pod.into() {
+            IpAddr::V4(pod) => self.insert(maps::POD_DEVICES_V4, v4(pod), v),
+            IpAddr::V6(pod) => self.insert(maps::POD_DEVICES_V6, pod.octets(), v),
         }
     }
 

@@ -1782,3 +1782,97 @@ fn the_datapath_loads_under_a_stream_of_signals_at_the_loading_thread() {
     );
     dp.expect("the datapath loads while signals keep arriving at the loading thread");
 }
+
+#[test]
+fn a_pod_cannot_send_as_another_pod_of_its_node() {
+    run_table(cases::source_device_cases());
+}
+
+#[test]
+fn a_reset_from_the_destination_closes_both_entries() {
+    cases::a_reset_closes_both_entries::<Ipv4Addr>(UL4, true);
+}
+
+#[test]
+fn a_reset_from_the_pod_closes_both_entries() {
+    cases::a_reset_closes_both_entries::<Ipv4Addr>(UL4, false);
+}
+
+/// A `0.0.0.0/0` rule leaves the node's own destinations alone: link-local (NodeLocal
+/// DNSCache at 169.254.20.10, the cloud's metadata at 169.254.169.254), multicast and the
+/// limited broadcast pass untouched and uncounted, from selected and unknown pods alike;
+/// the rest of the world is tunneled (or, unknown, dropped).
+#[test]
+fn a_default_rule_leaves_link_local_multicast_and_broadcast_to_the_node() {
+    let dns = udp(LOCAL_POD, 40_000, a(169, 254, 20, 10), 53);
+    let node_own = [
+        dns.clone(),
+        dns.clone().l4(L4::syn(40_001, 53, 1460)),
+        dns.clone().dst(a(169, 254, 169, 254)),
+        dns.clone().dst(a(224, 0, 0, 251)),
+        dns.clone().dst(a(255, 255, 255, 255)),
+    ];
+    let selected = node_own.iter().map(|p| from_pod(p).passes());
+    let unknown = node_own
+        .iter()
+        .map(|p| from_pod(&p.clone().src(UNKNOWN_POD)).passes());
+    let to_world = dns.clone().dst(INTERNET);
+    run_table(vec![
+        case(
+            "selected pod under a 0.0.0.0/0 rule",
+            |dp, _| {
+                dp.selected(LOCAL_POD);
+                dp.policy(LOCAL_POD, a(0, 0, 0, 0), 0, forward(PEER, RULE_A));
+            },
+            selected.chain([from_pod(&to_world).tunneled()]).collect(),
+            &[(TUNNELED, 1)],
+        ),
+        case(
+            "unknown pod, --unknown-pods drop, 0.0.0.0/0 covered",
+            |dp, net| {
+                unknown_pods_drop(dp, net);
+                dp.covered(a(0, 0, 0, 0), 0, true);
+            },
+            unknown
+                .chain([from_pod(&to_world.clone().src(UNKNOWN_POD)).dropped()])
+                .collect(),
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+    ]);
+}
+
+/// The devices step's bindings reach the pinned maps of both families, only what
+/// changed is written, a full apply of the maps step keeps them (its state carries
+/// them), and a restarted agent reads them back and keeps them until its devices step.
+#[test]
+fn pod_bindings_are_written_read_back_and_kept_by_the_maps_step() {
+    use std::{collections::BTreeMap, net::IpAddr};
+
+    use egress_agent::datapath::Datapath;
+    let (dir, _guard) = pin_dir("pod-devices");
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let bound = BTreeMap::from([(ip("10.244.1.5"), 11), (ip("fd00:244:1::5"), 12)]);
+    let mut dp = Datapath::open(&dir).unwrap();
+    let st = dp.apply_pod_devices(&bound).unwrap();
+    assert_eq!((st.inserted, st.removed), (2, 0));
+    assert_eq!(dp.apply_pod_devices(&bound).unwrap().changed(), 0);
+    let mut want = dp.held().clone();
+    want.set_pod_devices(&bound);
+    assert_eq!(dp.apply(&want).unwrap().changed(), 0);
+    drop(dp);
+    let mut dp = Datapath::open(&dir).unwrap();
+    let held = dp.held();
+    let v4: Vec<_> = held
+        .v4
+        .pod_devices
+        .iter()
+        .map(|(k, v)| (*k, v.ifindex))
+        .collect();
+    assert_eq!(v4, [([10, 244, 1, 5], 11)]);
+    // What the maps step of the restarted agent starts from.
+    assert_eq!(held.pod_devices(), bound);
+    // The pod moved to another device: one entry rewritten; the IPv6 pod gone: removed.
+    let moved = BTreeMap::from([(ip("10.244.1.5"), 13)]);
+    let st = dp.apply_pod_devices(&moved).unwrap();
+    assert_eq!((st.inserted, st.removed), (1, 1));
+}

@@ -746,3 +746,18 @@ fn unknown_pods_table() {
         ],
     );
 }
+
+#[test]
+fn a_pod_cannot_send_as_another_pod_of_its_node() {
+    run_table(UL4, cases::source_device_cases(), vec![]);
+}
+
+#[test]
+fn a_reset_from_the_destination_closes_both_entries() {
+    cases::a_reset_closes_both_entries::<Ipv6Addr>(UL6, true);
+}
+
+#[test]
+fn a_reset_from_the_pod_closes_both_entries() {
+    cases::a_reset_closes_both_entries::<Ipv6Addr>(UL4, false);
+}

@@ -20,7 +20,7 @@ use egress_common::{
     maps,
 };
 use egress_tests::{
-    cluster::{counted, default_spec, holder, up_with_agents},
+    cluster::{self, counted, default_spec, holder, up_with_agents},
     lab::{Lab, addr},
     packet::{Ipv4Packet, L4},
 };
@@ -128,13 +128,8 @@ fn forged_tunnel_packets_are_dropped_and_counted_by_reason() -> Result<()> {
     let (gw, _) = holder(&lab, addr::EGRESS_IP_A).context("nobody holds egress IP A")?;
     let gw_ip = lab.node(&gw)?.ip;
     let rule_a = rule_id_of(&lab, &gw, addr::EGRESS_IP_A)?;
-    let capture = lab.dir().join("host-a-forged.txt");
-    let mut dump = lab.ns("host-a")?.spawn(
-        "tcpdump",
-        &["-n", "-l", "-A", "-i", "eth0", "udp dst port 7777"],
-        &capture,
-    )?;
-    std::thread::sleep(Duration::from_millis(500));
+    let (mut dump, capture) =
+        cluster::capture(&lab, "host-a", "udp dst port 7777", "host-a-forged.txt")?;
 
     let cases = [
         Forged::new("forged-stranger", "rtr", addr::ROUTER, rule_a, addr::W1_P1)

@@ -238,14 +238,9 @@ pub fn wanted(
     if !finders.any() {
         return (attach, problems);
     }
-    // Pod devices only: never the tunnel nor an egress interface.
-    let by_index: BTreeMap<u32, &iface::Interface> = ifaces
-        .iter()
-        .filter(|i| i.ifindex != tunnel.ifindex && !desired.egress_interfaces.contains(&i.name))
-        .map(|i| (i.ifindex, i))
-        .collect();
+    let pods = PodDeviceFinder::new(tunnel, desired, ifaces, finders);
     let mut pod_device = |oif: u32| {
-        by_index.get(&oif).is_some_and(|i| {
+        pods.usable.get(&oif).is_some_and(|i| {
             attach.insert(Attachment {
                 program: ebpf::FROM_POD,
                 ifname: i.name.clone(),
@@ -254,48 +249,126 @@ pub fn wanted(
             true
         })
     };
-    let routed = finders
-        .routes
-        .map(|r| pod_devices(r, &desired.pod_cidrs, tunnel.ifindex))
-        .unwrap_or_default();
     for pod in desired.local_selected_pods() {
-        if let Some(r) = finders.routes
-            && let Some(oif) = r.oif(pod)
-            && is_routed_pod_device(pod, oif, r, desired, &routed, tunnel.ifindex)
-            && pod_device(oif)
-        {
+        let devices = pods.devices_of(pod);
+        if devices.is_empty() {
+            problems.push(no_device(pod, &finders));
             continue;
         }
-        let found = [finders.veth, finders.ovs]
-            .into_iter()
-            .flatten()
-            .find_map(|f| f.by_pod.get(&pod).filter(|d| !d.is_empty()));
-        match found {
-            Some(devices) => {
-                if devices.len() > 1 {
-                    problems.push(format!(
-                        "pod {pod}: its address is behind {} devices of this node; \
-                         from_pod is on each",
-                        devices.len()
-                    ));
-                }
-                for d in devices {
-                    pod_device(*d);
-                }
-            }
-            None => problems.push(no_device(pod, &finders)),
+        if devices.len() > 1 {
+            problems.push(format!(
+                "pod {pod}: its address is behind {} devices of this node; \
+                 from_pod is on each",
+                devices.len()
+            ));
+        }
+        for d in devices {
+            pod_device(d);
         }
     }
     if unknown_pods == UnknownPods::Drop {
         let found = [finders.veth, finders.ovs].into_iter().flatten();
-        for oif in routed
-            .into_iter()
+        for oif in pods
+            .routed
+            .iter()
+            .copied()
             .chain(found.flat_map(|f| f.devices(&desired.pod_cidrs)))
         {
             pod_device(oif);
         }
     }
     (attach, problems)
+}
+
+/// Where local pods' devices are, as this pass's finders say: the pod devices of the
+/// route dump, and the interfaces `from_pod` may go on (never the tunnel nor an egress
+/// interface), by ifindex.
+struct PodDeviceFinder<'a> {
+    finders: Finders<'a>,
+    desired: &'a Desired,
+    tunnel_ifindex: u32,
+    routed: BTreeSet<u32>,
+    usable: BTreeMap<u32, &'a iface::Interface>,
+}
+
+impl<'a> PodDeviceFinder<'a> {
+    fn new(
+        tunnel: &Tunnel<'_>,
+        desired: &'a Desired,
+        ifaces: &'a [iface::Interface],
+        finders: Finders<'a>,
+    ) -> Self {
+        let usable = ifaces
+            .iter()
+            .filter(|i| i.ifindex != tunnel.ifindex && !desired.egress_interfaces.contains(&i.name))
+            .map(|i| (i.ifindex, i))
+            .collect();
+        let routed = finders
+            .routes
+            .map(|r| pod_devices(r, &desired.pod_cidrs, tunnel.ifindex))
+            .unwrap_or_default();
+        Self {
+            finders,
+            desired,
+            tunnel_ifindex: tunnel.ifindex,
+            routed,
+            usable,
+        }
+    }
+
+    /// The devices `pod` is behind: the one its host route leaves by, when that is a pod
+    /// device `from_pod` may go on ([`pod_devices`]; never the underlay a default route
+    /// leaves by), else those of the veth whose peer holds it, else its OVS port's. Empty:
+    /// not found.
+    fn devices_of(&self, pod: IpAddr) -> BTreeSet<u32> {
+        if let Some(r) = self.finders.routes
+            && let Some(oif) = r.oif(pod)
+            && is_routed_pod_device(pod, oif, r, self.desired, &self.routed, self.tunnel_ifindex)
+            && self.usable.contains_key(&oif)
+        {
+            return BTreeSet::from([oif]);
+        }
+        [self.finders.veth, self.finders.ovs]
+            .into_iter()
+            .flatten()
+            .find_map(|f| f.by_pod.get(&pod).filter(|d| !d.is_empty()))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// The device each local pod's address is bound to (`POD_DEVICES_*`, `from_pod`'s source
+/// check): every selected pod, and with `--unknown-pods drop` every pod the agent knows,
+/// found behind exactly one device `from_pod` may go on ([`wanted`]'s way of finding it).
+/// A pod behind several devices, or none, is left unbound: its packets are treated as
+/// before the check existed (a pod cannot be pinned to a device the agent is unsure of).
+/// Without any finder (each failed this pass) nothing is decided: `None`, and the last
+/// bindings stay.
+pub fn bindings(
+    tunnel: &Tunnel<'_>,
+    desired: &Desired,
+    ifaces: &[iface::Interface],
+    finders: Finders<'_>,
+    unknown_pods: UnknownPods,
+) -> Option<BTreeMap<IpAddr, u32>> {
+    if !finders.any() {
+        return None;
+    }
+    let pods = PodDeviceFinder::new(tunnel, desired, ifaces, finders);
+    let known = (unknown_pods == UnknownPods::Drop).then_some(&desired.known_pods);
+    let bound = desired
+        .local_selected_pods()
+        .chain(known.into_iter().flatten().copied())
+        .filter_map(|pod| {
+            let devices = pods.devices_of(pod);
+            let mut it = devices.iter().copied();
+            match (it.next(), it.next()) {
+                (Some(d), None) if pods.usable.contains_key(&d) => Some((pod, d)),
+                _ => None,
+            }
+        })
+        .collect();
+    Some(bound)
 }
 
 /// The problem of a selected pod whose device `finders` did not find.
@@ -571,6 +644,50 @@ mod tests {
             pods,
             ["from_pod@cali11", "from_pod@cali12", "from_pod@cali13"]
         );
+    }
+
+    /// Each selected pod is bound to the one device it was found behind, and under
+    /// `--unknown-pods drop` each known pod too; a pod behind two devices, or none, is
+    /// left unbound, and without any finder nothing is decided.
+    #[test]
+    fn pods_are_bound_to_the_one_device_they_are_found_behind() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let mut d = desired();
+        d.known_pods = ["10.244.1.11", "10.244.1.12", "10.244.1.13", "10.244.1.77"]
+            .map(ip)
+            .into();
+        let t = table();
+        let bound = |d: &Desired, f: Finders<'_>, u| bindings(&TUNNEL, d, &ifaces(), f, u);
+        assert_eq!(
+            bound(&d, routes(&t), UnknownPods::Pass),
+            Some(BTreeMap::from([(ip("10.244.1.11"), 11)])),
+            "selected pods only"
+        );
+        assert_eq!(
+            bound(&d, routes(&t), UnknownPods::Drop),
+            Some(BTreeMap::from([
+                (ip("10.244.1.11"), 11),
+                (ip("10.244.1.12"), 12),
+                (ip("10.244.1.13"), 13),
+            ])),
+            "and every known pod found (10.244.1.77 has no device: unbound)"
+        );
+        // Found by its veth behind two devices (from_pod is on both, the binding on
+        // neither), or only behind an egress interface (never bound there): unbound.
+        for devices in [BTreeSet::from([11, 12]), BTreeSet::from([4])] {
+            let found = Found {
+                by_pod: BTreeMap::from([(ip("10.244.1.11"), devices)]),
+            };
+            let veth_only = Finders {
+                veth: Some(&found),
+                ..Finders::default()
+            };
+            assert_eq!(
+                bound(&d, veth_only, UnknownPods::Pass),
+                Some(BTreeMap::new())
+            );
+        }
+        assert_eq!(bound(&d, Finders::default(), UnknownPods::Drop), None);
     }
 
     #[test]

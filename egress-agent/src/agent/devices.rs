@@ -242,6 +242,11 @@ impl Reconciler<'_> {
         };
         let (mut attach, found) =
             attachments::wanted(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods);
+        if let Some(bound) =
+            attachments::bindings(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods)
+        {
+            Self::bind_pods(dp, &bound, problems);
+        }
         self.egress_interfaces
             .clone_from(&desired.egress_interfaces);
         attach.extend(self.new_devices.still_wanted(
@@ -252,6 +257,21 @@ impl Reconciler<'_> {
         problems.extend(found);
         for e in dp.sync_attachments(&attach) {
             problems.push(e.to_string());
+        }
+    }
+}
+
+impl Reconciler<'_> {
+    /// Write this pass's bindings of pods to their devices (`POD_DEVICES_*`) where
+    /// they changed; a failed write is a problem, and the next pass tries again.
+    fn bind_pods(
+        dp: &mut Datapath,
+        bound: &std::collections::BTreeMap<IpAddr, u32>,
+        problems: &mut Vec<String>,
+    ) {
+        match dp.apply_pod_devices(bound) {
+            Ok(st) => problems.extend(st.problems()),
+            Err(e) => problems.push(format!("failed to bind pods to their devices: {e}")),
         }
     }
 }

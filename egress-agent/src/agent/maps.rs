@@ -126,11 +126,24 @@ impl Reconciler<'_> {
         if self.cfg.unknown_pods == UnknownPods::Pass {
             want.forget_unknown_pods();
         }
+        // The devices step binds pods to their devices after this apply; until then each
+        // keeps the binding the maps hold (also those a restarted agent finds pinned),
+        // while it is still a local pod that is bound at all.
+        let mut bound = dp.held().pod_devices();
+        bound.retain(|pod, _| bindable(desired, self.cfg.unknown_pods, *pod));
+        want.set_pod_devices(&bound);
         problems.extend(unresolved.iter().map(ToString::to_string));
         let st = dp.apply(&want)?;
         problems.extend(st.problems());
         Ok(st.changed())
     }
+}
+
+/// Whether `pod` may keep a binding to its device (`attachments::bindings`): a local
+/// selected pod, or with `--unknown-pods drop` a local pod the agent knows.
+fn bindable(desired: &Desired, unknown_pods: UnknownPods, pod: IpAddr) -> bool {
+    desired.local_selected_pods().any(|p| p == pod)
+        || (unknown_pods == UnknownPods::Drop && desired.known_pods.contains(&pod))
 }
 
 /// What the EgressNode says of a policy map that `left_out` did not fit: the policies

@@ -26,6 +26,7 @@ pub mod tc;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -43,7 +44,7 @@ pub use state::{FamilyMaps, MapState};
 
 use crate::{
     ebpf,
-    family::{Family, family_maps},
+    family::{Family, V4, V6, family_maps},
 };
 use order::{FamilyMap, Phase, Step};
 use table::{Hash, Lpm, Table, Value};
@@ -438,6 +439,7 @@ impl Datapath {
             admitted: self.read::<Hash<F::Admitted>>()?,
             known_pods: self.read::<Hash<F::KnownPods>>()?,
             covered: self.read::<Lpm<F::Covered>>()?,
+            pod_devices: self.read::<Hash<F::PodDevices>>()?,
         })
     }
 
@@ -489,6 +491,40 @@ impl Datapath {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
         let result = self.sync_all(&mut held, want, &mut stats);
+        self.held = held;
+        result?;
+        Ok(stats)
+    }
+
+    /// Bring the pod-device maps alone (`POD_DEVICES_*`) in line with `bound` (pod ->
+    /// ifindex): the bindings are decided by the devices step of a pass, after the other
+    /// maps' apply. Touches only entries that differ, as [`Datapath::apply`] does.
+    pub fn apply_pod_devices(&mut self, bound: &BTreeMap<IpAddr, u32>) -> Result<ApplyStats> {
+        let mut stats = ApplyStats::default();
+        let mut held = std::mem::take(&mut self.held);
+        let want = (
+            state::pod_devices::<V4>(bound),
+            state::pod_devices::<V6>(bound),
+        );
+        let mut result = Ok(());
+        for phase in Phase::ALL {
+            let mut pass = Pass {
+                phase,
+                stats: &mut stats,
+            };
+            result = self
+                .sync::<Hash<def::PodDevicesV4>>(&mut held.v4.pod_devices, &want.0, &mut pass)
+                .and_then(|()| {
+                    self.sync::<Hash<def::PodDevicesV6>>(
+                        &mut held.v6.pod_devices,
+                        &want.1,
+                        &mut pass,
+                    )
+                });
+            if result.is_err() {
+                break;
+            }
+        }
         self.held = held;
         result?;
         Ok(stats)

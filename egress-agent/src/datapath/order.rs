@@ -98,13 +98,20 @@ const FAMILIES: [fn(FamilyMap) -> Step; 2] = [Step::V4, Step::V6];
 ///   entry never names a filter that is not in, except one whose filter changed, between
 ///   the removal of its old one and its own update (a filter's id follows its contents,
 ///   so only an entry that moved to other ports meets this): `from_pod` then drops its
-///   packets (`DROP_NETWORK_POLICY`) for that moment, failing closed.
+///   packets (`DROP_NETWORK_POLICY`) for that moment, failing closed;
+/// * pod devices (`from_pod`'s source check) before the selected and known pods on
+///   insertion, after them on removal: a pod is bound while it is selected or known, so
+///   that no other pod can send as it (one that is not bound yet, or any more, is left to
+///   the unknown-pod policy, as before the check).
 pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
     use FamilyMap::*;
     use Side::*;
     match phase {
         Phase::Remove => [
-            both_families(Source, &[KnownPods, Covered, Selected, Policy, Dests]),
+            both_families(
+                Source,
+                &[KnownPods, Covered, Selected, Policy, Dests, PodDevices],
+            ),
             vec![(Source, Step::PortFilters)],
             both_families(Gateway, &[Rules, EgressIps, Admitted, PodOwner]),
             vec![(Gateway, Step::Nodes)],
@@ -114,7 +121,10 @@ pub(super) fn sequence(phase: Phase) -> Vec<(Side, Step)> {
             vec![(Gateway, Step::Nodes)],
             both_families(Gateway, &[PodOwner, Admitted, EgressIps, Rules]),
             vec![(Source, Step::PortFilters)],
-            both_families(Source, &[Policy, Dests, Selected, KnownPods, Covered]),
+            both_families(
+                Source,
+                &[PodDevices, Policy, Dests, Selected, KnownPods, Covered],
+            ),
         ]
         .concat(),
     }
@@ -261,6 +271,30 @@ mod tests {
                 Phase::Upsert,
                 &steps,
                 "KNOWN_PODS is inserted after SELECTED",
+                why,
+            );
+        }
+    }
+
+    #[test]
+    fn a_pod_is_bound_to_its_device_while_it_is_selected_or_known() {
+        let why = "from_pod drops a selected or known pod's packet that arrives on another \
+                   device than its POD_DEVICES entry names, and lets an unbound one through \
+                   as before: a pod selected or known before its binding is in, or after \
+                   it is gone, could be sent as by another pod of the node";
+        for steps in each_family(&[PodDevices, Selected, KnownPods]) {
+            assert_order(
+                Phase::Upsert,
+                &steps,
+                "POD_DEVICES is inserted before SELECTED and KNOWN_PODS",
+                why,
+            );
+        }
+        for steps in each_family(&[KnownPods, Selected, PodDevices]) {
+            assert_order(
+                Phase::Remove,
+                &steps,
+                "POD_DEVICES is removed after SELECTED and KNOWN_PODS",
                 why,
             );
         }

@@ -154,6 +154,10 @@ fn family<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
     for pod in m.known_pods.keys() {
         let _ = writeln!(s, "{} {}", F::KnownPods::SPEC.name, F::Addr::from(*pod));
     }
+    for (pod, v) in &m.pod_devices {
+        let name = F::PodDevices::SPEC.name;
+        let _ = writeln!(s, "{name} {} -> ifindex={}", F::Addr::from(*pod), v.ifindex);
+    }
     for ((len, net), v) in &m.covered {
         let what = if v.covered == coverage::COVERED {
             "covered"

@@ -8,7 +8,8 @@ use egress_common::{
     maps::{Map, def},
     policy::{
         AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue, NodeValue, PORT_FILTER_RANGES,
-        PodOwnerValue, PortFilter, PortRange, action, coverage, egress_ip_flags, selected_flags,
+        PodDeviceValue, PodOwnerValue, PortFilter, PortRange, action, coverage, egress_ip_flags,
+        selected_flags,
     },
     underlay::{self, Underlay},
 };
@@ -90,6 +91,26 @@ impl std::fmt::Display for Unresolved {
             }
         }
     }
+}
+
+/// The bindings of `bound` of family `F`, as `POD_DEVICES_*` holds them.
+pub(crate) fn pod_devices<F: Family>(bound: &BTreeMap<IpAddr, u32>) -> Entries<F::PodDevices> {
+    bound
+        .iter()
+        .filter_map(|(pod, ifindex)| {
+            let pod = F::addr(*pod)?;
+            Some((F::octets(pod), PodDeviceValue { ifindex: *ifindex }))
+        })
+        .collect()
+}
+
+/// The pods of family `F`'s `POD_DEVICES_*` entries, with their ifindexes.
+fn bound_pods<F: Family>(
+    entries: &Entries<F::PodDevices>,
+) -> impl Iterator<Item = (IpAddr, u32)> + '_ {
+    entries
+        .iter()
+        .map(|(pod, v)| (F::Addr::from(*pod).into(), v.ifindex))
 }
 
 /// An optional underlay address as the maps hold it (zero for none).
@@ -362,6 +383,21 @@ impl MapState {
             },
             unresolved,
         )
+    }
+
+    /// Bind each pod of `bound` to its host-side device (`POD_DEVICES_*`), replacing
+    /// the bindings `self` had.
+    pub fn set_pod_devices(&mut self, bound: &BTreeMap<IpAddr, u32>) {
+        self.v4.pod_devices = pod_devices::<V4>(bound);
+        self.v6.pod_devices = pod_devices::<V6>(bound);
+    }
+
+    /// The pods bound to their devices (`POD_DEVICES_*`), both families: what
+    /// [`MapState::set_pod_devices`] was given.
+    pub fn pod_devices(&self) -> BTreeMap<IpAddr, u32> {
+        bound_pods::<V4>(&self.v4.pod_devices)
+            .chain(bound_pods::<V6>(&self.v6.pod_devices))
+            .collect()
     }
 
     /// Leave the maps of `--unknown-pods drop` empty (the mode is off); the covered

@@ -62,7 +62,9 @@ pub enum Fate {
 }
 
 /// The fate of the entry `e` at `key`, given the entry found at `key.partner(e)` (if
-/// any), at `now` (`CLOCK_MONOTONIC_COARSE` ns). The datapath's `flow_live`, as a decision.
+/// any), at `now` (`CLOCK_MONOTONIC_COARSE` ns). The datapath's `flow_live`, as a decision:
+/// an entry that a RST crossed, idle past the reset timeout, takes its partner with it
+/// however live the partner looks (it may never have seen the RST).
 pub fn fate<K: CtKey>(key: &K, e: &K::Entry, partner: Option<&K::Entry>, now: u64) -> Fate {
     if !key.expired(e, now) {
         return Fate::Keep;
@@ -71,7 +73,7 @@ pub fn fate<K: CtKey>(key: &K, e: &K::Entry, partner: Option<&K::Entry>, now: u6
     match partner {
         // Still this flow's: the partner's own partner is `key`.
         Some(p) if pk.partner(p) == *key => {
-            if pk.expired(p, now) {
+            if key.reset_over(e, now) || pk.expired(p, now) {
                 Fate::RemoveBoth
             } else {
                 Fate::Keep
@@ -577,6 +579,40 @@ mod tests {
             let partner = with_partner.then_some(&f[1 - which].1);
             assert_eq!(fate_of(f, *which, partner), *want, "{name}");
         }
+    }
+
+    /// A RST crossed the flow: 10 s after its last packet it is over, both entries go,
+    /// even when the other direction's entry missed the RST (an entry of an older
+    /// datapath, or a lost race) and still says established for 6 h. Before, such a flow
+    /// kept its SNAT port and its place under `--max-flows-per-pod` for 6 hours.
+    #[test]
+    fn a_reset_flow_goes_after_ten_seconds_with_its_partner() {
+        let reset_both = |age: u64| {
+            let mut f = flow(6, state::RESET, age, age);
+            f[1].1.state = state::RESET;
+            f
+        };
+        let reset_one = |age: u64| {
+            let mut f = flow(6, state::ESTABLISHED, age, age);
+            f[1].1.state = state::RESET;
+            f
+        };
+        assert_eq!(timeout::TCP_RESET, 10 * SEC);
+        let f = reset_both(11 * SEC);
+        assert_eq!(fate_of(&f, 0, Some(&f[1].1)), Fate::RemoveBoth);
+        assert_eq!(fate_of(&f, 1, Some(&f[0].1)), Fate::RemoveBoth);
+        let f = reset_both(9 * SEC);
+        assert_eq!(fate_of(&f, 0, Some(&f[1].1)), Fate::Keep, "within 10 s");
+        // The original entry never saw the RST: the reset reply entry takes it along.
+        let f = reset_one(11 * SEC);
+        assert_eq!(fate_of(&f, 1, Some(&f[0].1)), Fate::RemoveBoth);
+        // Seen from the established entry it is not expired: kept until the reset
+        // entry's turn in the walk, which removes both.
+        assert_eq!(fate_of(&f, 0, Some(&f[1].1)), Fate::Keep);
+        // A FIN is not a RST: a half-closed flow lives while the other direction does.
+        let mut f = flow(6, state::ESTABLISHED, 60 * SEC, 60 * SEC);
+        f[1].1.state = state::CLOSING;
+        assert_eq!(fate_of(&f, 1, Some(&f[0].1)), Fate::Keep);
     }
 
     /// The allocator gave the idle flow's reply tuple to a new flow: the old original

@@ -5,7 +5,7 @@ use std::{fmt::Debug, net::IpAddr};
 
 use aya::Pod;
 use egress_common::{
-    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, expired},
+    conntrack::{CtEntryV4, CtEntryV6, CtKeyV4, CtKeyV6, dir, expired, reset_over},
     underlay::Underlay,
 };
 
@@ -20,6 +20,9 @@ pub trait CtKey: Pod + PartialEq + Debug {
     fn partner(&self, e: &Self::Entry) -> Self;
     /// Whether `e`, this key's entry, is idle past its timeout at `now`.
     fn expired(&self, e: &Self::Entry, now: u64) -> bool;
+    /// Whether `e` ends its flow by itself at `now`: a RST crossed it and it is idle past
+    /// the reset timeout (`egress_common::conntrack::reset_over`).
+    fn reset_over(&self, e: &Self::Entry, now: u64) -> bool;
     /// This key and its entry in plain types; `None` for a reply-direction key.
     fn flow(&self, e: &Self::Entry) -> Option<Flow>;
 }
@@ -73,6 +76,10 @@ macro_rules! ct_key {
 
             fn expired(&self, e: &$Entry, now: u64) -> bool {
                 expired(self.proto, e.state, e.last_seen_ns, now)
+            }
+
+            fn reset_over(&self, e: &$Entry, now: u64) -> bool {
+                reset_over(self.proto, e.state, e.last_seen_ns, now)
             }
 
             fn flow(&self, e: &$Entry) -> Option<Flow> {

@@ -70,6 +70,9 @@ macro_rules! family_maps {
             /// `COVERED_*`: what any rule covers, by destination.
             Covered covered Lpm [CoveredV4 CoveredV6]
                 [Key = Self::Octets, Value = egress_common::policy::CoveredValue],
+            /// `POD_DEVICES_*`: local pod -> the host-side device it was found behind.
+            PodDevices pod_devices Hash [PodDevicesV4 PodDevicesV6]
+                [Key = Self::Octets, Value = egress_common::policy::PodDeviceValue],
         }
     };
 }

@@ -10,10 +10,11 @@ use egress_common::{
 };
 
 use super::{
-    CtLike, DEST_A_MAC, DEST_B_MAC, Ip, Net, POD0_MAC, Packet, ROUTER_A_MAC, RULE_A, RULE_B,
-    SEC0_MAC, SEC1_MAC, TCP_PSH, TUNNEL_MTU, UnderlayNet, bed, big_udp, config, echo, echo_reply,
-    error_back, error_to, from_pod, from_secondary, from_tunnel, local_pod_to_a, mac, rst, segment,
-    snatted, snatted_in_range, syn, tcp, udp, unnatted, valid_error,
+    CtLike, DEST_A_MAC, DEST_B_MAC, Ip, Net, POD0_MAC, PORT_MAX, PORT_MIN, Packet, ROUTER_A_MAC,
+    RULE_A, RULE_B, SEC0_MAC, SEC1_MAC, TCP_PSH, TUNNEL_MTU, UnderlayNet, bed, big_udp, config,
+    echo, echo_reply, error_back, error_to, from_other_pod, from_pod, from_secondary, from_tunnel,
+    local_pod_to_a, mac, rst, segment, snatted, snatted_in_range, syn, tcp, udp, unnatted,
+    valid_error,
 };
 use crate::{
     packet::{HOST_MAC, L4, POD_MAC, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, quote},
@@ -537,10 +538,25 @@ pub fn interface_rule_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
     let seg_opts = A::with_options(&seg);
     let fin = seg.clone().l4(segment(40_000, 443, TCP_FIN));
     let local = seg.clone().src(A::LOCAL_POD);
+    // Pod ports inside the tests' --port-min/--port-max, which an interface's address
+    // keeps (`PORT_MIN..=PORT_MAX`); `syn_a`'s 40,000 is outside it.
     let syn_a = tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, TCP_SYN);
-    let rst_a = tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, TCP_RST | TCP_ACK);
-    let udp_a = udp(A::REMOTE_POD, 5000, A::DEST_A, 53);
+    let syn_in = tcp(A::REMOTE_POD, 25_000, A::DEST_A, 443, TCP_SYN);
+    let seg_in = seg.clone().l4(segment(25_000, 443, TCP_ACK | TCP_PSH));
+    let rst_a = tcp(A::REMOTE_POD, 25_000, A::DEST_A, 443, TCP_RST | TCP_ACK);
+    let udp_a = udp(A::REMOTE_POD, 25_053, A::DEST_A, 53);
     let shared = |p: &A::Packet, port| snatted(p, A::SHARED_A, port, SEC0_MAC, DEST_A_MAC);
+    let shared_in_range = {
+        let syn_a = syn_a.clone();
+        move |out: &[u8]| {
+            let port = A::sport_of(out);
+            if !(PORT_MIN..=PORT_MAX).contains(&port) {
+                return Err(format!("translated port {port}: outside the range"));
+            }
+            let want = snatted(&syn_a, A::SHARED_A, port, SEC0_MAC, DEST_A_MAC);
+            crate::table::frame_diff(out, &want.build())
+        }
+    };
     let (peer, by_shared) = (u.peer, A::RULE_SHARED);
     vec![
         case(
@@ -584,21 +600,28 @@ pub fn interface_rule_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
             "SYN: translated to the interface's address as before; the flow's segments too",
             no_setup,
             vec![
-                from_tunnel(peer, by_shared, &syn_a).redirected(&shared(&syn_a, 40_000)),
-                from_tunnel(peer, by_shared, &seg).redirected(&shared(&seg, 40_000)),
+                from_tunnel(peer, by_shared, &syn_in).redirected(&shared(&syn_in, 25_000)),
+                from_tunnel(peer, by_shared, &seg_in).redirected(&shared(&seg_in, 25_000)),
             ],
             &[(SNAT_NEW, 1), (SNAT_HIT, 1), (FORWARDED, 2)],
         ),
         case(
+            "pod port outside --port-min/--port-max: a port of the range (the interface's \
+             address is the gateway's own sockets' too)",
+            no_setup,
+            vec![from_tunnel(peer, by_shared, &syn_a).redirected_if(shared_in_range)],
+            &[(SNAT_NEW, 1), (FORWARDED, 1)],
+        ),
+        case(
             "RST without a flow: translated and sent on, never answered",
             no_setup,
-            vec![from_tunnel(peer, by_shared, &rst_a).redirected(&shared(&rst_a, 40_000))],
+            vec![from_tunnel(peer, by_shared, &rst_a).redirected(&shared(&rst_a, 25_000))],
             &[(SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
             "UDP without a flow: translated as before",
             no_setup,
-            vec![from_tunnel(peer, by_shared, &udp_a).redirected(&shared(&udp_a, 5000))],
+            vec![from_tunnel(peer, by_shared, &udp_a).redirected(&shared(&udp_a, 25_053))],
             &[(SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
@@ -919,4 +942,136 @@ pub fn unknown_pods_cases<A: Ip>() -> Vec<Case<Net<A>>> {
             &[],
         ),
     ]
+}
+
+/// `LOCAL_POD` selected (network A through the peer) and bound to pod0, and
+/// `UNSELECTED_POD` bound to pod1, as the agent binds pods to the devices it found them
+/// behind (`POD_DEVICES_*`).
+fn bound<A: Ip>(dp: &mut Datapath, net: &Net<A>) {
+    local_pod_to_a::<A>(dp, net.ul.peer);
+    dp.pod_device(A::LOCAL_POD, net.pod0);
+    dp.pod_device(A::UNSELECTED_POD, net.pod1);
+}
+
+/// A pod cannot send as another pod of its node: a packet whose source address the agent
+/// bound to another device is dropped (`DROP_SOURCE_DEVICE`) whatever its destination,
+/// for selected pods always and for known pods under `--unknown-pods drop`; an address not
+/// bound yet is treated as before the binding existed.
+pub fn source_device_cases<A: Ip>() -> Vec<Case<Net<A>>> {
+    let to_a = udp(A::LOCAL_POD, 40_000, A::DEST_A, 53);
+    let as_unselected = to_a.clone().src(A::UNSELECTED_POD);
+    let drop_mode = |dp: &mut Datapath, net: &Net<A>| {
+        unknown_pods_drop(dp, net);
+        bound(dp, net);
+    };
+    vec![
+        case(
+            "selected pod bound to its device: tunneled from it, dropped from another pod's",
+            bound,
+            vec![
+                from_pod(&to_a).tunneled(),
+                from_other_pod(&to_a).dropped(),
+                // Whatever the destination: uncovered, or an except hole of its rule.
+                from_other_pod(&to_a.clone().dst(A::INTERNET)).dropped(),
+                from_other_pod(&to_a.clone().dst(A::HOLE_A)).dropped(),
+            ],
+            &[(TUNNELED, 1), (DROP_SOURCE_DEVICE, 3)],
+        ),
+        case(
+            "selected pod not bound yet: tunneled from any device, as before the check",
+            |dp: &mut Datapath, net: &Net<A>| local_pod_to_a::<A>(dp, net.ul.peer),
+            vec![from_pod(&to_a).tunneled(), from_other_pod(&to_a).tunneled()],
+            &[(TUNNELED, 2)],
+        ),
+        case(
+            "--unknown-pods drop: a known pod bound to its device passes from it, is dropped \
+             from another pod's (uncovered destination too); a selected one likewise",
+            drop_mode,
+            vec![
+                from_other_pod(&as_unselected).passes(),
+                from_pod(&as_unselected).dropped(),
+                from_pod(&as_unselected.clone().dst(A::INTERNET)).dropped(),
+                from_other_pod(&to_a).dropped(),
+            ],
+            &[(DROP_SOURCE_DEVICE, 3)],
+        ),
+        case(
+            "--unknown-pods drop: a pod not bound yet follows the unknown-pod policy",
+            unknown_pods_drop,
+            vec![
+                from_other_pod(&as_unselected).passes(),
+                from_other_pod(&to_a.clone().src(A::UNKNOWN_POD)).dropped(),
+            ],
+            &[(DROP_UNKNOWN_POD, 1)],
+        ),
+        case(
+            "--unknown-pods pass: an unselected pod is not checked (nothing redirects it)",
+            bound,
+            vec![from_pod(&as_unselected).passes()],
+            &[],
+        ),
+    ]
+}
+
+/// A RST closes the whole flow on the gateway: both conntrack entries are reset, the
+/// flow is over 10 s (`timeout::TCP_RESET`) after its last packet, whatever either entry
+/// said before, and a new flow of the same tuple is made (`SNAT_NEW`); within those 10 s
+/// a SYN of the same tuple reopens it (a reused tuple), and the handshake establishes it
+/// again. Before, the RST reset only the entry it crossed, and the other kept the flow
+/// (its SNAT port, its place under `--max-flows-per-pod`) for 6 hours.
+pub fn a_reset_closes_both_entries<A: Ip>(u: UnderlayNet, reset_from_destination: bool) {
+    in_netns(move || {
+        let (net, mut dp) = bed::<A>(u);
+        let peer = u.peer;
+        let out = |flags: u8| tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, flags).build();
+        let back = |flags: u8| tcp(A::DEST_A, 443, A::EGRESS_A, 40_000, flags).build();
+        let mut send = |dp: &mut Datapath, from_pod_side: bool, f: Vec<u8>| {
+            let o = if from_pod_side {
+                dp.run(FROM_TUNNEL, &f, net.tun0, Some((peer, RULE_A)))
+            } else {
+                dp.run(egress_agent::ebpf::FROM_SECONDARY, &f, net.sec0, None)
+            };
+            assert_eq!(o.verdict, TC_ACT_REDIRECT, "{:?}", dp.counters());
+        };
+        let states = |dp: &mut Datapath| {
+            let mut ct = A::ct(dp);
+            assert_eq!(ct.len(), 2, "{ct:?}");
+            ct.sort_by_key(|(k, _)| A::ct_dir(k));
+            [*A::state(&mut ct[0].1), *A::state(&mut ct[1].1)]
+        };
+        let est = [state::ESTABLISHED; 2];
+        let handshake = |dp: &mut Datapath, send: &mut dyn FnMut(&mut Datapath, bool, Vec<u8>)| {
+            send(dp, true, out(TCP_SYN));
+            send(dp, false, back(TCP_SYN | TCP_ACK));
+            send(dp, true, out(TCP_ACK));
+            send(dp, false, back(TCP_ACK));
+        };
+        handshake(&mut dp, &mut send);
+        assert_eq!(states(&mut dp), est);
+
+        // The RST, from either side: both entries reset.
+        if reset_from_destination {
+            send(&mut dp, false, back(TCP_RST));
+        } else {
+            send(&mut dp, true, out(TCP_RST | TCP_ACK));
+        }
+        assert_eq!(states(&mut dp), [state::RESET; 2], "after the RST");
+
+        // The tuple reused within the timeout: the SYN and SYN-ACK reopen the entries.
+        handshake(&mut dp, &mut send);
+        assert_eq!(states(&mut dp), est, "a reused tuple, reopened");
+
+        // Reset again, then 11 s of silence (the entries aged by hand): the flow is over,
+        // and the next SYN of the tuple makes a new flow.
+        send(&mut dp, false, back(TCP_RST));
+        let now = ktime_ns();
+        for (k, mut e) in A::ct(&mut dp) {
+            *A::last_seen(&mut e) = now - 11_000_000_000;
+            A::ct_insert(&mut dp, k, e);
+        }
+        send(&mut dp, true, out(TCP_SYN));
+        assert_eq!(states(&mut dp), [state::NEW; 2], "a new flow");
+        let c = dp.counters();
+        assert_eq!(c.get(&SNAT_NEW), Some(&2), "{c:?}");
+    });
 }
