@@ -73,10 +73,16 @@ impl AgentContainer {
     /// The workspace's manifests, rendered (`kubectl kustomize deploy`, else the base's
     /// DaemonSet file as it stands).
     pub fn from_manifests() -> Result<Self> {
+        Self::from_kustomization("deploy")
+    }
+
+    /// The kustomization `dir` (relative to the workspace: `deploy`, `deploy/openshift`)
+    /// rendered by `kubectl kustomize`; without kubectl, the base's DaemonSet file.
+    pub fn from_kustomization(dir: &str) -> Result<Self> {
         let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         let rendered = Command::new("kubectl")
             .arg("kustomize")
-            .arg(root.join("deploy"))
+            .arg(root.join(dir))
             .output();
         let text = match rendered {
             Ok(out) if out.status.success() => String::from_utf8(out.stdout)
