@@ -258,6 +258,11 @@ impl Reconciler<'_> {
             attachments::wanted(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods);
         self.egress_interfaces
             .clone_from(&desired.egress_interfaces);
+        for (dev, role) in attachments::forwarding_devices(&tunnel, desired, ifaces) {
+            if let Err(e) = super::start::ensure_forwarding(dev, role) {
+                problems.push(e);
+            }
+        }
         attach.extend(self.new_devices.still_wanted(
             ifaces,
             &desired.egress_interfaces,
