@@ -8,6 +8,17 @@
 //! agent whether the program is on the device; `VERSION` lists the versions spoken.
 //!
 //! The wire between plugin and agent is one JSON line each way ([`Request`], [`Reply`]).
+//! It carries no version number: fields are only ever added, optional, and unknown ones
+//! are ignored, so an older plugin and a newer agent (or the reverse, during a rolling
+//! update) still understand each other.
+//!
+//! The plugin, which the container runtime runs on the host with the runtime's
+//! privileges, finds the host side of the pod's interface itself ([`find_host_device`])
+//! and names it in [`Request::host_device`]: the agent then needs no namespace of the pod
+//! (entering one takes CAP_SYS_ADMIN, which the DaemonSet does not grant, and the path is
+//! a host path the container does not mount). A request without it, from a plugin older
+//! than the field, makes the agent look it up in the pod's namespace as before, which only
+//! a privileged agent can.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -40,6 +51,18 @@ pub struct Request {
     /// `CHECK`: only say whether the program is there.
     #[serde(default)]
     pub check: bool,
+    /// The host side of the pod's interface, as the plugin found it in the host's
+    /// namespace (absent from plugins older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_device: Option<HostDevice>,
+}
+
+/// A device in the host's network namespace: its name and ifindex, both, so that the agent
+/// can tell a device renamed or replaced since the plugin looked.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostDevice {
+    pub name: String,
+    pub ifindex: u32,
 }
 
 /// What the agent answers.
@@ -87,6 +110,79 @@ pub fn host_side(netns: &Path, ifname: &str) -> Result<u32, String> {
     })
     .join()
     .map_err(|_| "the namespace lookup panicked".to_owned())?
+}
+
+/// The name of the device with `ifindex` in the caller's network namespace.
+fn ifname_of(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` holds IF_NAMESIZE bytes, as if_indextoname(3) wants.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// The ifindex of the device called `name` in the caller's network namespace.
+fn ifindex_of(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a NUL-terminated string, read only.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
+/// The interfaces of a CNI result (`prevResult`) outside any sandbox: the host side of a
+/// veth, a bridge, ... (a bridge CNI lists both, so the list alone may not settle it).
+pub fn host_candidates(prev: &Value) -> Vec<String> {
+    prev["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["sandbox"].as_str().is_none_or(str::is_empty))
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The host side of the pod's interface `ifname` in `netns`, found by the plugin in the
+/// host's namespace (the one the runtime runs it in), with the runtime's privileges:
+/// the peer of the pod's veth, asked of the kernel inside the pod's namespace (on a thread
+/// of its own); else the one interface of `prev` outside any sandbox that exists here.
+/// The error says what each way found.
+pub fn find_host_device(netns: &Path, ifname: &str, prev: &Value) -> Result<HostDevice, String> {
+    let by_peer = host_side(netns, ifname).and_then(|ifindex| {
+        ifname_of(ifindex)
+            .map(|name| HostDevice { name, ifindex })
+            .ok_or_else(|| {
+                format!(
+                    "the peer of {ifname} in {} (ifindex {ifindex}) is not in this namespace",
+                    netns.display()
+                )
+            })
+    });
+    let peer_error = match by_peer {
+        Ok(d) => return Ok(d),
+        Err(e) => e,
+    };
+    let candidates = host_candidates(prev);
+    let present: Vec<HostDevice> = candidates
+        .iter()
+        .filter_map(|name| {
+            ifindex_of(name).map(|ifindex| HostDevice {
+                name: name.clone(),
+                ifindex,
+            })
+        })
+        .collect();
+    match present.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(format!(
+            "failed to find the host side of {ifname}: {peer_error}; prevResult's interfaces \
+             outside a sandbox {candidates:?}, of which {} exist on the host (one was wanted)",
+            present.len()
+        )),
+    }
 }
 
 /// Serve plugin requests on `path` (a unix socket, created afresh; its directory made if
@@ -146,6 +242,7 @@ pub async fn serve(
 
 /// A CNI error result, as the spec wants it on stdout with a non-zero exit.
 fn cni_error(version: &str, code: u32, msg: &str, details: &str) -> ExitCode {
+    eprintln!("egress-cni: {msg}: {details}");
     let out = json!({"cniVersion": version, "code": code, "msg": msg, "details": details});
     println!("{out}");
     ExitCode::FAILURE
@@ -153,13 +250,22 @@ fn cni_error(version: &str, code: u32, msg: &str, details: &str) -> ExitCode {
 
 /// Ask the agent at `socket` (waiting `timeout` at most, connect included).
 pub fn ask(socket: &Path, req: &Request, timeout: Duration) -> Result<Reply, String> {
-    let mut stream = UnixStream::connect(socket).map_err(|e| {
+    exchange(connect(socket)?, req, timeout)
+}
+
+/// Connect to the agent at `socket`; the error names the socket.
+pub fn connect(socket: &Path) -> Result<UnixStream, String> {
+    UnixStream::connect(socket).map_err(|e| {
         format!(
             "failed to reach the egress agent at {}: {e} (is it running on this node with \
              --cni-socket there?)",
             socket.display()
         )
-    })?;
+    })
+}
+
+/// Send `req` on a connection to the agent and read its reply (`timeout` each way).
+pub fn exchange(mut stream: UnixStream, req: &Request, timeout: Duration) -> Result<Reply, String> {
     stream
         .set_read_timeout(Some(timeout))
         .and_then(|()| stream.set_write_timeout(Some(timeout)))
@@ -204,11 +310,12 @@ pub fn plugin_main() -> ExitCode {
         .as_u64()
         .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
     let env = |name: &str| std::env::var(name).unwrap_or_default();
-    let req = |check: bool| Request {
+    let req = |check: bool, host_device: HostDevice| Request {
         netns: PathBuf::from(env("CNI_NETNS")),
         ifname: env("CNI_IFNAME"),
         container_id: env("CNI_CONTAINERID"),
         check,
+        host_device: Some(host_device),
     };
     match command.as_str() {
         "VERSION" => {
@@ -229,8 +336,31 @@ pub fn plugin_main() -> ExitCode {
                 );
             };
             let check = command == "CHECK";
-            match ask(&socket, &req(check), timeout) {
-                Err(e) => cni_error(&version, 11, "the egress agent did not attach", &e),
+            // The agent first: when it is down, that is what the runtime must say.
+            let agent_failed = |e: &str| {
+                cni_error(
+                    &version,
+                    11,
+                    &format!(
+                        "the egress agent at {} did not attach from_pod",
+                        socket.display()
+                    ),
+                    e,
+                )
+            };
+            let stream = match connect(&socket) {
+                Ok(s) => s,
+                Err(e) => return agent_failed(&e),
+            };
+            let device =
+                match find_host_device(Path::new(&env("CNI_NETNS")), &env("CNI_IFNAME"), prev) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return cni_error(&version, 11, "failed to find the pod's host device", &e);
+                    }
+                };
+            match exchange(stream, &req(check, device), timeout) {
+                Err(e) => agent_failed(&e),
                 Ok(Reply { error: Some(e), .. }) => {
                     cni_error(&version, 999, "the egress agent refused", &e)
                 }
@@ -373,6 +503,10 @@ mod tests {
             ifname: "eth0".to_owned(),
             container_id: "c1".to_owned(),
             check: false,
+            host_device: Some(HostDevice {
+                name: "veth1".to_owned(),
+                ifindex: 7,
+            }),
         };
         let (p, r) = (path.clone(), req.clone());
         let first = tokio::task::spawn_blocking(move || ask(&p, &r, Duration::from_secs(2)))
@@ -396,6 +530,7 @@ mod tests {
                 ifname: "eth0".to_owned(),
                 container_id: String::new(),
                 check: false,
+                host_device: None,
             },
             Duration::from_millis(200),
         )

@@ -4,6 +4,7 @@
 pub mod bed;
 pub mod bench;
 pub mod cluster;
+pub mod deployed;
 pub mod failover;
 pub mod fuzz;
 pub mod hooks;

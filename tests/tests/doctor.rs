@@ -2,7 +2,8 @@
 //! expected warn: the lab's pods have the underlay's MTU, 1500, above the tunnel's 1450),
 //! and the problem named on each of: bpffs unmounted at the pin directory, rp_filter strict
 //! on a secondary interface, an egress IP another host answers for (its MAC named), the
-//! tunnel port taken (the process named). Then the agent itself refuses to claim an egress
+//! tunnel port taken (the process named), forwarding off on a device the datapath looks
+//! routes up from (`all` off, the device and setting named). Then the agent itself refuses to claim an egress
 //! IP another host answers for, says so in its log and EgressNode, and claims it once the
 //! host lets go.
 
@@ -119,6 +120,41 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
         );
     }
     eprintln!("doctor on a clean gateway took {took:?} (two unanswered probes of 200 ms each)");
+
+    // 1b. Forwarding off everywhere (all and default, which turns every device off): doctor
+    // names each device the datapath looks routes up from, and the setting; on for those
+    // devices only (all still off), it is content.
+    let sysctl = |kv: &str| {
+        lab.exec("gw1", "sysctl", &["-qw", kv]).unwrap();
+    };
+    sysctl("net.ipv4.conf.all.forwarding=0");
+    sysctl("net.ipv4.conf.default.forwarding=0");
+    let (said, success, _) = doctor(&lab, &[]);
+    assert!(!success, "{said}");
+    for dev in ["eth0", "sec-a", "sec-b"] {
+        let l = line(&said, &format!("forwarding {dev}"));
+        assert!(
+            l.starts_with("fail")
+                && l.contains(&format!("sysctl -w net.ipv4.conf.{dev}.forwarding=1")),
+            "{said}"
+        );
+    }
+    for dev in ["eth0", "sec-a", "sec-b"] {
+        sysctl(&format!("net.ipv4.conf.{dev}.forwarding=1"));
+    }
+    let (said, success, _) = doctor(&lab, &[]);
+    assert!(success, "{said}");
+    for dev in ["eth0", "sec-a", "sec-b"] {
+        assert!(
+            line(&said, &format!("forwarding {dev}")).starts_with("ok "),
+            "{said}"
+        );
+    }
+    let all = lab
+        .exec("gw1", "sysctl", &["-n", "net.ipv4.conf.all.forwarding"])
+        .unwrap();
+    assert_eq!(text(&all).trim(), "0", "all stays off");
+    sysctl("net.ipv4.conf.all.forwarding=1");
 
     // 5. Egress IP A already answered by host-a: the doctor names host-a's MAC.
     let host_a_mac = mac_of(&lab, "host-a");

@@ -389,6 +389,28 @@ fn no_device(pod: IpAddr, finders: &Finders<'_>) -> String {
     )
 }
 
+/// The devices the datapath looks routes up from, with its role on each: the tunnel device
+/// (decapsulated packets), the IPv4 underlay (`from_underlay`'s decapsulation) and each
+/// egress interface present (a gateway's lookups out of it and of replies arriving on it).
+/// bpf_fib_lookup answers BPF_FIB_LKUP_RET_FWD_DISABLED when the lookup's device does not
+/// forward (net/core/filter.c): forwarding is needed on these, and only these.
+pub(super) fn forwarding_devices<'a>(
+    tunnel: &Tunnel<'a>,
+    desired: &'a Desired,
+    ifaces: &'a [iface::Interface],
+) -> Vec<(&'a str, &'static str)> {
+    let mut out = vec![(tunnel.name, "tunnel device")];
+    if let Some(i) = underlay_interface(desired, ifaces, tunnel) {
+        out.push((i.name.as_str(), "underlay"));
+    }
+    for name in &desired.egress_interfaces {
+        if ifaces.iter().any(|i| &i.name == name) {
+            out.push((name.as_str(), "egress interface"));
+        }
+    }
+    out
+}
+
 /// The interface that holds this node's IPv4 underlay address, where `from_underlay`
 /// decapsulates our tunnel's packets before the tunnel device would (an IPv6 underlay
 /// has none: the device decapsulates). Never the tunnel device itself, nor an egress

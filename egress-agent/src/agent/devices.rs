@@ -101,25 +101,22 @@ impl Reconciler<'_> {
             error: Some(e),
             ..Default::default()
         };
-        let (netns, ifname) = (req.netns.clone(), req.ifname.clone());
-        let peer = tokio::task::spawn_blocking(move || crate::cni::host_side(&netns, &ifname))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
-        let ifindex = match peer {
-            Ok(i) => i,
-            Err(e) => return fail(e),
+        let ifindex = match &req.host_device {
+            Some(d) => d.ifindex,
+            // A plugin older than `host_device`: look the device up in the pod's namespace,
+            // as before (this takes CAP_SYS_ADMIN, which the DaemonSet does not grant).
+            None => match self.host_side_in_pod_netns(req).await {
+                Ok(i) => i,
+                Err(e) => return fail(e),
+            },
         };
         let ifaces = match self.nl.interfaces().await {
             Ok(i) => i,
             Err(e) => return fail(e.to_string()),
         };
-        let Some(device) = ifaces.iter().find(|i| i.ifindex == ifindex) else {
-            return fail(format!(
-                "the host side of {} in {} (ifindex {ifindex}) is not in this agent's                  namespace",
-                req.ifname,
-                req.netns.display()
-            ));
+        let device = match cni_device(req, &ifaces, ifindex) {
+            Ok(d) => d,
+            Err(e) => return fail(e),
         };
         let a = datapath::Attachment {
             program: crate::ebpf::FROM_POD,
@@ -150,6 +147,23 @@ impl Reconciler<'_> {
             device: Some(device.name.clone()),
             error: None,
         }
+    }
+
+    /// The host side of a CNI request's pod interface, looked up in the pod's namespace
+    /// (a request from a plugin that does not name it).
+    async fn host_side_in_pod_netns(&self, req: &crate::cni::Request) -> Result<u32, String> {
+        let (netns, ifname) = (req.netns.clone(), req.ifname.clone());
+        tokio::task::spawn_blocking(move || crate::cni::host_side(&netns, &ifname))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| {
+                format!(
+                    "{e} (the plugin did not name the host device: an egress-cni older than \
+                     this agent; reinstall it with install-cni, as the DaemonSet's init \
+                     container does)"
+                )
+            })
     }
 
     /// This pass's route dump, for the pods' devices and the EgressNode's routes (which
@@ -249,6 +263,11 @@ impl Reconciler<'_> {
         }
         self.egress_interfaces
             .clone_from(&desired.egress_interfaces);
+        for (dev, role) in attachments::forwarding_devices(&tunnel, desired, ifaces) {
+            if let Err(e) = super::start::ensure_forwarding(dev, role) {
+                problems.push(e);
+            }
+        }
         attach.extend(self.new_devices.still_wanted(
             ifaces,
             &desired.egress_interfaces,
@@ -301,4 +320,33 @@ fn underlay_astray(
     });
     let check = crate::doctor::host::underlay_routes_verdict(&underlay.name, peers.len(), &astray);
     Some((astray, check))
+}
+
+/// The device a CNI request names (or, from an older plugin, `ifindex` found in the pod's
+/// namespace), as this agent's namespace has it: the ifindex must exist and, when the
+/// plugin named it, carry the same name (else it went, or another took its number).
+fn cni_device<'a>(
+    req: &crate::cni::Request,
+    ifaces: &'a [iface::Interface],
+    ifindex: u32,
+) -> Result<&'a iface::Interface, String> {
+    let Some(device) = ifaces.iter().find(|i| i.ifindex == ifindex) else {
+        return Err(format!(
+            "failed to find the host side of {} in {} (ifindex {ifindex}): no such device in \
+             this agent's network namespace (is the agent in the host's, hostNetwork?)",
+            req.ifname,
+            req.netns.display()
+        ));
+    };
+    match &req.host_device {
+        Some(named) if named.name != device.name => Err(format!(
+            "failed to find the host side of {} in {}: the plugin found {} at ifindex \
+             {ifindex}, which is {} here",
+            req.ifname,
+            req.netns.display(),
+            named.name,
+            device.name
+        )),
+        _ => Ok(device),
+    }
 }

@@ -132,7 +132,6 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         }
     };
     let _lock = lock;
-    start::enable_forwarding();
     let (nl, tunnel, mut dp) = start::set_up_node(&cfg).await?;
     let (tunnel_ifindex, tunnel_mtu, underlay_mtu) = tunnel;
     // Started last: its warm-up and detection clocks run from here, and a pass must follow

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{RunConfig, Source, nexthop};
 use crate::{
@@ -190,14 +190,21 @@ pub(super) async fn set_up_node(
     Ok((nl, (tunnel_ifindex, tunnel_mtu, underlay_mtu), dp))
 }
 
-/// Turn on forwarding (best effort). Containers often see /proc/sys read-only: then the
-/// node must already forward (every CNI that routes pods enables it).
-pub(super) fn enable_forwarding() {
-    if let Err(e) = iface::sysctl("net/ipv4/conf/all/forwarding", "1") {
-        warn!("failed to enable IPv4 forwarding (the node must have it on): {e}");
+/// IPv4 forwarding on `dev`, one device the datapath looks routes up from (`role` on it):
+/// turned on if off, never `net.ipv4.conf.all` (which would make every interface of the
+/// node a router). The error names the device and the setting: in a container /proc/sys
+/// is read-only, and the node must turn it on.
+pub(super) fn ensure_forwarding(dev: &str, role: &str) -> Result<(), String> {
+    let path = format!("net/ipv4/conf/{dev}/forwarding");
+    let now = std::fs::read_to_string(std::path::Path::new("/proc/sys").join(&path));
+    if now.as_deref().map(str::trim).is_ok_and(|v| v != "0") {
+        return Ok(());
     }
-    // IPv6 pods: best effort, as hosts without IPv6 have no such sysctl.
-    if let Err(e) = iface::sysctl("net/ipv6/conf/all/forwarding", "1") {
-        debug!("failed to enable IPv6 forwarding (IPv6 pods need it on): {e}");
-    }
+    iface::sysctl(&path, "1").map_err(|e| {
+        format!(
+            "failed to turn on forwarding on {dev} ({role}): net.ipv4.conf.{dev}.forwarding \
+             is off and {e}; the datapath's route lookups from {dev} fail until the node \
+             turns it on: sysctl -w net.ipv4.conf.{dev}.forwarding=1"
+        )
+    })
 }

@@ -274,6 +274,44 @@ pub fn rp_filter_verdict(name: &str, all: u8, dev: u8, egress: bool) -> Check {
     }
 }
 
+/// The forwarding verdict for interface `name`, the datapath's `role` on it ("tunnel
+/// device", "underlay", "egress interface"), `forwarding` its
+/// `net.ipv4.conf.<name>.forwarding` (None: unreadable). bpf_fib_lookup answers
+/// BPF_FIB_LKUP_RET_FWD_DISABLED when the device it looks up from does not forward
+/// (net/core/filter.c), and the datapath looks up from these devices: forwarding is needed
+/// on them, and only on them (`all` need not be on).
+pub fn forwarding_verdict(name: &str, role: &str, forwarding: Option<u8>) -> Check {
+    let check = format!("forwarding {name}");
+    match forwarding {
+        Some(0) => fail(
+            &check,
+            format!(
+                "net.ipv4.conf.{name}.forwarding is 0 on {name} ({role}): the datapath's route \
+                 lookups from it fail (BPF_FIB_LKUP_RET_FWD_DISABLED); turn it on for this \
+                 interface on the node (the agent's /proc/sys is read-only in its container): \
+                 sysctl -w net.ipv4.conf.{name}.forwarding=1"
+            ),
+        ),
+        Some(_) => ok(
+            &check,
+            format!("net.ipv4.conf.{name}.forwarding is on ({role})"),
+        ),
+        None => warn(
+            &check,
+            format!("failed to read net.ipv4.conf.{name}.forwarding ({role})"),
+        ),
+    }
+}
+
+/// Read `net.ipv4.conf.<name>.forwarding`.
+pub fn read_forwarding(name: &str) -> Option<u8> {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{name}/forwarding"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Read `net.ipv4.conf.<name>.rp_filter`.
 pub fn read_rp_filter(name: &str) -> Option<u8> {
     std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{name}/rp_filter"))
@@ -431,6 +469,21 @@ mod tests {
             "{}",
             c.message
         );
+    }
+
+    #[test]
+    fn forwarding_off_on_a_device_the_datapath_looks_up_from_fails_naming_the_setting() {
+        let off = forwarding_verdict("ens224", "egress interface", Some(0));
+        assert_eq!(off.result, Fail, "{off:?}");
+        assert!(
+            off.message
+                .contains("sysctl -w net.ipv4.conf.ens224.forwarding=1"),
+            "{off:?}"
+        );
+        let on = forwarding_verdict("egress0", "tunnel device", Some(1));
+        assert_eq!(on.result, Good, "{on:?}");
+        let unread = forwarding_verdict("eth0", "underlay", None);
+        assert_eq!(unread.result, Warn, "{unread:?}");
     }
 
     #[test]

@@ -185,8 +185,39 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         &s.tunnel_device,
         egress.as_ref(),
     ));
+    out.extend(forwardings(underlay, &s.tunnel_device, egress.as_ref()));
     out.extend(egress_ip_checks(s, view, me.as_deref(), gateway, &placed, &ifaces).await);
     out
+}
+
+/// IPv4 forwarding on each device the datapath looks routes up from: the tunnel device
+/// (packets decapsulated there), the underlay (`from_underlay`'s fast path) and the egress
+/// interfaces (a gateway's lookups out of them and of replies arriving on them). The
+/// tunnel device is left out while it does not exist (the agent creates it).
+fn forwardings(
+    underlay: Option<&Interface>,
+    tunnel: &str,
+    egress: Option<&BTreeSet<&str>>,
+) -> Vec<Check> {
+    let mut devices: Vec<(&str, &str)> = Vec::new();
+    if std::path::Path::new("/proc/sys/net/ipv4/conf")
+        .join(tunnel)
+        .exists()
+    {
+        devices.push((tunnel, "tunnel device"));
+    }
+    if let Some(u) = underlay {
+        devices.push((&u.name, "underlay"));
+    }
+    for e in egress.into_iter().flatten() {
+        if !devices.iter().any(|(d, _)| d == e) {
+            devices.push((e, "egress interface"));
+        }
+    }
+    devices
+        .into_iter()
+        .map(|(name, role)| host::forwarding_verdict(name, role, host::read_forwarding(name)))
+        .collect()
 }
 
 /// The netlink handle and this host's interfaces.

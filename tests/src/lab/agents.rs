@@ -100,7 +100,11 @@ impl Lab {
             .open(&log)
             .with_context(|| format!("failed to open {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut cmd = self.ns(node)?.command(agent_bin)?;
+        // As the manifests deploy it (crate::deployed), unless EGRESS_TEST_AS_DEPLOYED=0.
+        let mut cmd = match crate::deployed::AgentContainer::for_tests()? {
+            Some(container) => container.command(self.ns(node)?, agent_bin)?,
+            None => self.ns(node)?.command(agent_bin)?,
+        };
         cmd.args(&args)
             .env("RUST_LOG", &self.spec.agent_log)
             // An environment variable, not a flag, so that a build without it starts too.

@@ -360,8 +360,25 @@ impl Lab {
     /// the node's namespace, against its agent's socket. Returns the plugin's stdout once
     /// it exits 0 (the program is on the pod's device then).
     pub fn wire_pod_with_cni(&self, name: &str, plugin: &Path) -> Result<String> {
-        use std::io::Write as _;
         self.wire_pod(name)?;
+        let out = self.cni_call(name, plugin, "ADD")?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        anyhow::ensure!(
+            out.status.success(),
+            "{} ADD for {name}: {}: {stdout} {}",
+            plugin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(stdout)
+    }
+
+    /// Run `plugin` (`egress-cni`) for the wired pod `name` as a container runtime would,
+    /// in its node's namespace with this process's privileges: `CNI_COMMAND=command`, the
+    /// pod's namespace and interface, the network configuration on stdin with a
+    /// `prevResult` as a routed CNI returns it. Unchecked: the caller reads the status.
+    pub fn cni_call(&self, name: &str, plugin: &Path, command: &str) -> Result<Output> {
+        use std::io::Write as _;
         let pod = self.pod(name)?.clone();
         let netns_path = self.ns(name)?.path().to_string_lossy().into_owned();
         let config = serde_json::json!({
@@ -389,7 +406,7 @@ impl Lab {
         let mut child = self
             .ns(&pod.node)?
             .command(plugin)?
-            .env("CNI_COMMAND", "ADD")
+            .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", format!("lab-{name}"))
             .env("CNI_NETNS", &netns_path)
             .env("CNI_IFNAME", "eth0")
@@ -404,16 +421,9 @@ impl Lab {
             .take()
             .context("plugin stdin")?
             .write_all(config.to_string().as_bytes())?;
-        let out = child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        anyhow::ensure!(
-            out.status.success(),
-            "{} ADD for {name}: {}: {stdout} {}",
-            plugin.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(stdout)
+        child
+            .wait_with_output()
+            .with_context(|| format!("failed to wait for {}", plugin.display()))
     }
 
     /// Set up the network of a pod made with [`PodSpec::wired_later`], as a CNI's ADD
