@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use super::nodes::{gateway_candidates, node_ready, node_underlay};
+use super::nodes::{gateway_candidates, node_addresses, node_ready, node_underlay};
 use crate::{
     liveness::Membership,
     source::{ClusterView, PodScope},
@@ -14,7 +14,7 @@ use crate::{
 /// Whom the node named `me` probes and counts (see [`crate::liveness::tracker`]): every
 /// node with an underlay address, its other addresses, the possible gateways, and the
 /// Ready nodes other than `me` whose agents run (they have an EgressNode).
-pub fn membership(view: &ClusterView, me: &str) -> Membership {
+pub fn membership(view: &ClusterView, me: &str, held: &BTreeSet<IpAddr>) -> Membership {
     let agents: BTreeSet<&str> = view
         .egress_nodes
         .iter()
@@ -24,17 +24,14 @@ pub fn membership(view: &ClusterView, me: &str) -> Membership {
         nodes: view
             .nodes
             .iter()
-            .filter_map(|n| Some((n.metadata.name.clone()?, node_underlay(n)?)))
+            .filter_map(|n| Some((n.metadata.name.clone()?, node_underlay(n, held)?)))
             .collect(),
         aliases: view
             .nodes
             .iter()
             .filter_map(|n| {
-                let addrs = n.status.as_ref()?.addresses.as_ref()?;
-                let ips = addrs
-                    .iter()
-                    .filter_map(|a| a.address.parse().ok())
-                    .collect();
+                n.status.as_ref()?.addresses.as_ref()?;
+                let ips = node_addresses(n, held).map(|(ip, _)| ip).collect();
                 Some((n.metadata.name.clone()?, ips))
             })
             .collect(),

@@ -39,7 +39,7 @@ mod tests;
 
 pub use hash::{fnv1a64, rule_ids};
 pub use members::pods_needed;
-pub use nodes::{gateway_candidates, node_drained, node_ready, node_underlay};
+pub use nodes::{gateway_candidates, held_egress_ips, node_drained, node_ready, node_underlay};
 pub use selector::Selector;
 pub use spread::PodRoute;
 
@@ -305,9 +305,10 @@ pub fn compile_remembering(
     node_name: &str,
 ) -> Compiled {
     let mut desired = Desired::default();
-    let nodes = nodes::index(view, peers);
+    let held = nodes::held_egress_ips(view, peers);
+    let nodes = nodes::index(view, peers, &held);
     let mut problems = nodes::register(&nodes, node_name, &mut desired);
-    let pods = pods::Pods::index(view);
+    let pods = pods::Pods::index(view, &held);
     let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
     let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
@@ -338,7 +339,7 @@ pub fn compile_remembering(
         holders,
         problems,
         accepted,
-        membership: members::membership(view, node_name),
+        membership: members::membership(view, node_name, &held),
         policy_egress_ips: members::policy_egress_ips(view),
         status_writer: members::status_writer(view, &peers.dead),
         pod_routes,

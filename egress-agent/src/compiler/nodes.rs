@@ -19,16 +19,44 @@ use crate::{
 };
 
 /// Underlay address of a node: its first InternalIP, of either family (Kubernetes lists
-/// the cluster's primary family first). Tunnels between nodes use this address, so every
+/// the cluster's primary family first), that is not an egress IP the cluster holds
+/// (`held`, from [`held_egress_ips`]: a cloud provider lists every address of a VM's
+/// NICs, a held egress IP included). Tunnels between nodes use this address, so every
 /// node of a cluster must have one of the same family.
-pub fn node_underlay(node: &Node) -> Option<IpAddr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
+pub fn node_underlay(node: &Node, held: &BTreeSet<IpAddr>) -> Option<IpAddr> {
+    node_addresses(node, held)
+        .find(|(_, kind)| *kind == "InternalIP")
+        .map(|(ip, _)| ip)
+}
+
+/// Egress IPs the cluster holds: those any EgressNode's `status.egressIPs` lists and
+/// those any node's latest hello claims. A Node address among them is no address of that
+/// node, whichever node lists it (a cloud provider may still list it on the old holder
+/// after a move).
+pub fn held_egress_ips(view: &ClusterView, peers: &PeerView) -> BTreeSet<IpAddr> {
+    let published = view
+        .egress_nodes
         .iter()
-        .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse::<IpAddr>().ok())
+        .flat_map(|en| en.status.iter().flat_map(|s| s.egress_ips.iter()))
+        .filter_map(|h| h.ip.parse::<IpAddr>().ok());
+    let claimed = peers
+        .reports
+        .values()
+        .flat_map(|r| r.claims.keys().copied());
+    published.chain(claimed).collect()
+}
+
+/// The Node's `status.addresses` with their types, in order, without the held egress
+/// IPs (`held`).
+pub fn node_addresses<'a>(
+    node: &'a Node,
+    held: &'a BTreeSet<IpAddr>,
+) -> impl Iterator<Item = (IpAddr, &'a str)> + 'a {
+    node.status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter_map(|a| Some((a.address.parse::<IpAddr>().ok()?, a.type_.as_str())))
+        .filter(|(ip, _)| !held.contains(ip))
 }
 
 /// Is the node drained (the [`DRAIN_ANNOTATION`] is `"true"`) or cordoned?
@@ -76,7 +104,11 @@ pub fn gateway_candidates(view: &ClusterView) -> BTreeSet<String> {
 
 /// Every Node with a name, sorted and deduplicated by name, with its EgressNode as the
 /// node's latest hello corrects it, and whether the probes hear it.
-pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo<'a>> {
+pub(super) fn index<'a>(
+    view: &'a ClusterView,
+    peers: &PeerView,
+    held: &BTreeSet<IpAddr>,
+) -> Vec<NodeInfo<'a>> {
     let egress_by_name: BTreeMap<&str, &EgressNode> = view
         .egress_nodes
         .iter()
@@ -89,16 +121,9 @@ pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo
             let name = node.metadata.name.as_deref()?;
             let en = egress_by_name.get(name).copied();
             let egress = en.map(|en| EgressInfo::new(en, peers.reports.get(name)));
-            let mut own_addresses = Vec::new();
-            for a in node
-                .status
-                .iter()
-                .flat_map(|s| s.addresses.iter().flatten())
-            {
-                if let Ok(ip) = a.address.parse::<IpAddr>() {
-                    own_addresses.push((ip, a.type_.clone()));
-                }
-            }
+            let mut own_addresses: Vec<(IpAddr, String)> = node_addresses(node, held)
+                .map(|(ip, kind)| (ip, kind.to_owned()))
+                .collect();
             if let Some(en) = en {
                 if let Some(ip) = en.spec.underlay_ip.as_deref().and_then(|s| s.parse().ok()) {
                     own_addresses.push((ip, "EgressNode underlayIP".to_owned()));
@@ -122,7 +147,7 @@ pub(super) fn index<'a>(view: &'a ClusterView, peers: &PeerView) -> Vec<NodeInfo
             Some(NodeInfo {
                 name,
                 labels: node.metadata.labels.clone().unwrap_or_default(),
-                underlay: node_underlay(node),
+                underlay: node_underlay(node, held),
                 ready: node_ready(node),
                 drained: node_drained(node),
                 dead: peers.dead.contains(name),

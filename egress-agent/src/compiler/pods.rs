@@ -1,6 +1,9 @@
 //! Pods and namespaces as the compiler sees them, and which pods a policy selects.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
 
@@ -53,18 +56,16 @@ impl Disputed {
     }
 }
 
-/// Every address of every Node (its `status.addresses`) and EgressNode underlay, by node.
-fn node_addresses(view: &ClusterView) -> BTreeMap<IpAddr, String> {
+/// Every address of every Node (its `status.addresses`, held egress IPs `held` left out)
+/// and EgressNode underlay, by node.
+fn node_addresses(view: &ClusterView, held: &BTreeSet<IpAddr>) -> BTreeMap<IpAddr, String> {
     let mut out = BTreeMap::new();
     for n in &view.nodes {
         let Some(name) = n.metadata.name.as_deref() else {
             continue;
         };
-        let addrs = n.status.as_ref().and_then(|s| s.addresses.as_ref());
-        for a in addrs.into_iter().flatten() {
-            if let Ok(ip) = a.address.parse::<IpAddr>() {
-                out.entry(ip).or_insert_with(|| name.to_owned());
-            }
+        for (ip, _) in super::nodes::node_addresses(n, held) {
+            out.entry(ip).or_insert_with(|| name.to_owned());
         }
     }
     for en in &view.egress_nodes {
@@ -77,7 +78,7 @@ fn node_addresses(view: &ClusterView) -> BTreeMap<IpAddr, String> {
 }
 
 impl<'a> Pods<'a> {
-    pub(super) fn index(view: &'a ClusterView) -> Self {
+    pub(super) fn index(view: &'a ClusterView, held: &BTreeSet<IpAddr>) -> Self {
         let mut namespace_labels: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
         for ns in &view.namespaces {
             if let Some(name) = ns.metadata.name.as_deref() {
@@ -105,7 +106,7 @@ impl<'a> Pods<'a> {
             })
             .collect();
         pods.sort_by(|a, b| (a.namespace, a.name).cmp(&(b.namespace, b.name)));
-        let disputed = disputed(&pods, &node_addresses(view));
+        let disputed = disputed(&pods, &node_addresses(view, held));
         for pod in &mut pods {
             pod.ips.retain(|ip| !disputed.iter().any(|d| d.ip == *ip));
         }

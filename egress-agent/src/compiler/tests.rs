@@ -26,6 +26,7 @@ use crate::{
     source::PodSummary,
 };
 
+mod cloud_addresses;
 mod conflicts;
 mod coverage;
 mod egress_ips;
@@ -1224,7 +1225,7 @@ fn underlay_of(view: &ClusterView, name: &str) -> IpAddr {
     view.nodes
         .iter()
         .find(|n| n.metadata.name.as_deref() == Some(name))
-        .and_then(node_underlay)
+        .and_then(|n| node_underlay(n, &BTreeSet::new()))
         .expect("node underlay")
 }
 

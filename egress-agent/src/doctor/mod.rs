@@ -137,7 +137,7 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         v.nodes
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(me))
-            .and_then(compiler::node_underlay)
+            .and_then(|n| compiler::node_underlay(n, &held_in(v)))
     });
     let routes = nl.routes(&[]).await.ok();
     let underlay = underlay_interface(&ifaces, node_ip, routes.as_ref());
@@ -267,11 +267,17 @@ async fn egress_ip_checks(
 
 /// The underlay address of every Node but `me`, by name.
 pub(crate) fn peer_addresses(view: &ClusterView, me: Option<&str>) -> Vec<(String, IpAddr)> {
+    let held = held_in(view);
     view.nodes
         .iter()
         .filter(|n| n.metadata.name.as_deref() != me)
-        .filter_map(|n| Some((n.metadata.name.clone()?, compiler::node_underlay(n)?)))
+        .filter_map(|n| Some((n.metadata.name.clone()?, compiler::node_underlay(n, &held)?)))
         .collect()
+}
+
+/// The egress IPs the view's EgressNodes say are held (the doctor hears no hellos).
+fn held_in(view: &ClusterView) -> BTreeSet<IpAddr> {
+    compiler::held_egress_ips(view, &crate::liveness::PeerView::default())
 }
 
 /// The Node whose addresses include one of this host's.
@@ -280,9 +286,10 @@ fn infer_node(view: &ClusterView, ifaces: &[Interface]) -> Option<String> {
         .iter()
         .flat_map(|i| i.addresses.iter().map(|(a, _)| *a))
         .collect();
+    let held = held_in(view);
     view.nodes
         .iter()
-        .find(|n| compiler::node_underlay(n).is_some_and(|ip| local.contains(&ip)))
+        .find(|n| compiler::node_underlay(n, &held).is_some_and(|ip| local.contains(&ip)))
         .and_then(|n| n.metadata.name.clone())
 }
 
