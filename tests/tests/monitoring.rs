@@ -113,6 +113,68 @@ fn every_alert_is_unit_tested_firing() {
     );
 }
 
+/// Each alert of a cluster-wide fact is tested firing once among 100 observers: a group of
+/// `rules.test.yaml` whose series come from at least 100 instances expects exactly one
+/// alert of it (one dead gateway, one unheld egress IP, one outage), not one per node.
+#[test]
+fn cluster_wide_alerts_fire_once_among_100_observers() {
+    let tests = yaml(&monitoring("rules.test.yaml"));
+    let once_at_scale: Vec<&str> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            let instances: std::collections::BTreeSet<&str> = t["input_series"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|s| s["series"].as_str())
+                .filter_map(|s| s.split("instance=\"").nth(1)?.split('"').next())
+                .collect();
+            instances.len() >= 100
+        })
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+        .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| e.len() == 1))
+        .filter_map(|a| a["alertname"].as_str())
+        .collect();
+    for alert in [
+        "EgressIPUnheld",
+        "EgressPeerUnreachable",
+        "EgressPeerPartlyUnreachable",
+        "EgressNodesCutOff",
+        "EgressReconcileErrorsWidespread",
+        "EgressDatapathDrops",
+    ] {
+        assert!(
+            once_at_scale.contains(&alert),
+            "{alert}: no test of it firing once among 100 observers ({once_at_scale:?})"
+        );
+    }
+}
+
+/// Every alert says what to do: a `runbook` annotation of a few steps besides its summary
+/// and description.
+#[test]
+fn every_alert_has_a_runbook() {
+    let rule = yaml(&monitoring("prometheusrule.yaml"));
+    for r in rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter(|r| r["alert"].is_string())
+    {
+        let alert = r["alert"].as_str().unwrap();
+        for key in ["summary", "description", "runbook"] {
+            let text = r["annotations"][key].as_str().unwrap_or_default();
+            assert!(
+                text.len() > 20,
+                "alert {alert}: annotations.{key} is missing or empty"
+            );
+        }
+    }
+}
+
 /// A broken rule fails the check: the test above can fail.
 #[test]
 fn promtool_refuses_a_broken_rule() {
