@@ -5,11 +5,13 @@
 //!
 //! * [`hello`]: the datagram (two versions, encode, strict decode, authentication).
 //! * [`keys`]: the cluster keys hellos are signed with.
+//! * [`remaps`]: the remapped translations gateways share through the hellos.
 //! * [`tracker`]: the pure state machine (hellos and the clock in, the view out).
 //! * [`service`]: the socket and the tasks around the tracker.
 
 pub mod hello;
 pub mod keys;
+pub mod remaps;
 pub mod service;
 pub mod tracker;
 

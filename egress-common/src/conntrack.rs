@@ -125,6 +125,28 @@ pub const fn generation(nh_gen: u32) -> u16 {
     nh_gen as u16
 }
 
+/// `REMAP_V4`, keyed by a flow's original-direction key: the egress IP and port another
+/// gateway gave that flow when the pod's own port was taken. A new flow of that key
+/// through that egress IP tries this port first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RemapValueV4 {
+    pub xlate_addr: [u8; 4],
+    pub xlate_port_be: u16,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<RemapValueV4>() == 8);
+
+/// `REMAP_V6`: [`RemapValueV4`] for IPv6.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RemapValueV6 {
+    pub xlate_addr: [u8; 16],
+    pub xlate_port_be: u16,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<RemapValueV6>() == 20);
+
 /// `FLOWS_V4` / `FLOWS_V6`: a pod's live translated flows on this gateway (the flows it
 /// started here: original-direction conntrack entries whose source it is).
 #[repr(C)]

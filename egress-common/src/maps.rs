@@ -37,6 +37,10 @@ pub const KNOWN_PODS_MAX_ENTRIES: u32 = 65_536;
 /// Local pods bound to their host-side device, per family (not preallocated): as many
 /// as the known pods.
 pub const POD_DEVICES_MAX_ENTRIES: u32 = KNOWN_PODS_MAX_ENTRIES;
+/// Translations with a remapped source port that other gateways shared, per family (an
+/// LRU map: the oldest go first). A pod's flow gets its own port unless another flow to
+/// the same destination holds it: such remaps are few.
+pub const REMAP_MAX_ENTRIES: u32 = 65_536;
 /// Covered destination and except prefixes, per family: every rule's listed prefixes and
 /// the union of the routes its gateways publish (16,384 per gateway interface at most).
 pub const COVERED_MAX_ENTRIES: u32 = 131_072;
@@ -195,6 +199,11 @@ maps! {
     /// source check).
     POD_DEVICES_V4 = PodDevicesV4: Hash<[u8; 4], PodDeviceValue>, POD_DEVICES_MAX_ENTRIES;
     POD_DEVICES_V6 = PodDevicesV6: Hash<[u8; 16], PodDeviceValue>, POD_DEVICES_MAX_ENTRIES, optional;
+    /// Remapped translations (a flow whose pod port another flow held) that the gateway
+    /// holding the egress IP shared: a gateway that takes the egress IP over gives such a
+    /// flow the same port (issue 44).
+    REMAP_V4 = RemapV4: LruHash<CtKeyV4, RemapValueV4>, REMAP_MAX_ENTRIES;
+    REMAP_V6 = RemapV6: LruHash<CtKeyV6, RemapValueV6>, REMAP_MAX_ENTRIES, optional;
     /// What any rule covers, by destination (`--unknown-pods drop`).
     COVERED_V4 = CoveredV4: LpmTrie<[u8; 4], CoveredValue>, COVERED_MAX_ENTRIES;
     COVERED_V6 = CoveredV6: LpmTrie<[u8; 16], CoveredValue>, COVERED_MAX_ENTRIES, optional;

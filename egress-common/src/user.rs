@@ -29,6 +29,8 @@ pod!(
     RuleValueV6,
     CtKeyV6,
     CtEntryV6,
+    RemapValueV4,
+    RemapValueV6,
     AdmittedKeyV4,
     AdmittedKeyV6,
     AdmittedValue,

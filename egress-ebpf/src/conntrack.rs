@@ -49,7 +49,7 @@ pub enum AllocError {
 /// The conntrack functions of one family: `$Ip` is its parsed header (with `src`, `dst`
 /// and `proto`), `$Addr` its address, `$pad` the entry's padding field if it has one.
 macro_rules! family {
-    ($(#[$doc:meta])* $name:ident, $Ip:ty, $Addr:ty, $Key:ident, $Entry:ident, $MAP:ident $(, $pad:ident)?) => {
+    ($(#[$doc:meta])* $name:ident, $Ip:ty, $Addr:ty, $Key:ident, $Entry:ident, $MAP:ident, $REMAP:ident $(, $pad:ident)?) => {
         $(#[$doc])*
         pub mod $name {
             use aya_ebpf::{
@@ -63,7 +63,7 @@ macro_rules! family {
 
             use super::{AllocError, next_state};
             use crate::{
-                maps::$MAP,
+                maps::{$MAP, $REMAP},
                 parse::{L4, PROTO_TCP},
             };
 
@@ -439,8 +439,35 @@ macro_rules! family {
                 let span = u32::from(cfg.port_max).saturating_sub(lo) + 1;
                 let own = u32::from(u16::from_be(l4.sport_be));
                 let keep_own = any_port || own.wrapping_sub(lo) < span;
+                // A flow that the egress IP's previous holder gave another port (the pod's
+                // was taken there) and shared: that port first, so that the far end keeps
+                // seeing the flow it knows.
+                s.peer = original_key(ip, l4);
+                let shared = match $REMAP.get_ptr(&s.peer) {
+                    // SAFETY: valid map value pointer, read only.
+                    Some(r) => unsafe {
+                        if (*r).xlate_addr == *egress_ip {
+                            (*r).xlate_port_be
+                        } else {
+                            0
+                        }
+                    },
+                    None => 0,
+                };
                 let mut claimed = false;
+                if shared != 0 {
+                    s.key.dst_port_be = shared;
+                    claimed = $MAP
+                        .insert(&s.key, &s.entry, u64::from(BPF_NOEXIST))
+                        .is_ok();
+                    if !claimed {
+                        s.key.dst_port_be = l4.sport_be;
+                    }
+                }
                 for i in 0..PORT_ALLOC_TRIES {
+                    if claimed {
+                        break;
+                    }
                     if i > 0 || !keep_own {
                         let r = unsafe { bpf_get_prandom_u32() };
                         s.key.dst_port_be = ((lo + r % span) as u16).to_be();
@@ -494,7 +521,8 @@ family!(
     [u8; 4],
     CtKeyV4,
     CtEntryV4,
-    CT_V4
+    CT_V4,
+    REMAP_V4
 );
 family!(
     /// IPv6 flows (`CT_V6`, NAT66).
@@ -504,5 +532,6 @@ family!(
     CtKeyV6,
     CtEntryV6,
     CT_V6,
+    REMAP_V6,
     _pad1
 );

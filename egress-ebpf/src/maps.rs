@@ -63,6 +63,11 @@ pub static POD_OWNER_V4: HashMap<
 pub static CT_V4: LruHashMap<K<def::CtV4>, V<def::CtV4>, { cap::<def::CtV4>() }> =
     LruHashMap::new();
 
+/// Remapped translations other gateways shared (see `conntrack::v4::create`).
+#[btf_map]
+pub static REMAP_V4: LruHashMap<K<def::RemapV4>, V<def::RemapV4>, { cap::<def::RemapV4>() }> =
+    LruHashMap::new();
+
 /// New flows refused as `DROP_PORT_EXHAUSTED`, per CPU, by pod address.
 #[btf_map]
 pub static EXHAUSTED_V4: LruPerCpuHashMap<
@@ -113,6 +118,10 @@ pub static POD_OWNER_V6: HashMap<
 
 #[btf_map]
 pub static CT_V6: LruHashMap<K<def::CtV6>, V<def::CtV6>, { cap::<def::CtV6>() }> =
+    LruHashMap::new();
+
+#[btf_map]
+pub static REMAP_V6: LruHashMap<K<def::RemapV6>, V<def::RemapV6>, { cap::<def::RemapV6>() }> =
     LruHashMap::new();
 
 #[btf_map]

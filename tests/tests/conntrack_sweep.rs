@@ -98,8 +98,16 @@ fn the_sweeper_drains_idle_flows_in_bounded_ticks_and_counts_them() {
         let mut ticks = Vec::new();
         let budget = 8_192;
         let mut flows = std::collections::BTreeMap::new();
+        let mut remaps = Vec::new();
         loop {
-            let t = sweep::tick(&mut ct, &mut cursor, budget, sweep::now_ns(), &mut flows).unwrap();
+            let t = sweep::tick(
+                &mut ct,
+                &mut cursor,
+                budget,
+                sweep::now_ns(),
+                (&mut flows, &mut remaps),
+            )
+            .unwrap();
             // Bounded: a tick reads at most its budget plus the rest of one batch.
             assert!(
                 t.scanned < budget + 4_096,
@@ -126,6 +134,27 @@ fn the_sweeper_drains_idle_flows_in_bounded_ticks_and_counts_them() {
             .map(|i| ([10, 244, (i / 250) as u8, (i % 250 + 1) as u8], 1))
             .collect();
         assert_eq!(flows, live, "live flows per pod");
+        // Every flow here was given another port than the pod's 5000: each live one is a
+        // remap to share, none of the idle ones.
+        let mut shared: Vec<(std::net::SocketAddr, u16)> =
+            remaps.iter().map(|r| (r.pod, r.egress.port())).collect();
+        shared.sort();
+        let mut want: Vec<(std::net::SocketAddr, u16)> = (0..FLOWS)
+            .filter(|&i| !matches!(kind_of(i), Kind::Idle))
+            .map(|i| {
+                let pod = std::net::Ipv4Addr::new(10, 244, (i / 250) as u8, (i % 250 + 1) as u8);
+                ((pod, 5000).into(), (10_000 + i) as u16)
+            })
+            .collect();
+        want.sort();
+        assert_eq!(shared, want, "remapped live flows");
+        assert!(
+            remaps
+                .iter()
+                .all(|r| r.dst == (DEST, 53).into() && r.egress.ip() == EGRESS && r.proto == 17),
+            "{:?}",
+            remaps.first()
+        );
         let left = dp.ct();
         assert_eq!(left.len(), 2 * (FLOWS as usize - idle));
         // What is left is the one-way and fresh flows, both directions of each.
@@ -150,7 +179,7 @@ fn the_sweeper_drains_idle_flows_in_bounded_ticks_and_counts_them() {
             &mut cursor,
             usize::MAX,
             sweep::now_ns(),
-            &mut flows,
+            (&mut flows, &mut Vec::new()),
         )
         .unwrap();
         assert_eq!((t.removed, t.wrapped), (0, true));
@@ -174,7 +203,14 @@ fn an_empty_map_wraps_at_once() {
             HashMap::try_from(dp.map(maps::CT_V4)).unwrap();
         let mut cursor = None;
         let mut flows = std::collections::BTreeMap::<[u8; 4], u32>::new();
-        let t = sweep::tick(&mut ct, &mut cursor, 100, sweep::now_ns(), &mut flows).unwrap();
+        let t = sweep::tick(
+            &mut ct,
+            &mut cursor,
+            100,
+            sweep::now_ns(),
+            (&mut flows, &mut Vec::new()),
+        )
+        .unwrap();
         assert_eq!(
             t,
             TickStats {

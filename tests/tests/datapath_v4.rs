@@ -26,7 +26,7 @@ use std::net::Ipv4Addr;
 use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY};
 use egress_common::{
     config::{Config, flags},
-    conntrack::{CtEntryV4, CtKeyV4, dir, state},
+    conntrack::{CtEntryV4, CtKeyV4, RemapValueV4, dir, state},
     counters::reason::*,
     maps,
     policy::{AdmittedKeyV4, AdmittedValue, PolicyValueV4, RETURN_VNI, action},
@@ -1483,6 +1483,87 @@ fn a_new_flow_finds_the_last_free_port_of_the_range() {
         let c = dp.counters();
         assert_eq!(c.get(&DROP_PORT_EXHAUSTED), Some(&1));
         assert_eq!(c.get(&SNAT_NEW), Some(&1));
+    });
+}
+
+/// A mid-stream segment from a remote `pod`'s `sport` to `DEST_A`:443 (rule A) through
+/// the tunnel, as the first packet a gateway that took egress IP A over sees of a flow:
+/// the verdict and the source port it leaves with.
+fn ack_to_a(dp: &mut Datapath, net: &Net, pod: Ipv4Addr, sport: u16) -> (u32, u16) {
+    let p = tcp(pod, sport, DEST_A, 443, TCP_ACK);
+    let o = dp.run(
+        FROM_TUNNEL,
+        &p.build(),
+        net.tun0,
+        Some((PEER.into(), RULE_A)),
+    );
+    (o.verdict, Ipv4Addr::sport_of(&o.frame))
+}
+
+/// Share `pod`:`sport` -> `DEST_A`:443 (TCP) as `egress`:`port` in `REMAP_V4`, as the agent
+/// writes what the egress IP's holder sent (issue 44).
+fn share_remap(dp: &mut Datapath, pod: Ipv4Addr, sport: u16, egress: Ipv4Addr, port: u16) {
+    let mut m: aya::maps::HashMap<&mut aya::maps::MapData, CtKeyV4, RemapValueV4> =
+        aya::maps::HashMap::try_from(dp.map(maps::REMAP_V4)).unwrap();
+    let key = CtKeyV4 {
+        src: pod.octets(),
+        dst: DEST_A.octets(),
+        src_port_be: sport.to_be(),
+        dst_port_be: 443u16.to_be(),
+        proto: PROTO_TCP,
+        dir: dir::ORIGINAL,
+        _pad: [0; 2],
+    };
+    let value = RemapValueV4 {
+        xlate_addr: egress.octets(),
+        xlate_port_be: port.to_be(),
+        _pad: [0; 2],
+    };
+    m.insert(key, value, 0).unwrap();
+}
+
+/// Two pods' flows to `DEST_A`:443 from the same port 40000: the holder of egress IP A gave
+/// the second another port (40001) and shared it. On this gateway, which took A over,
+/// the second flow's first segment leaves with the shared port even though its own is free
+/// here, then the first's with its own; a remap of another egress IP is no reason to leave
+/// a pod's port; a shared port that a live flow holds here is not taken from it.
+#[test]
+fn a_shared_remap_gives_a_taken_over_flow_the_port_the_far_end_knows() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        base(&mut dp, &net);
+        share_remap(&mut dp, REMOTE_POD2, 40_000, EGRESS_A, 40_001);
+        share_remap(
+            &mut dp,
+            REMOTE_POD3,
+            40_002,
+            Ipv4Addr::new(192, 0, 2, 1),
+            40_003,
+        );
+        share_remap(&mut dp, REMOTE_POD3, 40_004, EGRESS_A, 40_000);
+        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| ack_to_a(dp, &net, pod, sport);
+        assert_eq!(
+            send(&mut dp, REMOTE_POD2, 40_000),
+            (TC_ACT_REDIRECT, 40_001)
+        );
+        assert_eq!(send(&mut dp, REMOTE_POD, 40_000), (TC_ACT_REDIRECT, 40_000));
+        // The flow keeps its port on its next segments.
+        assert_eq!(
+            send(&mut dp, REMOTE_POD2, 40_000),
+            (TC_ACT_REDIRECT, 40_001)
+        );
+        assert_eq!(
+            send(&mut dp, REMOTE_POD3, 40_002),
+            (TC_ACT_REDIRECT, 40_002)
+        );
+        let (verdict, port) = send(&mut dp, REMOTE_POD3, 40_004);
+        assert_eq!(verdict, TC_ACT_REDIRECT);
+        assert!(
+            ![40_000, 40_001, 40_002].contains(&port),
+            "a taken port was handed out again: {port}"
+        );
+        assert_eq!(dp.counters().get(&SNAT_NEW), Some(&4));
     });
 }
 

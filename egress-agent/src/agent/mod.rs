@@ -132,13 +132,24 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         }
     };
     let _lock = lock;
-    let (nl, tunnel, mut dp) = start::set_up_node(&cfg).await?;
+    let remapped = crate::family::conntrack::Outbox::default();
+    let (nl, tunnel, mut dp) = start::set_up_node(&cfg, remapped.clone()).await?;
     let (tunnel_ifindex, tunnel_mtu, underlay_mtu) = tunnel;
     // Started last: its warm-up and detection clocks run from here, and a pass must follow
     // at once (loading the programs takes a second, long enough to declare peers dead).
     let probes =
         liveness::service::start_on(probe_socket, &cfg.node_name, cfg.probe, liveness_keys)
             .context("failed to start the liveness probes")?;
+    // Flows whose port this gateway remapped go to the other gateways, and theirs come
+    // here, so that a takeover keeps them (issue 44).
+    probes.handle.remaps().set_outbox(remapped);
+    let pins = cfg.bpffs_dir.clone();
+    probes
+        .handle
+        .remaps()
+        .set_installer(Box::new(move |add, remove| {
+            crate::datapath::remap::write(&pins, add, remove).map_err(Into::into)
+        }));
     if !probes.handle.authenticated() {
         warn!(
             "liveness is UNAUTHENTICATED: hellos are not signed, so anything that can send UDP \

@@ -157,6 +157,7 @@ pub(super) async fn open_ports(
 /// handle, (tunnel ifindex, tunnel MTU, underlay MTU) and the datapath.
 pub(super) async fn set_up_node(
     cfg: &RunConfig,
+    outbox: crate::family::conntrack::Outbox,
 ) -> Result<(iface::Netlink, (u32, u32, u32), Datapath)> {
     let nl = iface::Netlink::new().context("failed to open netlink")?;
     let underlay_mtu = nl
@@ -183,7 +184,7 @@ pub(super) async fn set_up_node(
         .with_context(|| format!("failed to open the datapath at {}", cfg.bpffs_dir.display()))?;
     dp.set_hook(hook);
     // Expired conntrack entries go, on a thread of its own (the datapath never deletes).
-    crate::datapath::sweep::start(&cfg.bpffs_dir)
+    crate::datapath::sweep::start(&cfg.bpffs_dir, outbox)
         .context("failed to start the conntrack sweeper")?;
     // Established flows' cached next hops follow route and neighbour changes.
     nexthop::start(&cfg.bpffs_dir)?;

@@ -17,6 +17,7 @@ pub mod hook;
 pub mod lock;
 pub mod nexthop;
 mod order;
+pub mod remap;
 pub mod render;
 pub mod state;
 pub mod sweep;

@@ -39,7 +39,7 @@ use egress_common::{
 };
 
 use super::{Error, Result};
-pub use crate::family::conntrack::{CtKey, Flow};
+pub use crate::family::conntrack::{CtKey, Flow, Outbox, Remap};
 use crate::family::{Family, V4, V6};
 
 /// How often the sweeper wakes.
@@ -175,13 +175,13 @@ pub struct TickStats {
 
 /// Read up to `budget` entries of `map` from `cursor` on and remove the dead ones;
 /// `cursor` is left where the next tick goes on. The live flows seen are added to
-/// `flows`, by the pod that started them.
+/// `flows`, by the pod that started them, and those whose port was remapped to `remaps`.
 pub fn tick<T, K>(
     map: &mut HashMap<T, K, K::Entry>,
     cursor: &mut Option<u32>,
     budget: usize,
     now: u64,
-    flows: &mut BTreeMap<K::Pod, u32>,
+    (flows, remaps): (&mut BTreeMap<K::Pod, u32>, &mut Vec<Remap>),
 ) -> Result<TickStats, MapError>
 where
     T: BorrowMut<MapData> + Borrow<MapData>,
@@ -210,6 +210,9 @@ where
             stats.removed += removed;
             if let (true, Some(pod)) = (live, k.original_pod()) {
                 *flows.entry(pod).or_default() += 1;
+                if let Some(r) = k.flow(e).and_then(|f| f.remap()) {
+                    remaps.push(r);
+                }
             }
         }
         *cursor = next;
@@ -268,6 +271,10 @@ struct Recount<P> {
     seen: BTreeMap<P, u32>,
     /// `FLOWS_*` as the walk began (`None`: no walk under way).
     at_start: Option<BTreeMap<P, u32>>,
+    /// Remapped flows seen so far in this walk.
+    remaps: Vec<Remap>,
+    /// Those of the last whole walk.
+    walked: Vec<Remap>,
 }
 
 impl<P> Default for Recount<P> {
@@ -275,6 +282,8 @@ impl<P> Default for Recount<P> {
         Self {
             seen: BTreeMap::new(),
             at_start: None,
+            remaps: Vec::new(),
+            walked: Vec::new(),
         }
     }
 }
@@ -337,14 +346,19 @@ fn tick_family<F: Family>(
     if recount_state.at_start.is_none() {
         recount_state.at_start = Some(flows.as_ref().map(read_flows).unwrap_or_default());
         recount_state.seen.clear();
+        recount_state.remaps.clear();
     }
-    let stats =
-        tick(&mut ct, cursor, SCAN_PER_TICK, now, &mut recount_state.seen).map_err(|source| {
-            Error::Map {
-                name: ct_name,
-                source,
-            }
-        })?;
+    let stats = tick(
+        &mut ct,
+        cursor,
+        SCAN_PER_TICK,
+        now,
+        (&mut recount_state.seen, &mut recount_state.remaps),
+    )
+    .map_err(|source| Error::Map {
+        name: ct_name,
+        source,
+    })?;
     if stats.wrapped {
         let at_start = recount_state.at_start.take().unwrap_or_default();
         if let Some(flows) = flows.as_mut() {
@@ -358,6 +372,7 @@ fn tick_family<F: Family>(
             }
         }
         recount_state.seen.clear();
+        recount_state.walked = std::mem::take(&mut recount_state.remaps);
     }
     Ok(stats.removed)
 }
@@ -375,12 +390,20 @@ struct Sweeper {
 impl Sweeper {
     /// One tick over both families. The maps are opened from their pins each tick, so
     /// that re-pinned maps (`restore_pins`) are the ones swept.
-    fn tick(&mut self, pin_dir: &Path) -> Result<usize> {
+    fn tick(&mut self, pin_dir: &Path, outbox: &Outbox) -> Result<usize> {
         let now = now_ns();
         let mut removed = tick_family::<V4>(pin_dir, &mut self.cursor_v4, &mut self.flows_v4, now)?;
         if pin_dir.join(names::CT_V6).exists() {
             removed += tick_family::<V6>(pin_dir, &mut self.cursor_v6, &mut self.flows_v6, now)?;
         }
+        let (v4, v6) = (&self.flows_v4.walked, &self.flows_v6.walked);
+        let mut out = outbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if out.len() != v4.len() + v6.len() || !out.iter().eq(v4.iter().chain(v6)) {
+            *out = v4.iter().chain(v6).copied().collect();
+        }
+        drop(out);
         if removed > 0 {
             let name = names::COUNTERS;
             let mut c: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(open(pin_dir, name)?)
@@ -392,8 +415,8 @@ impl Sweeper {
 }
 
 /// Start the sweeper on a thread of its own for the maps pinned under `pin_dir`. It runs
-/// for the life of the process.
-pub fn start(pin_dir: &Path) -> std::io::Result<thread::JoinHandle<()>> {
+/// for the life of the process, and keeps `outbox` to the remapped flows it last walked.
+pub fn start(pin_dir: &Path, outbox: Outbox) -> std::io::Result<thread::JoinHandle<()>> {
     let pin_dir: PathBuf = pin_dir.to_owned();
     thread::Builder::new()
         .name("ct-sweeper".into())
@@ -402,7 +425,7 @@ pub fn start(pin_dir: &Path) -> std::io::Result<thread::JoinHandle<()>> {
             let mut last_error = None;
             loop {
                 thread::sleep(TICK);
-                match s.tick(&pin_dir) {
+                match s.tick(&pin_dir, &outbox) {
                     Ok(n) => {
                         if n > 0 {
                             tracing::debug!(removed = n, "conntrack: removed expired entries");

@@ -1,7 +1,11 @@
 //! Each family's conntrack key and entry in plain terms: what the sweeper and the dump
 //! read of `CT_V4` / `CT_V6` (see [`super::Maps::CtKey`]).
 
-use std::{fmt::Debug, net::IpAddr};
+use std::{
+    fmt::Debug,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+};
 
 use aya::Pod;
 use egress_common::{
@@ -39,6 +43,44 @@ pub struct Flow {
     pub ifindex: u32,
     pub pod_node: Underlay,
 }
+
+impl Flow {
+    /// This flow as a [`Remap`] when its translated port is not the pod's own (another
+    /// flow to the same destination held that port here).
+    pub fn remap(&self) -> Option<Remap> {
+        let port = u16::from_be;
+        (self.xlate.1 != self.src.1).then(|| Remap {
+            proto: self.proto,
+            pod: SocketAddr::new(self.src.0, port(self.src.1)),
+            dst: SocketAddr::new(self.dst.0, port(self.dst.1)),
+            egress: SocketAddr::new(self.xlate.0, port(self.xlate.1)),
+        })
+    }
+}
+
+/// A translation whose source port the egress IP's holder remapped: the pod's port was
+/// taken (another pod's flow to the same destination and port had it). The holder shares
+/// these with the other gateways ([`Outbox`], the hellos' remaps), so that one taking the
+/// egress IP over gives the flow the same port (`REMAP_V4` / `_V6`). Ports in host order;
+/// all three addresses of one family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Remap {
+    pub proto: u8,
+    pub pod: SocketAddr,
+    pub dst: SocketAddr,
+    pub egress: SocketAddr,
+}
+
+impl Remap {
+    /// The flow it translates: (protocol, pod, destination).
+    pub fn flow(&self) -> (u8, SocketAddr, SocketAddr) {
+        (self.proto, self.pod, self.dst)
+    }
+}
+
+/// The remapped translations of the flows this gateway holds, as its conntrack sweeper
+/// last saw them (replaced at the end of each walk).
+pub type Outbox = Arc<Mutex<Vec<Remap>>>;
 
 macro_rules! ct_key {
     ($Key:ty, $Entry:ty, $Pod:ty) => {

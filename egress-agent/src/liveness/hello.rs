@@ -18,6 +18,10 @@
 //!                  u8 length + interface name: egress IPs the sender holds
 //!       6 to       UTF-8: the node the hello is for (a signed hello recorded on its way
 //!                  to one node is refused by every other)
+//!       7 remaps   u8 count, each: protocol u8, family u8 (4 | 6), then pod, destination
+//!                  and egress IP as address (4 | 16) + port u16: translations of the
+//!                  sender's whose source port it remapped (a slice of them per hello,
+//!                  sent to gateways only; see `datapath::remap`)
 //!     (any other type: skipped; header and name must be there, each record once)
 //! -36 key id [4]        first 4 bytes of the SHA-256 of the key (zero: unsigned)
 //! -32 MAC [32]          HMAC-SHA256 under that key of every byte before the MAC
@@ -53,6 +57,7 @@ use std::{
 use bytes::{Buf, BufMut, BytesMut};
 
 use super::keys::{ID_LEN, Keyring, MAC_LEN};
+use crate::family::conntrack::Remap;
 
 pub const MAGIC_V1: [u8; 4] = *b"EGH1";
 pub const MAGIC_V2: [u8; 4] = *b"EGH2";
@@ -75,6 +80,7 @@ mod record {
     pub const DOWN: u8 = 4;
     pub const CLAIMS: u8 = 5;
     pub const TO: u8 = 6;
+    pub const REMAPS: u8 = 7;
 }
 
 pub mod flags {
@@ -112,7 +118,17 @@ pub struct Hello {
     pub seen: BTreeSet<String>,
     pub down: BTreeSet<String>,
     pub claims: BTreeMap<IpAddr, Claim>,
+    /// Remapped translations the sender shares (version 2 only).
+    pub remaps: Vec<Remap>,
 }
+
+/// The bytes one remap takes in a hello.
+pub fn remap_len(r: &Remap) -> usize {
+    2 + 3 * (if r.pod.is_ipv4() { 4 } else { 16 } + 2)
+}
+
+/// The bytes the remaps record adds besides its remaps: type, length and count.
+pub const REMAPS_OVERHEAD: usize = 4;
 
 /// A hello as it arrived: its version and the key that signed it (verified; `None`
 /// when this agent has no keys, or for an unsigned hello then).
@@ -209,6 +225,9 @@ impl Hello {
                 b.put_slice(self.to.as_bytes());
                 Ok(())
             })?;
+        }
+        if !self.remaps.is_empty() {
+            put_record(&mut b, record::REMAPS, |b| put_remaps(b, &self.remaps))?;
         }
         match keys.signing() {
             Some(k) => {
@@ -316,7 +335,7 @@ impl Hello {
             }
             let (mut v, rest) = b.split_at(len);
             b = rest;
-            if (1..=record::TO).contains(&t) {
+            if (1..=record::REMAPS).contains(&t) {
                 if seen_types & (1 << t) != 0 {
                     return Err(Error::Decode("a record twice"));
                 }
@@ -356,6 +375,7 @@ impl Hello {
                 record::SEEN => h.seen = get_list(&mut v)?,
                 record::DOWN => h.down = get_list(&mut v)?,
                 record::CLAIMS => h.claims = get_claims(&mut v)?,
+                record::REMAPS => h.remaps = get_remaps(&mut v)?,
                 // A later version's record.
                 _ => continue,
             }
@@ -430,6 +450,52 @@ fn get_claims(b: &mut &[u8]) -> Result<BTreeMap<IpAddr, Claim>, Error> {
         let epoch = u64::from_be_bytes(take(b)?);
         let interface = get_str(b)?;
         out.insert(ip, Claim { interface, epoch });
+    }
+    Ok(out)
+}
+
+fn put_remaps(b: &mut BytesMut, remaps: &[Remap]) -> Result<(), Error> {
+    put_count(b, remaps.len(), "remaps")?;
+    for r in remaps {
+        let family = match (r.pod.ip(), r.dst.ip(), r.egress.ip()) {
+            (IpAddr::V4(_), IpAddr::V4(_), IpAddr::V4(_)) => 4,
+            (IpAddr::V6(_), IpAddr::V6(_), IpAddr::V6(_)) => 6,
+            _ => return Err(Error::Encode(format!("remap of mixed families: {r:?}"))),
+        };
+        b.put_u8(r.proto);
+        b.put_u8(family);
+        for a in [r.pod, r.dst, r.egress] {
+            match a.ip() {
+                IpAddr::V4(ip) => b.put_slice(&ip.octets()),
+                IpAddr::V6(ip) => b.put_slice(&ip.octets()),
+            }
+            b.put_u16(a.port());
+        }
+    }
+    Ok(())
+}
+
+fn get_remaps(b: &mut &[u8]) -> Result<Vec<Remap>, Error> {
+    let n = get_u8(b)?;
+    let mut out = Vec::with_capacity(usize::from(n));
+    for _ in 0..n {
+        let proto = get_u8(b)?;
+        let family = get_u8(b)?;
+        let mut addr = || -> Result<std::net::SocketAddr, Error> {
+            let ip = match family {
+                4 => IpAddr::V4(Ipv4Addr::from(take::<4>(b)?)),
+                6 => IpAddr::V6(Ipv6Addr::from(take::<16>(b)?)),
+                _ => return Err(Error::Decode("bad address family in a remap")),
+            };
+            Ok((ip, u16::from_be_bytes(take(b)?)).into())
+        };
+        let (pod, dst, egress) = (addr()?, addr()?, addr()?);
+        out.push(Remap {
+            proto,
+            pod,
+            dst,
+            egress,
+        });
     }
     Ok(out)
 }
@@ -520,7 +586,37 @@ mod tests {
                 ),
             ]
             .into(),
+            remaps: vec![
+                Remap {
+                    proto: 6,
+                    pod: "10.244.1.5:40000".parse().expect("addr"),
+                    dst: "192.168.101.10:443".parse().expect("addr"),
+                    egress: "192.168.101.50:40001".parse().expect("addr"),
+                },
+                Remap {
+                    proto: 17,
+                    pod: "[fd00:10:244:1::5]:5353".parse().expect("addr"),
+                    dst: "[fd00:101::10]:53".parse().expect("addr"),
+                    egress: "[fd00:101::50]:61000".parse().expect("addr"),
+                },
+            ],
         }
+    }
+
+    #[test]
+    fn remaps_take_the_bytes_remap_len_says() {
+        let mut h = sample();
+        let with = v2(&h, &none()).len();
+        let remaps = std::mem::take(&mut h.remaps);
+        let without = v2(&h, &none()).len();
+        let said: usize = remaps.iter().map(remap_len).sum();
+        assert_eq!(with - without, said + REMAPS_OVERHEAD);
+        // Mixed families cannot be sent.
+        h.remaps = vec![Remap {
+            egress: "192.168.101.50:1".parse().expect("addr"),
+            ..remaps[1]
+        }];
+        assert!(h.encode(2, &none()).is_err());
     }
 
     const A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
@@ -553,6 +649,7 @@ mod tests {
         let got = Hello::decode(&b, &none()).expect("v1");
         h.sent_unix_ms = 0;
         h.to = String::new();
+        h.remaps.clear();
         assert_eq!((got.version, got.hello), (1, h));
     }
 

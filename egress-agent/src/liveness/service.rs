@@ -20,9 +20,12 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
+use crate::family::conntrack::Remap;
+
 use super::{
-    hello::{self, Claim, Hello},
+    hello::{self, Claim, Hello, MAX_LEN},
     keys::{self, Keyring},
+    remaps::Exchange,
     tracker::{Membership, PeerStatus, PeerView, Settings, Tracker, Transition},
 };
 
@@ -39,6 +42,7 @@ pub struct Handle {
     /// Set by the first [`Handle::update`]: no hello goes out before this node knows
     /// what it holds (a restarted holder must not say "nothing" to its peers).
     reporting: Arc<AtomicBool>,
+    remaps: Exchange,
 }
 
 /// What the service gives the reconcile loop.
@@ -94,6 +98,11 @@ impl Handle {
         if changed || first {
             self.kick.notify_one();
         }
+    }
+
+    /// The remapped translations this node shares and hears (see [`super::remaps`]).
+    pub fn remaps(&self) -> &Exchange {
+        &self.remaps
     }
 
     pub fn status(&self) -> Vec<PeerStatus> {
@@ -199,12 +208,14 @@ pub fn start_on(
     let (view_tx, views) = watch::channel(PeerView::default());
     let view_tx = Arc::new(view_tx);
     let (tx, transitions) = mpsc::unbounded_channel();
+    let remaps = Exchange::default();
 
     spawn_receiver(
         Peers {
             tracker: tracker.clone(),
             view_tx: view_tx.clone(),
             tx: tx.clone(),
+            remaps: remaps.clone(),
         },
         socket.clone(),
         (refused.clone(), ring.clone()),
@@ -215,6 +226,7 @@ pub fn start_on(
             tracker: tracker.clone(),
             view_tx,
             tx,
+            remaps: remaps.clone(),
         },
         socket.clone(),
         ring.clone(),
@@ -232,6 +244,7 @@ pub fn start_on(
             v6_socket,
             port,
             reporting,
+            remaps,
         },
         views,
         transitions,
@@ -245,6 +258,7 @@ struct Peers {
     tracker: Arc<Mutex<Tracker>>,
     view_tx: Arc<watch::Sender<PeerView>>,
     tx: mpsc::UnboundedSender<Transition>,
+    remaps: Exchange,
 }
 
 /// Read the key file again every [`keys::RELOAD`]; a file that turns bad keeps the last
@@ -301,7 +315,7 @@ fn spawn_receiver(
             let keys = lock(&ring).clone();
             let result = Hello::decode(&buf[..n], &keys)
                 .map_err(|e| (e.reason(), e.to_string()))
-                .and_then(|r| {
+                .and_then(|mut r| {
                     if r.key.is_some() && !hello::fresh(r.hello.sent_unix_ms, unix_ms()) {
                         return Err((
                             "stale",
@@ -314,11 +328,18 @@ fn spawn_receiver(
                         ));
                     }
                     let now = Instant::now();
+                    let remaps = std::mem::take(&mut r.hello.remaps);
                     let mut t = lock(&peers.tracker);
                     if t.on_hello_version(r.hello, r.version, from.ip(), now)
                         .map_err(|e| (e.reason(), e.to_string()))?
                     {
                         publish(&mut t, now, &peers.view_tx, &peers.tx);
+                    }
+                    drop(t);
+                    // Only from a peer whose hello was taken (a member, fresh, signed
+                    // where keys are set).
+                    if !remaps.is_empty() {
+                        peers.remaps.heard(remaps, now);
                     }
                     Ok(())
                 });
@@ -362,6 +383,8 @@ fn spawn_sender(
             }
             let now = Instant::now();
             let keys = lock(&ring).clone();
+            let window = peers.remaps.window(MAX_REMAPS_PER_HELLO);
+            let mut sent_remaps = 0;
             let hellos: Vec<(SocketAddr, Result<_, _>)> = {
                 let mut t = lock(&peers.tracker);
                 publish(&mut t, now, &peers.view_tx, &peers.tx);
@@ -372,10 +395,29 @@ fn spawn_sender(
                         let version = t.version_for(&name);
                         let mut h = t.hello_for(&name, now);
                         h.sent_unix_ms = unix_ms();
-                        (to, h.encode(version, &keys))
+                        let mut bytes = h.encode(version, &keys);
+                        // Remaps go to gateways (which may take an egress IP over), in
+                        // what room the hello leaves.
+                        if let (Ok(b), true, true) = (
+                            &bytes,
+                            version >= 2,
+                            t.is_gateway(&name) && !window.is_empty(),
+                        ) {
+                            h.remaps = fitting(&window, MAX_LEN - b.len());
+                            if !h.remaps.is_empty()
+                                && let Ok(with) = h.encode(version, &keys)
+                            {
+                                sent_remaps = sent_remaps.max(h.remaps.len());
+                                bytes = Ok(with);
+                            }
+                        }
+                        (to, bytes)
                     })
                     .collect()
             };
+            if sent_remaps > 0 {
+                peers.remaps.advance(sent_remaps);
+            }
             for (to, bytes) in hellos {
                 match bytes {
                     Ok(b) => {
@@ -388,6 +430,24 @@ fn spawn_sender(
             }
         }
     });
+}
+
+/// At most this many remaps ride one hello (fewer when the room is short).
+const MAX_REMAPS_PER_HELLO: usize = 32;
+
+/// The first remaps of `window` that fit in `room` bytes with the record's overhead.
+fn fitting(window: &[Remap], room: usize) -> Vec<Remap> {
+    let mut left = room.saturating_sub(hello::REMAPS_OVERHEAD);
+    window
+        .iter()
+        .take_while(|r| {
+            let n = hello::remap_len(r);
+            let fits = n <= left;
+            left = left.saturating_sub(n);
+            fits
+        })
+        .copied()
+        .collect()
 }
 
 /// Note transitions and publish the view if it changed.

@@ -317,6 +317,11 @@ impl Tracker {
 
     /// Whom to send hellos to: a gateway probes every node (so that it can count its
     /// quorum and every node hears it), any other node only the gateways.
+    /// Whether some policy may use `name` as a gateway.
+    pub fn is_gateway(&self, name: &str) -> bool {
+        self.members.gateways.contains(name)
+    }
+
     pub fn targets(&self) -> Vec<(String, IpAddr)> {
         let gateway = self.members.gateways.contains(&self.me);
         self.members
@@ -510,6 +515,7 @@ impl Tracker {
             } else {
                 self.local.claims.clone()
             },
+            remaps: Vec::new(),
         }
     }
 
