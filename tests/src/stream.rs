@@ -39,7 +39,7 @@ pub fn unix_ms() -> u64 {
 }
 
 /// `egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
-/// [--new-flows]`.
+/// [--new-flows] [--sport P]`.
 #[derive(Clone, Debug)]
 pub struct Args {
     pub udp: bool,
@@ -51,6 +51,9 @@ pub struct Args {
     /// to the datapath, as a new connection would be; its reply is awaited for at most the
     /// interval.
     pub new_flows: bool,
+    /// TCP: connect from this source port (two pods' flows to the same host and port from
+    /// the same port make a gateway remap one).
+    pub sport: Option<u16>,
 }
 
 impl Args {
@@ -73,6 +76,7 @@ impl Args {
             duration: Duration::from_secs(10),
             events: None,
             new_flows: false,
+            sport: None,
         };
         while let Some(a) = it.next() {
             if a == "--new-flows" {
@@ -88,6 +92,7 @@ impl Args {
                     out.duration = Duration::from_millis(v.parse().context("bad --duration-ms")?)
                 }
                 "--events" => out.events = Some(PathBuf::from(v)),
+                "--sport" => out.sport = Some(v.parse().context("bad --sport")?),
                 other => bail!("unknown argument {other:?}"),
             }
         }
@@ -606,8 +611,11 @@ fn read_lines(
 }
 
 fn stream_tcp(args: &Args, rec: &Recorder) -> Result<()> {
-    let stream = TcpStream::connect_timeout(&args.target, CONNECT_TIMEOUT)
-        .with_context(|| format!("failed to connect to {}", args.target))?;
+    let stream = match args.sport {
+        Some(sport) => connect_from(args.target, sport, CONNECT_TIMEOUT)?,
+        None => TcpStream::connect_timeout(&args.target, CONNECT_TIMEOUT)
+            .with_context(|| format!("failed to connect to {}", args.target))?,
+    };
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(POLL))?;
     // Lines are a few bytes: a write only blocks if the send buffer is full after
@@ -773,4 +781,34 @@ mod tests {
         assert_eq!(s.sources, ["192.168.101.100"]);
         assert_eq!(s.first_reply_after(1_700_000_000_100), Some(1400));
     }
+}
+
+/// Connect from a fixed source port (SO_REUSEADDR, so a port in TIME_WAIT can be reused),
+/// bounded by `timeout`. std cannot bind a client socket: tokio's `TcpSocket` does.
+pub fn connect_from(target: SocketAddr, sport: u16, timeout: Duration) -> Result<TcpStream> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to build a runtime")?;
+    let stream = rt.block_on(async {
+        let socket = match target {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }?;
+        socket.set_reuseaddr(true)?;
+        let local: SocketAddr = match target {
+            SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, sport).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, sport).into(),
+        };
+        socket
+            .bind(local)
+            .with_context(|| format!("failed to bind source port {sport}"))?;
+        tokio::time::timeout(timeout, socket.connect(target))
+            .await
+            .with_context(|| format!("timed out connecting to {target} from :{sport}"))?
+            .with_context(|| format!("failed to connect to {target} from :{sport}"))
+    })?;
+    let stream = stream.into_std().context("failed to convert the stream")?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }

@@ -4,6 +4,7 @@
 //! egress-echo serve [--bind IP] --tcp PORT --udp PORT
 //! egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]
 //! egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
+//!                  [--sport P]
 //! ```
 //!
 //! Protocol (TCP stream or one UDP datagram each way):
@@ -58,7 +59,8 @@ const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 const USAGE: &str = "usage:
   egress-echo serve [--bind IP] [--tcp PORT] [--udp PORT]
   egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]
-  egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]";
+  egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
+                     [--sport P]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -358,7 +360,7 @@ fn query_tcp(q: &Query) -> Result<Vec<u8>> {
     let mut stream = match q.sport {
         None => TcpStream::connect_timeout(&q.target, q.timeout)
             .with_context(|| format!("failed to connect to {}", q.target))?,
-        Some(sport) => connect_from(q.target, sport, q.timeout)?,
+        Some(sport) => egress_tests::stream::connect_from(q.target, sport, q.timeout)?,
     };
     let left = |what: &str| {
         deadline
@@ -395,36 +397,6 @@ fn query_tcp(q: &Query) -> Result<Vec<u8>> {
         }
     }
     Ok(reply)
-}
-
-/// Connect from a fixed source port (SO_REUSEADDR, so a port in TIME_WAIT can be reused),
-/// bounded by `timeout`.
-fn connect_from(target: SocketAddr, sport: u16, timeout: Duration) -> Result<TcpStream> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("failed to build a runtime")?;
-    let stream = rt.block_on(async {
-        let socket = match target {
-            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-        }?;
-        socket.set_reuseaddr(true)?;
-        let local: SocketAddr = match target {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, sport).into(),
-            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, sport).into(),
-        };
-        socket
-            .bind(local)
-            .with_context(|| format!("failed to bind source port {sport}"))?;
-        tokio::time::timeout(timeout, socket.connect(target))
-            .await
-            .with_context(|| format!("timed out connecting to {target} from :{sport}"))?
-            .with_context(|| format!("failed to connect to {target} from :{sport}"))
-    })?;
-    let stream = stream.into_std().context("failed to convert the stream")?;
-    stream.set_nonblocking(false)?;
-    Ok(stream)
 }
 
 fn query_udp(q: &Query) -> Result<Vec<u8>> {

@@ -18,6 +18,7 @@ mod flows;
 pub mod heal;
 mod holders;
 pub mod neighbours;
+pub mod remapped;
 mod table;
 pub mod upgrade;
 

@@ -1,0 +1,201 @@
+//! Flows whose source port a gateway remapped, through a holder's silent death (issue 44,
+//! item 4). Pods `w1-p1` and `w2-p1` stream TCP to host A from the same source port, so
+//! the holder of egress IP A gives the second another port; host A knows that flow by
+//! it. The holder dies silently; the other gateway takes A over and sees each flow's
+//! next segment first: unless it gives the second flow the same port, host A answers that
+//! flow with a RST.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use super::{Kind, inject, recover};
+use crate::{
+    cluster,
+    lab::{Lab, addr},
+    netns::NsChild,
+    stream::{Summary, unix_ms},
+};
+
+/// The source port both pods stream from.
+pub const SPORT: u16 = 45_000;
+const PODS: [&str; 2] = ["w1-p1", "w2-p1"];
+
+/// What the run showed.
+#[derive(Clone, Debug)]
+pub struct RemappedReport {
+    /// Each pod's stream as it ended.
+    pub streams: Vec<(String, Summary)>,
+    /// The source each pod's flow had at host A before the death (`ip:port`).
+    pub before: Vec<(String, String)>,
+    /// Remaps the surviving gateway held before the death (its `REMAP_V4`).
+    pub shared: usize,
+    /// The holder that died and the one that took over.
+    pub old: String,
+    pub new: Option<String>,
+    /// When the holder died (unix ms).
+    pub t_unix_ms: u64,
+}
+
+impl RemappedReport {
+    /// Replies each pod got after the death.
+    pub fn replies_after(&self) -> Vec<(String, usize)> {
+        self.streams
+            .iter()
+            .map(|(pod, s)| {
+                let n = s
+                    .replies_unix_ms
+                    .iter()
+                    .filter(|t| **t > self.t_unix_ms)
+                    .count();
+                (pod.clone(), n)
+            })
+            .collect()
+    }
+}
+
+struct Stream {
+    pod: &'static str,
+    child: NsChild,
+    log: PathBuf,
+    events: PathBuf,
+}
+
+/// The last source host A reported to a stream, from its events file.
+fn last_source(events: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(events).ok()?;
+    text.lines().rev().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.get(1) == Some(&"reply")).then(|| w.get(3).map(|s| (*s).to_owned()))?
+    })
+}
+
+/// Whether a stream's events file shows a reply after `t` (unix ms).
+fn replied_after(events: &Path, t: u64) -> bool {
+    std::fs::read_to_string(events).is_ok_and(|text| {
+        text.lines().any(|l| {
+            let mut w = l.split_whitespace();
+            matches!(
+                (w.next().and_then(|x| x.parse::<u64>().ok()), w.next()),
+                (Some(at), Some("reply")) if at > t
+            )
+        })
+    })
+}
+
+/// `gw`'s `REMAP_V4` entries (bpftool).
+fn remaps_on(lab: &Lab, gw: &str) -> usize {
+    let pin = lab.bpffs_dir(gw).join(egress_common::maps::REMAP_V4);
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&pin)
+        .output();
+    out.ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v.as_array().map(Vec::len))
+        .unwrap_or(0)
+}
+
+/// Run it on a steady IPv4 lab with agents; the lab is recovered afterwards.
+pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
+    let old = cluster::holder(lab, addr::EGRESS_IP_A).context("no gateway holds egress IP A")?;
+    let other = lab
+        .gateways()
+        .into_iter()
+        .find(|g| *g != old.0)
+        .context("no second gateway")?
+        .to_owned();
+    let target = SocketAddr::new(addr::HOST_A.into(), addr::ECHO_PORT).to_string();
+    let sport = SPORT.to_string();
+    let mut streams = Vec::new();
+    for pod in PODS {
+        let log = lab.dir().join(format!("{label}-{pod}.log"));
+        let events = lab.dir().join(format!("{label}-{pod}.events"));
+        let args = [
+            "stream",
+            "tcp",
+            &target,
+            "--sport",
+            &sport,
+            "--interval-ms",
+            "100",
+            "--duration-ms",
+            "120000",
+            "--events",
+            &events.to_string_lossy(),
+        ];
+        let child = lab.ns(pod)?.spawn(&lab.spec().echo_bin, &args, &log)?;
+        // One after the other: the first keeps its port, the second is remapped.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while last_source(&events).is_none() {
+            ensure!(
+                Instant::now() < deadline,
+                "{pod}'s stream got no reply: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+        streams.push(Stream {
+            pod,
+            child,
+            log,
+            events,
+        });
+    }
+    let before: Vec<(String, String)> = streams
+        .iter()
+        .map(|s| (s.pod.to_owned(), last_source(&s.events).unwrap_or_default()))
+        .collect();
+    let kept = format!("{}:{SPORT}", addr::EGRESS_IP_A);
+    let remapped = before.iter().filter(|(_, src)| *src != kept).count();
+    if remapped != 1 {
+        bail!("expected one flow at {kept} and one remapped, host A saw {before:?}");
+    }
+    // The holder shares its remaps through its hellos: wait (15 s at most) until the other
+    // gateway has it; the report says how many it had.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while remaps_on(lab, &other) == 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(200));
+    }
+    let shared = remaps_on(lab, &other);
+    thread::sleep(Duration::from_secs(1));
+    let t = unix_ms();
+    let injected = inject(lab, Kind::SilentDeath, &old);
+    // Both streams answered again (or 20 s went by).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while injected.is_ok()
+        && Instant::now() < deadline
+        && !streams.iter().all(|s| replied_after(&s.events, t + 500))
+    {
+        thread::sleep(Duration::from_millis(200));
+    }
+    thread::sleep(Duration::from_secs(2));
+    let new = cluster::holder(lab, addr::EGRESS_IP_A).map(|(g, _)| g);
+    for s in &mut streams {
+        s.child.signal_term();
+    }
+    let mut summaries = Vec::new();
+    for s in &mut streams {
+        if s.child.wait_for(Duration::from_secs(3))?.is_none() {
+            s.child.terminate(Duration::ZERO);
+        }
+        let text = std::fs::read_to_string(&s.log).unwrap_or_default();
+        let summary = Summary::find_in(&text).with_context(|| format!("{}'s stream", s.pod))?;
+        summaries.push((s.pod.to_owned(), summary));
+    }
+    recover(lab, Kind::SilentDeath, &old).context("failed to recover from the silent death")?;
+    injected.with_context(|| format!("failed to kill {} silently", old.0))?;
+    Ok(RemappedReport {
+        streams: summaries,
+        before,
+        shared,
+        old: old.0,
+        new,
+        t_unix_ms: t,
+    })
+}
