@@ -696,6 +696,36 @@ fn stream_udp_new_flows(args: &Args, rec: &Recorder) -> Result<()> {
     Ok(())
 }
 
+/// Connect from a fixed source port (SO_REUSEADDR, so a port in TIME_WAIT can be reused),
+/// bounded by `timeout`. std cannot bind a client socket: tokio's `TcpSocket` does.
+pub fn connect_from(target: SocketAddr, sport: u16, timeout: Duration) -> Result<TcpStream> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("failed to build a runtime")?;
+    let stream = rt.block_on(async {
+        let socket = match target {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }?;
+        socket.set_reuseaddr(true)?;
+        let local: SocketAddr = match target {
+            SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, sport).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, sport).into(),
+        };
+        socket
+            .bind(local)
+            .with_context(|| format!("failed to bind source port {sport}"))?;
+        tokio::time::timeout(timeout, socket.connect(target))
+            .await
+            .with_context(|| format!("timed out connecting to {target} from :{sport}"))?
+            .with_context(|| format!("failed to connect to {target} from :{sport}"))
+    })?;
+    let stream = stream.into_std().context("failed to convert the stream")?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -781,34 +811,4 @@ mod tests {
         assert_eq!(s.sources, ["192.168.101.100"]);
         assert_eq!(s.first_reply_after(1_700_000_000_100), Some(1400));
     }
-}
-
-/// Connect from a fixed source port (SO_REUSEADDR, so a port in TIME_WAIT can be reused),
-/// bounded by `timeout`. std cannot bind a client socket: tokio's `TcpSocket` does.
-pub fn connect_from(target: SocketAddr, sport: u16, timeout: Duration) -> Result<TcpStream> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("failed to build a runtime")?;
-    let stream = rt.block_on(async {
-        let socket = match target {
-            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-        }?;
-        socket.set_reuseaddr(true)?;
-        let local: SocketAddr = match target {
-            SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, sport).into(),
-            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, sport).into(),
-        };
-        socket
-            .bind(local)
-            .with_context(|| format!("failed to bind source port {sport}"))?;
-        tokio::time::timeout(timeout, socket.connect(target))
-            .await
-            .with_context(|| format!("timed out connecting to {target} from :{sport}"))?
-            .with_context(|| format!("failed to connect to {target} from :{sport}"))
-    })?;
-    let stream = stream.into_std().context("failed to convert the stream")?;
-    stream.set_nonblocking(false)?;
-    Ok(stream)
 }
