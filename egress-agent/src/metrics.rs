@@ -137,6 +137,10 @@ pub struct LivenessStats {
     pub acquired: BTreeMap<String, u64>,
     /// Held egress IPs announced again (a peer let one go, or a peer came back).
     pub reannounced: u64,
+    /// Remapped translations shared with and heard from the other gateways.
+    pub remaps: crate::liveness::remaps::Stats,
+    /// Heard remaps kept now (`REMAP_V4` / `_V6`).
+    pub remaps_kept: usize,
     /// For each egress IP taken from an unreachable holder, that holder's silence when
     /// this node added it.
     pub failover: Seconds,
@@ -488,12 +492,43 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
          let one go or a peer became reachable again",
         c,
     );
+    let shared = Family::<EventLabels, Counter>::default();
+    for (event, n) in [
+        ("sent", l.remaps.sent),
+        ("installed", l.remaps.installed),
+        ("expired", l.remaps.expired),
+        ("failed", l.remaps.failed),
+    ] {
+        shared
+            .get_or_create(&EventLabels {
+                event: event.to_owned(),
+            })
+            .inc_by(n);
+    }
+    reg.register(
+        "remaps",
+        "Remapped translations (flows whose pod port was taken) shared between gateways: sent \
+         in hellos, installed when heard new or changed, expired unheard, failed to write",
+        shared,
+    );
+    let g = Gauge::<i64>::default();
+    g.set(i64::try_from(l.remaps_kept).unwrap_or(i64::MAX));
+    reg.register(
+        "remaps_kept",
+        "Remapped translations heard from other gateways and kept for a takeover",
+        g,
+    );
     reg.register(
         "failover_seconds",
         "For each egress IP taken from an unreachable holder: that holder's silence when \
          this node added the address",
         l.failover.0.clone(),
     );
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: String,
 }
 
 /// `egress-agent status`: holders, peers and why, in human terms.

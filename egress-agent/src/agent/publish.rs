@@ -269,6 +269,8 @@ impl Reconciler<'_> {
             s.liveness.cut_off = cut_off;
             s.liveness.refused = self.probes.refused();
             s.liveness.authenticated = self.probes.authenticated();
+            s.liveness.remaps = self.probes.remaps().stats();
+            s.liveness.remaps_kept = self.probes.remaps().kept();
             s.liveness.held = holdings
                 .iter()
                 .map(|(ip, h)| metrics::HeldStat {
