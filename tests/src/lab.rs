@@ -102,6 +102,9 @@ pub struct Lab {
     unannounced: std::collections::BTreeSet<String>,
     /// Pod CIDRs a Node lists after its own ([`Lab::add_pod_cidr`]).
     extra_pod_cidrs: BTreeMap<String, Vec<String>>,
+    /// Addresses a cloud provider read off a node's NICs, listed first in its Node's
+    /// `status.addresses` ([`Lab::cloud_reports_nic_addresses`]).
+    cloud_addresses: BTreeMap<String, Vec<IpAddr>>,
     leaked: bool,
 }
 

@@ -164,3 +164,43 @@ fn flows_whose_port_was_remapped_survive_a_silent_death() {
     );
     assert!(r.shared > 0, "the other gateway had heard no remap");
 }
+
+/// Issue 44, item 5, as a cloud provider does it: the holder's Node lists every address on
+/// its NICs (the held egress IP first, as InternalIP and ExternalIP), as vSphere's does
+/// unless told to leave the subnet out. The egress IP stays held and served; after a
+/// silent death the old holder's Node keeps the stale copy, the new holder's lists it too,
+/// and the new holder serves it.
+#[test]
+fn node_addresses_a_cloud_provider_reports_leave_the_egress_ip_served_and_movable() {
+    use std::{net::IpAddr, thread, time::Duration};
+
+    use egress_tests::lab::{Proto, addr};
+    let mut lab = cluster::up_with_agents(cluster::default_spec().unwrap()).unwrap();
+    let a = IpAddr::from(addr::EGRESS_IP_A);
+    let old = cluster::holder(&lab, a).expect("a holder of egress IP A");
+    let listed = lab.cloud_reports_nic_addresses(&old.0).unwrap();
+    assert!(listed.contains(&a), "the provider saw {listed:?}");
+    // Every agent reads the new Node (the YAML source follows the file) and passes again.
+    let steady = |lab: &egress_tests::lab::Lab, holder: &str, what: &str| {
+        for _ in 0..20 {
+            let now: Vec<String> = cluster::holders(lab, a).into_iter().map(|h| h.0).collect();
+            assert_eq!(now, [holder], "{what}: holders of egress IP A");
+            thread::sleep(Duration::from_millis(250));
+        }
+        assert_eq!(
+            cluster::seen(lab, "w1-p1", Proto::Tcp, addr::HOST_A),
+            Some(a),
+            "{what}: w1-p1 did not leave with egress IP A"
+        );
+    };
+    steady(&lab, &old.0, "listed on its holder's Node");
+    failover::inject(&mut lab, Kind::SilentDeath, &old).unwrap();
+    let new = cluster::wait_until(Duration::from_secs(15), || {
+        cluster::holder(&lab, a).is_some_and(|h| h.0 != old.0)
+    });
+    let new = new.and_then(|_| cluster::holder(&lab, a).ok_or_else(|| anyhow::anyhow!("none")));
+    let new = new.unwrap_or_else(|e| panic!("no other gateway took egress IP A: {e:#}"));
+    lab.cloud_reports_nic_addresses(&new.0).unwrap();
+    steady(&lab, &new.0, "listed on both Nodes, stale on the dead one");
+    failover::recover(&mut lab, Kind::SilentDeath, &old).unwrap();
+}

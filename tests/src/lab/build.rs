@@ -36,6 +36,7 @@ impl Lab {
             drained: std::collections::BTreeSet::new(),
             unannounced: std::collections::BTreeSet::new(),
             extra_pod_cidrs: BTreeMap::new(),
+            cloud_addresses: BTreeMap::new(),
             leaked: false,
             spec,
         };

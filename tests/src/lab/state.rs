@@ -87,20 +87,72 @@ impl Lab {
             .ip_batch(&["link set rtr master br0 up"])
     }
 
-    /// A Node's `status.addresses`: InternalIPs, the underlay's family first (the agents
-    /// tunnel to the first one), then the hostname.
+    /// Do what the vSphere cloud provider (and others) does: list every address on
+    /// `node`'s NICs in its Node's `status.addresses`, as InternalIP and ExternalIP,
+    /// before the lab's own, egress IPs it holds included. Read now and kept until the
+    /// next call, as a provider's periodic sync leaves a copy that an egress IP's move
+    /// makes stale.
+    pub fn cloud_reports_nic_addresses(&mut self, node: &str) -> Result<Vec<IpAddr>> {
+        self.node(node)?;
+        let mut nic: Vec<IpAddr> = self
+            .ns(node)?
+            .up_addresses()?
+            .into_iter()
+            .filter(|(ifc, a)| ifc != "lo" && !a.is_loopback() && !is_link_local(a))
+            .map(|(_, a)| a)
+            .collect();
+        // Held egress IPs first: the first InternalIP is what a naive reader tunnels to.
+        nic.sort_by_key(|a| !self.gateway_egress_ip(a));
+        nic.dedup();
+        self.cloud_addresses.insert(node.to_owned(), nic.clone());
+        self.write_cluster()?;
+        Ok(nic)
+    }
+
+    /// Whether `a` is one of the lab's egress IPs.
+    fn gateway_egress_ip(&self, a: &IpAddr) -> bool {
+        [
+            IpAddr::from(addr::EGRESS_IP_A),
+            addr::EGRESS_IP_B.into(),
+            addr6::EGRESS_IP_A.into(),
+            addr6::EGRESS_IP_B.into(),
+        ]
+        .contains(a)
+    }
+
+    /// A Node's `status.addresses`: what a cloud provider reported off its NICs
+    /// ([`Lab::cloud_reports_nic_addresses`]), then the InternalIPs, the underlay's family
+    /// first (the agents tunnel to the first one), then the hostname.
     fn node_addresses(&self, node: &Node) -> Value {
         let v4 = json!({"type": "InternalIP", "address": node.ip.to_string()});
         let v6 = json!({"type": "InternalIP", "address": node.ip6().to_string()});
-        let mut out = match (self.spec.underlay, self.spec.family) {
+        let mut out: Vec<Value> = self
+            .cloud_addresses
+            .get(node.name)
+            .into_iter()
+            .flatten()
+            .flat_map(|a| {
+                ["InternalIP", "ExternalIP"].map(|t| json!({"type": t, "address": a.to_string()}))
+            })
+            .collect();
+        out.extend(match (self.spec.underlay, self.spec.family) {
             (Underlay::V4, Family::V4) => vec![v4],
             (Underlay::V4, _) => vec![v4, v6],
             (Underlay::V6, _) => vec![v6, v4],
-        };
+        });
         out.push(json!({"type": "Hostname", "address": node.name}));
         Value::Array(out)
     }
+}
 
+fn is_link_local(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+impl Lab {
     /// The Namespace, Node and Pod documents, as written to `cluster.yaml`.
     pub fn cluster_yaml(&self) -> String {
         let mut docs = Vec::new();
