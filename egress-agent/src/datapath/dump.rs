@@ -51,6 +51,7 @@ fn action_name(a: u8) -> &'static str {
         action::EXCLUDE => "except: pass",
         action::NO_GATEWAY_DROP => "no gateway: drop",
         action::NO_GATEWAY_PASS => "no gateway: pass",
+        action::DENY => "deny (NetworkPolicy)",
         _ => "unknown: drop",
     }
 }
@@ -112,6 +113,22 @@ fn write_exhausted(s: &mut String, rows: &[(IpAddr, u64)]) {
     );
     for (pod, n) in rows {
         let _ = writeln!(s, "  {:<40} {n:>10}", pod.to_string());
+    }
+}
+
+fn write_remaps(s: &mut String, rows: &[crate::family::conntrack::Remap]) {
+    let _ = writeln!(
+        s,
+        "\nremapped translations other gateways shared (REMAP_V4/V6: the port a flow keeps \
+         if this node takes its egress IP over): {}",
+        rows.len()
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "  proto {:<3} {} -> {} as {}",
+            r.proto, r.pod, r.dst, r.egress
+        );
     }
 }
 
@@ -222,6 +239,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     let _ = writeln!(s, "\nknown nodes: {nodes}");
     render_admitted(pin_dir, &mut s)?;
     write_exhausted(&mut s, &exhausted(pin_dir)?);
+    write_remaps(&mut s, &super::remap::read(pin_dir)?);
     render_counters(pin_dir, &mut s)?;
     Ok(s)
 }

@@ -26,6 +26,7 @@ trait Family: Sized {
     type Value: aya::Pod;
     const NAME: &'static str;
     fn entry(r: &Remap) -> Option<(Self::Key, Self::Value)>;
+    fn remap(k: &Self::Key, v: &Self::Value) -> Remap;
 }
 
 struct V4;
@@ -57,6 +58,14 @@ impl Family for V4 {
             },
         ))
     }
+    fn remap(k: &CtKeyV4, v: &RemapValueV4) -> Remap {
+        Remap {
+            proto: k.proto,
+            pod: (k.src, u16::from_be(k.src_port_be)).into(),
+            dst: (k.dst, u16::from_be(k.dst_port_be)).into(),
+            egress: (v.xlate_addr, u16::from_be(v.xlate_port_be)).into(),
+        }
+    }
 }
 
 impl Family for V6 {
@@ -85,6 +94,41 @@ impl Family for V6 {
             },
         ))
     }
+    fn remap(k: &CtKeyV6, v: &RemapValueV6) -> Remap {
+        Remap {
+            proto: k.proto,
+            pod: (k.src, u16::from_be(k.src_port_be)).into(),
+            dst: (k.dst, u16::from_be(k.dst_port_be)).into(),
+            egress: (v.xlate_addr, u16::from_be(v.xlate_port_be)).into(),
+        }
+    }
+}
+
+/// Every remap pinned under `pin_dir` (both families), in order.
+pub fn read(pin_dir: &Path) -> Result<Vec<Remap>> {
+    let mut out = read_family::<V4>(pin_dir)?;
+    out.extend(read_family::<V6>(pin_dir)?);
+    out.sort();
+    Ok(out)
+}
+
+fn read_family<F: Family>(pin_dir: &Path) -> Result<Vec<Remap>> {
+    let pin = pin_dir.join(F::NAME);
+    if !pin.exists() {
+        return Ok(Vec::new());
+    }
+    let map_err = |source| Error::Map {
+        name: F::NAME,
+        source,
+    };
+    let data = MapData::from_pin(&pin).map_err(map_err)?;
+    let map: HashMap<MapData, F::Key, F::Value> =
+        HashMap::try_from(Map::from_map_data(data).map_err(map_err)?).map_err(map_err)?;
+    Ok(map
+        .iter()
+        .flatten()
+        .map(|(k, v)| F::remap(&k, &v))
+        .collect())
 }
 
 /// Write `add` into the remap maps pinned under `pin_dir` and remove `remove` from them.
@@ -145,11 +189,20 @@ mod tests {
             (v.xlate_addr, u16::from_be(v.xlate_port_be)),
             ([192, 168, 10, 100], 40001)
         );
+        assert_eq!(V4::remap(&k, &v), r);
         assert!(V6::entry(&r).is_none());
         let mixed = Remap {
             egress: "[fd00::1]:40001".parse().unwrap(),
             ..r
         };
         assert!(V4::entry(&mixed).is_none() && V6::entry(&mixed).is_none());
+        let r6 = Remap {
+            proto: 17,
+            pod: "[fd00:10:244:1::5]:5353".parse().unwrap(),
+            dst: "[fd00:101::10]:53".parse().unwrap(),
+            egress: "[fd00:101::50]:61000".parse().unwrap(),
+        };
+        let (k, v) = V6::entry(&r6).unwrap();
+        assert_eq!(V6::remap(&k, &v), r6);
     }
 }

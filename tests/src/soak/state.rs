@@ -85,16 +85,22 @@ impl MapCounts {
         Ok(out)
     }
 
-    /// Back to the steady state of `start`: every map but conntrack and the flows per pod
-    /// has the same count; conntrack holds no entry in use or still to be swept, only the
-    /// lingering ones; and the flows per pod count exactly the pods those belong to.
+    /// Back to the steady state of `start`: every map but conntrack, the flows per pod and
+    /// the remaps heard from peers has the same count; conntrack holds no entry in use or
+    /// still to be swept, only the lingering ones; and the flows per pod count exactly the
+    /// pods those belong to. (Remaps are a cache for a takeover, kept 5 minutes after they
+    /// were last heard: `egress_agent::liveness::remaps::KEEP`.)
     pub fn back_to(&self, start: &MapCounts) -> bool {
         // Conntrack, and the live flows per pod that follow it, hold what is lingering
         // now, not what the start had in use.
         let same = |m: &MapCounts| -> BTreeMap<String, usize> {
             m.per_map
                 .iter()
-                .filter(|(k, _)| !k.starts_with("CT_") && k.as_str() != names::FLOWS_V4)
+                .filter(|(k, _)| {
+                    !k.starts_with("CT_")
+                        && !k.starts_with("REMAP_")
+                        && k.as_str() != names::FLOWS_V4
+                })
                 .map(|(k, v)| (k.clone(), *v))
                 .collect()
         };
