@@ -119,9 +119,8 @@ macro_rules! family {
                 egress_common::conntrack::expired(proto, e.state, e.last_seen_ns, now)
             }
 
-            /// The 40-byte (IPv6) temporaries of [`lookup_in`] and [`create_in`]: on the
-            /// stack for IPv4, in the per-CPU scratch map for IPv6 (BPF calls nest their
-            /// frames into one 512-byte budget).
+            /// The temporaries of [`create_in`] (and, for IPv6, [`lookup_in`]): in the
+            /// per-CPU scratch map (BPF calls nest their frames into one 512-byte budget).
             #[repr(C)]
             pub struct Slots {
                 /// The reply key of a new flow.
@@ -130,6 +129,12 @@ macro_rules! family {
                 pub peer: $Key,
                 /// The entries of a new flow.
                 pub entry: $Entry,
+                /// The scan of [`claim_scanned`]: the range (`lo`, `span` ports), where it
+                /// started, and whether a step found a free port (left in `key`).
+                pub lo: u32,
+                pub span: u32,
+                pub start: u32,
+                pub found: u32,
             }
 
             /// The key of the other direction's entry of the flow that (`key`, `e`) belongs to.
@@ -286,74 +291,27 @@ macro_rules! family {
                 Some(e)
             }
 
-            /// Create both entries of a new flow. Keeps the pod's port when it is free for
-            /// (destination, egress IP) and, unless `any_port`, inside the configured range
-            /// (an address shared with the gateway's own sockets gets ports of the range
-            /// only), else tries random ports of the range, then looks for a free one
-            /// among [`PORT_SCAN_LEN`] consecutive ports from a random start. Returns the
-            /// chosen port (network order).
-            #[allow(dead_code, reason = "IPv4 only")]
-            #[expect(
-                clippy::too_many_arguments,
-                reason = "the flow (ip, l4), its rule's decision and the clock; one caller"
-            )]
-            #[inline(always)]
-            pub fn create(
-                cfg: &Config,
-                ip: &$Ip,
-                l4: &L4,
-                egress_ip: $Addr,
-                ifindex: u32,
-                rule_id: u32,
-                pod_node: egress_common::underlay::Underlay,
-                now: u64,
-                next_hop: Option<&NextHop>,
-                any_port: bool,
-            ) -> Result<u16, AllocError> {
-                // SAFETY: all-zero keys and entries are valid.
-                let mut slot = core::mem::MaybeUninit::<Slots>::uninit();
-                let slots = unsafe { crate::mem::zeroed_in(&mut slot) };
-                create_in(
-                    cfg,
-                    ip,
-                    l4,
-                    &egress_ip,
-                    ifindex,
-                    rule_id,
-                    pod_node,
-                    now,
-                    next_hop,
-                    any_port,
-                    slots,
-                )
-            }
-
-            /// A scan in progress: the reply key being tried (the caller's `Slots::key`),
-            /// the range and where the scan started; `found` set by the step that saw a free
-            /// port, left in the key.
+            /// `bpf_loop`'s context for [`scan_step`]: the slots (in the scratch map), by
+            /// pointer. The kernel takes the context on the stack only, and Linux 6.1 counts
+            /// the callback's frame into the call chain's 512 bytes: the scan's numbers
+            /// live in the slots, so this is all the stack it costs.
             struct Scan {
-                key: *mut $Key,
-                lo: u32,
-                span: u32,
-                start: u32,
-                found: u32,
+                slots: *mut Slots,
             }
 
             /// One step of [`claim_scanned`], called by `bpf_loop`: 1 (stop) once the
             /// `i`-th port from the start is free.
             #[inline(never)]
             extern "C" fn scan_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
-                // SAFETY: `ctx` is the `Scan` on `claim_scanned`'s stack, alive for the loop.
-                let c = unsafe { &mut *ctx.cast::<Scan>() };
-                if c.span == 0 {
+                // SAFETY: `ctx` is the `Scan` on `claim_scanned`'s stack, alive for the loop,
+                // and its slots are not otherwise borrowed for the loop.
+                let s = unsafe { &mut *(*ctx.cast::<Scan>()).slots };
+                if s.span == 0 {
                     return 1;
                 }
-                // SAFETY: `key` points at the caller's slot, alive and not otherwise borrowed
-                // for the loop.
-                let key = unsafe { &mut *c.key };
-                key.dst_port_be = ((c.lo + (c.start + i as u32) % c.span) as u16).to_be();
-                if $MAP.get_ptr(key).is_none() {
-                    c.found = 1;
+                s.key.dst_port_be = ((s.lo + (s.start + i as u32) % s.span) as u16).to_be();
+                if $MAP.get_ptr(&s.key).is_none() {
+                    s.found = 1;
                     return 1;
                 }
                 0
@@ -365,13 +323,11 @@ macro_rules! family {
             /// `bpf_loop` (Linux 5.17) so that the verifier walks one step, not every one.
             #[inline(always)]
             fn claim_scanned(s: &mut Slots, lo: u32, span: u32) -> bool {
-                let mut c = Scan {
-                    key: &raw mut s.key,
-                    lo,
-                    span,
-                    start: unsafe { bpf_get_prandom_u32() } % span,
-                    found: 0,
-                };
+                s.lo = lo;
+                s.span = span;
+                s.start = unsafe { bpf_get_prandom_u32() } % span;
+                s.found = 0;
+                let mut c = Scan { slots: s };
                 // SAFETY: `scan_step` is a BPF function taking (index, ctx); `c` outlives
                 // the call.
                 unsafe {
@@ -382,13 +338,21 @@ macro_rules! family {
                         0,
                     );
                 }
-                c.found != 0
+                s.found != 0
                     && $MAP
                         .insert(&s.key, &s.entry, u64::from(BPF_NOEXIST))
                         .is_ok()
             }
 
-            /// [`create`] with its keys and entry in `s`.
+            /// Create both entries of a new flow. A flow whose translation the egress IP's
+            /// previous holder shared (`REMAP_*`) tries that port first. Else keeps the
+            /// pod's port when it is free for
+            /// (destination, egress IP) and, unless `any_port`, inside the configured range
+            /// (an address shared with the gateway's own sockets gets ports of the range
+            /// only), else tries random ports of the range, then looks for a free one
+            /// among [`PORT_SCAN_LEN`] consecutive ports from a random start. Its keys and
+            /// entries are built in `s` (the per-CPU scratch slot). Returns the chosen port
+            /// (network order).
             #[expect(
                 clippy::too_many_arguments,
                 reason = "the flow (ip, l4), its rule's decision, the clock and the room"

@@ -29,7 +29,7 @@ use egress_common::{
     config::Config,
     conntrack::NextHop,
     counters::reason,
-    policy::{AdmittedKeyV4, AdmittedKeyV6, egress_ip_flags},
+    policy::{AdmittedKeyV4, egress_ip_flags},
     underlay::Underlay,
 };
 
@@ -118,17 +118,24 @@ pub fn forward(
                 } else {
                     None
                 };
-                match v4::create(
+                // The new flow's keys and entries in the per-CPU scratch slot, not on this
+                // path's frame: Linux 6.1 counts the frames of `bpf_loop` callbacks into
+                // the 512-byte budget of the call chain, which the stack copy overran.
+                let Some(slots) = scratch::scratch().map(|s| &mut s.ct4) else {
+                    return verdict(ctx, reason::DROP_CT_INSERT, SHOT);
+                };
+                match v4::create_in(
                     cfg,
                     ip,
                     l4,
-                    rule.egress_ip,
+                    &rule.egress_ip,
                     rule.ifindex,
                     rule_id,
                     pod_node,
                     now,
                     cache,
                     !shared4(rule.egress_ip),
+                    slots,
                 ) {
                     Ok(port_be) => {
                         count(ctx, reason::SNAT_NEW);
@@ -189,10 +196,13 @@ fn admitted4(pod: [u8; 4], rule_id: u32) -> bool {
     ADMITTED_V4.get_ptr(key).is_some()
 }
 
+/// [`admitted4`] for IPv6, its key built in the scratch slot `s` (off `create6`'s frame).
 #[inline(always)]
-fn admitted6(pod: &[u8; 16], rule_id: u32) -> bool {
-    let key = AdmittedKeyV6 { pod: *pod, rule_id };
-    ADMITTED_V6.get_ptr(key).is_some()
+fn admitted6(s: &mut Scratch, rule_id: u32) -> bool {
+    // SAFETY: two distinct, valid 16-byte arrays of the scratch slot.
+    unsafe { core::ptr::copy_nonoverlapping(&s.ip6.src, &mut s.admitted6.pod, 1) };
+    s.admitted6.rule_id = rule_id;
+    ADMITTED_V6.get_ptr(&s.admitted6).is_some()
 }
 
 /// Whether `addr` is the gateway's own address (an `interface:` rule's), not a dedicated
@@ -229,7 +239,7 @@ fn defer_reset4(ctx: &TcContext, ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> i32
 /// (`s.ip6`, `s.l4`) and its origin (`s.x6.origin`) are in the per-CPU scratch slot `s`,
 /// and so are the conntrack keys and entries and the FIB parameters: BPF calls nest their
 /// stack frames into one 512-byte budget. Out of line, and in out-of-line steps
-/// ([`lookup6`], [`create6`], the FIB call) called one after the other.
+/// ([`lookup6`], [`create6`], [`send6`]) called one after the other.
 #[inline(never)]
 pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     if s.ip6.hop_limit <= 1 {
@@ -243,6 +253,14 @@ pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
             return v;
         }
     }
+    send6(ctx, s)
+}
+
+/// The rest of [`forward6`] once the flow's translation is in `s.x6`: NAT66, then the
+/// cached next hop or the FIB. Out of line so that `forward6`'s own frame stays small:
+/// Linux 6.1 counts `create6`'s port-scan callback into the chain of frames under it.
+#[inline(never)]
+fn send6(ctx: &TcContext, s: &mut Scratch) -> i32 {
     // An established flow with a valid cached next hop takes its MACs with the
     // translation: no FIB lookup.
     let cached = s.x6.cached != 0;
@@ -347,7 +365,7 @@ fn create6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     let Some(rule) = (unsafe { RULES_V6.get(rule_id) }) else {
         return verdict(ctx, reason::DROP_UNKNOWN_RULE, SHOT);
     };
-    if !admitted6(&s.ip6.src, rule_id) {
+    if !admitted6(s, rule_id) {
         return verdict(ctx, reason::DROP_NOT_ADMITTED, SHOT);
     }
     if mid_stream(s.ip6.proto, s.l4.tcp_flags) && shared6(&rule.egress_ip) {

@@ -63,7 +63,7 @@ pub static POD_OWNER_V4: HashMap<
 pub static CT_V4: LruHashMap<K<def::CtV4>, V<def::CtV4>, { cap::<def::CtV4>() }> =
     LruHashMap::new();
 
-/// Remapped translations other gateways shared (see `conntrack::v4::create`).
+/// Remapped translations other gateways shared (see `conntrack::v4::create_in`).
 #[btf_map]
 pub static REMAP_V4: LruHashMap<K<def::RemapV4>, V<def::RemapV4>, { cap::<def::RemapV4>() }> =
     LruHashMap::new();

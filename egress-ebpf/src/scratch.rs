@@ -7,7 +7,7 @@ use aya_ebpf::{
     btf_maps::{PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
-use egress_common::policy::PolicyKeyV6;
+use egress_common::policy::{AdmittedKeyV6, PolicyKeyV6};
 
 use crate::{
     conntrack,
@@ -18,19 +18,23 @@ use crate::{
 };
 
 /// Per-CPU room for the IPv6 paths' large temporaries (the parsed headers, the policy
-/// key, conntrack keys and entries, the FIB lookup and the tunnel key), and for those of
-/// the RSTs of both families: looked up once per IPv6 packet (and per RST), so that no
+/// key, conntrack keys and entries, the FIB lookup and the tunnel key), for a new IPv4
+/// flow's conntrack keys and entries, and for those of the RSTs of both families: looked up once per IPv6 packet (and per RST), so that no
 /// call chain's stack frames exceed the verifier's 512 bytes.
 /// A program runs to completion on its CPU, so one slot per CPU is enough.
 #[repr(C)]
 pub struct Scratch {
     pub ip6: Ipv6,
     pub l4: L4,
+    /// A new IPv4 flow's keys and entries (`gateway::forward`).
+    pub ct4: conntrack::v4::Slots,
     pub ct6: conntrack::v6::Slots,
     pub x6: Xlate6,
     pub fib: bpf_fib_lookup,
     pub tunnel: bpf_tunnel_key,
     pub policy6: PolicyKeyV6,
+    /// `gateway::create6`'s key of `ADMITTED_V6`.
+    pub admitted6: AdmittedKeyV6,
     pub dest6: Key<[u8; 16]>,
     pub reset4: Segment4,
     pub rst: TcpHdr,

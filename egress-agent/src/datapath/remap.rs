@@ -6,7 +6,7 @@
 //! would give it the pod's port again, and the far end would answer with a RST. So the
 //! holder shares such translations ([`Remap`], through the hellos), each gateway writes
 //! what it hears here, and the datapath tries the shared port first when it creates the
-//! flow (`conntrack::create`). The maps only ever steer a new flow's first choice of port:
+//! flow (`conntrack::create_in`). The maps only ever steer a new flow's first choice of port:
 //! a port that is taken is not stolen.
 
 use std::path::Path;
