@@ -1364,6 +1364,139 @@ fn the_object_calls_no_byte_loop_mem_function() {
     );
 }
 
+/// Linux 6.1's verifier adds the stack frames of a call chain, `bpf_loop` callbacks
+/// included (each frame rounded up to 32 bytes, at least 32), and refuses a program whose
+/// chain passes 512 bytes ("combined stack size of N calls is 544. Too large"); newer
+/// kernels accepted the same object. Read from the object (each function's deepest stack
+/// access, its calls and the callbacks whose address it loads) so that the host's tests
+/// catch what only the 6.1 guest would.
+#[test]
+fn no_programs_call_chain_passes_the_512_byte_stack_of_linux_6_1() {
+    use std::collections::BTreeMap;
+
+    use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget, SectionKind};
+    let file = object::File::parse(egress_agent::ebpf::OBJECT).unwrap();
+    // Functions by (section index, first instruction), with their instructions.
+    let mut funcs: BTreeMap<(usize, u64), (String, u64)> = BTreeMap::new();
+    for sym in file.symbols() {
+        if sym.kind() == object::SymbolKind::Text
+            && let Some(sec) = sym.section_index()
+        {
+            funcs.insert(
+                (sec.0, sym.address() / 8),
+                (sym.name().unwrap_or("?").to_owned(), sym.size() / 8),
+            );
+        }
+    }
+    let mut depth: BTreeMap<(usize, u64), u32> = BTreeMap::new();
+    let mut calls: BTreeMap<(usize, u64), Vec<(usize, u64)>> = BTreeMap::new();
+    let text = file.section_by_name(".text").map(|s| s.index().0);
+    for section in file.sections() {
+        if section.kind() != SectionKind::Text {
+            continue;
+        }
+        let sec = section.index().0;
+        let data = section.data().unwrap();
+        let relocs: BTreeMap<u64, object::Relocation> = section.relocations().collect();
+        for (&(fsec, start), (_, len)) in funcs.range((sec, 0)..(sec + 1, 0)) {
+            assert_eq!(fsec, sec);
+            let mut d = 0u32;
+            let mut out = Vec::new();
+            for i in start..start + len {
+                let insn = &data[(i * 8) as usize..(i * 8 + 8) as usize];
+                let (op, regs) = (insn[0], insn[1]);
+                let (dst, src) = (regs & 0xf, regs >> 4);
+                let off = i16::from_le_bytes([insn[2], insn[3]]);
+                let imm = i32::from_le_bytes([insn[4], insn[5], insn[6], insn[7]]);
+                let class = op & 0x07;
+                // Loads from and stores to the frame (r10 + negative offset), and the
+                // frame's addresses taken (rX = r10; rX += -N shows as the store below).
+                let frame_access = match class {
+                    0x01 => src == 10,        // LDX
+                    0x02 | 0x03 => dst == 10, // ST, STX
+                    _ => false,
+                };
+                if frame_access && off < 0 {
+                    d = d.max(u32::from(off.unsigned_abs()));
+                }
+                // rX += imm with a negative immediate after rX = r10: a stack object.
+                if op == 0x07 && imm < 0 && i > start {
+                    let prev = &data[((i - 1) * 8) as usize..(i * 8) as usize];
+                    if prev[0] == 0xbf && prev[1] >> 4 == 10 && prev[1] & 0xf == dst {
+                        d = d.max(imm.unsigned_abs());
+                    }
+                }
+                let reloc = relocs.get(&(i * 8));
+                let to_text = |r: &object::Relocation| match r.target() {
+                    RelocationTarget::Symbol(s) => file
+                        .symbol_by_index(s)
+                        .ok()
+                        .and_then(|s| s.section_index())
+                        .map(|s| s.0),
+                    RelocationTarget::Section(s) => Some(s.0),
+                    _ => None,
+                };
+                if op == 0x85 && src == 1 {
+                    // A local call: relative, or through a relocation to `.text`.
+                    let target = match reloc.and_then(|r| to_text(r).map(|s| (s, r))) {
+                        Some((s, _)) if Some(s) == text => (s, (imm + 1) as u64),
+                        _ => (sec, (i as i64 + i64::from(imm) + 1) as u64),
+                    };
+                    out.push(target);
+                } else if op == 0x18
+                    && let Some(r) = reloc
+                    && let Some(s) = to_text(r)
+                    && Some(s) == text
+                {
+                    // The address of a function (a `bpf_loop` callback).
+                    out.push((s, imm as u64 / 8));
+                }
+            }
+            depth.insert((sec, start), d);
+            calls.insert((sec, start), out);
+        }
+    }
+    fn chain(
+        f: (usize, u64),
+        depth: &BTreeMap<(usize, u64), u32>,
+        calls: &BTreeMap<(usize, u64), Vec<(usize, u64)>>,
+        seen: &mut Vec<(usize, u64)>,
+    ) -> (u32, Vec<(usize, u64)>) {
+        let own = depth.get(&f).copied().unwrap_or(0).max(1).div_ceil(32) * 32;
+        seen.push(f);
+        let mut best = (0, Vec::new());
+        for c in calls.get(&f).into_iter().flatten() {
+            if depth.contains_key(c) && !seen.contains(c) {
+                let r = chain(*c, depth, calls, seen);
+                if r.0 > best.0 {
+                    best = r;
+                }
+            }
+        }
+        seen.pop();
+        best.1.insert(0, f);
+        (own + best.0, best.1)
+    }
+    let mut checked = 0;
+    for (key, (name, _)) in &funcs {
+        if Some(key.0) == text {
+            continue;
+        }
+        let (total, path) = chain(*key, &depth, &calls, &mut Vec::new());
+        let names: Vec<String> = path
+            .iter()
+            .map(|f| format!("{} ({} B)", funcs[f].0, depth[f]))
+            .collect();
+        eprintln!("{name}: {total} B: {}", names.join(" > "));
+        assert!(
+            total <= 512,
+            "{name}: a call chain of {total} bytes, over Linux 6.1's 512: {names:#?}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} programs found");
+}
+
 /// New flows refused as `DROP_PORT_EXHAUSTED`, by pod, summed over CPUs.
 fn exhausted(dp: &mut Datapath) -> Vec<(Ipv4Addr, u64)> {
     let m: aya::maps::PerCpuHashMap<&mut aya::maps::MapData, [u8; 4], u64> =
