@@ -202,7 +202,9 @@ fn admitted6(s: &mut Scratch, rule_id: u32) -> bool {
     // SAFETY: two distinct, valid 16-byte arrays of the scratch slot.
     unsafe { core::ptr::copy_nonoverlapping(&s.ip6.src, &mut s.admitted6.pod, 1) };
     s.admitted6.rule_id = rule_id;
-    ADMITTED_V6.get_ptr(&s.admitted6).is_some()
+    // By reference: the key stays in the scratch slot.
+    let key = &s.admitted6;
+    ADMITTED_V6.get_ptr(key).is_some()
 }
 
 /// Whether `addr` is the gateway's own address (an `interface:` rule's), not a dedicated
