@@ -1513,7 +1513,14 @@ fn exhausted(dp: &mut Datapath) -> Vec<(Ipv4Addr, u64)> {
 /// A SYN from a remote `pod`'s `sport` to `DEST_A`:443 (rule A) through the tunnel: the
 /// verdict and the source port it leaves with.
 fn syn_to_a(dp: &mut Datapath, net: &Net, pod: Ipv4Addr, sport: u16) -> (u32, u16) {
-    let p = tcp(pod, sport, DEST_A, 443, 0x02);
+    segment_to_a(dp, net, pod, sport, 0x02)
+}
+
+/// A TCP segment with `flags` from a remote `pod`'s `sport` to `DEST_A`:443 (rule A)
+/// through the tunnel: the verdict and the source port it leaves with. A mid-stream one
+/// (`TCP_ACK`) is the first packet a gateway that took egress IP A over sees of a flow.
+fn segment_to_a(dp: &mut Datapath, net: &Net, pod: Ipv4Addr, sport: u16, flags: u8) -> (u32, u16) {
+    let p = tcp(pod, sport, DEST_A, 443, flags);
     let o = dp.run(
         FROM_TUNNEL,
         &p.build(),
@@ -1619,20 +1626,6 @@ fn a_new_flow_finds_the_last_free_port_of_the_range() {
     });
 }
 
-/// A mid-stream segment from a remote `pod`'s `sport` to `DEST_A`:443 (rule A) through
-/// the tunnel, as the first packet a gateway that took egress IP A over sees of a flow:
-/// the verdict and the source port it leaves with.
-fn ack_to_a(dp: &mut Datapath, net: &Net, pod: Ipv4Addr, sport: u16) -> (u32, u16) {
-    let p = tcp(pod, sport, DEST_A, 443, TCP_ACK);
-    let o = dp.run(
-        FROM_TUNNEL,
-        &p.build(),
-        net.tun0,
-        Some((PEER.into(), RULE_A)),
-    );
-    (o.verdict, Ipv4Addr::sport_of(&o.frame))
-}
-
 /// Share `pod`:`sport` -> `DEST_A`:443 (TCP) as `egress`:`port` in `REMAP_V4`, as the agent
 /// writes what the egress IP's holder sent (issue 44).
 fn share_remap(dp: &mut Datapath, pod: Ipv4Addr, sport: u16, egress: Ipv4Addr, port: u16) {
@@ -1675,7 +1668,9 @@ fn a_shared_remap_gives_a_taken_over_flow_the_port_the_far_end_knows() {
             40_003,
         );
         share_remap(&mut dp, REMOTE_POD3, 40_004, EGRESS_A, 40_000);
-        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| ack_to_a(dp, &net, pod, sport);
+        let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| {
+            segment_to_a(dp, &net, pod, sport, TCP_ACK)
+        };
         assert_eq!(
             send(&mut dp, REMOTE_POD2, 40_000),
             (TC_ACT_REDIRECT, 40_001)
