@@ -269,6 +269,118 @@ fn the_base_renders_crds_rbac_daemonset_and_metrics_service() {
     assert_eq!(annotations["prometheus.io/path"], "/metrics");
 }
 
+/// The liveness key's Secret is required, in the base and the OpenShift overlay alike: a
+/// missing Secret keeps the pods in ContainerCreating with an event naming it, where an
+/// optional volume would start agents that find no key file and crash-loop. The file
+/// `EGRESS_LIVENESS_KEY_FILE` names is the Secret's entry that the install steps create.
+#[test]
+fn the_liveness_secret_is_required_where_the_agent_reads_its_key() {
+    for (dir, objects) in [
+        ("deploy", render()),
+        ("deploy/openshift", render_openshift()),
+    ] {
+        let pod = &one(&objects, "DaemonSet")["spec"]["template"]["spec"];
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["secret"]["secretName"] == "egress-liveness-key")
+            .unwrap_or_else(|| panic!("{dir}: no volume of the Secret egress-liveness-key"));
+        assert!(
+            matches!(
+                volume["secret"]["optional"],
+                Value::Null | Value::Bool(false)
+            ),
+            "{dir}: the liveness key's Secret is optional: {volume:#}"
+        );
+        let agent = &pod["containers"][0];
+        let mount = agent["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume["name"])
+            .unwrap_or_else(|| panic!("{dir}: the Secret is not mounted in the agent"));
+        let file = env_of(agent)["EGRESS_LIVENESS_KEY_FILE"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            Path::new(&file).parent().unwrap(),
+            Path::new(mount["mountPath"].as_str().unwrap()),
+            "{dir}"
+        );
+        assert_eq!(Path::new(&file).file_name().unwrap(), LIVENESS_KEY_ENTRY);
+    }
+}
+
+/// The Secret's entry that holds the key: the install steps' `--from-literal=key=...`.
+const LIVENESS_KEY_ENTRY: &str = "key";
+
+/// The text of `file`'s section under `heading` (a whole heading line, such as `##
+/// Install`), to the next heading of its level or above.
+fn section(file: &str, heading: &str) -> String {
+    let text = std::fs::read_to_string(workspace().join(file)).unwrap();
+    let level = heading.split(' ').next().unwrap();
+    let mut lines = text.lines().skip_while(|l| *l != heading);
+    assert!(lines.next().is_some(), "{file}: no section {heading:?}");
+    let mut fenced = false;
+    lines
+        .take_while(|l| {
+            if l.starts_with("```") {
+                fenced = !fenced;
+            }
+            fenced
+                || !l.starts_with('#')
+                || l.split(' ').next().is_some_and(|h| h.len() > level.len())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every install path creates the liveness Secret (after its namespace, before the
+/// DaemonSet), with the entry the DaemonSet reads: README's "Deploying",
+/// docs/openshift.md's "Install" and docs/operations.md's "Liveness keys".
+#[test]
+fn every_install_path_creates_the_liveness_secret_first() {
+    let create = format!(
+        "create secret generic egress-liveness-key \\\n  --from-literal={LIVENESS_KEY_ENTRY}=$(openssl rand -hex 32)"
+    );
+    for (file, heading, namespace, apply) in [
+        (
+            "README.md",
+            "## Deploying",
+            "kubectl apply -f deploy/base/namespace.yaml",
+            Some("kubectl apply -k deploy/"),
+        ),
+        (
+            "docs/openshift.md",
+            "## Install",
+            "oc apply -f deploy/openshift/namespace.yaml",
+            Some("oc apply -k deploy/openshift"),
+        ),
+        (
+            "docs/operations.md",
+            "## Liveness keys",
+            "kubectl apply -f deploy/base/namespace.yaml",
+            None,
+        ),
+    ] {
+        let text = section(file, heading);
+        let at = |what: &str| {
+            text.find(what)
+                .unwrap_or_else(|| panic!("{file}, {heading:?}: no `{what}`"))
+        };
+        let secret = at(&create);
+        assert!(
+            at(namespace) < secret,
+            "{file}: the namespace after the Secret"
+        );
+        if let Some(apply) = apply {
+            assert!(secret < at(apply), "{file}: `{apply}` before the Secret");
+        }
+    }
+}
+
 /// RBAC: read and watch what the compiler reads, write only the agent's own objects, no
 /// `update`, `delete` or wildcard.
 #[test]

@@ -82,6 +82,10 @@ pub struct Keyring {
 pub enum Error {
     #[error("failed to read the liveness key file {path}: {error}")]
     Read { path: PathBuf, error: String },
+    #[error(
+        "failed to read the liveness key file {path}: no such file. In the DaemonSet it is the entry `{entry}` of the Secret egress-liveness-key: `kubectl -n egress-system create secret generic egress-liveness-key --from-literal={entry}=$(openssl rand -hex 32)` (docs/operations.md, \"Liveness keys\"); elsewhere write one hex key of at least {MIN_KEY_LEN} bytes per line there, or leave --liveness-key-file out to run unauthenticated"
+    )]
+    Missing { path: PathBuf, entry: String },
     #[error("liveness key file {path}, line {line}: {problem}")]
     Line {
         path: PathBuf,
@@ -101,9 +105,18 @@ impl Keyring {
 
     /// Read the key file at `path` (see the module's documentation for its format).
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Read {
-            path: path.to_owned(),
-            error: e.to_string(),
+        let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::Missing {
+                path: path.to_owned(),
+                // A Secret's entry is a file of its mount, named by the entry's key.
+                entry: path
+                    .file_name()
+                    .map_or_else(|| "key".to_owned(), |n| n.to_string_lossy().into_owned()),
+            },
+            _ => Error::Read {
+                path: path.to_owned(),
+                error: e.to_string(),
+            },
         })?;
         Self::parse(&text, path)
     }
@@ -233,7 +246,25 @@ mod tests {
         let e = Keyring::load(Path::new("/nonexistent/key")).expect_err("missing");
         assert!(
             e.to_string()
-                .starts_with("failed to read the liveness key file /nonexistent/key"),
+                .starts_with("failed to read the liveness key file /nonexistent/key: no such file"),
+            "{e}"
+        );
+        // A missing file says how to create the Secret the DaemonSet mounts it from, with
+        // the entry named as the file is.
+        assert!(
+            e.to_string().contains(
+                "kubectl -n egress-system create secret generic egress-liveness-key \
+                 --from-literal=key=$(openssl rand -hex 32)"
+            ),
+            "{e}"
+        );
+        let e = Keyring::load(Path::new("/nonexistent/hellos")).expect_err("missing");
+        assert!(e.to_string().contains("--from-literal=hellos="), "{e}");
+        // Another failure says what the system said.
+        let dir = std::env::temp_dir();
+        let e = Keyring::load(&dir).expect_err("a directory");
+        assert!(
+            matches!(e, Error::Read { .. }) && !e.to_string().contains("create secret"),
             "{e}"
         );
     }
