@@ -255,7 +255,10 @@ fn openshift_scrapes_over_https_verifying_the_service_ca() {
     let objects = kustomize("deploy/openshift/monitoring");
     let mut kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
     kinds.sort_unstable();
-    assert_eq!(kinds, ["ConfigMap", "PrometheusRule", "ServiceMonitor"]);
+    assert_eq!(
+        kinds,
+        ["ConfigMap", "ConfigMap", "PrometheusRule", "ServiceMonitor"]
+    );
     let monitor = objects
         .iter()
         .find(|o| o["kind"] == "ServiceMonitor")
@@ -271,4 +274,124 @@ fn openshift_scrapes_over_https_verifying_the_service_ca() {
         endpoint["tlsConfig"]["ca"]["configMap"]["name"],
         "openshift-service-ca.crt"
     );
+}
+
+/// Panel types the OpenShift console's dashboards draw (openshift/monitoring-plugin,
+/// `legacy-dashboard.tsx`; rows are expanded): any other type is left out without a word.
+const CONSOLE_PANEL_TYPES: &[&str] = &[
+    "gauge",
+    "grafana-piechart-panel",
+    "graph",
+    "singlestat",
+    "table",
+];
+
+/// Units the console's graphs know (`GraphUnits`).
+const CONSOLE_UNITS: &[&str] = &[
+    "Bytes",
+    "bytes",
+    "bps",
+    "Bps",
+    "pps",
+    "ms",
+    "s",
+    "percentunit",
+    "short",
+];
+
+/// `deploy/openshift/monitoring`: the dashboard as the OpenShift console reads it, a
+/// ConfigMap labelled `console.openshift.io/dashboard` in `openshift-config-managed`
+/// holding one Grafana-format dashboard, with only panel types the console draws (tables
+/// with the column styles it needs, graphs in units it knows, widths in its 12 columns),
+/// and the Grafana dashboard's panels and queries, in its order: what one shows, the
+/// other does. Every metric it names is served (egress-agent's
+/// `every_metric_named_in_the_docs_and_deploy_is_served` reads deploy/).
+#[test]
+fn the_console_dashboard_shows_the_grafana_dashboards_queries() {
+    let objects = kustomize("deploy/openshift/monitoring");
+    let console: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["metadata"]["labels"]["console.openshift.io/dashboard"] == "true")
+        .collect();
+    assert_eq!(console.len(), 1, "one console dashboard");
+    let cm = console[0];
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(cm["metadata"]["namespace"], "openshift-config-managed");
+    let data = cm["data"].as_object().unwrap();
+    assert_eq!(data.len(), 1, "the console reads the first entry only");
+    let (file, text) = data.iter().next().unwrap();
+    let dash: Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    let on_disk: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            workspace()
+                .join("deploy/openshift/monitoring/dashboards")
+                .join(file),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(dash, on_disk, "{file}");
+    assert!(dash["title"].as_str().is_some_and(|t| !t.is_empty()));
+
+    let mut shown = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        let title = p["title"].as_str().unwrap();
+        let kind = p["type"].as_str().unwrap();
+        if kind == "row" {
+            assert_eq!(p["showTitle"], true, "row {title}: its title shows");
+            continue;
+        }
+        assert!(
+            CONSOLE_PANEL_TYPES.contains(&kind),
+            "{title}: the console does not draw {kind:?} panels"
+        );
+        let span = p["span"].as_u64().unwrap_or(12);
+        assert!((1..=12).contains(&span), "{title}: span {span}");
+        match kind {
+            "table" => {
+                let styles = p["styles"].as_array().expect("a table's column styles");
+                assert!(
+                    styles.iter().any(|s| s["alias"].is_string()),
+                    "{title}: no column shows"
+                );
+            }
+            "graph" => {
+                let unit = p["yaxes"][0]["format"].as_str().unwrap_or("short");
+                assert!(CONSOLE_UNITS.contains(&unit), "{title}: unit {unit}");
+            }
+            _ => {}
+        }
+        shown.push(queries(p));
+    }
+    let grafana: Value =
+        serde_json::from_str(&monitoring("dashboards/egress-gateway.json")).unwrap();
+    let wanted: Vec<_> = grafana["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(queries)
+        .collect();
+    assert_eq!(
+        shown, wanted,
+        "the console's panels are not the Grafana dashboard's"
+    );
+}
+
+/// A panel's title and its queries (expression and legend), in order.
+fn queries(panel: &Value) -> (String, Vec<(String, String)>) {
+    let title = panel["title"].as_str().unwrap().to_owned();
+    let targets = panel["targets"].as_array().unwrap();
+    assert!(!targets.is_empty(), "{title}: no query");
+    let q = targets
+        .iter()
+        .map(|t| {
+            let expr = t["expr"].as_str().unwrap();
+            assert!(expr.contains("egress_"), "{title}: {expr}");
+            (
+                expr.to_owned(),
+                t["legendFormat"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    (title, q)
 }
