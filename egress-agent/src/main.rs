@@ -44,8 +44,8 @@ enum Command {
     Run(Box<RunArgs>),
     /// Check this node for what the agent needs: kernel (BTF, TCX or legacy tc, map types,
     /// the programs loaded, JIT), bpffs,
-    /// capabilities, the tunnel port, rp_filter, MTU headroom, egress IPs (subnet on an
-    /// up interface, nobody else answering for them). One line per check: ok, warn or
+    /// capabilities, the tunnel port, Open vSwitch hardware offload, rp_filter, MTU
+    /// headroom, egress IPs (subnet on an up interface, nobody else answering for them). One line per check: ok, warn or
     /// fail, with what to do; exits non-zero if any check fails.
     Doctor {
         /// This node's name in the cluster state (default: the Node whose InternalIP is
@@ -65,6 +65,10 @@ enum Command {
         /// Do not probe the network for the egress IPs.
         #[arg(long)]
         no_dad: bool,
+        /// OVSDB's unix socket, asked whether Open vSwitch offloads flows to the NIC
+        /// (`other_config:hw-offload`); no socket: no Open vSwitch.
+        #[arg(long, env = "EGRESS_OVSDB", default_value = egress_agent::iface::ovsdb::DEFAULT_SOCKET)]
+        ovsdb: PathBuf,
     },
     /// Print a running agent's view: the egress IPs it holds, its peers (alive, round
     /// trip), every holder and why (from its --metrics-addr).
@@ -482,6 +486,7 @@ fn real_main() -> Result<ExitCode> {
             egress_ips,
             node,
             no_dad,
+            ovsdb,
         } => {
             let view = state_dir.map(|dir| egress_agent::source::yaml::load_dir(&dir).view);
             let settings = doctor::Settings {
@@ -497,6 +502,7 @@ fn real_main() -> Result<ExitCode> {
                     doctor::Dad::Now
                 },
                 load_programs: true,
+                ovsdb,
             };
             doctor(&settings, view.as_ref())
         }

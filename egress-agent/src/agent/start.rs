@@ -47,6 +47,7 @@ pub(super) async fn preflight(cfg: &RunConfig, snap: &Snapshot) -> Vec<Preflight
         dad: doctor::Dad::WhenClaimed,
         // The agent loads its programs itself, right after: a refusal fails the start.
         load_programs: false,
+        ovsdb: cfg.ovsdb.clone(),
     };
     let checks = doctor::run(&settings, Some(&snap.view)).await;
     for c in &checks {

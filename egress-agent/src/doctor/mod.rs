@@ -5,6 +5,8 @@
 //!   (loaded: the verifier's word on each helper), the BPF JIT;
 //! * the host ([`host`]): bpffs at the pin directory, capabilities, the tunnel port,
 //!   rp_filter on the secondary interfaces, MTU headroom for the tunnel;
+//! * Open vSwitch's hardware offload ([`offload`]), which lets offloaded flows skip the
+//!   TC hooks;
 //! * the egress IPs this node may hold (policies whose gatewaySelector matches it, or
 //!   `--egress-ip`): each one's subnet on an up interface, and nobody else answering for
 //!   it ([`dad`], which the agent also runs before it claims an address).
@@ -28,6 +30,7 @@ use crate::{
 pub mod dad;
 pub mod host;
 pub mod kernel;
+pub mod offload;
 
 /// What `doctor` checks against.
 #[derive(Clone, Debug)]
@@ -45,6 +48,8 @@ pub struct Settings {
     /// Whether to load the agent's programs to check them (`doctor`; the agent's own
     /// preflight skips it: it loads them itself right after).
     pub load_programs: bool,
+    /// OVSDB's socket, asked whether Open vSwitch offloads flows to the NIC ([`offload`]).
+    pub ovsdb: PathBuf,
 }
 
 /// When duplicate address detection runs.
@@ -128,6 +133,7 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         }
     };
     out.push(tunnel_port(&nl, s).await);
+    out.push(offload::verdict(&s.ovsdb, &offload::probe(&s.ovsdb).await));
 
     let me = s
         .node_name

@@ -1,7 +1,9 @@
-//! Open vSwitch's own record of which port is which pod: the `Interface` table's
-//! `external_ids:iface-id`, which OVN-Kubernetes sets to `<namespace>_<pod>` on the
-//! host side of each pod's veth on `br-int`. One `select` over OVSDB's JSON-RPC
-//! (RFC 7047) on its unix socket, read-only; no `ovs-vsctl` in the image.
+//! What Open vSwitch's database says, read-only: which port is which pod (the `Interface`
+//! table's `external_ids:iface-id`, which OVN-Kubernetes sets to `<namespace>_<pod>` on
+//! the host side of each pod's veth on `br-int`), and whether it offloads flows to the
+//! NIC (`other_config:hw-offload` of the `Open_vSwitch` table, for `doctor`). One
+//! `select` over OVSDB's JSON-RPC (RFC 7047) on its unix socket each; no `ovs-vsctl` in
+//! the image.
 
 use std::{path::Path, time::Duration};
 
@@ -30,14 +32,27 @@ pub struct PodPort {
 /// The interfaces of the OVSDB at `socket` that carry an `iface-id`. The error names
 /// the socket and what failed.
 pub async fn pod_ports(socket: &Path) -> Result<Vec<PodPort>, String> {
+    let rows = select(socket, "Interface", &["name", "external_ids"]).await?;
+    Ok(pod_ports_of(&rows))
+}
+
+/// `other_config:hw-offload` of the `Open_vSwitch` table's row (`ovs-vsctl get
+/// Open_vSwitch . other_config:hw-offload`); `None` when it is not set, which is off.
+pub async fn hw_offload(socket: &Path) -> Result<Option<String>, String> {
+    let rows = select(socket, "Open_vSwitch", &["other_config"]).await?;
+    Ok(hw_offload_of(&rows))
+}
+
+/// The rows of `table` (only `columns`), or an error naming the socket and what failed.
+async fn select(socket: &Path, table: &str, columns: &[&str]) -> Result<Vec<Value>, String> {
     let what = || format!("OVSDB at {} (--ovsdb)", socket.display());
-    tokio::time::timeout(TIMEOUT, query(socket))
+    tokio::time::timeout(TIMEOUT, query(socket, table, columns))
         .await
         .map_err(|_| format!("{}: no answer within {TIMEOUT:?}", what()))?
         .map_err(|e| format!("{}: {e}", what()))
 }
 
-async fn query(socket: &Path) -> Result<Vec<PodPort>, String> {
+async fn query(socket: &Path, table: &str, columns: &[&str]) -> Result<Vec<Value>, String> {
     let mut stream = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|e| format!("failed to connect: {e}"))?;
@@ -46,9 +61,9 @@ async fn query(socket: &Path) -> Result<Vec<PodPort>, String> {
         "method": "transact",
         "params": ["Open_vSwitch", {
             "op": "select",
-            "table": "Interface",
+            "table": table,
             "where": [],
-            "columns": ["name", "external_ids"],
+            "columns": columns,
         }],
     });
     stream
@@ -79,8 +94,8 @@ async fn query(socket: &Path) -> Result<Vec<PodPort>, String> {
     }
 }
 
-/// The pod ports of a `transact` reply to the `select` above.
-fn parse_reply(reply: &Value) -> Result<Vec<PodPort>, String> {
+/// The rows of a `transact` reply to one `select`.
+fn parse_reply(reply: &Value) -> Result<Vec<Value>, String> {
     if let Some(e) = reply.get("error").filter(|e| !e.is_null()) {
         return Err(format!("the server refused the query: {e}"));
     }
@@ -88,17 +103,27 @@ fn parse_reply(reply: &Value) -> Result<Vec<PodPort>, String> {
     if let Some(e) = result.get("error") {
         return Err(format!("the select failed: {e}"));
     }
-    let rows = result["rows"]
+    result["rows"]
         .as_array()
-        .ok_or_else(|| format!("the reply has no rows: {reply}"))?;
-    Ok(rows
-        .iter()
+        .cloned()
+        .ok_or_else(|| format!("the reply has no rows: {reply}"))
+}
+
+/// The pod ports among rows of the `Interface` table.
+fn pod_ports_of(rows: &[Value]) -> Vec<PodPort> {
+    rows.iter()
         .filter_map(|row| {
             let name = row["name"].as_str()?.to_owned();
             let iface_id = map_value(&row["external_ids"], "iface-id")?;
             Some(PodPort { name, iface_id })
         })
-        .collect())
+        .collect()
+}
+
+/// `other_config:hw-offload` of the `Open_vSwitch` table's rows (there is one).
+fn hw_offload_of(rows: &[Value]) -> Option<String> {
+    rows.iter()
+        .find_map(|row| map_value(&row["other_config"], "hw-offload"))
 }
 
 /// `key` of an OVSDB map, `["map", [[k, v], ...]]`.
@@ -129,7 +154,7 @@ mod tests {
             {"name": "ovn-k8s-mp0", "external_ids": ["map", [["iface-id", "k8s-node-a"]]]},
         ]}]});
         assert_eq!(
-            parse_reply(&reply).unwrap(),
+            pod_ports_of(&parse_reply(&reply).unwrap()),
             [
                 PodPort {
                     name: "a1b2c3d4e5f6a7b".into(),
@@ -141,6 +166,46 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn hw_offload_is_the_open_vswitch_rows_other_config() {
+        let rows = |pairs: Value| vec![json!({"other_config": ["map", pairs]})];
+        let on = rows(json!([["hw-offload", "true"], ["max-idle", "10000"]]));
+        assert_eq!(hw_offload_of(&on).as_deref(), Some("true"));
+        assert_eq!(hw_offload_of(&rows(json!([["max-idle", "10000"]]))), None);
+        assert_eq!(hw_offload_of(&[]), None);
+    }
+
+    /// The query as Open vSwitch answers it, over a unix socket: a fake server reads the
+    /// request (a select of `Open_vSwitch`'s `other_config`) and sends a reply in two
+    /// pieces.
+    #[tokio::test]
+    async fn hw_offload_asks_ovsdb_over_its_socket() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let socket = dir.path().join("db.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 4096];
+            let n = conn.read(&mut buf).await.expect("read");
+            let request: Value = serde_json::from_slice(&buf[..n]).expect("JSON");
+            let reply = json!({"id": 1, "error": null, "result": [{"rows": [
+                {"other_config": ["map", [["hw-offload", "true"]]]},
+            ]}]})
+            .to_string();
+            let (a, b) = reply.split_at(reply.len() / 2);
+            conn.write_all(a.as_bytes()).await.expect("write");
+            conn.flush().await.expect("flush");
+            conn.write_all(b.as_bytes()).await.expect("write");
+            request
+        });
+        assert_eq!(hw_offload(&socket).await, Ok(Some("true".to_owned())));
+        let request = server.await.expect("the server");
+        assert_eq!(request["params"][1]["table"], "Open_vSwitch");
+        assert_eq!(request["params"][1]["columns"], json!(["other_config"]));
+        let e = hw_offload(&dir.path().join("none.sock")).await.unwrap_err();
+        assert!(e.contains("none.sock (--ovsdb): failed to connect"), "{e}");
     }
 
     #[test]
