@@ -24,6 +24,7 @@ pub mod endpoints;
 pub mod explain;
 pub mod family;
 pub mod iface;
+pub mod import;
 pub mod liveness;
 pub mod logs;
 pub mod metrics;

@@ -100,6 +100,12 @@ enum Command {
     Explain(Box<egress_agent::explain::cli::ExplainArgs>),
     /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
     Crd,
+    /// Translate OVN-Kubernetes EgressIP objects (YAML files or stdin, such as `kubectl get
+    /// egressips -o yaml`) into EgressGatewayPolicies, printed as YAML, with what EgressIP
+    /// does not say (destinations: all; the gateway nodes; the failure policy) in
+    /// comments. An object that does not translate is named on stderr with its field and
+    /// why; the others are still printed, and the exit code is non-zero.
+    ImportEgressip(egress_agent::import::cli::ImportArgs),
     /// Install the chained CNI plugin `egress-cni` into a CNI bin directory (the
     /// DaemonSet's init container, with the host's /opt/cni/bin mounted): the image's
     /// plugin bundle, run by a script with its own loader and libraries.
@@ -506,6 +512,7 @@ fn real_main() -> Result<ExitCode> {
             };
             doctor(&settings, view.as_ref())
         }
+        Command::ImportEgressip(args) => Ok(import_egressip(&args)),
         Command::Crd => {
             print!("{}", api::crd_yaml());
             Ok(ExitCode::SUCCESS)
@@ -529,6 +536,20 @@ fn runtime(workers: usize) -> Result<tokio::runtime::Runtime> {
     b.enable_all()
         .build()
         .context("failed to start the runtime")
+}
+
+/// `egress-agent import-egressip`: the policies on stdout, each refusal on stderr.
+fn import_egressip(args: &egress_agent::import::cli::ImportArgs) -> ExitCode {
+    let (yaml, refused) = egress_agent::import::cli::run(args);
+    print!("{yaml}");
+    for r in &refused {
+        eprintln!("egress-agent import-egressip: {r}");
+    }
+    if refused.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// `egress-agent check`: every problem of the state directory, one per line.

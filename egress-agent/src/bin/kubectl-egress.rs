@@ -1,12 +1,13 @@
 //! `kubectl-egress`: the kubectl plugin (`kubectl egress ...`), reading the cluster through
 //! kubeconfig: `explain` (as `egress-agent explain`) and `status` (every policy's
-//! conditions and egress IPs with their holders and pods, and every EgressNode).
+//! conditions and egress IPs with their holders and pods, and every EgressNode); and
+//! `import-egressip` (as `egress-agent import-egressip`).
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use egress_agent::{explain, overview, source::kube as kube_source};
+use egress_agent::{explain, import, overview, source::kube as kube_source};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +38,9 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         timeout_secs: u64,
     },
+    /// Translate OVN-Kubernetes EgressIP objects (YAML files or stdin: `kubectl get
+    /// egressips -o yaml | kubectl egress import-egressip`) into EgressGatewayPolicies.
+    ImportEgressip(import::cli::ImportArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,20 @@ fn real_main() -> Result<()> {
         .context("failed to start the runtime")?;
     let text = match cli.command {
         Command::Explain(args) => runtime.block_on(explain::cli::run(&args))?,
+        Command::ImportEgressip(args) => {
+            let (yaml, refused) = import::cli::run(&args);
+            print!("{yaml}");
+            for r in &refused {
+                eprintln!("kubectl egress import-egressip: {r}");
+            }
+            if !refused.is_empty() {
+                anyhow::bail!(
+                    "{} refusal(s) above: those objects were not translated",
+                    refused.len()
+                );
+            }
+            return Ok(());
+        }
         Command::Status {
             kubeconfig,
             timeout_secs,
