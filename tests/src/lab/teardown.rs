@@ -70,7 +70,35 @@ impl Lab {
         Ok(())
     }
 
+    /// Copy the lab's logs into a new directory under `to` (`EGRESS_LAB_KEEP_LOGS`: to
+    /// read the agents of a run that passed, or of a lab that a later one replaced).
+    fn copy_logs(&self, to: &Path) {
+        let stamp = crate::stream::unix_ms();
+        let dest = to.join(format!("{}-{stamp}", self.prefix));
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        if let Err(e) = std::fs::create_dir_all(&dest) {
+            eprintln!(
+                "lab {}: failed to create {}: {e}",
+                self.prefix,
+                dest.display()
+            );
+            return;
+        }
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "log") {
+                let _ = std::fs::copy(&path, dest.join(e.file_name()));
+            }
+        }
+        eprintln!("lab {}: logs copied to {}", self.prefix, dest.display());
+    }
+
     fn teardown(&mut self, keep_dir: bool) {
+        if let Some(to) = std::env::var_os("EGRESS_LAB_KEEP_LOGS") {
+            self.copy_logs(Path::new(&to));
+        }
         self.stop_agents();
         for mut s in std::mem::take(&mut self.servers) {
             s.terminate(Duration::from_millis(500));
