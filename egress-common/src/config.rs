@@ -10,9 +10,10 @@ pub struct Config {
     /// SNAT port range, inclusive, host order.
     pub port_min: u16,
     pub port_max: u16,
-    /// MTU of the path inside the tunnel (underlay MTU - 50, or - 70 over IPv6): TCP SYNs entering the tunnel
-    /// get their MSS clamped to `tunnel_mtu - 40`, larger DF packets are refused with an
-    /// ICMP "fragmentation needed".
+    /// MTU of the path inside the tunnel (underlay MTU - 50, or - 70 over IPv6): TCP SYNs
+    /// and SYN-ACKs entering the tunnel get their MSS clamped to fit it. Larger packets are
+    /// left to the tunnel device; the gateway answers a packet too big for its egress
+    /// interface with "fragmentation needed" / "packet too big" (`too_big`).
     pub tunnel_mtu: u16,
     /// Bit set of [`flags`].
     pub flags: u16,

@@ -34,7 +34,7 @@ reasons! {
     FORWARDED = 10, "packet redirected out of its egress interface";
     MSS_CLAMPED = 11, "TCP SYN MSS lowered to fit the tunnel";
     MALFORMED_PASSED = 12, "packet from a pod that could not be parsed: passed untouched";
-    FRAG_NEEDED_SENT = 13, "reserved, never counted: an oversize packet goes to the tunnel device as it is (TCP is clamped: MSS_CLAMPED; lower other pods' MTU)";
+    FRAG_NEEDED_SENT = 13, "packet of a selected pod too big for the gateway's egress interface: answered with ICMP fragmentation needed (IPv6: packet too big) carrying that interface's MTU, from the egress IP to the pod, which lowers its path MTU; the packet is not sent";
     RESET_MIDSTREAM = 14, "mid-stream TCP segment of an interface rule with no flow here (the gateway changed): reset so the pod fails fast";
     ICMP_ERROR_XLATED = 15, "ICMP error about a translated flow (fragmentation needed, unreachable, time exceeded) translated back to the pod, quoted packet included";
     CT_EXPIRED = 16, "conntrack entry of a flow idle past its timeout in both directions, removed by the agent's sweeper (packets: entries; bytes: 0)";
@@ -50,7 +50,7 @@ reasons! {
     DROP_UNSUPPORTED_PROTO = 41, "protocol other than TCP, UDP, ICMP echo in a selected flow";
     DROP_FIB = 42, "no route, or the route leaves by another interface than the rule's";
     DROP_TTL_EXCEEDED = 43, "TTL would reach zero";
-    DROP_MTU = 44, "reserved, never counted (the datapath drops nothing for its size)";
+    DROP_MTU = 44, "packet too big for the gateway's egress interface that cannot be answered: IPv4 without DF (a router would fragment it), IP options over 20 bytes, IPv6 extension headers, a packet the kernel will not resize";
     DROP_TUNNEL_KEY = 45, "tunnel key could not be set";
     DROP_NOT_LOCAL_POD = 46, "reply from the tunnel for a pod that is not on this node";
     DROP_NOT_READY = 47, "tunneled or reply packet before the agent configured this node";

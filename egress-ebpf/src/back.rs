@@ -73,9 +73,10 @@ pub fn send6(
             &s.ip6.src,
             pod,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
+            0,
         ) {
             Ok((v, _)) => verdict(ctx, reason::FORWARDED, v),
-            Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+            Err(_) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
     let inner = tunnel::Inner {

@@ -9,6 +9,14 @@
 //! the next program on the interface, or the stack): IPv6 underlay, another address or
 //! port, IP options or fragments, VXLAN flags other than the VNI's, an inner frame that
 //! is neither IPv4 nor IPv6, headers that are not there.
+//!
+//! Nor a GSO packet (a GRO aggregate, or a segment train that crossed a veth): removing
+//! its headers with `bpf_skb_adjust_room` leaves its tunnel GSO state
+//! (`SKB_GSO_UDP_TUNNEL`, `skb->encapsulation`), which only the tunnel device clears
+//! (`iptunnel_pull_offloads`) before Linux's `BPF_F_ADJ_ROOM_DECAP_L4_UDP`, newer than
+//! every kernel here: left stale, the inner packet's segmentation on its way out breaks,
+//! and the skb cannot be resized (an answer made of it, `too_big`, fails). The device
+//! decapsulates those once per aggregate, where the per-packet cost was.
 
 use aya_ebpf::{
     bindings::{
@@ -50,6 +58,10 @@ pub fn decapsulate(ctx: &TcContext) -> Option<&'static Received> {
     let cfg = maps::config()?;
     let s = scratch::scratch()?;
     let node = underlay::node_ip(cfg).v4_host()?;
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    if unsafe { (*ctx.skb.skb).gso_size } != 0 {
+        return None;
+    }
     if ctx.data() + HEADERS > ctx.data_end() {
         // The headers may sit in fragments (a GRO packet): pull them in, or give up.
         // SAFETY: the context's skb.

@@ -4,8 +4,8 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
-        bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LOOKUP_OUTPUT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
     helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
@@ -48,7 +48,8 @@ pub fn redirect(
     // Not `lookup4` + `send4`: the ICMP-error and local-delivery paths that call this
     // are deep in `from_secondary`'s call chain, and the `Next4` copy would take their
     // stack past 512 bytes.
-    lookup_and_redirect(ctx, p, from, &mut false)
+    let mut kind = UNROUTED;
+    lookup_and_redirect(ctx, p, from, 0, &mut kind)
 }
 
 /// [`Next4::kind`]: no usable route (or one out of another interface than required).
@@ -60,6 +61,11 @@ pub const RESOLVED: u32 = 1;
 /// and the kernel resolves the neighbour when the packet goes (`bpf_redirect_neigh`).
 /// Never cached.
 pub const NO_NEIGH: u32 = 2;
+/// A route, but the packet is larger than its device's MTU (`nh.mtu`): the kernel's
+/// `is_skb_forwardable` refused it, or, a GSO packet, which that check lets through
+/// whatever its size, its segments are larger ([`gso_too_big`]). Answered with
+/// "fragmentation needed" or "packet too big" (`too_big`), never sent.
+pub const TOO_BIG: u32 = 3;
 
 /// Where the FIB sends an IPv4 packet, before it is sent ([`send4`]). Plain integers,
 /// every field set on every path: an enum with data let LLVM copy uninitialised bytes
@@ -73,29 +79,47 @@ pub struct Next4 {
 }
 
 /// The FIB lookup of [`redirect`] alone, so that a new flow's conntrack entry can be
-/// made with its next hop in it (one lookup for both).
+/// made with its next hop in it (one lookup for both). `headers`: those of each segment
+/// of a GSO packet ([`segment_headers`]).
 #[inline(always)]
-pub fn lookup4(ctx: &TcContext, proto: u8, src: [u8; 4], dst: [u8; 4], from: From) -> Next4 {
+pub fn lookup4(
+    ctx: &TcContext,
+    proto: u8,
+    src: [u8; 4],
+    dst: [u8; 4],
+    from: From,
+    headers: u32,
+) -> Next4 {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
     let mut slot = core::mem::MaybeUninit::<FibParams>::uninit();
     let p = unsafe { crate::mem::zeroed_in(&mut slot) };
     p.family = AF_INET;
     p.l4_protocol = proto;
     // tot_len stays 0: the kernel then checks the MTU with is_skb_forwardable(), which
-    // understands GSO/GRO packets (a non-zero tot_len would refuse every aggregated
-    // TCP packet as "fragmentation needed"), and returns the device's MTU.
+    // lets every GSO/GRO packet through (a non-zero tot_len would refuse every aggregated
+    // TCP packet as "fragmentation needed"; their segments are measured here instead:
+    // `gso_too_big`), and returns the device's MTU.
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
     let kind = match fib_call(ctx, p, from) {
+        Ok(r)
+            if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS)
+            // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
+            && gso_too_big(ctx, headers, unsafe { p.__bindgen_anon_1.mtu_result }) =>
+        {
+            TOO_BIG
+        }
         Ok(r) if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS) => RESOLVED,
         Ok(r) if r == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) => NO_NEIGH,
+        Ok(r) if r == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) => TOO_BIG,
         _ => UNROUTED,
     };
     Next4 {
         nh: NextHop {
             dmac: p.dmac,
             smac: p.smac,
-            // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
+            // SAFETY: a plain u16 (on success and on "fragmentation needed" the kernel
+            // wrote the device's MTU there).
             mtu: unsafe { p.__bindgen_anon_1.mtu_result },
             generation: 0,
             ifindex: p.ifindex,
@@ -133,19 +157,23 @@ pub fn send4(ctx: &TcContext, next: &Next4) -> Result<i32, ()> {
 /// Whether `nh`, a conntrack entry's cached next hop, may carry this packet: filled, of
 /// the current generation `generation` (`maps::nh_gen`, its low 16 bits), younger than
 /// [`conntrack::NEXT_HOP_MAX_AGE_NS`] at `now` ([`conntrack::fresh`]), and the packet
-/// within the device's MTU (or GSO, which the FIB's own check lets through as well:
-/// `is_skb_forwardable`). Otherwise the packet takes the FIB lookup, which refreshes the
-/// cache.
+/// within the device's MTU (a GSO packet by its segments: [`gso_too_big`]). Otherwise
+/// the packet takes the FIB lookup, which refreshes the cache or answers [`TOO_BIG`].
 #[inline(always)]
-pub fn cache_valid(ctx: &TcContext, nh: &NextHop, generation: u32, now: u64) -> bool {
+pub fn cache_valid(ctx: &TcContext, nh: &NextHop, generation: u32, now: u64, headers: u32) -> bool {
     // Frame = MTU + Ethernet header + one VLAN tag, as `is_skb_forwardable` allows.
     const L2_ROOM: u32 = 14 + 4;
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let fits = if gso_size == 0 {
+        ctx.len() <= u32::from(nh.mtu) + L2_ROOM
+    } else {
+        !gso_too_big(ctx, headers, nh.mtu)
+    };
     nh.ifindex != 0
         && nh.generation == conntrack::generation(generation)
         && conntrack::fresh(nh.filled, now)
-        && (ctx.len() <= u32::from(nh.mtu) + L2_ROOM
-            // SAFETY: the context pointer is valid for the program's lifetime.
-            || unsafe { (*ctx.skb.skb).gso_size } != 0)
+        && fits
 }
 
 /// Store `nh` (a [`Next4::Resolved`] result) as the cached next hop `slot` of a
@@ -167,10 +195,20 @@ pub fn cache_store(slot: &mut NextHop, nh: &NextHop, generation: u32, now: u64) 
     }
 }
 
+/// Why [`redirect6`] sent nothing.
+pub enum Unsent {
+    /// No usable route (or one out of another interface than required).
+    NoRoute,
+    /// The packet is larger than the route's device takes ([`TOO_BIG`]): its MTU is in
+    /// `p.mtu_result`.
+    TooBig,
+}
+
 /// [`redirect`] for IPv6 (the same rules; tot_len 0 for the same reason), also saying
 /// whether the next hop was resolved: then `p` holds what a conntrack entry caches (MACs,
 /// output ifindex, MTU). The lookup's parameters live in `p` (the per-CPU scratch slot),
-/// not on the stack.
+/// not on the stack. `headers`: those of each segment of a GSO packet
+/// ([`segment_headers`]), or 0 where the device's MTU is not this path's business.
 #[inline(always)]
 pub fn redirect6(
     ctx: &TcContext,
@@ -179,31 +217,36 @@ pub fn redirect6(
     src: &[u8; 16],
     dst: &[u8; 16],
     from: &From,
-) -> Result<(i32, bool), ()> {
+    headers: u32,
+) -> Result<(i32, bool), Unsent> {
     let mut q = Lookup6 {
         proto,
         output: u8::from(matches!(from, From::Output(_))),
-        resolved: 0,
+        kind: 0,
         _pad: 0,
         ifindex: match from {
             From::Output(i) | From::Input(i) => *i,
         },
+        headers,
     };
     match redirect6_call(ctx, p, &mut q, src, dst) {
-        NO_ROUTE => Err(()),
-        v => Ok((v, q.resolved != 0)),
+        NO_ROUTE if u32::from(q.kind) == TOO_BIG => Err(Unsent::TooBig),
+        NO_ROUTE => Err(Unsent::NoRoute),
+        v => Ok((v, u32::from(q.kind) == RESOLVED)),
     }
 }
 
 /// [`redirect6`]'s question, as plain integers (it crosses a BPF call, so BTF describes
-/// it, and BTF has no Rust enums with data); `resolved` is the answer's.
+/// it, and BTF has no Rust enums with data); `kind` is the answer's ([`Next4::kind`]'s
+/// values).
 #[repr(C)]
 struct Lookup6 {
     proto: u8,
     output: u8,
-    resolved: u8,
+    kind: u8,
     _pad: u8,
     ifindex: u32,
+    headers: u32,
 }
 
 /// What [`redirect6_call`] returns instead of `Err`: not a TC verdict.
@@ -231,9 +274,9 @@ fn redirect6_call(
     } else {
         From::Input(q.ifindex)
     };
-    let mut resolved = false;
-    let v = lookup_and_redirect(ctx, p, from, &mut resolved).unwrap_or(NO_ROUTE);
-    q.resolved = u8::from(resolved);
+    let mut kind = UNROUTED;
+    let v = lookup_and_redirect(ctx, p, from, q.headers, &mut kind).unwrap_or(NO_ROUTE);
+    q.kind = kind as u8;
     v
 }
 
@@ -276,18 +319,27 @@ fn fib_call(ctx: &TcContext, p: &mut FibParams, from: From) -> Result<i64, ()> {
     Ok(ret)
 }
 
-/// The FIB lookup of `p` from `from`, and the redirect where it says; `resolved` set
-/// when the next hop was resolved (`p` then holds its MACs, ifindex and MTU).
+/// The FIB lookup of `p` from `from`, and the redirect where it says; `kind` set to
+/// [`RESOLVED`] when the next hop was resolved (`p` then holds its MACs, ifindex and
+/// MTU), to [`TOO_BIG`] when the packet does not fit the route's device (`Err`: nothing
+/// sent; the MTU is in `p`), a GSO packet's segments of `headers` included (unless 0).
 #[inline(always)]
 fn lookup_and_redirect(
     ctx: &TcContext,
     p: &mut FibParams,
     from: From,
-    resolved: &mut bool,
+    headers: u32,
+    kind: &mut u32,
 ) -> Result<i32, ()> {
     let ret = fib_call(ctx, p, from)?;
-    if ret == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
-        *resolved = true;
+    // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
+    let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+    if ret == i64::from(BPF_FIB_LKUP_RET_SUCCESS) && headers != 0 && gso_too_big(ctx, headers, mtu)
+    {
+        *kind = TOO_BIG;
+        Err(())
+    } else if ret == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        *kind = RESOLVED;
         rewrite::set_macs(ctx, &p.dmac, &p.smac).map_err(|_| ())?;
         Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
     } else if ret == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
@@ -308,8 +360,31 @@ fn lookup_and_redirect(
                 as i32,
         )
     } else {
+        if ret == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+            *kind = TOO_BIG;
+        }
         Err(())
     }
+}
+
+/// Whether a GSO packet's segments, each `headers` (IP and transport headers, see
+/// [`segment_headers`]) and `gso_size` bytes, are larger than `mtu`: what the kernel's
+/// `skb_gso_validate_network_len` measures, which the FIB lookup's own check
+/// (`is_skb_forwardable`) skips for GSO. False for any other packet.
+#[inline(always)]
+pub fn gso_too_big(ctx: &TcContext, headers: u32, mtu: u16) -> bool {
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    gso_size != 0 && headers + gso_size > u32::from(mtu)
+}
+
+/// The IP and transport headers of each segment of a GSO packet (`cache_valid`): the IP
+/// header, `ip_hdr_len`, and the TCP header of `tcp_hdr_len` (0 for another protocol,
+/// counted as UDP's 8).
+#[inline(always)]
+pub fn segment_headers(ip_hdr_len: usize, tcp_hdr_len: usize) -> u32 {
+    let l4 = if tcp_hdr_len == 0 { 8 } else { tcp_hdr_len };
+    (ip_hdr_len + l4) as u32
 }
 
 /// The interface the packet arrived on.

@@ -156,9 +156,10 @@ fn run6(ctx: &TcContext, pre: Option<&Received>) -> i32 {
             &s.ip6.src,
             &s.ip6.dst,
             &fib::From::Input(fib::ingress_ifindex(ctx)),
+            0,
         ) {
             Ok((v, _)) => verdict(ctx, reason::RETURN_DELIVERED, v),
-            Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+            Err(_) => verdict(ctx, reason::DROP_FIB, SHOT),
         };
     }
     let src: &[u8; 16] = &s.ip6.src;

@@ -37,13 +37,14 @@ use crate::{
     conntrack::{self, AllocError, v4, v6},
     counters::{self, SHOT, count, verdict},
     fib, flows,
-    handoff::{Origin, Segment4},
+    handoff::Origin,
     maps::{
         self, ADMITTED_V4, ADMITTED_V6, CT_V6, EGRESS_IPS_V4, EGRESS_IPS_V6, RULES_V4, RULES_V6,
     },
-    parse::{Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
+    parse::{ETH_LEN, Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
     reset, rewrite,
     scratch::{self, Scratch},
+    too_big,
 };
 
 /// Translate and send out a packet of `rule_id` from a pod of `pod_node`, or return
@@ -62,13 +63,14 @@ pub fn forward(
     }
     let now = conntrack::now();
     let generation = maps::nh_gen();
+    let headers = fib::segment_headers(ip.l4 - ETH_LEN, l4.tcp_hdr_len);
     // An established flow keeps the egress IP and interface it started with, even if the
     // rule changed since: decided once per flow. Its entry caches the next hop.
     let (egress_ip, port_be, next) =
         match v4::lookup_mut(&v4::original_key(ip, l4), l4.tcp_flags, now) {
             Some(e) => {
                 count(ctx, reason::SNAT_HIT);
-                if fib::cache_valid(ctx, &e.next_hop, generation, now) {
+                if fib::cache_valid(ctx, &e.next_hop, generation, now, headers) {
                     return send_cached(ctx, ip, l4, e.xlate_addr, e.xlate_port_be, &e.next_hop);
                 }
                 let next = fib::lookup4(
@@ -77,6 +79,7 @@ pub fn forward(
                     e.xlate_addr,
                     ip.dst,
                     fib::From::Output(e.ifindex),
+                    headers,
                 );
                 if next.kind == fib::RESOLVED {
                     fib::cache_store(&mut e.next_hop, &next.nh, generation, now);
@@ -106,6 +109,7 @@ pub fn forward(
                     rule.egress_ip,
                     ip.dst,
                     fib::From::Output(rule.ifindex),
+                    headers,
                 );
                 // Only a resolved next hop is cached; an unresolved one (`NO_NEIGH`) still
                 // carries the packet (`fib::send4` redirects to `nh.ifindex` and the kernel
@@ -152,6 +156,9 @@ pub fn forward(
                 }
             }
         };
+    if next.kind == fib::TOO_BIG {
+        return too_big::defer4(ctx, ip, l4, &pod_node, egress_ip, next.nh.mtu);
+    }
     if rewrite::nat4(ctx, ip, l4, rewrite::Side::Source, egress_ip, port_be, None).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
@@ -220,20 +227,14 @@ fn shared6(addr: &[u8; 16]) -> bool {
     unsafe { EGRESS_IPS_V6.get(addr) }.is_some_and(|e| e.flags & egress_ip_flags::SHARED != 0)
 }
 
-/// Leave the segment's headers and the pod's node in the scratch slot for
-/// [`reset::deferred4`], which the entry point calls: the RST is made and sent from the
-/// entry's frame, not from under this path's large one.
+/// Leave the segment for [`reset::deferred4`], which the entry point calls
+/// ([`scratch::keep4`]).
 #[inline(always)]
 fn defer_reset4(ctx: &TcContext, ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> i32 {
-    let Some(s) = scratch::scratch() else {
-        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
-    };
-    s.reset4 = Segment4 {
-        ip: *ip,
-        l4: *l4,
-        pod_node: *pod_node,
-    };
-    reset::RESET
+    match scratch::keep4(ip, l4, pod_node) {
+        Some(_) => reset::RESET,
+        None => verdict(ctx, reason::DROP_MALFORMED, SHOT),
+    }
 }
 
 /// [`forward`] for IPv6: NAT66 to the rule's egress IPv6, hop limit, FIB lookup (IPv6)
@@ -292,6 +293,7 @@ fn send6(ctx: &TcContext, s: &mut Scratch) -> i32 {
         &s.x6.egress_ip,
         &s.ip6.dst,
         &fib::From::Output(s.x6.ifindex),
+        fib::segment_headers(s.ip6.l4 - ETH_LEN, s.l4.tcp_hdr_len),
     ) {
         Ok((v, resolved)) => {
             // The flow's entry (made above, for a new flow) keeps what the lookup found.
@@ -300,7 +302,14 @@ fn send6(ctx: &TcContext, s: &mut Scratch) -> i32 {
             }
             verdict(ctx, reason::FORWARDED, v)
         }
-        Err(()) => verdict(ctx, reason::DROP_FIB, SHOT),
+        // Answered from the entry point's frame (`too_big::answer6`), the packet's
+        // headers and origin in `s` already.
+        Err(fib::Unsent::TooBig) => {
+            // SAFETY: a plain u16 (the kernel wrote the device's MTU there).
+            s.too_big.mtu = u32::from(unsafe { s.fib.__bindgen_anon_1.mtu_result });
+            too_big::TOO_BIG
+        }
+        Err(fib::Unsent::NoRoute) => verdict(ctx, reason::DROP_FIB, SHOT),
     }
 }
 
@@ -346,7 +355,8 @@ fn lookup6(ctx: &TcContext, s: &mut Scratch) -> bool {
             unsafe { core::ptr::copy_nonoverlapping(&e.xlate_addr, &mut s.x6.egress_ip, 1) };
             s.x6.port_be = e.xlate_port_be;
             s.x6.ifindex = e.ifindex;
-            if fib::cache_valid(ctx, &e.next_hop, s.x6.generation, now) {
+            let headers = fib::segment_headers(s.ip6.l4 - ETH_LEN, s.l4.tcp_hdr_len);
+            if fib::cache_valid(ctx, &e.next_hop, s.x6.generation, now, headers) {
                 // SAFETY: as above, two distinct, valid next hops.
                 unsafe { core::ptr::copy_nonoverlapping(&e.next_hop, &mut s.x6.nh, 1) };
                 s.x6.cached = 1;

@@ -28,6 +28,7 @@ mod reset;
 mod rewrite;
 mod scratch;
 mod source;
+mod too_big;
 mod tunnel;
 mod underlay;
 mod unknown;

@@ -77,6 +77,9 @@ pub struct Ipv4 {
     pub proto: u8,
     pub ttl: u8,
     pub fragment: bool,
+    /// The "don't fragment" flag: a packet too big for its egress interface is answered
+    /// with "fragmentation needed" only when it is set (`too_big`).
+    pub df: bool,
     pub l4: usize,
     pub tot_len: u16,
 }
@@ -267,7 +270,7 @@ pub fn half(b: &[u8; 2]) -> [u8; 2] {
 #[inline(always)]
 pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
     // The fields first (from the packet itself where it can), then the checks.
-    let (version, ihl, tot_len, fragment, src, dst, proto, ttl) =
+    let (version, ihl, tot_len, fragment, df, src, dst, proto, ttl) =
         read_with(ctx, ETH_LEN, |h: &Ipv4Hdr| {
             (
                 h.version(),
@@ -276,6 +279,7 @@ pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
                 h.tot_len(),
                 // More-fragments flag or a non-zero offset.
                 (h.frag_flags() & 0x1) != 0 || h.frag_offset() != 0,
+                (h.frag_flags() & 0x2) != 0,
                 word(&h.src_addr),
                 word(&h.dst_addr),
                 h.proto,
@@ -294,6 +298,7 @@ pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
         proto,
         ttl,
         fragment,
+        df,
         l4: ETH_LEN + ihl,
         tot_len,
     })

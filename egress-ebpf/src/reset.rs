@@ -39,113 +39,135 @@ use crate::{
     },
     parse6::Ipv6,
     rewrite::{Result, WriteFailed, ok},
-    scratch, tunnel,
+    scratch::{self, Scratch},
+    too_big, tunnel,
     underlay::{self, Words},
 };
 
 /// What a gateway path returns for a segment to answer with a RST: not a TC verdict (nor
 /// `gateway`'s `TRANSLATED`). What the RST needs is in the scratch slot: for IPv4 in
-/// `reset4`, for IPv6 in `ip6`, `l4` and `x6.origin`, where the IPv6 paths keep them
+/// `segment4`, for IPv6 in `ip6`, `l4` and `x6.origin`, where the IPv6 paths keep them
 /// anyway.
 pub const RESET: i32 = i32::MIN + 1;
 
 /// The verdict of an IPv4 path that may reach the gateway path and returned `v`: `v`
-/// itself, or, for [`RESET`], that of the RST, made and sent from the caller's frame (an
-/// entry point's).
+/// itself, or, for [`RESET`], that of the RST, and for `too_big::TOO_BIG` that of the
+/// ICMP error, made and sent from the caller's frame (an entry point's).
 #[inline(always)]
 pub fn deferred4(ctx: &TcContext, v: i32) -> i32 {
-    if v == RESET { reset4(ctx) } else { v }
+    match v {
+        RESET => reset4(ctx),
+        too_big::TOO_BIG => too_big::answer4(ctx),
+        _ => v,
+    }
 }
 
 /// [`deferred4`] for IPv6.
 #[inline(always)]
 pub fn deferred6(ctx: &TcContext, v: i32) -> i32 {
-    if v == RESET { reset6(ctx) } else { v }
+    match v {
+        RESET => reset6(ctx),
+        too_big::TOO_BIG => too_big::answer6(ctx),
+        _ => v,
+    }
+}
+
+/// The node's configuration and the scratch slot an answer is made from, or the verdict
+/// without them.
+#[inline(always)]
+pub fn slots(
+    ctx: &TcContext,
+) -> core::result::Result<(&'static Config, &'static mut Scratch), i32> {
+    let Some(cfg) = maps::config() else {
+        return Err(verdict(ctx, reason::DROP_NOT_READY, SHOT));
+    };
+    let Some(s) = scratch::scratch() else {
+        return Err(verdict(ctx, reason::DROP_MALFORMED, SHOT));
+    };
+    Ok((cfg, s))
 }
 
 #[inline(never)]
 fn reset4(ctx: &TcContext) -> i32 {
-    let Some(cfg) = maps::config() else {
-        return verdict(ctx, reason::DROP_NOT_READY, SHOT);
+    let (cfg, s) = match slots(ctx) {
+        Ok(x) => x,
+        Err(v) => return v,
     };
-    let Some(s) = scratch::scratch() else {
-        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
-    };
-    let seg = &s.reset4;
+    let seg = &s.segment4;
     if tcp_rst4(ctx, &seg.ip, &seg.l4, &mut s.rst).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
-    send(
-        ctx,
-        cfg,
-        seg.ip.l4,
-        tunnel::IP4_HDR_LEN,
-        &mut s.tunnel,
-        Words::of(&seg.pod_node),
-    )
+    let rst = rst_at(seg.ip.l4, tunnel::IP4_HDR_LEN);
+    let node = Words::of(&seg.pod_node);
+    send_back(ctx, cfg, &rst, &mut s.tunnel, node, reason::RESET_MIDSTREAM)
 }
 
 #[inline(never)]
 fn reset6(ctx: &TcContext) -> i32 {
-    let Some(cfg) = maps::config() else {
-        return verdict(ctx, reason::DROP_NOT_READY, SHOT);
-    };
-    let Some(s) = scratch::scratch() else {
-        return verdict(ctx, reason::DROP_MALFORMED, SHOT);
+    let (cfg, s) = match slots(ctx) {
+        Ok(x) => x,
+        Err(v) => return v,
     };
     if tcp_rst6(ctx, &s.ip6, &s.l4, &mut s.rst).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     }
-    send(
-        ctx,
-        cfg,
-        s.ip6.l4,
-        tunnel::IP6_HDR_LEN,
-        &mut s.tunnel,
-        underlay::origin(&s.x6.origin),
-    )
+    let rst = rst_at(s.ip6.l4, tunnel::IP6_HDR_LEN);
+    let node = underlay::origin(&s.x6.origin);
+    send_back(ctx, cfg, &rst, &mut s.tunnel, node, reason::RESET_MIDSTREAM)
 }
 
-/// Send the RST (its TCP header at `l4_off`) to the pod on `pod_node`, counted
-/// `RESET_MIDSTREAM`; the tunnel key is built in `key`.
+/// An answer made of a pod's packet, as the tunnel must know it: its protocol, its TCP
+/// flags (a RST's: no MSS to clamp; said with constants, the clamp is compiled out), its
+/// transport header's offset and its IP header's length.
+pub struct Answer {
+    pub proto: u8,
+    pub tcp_flags: u8,
+    pub l4_off: usize,
+    pub ip_hdr_len: u16,
+}
+
+/// The RST at `l4_off` behind an IP header of `ip_hdr_len`.
 #[inline(always)]
-fn send(
+fn rst_at(l4_off: usize, ip_hdr_len: u16) -> Answer {
+    Answer {
+        proto: PROTO_TCP,
+        tcp_flags: TCP_RST,
+        l4_off,
+        ip_hdr_len,
+    }
+}
+
+/// Send an answer made of a pod's packet (a RST, an ICMP error) back to the pod on
+/// `pod_node`, counted `sent`: out of the device it came from for a pod of this node,
+/// else through the tunnel with `RETURN_VNI` (the tunnel key built in `key`).
+#[inline(always)]
+pub fn send_back(
     ctx: &TcContext,
     cfg: &Config,
-    l4_off: usize,
-    ip_hdr_len: u16,
+    a: &Answer,
     key: &mut bpf_tunnel_key,
     pod_node: Words,
+    sent: u32,
 ) -> i32 {
     if pod_node == underlay::node_ip(cfg) {
         return match back_out(ctx) {
-            Ok(v) => verdict(ctx, reason::RESET_MIDSTREAM, v),
+            Ok(v) => verdict(ctx, sent, v),
             Err(_) => verdict(ctx, reason::DROP_MALFORMED, SHOT),
         };
     }
-    // What the tunnel must know of the packet: a RST, so no MSS to clamp (said with
-    // constants, the clamp is compiled out).
     let l4 = L4 {
         sport_be: 0,
         dport_be: 0,
-        tcp_flags: TCP_RST,
-        tcp_hdr_len: RST_LEN,
+        tcp_flags: a.tcp_flags,
+        tcp_hdr_len: if a.proto == PROTO_TCP { RST_LEN } else { 0 },
     };
     let inner = tunnel::Inner {
-        proto: PROTO_TCP,
-        l4_off,
+        proto: a.proto,
+        l4_off: a.l4_off,
         l4: &l4,
-        ip_hdr_len,
+        ip_hdr_len: a.ip_hdr_len,
     };
-    tunnel::enter_with(
-        ctx,
-        cfg,
-        &inner,
-        key,
-        pod_node,
-        RETURN_VNI,
-        reason::RESET_MIDSTREAM,
-    )
+    tunnel::enter_with(ctx, cfg, &inner, key, pod_node, RETURN_VNI, sent)
 }
 
 /// The RST's TCP header: no options.
@@ -193,7 +215,7 @@ fn trim(ctx: &TcContext, l4_off: usize) -> Result {
 
 /// The 16-bit words of `b` (as they sit in memory) summed, unfolded.
 #[inline(always)]
-fn sum<const N: usize>(b: &[u8; N]) -> u32 {
+pub fn sum<const N: usize>(b: &[u8; N]) -> u32 {
     let mut s = 0u32;
     for i in 0..N / 2 {
         s += u32::from(u16::from_ne_bytes([b[2 * i], b[2 * i + 1]]));
@@ -201,8 +223,9 @@ fn sum<const N: usize>(b: &[u8; N]) -> u32 {
     s
 }
 
+/// `s` folded to 16 bits, ones'-complement (the end-around carry added back).
 #[inline(always)]
-fn fold(s: u32) -> u16 {
+pub fn fold(s: u32) -> u16 {
     let s = (s & 0xffff) + (s >> 16);
     ((s & 0xffff) + (s >> 16)) as u16
 }

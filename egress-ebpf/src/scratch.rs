@@ -7,12 +7,15 @@ use aya_ebpf::{
     btf_maps::{PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
-use egress_common::policy::{AdmittedKeyV6, PolicyKeyV6};
+use egress_common::{
+    policy::{AdmittedKeyV6, PolicyKeyV6},
+    underlay::Underlay,
+};
 
 use crate::{
     conntrack,
-    handoff::{Segment4, TcpHdr, Xlate6},
-    parse::L4,
+    handoff::{Answer4, Answer6, Segment4, TcpHdr, TooBig, Xlate6},
+    parse::{Ipv4, L4},
     parse6::Ipv6,
     tunnel::Received,
 };
@@ -36,14 +39,32 @@ pub struct Scratch {
     /// `gateway::create6`'s key of `ADMITTED_V6`.
     pub admitted6: AdmittedKeyV6,
     pub dest6: Key<[u8; 16]>,
-    pub reset4: Segment4,
+    /// The IPv4 packet to answer with a RST (`reset`) or an ICMP error (`too_big`).
+    pub segment4: Segment4,
     pub rst: TcpHdr,
+    pub too_big: TooBig,
+    pub answer4: Answer4,
+    pub answer6: Answer6,
     /// The metadata of a packet `from_underlay` decapsulated (`crate::decap`).
     pub decap: Received,
 }
 
 #[btf_map]
 pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// Leave an IPv4 packet's headers and its pod's node in the slot (`segment4`) for an
+/// answer made from the entry point's frame (`reset`, `too_big`), not from under the
+/// gateway path's large one; the slot, to add what else the answer needs.
+#[inline(always)]
+pub fn keep4(ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> Option<&'static mut Scratch> {
+    let s = scratch()?;
+    s.segment4 = Segment4 {
+        ip: *ip,
+        l4: *l4,
+        pod_node: *pod_node,
+    };
+    Some(s)
+}
 
 /// This CPU's scratch slot (never `None` in practice: the array has its one entry).
 #[inline(always)]

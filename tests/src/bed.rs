@@ -23,6 +23,7 @@
 //! (the FIB helper refuses to forward otherwise).
 
 pub mod cases;
+pub mod too_big;
 
 use std::{
     fmt::{Debug, Display},

@@ -591,6 +591,23 @@ fn interface_rule_reset_makes_no_entry(u: UnderlayNet) {
 
 // ---- every table over both underlay families ----
 
+// ---- packets too big for the egress interface ----
+
+/// `bed::too_big::too_big_cases`: "packet too big" (IPv6 routers never fragment).
+fn too_big_table(u: UnderlayNet) {
+    run_table(u, bed::too_big::too_big_cases(u), Vec::new());
+}
+
+#[test]
+fn too_big_table_ipv4_underlay() {
+    too_big_table(UL4);
+}
+
+#[test]
+fn too_big_table_ipv6_underlay() {
+    too_big_table(UL6);
+}
+
 // ---- ICMPv6 errors about translated flows ----
 
 /// `bed::cases::icmp_error_cases`, and a quote only IPv6 has: one behind an extension

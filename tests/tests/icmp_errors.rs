@@ -10,10 +10,16 @@
 //!
 //! And a UDP send to a closed port of host-d fails at the pod with ECONNREFUSED: the
 //! port unreachable that host-d sends to egress IP B is delivered.
+//!
+//! Then the gateways' own egress interface on B narrows to 1,280 bytes (issue 45, item
+//! 5): the gateway itself answers the pod's segments of the 1,300-byte path with
+//! "fragmentation needed" (IPv6: "packet too big") for 1,280, made by the datapath from
+//! the segment (a GSO segment train, CHECKSUM_PARTIAL over the lab's veths); the pod's
+//! kernel takes it (its route cache says `mtu 1280`) and the upload completes.
 
 use std::{net::IpAddr, time::Duration};
 
-use egress_common::counters::reason::ICMP_ERROR_XLATED;
+use egress_common::counters::reason::{FRAG_NEEDED_SENT, ICMP_ERROR_XLATED};
 use egress_tests::{
     cluster::{counted, spec_for, spec_on, up_with_agents},
     lab::{Family, Lab, Proto, Query, Underlay, addr, addr6},
@@ -21,6 +27,8 @@ use egress_tests::{
 
 const POD: &str = "w1-p1";
 const NARROW_MTU: &str = "1300";
+/// The gateways' egress interface on network B, narrower than the hop.
+const GATEWAY_MTU: &str = "1280";
 /// A port nothing listens on at host-d.
 const CLOSED_PORT: u16 = 9;
 
@@ -54,6 +62,19 @@ fn gateway_count(lab: &Lab, reason: u32) -> u64 {
         .sum()
 }
 
+/// 4 kB each way between the pod and host-d over TCP through `what`: the address host-d
+/// saw.
+fn upload(lab: &Lab, host_d: IpAddr, what: &str) -> IpAddr {
+    lab.query_with(
+        POD,
+        &Query::new(Proto::Tcp, host_d, addr::ECHO_PORT)
+            .size(4000)
+            .timeout(Duration::from_secs(10)),
+    )
+    .unwrap_or_else(|e| panic!("4 kB upload through {what}: {e:#}"))
+    .ip
+}
+
 fn pmtu_and_port_unreachable(family: Family, underlay: Option<Underlay>) {
     let v6 = family == Family::V6;
     let spec = match underlay {
@@ -77,15 +98,7 @@ fn pmtu_and_port_unreachable(family: Family, underlay: Option<Underlay>) {
     narrow_network_d(&lab, v6);
 
     // 4 kB each way: the first full-size segments meet the 1,300-byte hop.
-    let s = lab
-        .query_with(
-            POD,
-            &Query::new(Proto::Tcp, host_d, addr::ECHO_PORT)
-                .size(4000)
-                .timeout(Duration::from_secs(10)),
-        )
-        .unwrap_or_else(|e| panic!("4 kB upload through a 1,300-byte hop: {e:#}"));
-    assert_eq!(s.ip, egress_b);
+    assert_eq!(upload(&lab, host_d, "a 1,300-byte hop"), egress_b);
     let frag_needed = gateway_count(&lab, ICMP_ERROR_XLATED);
     assert!(
         frag_needed >= 1,
@@ -104,6 +117,25 @@ fn pmtu_and_port_unreachable(family: Family, underlay: Option<Underlay>) {
         "UDP to a closed port: expected ECONNREFUSED, got: {text}"
     );
     assert!(gateway_count(&lab, ICMP_ERROR_XLATED) > frag_needed);
+
+    for gw in ["gw1", "gw2"] {
+        lab.exec(gw, "ip", &["link", "set", "sec-b", "mtu", GATEWAY_MTU])
+            .unwrap();
+    }
+    assert_eq!(upload(&lab, host_d, "the gateway's 1,280 bytes"), egress_b);
+    assert!(
+        gateway_count(&lab, FRAG_NEEDED_SENT) >= 1,
+        "no gateway answered a packet too big for its egress interface"
+    );
+    let fam = if v6 { "-6" } else { "-4" };
+    let route = lab
+        .exec(POD, "ip", &[fam, "route", "get", &host_d.to_string()])
+        .unwrap();
+    let route = String::from_utf8_lossy(&route.stdout);
+    assert!(
+        route.contains(&format!("mtu {GATEWAY_MTU}")),
+        "the pod's route to host-d after the gateway's answer: {route}"
+    );
 }
 
 #[test]

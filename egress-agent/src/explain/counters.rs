@@ -21,11 +21,7 @@ fn source_reasons(m: &Match) -> Vec<u32> {
                 reason::TUNNELED
             }];
             if !local {
-                r.extend([
-                    reason::MSS_CLAMPED,
-                    reason::DROP_MTU,
-                    reason::DROP_TUNNEL_KEY,
-                ]);
+                r.extend([reason::MSS_CLAMPED, reason::DROP_TUNNEL_KEY]);
             }
             r.extend([reason::DROP_NETWORK_POLICY, reason::DROP_POLICY_MAP_FULL]);
             r
@@ -38,13 +34,15 @@ fn source_reasons(m: &Match) -> Vec<u32> {
 }
 
 /// The reasons a gateway counts a forwarded path's packets under.
-const GATEWAY_REASONS: [u32; 10] = [
+const GATEWAY_REASONS: [u32; 12] = [
     reason::SNAT_NEW,
     reason::SNAT_HIT,
     reason::FORWARDED,
     reason::REVERSE_NAT,
     reason::RETURN_TUNNELED,
     reason::DROP_FIB,
+    reason::FRAG_NEEDED_SENT,
+    reason::DROP_MTU,
     reason::DROP_PORT_EXHAUSTED,
     reason::DROP_POD_FLOW_LIMIT,
     reason::DROP_NOT_ADMITTED,

@@ -24,7 +24,9 @@
 //!   forwarded by the gateway path leaves from an egress IP of a rule served here (of its
 //!   own rule for a new flow, which its pod must be admitted to); only known nodes get
 //!   anything redirected from the tunnel, only for pods of theirs, and replies only reach
-//!   pods of this node; RSTs answer only `interface:` rules' mid-stream segments.
+//!   pods of this node; RSTs answer only `interface:` rules' mid-stream segments, and a
+//!   packet too big for its interface is answered only to its sender, from an egress IP
+//!   of this node, quoting it, its ICMP checksum right.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -47,6 +49,7 @@ pub const SENT: &[u32] = &[
     RETURN_DELIVERED,
     FORWARDED,
     RESET_MIDSTREAM,
+    FRAG_NEEDED_SENT,
 ];
 /// Counted when a packet passed: at most one per pass.
 pub const PASSED: &[u32] = &[EXCLUDED, FALLTHROUGH, MALFORMED_PASSED];
@@ -282,6 +285,7 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
             out_of_the_rules_interface(input, seen, plan, new_rule)
         }
         Some(RESET_MIDSTREAM) if local => reset_for_shared_rule(input, seen, plan, p.rule),
+        Some(FRAG_NEEDED_SENT) if local => too_big_answer(input, seen, plan),
         other => Err(format!(
             "redirected as {} under a rule whose gateway is {}",
             reason_name(other.unwrap_or(0)),
@@ -356,6 +360,7 @@ fn from_tunnel(input: &Input, seen: &Seen) -> Check {
             out_of_the_rules_interface(input, seen, plan, new_rule)
         }
         Some(RESET_MIDSTREAM) => reset_for_shared_rule(input, seen, plan, vni),
+        Some(FRAG_NEEDED_SENT) => too_big_answer(input, seen, plan),
         other => Err(format!(
             "a tunneled packet of rule {vni} redirected as {}",
             reason_name(other.unwrap_or(0))
@@ -485,6 +490,54 @@ fn reset_for_shared_rule(input: &Input, seen: &Seen, plan: &Plan, rule: u32) -> 
     })
 }
 
+/// "Fragmentation needed" (ICMPv6: "packet too big") answering a packet too big for its
+/// egress interface: to the packet's source from an egress IP of this node, quoting the
+/// packet's destination, its ICMP checksum right.
+fn too_big_answer(input: &Input, seen: &Seen, plan: &Plan) -> Check {
+    let (src, dst) = addrs(&input.frame).ok_or("an answer to a frame without addresses")?;
+    let (osrc, odst) = addrs(seen.out).ok_or("an answer without addresses")?;
+    must(odst == src && plan.egress_ip(osrc).is_some(), || {
+        format!("a packet-too-big answer from {osrc} to {odst} for {src} -> {dst}")
+    })?;
+    let v4 = family(seen.out) == Some(true);
+    // IPv4: a 60-byte header, ICMP 3/4; IPv6: a 24-byte options header, ICMPv6 2/0.
+    let (icmp, kind, quoted_dst) = if v4 {
+        (74, [3, 4], 16)
+    } else {
+        (78, [2, 0], 24)
+    };
+    let m = seen.out.get(icmp..).ok_or("an answer cut short")?;
+    must(m.get(..2) == Some(&kind[..]), || {
+        format!("an answer of ICMP type and code {:?}", m.get(..2))
+    })?;
+    let pseudo = match (osrc, odst) {
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let mut p = s.octets().to_vec();
+            p.extend(d.octets());
+            p.extend((m.len() as u32).to_be_bytes());
+            p.extend([0, 0, 0, 58]);
+            p
+        }
+        _ => Vec::new(),
+    };
+    must(crate::packet::checksum(&[&pseudo, m]) == 0, || {
+        "an answer whose ICMP checksum is wrong".to_owned()
+    })?;
+    let q = m.get(8..).ok_or("no quote")?;
+    let len = if v4 { 4 } else { 16 };
+    must(
+        q.get(quoted_dst..quoted_dst + len) == ip_bytes(dst).get(..),
+        || format!("an answer whose quote is not of the packet to {dst}"),
+    )
+}
+
+fn ip_bytes(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The checker bites: outcomes a broken datapath would give, each refused.
@@ -556,6 +609,62 @@ mod tests {
             assert!(
                 check(Prog::FromPod, &input, &s).is_err(),
                 "{what} passed the checker"
+            );
+        }
+    }
+
+    /// A "fragmentation needed" as the datapath makes it: from `from` to `to`, quoting
+    /// `quoted` (an IP packet).
+    fn too_big(from: Ipv4Addr, to: Ipv4Addr, quoted: &[u8]) -> Vec<u8> {
+        let mut ip = vec![0x4f, 0xc0, 0, 132, 0, 0, 0, 0, 64, 1, 0, 0];
+        ip.extend(from.octets());
+        ip.extend(to.octets());
+        ip.extend([0x1e, 40]);
+        ip.resize(60, 0);
+        let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0x14];
+        icmp.extend(&quoted[..64]);
+        let c = crate::packet::checksum(&[&icmp]);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        let mut f = vec![0; 12];
+        f.extend([0x08, 0x00]);
+        f.extend(ip);
+        f.extend(icmp);
+        f
+    }
+
+    #[test]
+    fn refuses_a_too_big_answer_to_another_than_the_sender() {
+        let v4 = &*node::V4;
+        let (IpAddr::V4(egress), IpAddr::V4(pod), IpAddr::V4(other)) =
+            (v4.egress_a, v4.local_pod, v4.unselected_pod)
+        else {
+            unreachable!()
+        };
+        let mut big = to(v4.local_pod, v4.dest_a);
+        big = big.l4(L4::udp(5000, 53, &[7; 1400]));
+        let sent = input(&big);
+        let len = sent.frame.len() as u64;
+        let delta = [
+            (LOCAL_GATEWAY, 1, len),
+            (SNAT_NEW, 1, len),
+            (FRAG_NEEDED_SENT, 1, len),
+        ];
+        let quoted = &sent.frame[14..];
+        let good = too_big(egress, pod, quoted);
+        assert_eq!(
+            check(Prog::FromPod, &sent, &seen(TC_ACT_REDIRECT, &good, &delta)),
+            Ok(())
+        );
+        let mut bad_sum = good.clone();
+        bad_sum[100] ^= 1;
+        for (what, out) in [
+            ("to another pod", too_big(egress, other, quoted)),
+            ("from the pod itself", too_big(pod, pod, quoted)),
+            ("with a wrong checksum", bad_sum),
+        ] {
+            assert!(
+                check(Prog::FromPod, &sent, &seen(TC_ACT_REDIRECT, &out, &delta)).is_err(),
+                "an answer {what} passed the checker"
             );
         }
     }
