@@ -38,6 +38,7 @@ reasons! {
     RESET_MIDSTREAM = 14, "mid-stream TCP segment of an interface rule with no flow here (the gateway changed): reset so the pod fails fast";
     ICMP_ERROR_XLATED = 15, "ICMP error about a translated flow (fragmentation needed, unreachable, time exceeded) translated back to the pod, quoted packet included";
     CT_EXPIRED = 16, "conntrack entry of a flow idle past its timeout in both directions, removed by the agent's sweeper (packets: entries; bytes: 0)";
+    TIME_EXCEEDED_SENT = 17, "packet of a selected pod whose TTL (hop limit) would reach zero at the gateway: answered with ICMP time exceeded from the egress IP to the pod (what traceroute shows as the gateway's hop); one the pod may not send through the rule is DROP_TTL_EXCEEDED";
     DROP_NO_GATEWAY = 32, "rule has no usable gateway (failurePolicy Drop)";
     DROP_UNKNOWN_SENDER = 33, "tunneled packet from an address that is not a known node";
     DROP_SPOOFED_SOURCE = 34, "tunneled packet whose inner source is not a pod of the sender";
@@ -49,7 +50,7 @@ reasons! {
     DROP_FRAGMENT = 40, "IP fragment of a selected flow (cannot be translated)";
     DROP_UNSUPPORTED_PROTO = 41, "protocol other than TCP, UDP, ICMP echo in a selected flow";
     DROP_FIB = 42, "no route, or the route leaves by another interface than the rule's";
-    DROP_TTL_EXCEEDED = 43, "TTL would reach zero";
+    DROP_TTL_EXCEEDED = 43, "TTL would reach zero, not answered: a reply from outside, or a pod's packet through a rule it may not use (a pod's own is answered: TIME_EXCEEDED_SENT)";
     DROP_MTU = 44, "packet too big for the gateway's egress interface that cannot be answered: IPv4 without DF (a router would fragment it), IP options over 20 bytes, IPv6 extension headers, a packet the kernel will not resize";
     DROP_TUNNEL_KEY = 45, "tunnel key could not be set";
     DROP_NOT_LOCAL_POD = 46, "reply from the tunnel for a pod that is not on this node";

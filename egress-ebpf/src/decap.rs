@@ -15,7 +15,7 @@
 //! (`SKB_GSO_UDP_TUNNEL`, `skb->encapsulation`), which only the tunnel device clears
 //! (`iptunnel_pull_offloads`) before Linux's `BPF_F_ADJ_ROOM_DECAP_L4_UDP`, newer than
 //! every kernel here: left stale, the inner packet's segmentation on its way out breaks,
-//! and the skb cannot be resized (an answer made of it, `too_big`, fails). The device
+//! and the skb cannot be resized (an answer made of it, `answer`, fails). The device
 //! decapsulates those once per aggregate, where the per-packet cost was.
 
 use aya_ebpf::{

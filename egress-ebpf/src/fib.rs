@@ -64,7 +64,7 @@ pub const NO_NEIGH: u32 = 2;
 /// A route, but the packet is larger than its device's MTU (`nh.mtu`): the kernel's
 /// `is_skb_forwardable` refused it, or, a GSO packet, which that check lets through
 /// whatever its size, its segments are larger ([`gso_too_big`]). Answered with
-/// "fragmentation needed" or "packet too big" (`too_big`), never sent.
+/// "fragmentation needed" or "packet too big" (`answer`), never sent.
 pub const TOO_BIG: u32 = 3;
 
 /// Where the FIB sends an IPv4 packet, before it is sent ([`send4`]). Plain integers,

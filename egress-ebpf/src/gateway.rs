@@ -34,6 +34,7 @@ use egress_common::{
 };
 
 use crate::{
+    answer,
     conntrack::{self, AllocError, v4, v6},
     counters::{self, SHOT, count, verdict},
     fib, flows,
@@ -44,7 +45,6 @@ use crate::{
     parse::{ETH_LEN, Ipv4, L4, PROTO_TCP, TCP_RST, TCP_SYN},
     reset, rewrite,
     scratch::{self, Scratch},
-    too_big,
 };
 
 /// Translate and send out a packet of `rule_id` from a pod of `pod_node`, or return
@@ -59,7 +59,7 @@ pub fn forward(
     pod_node: egress_common::underlay::Underlay,
 ) -> i32 {
     if ip.ttl <= 1 {
-        return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
+        return expired4(ctx, ip, l4, rule_id, &pod_node);
     }
     let now = conntrack::now();
     let generation = maps::nh_gen();
@@ -157,7 +157,8 @@ pub fn forward(
             }
         };
     if next.kind == fib::TOO_BIG {
-        return too_big::defer4(ctx, ip, l4, &pod_node, egress_ip, next.nh.mtu);
+        let what = (answer::TOO_BIG, next.nh.mtu);
+        return answer::defer4(ctx, ip, l4, &pod_node, egress_ip, what);
     }
     if rewrite::nat4(ctx, ip, l4, rewrite::Side::Source, egress_ip, port_be, None).is_err() {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
@@ -194,6 +195,34 @@ fn send_cached(
 #[inline(always)]
 fn mid_stream(proto: u8, tcp_flags: u8) -> bool {
     proto == PROTO_TCP && tcp_flags & (TCP_SYN | TCP_RST) == 0
+}
+
+/// A packet whose TTL would reach zero here: answered with "time exceeded" from the
+/// rule's egress IP (`answer`) when the pod may use the rule, else dropped.
+#[inline(always)]
+fn expired4(ctx: &TcContext, ip: &Ipv4, l4: &L4, rule_id: u32, pod_node: &Underlay) -> i32 {
+    match unsafe { RULES_V4.get(rule_id) } {
+        Some(rule) if admitted4(ip.src, rule_id) => {
+            let what = (answer::TIME_EXCEEDED, 0);
+            answer::defer4(ctx, ip, l4, pod_node, rule.egress_ip, what)
+        }
+        _ => verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT),
+    }
+}
+
+/// [`expired4`] for IPv6 (hop limit), its packet in the scratch slot `s`. Out of line:
+/// `forward6`'s frame stays small.
+#[inline(never)]
+fn expired6(ctx: &TcContext, s: &mut Scratch) -> i32 {
+    let rule_id = s.x6.origin.rule_id;
+    match unsafe { RULES_V6.get(rule_id) } {
+        Some(rule) if admitted6(s, rule_id) => {
+            // SAFETY: as in `lookup6`: a map value and the scratch slot.
+            unsafe { core::ptr::copy_nonoverlapping(&rule.egress_ip, &mut s.x6.egress_ip, 1) };
+            answer::defer6(s, answer::TIME_EXCEEDED, 0)
+        }
+        _ => verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT),
+    }
 }
 
 /// Whether the policies let `pod` use `rule_id` (see the module comment).
@@ -246,7 +275,7 @@ fn defer_reset4(ctx: &TcContext, ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> i32
 #[inline(never)]
 pub fn forward6(ctx: &TcContext, cfg: &Config, s: &mut Scratch) -> i32 {
     if s.ip6.hop_limit <= 1 {
-        return verdict(ctx, reason::DROP_TTL_EXCEEDED, SHOT);
+        return expired6(ctx, s);
     }
     if lookup6(ctx, s) {
         count(ctx, reason::SNAT_HIT);
@@ -302,12 +331,12 @@ fn send6(ctx: &TcContext, s: &mut Scratch) -> i32 {
             }
             verdict(ctx, reason::FORWARDED, v)
         }
-        // Answered from the entry point's frame (`too_big::answer6`), the packet's
+        // Answered from the entry point's frame (`answer::answer6`), the packet's
         // headers and origin in `s` already.
         Err(fib::Unsent::TooBig) => {
             // SAFETY: a plain u16 (the kernel wrote the device's MTU there).
-            s.too_big.mtu = u32::from(unsafe { s.fib.__bindgen_anon_1.mtu_result });
-            too_big::TOO_BIG
+            let mtu = u32::from(unsafe { s.fib.__bindgen_anon_1.mtu_result });
+            answer::defer6(s, answer::TOO_BIG, mtu)
         }
         Err(fib::Unsent::NoRoute) => verdict(ctx, reason::DROP_FIB, SHOT),
     }

@@ -41,27 +41,29 @@ pub struct Segment4 {
     pub pod_node: Underlay,
 }
 
-/// What `too_big` needs besides the packet: the MTU of the device the packet did not
-/// fit, and (IPv4; IPv6 has it in `Xlate6`) the egress IP it would have left with.
+/// What `answer` needs besides the packet: which answer (`answer::TOO_BIG`,
+/// `answer::TIME_EXCEEDED`), the MTU of the device the packet did not fit, and (IPv4;
+/// IPv6 has it in `Xlate6`) the egress IP it would have left with.
 #[repr(C)]
-pub struct TooBig {
+pub struct Pending {
+    pub what: u32,
     pub mtu: u32,
     pub from4: [u8; 4],
 }
 
-/// How much of a packet too big for its egress interface its answer quotes: its IP
+/// How much of a packet its ICMP answer (`answer`) quotes: its IP
 /// header and at least 24 bytes of its transport header (RFC 792 asks for 8), within what
 /// `bpf_csum_diff` sums at once.
 pub const QUOTE: usize = 64;
 
-/// An ICMP (ICMPv6) error message as `too_big` builds it: its header and the quote.
+/// An ICMP (ICMPv6) error message as `answer` builds it: its header and the quote.
 #[repr(C)]
 pub struct Icmp {
     pub hdr: [u8; 8],
     pub quote: [u8; QUOTE],
 }
 
-/// `too_big`'s IPv4 answer after the Ethernet header: the IP header with its 40-byte
+/// `answer`'s IPv4 answer after the Ethernet header: the IP header with its 40-byte
 /// option, the ICMP message.
 #[repr(C)]
 pub struct Answer4 {
@@ -69,7 +71,7 @@ pub struct Answer4 {
     pub icmp: Icmp,
 }
 
-/// `too_big`'s IPv6 answer after the Ethernet header: the fixed header, a destination
+/// `answer`'s IPv6 answer after the Ethernet header: the fixed header, a destination
 /// options header, the ICMPv6 message.
 #[repr(C)]
 pub struct Answer6 {

@@ -6,6 +6,7 @@
 #![feature(asm_experimental_arch)]
 #![no_main]
 
+mod answer;
 mod back;
 mod conntrack;
 mod counters;
@@ -28,7 +29,6 @@ mod reset;
 mod rewrite;
 mod scratch;
 mod source;
-mod too_big;
 mod tunnel;
 mod underlay;
 mod unknown;

@@ -78,7 +78,7 @@ pub struct Ipv4 {
     pub ttl: u8,
     pub fragment: bool,
     /// The "don't fragment" flag: a packet too big for its egress interface is answered
-    /// with "fragmentation needed" only when it is set (`too_big`).
+    /// with "fragmentation needed" only when it is set (`answer`).
     pub df: bool,
     pub l4: usize,
     pub tot_len: u16,

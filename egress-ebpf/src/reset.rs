@@ -30,6 +30,7 @@ use aya_ebpf::{
 use egress_common::{config::Config, counters::reason, policy::RETURN_VNI};
 
 use crate::{
+    answer,
     counters::{SHOT, verdict},
     handoff::TcpHdr,
     maps,
@@ -40,7 +41,7 @@ use crate::{
     parse6::Ipv6,
     rewrite::{Result, WriteFailed, ok},
     scratch::{self, Scratch},
-    too_big, tunnel,
+    tunnel,
     underlay::{self, Words},
 };
 
@@ -51,24 +52,24 @@ use crate::{
 pub const RESET: i32 = i32::MIN + 1;
 
 /// The verdict of an IPv4 path that may reach the gateway path and returned `v`: `v`
-/// itself, or, for [`RESET`], that of the RST, and for `too_big::TOO_BIG` that of the
-/// ICMP error, made and sent from the caller's frame (an entry point's).
+/// itself, or, for [`RESET`], that of the RST, and for `answer::ANSWER` that of the ICMP
+/// error, made and sent from the caller's frame (an entry point's).
 #[inline(always)]
 pub fn deferred4(ctx: &TcContext, v: i32) -> i32 {
-    match v {
-        RESET => reset4(ctx),
-        too_big::TOO_BIG => too_big::answer4(ctx),
-        _ => v,
+    if v == RESET {
+        reset4(ctx)
+    } else {
+        answer::deferred4(ctx, v)
     }
 }
 
 /// [`deferred4`] for IPv6.
 #[inline(always)]
 pub fn deferred6(ctx: &TcContext, v: i32) -> i32 {
-    match v {
-        RESET => reset6(ctx),
-        too_big::TOO_BIG => too_big::answer6(ctx),
-        _ => v,
+    if v == RESET {
+        reset6(ctx)
+    } else {
+        answer::deferred6(ctx, v)
     }
 }
 

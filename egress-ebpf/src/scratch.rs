@@ -14,7 +14,7 @@ use egress_common::{
 
 use crate::{
     conntrack,
-    handoff::{Answer4, Answer6, Segment4, TcpHdr, TooBig, Xlate6},
+    handoff::{Answer4, Answer6, Pending, Segment4, TcpHdr, Xlate6},
     parse::{Ipv4, L4},
     parse6::Ipv6,
     tunnel::Received,
@@ -39,10 +39,10 @@ pub struct Scratch {
     /// `gateway::create6`'s key of `ADMITTED_V6`.
     pub admitted6: AdmittedKeyV6,
     pub dest6: Key<[u8; 16]>,
-    /// The IPv4 packet to answer with a RST (`reset`) or an ICMP error (`too_big`).
+    /// The IPv4 packet to answer with a RST (`reset`) or an ICMP error (`answer`).
     pub segment4: Segment4,
     pub rst: TcpHdr,
-    pub too_big: TooBig,
+    pub pending: Pending,
     pub answer4: Answer4,
     pub answer6: Answer6,
     /// The metadata of a packet `from_underlay` decapsulated (`crate::decap`).
@@ -53,7 +53,7 @@ pub struct Scratch {
 pub static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
 /// Leave an IPv4 packet's headers and its pod's node in the slot (`segment4`) for an
-/// answer made from the entry point's frame (`reset`, `too_big`), not from under the
+/// answer made from the entry point's frame (`reset`, `answer`), not from under the
 /// gateway path's large one; the slot, to add what else the answer needs.
 #[inline(always)]
 pub fn keep4(ip: &Ipv4, l4: &L4, pod_node: &Underlay) -> Option<&'static mut Scratch> {

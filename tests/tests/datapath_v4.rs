@@ -922,17 +922,17 @@ fn from_secondary_table() {
     run_table(cases);
 }
 
-// ---- packets too big for the egress interface ----
+// ---- ICMP errors the gateway answers with ----
 
-/// `bed::too_big::too_big_cases`, and a packet without DF, which IPv4 lets a router
+/// `bed::answers::answer_cases`, and a packet without DF, which IPv4 lets a router
 /// fragment: dropped (a TC program cannot fragment), counted, never sent.
 #[test]
-fn too_big_table() {
+fn icmp_answer_table() {
     let big = bed::big_udp(REMOTE_POD, 5000, DEST_A, 53);
-    let mut cases = bed::too_big::too_big_cases(UL4);
+    let mut cases = bed::answers::answer_cases(UL4);
     cases.push(case(
         "a packet over sec0's MTU without DF: dropped, no answer",
-        |_, _| ip(&format!("link set sec0 mtu {}", bed::too_big::MTU)),
+        |_, _| ip(&format!("link set sec0 mtu {}", bed::answers::MTU)),
         vec![from_tunnel(PEER, RULE_A, &big.frag(0)).dropped()],
         &[(SNAT_NEW, 1), (DROP_MTU, 1)],
     ));

@@ -246,12 +246,6 @@ fn from_pod_table(u: UnderlayNet) {
                 &[(LOCAL_GATEWAY, 2), (SNAT_NEW, 2), (FORWARDED, 2)],
             ),
             case(
-                "local gateway, hop limit 1 dropped",
-                move |dp, _| local_pod_to_a(dp, u.node),
-                vec![from_pod(&to_a.clone().hop_limit(1)).dropped()],
-                &[(LOCAL_GATEWAY, 1), (DROP_TTL_EXCEEDED, 1)],
-            ),
-            case(
                 "five extension headers (more than walked) dropped",
                 move |dp, _| local_pod_to_a(dp, u.peer),
                 vec![from_pod(&too_many_ext(&to_a)).dropped()],
@@ -591,21 +585,21 @@ fn interface_rule_reset_makes_no_entry(u: UnderlayNet) {
 
 // ---- every table over both underlay families ----
 
-// ---- packets too big for the egress interface ----
+// ---- ICMPv6 errors the gateway answers with ----
 
-/// `bed::too_big::too_big_cases`: "packet too big" (IPv6 routers never fragment).
-fn too_big_table(u: UnderlayNet) {
-    run_table(u, bed::too_big::too_big_cases(u), Vec::new());
+/// `bed::answers::answer_cases` ("packet too big": IPv6 routers never fragment).
+fn icmp_answer_table(u: UnderlayNet) {
+    run_table(u, bed::answers::answer_cases(u), Vec::new());
 }
 
 #[test]
-fn too_big_table_ipv4_underlay() {
-    too_big_table(UL4);
+fn icmp_answer_table_ipv4_underlay() {
+    icmp_answer_table(UL4);
 }
 
 #[test]
-fn too_big_table_ipv6_underlay() {
-    too_big_table(UL6);
+fn icmp_answer_table_ipv6_underlay() {
+    icmp_answer_table(UL6);
 }
 
 // ---- ICMPv6 errors about translated flows ----

@@ -16,10 +16,13 @@
 //! "fragmentation needed" (IPv6: "packet too big") for 1,280, made by the datapath from
 //! the segment (a GSO segment train, CHECKSUM_PARTIAL over the lab's veths); the pod's
 //! kernel takes it (its route cache says `mtu 1280`) and the upload completes.
+//!
+//! And a ping from the pod with a TTL (hop limit) of 1 is answered by the gateway with
+//! "time exceeded" from egress IP B, as `ping` itself reports it.
 
 use std::{net::IpAddr, time::Duration};
 
-use egress_common::counters::reason::{FRAG_NEEDED_SENT, ICMP_ERROR_XLATED};
+use egress_common::counters::reason::{FRAG_NEEDED_SENT, ICMP_ERROR_XLATED, TIME_EXCEEDED_SENT};
 use egress_tests::{
     cluster::{counted, spec_for, spec_on, up_with_agents},
     lab::{Family, Lab, Proto, Query, Underlay, addr, addr6},
@@ -136,6 +139,21 @@ fn pmtu_and_port_unreachable(family: Family, underlay: Option<Underlay>) {
         route.contains(&format!("mtu {GATEWAY_MTU}")),
         "the pod's route to host-d after the gateway's answer: {route}"
     );
+
+    let ping = lab
+        .ns(POD)
+        .unwrap()
+        .exec_unchecked(
+            "ping",
+            &[fam, "-c", "1", "-W", "3", "-t", "1", &host_d.to_string()],
+        )
+        .unwrap();
+    let ping = String::from_utf8_lossy(&ping.stdout);
+    assert!(
+        ping.contains(&format!("From {egress_b}")) && ping.contains("exceeded"),
+        "ping with TTL 1: expected time exceeded from {egress_b}, got: {ping}"
+    );
+    assert!(gateway_count(&lab, TIME_EXCEEDED_SENT) >= 1);
 }
 
 #[test]

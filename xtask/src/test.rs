@@ -214,7 +214,7 @@ const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
             "from_tunnel_table",
             "from_underlay_decapsulates",
             "loads_and_attaches",
-            "too_big_table",
+            "icmp_answer_table",
         ],
     ),
     // One lab at a time: two labs of four agents each on two emulated CPUs starve.

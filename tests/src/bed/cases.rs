@@ -314,12 +314,6 @@ pub fn from_tunnel_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
             &[(SNAT_NEW, 1), (FORWARDED, 1)],
         ),
         case(
-            format!("{hops} 1 dropped"),
-            no_setup,
-            vec![from_tunnel(peer, RULE_A, &syn_a.clone().hops(1)).dropped()],
-            &[(DROP_TTL_EXCEEDED, 1)],
-        ),
-        case(
             "port exhaustion (range of two ports) counted",
             |dp, net| {
                 dp.config(Config {

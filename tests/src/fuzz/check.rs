@@ -25,8 +25,8 @@
 //!   own rule for a new flow, which its pod must be admitted to); only known nodes get
 //!   anything redirected from the tunnel, only for pods of theirs, and replies only reach
 //!   pods of this node; RSTs answer only `interface:` rules' mid-stream segments, and a
-//!   packet too big for its interface is answered only to its sender, from an egress IP
-//!   of this node, quoting it, its ICMP checksum right.
+//!   packet too big for its interface or at its last hop is answered only to its sender,
+//!   from an egress IP of this node, quoting it, its ICMP checksum right.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -50,6 +50,7 @@ pub const SENT: &[u32] = &[
     FORWARDED,
     RESET_MIDSTREAM,
     FRAG_NEEDED_SENT,
+    TIME_EXCEEDED_SENT,
 ];
 /// Counted when a packet passed: at most one per pass.
 pub const PASSED: &[u32] = &[EXCLUDED, FALLTHROUGH, MALFORMED_PASSED];
@@ -285,7 +286,9 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
             out_of_the_rules_interface(input, seen, plan, new_rule)
         }
         Some(RESET_MIDSTREAM) if local => reset_for_shared_rule(input, seen, plan, p.rule),
-        Some(FRAG_NEEDED_SENT) if local => too_big_answer(input, seen, plan),
+        Some(r @ (FRAG_NEEDED_SENT | TIME_EXCEEDED_SENT)) if local => {
+            icmp_answer(input, seen, plan, r)
+        }
         other => Err(format!(
             "redirected as {} under a rule whose gateway is {}",
             reason_name(other.unwrap_or(0)),
@@ -360,7 +363,7 @@ fn from_tunnel(input: &Input, seen: &Seen) -> Check {
             out_of_the_rules_interface(input, seen, plan, new_rule)
         }
         Some(RESET_MIDSTREAM) => reset_for_shared_rule(input, seen, plan, vni),
-        Some(FRAG_NEEDED_SENT) => too_big_answer(input, seen, plan),
+        Some(r @ (FRAG_NEEDED_SENT | TIME_EXCEEDED_SENT)) => icmp_answer(input, seen, plan, r),
         other => Err(format!(
             "a tunneled packet of rule {vni} redirected as {}",
             reason_name(other.unwrap_or(0))
@@ -490,21 +493,31 @@ fn reset_for_shared_rule(input: &Input, seen: &Seen, plan: &Plan, rule: u32) -> 
     })
 }
 
-/// "Fragmentation needed" (ICMPv6: "packet too big") answering a packet too big for its
-/// egress interface: to the packet's source from an egress IP of this node, quoting the
-/// packet's destination, its ICMP checksum right.
-fn too_big_answer(input: &Input, seen: &Seen, plan: &Plan) -> Check {
+/// The ICMP error the gateway answers a packet with (`sent`): "fragmentation needed"
+/// (ICMPv6: "packet too big") for one too big for its egress interface, "time exceeded"
+/// for one whose TTL (hop limit) was 1 or less; to the packet's source from an egress IP
+/// of this node, quoting the packet's destination, its ICMP checksum right.
+fn icmp_answer(input: &Input, seen: &Seen, plan: &Plan, sent: u32) -> Check {
     let (src, dst) = addrs(&input.frame).ok_or("an answer to a frame without addresses")?;
     let (osrc, odst) = addrs(seen.out).ok_or("an answer without addresses")?;
     must(odst == src && plan.egress_ip(osrc).is_some(), || {
-        format!("a packet-too-big answer from {osrc} to {odst} for {src} -> {dst}")
+        format!("an ICMP answer from {osrc} to {odst} for {src} -> {dst}")
     })?;
     let v4 = family(seen.out) == Some(true);
-    // IPv4: a 60-byte header, ICMP 3/4; IPv6: a 24-byte options header, ICMPv6 2/0.
-    let (icmp, kind, quoted_dst) = if v4 {
-        (74, [3, 4], 16)
-    } else {
-        (78, [2, 0], 24)
+    let expired = sent == TIME_EXCEEDED_SENT;
+    if expired {
+        let hops = input.frame.get(if v4 { 22 } else { 21 });
+        must(hops.is_some_and(|h| *h <= 1), || {
+            format!("time exceeded for a packet of TTL {hops:?}")
+        })?;
+    }
+    // IPv4: a 60-byte header, ICMP 3/4 or 11/0; IPv6: a 24-byte options header, ICMPv6
+    // 2/0 or 3/0.
+    let (icmp, kind, quoted_dst) = match (v4, expired) {
+        (true, false) => (74, [3, 4], 16),
+        (true, true) => (74, [11, 0], 16),
+        (false, false) => (78, [2, 0], 24),
+        (false, true) => (78, [3, 0], 24),
     };
     let m = seen.out.get(icmp..).ok_or("an answer cut short")?;
     must(m.get(..2) == Some(&kind[..]), || {

@@ -1,12 +1,17 @@
-//! The ICMP error that answers a packet too big for its egress interface, as a router on
-//! the way would send it: "fragmentation needed" with the next-hop MTU (IPv4, RFC 1191)
-//! or "packet too big" with the MTU (ICMPv6, RFC 8201), from the flow's egress IP to the
-//! pod, quoting the first [`QUOTE`] bytes of the packet as the pod sent it. The pod's
-//! kernel lowers its path MTU to that destination and sends smaller packets (TCP at once,
-//! resending what was lost). An IPv4 packet without DF is not answered: a router would
-//! fragment it, which a TC program cannot; it is dropped as `DROP_MTU`, and so is what
-//! cannot be answered (IP options of more than 20 bytes, IPv6 extension headers, a skb
-//! the kernel will not resize).
+//! The ICMP errors the gateway answers a pod's packet with, as a router on the way would,
+//! from the flow's egress IP to the pod, quoting the first [`QUOTE`] bytes of the packet
+//! (less of a shorter one) as the pod sent it:
+//!
+//! * a packet too big for its egress interface: "fragmentation needed" with the next-hop
+//!   MTU (IPv4, RFC 1191) or "packet too big" with the MTU (ICMPv6, RFC 8201), counted
+//!   `FRAG_NEEDED_SENT`. The pod's kernel lowers its path MTU to that destination and
+//!   sends smaller packets (TCP at once, resending what was lost). An IPv4 packet without
+//!   DF is not answered: a router would fragment it, which a TC program cannot; it is
+//!   dropped as `DROP_MTU`, and so is what cannot be answered (IP options of more than 20
+//!   bytes, IPv6 extension headers, a skb the kernel will not resize);
+//! * a packet whose TTL (hop limit) would reach zero here: "time exceeded in transit",
+//!   counted `TIME_EXCEEDED_SENT` (what `traceroute` from a pod reads as the gateway's
+//!   hop); what cannot be answered stays `DROP_TTL_EXCEEDED`.
 //!
 //! The answer is made of the packet itself, in place, from the entry point's frame (as a
 //! RST is: `reset`), and goes back the way a reply goes: through the tunnel to the pod's
@@ -37,19 +42,25 @@ use egress_common::{config::Config, counters::reason};
 
 use crate::{
     counters::{SHOT, verdict},
-    handoff::{Answer4, Answer6, Icmp, QUOTE},
+    handoff::{Answer4, Answer6, Icmp, Pending, QUOTE},
     mem,
     parse::{ETH_LEN, IP6_HDR_LEN, Ipv4, L4, PROTO_ICMP, PROTO_ICMPV6, PROTO_UDP},
     reset::{self, fold, sum},
-    scratch, tunnel,
+    scratch::{self, Scratch},
+    tunnel,
     underlay::{self, Words},
 };
 
 /// What a gateway path returns for a packet to answer with [`answer4`] / [`answer6`]: not
 /// a TC verdict (nor `reset::RESET`, nor `gateway`'s `TRANSLATED`). What the answer needs
 /// is in the scratch slot: the packet's headers (`segment4`, or `ip6`, `l4` and
-/// `x6.origin`), the egress IP it would have left with and the MTU (`too_big`).
-pub const TOO_BIG: i32 = i32::MIN + 2;
+/// `x6.origin`), which answer, the MTU and (IPv4) the egress IP (`pending`).
+pub const ANSWER: i32 = i32::MIN + 2;
+
+/// [`Pending`]'s `what`: "fragmentation needed" / "packet too big".
+pub const TOO_BIG: u32 = 0;
+/// [`Pending`]'s `what`: "time exceeded in transit".
+pub const TIME_EXCEEDED: u32 = 1;
 
 /// The experimental option type of both families (RFC 4727): IPv4 option 30 (not copied,
 /// class 0), IPv6 destination option 0x1e (its top bits 00: a receiver that does not know
@@ -66,9 +77,9 @@ const UDP_CSUM_OFF: usize = 6;
 /// zero, where the fixed point is ambiguous.
 const FILLER: u16 = 0x0101;
 
-/// Leave an IPv4 packet (`ip`, from a pod of `pod_node`) for [`answer4`]: it would leave
-/// with `from` through a device of `mtu` bytes. Returns [`TOO_BIG`], or drops a packet
-/// without DF.
+/// Leave an IPv4 packet (`ip`, from a pod of `pod_node`) for [`answer4`], to be answered
+/// with `what` ([`TOO_BIG`]: it would leave with `from` through a device of `mtu` bytes;
+/// [`TIME_EXCEEDED`]). Returns [`ANSWER`], or drops a packet too big without DF.
 #[inline(always)]
 pub fn defer4(
     ctx: &TcContext,
@@ -76,17 +87,66 @@ pub fn defer4(
     l4: &L4,
     pod_node: &egress_common::underlay::Underlay,
     from: [u8; 4],
-    mtu: u16,
+    what: (u32, u16),
 ) -> i32 {
-    if !ip.df {
+    let (what, mtu) = what;
+    if what == TOO_BIG && !ip.df {
         return verdict(ctx, reason::DROP_MTU, SHOT);
     }
     let Some(s) = scratch::keep4(ip, l4, pod_node) else {
         return verdict(ctx, reason::DROP_MALFORMED, SHOT);
     };
-    s.too_big.mtu = u32::from(mtu);
-    s.too_big.from4 = from;
-    TOO_BIG
+    s.pending = Pending {
+        what,
+        mtu: u32::from(mtu),
+        from4: from,
+    };
+    ANSWER
+}
+
+/// Leave the IPv6 packet the gateway path has in the scratch slot `s` (`ip6`, `l4`,
+/// `x6.origin`, `x6.egress_ip`) for [`answer6`], to be answered with `what` (and `mtu`
+/// for [`TOO_BIG`]). Returns [`ANSWER`].
+#[inline(always)]
+pub fn defer6(s: &mut Scratch, what: u32, mtu: u32) -> i32 {
+    s.pending.what = what;
+    s.pending.mtu = mtu;
+    ANSWER
+}
+
+/// The verdict of a path that may reach the gateway path and returned `v`: `v` itself,
+/// or for [`ANSWER`] that of the answer, made and sent from the caller's frame.
+#[inline(always)]
+pub fn deferred4(ctx: &TcContext, v: i32) -> i32 {
+    if v == ANSWER { answer4(ctx) } else { v }
+}
+
+/// [`deferred4`] for IPv6.
+#[inline(always)]
+pub fn deferred6(ctx: &TcContext, v: i32) -> i32 {
+    if v == ANSWER { answer6(ctx) } else { v }
+}
+
+/// The ICMP header of an answer: type, code and the 4 bytes after the checksum.
+#[inline(always)]
+fn icmp_header(v4: bool, p: &Pending) -> [u8; 8] {
+    let mtu = p.mtu.to_be_bytes();
+    match (v4, p.what) {
+        (true, TOO_BIG) => [3, 4, 0, 0, 0, 0, mtu[2], mtu[3]],
+        (true, _) => [11, 0, 0, 0, 0, 0, 0, 0],
+        (false, TOO_BIG) => [2, 0, 0, 0, mtu[0], mtu[1], mtu[2], mtu[3]],
+        (false, _) => [3, 0, 0, 0, 0, 0, 0, 0],
+    }
+}
+
+/// What an answer is counted as.
+#[inline(always)]
+fn sent_as(p: &Pending) -> u32 {
+    if p.what == TOO_BIG {
+        reason::FRAG_NEEDED_SENT
+    } else {
+        reason::TIME_EXCEEDED_SENT
+    }
 }
 
 /// Answer the IPv4 packet [`defer4`] left in the scratch slot.
@@ -107,8 +167,7 @@ pub fn answer4(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MTU, SHOT);
     }
     let seg = &s.segment4;
-    let mtu = (s.too_big.mtu as u16).to_be_bytes();
-    a.icmp.hdr = [3, 4, 0, 0, 0, 0, mtu[0], mtu[1]];
+    a.icmp.hdr = icmp_header(true, &s.pending);
     let c = !csum(&a.icmp, 0);
     a.icmp.hdr[2..4].copy_from_slice(&c.to_ne_bytes());
     let tot = ((IP4_LEN + size_of::<Icmp>()) as u16).to_be_bytes();
@@ -121,7 +180,7 @@ pub fn answer4(ctx: &TcContext) -> i32 {
     a.ip[3] = tot[1];
     a.ip[8] = 64;
     a.ip[9] = PROTO_ICMP;
-    a.ip[12..16].copy_from_slice(&s.too_big.from4);
+    a.ip[12..16].copy_from_slice(&s.pending.from4);
     a.ip[16..20].copy_from_slice(&seg.ip.src);
     a.ip[20] = EXPERIMENT;
     a.ip[21] = (IP4_LEN - 20) as u8;
@@ -145,12 +204,19 @@ pub fn answer4(ctx: &TcContext) -> i32 {
         return verdict(ctx, reason::DROP_MTU, SHOT);
     }
     let node = Words::of(&seg.pod_node);
-    send(ctx, cfg, PROTO_ICMP, ETH_LEN + IP4_LEN, &mut s.tunnel, node)
+    let sent = sent_as(&s.pending);
+    send(
+        ctx,
+        cfg,
+        PROTO_ICMP,
+        ETH_LEN + IP4_LEN,
+        &mut s.tunnel,
+        (node, sent),
+    )
 }
 
-/// Answer the IPv6 packet the gateway path left in the scratch slot (`ip6`, `l4`,
-/// `x6.origin`, `x6.egress_ip`, `too_big.mtu`), already translated: the quote is given
-/// back the pod's address and port.
+/// Answer the IPv6 packet [`defer6`] left in the scratch slot (already translated for a
+/// packet too big: the quote is given back the pod's address and port).
 #[inline(never)]
 pub fn answer6(ctx: &TcContext) -> i32 {
     let (cfg, s) = match reset::slots(ctx) {
@@ -169,8 +235,7 @@ pub fn answer6(ctx: &TcContext) -> i32 {
     a.icmp.quote[8..24].copy_from_slice(&s.ip6.src);
     let port_at = IP6_HDR_LEN + if s.ip6.proto == PROTO_ICMPV6 { 4 } else { 0 };
     a.icmp.quote[port_at..port_at + 2].copy_from_slice(&s.l4.sport_be.to_ne_bytes());
-    let mtu = s.too_big.mtu.to_be_bytes();
-    a.icmp.hdr = [2, 0, 0, 0, mtu[0], mtu[1], mtu[2], mtu[3]];
+    a.icmp.hdr = icmp_header(false, &s.pending);
     // The pseudo-header: addresses, the ICMPv6 length and next header (RFC 8200, 8.1).
     let len = (size_of::<Icmp>() as u32).to_be_bytes();
     let pseudo = sum(&s.x6.egress_ip)
@@ -216,7 +281,8 @@ pub fn answer6(ctx: &TcContext) -> i32 {
     }
     let node = underlay::origin(&s.x6.origin);
     let l4_off = ETH_LEN + IP6_HDR_LEN + OPTS6_LEN;
-    send(ctx, cfg, PROTO_ICMPV6, l4_off, &mut s.tunnel, node)
+    let sent = sent_as(&s.pending);
+    send(ctx, cfg, PROTO_ICMPV6, l4_off, &mut s.tunnel, (node, sent))
 }
 
 /// IPv6's next header value of destination options.
@@ -233,19 +299,30 @@ fn csum_off(proto: u8) -> usize {
     }
 }
 
-/// The packet's first [`QUOTE`] bytes after the Ethernet header, into `m`.
+/// The packet's first [`QUOTE`] bytes after the Ethernet header, into `m`; of a shorter
+/// packet, as much as the largest of a few fixed sizes that fit (down to its IP header
+/// and 8 bytes: RFC 792's minimum), the rest of the quote zero (the answer keeps its one
+/// size: receivers read the quoted header's own lengths and ignore what follows).
+/// Constant sizes: the verifier does not follow a computed one's lower bound.
 #[inline(always)]
 fn quote(ctx: &TcContext, m: &mut Icmp) -> Result<(), ()> {
-    // SAFETY: the destination is valid for QUOTE bytes.
-    let r = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const _,
-            ETH_LEN as u32,
-            m.quote.as_mut_ptr().cast(),
-            QUOTE as u32,
-        )
-    };
-    if r == 0 { Ok(()) } else { Err(()) }
+    // SAFETY: bytes.
+    unsafe { mem::zero(&mut m.quote) };
+    for n in [QUOTE, 48, 40, 28] {
+        // SAFETY: the destination is valid for QUOTE >= n bytes.
+        let r = unsafe {
+            bpf_skb_load_bytes(
+                ctx.skb.skb as *const _,
+                ETH_LEN as u32,
+                m.quote.as_mut_ptr().cast(),
+                n as u32,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+    }
+    Err(())
 }
 
 /// The 16 bits `v` for which "write the complement of the sum" leaves `v` in place, when
@@ -271,8 +348,8 @@ fn write<T>(ctx: &TcContext, answer: &T) -> Result<(), ()> {
         .map_err(|_| ())
 }
 
-/// Send the answer (its ICMP message, `proto`, at `l4_off`) to the pod on `pod_node`,
-/// counted `FRAG_NEEDED_SENT`.
+/// Send the answer (its ICMP message, `proto`, at `l4_off`) to the pod on the node of
+/// `to`, counted as its second.
 #[inline(always)]
 fn send(
     ctx: &TcContext,
@@ -280,7 +357,7 @@ fn send(
     proto: u8,
     l4_off: usize,
     key: &mut bpf_tunnel_key,
-    pod_node: Words,
+    to: (Words, u32),
 ) -> i32 {
     let icmp = reset::Answer {
         proto,
@@ -288,8 +365,7 @@ fn send(
         l4_off,
         ip_hdr_len: tunnel::IP4_HDR_LEN,
     };
-    let sent = reason::FRAG_NEEDED_SENT;
-    reset::send_back(ctx, cfg, &icmp, key, pod_node, sent)
+    reset::send_back(ctx, cfg, &icmp, key, to.0, to.1)
 }
 
 /// The ones'-complement sum, folded, of the ICMP message `m` and `seed`

@@ -1,9 +1,10 @@
-//! Packets too big for their egress interface (issue 45, item 5): sec0's MTU lowered to
-//! 1300, a packet of 1428 bytes from a selected pod is answered with "fragmentation
-//! needed" (IPv4) or "packet too big" (IPv6), from the egress IP to the pod, quoting the
-//! packet as the pod sent it, through the tunnel or out of a local pod's device; never
-//! sent. The checks read the answer alone: its headers, both checksums, the quote, and
-//! that a completion of the original transport checksum (what a device does to a
+//! The ICMP errors the gateway answers a selected pod's packet with (issue 45, items 5
+//! and 7): with sec0's MTU lowered to 1300, a packet of 1428 bytes is answered with
+//! "fragmentation needed" (IPv4) or "packet too big" (IPv6); a packet whose TTL (hop
+//! limit) would reach zero with "time exceeded". From the egress IP to the pod, quoting
+//! the packet as the pod sent it, through the tunnel or out of a local pod's device;
+//! never sent. The checks read the answer alone: its headers, both checksums, the quote,
+//! and that a completion of the original transport checksum (what a device does to a
 //! CHECKSUM_PARTIAL packet) would leave it as it is.
 
 use std::net::IpAddr;
@@ -11,11 +12,11 @@ use std::net::IpAddr;
 use egress_common::counters::reason::*;
 
 use super::{
-    Ip, Net, Packet, RULE_A, UnderlayNet, big_udp, from_pod, from_tunnel, local_pod_to_a, udp,
+    Ip, Net, Packet, RULE_A, UnderlayNet, big_udp, from_pod, from_tunnel, local_pod_to_a, tcp, udp,
 };
 use crate::{
     packet::{L4, TCP_ACK, checksum},
-    table::{Case, case},
+    table::{Case, case, no_setup},
     testrun::{Datapath, ip},
 };
 
@@ -38,8 +39,11 @@ pub fn big_tcp<A: Ip>(src: A, sport: u16, dst: A, dport: u16) -> A::Packet {
     A::Packet::new(src, dst, l4)
 }
 
-pub fn too_big_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
+pub fn answer_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
     let (_, _, name) = A::TOO_BIG;
+    let (hops, unselected) = (A::HOPS, A::REMOTE_UNSELECTED);
+    let last_hop = tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443, TCP_ACK).hops(1);
+    let too_big = |p: &A::Packet| answer::<A>(p, Answer::TooBig);
     let big = big_udp(A::REMOTE_POD, 5000, A::DEST_A, 53);
     let big_seg = big_tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443);
     let local = big_udp(A::LOCAL_POD, 5000, A::DEST_A, 53);
@@ -49,13 +53,13 @@ pub fn too_big_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
         case(
             format!("UDP over sec0's MTU: {name} tunneled back to the pod, never sent"),
             lower_mtu,
-            vec![from_tunnel(u.peer, RULE_A, &big).redirected_if(answer::<A>(&big))],
+            vec![from_tunnel(u.peer, RULE_A, &big).redirected_if(too_big(&big))],
             answered,
         ),
         case(
             format!("TCP over sec0's MTU: {name}, the quote as the pod sent it"),
             lower_mtu,
-            vec![from_tunnel(u.peer, RULE_A, &big_seg).redirected_if(answer::<A>(&big_seg))],
+            vec![from_tunnel(u.peer, RULE_A, &big_seg).redirected_if(too_big(&big_seg))],
             answered,
         ),
         case(
@@ -63,7 +67,7 @@ pub fn too_big_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
             lower_mtu,
             vec![
                 from_tunnel(u.peer, RULE_A, &small).forwarded_any(),
-                from_tunnel(u.peer, RULE_A, &big).redirected_if(answer::<A>(&big)),
+                from_tunnel(u.peer, RULE_A, &big).redirected_if(too_big(&big)),
             ],
             &[
                 (SNAT_NEW, 1),
@@ -78,17 +82,56 @@ pub fn too_big_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
                 lower_mtu(dp, net);
                 local_pod_to_a::<A>(dp, u.node);
             },
-            vec![from_pod(&local).redirected_if(answer::<A>(&local))],
+            vec![from_pod(&local).redirected_if(too_big(&local))],
             &[(LOCAL_GATEWAY, 1), (SNAT_NEW, 1), (FRAG_NEEDED_SENT, 1)],
+        ),
+        case(
+            format!("{hops} 1: time exceeded from the egress IP, no flow made"),
+            no_setup,
+            vec![
+                from_tunnel(u.peer, RULE_A, &last_hop)
+                    .redirected_if(answer::<A>(&last_hop, Answer::TimeExceeded)),
+            ],
+            &[(TIME_EXCEEDED_SENT, 1)],
+        ),
+        case(
+            format!("{hops} 1 from a pod not admitted to the rule: dropped, no answer"),
+            no_setup,
+            vec![from_tunnel(u.peer, RULE_A, &last_hop.clone().src(unselected)).dropped()],
+            &[(DROP_TTL_EXCEEDED, 1)],
+        ),
+        case(
+            format!("a pod on the gateway, {hops} 1: time exceeded out of its own device"),
+            move |dp, _| local_pod_to_a::<A>(dp, u.node),
+            vec![
+                from_pod(&last_hop.clone().src(A::LOCAL_POD)).redirected_if(answer::<A>(
+                    &last_hop.clone().src(A::LOCAL_POD),
+                    Answer::TimeExceeded,
+                )),
+            ],
+            &[(LOCAL_GATEWAY, 1), (TIME_EXCEEDED_SENT, 1)],
         ),
     ]
 }
 
-/// Checks that a frame is the answer to `p`: see the module's documentation.
-pub fn answer<A: Ip>(p: &A::Packet) -> impl Fn(&[u8]) -> Result<(), String> + Send + use<A> {
+/// Which answer a check expects.
+#[derive(Clone, Copy)]
+pub enum Answer {
+    TooBig,
+    TimeExceeded,
+}
+
+/// Checks that a frame is the answer `what` to `p`: see the module's documentation.
+pub fn answer<A: Ip>(
+    p: &A::Packet,
+    what: Answer,
+) -> impl Fn(&[u8]) -> Result<(), String> + Send + use<A> {
     let sent = p.build();
     let (pod, dst) = p.ends();
-    let (kind, code, _) = A::TOO_BIG;
+    let (kind, code, mtu) = match what {
+        Answer::TooBig => (A::TOO_BIG.0, A::TOO_BIG.1, MTU),
+        Answer::TimeExceeded => (A::TIME_EXCEEDED.0, A::TIME_EXCEEDED.1, 0),
+    };
     move |f: &[u8]| {
         let pod: IpAddr = pod.into();
         let dst: IpAddr = dst.into();
@@ -110,9 +153,13 @@ pub fn answer<A: Ip>(p: &A::Packet) -> impl Fn(&[u8]) -> Result<(), String> + Se
                 if checksum(&[ip]) != 0 {
                     return Err("IP header checksum".into());
                 }
-                // The quote is the packet as it arrived, byte for byte.
+                // The quote is the packet as it arrived, byte for byte (of a shorter one,
+                // as much as a fixed size takes, zero-padded).
                 let q = f.get(82..146).ok_or("quote cut short")?;
-                expect("quote", q, &sent[14..78])?;
+                let n = [64, 48, 40, 28].into_iter().find(|n| *n <= sent.len() - 14);
+                let mut want = sent[14..14 + n.unwrap_or(0)].to_vec();
+                want.resize(64, 0);
+                expect("quote", q, &want)?;
                 (74, 34, q, Vec::new())
             }
             IpAddr::V6(_) => {
@@ -142,11 +189,15 @@ pub fn answer<A: Ip>(p: &A::Packet) -> impl Fn(&[u8]) -> Result<(), String> + Se
         };
         let icmp = &f[icmp_at..];
         expect("type and code", &icmp[..2], &[kind, code])?;
-        let mtu = match pod {
+        let rest = match pod {
             IpAddr::V4(_) => icmp[6..8].to_vec(),
             IpAddr::V6(_) => icmp[4..8].to_vec(),
         };
-        expect("MTU", &mtu, &u32::from(MTU).to_be_bytes()[4 - mtu.len()..])?;
+        expect(
+            "MTU",
+            &rest,
+            &u32::from(mtu).to_be_bytes()[4 - rest.len()..],
+        )?;
         if checksum(&[&pseudo, icmp]) != 0 {
             return Err("ICMP checksum".into());
         }
