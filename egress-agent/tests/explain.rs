@@ -1,7 +1,7 @@
 //! `explain` and `kubectl egress` against a fake API server, through a kubeconfig that
 //! points at it: what the user reads.
 
-use std::{path::Path, process::Output, time::Duration};
+use std::{path::Path, process::Output};
 
 use egress_agent::explain::cli::{ExplainArgs, run};
 use serde_json::{Value, json};
@@ -104,20 +104,6 @@ async fn cluster() -> Fake {
     fake
 }
 
-/// A kubeconfig whose current context is the fake server.
-fn kubeconfig(fake: &Fake, dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-         clusters:\n- name: fake\n  cluster: {{server: \"http://{}\"}}\n\
-         users:\n- name: nobody\n  user: {{}}\n\
-         contexts:\n- name: fake\n  context: {{cluster: fake, user: nobody}}\n",
-        fake.addr
-    );
-    std::fs::write(&path, text).expect("write kubeconfig");
-    path
-}
-
 fn args(kubeconfig: &Path, pod: &str, to: &str, pins: &Path) -> ExplainArgs {
     ExplainArgs {
         pod: pod.to_owned(),
@@ -214,15 +200,7 @@ async fn explain_errors_name_what_to_fix() {
 
 /// Run the `kubectl-egress` binary with `args` and `$KUBECONFIG` at `config`.
 async fn kubectl_egress(config: &Path, args: &[&str]) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-egress"));
-    cmd.args(args)
-        .env("KUBECONFIG", config)
-        .env_remove("RUST_LOG")
-        .kill_on_drop(true);
-    timeout(Duration::from_secs(30), cmd.output())
-        .await
-        .expect("kubectl-egress within the time limit")
-        .expect("kubectl-egress runs")
+    run_bin(env!("CARGO_BIN_EXE_kubectl-egress"), config, args).await
 }
 
 #[tokio::test]
@@ -290,7 +268,7 @@ async fn the_kubectl_plugin_explains_and_shows_the_status() {
 #[tokio::test]
 async fn status_without_the_crds_says_to_install_them() {
     let fake = cluster().await;
-    fake.state().collections.remove(POLICIES);
+    fake.unserve(POLICIES);
     let dir = tempfile::tempdir().expect("tempdir");
     let config = kubeconfig(&fake, dir.path());
     let out = kubectl_egress(&config, &["status"]).await;

@@ -1,11 +1,13 @@
 //! A fake Kubernetes API server for the tests: a small HTTP/1.1 server on 127.0.0.1 that
 //! serves LIST (with a resourceVersion) and WATCH (chunked, newline-delimited JSON events)
-//! for the watched kinds, with a `fieldSelector` of one `path=value` (as
-//! `spec.nodeName=<node>`), GET and PATCH of single objects, and POST of Events, and that
-//! the tests script: send events, end a watch, answer `410 Gone`, drop the connection
-//! mid-chunk. It counts what it sends of each collection ([`Sent`]). Shared by the test
-//! crates that talk to an API server (`kube_source`, `explain`, `fan_out`), each of which
-//! uses part of it.
+//! for the watched kinds and OVN-Kubernetes' `EgressIP`, with a `fieldSelector` of one
+//! `path=value` (as `spec.nodeName=<node>`), GET and PATCH of single objects, and POST of
+//! Events, and that the tests script: send events, end a watch, answer `410 Gone` or
+//! `403 Forbidden`, drop the connection mid-chunk, stop serving a collection (a CRD not
+//! installed: `404 page not found`, as a real API server answers a path it does not
+//! serve). It counts what it sends of each collection ([`Sent`]). Shared by the test
+//! crates that talk to an API server (`kube_source`, `explain`, `fan_out`,
+//! `import_egressip`), each of which uses part of it.
 
 #![allow(
     dead_code,
@@ -15,6 +17,8 @@
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Output,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -34,6 +38,8 @@ pub const POLICIES: &str = "/apis/egress.dev/v1alpha1/egressgatewaypolicies";
 pub const EGRESS_NODES: &str = "/apis/egress.dev/v1alpha1/egressnodes";
 pub const EVENTS: &str = "/api/v1/namespaces/default/events";
 pub const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
+/// OVN-Kubernetes' `EgressIP` (cluster-scoped).
+pub const EGRESS_IPS: &str = "/apis/k8s.ovn.org/v1/egressips";
 
 /// How long any one expectation may take. Re-lists wait for the watcher's backoff
 /// (0.8 s to 1.6 s for a first error), so this leaves ample room.
@@ -172,6 +178,8 @@ pub struct Collection {
     pub lists: usize,
     /// Lists still to answer with `500` (an API server in trouble, a CRD not yet served).
     pub failing_lists: usize,
+    /// Every LIST and WATCH answered `403 Forbidden` (RBAC grants the client nothing).
+    pub forbidden: bool,
     pub sent: Sent,
 }
 
@@ -275,6 +283,7 @@ impl Fake {
             (POLICIES, "EgressGatewayPolicy", "egress.dev/v1alpha1"),
             (EGRESS_NODES, "EgressNode", "egress.dev/v1alpha1"),
             (NETWORK_POLICIES, "NetworkPolicy", "networking.k8s.io/v1"),
+            (EGRESS_IPS, "EgressIP", "k8s.ovn.org/v1"),
         ] {
             collections.insert(
                 path,
@@ -286,6 +295,7 @@ impl Fake {
                     watches_started: 0,
                     lists: 0,
                     failing_lists: 0,
+                    forbidden: false,
                     sent: Sent::default(),
                 },
             );
@@ -393,6 +403,18 @@ impl Fake {
         self.state().collection(path).failing_lists = n;
     }
 
+    /// Answer every LIST and WATCH of `path` with `403 Forbidden`, as for a user whose
+    /// RBAC grants no `list` on it.
+    pub fn forbid(&self, path: &str) {
+        self.state().collection(path).forbidden = true;
+    }
+
+    /// Stop serving `path`, as a cluster without its CRD: every request for it is
+    /// answered `404 page not found`.
+    pub fn unserve(&self, path: &str) {
+        self.state().collections.remove(path);
+    }
+
     pub fn watches_started(&self, path: &str) -> usize {
         self.state().collection(path).watches_started
     }
@@ -425,6 +447,43 @@ impl Fake {
     }
 }
 
+/// A kubeconfig whose current context is the fake server.
+pub fn kubeconfig(fake: &Fake, dir: &Path) -> PathBuf {
+    kubeconfig_at(fake.addr, dir)
+}
+
+/// A kubeconfig (`dir/kubeconfig`) whose current context is a plain-HTTP API server at
+/// `addr`, with no credentials.
+pub fn kubeconfig_at(addr: SocketAddr, dir: &Path) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+         clusters:\n- name: fake\n  cluster: {{server: \"http://{}\"}}\n\
+         users:\n- name: nobody\n  user: {{}}\n\
+         contexts:\n- name: fake\n  context: {{cluster: fake, user: nobody}}\n",
+        addr
+    );
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+/// Run the binary `bin` (`env!("CARGO_BIN_EXE_...")`) with `args` and `$KUBECONFIG` at
+/// `config`, without logs (`RUST_LOG` unset) or a proxy between it and the fake.
+pub async fn run_bin(bin: &str, config: &Path, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(args)
+        .env("KUBECONFIG", config)
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true);
+    for proxy in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        cmd.env_remove(proxy);
+    }
+    timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{bin} within the time limit"))
+        .unwrap_or_else(|e| panic!("{bin} runs: {e}"))
+}
+
 pub async fn write_response(
     socket: &mut TcpStream,
     code: u16,
@@ -443,6 +502,41 @@ pub async fn write_text(socket: &mut TcpStream, code: u16, body: &str) -> std::i
     socket.write_all(head.as_bytes()).await?;
     socket.write_all(body.as_bytes()).await?;
     socket.shutdown().await
+}
+
+/// What a real API server answers for a path it does not serve (an API group or a
+/// resource it does not know, as a CRD not installed): plain text, not a `Status`.
+pub async fn page_not_found(socket: &mut TcpStream) -> std::io::Result<()> {
+    let body = "404 page not found\n";
+    let head = format!(
+        "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await?;
+    socket.write_all(body.as_bytes()).await?;
+    socket.shutdown().await
+}
+
+/// The `403` a real API server answers a `verb` of collection `path` that RBAC does not
+/// grant (the user the fake's kubeconfig names: none, so anonymous).
+pub fn forbidden(path: &str, verb: &str) -> Value {
+    let (group, resource) = match path.trim_start_matches('/').split('/').collect::<Vec<_>>()[..] {
+        ["apis", group, _, resource] => (group, resource),
+        [.., resource] => ("", resource),
+        [] => ("", ""),
+    };
+    let qualified = if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    };
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("{qualified} is forbidden: User \"system:anonymous\" cannot \
+               {verb} resource \"{resource}\" in API group \"{group}\" at the cluster scope"),
+           "reason": "Forbidden",
+           "details": {"group": group, "kind": resource},
+           "code": 403})
 }
 
 pub fn not_found(what: &str) -> Value {
@@ -517,10 +611,15 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
                 return;
             }
         };
-        if query
+        let watch = query
             .split('&')
-            .any(|p| p == "watch=true" || p == "watch=1")
-        {
+            .any(|p| p == "watch=true" || p == "watch=1");
+        if lock().collection(&path).forbidden {
+            let verb = if watch { "watch" } else { "list" };
+            let _ = write_response(&mut socket, 403, &forbidden(&path, verb)).await;
+            return;
+        }
+        if watch {
             let (tx, mut rx) = mpsc::unbounded_channel();
             {
                 let mut s = lock();
@@ -627,7 +726,7 @@ pub async fn serve(socket: TcpStream, state: Arc<Mutex<State>>, served: Arc<Noti
             .and_then(|r| r.strip_prefix('/'))
             .map(|r| (*c, r.to_owned()))
     }) else {
-        let _ = write_response(&mut socket, 404, &not_found(&path)).await;
+        let _ = page_not_found(&mut socket).await;
         return;
     };
     let (name, status) = match rest.strip_suffix("/status") {
