@@ -101,7 +101,8 @@ enum Command {
     /// Print the CustomResourceDefinitions (EgressGatewayPolicy, EgressNode).
     Crd,
     /// Translate OVN-Kubernetes EgressIP objects (YAML files or stdin, such as `kubectl get
-    /// egressips -o yaml`) into EgressGatewayPolicies, printed as YAML, with what EgressIP
+    /// egressips -o yaml`, or the cluster's with --from-cluster) into
+    /// EgressGatewayPolicies, printed as YAML, with what EgressIP
     /// does not say (destinations: all; the gateway nodes; the failure policy) in
     /// comments. An object that does not translate is named on stderr with its field and
     /// why; the others are still printed, and the exit code is non-zero.
@@ -512,7 +513,7 @@ fn real_main() -> Result<ExitCode> {
             };
             doctor(&settings, view.as_ref())
         }
-        Command::ImportEgressip(args) => Ok(import_egressip(&args)),
+        Command::ImportEgressip(args) => import_egressip(&args),
         Command::Crd => {
             print!("{}", api::crd_yaml());
             Ok(ExitCode::SUCCESS)
@@ -539,16 +540,16 @@ fn runtime(workers: usize) -> Result<tokio::runtime::Runtime> {
 }
 
 /// `egress-agent import-egressip`: the policies on stdout, each refusal on stderr.
-fn import_egressip(args: &egress_agent::import::cli::ImportArgs) -> ExitCode {
-    let (yaml, refused) = egress_agent::import::cli::run(args);
+fn import_egressip(args: &egress_agent::import::cli::ImportArgs) -> Result<ExitCode> {
+    let (yaml, refused) = runtime(0)?.block_on(egress_agent::import::cli::run(args))?;
     print!("{yaml}");
     for r in &refused {
         eprintln!("egress-agent import-egressip: {r}");
     }
     if refused.is_empty() {
-        ExitCode::SUCCESS
+        Ok(ExitCode::SUCCESS)
     } else {
-        ExitCode::FAILURE
+        Ok(ExitCode::FAILURE)
     }
 }
 

@@ -38,8 +38,9 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         timeout_secs: u64,
     },
-    /// Translate OVN-Kubernetes EgressIP objects (YAML files or stdin: `kubectl get
-    /// egressips -o yaml | kubectl egress import-egressip`) into EgressGatewayPolicies.
+    /// Translate OVN-Kubernetes EgressIP objects (the cluster's with --from-cluster, or
+    /// YAML files or stdin: `kubectl get egressips -o yaml | kubectl egress
+    /// import-egressip`) into EgressGatewayPolicies.
     ImportEgressip(import::cli::ImportArgs),
 }
 
@@ -69,7 +70,7 @@ fn real_main() -> Result<()> {
     let text = match cli.command {
         Command::Explain(args) => runtime.block_on(explain::cli::run(&args))?,
         Command::ImportEgressip(args) => {
-            let (yaml, refused) = import::cli::run(&args);
+            let (yaml, refused) = runtime.block_on(import::cli::run(&args))?;
             print!("{yaml}");
             for r in &refused {
                 eprintln!("kubectl egress import-egressip: {r}");

@@ -1,11 +1,12 @@
 //! `import-egressip`'s flags and its run, shared by `egress-agent import-egressip` and
-//! `kubectl egress import-egressip`: read the files (or stdin), print the policies,
-//! return the refusals for the caller to print and fail on.
+//! `kubectl egress import-egressip`: read the files (or stdin), or list the cluster's
+//! `EgressIP` objects (`--from-cluster`), print the policies, return the refusals for the
+//! caller to print and fail on.
 
-use std::{collections::BTreeMap, io::Read as _, path::PathBuf};
+use std::{collections::BTreeMap, io::Read as _, path::PathBuf, time::Duration};
 
-use super::{Options, Refusal, documents, import};
-use crate::api::FailurePolicy;
+use super::{Document, Options, Refusal, cluster, documents, import};
+use crate::{api::FailurePolicy, source};
 
 /// `import-egressip`'s flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -14,6 +15,21 @@ pub struct ImportArgs {
     /// `kubectl get egressips -o yaml` prints); `-` or none: stdin.
     #[arg(value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// Read the `EgressIP` objects from the cluster's API instead (RBAC: list on
+    /// egressips.k8s.ovn.org, cluster-wide).
+    #[arg(long, conflicts_with = "files")]
+    pub from_cluster: bool,
+    /// With --from-cluster: only the `EgressIP` of this name (repeat the flag for
+    /// several); a name the cluster does not have is refused.
+    #[arg(long = "name", value_name = "NAME", requires = "from_cluster")]
+    pub names: Vec<String>,
+    /// With --from-cluster: the kubeconfig (default: $KUBECONFIG, ~/.kube/config, or the
+    /// in-cluster service account).
+    #[arg(long, requires = "from_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --from-cluster: seconds to wait for the list.
+    #[arg(long, default_value_t = 30)]
+    pub timeout_secs: u64,
     /// The policies' gateway nodes, as KEY=VALUE labels (repeat the flag, or separate
     /// them with commas); default: k8s.ovn.org/egress-assignable= (OVN-Kubernetes'
     /// egress nodes).
@@ -62,13 +78,28 @@ impl ImportArgs {
 }
 
 /// Read every input and translate it: the policies' YAML, and every refusal (an
-/// unreadable file is one too, and the other files are still read).
-pub fn run(args: &ImportArgs) -> (String, Vec<Refusal>) {
+/// unreadable file is one too, and the other files are still read). An error is a list
+/// of the cluster's objects that failed as a whole (`--from-cluster`).
+pub async fn run(args: &ImportArgs) -> Result<(String, Vec<Refusal>), cluster::Error> {
+    let (docs, mut refused) = if args.from_cluster {
+        let client = source::kube::client(args.kubeconfig.clone()).await?;
+        let timeout = Duration::from_secs(args.timeout_secs.max(1));
+        cluster::documents(&client, &args.names, timeout).await?
+    } else {
+        read_files(&args.files)
+    };
+    let (yaml, r) = import(&docs, &args.options());
+    refused.extend(r);
+    Ok((yaml, refused))
+}
+
+/// The objects of `files` (none: stdin), and a refusal for each file not read.
+fn read_files(files: &[PathBuf]) -> (Vec<Document>, Vec<Refusal>) {
     let stdin = PathBuf::from("-");
-    let files = if args.files.is_empty() {
+    let files = if files.is_empty() {
         std::slice::from_ref(&stdin)
     } else {
-        args.files.as_slice()
+        files
     };
     let mut docs = Vec::new();
     let mut refused = Vec::new();
@@ -93,7 +124,5 @@ pub fn run(args: &ImportArgs) -> (String, Vec<Refusal>) {
             }),
         }
     }
-    let (yaml, r) = import(&docs, &args.options());
-    refused.extend(r);
-    (yaml, refused)
+    (docs, refused)
 }

@@ -13,7 +13,8 @@
 //!
 //! Steps: [`documents`] splits the input into objects (multi-document YAML, `List`s
 //! expanded), [`translate`] judges and maps one object, [`render`] writes the policies as
-//! YAML with what was assumed in comments. [`cli`] reads files or stdin.
+//! YAML with what was assumed in comments. [`cli`] reads files or stdin, or has
+//! [`cluster`] list the objects from the API.
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
@@ -26,6 +27,7 @@ use crate::{
 };
 
 pub mod cli;
+pub mod cluster;
 #[cfg(test)]
 mod tests;
 

@@ -169,6 +169,49 @@ spec: {egressIPs: [192.0.2.40], namespaceSelector: {}}
     );
 }
 
+/// The API's objects: all of them, or those `--name` picks (each once, in the list's
+/// order); a name the list lacks is a refusal. Either way they take the translation a
+/// file's objects take.
+#[test]
+fn names_pick_listed_objects_and_a_missing_name_is_refused() {
+    let shop: Value = serde_yaml_ng::from_str(SHOP).expect("YAML");
+    let payments: Value = serde_yaml_ng::from_str(PAYMENTS).expect("YAML");
+    let listed = vec![payments.clone(), shop.clone()];
+    let origins =
+        |docs: &[Document]| -> Vec<String> { docs.iter().map(|d| d.origin.clone()).collect() };
+
+    let (docs, refused) = cluster::picked(listed.clone(), &[]);
+    assert_eq!(refused, []);
+    assert_eq!(
+        origins(&docs),
+        [
+            "egressips.k8s.ovn.org (the API), items[0]",
+            "egressips.k8s.ovn.org (the API), items[1]"
+        ]
+    );
+    let (yaml, refused) = import(&docs, &Options::default());
+    assert_eq!(refused, []);
+    assert_eq!(
+        yaml,
+        imported(&format!("{PAYMENTS}---\n{SHOP}"), &Options::default()).0
+    );
+
+    let names = ["shop", "gone", "shop"].map(str::to_owned);
+    let (docs, refused) = cluster::picked(listed, &names);
+    assert_eq!(docs.iter().map(|d| &d.value).collect::<Vec<_>>(), [&shop]);
+    assert_eq!(
+        origins(&docs),
+        ["egressips.k8s.ovn.org (the API), items[1]"]
+    );
+    assert_eq!(
+        refused.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "EgressIP \"gone\": --name: the cluster has no EgressIP of that name \
+          (egressips.k8s.ovn.org)"
+        ]
+    );
+}
+
 /// An egress-assignable gateway at `underlay` with an up interface holding `addresses`.
 fn gateway(name: &str, underlay: &str, addresses: &[&str]) -> String {
     format!(
