@@ -463,6 +463,35 @@ pub fn install(bundle: &Path, cni_bin_dir: &Path) -> anyhow::Result<std::path::P
     Ok(path)
 }
 
+/// Remove what [`install`] put into `cni_bin_dir` (the script `egress-cni`, the bundle
+/// `egress-cni.d/` and any staging copy an interrupted install left), calling `say` with
+/// one line for each thing removed; their number. Nothing else of the directory is touched.
+pub fn uninstall(cni_bin_dir: &Path, mut say: impl FnMut(String)) -> anyhow::Result<usize> {
+    use anyhow::Context as _;
+    let mut removed = 0;
+    for name in [
+        "egress-cni".to_owned(),
+        ".egress-cni.new".to_owned(),
+        INSTALLED_BUNDLE.to_owned(),
+        format!(".{INSTALLED_BUNDLE}.new"),
+        format!(".{INSTALLED_BUNDLE}.old"),
+    ] {
+        let path = cni_bin_dir.join(&name);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        }
+        .with_context(|| format!("failed to remove {}", path.display()))?;
+        removed += 1;
+        say(format!("removed CNI plugin {}", path.display()));
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -539,5 +568,35 @@ mod tests {
             e.contains("nobody.sock") && e.contains("is it running"),
             "{e}"
         );
+    }
+
+    /// What `install` writes, `uninstall` removes (a staging copy an interrupted install
+    /// left too), and nothing else of the directory; a second run finds nothing.
+    #[test]
+    fn uninstall_removes_what_install_wrote_and_nothing_else() {
+        let bundle = tempfile::tempdir().expect("tempdir");
+        std::fs::write(bundle.path().join("egress-cni"), "plugin").expect("write");
+        let bin = tempfile::tempdir().expect("tempdir");
+        std::fs::write(bin.path().join("calico"), "theirs").expect("write");
+        install(bundle.path(), bin.path()).expect("install");
+        std::fs::create_dir(bin.path().join(".egress-cni.d.new")).expect("mkdir");
+        let mut said = Vec::new();
+        let n = uninstall(bin.path(), |l| said.push(l)).expect("uninstall");
+        assert_eq!(n, 3, "{said:?}");
+        let at = |name: &str| format!("removed CNI plugin {}", bin.path().join(name).display());
+        assert_eq!(
+            said,
+            [
+                at("egress-cni"),
+                at("egress-cni.d"),
+                at(".egress-cni.d.new")
+            ]
+        );
+        let left: Vec<String> = std::fs::read_dir(bin.path())
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["calico"]);
+        assert_eq!(uninstall(bin.path(), |_| {}).expect("again"), 0);
     }
 }

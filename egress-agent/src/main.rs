@@ -123,13 +123,13 @@ enum Command {
     #[command(
         long_about = "Uninstall an agent's datapath from this node: detach its TC \
         programs (pinned TCX links, or its tc filters: ours alone, a CNI's stay), remove its pinned maps, its tunnel device and the \
-        dedicated egress IPs it added (read from its maps), printing one line per thing \
-        removed.\n\n\
+        dedicated egress IPs it added (read from its maps), and with --cni-bin-dir the CNI \
+        plugin, printing one line per thing removed.\n\n\
         Refused while an agent runs on the same --bpffs-dir. Stopping an agent with \
         SIGTERM is not an uninstall: it keeps the whole datapath (maps, links, tunnel \
         device, egress IPs), so that traffic keeps flowing until the next agent adopts \
         it. Run cleanup after stopping the agent for good (e.g. after deleting the \
-        DaemonSet)."
+        DaemonSet); deploy/uninstall runs it on every node from the agent's image."
     )]
     Cleanup {
         #[arg(long, default_value = ebpf::DEFAULT_BPFFS_DIR)]
@@ -137,7 +137,17 @@ enum Command {
         /// The agent's VXLAN device (as its `run --tunnel-device`).
         #[arg(long, default_value = DEFAULT_TUNNEL_DEVICE)]
         tunnel_device: String,
+        /// The CNI bin directory `install-cni` wrote the plugin into (the host's
+        /// /opt/cni/bin, mounted): remove `egress-cni` and `egress-cni.d/` from it too.
+        /// Unchain the plugin from the CNI configuration first: a runtime that still
+        /// calls it fails every pod's ADD on this node.
+        #[arg(long, value_name = "DIR")]
+        cni_bin_dir: Option<PathBuf>,
     },
+    /// Do nothing until SIGTERM or SIGINT: the container of the uninstall DaemonSet
+    /// (deploy/uninstall) once its init container has run `cleanup`, so that the pod stays
+    /// Ready and the DaemonSet's rollout says every node is done.
+    Pause,
 }
 
 /// `run`'s flags.
@@ -521,7 +531,12 @@ fn real_main() -> Result<ExitCode> {
         Command::Cleanup {
             bpffs_dir,
             tunnel_device,
-        } => cleanup(&bpffs_dir, &tunnel_device),
+            cni_bin_dir,
+        } => cleanup(&bpffs_dir, &tunnel_device, cni_bin_dir.as_deref()),
+        Command::Pause => {
+            runtime(0)?.block_on(pause())?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -588,20 +603,43 @@ fn doctor(
     }
 }
 
-/// `egress-agent cleanup`: remove what an agent left on this node, saying what.
-fn cleanup(bpffs_dir: &std::path::Path, tunnel_device: &str) -> Result<ExitCode> {
-    let removed = runtime(0)?.block_on(datapath::cleanup::uninstall(
+/// `egress-agent cleanup`: remove what an agent left on this node (and the CNI plugin from
+/// `cni_bin_dir`), saying what.
+fn cleanup(
+    bpffs_dir: &std::path::Path,
+    tunnel_device: &str,
+    cni_bin_dir: Option<&std::path::Path>,
+) -> Result<ExitCode> {
+    let mut removed = runtime(0)?.block_on(datapath::cleanup::uninstall(
         bpffs_dir,
         tunnel_device,
         |line| println!("{line}"),
     ))?;
+    if let Some(dir) = cni_bin_dir {
+        removed += egress_agent::cni::uninstall(dir, |line| println!("{line}"))?;
+    }
     if removed == 0 {
+        let plugin = cni_bin_dir
+            .map(|d| format!(", no CNI plugin in {}", d.display()))
+            .unwrap_or_default();
         println!(
-            "nothing to remove: no pins under {}, no device {tunnel_device}",
+            "nothing to remove: no pins under {}, no device {tunnel_device}{plugin}",
             bpffs_dir.display()
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `egress-agent pause`: until SIGTERM or SIGINT.
+async fn pause() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("failed to wait for SIGTERM")?;
+    println!("egress-agent pause: waiting for SIGTERM");
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r.context("failed to wait for SIGINT")?,
+    }
+    Ok(())
 }
 
 /// GET /status from a running agent's metrics endpoint (plain HTTP).

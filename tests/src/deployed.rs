@@ -3,6 +3,10 @@
 //! (`kubectl kustomize deploy`, or `deploy/base/daemonset.yaml` without kubectl), so that a
 //! change to the manifests changes what every lab and test runs.
 //!
+//! Any container of the manifests runs the same way
+//! ([`AgentContainer::from_kustomization_container`]: the uninstall's `cleanup`, say), its
+//! args read as declared ([`AgentContainer::args_with`] swaps in a lab node's paths).
+//!
 //! [`AgentContainer::command`] wraps a program in
 //! `unshare --mount` (a private mount namespace: /proc/sys bound over itself read-only,
 //! unless the container is privileged, as a container runtime shows it) and `setpriv`
@@ -67,6 +71,8 @@ pub struct AgentContainer {
     /// the lab's flags), less those naming a file under a Secret's mount, which the lab
     /// replaces with its own (`--liveness-key-file`) or leaves out.
     pub env: Vec<(String, String)>,
+    /// `args`, as written (`$(VAR)` references unexpanded).
+    pub args: Vec<String>,
 }
 
 impl AgentContainer {
@@ -79,38 +85,65 @@ impl AgentContainer {
     /// The kustomization `dir` (relative to the workspace: `deploy`, `deploy/openshift`)
     /// rendered by `kubectl kustomize`; without kubectl, the base's DaemonSet file.
     pub fn from_kustomization(dir: &str) -> Result<Self> {
+        Self::from_kustomization_container(dir, "egress-agent", "agent")
+    }
+
+    /// The container (or init container) `container` of the DaemonSet `daemonset` that
+    /// the kustomization `dir` renders (`deploy/uninstall`, `egress-uninstall`,
+    /// `cleanup`); without kubectl, from `dir/daemonset.yaml` or the base's.
+    pub fn from_kustomization_container(
+        dir: &str,
+        daemonset: &str,
+        container: &str,
+    ) -> Result<Self> {
         let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         let rendered = Command::new("kubectl")
             .arg("kustomize")
             .arg(root.join(dir))
             .output();
-        let text = match rendered {
-            Ok(out) if out.status.success() => String::from_utf8(out.stdout)
-                .context("failed to read kubectl kustomize deploy: not UTF-8")?,
-            _ => {
-                let file = root.join("deploy/base/daemonset.yaml");
-                std::fs::read_to_string(&file)
-                    .with_context(|| format!("failed to read {}", file.display()))?
+        if let Ok(out) = rendered
+            && out.status.success()
+        {
+            let text = String::from_utf8(out.stdout)
+                .with_context(|| format!("failed to read kubectl kustomize {dir}: not UTF-8"))?;
+            return Self::parse_container(&text, daemonset, container);
+        }
+        let mut last = None;
+        for file in [
+            root.join(dir).join("daemonset.yaml"),
+            root.join("deploy/base/daemonset.yaml"),
+        ] {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("failed to read {}", file.display()));
+            match text.and_then(|t| Self::parse_container(&t, daemonset, container)) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
             }
-        };
-        Self::parse(&text)
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("failed to read the manifests of {dir}")))
     }
 
     /// The container `agent` of the DaemonSet `egress-agent` in `yaml` (one or more
     /// documents).
     pub fn parse(yaml: &str) -> Result<Self> {
+        Self::parse_container(yaml, "egress-agent", "agent")
+    }
+
+    /// The container or init container `name` of the DaemonSet `daemonset` in `yaml`.
+    pub fn parse_container(yaml: &str, daemonset: &str, name: &str) -> Result<Self> {
         let objects: Vec<Value> = yaml_documents(yaml)?;
         let ds = objects
             .iter()
-            .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "egress-agent")
-            .context("failed to find DaemonSet egress-agent in the manifests")?;
+            .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == daemonset)
+            .with_context(|| format!("failed to find DaemonSet {daemonset} in the manifests"))?;
         let pod = &ds["spec"]["template"]["spec"];
         let container = pod["containers"]
             .as_array()
             .into_iter()
+            .chain(pod["initContainers"].as_array())
             .flatten()
-            .find(|c| c["name"] == "agent")
-            .context("failed to find container agent in DaemonSet egress-agent")?;
+            .find(|c| c["name"] == name)
+            .with_context(|| format!("failed to find container {name} in DaemonSet {daemonset}"))?;
         let sc = &container["securityContext"];
         let names = |v: &Value| -> Vec<String> {
             v.as_array()
@@ -124,14 +157,14 @@ impl AgentContainer {
         let drop = names(&sc["capabilities"]["drop"]);
         ensure!(
             privileged || drop == ["ALL"],
-            "failed to read the agent's securityContext.capabilities.drop: {drop:?}, \
+            "failed to read {name}'s securityContext.capabilities.drop: {drop:?}, \
              expected [ALL] (the runtime's default set would apply otherwise)"
         );
         let capabilities = names(&sc["capabilities"]["add"]);
         for c in &capabilities {
             ensure!(
                 CAPS.iter().any(|(n, _)| n == c),
-                "failed to read the agent's securityContext.capabilities.add: unknown {c}"
+                "failed to read {name}'s securityContext.capabilities.add: unknown {c}"
             );
         }
         let secret_volumes: Vec<&str> = pod["volumes"]
@@ -160,11 +193,40 @@ impl AgentContainer {
             .filter(|(_, v)| !secret_mounts.iter().any(|m| v.starts_with(m.as_str())))
             .map(|(n, v)| (n.to_owned(), v.to_owned()))
             .collect();
+        let args = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect();
         Ok(Self {
             capabilities,
             privileged,
             env,
+            args,
         })
+    }
+
+    /// [`AgentContainer::args`] with the value of each `--flag` in `values` replaced
+    /// (`--flag=value` or `--flag value`), as a lab gives each node its own paths; a flag
+    /// the container does not pass is an error, so that a manifest that stops passing it
+    /// fails the test that relies on it.
+    pub fn args_with(&self, values: &[(&str, &str)]) -> Result<Vec<String>> {
+        let mut args = self.args.clone();
+        for (flag, value) in values {
+            let eq = format!("{flag}=");
+            if let Some(a) = args.iter_mut().find(|a| a.starts_with(&eq)) {
+                *a = format!("{eq}{value}");
+            } else if let Some(i) = args.iter().position(|a| a == flag)
+                && i + 1 < args.len()
+            {
+                args[i + 1] = (*value).to_owned();
+            } else {
+                bail!("failed to find {flag} in the container's args {args:?}");
+            }
+        }
+        Ok(args)
     }
 
     /// Whether labs and tests run the agent this way ([`ENV_SWITCH`]).

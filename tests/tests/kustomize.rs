@@ -1,8 +1,10 @@
 //! `deploy/` (its base, `deploy/base/`) is a kustomize base that `kubectl kustomize` renders into what a cluster needs
 //! and nothing else: the CRDs, RBAC, the DaemonSet and a headless metrics Service, with the
-//! image named once (`images:` in kustomization.yaml) and the metrics endpoint bound where
+//! image named once (`images:` in deploy/image/kustomization.yaml) and the metrics endpoint bound where
 //! the Service and the kubelet's probes reach it. `deploy/openshift/` renders the same
 //! objects for OpenShift, with an SCC that allows exactly what the DaemonSet asks for.
+//! `deploy/uninstall/` (and its OpenShift overlay) runs `egress-agent cleanup` on every
+//! node with the agent's flags and host paths.
 //! Needs `kubectl` (`cargo xtask bootstrap`) and the debug `egress-agent` (`cargo xtask
 //! test` builds it) to check the flags.
 
@@ -639,6 +641,194 @@ fn the_openshift_overlay_allows_what_the_daemonset_uses() {
             .any(|g| g == "config.openshift.io/networks: list watch"),
         "{agent_role:#?}"
     );
+}
+
+/// The value of `--flag` in `args` (`--flag=value` or `--flag value`).
+fn flag<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix(eq.as_str())
+            .or_else(|| (*a == flag).then(|| args.get(i + 1).copied()).flatten())
+    })
+}
+
+/// The default of `--flag` as `egress-agent <subcommand> --help` states it.
+fn default_of(subcommand: &str, flag: &str) -> Option<String> {
+    let help = Command::new(agent_bin())
+        .args([subcommand, "--help"])
+        .output()
+        .expect("egress-agent --help");
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let mut lines = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(&format!("{flag} ")));
+    lines.next()?;
+    lines
+        .take_while(|l| !l.trim_start().starts_with('-'))
+        .find_map(|l| l.trim().strip_prefix("[default: ")?.strip_suffix(']'))
+        .map(str::to_owned)
+}
+
+/// The container (or init container) `name` of the pod template `pod`.
+fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["containers"]
+        .as_array()
+        .into_iter()
+        .chain(pod["initContainers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// `host path -> mountPath` of each hostPath volume `c` mounts in pod template `pod`.
+fn host_mounts(pod: &Value, c: &Value) -> BTreeMap<String, String> {
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let volume = pod["volumes"]
+                .as_array()?
+                .iter()
+                .find(|v| v["name"] == m["name"])?;
+            Some((
+                volume["hostPath"]["path"].as_str()?.to_owned(),
+                m["mountPath"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// `deploy/uninstall` (and `deploy/openshift/uninstall`): one DaemonSet in the agent's
+/// namespace, on every node the agent runs on (its tolerations, the host network), whose
+/// init container runs `egress-agent cleanup` from the agent's image with the agent's pin
+/// directory and tunnel device (flags resolved with their defaults), the host's bpffs and
+/// lock directory where the agent mounts them (the lock is how cleanup knows no agent
+/// runs), and the CNI bin directory where install-cni wrote the plugin; with BPF and
+/// NET_ADMIN only; then a container with nothing (no capability, no mount) that pauses.
+/// On OpenShift the agent's SCC admits it: its ServiceAccount, capabilities within the
+/// SCC's, spc_t on each container.
+#[test]
+fn the_uninstall_runs_cleanup_with_the_agents_paths_on_every_node() {
+    for (dir, agent_dir) in [
+        ("deploy/uninstall", "deploy"),
+        ("deploy/openshift/uninstall", "deploy/openshift"),
+    ] {
+        let objects = render_dir(dir, &[]);
+        assert_eq!(
+            kinds_and_names(&objects).into_iter().collect::<Vec<_>>(),
+            ["DaemonSet/egress-uninstall"],
+            "{dir}"
+        );
+        let installed = render_dir(agent_dir, &[]);
+        let agent_ds = named(&installed, "DaemonSet", "egress-agent");
+        let agent_pod = &agent_ds["spec"]["template"]["spec"];
+        let agent = container(agent_pod, "agent");
+        let ds = one(&objects, "DaemonSet");
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(
+            ds["metadata"]["namespace"],
+            agent_ds["metadata"]["namespace"]
+        );
+        assert_eq!(pod["serviceAccountName"], agent_pod["serviceAccountName"]);
+        assert_eq!(pod["automountServiceAccountToken"], false, "{dir}");
+        assert_eq!(pod["hostNetwork"], true, "{dir}");
+        assert_eq!(pod["tolerations"], agent_pod["tolerations"], "{dir}");
+        assert!(pod["nodeSelector"].is_null() && pod["affinity"].is_null());
+
+        let cleanup = container(pod, "cleanup");
+        assert!(
+            pod["initContainers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["name"] == "cleanup"),
+            "{dir}: cleanup runs as an init container (the pod is Ready once it succeeded)"
+        );
+        let args = strings(&cleanup["args"]);
+        assert_eq!(args.first(), Some(&"cleanup"), "{dir}");
+        let agent_args = strings(&agent["args"]);
+        for f in ["--bpffs-dir", "--tunnel-device"] {
+            let resolve = |sub: &str, args: &[&str]| {
+                flag(args, f)
+                    .map(str::to_owned)
+                    .or_else(|| default_of(sub, f))
+            };
+            let theirs = resolve("run", &agent_args);
+            assert!(theirs.is_some(), "{f} of run");
+            assert_eq!(resolve("cleanup", &args), theirs, "{dir}: {f}");
+        }
+        let help = Command::new(agent_bin())
+            .args(["cleanup", "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for a in &args[1..] {
+            let f = a.split('=').next().unwrap();
+            assert!(
+                help.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{f} "))),
+                "{dir}: {f} is no flag of `egress-agent cleanup`"
+            );
+        }
+
+        // The host paths: the agent's, at the agent's places; the CNI bin directory where
+        // install-cni wrote the plugin.
+        let mounts = host_mounts(pod, cleanup);
+        assert_eq!(
+            mounts.keys().collect::<Vec<_>>(),
+            ["/opt/cni/bin", "/run/egress-agent", "/sys/fs/bpf"],
+            "{dir}"
+        );
+        let agent_mounts = host_mounts(agent_pod, agent);
+        for host in ["/sys/fs/bpf", "/run/egress-agent"] {
+            assert_eq!(mounts[host], agent_mounts[host], "{dir}: {host}");
+        }
+        let install = container(agent_pod, "install-cni");
+        let cni_dir = flag(&strings(&install["args"]), "--dir").unwrap();
+        assert_eq!(host_mounts(agent_pod, install)["/opt/cni/bin"], cni_dir);
+        assert_eq!(mounts["/opt/cni/bin"], cni_dir, "{dir}");
+        assert_eq!(flag(&args, "--cni-bin-dir"), Some(cni_dir), "{dir}");
+
+        // Capabilities: what cleanup uses, within the agent's.
+        let sc = &cleanup["securityContext"];
+        assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{dir}");
+        assert_eq!(
+            strings(&sc["capabilities"]["add"]),
+            ["BPF", "NET_ADMIN"],
+            "{dir}"
+        );
+        let agent_caps = strings(&agent["securityContext"]["capabilities"]["add"]);
+        for c in strings(&sc["capabilities"]["add"]) {
+            assert!(agent_caps.contains(&c), "{dir}: {c} is not the agent's");
+        }
+
+        // The container that stays: the same image, nothing granted, nothing mounted.
+        let done = container(pod, "done");
+        assert_eq!(strings(&done["args"]), ["pause"], "{dir}");
+        assert!(done["volumeMounts"].is_null(), "{dir}");
+        assert_eq!(
+            strings(&done["securityContext"]["capabilities"]["drop"]),
+            ["ALL"]
+        );
+        assert!(done["securityContext"]["capabilities"]["add"].is_null());
+        for c in [cleanup, done] {
+            assert_eq!(c["image"], agent["image"], "{dir}: {}", c["name"]);
+            assert_ne!(c["securityContext"]["privileged"], true, "{dir}");
+            // The agent's SELinux label (spc_t on OpenShift, none in the base).
+            assert_eq!(
+                c["securityContext"]["seLinuxOptions"], agent["securityContext"]["seLinuxOptions"],
+                "{dir}: {}",
+                c["name"]
+            );
+        }
+        if dir.contains("openshift") {
+            let scc = one(&installed, "SecurityContextConstraints");
+            for c in strings(&sc["capabilities"]["add"]) {
+                assert!(strings(&scc["allowedCapabilities"]).contains(&c), "{c}");
+            }
+        }
+    }
 }
 
 /// `egress-agent` next to the test binary's directory (`<target>/<profile>/egress-agent`),

@@ -192,7 +192,7 @@ fn each_way_a_version_can_lie_is_refused() {
 }
 
 /// The manifests name the image `cargo xtask image` builds from this tree: tagged with the
-/// version (an OCI tag: no `+`), in `deploy/base/kustomization.yaml` and every
+/// version (an OCI tag: no `+`), in `deploy/image/kustomization.yaml` and every
 /// `egress-agent:<version>` the docs and kustomizations show.
 #[test]
 fn the_image_tags_are_the_version() {
@@ -205,7 +205,7 @@ fn the_image_tags_are_the_version() {
     };
     assert!(tag_ok(VERSION), "{VERSION} is not an OCI image tag");
     let kustomization: serde_json::Value =
-        serde_yaml_ng::from_str(&read("deploy/base/kustomization.yaml")).unwrap();
+        serde_yaml_ng::from_str(&read("deploy/image/kustomization.yaml")).unwrap();
     let image = kustomization["images"]
         .as_array()
         .unwrap()
@@ -215,8 +215,10 @@ fn the_image_tags_are_the_version() {
     assert_eq!(image["newTag"], VERSION);
     for file in [
         "README.md",
+        "deploy/image/kustomization.yaml",
         "deploy/base/kustomization.yaml",
         "deploy/openshift/kustomization.yaml",
+        "deploy/uninstall/kustomization.yaml",
     ] {
         let text = read(file);
         for (i, _) in text.match_indices("egress-agent:") {

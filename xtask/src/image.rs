@@ -18,7 +18,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{bootstrap::sh, build::json_str};
 
-/// Repository of the image, as `podman load` names it and `deploy/base/kustomization.yaml`
+/// Repository of the image, as `podman load` names it and `deploy/image/kustomization.yaml`
 /// refers to it; the tag is the agent's version.
 pub const REPOSITORY: &str = "localhost/egress-agent";
 /// Where the binary lives in the image (its entrypoint).

@@ -18,6 +18,13 @@ use crate::iface;
 pub enum Error {
     #[error("refusing to clean up: {0}")]
     Running(#[source] lock::Error),
+    #[error(
+        "refusing to clean up: this process lacks CAP_NET_ADMIN (detaching tc filters, \
+         deleting the tunnel device and the egress IPs), so it would stop halfway: add it \
+         to the container's securityContext.capabilities.add \
+         (deploy/uninstall/daemonset.yaml), or run as root"
+    )]
+    NoNetAdmin,
     #[error(transparent)]
     Datapath(#[from] super::Error),
     #[error(transparent)]
@@ -40,6 +47,9 @@ pub async fn uninstall(
     mut say: impl FnMut(String),
 ) -> Result<usize, Error> {
     let held = lock::PinLock::acquire(pin_dir).map_err(Error::Running)?;
+    if !holds_net_admin(&fs::read_to_string("/proc/self/status").unwrap_or_default()) {
+        return Err(Error::NoNetAdmin);
+    }
     let nl = iface::Netlink::new()?;
     let mut removed = 0;
     let mut note = |line: String| {
@@ -124,6 +134,13 @@ async fn remove_egress_ips(
     Ok(())
 }
 
+/// Whether the `CapEff` of a /proc/<pid>/status text holds CAP_NET_ADMIN (an unreadable
+/// status counts as holding it: the first netlink call then says what it lacks).
+fn holds_net_admin(status: &str) -> bool {
+    const CAP_NET_ADMIN: u32 = 12;
+    crate::doctor::host::cap_eff(status).is_none_or(|eff| eff & (1 << CAP_NET_ADMIN) != 0)
+}
+
 fn remove(path: &Path) -> Result<(), Error> {
     fs::remove_file(path).map_err(|source| Error::Remove {
         path: path.to_owned(),
@@ -151,5 +168,13 @@ mod tests {
         );
         assert_eq!(describe_link("tc-from_pod@cali1@9"), "from_pod from cali1");
         assert_eq!(describe_link("link-odd"), "link-odd");
+    }
+
+    #[test]
+    fn net_admin_is_read_from_cap_eff() {
+        // The uninstall's init container: BPF and NET_ADMIN.
+        assert!(holds_net_admin("CapEff:\t0000008000001000\n"));
+        assert!(!holds_net_admin("CapEff:\t0000008000000000\n"));
+        assert!(holds_net_admin("Name: x\n"));
     }
 }
