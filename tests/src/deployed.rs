@@ -229,6 +229,18 @@ impl AgentContainer {
         Ok(args)
     }
 
+    /// What `oc debug node/<node> --image=<our image> -- egress-agent ...` runs: a
+    /// privileged container (every capability, /proc/sys writable) in the host's network
+    /// namespace, with no environment of ours.
+    pub fn oc_debug() -> Self {
+        Self {
+            capabilities: Vec::new(),
+            privileged: true,
+            env: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
     /// Whether labs and tests run the agent this way ([`ENV_SWITCH`]).
     pub fn enabled() -> bool {
         std::env::var(ENV_SWITCH).map_or(true, |v| v != "0")

@@ -15,6 +15,7 @@ use std::{
 
 use egress_tests::{
     cluster::{self, holder, wait_until},
+    deployed::AgentContainer,
     lab::{Lab, NODES, addr::*},
     netns,
 };
@@ -54,6 +55,70 @@ fn doctor(lab: &Lab, extra: &[&str]) -> (String, bool, Duration) {
     // under a hundred lines in CI's excerpt.
     eprintln!("doctor {extra:?} took {took:?}");
     (said, out.status.success(), took)
+}
+
+/// `egress-agent doctor` on gw1 against the lab's state, started in `container` (through
+/// the deployed runner): its output and whether it succeeded.
+fn doctor_in(lab: &Lab, container: &AgentContainer) -> (String, bool) {
+    let state = lab.state_dir().to_string_lossy().into_owned();
+    let pins = lab.bpffs_dir("gw1").to_string_lossy().into_owned();
+    let bin = cluster::agent_bin().unwrap();
+    let mut cmd = container.command(lab.ns("gw1").unwrap(), &bin).unwrap();
+    cmd.args([
+        "doctor",
+        "--node-name",
+        "gw1",
+        "--state-dir",
+        &state,
+        "--bpffs-dir",
+        &pins,
+    ]);
+    let out = cmd.output().unwrap();
+    (text(&out), out.status.success())
+}
+
+/// `verdict check` of every line (the verdict is the first word, the check the next one
+/// or two: `rp-filter sec-a`).
+fn verdicts(said: &str) -> Vec<String> {
+    said.lines()
+        .filter(|l| l.len() > 6)
+        .map(|l| {
+            let (verdict, rest) = l.split_at(6);
+            let check = rest.get(..33).unwrap_or(rest).trim_end();
+            format!("{} {check}", verdict.trim_end())
+        })
+        .collect()
+}
+
+/// Where operators run doctor (issue 48): `oc exec` into the agent's pod runs it with the
+/// DaemonSet's capabilities and a read-only /proc/sys, `oc debug node/...` privileged. In
+/// the pod it cannot try legacy tc (a private network namespace takes CAP_SYS_ADMIN) and
+/// says so plainly, in an ok line; otherwise it reaches the privileged run's verdict on
+/// every check. The privileged run tries legacy tc.
+#[test]
+fn doctor_in_the_agents_pod_says_what_it_did_not_try_and_privileged_tries_it() {
+    let pod = AgentContainer::from_manifests().unwrap();
+    assert!(
+        !pod.privileged && !pod.capabilities.iter().any(|c| c == "SYS_ADMIN"),
+        "the test is about a pod without CAP_SYS_ADMIN: {pod:?}"
+    );
+    netns::ensure_bpffs().unwrap();
+    let lab = Lab::up(cluster::default_spec().unwrap()).unwrap();
+    let (in_pod, _) = doctor_in(&lab, &pod);
+    let (debug, _) = doctor_in(&lab, &AgentContainer::oc_debug());
+    eprintln!("in the agent's pod:\n{in_pod}\nprivileged:\n{debug}");
+    let attach = line(&in_pod, "attach");
+    assert!(
+        attach.starts_with("ok ")
+            && attach.contains("legacy tc not tried: needs CAP_SYS_ADMIN")
+            && attach.contains("Running doctor"),
+        "{attach}"
+    );
+    assert!(
+        line(&debug, "attach").contains("legacy tc works too"),
+        "{debug}"
+    );
+    assert_eq!(verdicts(&in_pod), verdicts(&debug));
 }
 
 /// The line of `check` (its first word after the verdict is the check's name).

@@ -215,6 +215,8 @@ fn the_image_tags_are_the_version() {
     assert_eq!(image["newTag"], VERSION);
     for file in [
         "README.md",
+        "docs/openshift.md",
+        "docs/operations.md",
         "deploy/image/kustomization.yaml",
         "deploy/base/kustomization.yaml",
         "deploy/openshift/kustomization.yaml",

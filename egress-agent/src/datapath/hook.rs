@@ -275,39 +275,49 @@ pub fn tcx_supported() -> io::Result<bool> {
     }
 }
 
+/// Why [`tc_supported`] did not show the legacy tc path to work.
+#[derive(Debug)]
+pub enum TcTrial {
+    /// Not tried: no private network namespace to try it in (unshare(2) refused; EPERM
+    /// means the process lacks CAP_SYS_ADMIN, as the agent's container does).
+    NotTried(io::Error),
+    /// Tried, and this step failed.
+    Failed(String),
+}
+
 /// Whether the legacy tc path works: in a private network namespace (on a thread of its
 /// own, gone with it), add a clsact qdisc to `lo` and a direct-action bpf filter with a
-/// trivial classifier, as the agent would on a device. Needs CAP_SYS_ADMIN for the
-/// namespace: `Err` says so when it is missing.
-pub fn tc_supported() -> Result<(), String> {
+/// trivial classifier, as the agent would on a device. The namespace takes
+/// CAP_SYS_ADMIN: without it, [`TcTrial::NotTried`].
+pub fn tc_supported() -> Result<(), TcTrial> {
     std::thread::spawn(|| {
         // SAFETY: unshare(2) takes no pointers; CLONE_NEWNET moves only this thread.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            return Err(format!(
-                "failed to make a private network namespace to try tc in ({}; needs \
-                 CAP_SYS_ADMIN): not probed",
-                io::Error::last_os_error()
-            ));
+            return Err(TcTrial::NotTried(io::Error::last_os_error()));
         }
         use std::os::fd::AsRawFd as _;
+        fn failed(what: &'static str) -> impl Fn(io::Error) -> TcTrial {
+            move |e| TcTrial::Failed(format!("{what}: {e}"))
+        }
         let prog = load_trivial(BPF_PROG_TYPE_SCHED_CLS, -1)
-            .map_err(|e| format!("failed to load a trivial classifier: {e}"))?;
-        super::tc::add_clsact(1)
-            .map_err(|e| format!("failed to add a clsact qdisc (sch_ingress, Linux 4.5+): {e}"))?;
+            .map_err(failed("failed to load a trivial classifier"))?;
+        super::tc::add_clsact(1).map_err(failed(
+            "failed to add a clsact qdisc (sch_ingress, Linux 4.5+)",
+        ))?;
         super::tc::replace_filter(1, 1, crate::ebpf::FROM_POD, prog.as_raw_fd())
-            .map_err(|e| format!("failed to add a direct-action bpf filter (cls_bpf): {e}"))?;
-        let found = super::tc::filters(1, false)
-            .map_err(|e| format!("failed to list the tc filters: {e}"))?;
+            .map_err(failed("failed to add a direct-action bpf filter (cls_bpf)"))?;
+        let found =
+            super::tc::filters(1, false).map_err(failed("failed to list the tc filters"))?;
         if found.iter().any(|f| f.is_ours(crate::ebpf::FROM_POD, 1)) {
             Ok(())
         } else {
-            Err(format!(
+            Err(TcTrial::Failed(format!(
                 "the bpf filter added is not listed as added: {found:?}"
-            ))
+            )))
         }
     })
     .join()
-    .unwrap_or_else(|_| Err("the tc probe's thread panicked".to_owned()))
+    .unwrap_or_else(|_| Err(TcTrial::Failed("the tc probe's thread panicked".to_owned())))
 }
 
 #[cfg(test)]

@@ -33,16 +33,47 @@ pub fn btf() -> Check {
 /// (Linux 6.6 and later), else the legacy tc path (a clsact qdisc and a direct-action bpf
 /// filter, tried in a private network namespace), which `run --attach auto` then takes.
 pub fn attach() -> Check {
-    let tc = hook::tc_supported();
-    match (hook::tcx_supported(), tc) {
+    attach_verdict(hook::tcx_supported(), hook::tc_supported())
+}
+
+/// What a process without the private namespace to try legacy tc in says: plainly, what
+/// it did not try and why, and where it would be tried.
+fn tc_not_tried(e: &io::Error) -> String {
+    let why = if e.raw_os_error() == Some(libc::EPERM) {
+        "needs CAP_SYS_ADMIN (a private network namespace to try it in), which this \
+         process lacks (the agent's container is not granted it)"
+            .to_owned()
+    } else {
+        format!("failed to make a private network namespace to try it in: {e}")
+    };
+    format!(
+        "legacy tc not tried: {why}; doctor run privileged on the node tries it \
+         (docs/operations.md, \"Running doctor\")"
+    )
+}
+
+/// The verdict on the hooks from the TCX probe and the legacy tc trial.
+pub(crate) fn attach_verdict(tcx: io::Result<bool>, tc: Result<(), hook::TcTrial>) -> Check {
+    use hook::TcTrial::{Failed, NotTried};
+    match (tcx, tc) {
         (Ok(true), Ok(())) => ok(
             "attach",
             "TCX links (the agent attaches with them); legacy tc works too (--attach tc)"
                 .to_owned(),
         ),
-        (Ok(true), Err(e)) => ok(
+        (Ok(true), Err(NotTried(e))) => ok(
             "attach",
-            format!("TCX links (the agent attaches with them); legacy tc: {e}"),
+            format!(
+                "TCX links (the agent attaches with them); {}",
+                tc_not_tried(&e)
+            ),
+        ),
+        (Ok(true), Err(Failed(e))) => ok(
+            "attach",
+            format!(
+                "TCX links (the agent attaches with them); legacy tc, which only --attach tc \
+                 needs, fails: {e}"
+            ),
         ),
         (Ok(false), Ok(())) => ok(
             "attach",
@@ -50,14 +81,15 @@ pub fn attach() -> Check {
              (a clsact qdisc and direct-action bpf filters, tried here)"
                 .to_owned(),
         ),
-        (Ok(false), Err(e)) if e.contains("not probed") => warn(
+        (Ok(false), Err(NotTried(e))) => warn(
             "attach",
             format!(
-                "no TCX links in this kernel (Linux 6.6+): the agent attaches with legacy tc, \
-                 which could not be tried here: {e}"
+                "no TCX links in this kernel (Linux 6.6+): the agent attaches with legacy tc; \
+                 {}",
+                tc_not_tried(&e)
             ),
         ),
-        (Ok(false), Err(e)) => fail(
+        (Ok(false), Err(Failed(e))) => fail(
             "attach",
             format!(
                 "no TCX links in this kernel (Linux 6.6+) and legacy tc fails: {e}: build the \
@@ -234,4 +266,62 @@ fn jitted_test_program() -> io::Result<bool> {
     drop(prog);
     result?;
     Ok(u32::from_ne_bytes([info[16], info[17], info[18], info[19]]) > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::PreflightResult::{Fail, Ok as Good, Warn};
+    use hook::TcTrial::{Failed, NotTried};
+
+    fn refused(errno: i32) -> Result<(), hook::TcTrial> {
+        Err(NotTried(io::Error::from_raw_os_error(errno)))
+    }
+
+    /// A process without CAP_SYS_ADMIN (the agent's container) says it did not try legacy
+    /// tc and why, where it would be tried, and fails nothing for it.
+    #[test]
+    fn attach_says_plainly_what_it_could_not_try() {
+        let c = attach_verdict(Ok(true), refused(libc::EPERM));
+        assert_eq!(c.result, Good, "{c:?}");
+        assert!(
+            c.message
+                .contains("legacy tc not tried: needs CAP_SYS_ADMIN")
+                && c.message.contains("\"Running doctor\""),
+            "{}",
+            c.message
+        );
+        let c = attach_verdict(Ok(false), refused(libc::EPERM));
+        assert_eq!(c.result, Warn, "{c:?}");
+        assert!(
+            c.message
+                .contains("attaches with legacy tc; legacy tc not tried: needs CAP_SYS_ADMIN"),
+            "{}",
+            c.message
+        );
+        // Another refusal is named as it is, not blamed on a capability.
+        let c = attach_verdict(Ok(false), refused(libc::ENOSPC));
+        assert_eq!(c.result, Warn, "{c:?}");
+        assert!(
+            c.message
+                .contains("not tried: failed to make a private network namespace")
+                && !c.message.contains("CAP_SYS_ADMIN"),
+            "{}",
+            c.message
+        );
+        let c = attach_verdict(
+            Ok(false),
+            Err(Failed("failed to add a clsact qdisc".into())),
+        );
+        assert_eq!(c.result, Fail, "{c:?}");
+        let c = attach_verdict(Ok(true), Err(Failed("failed to add a clsact qdisc".into())));
+        assert_eq!(c.result, Good, "{c:?}");
+        assert!(
+            c.message.contains("only --attach tc needs"),
+            "{}",
+            c.message
+        );
+        let c = attach_verdict(Ok(true), Ok(()));
+        assert!(c.message.contains("legacy tc works too"), "{}", c.message);
+    }
 }
