@@ -1,5 +1,6 @@
 //! The agent as the manifests deploy it (issue 48): its container's capabilities, its
-//! read-only /proc/sys and its declared environment, read from the rendered DaemonSet
+//! filesystem (the declared volumes, read-only /proc/sys) and its declared environment,
+//! read from the rendered DaemonSet
 //! (`kubectl kustomize deploy`, or `deploy/base/daemonset.yaml` without kubectl), so that a
 //! change to the manifests changes what every lab and test runs.
 //!
@@ -7,12 +8,38 @@
 //! ([`AgentContainer::from_kustomization_container`]: the uninstall's `cleanup`, say), its
 //! args read as declared ([`AgentContainer::args_with`] swaps in a lab node's paths).
 //!
-//! [`AgentContainer::command`] wraps a program in
-//! `unshare --mount` (a private mount namespace: /proc/sys bound over itself read-only,
-//! unless the container is privileged, as a container runtime shows it) and `setpriv`
-//! (the bounding, inheritable and ambient sets exactly the container's `add` list; root
-//! keeps its uid, as in the image). Not yet: the mount namespace still sees the host's
-//! files, not only the declared volumes.
+//! [`AgentContainer::command`] wraps a program in `unshare --mount` (a private mount
+//! namespace), builds there the filesystem the container would see and enters it with
+//! `pivot_root` ([`view`]), then `setpriv` (the bounding, inheritable and ambient sets
+//! exactly the container's `add` list; root keeps its uid, as in the image). The program
+//! sees:
+//!
+//! * itself, alone in its directory, read-only (the image's binary; its neighbours in the
+//!   target directory are not there);
+//! * the host's /usr (and /bin, /lib, ... as links or read-only binds), for the C library
+//!   it loads and the runner's own tools: more than the image holds, which is the binary
+//!   and its four glibc files;
+//! * what a runtime adds: /etc/hosts, /etc/resolv.conf, /etc/hostname (read-only), a
+//!   fresh /proc and sysfs (of the node's network namespace), both with /proc/sys and
+//!   /sys read-only unless the container is privileged, a /dev of null, zero, full,
+//!   random, urandom, tty and a /dev/shm (the host's /dev when privileged), an empty /tmp;
+//! * the container's volumes at their mountPaths: hostPaths bound from the host
+//!   (`readOnly` ones read-only; a `DirectoryOrCreate` one created as the kubelet does, a
+//!   missing `Directory` one refused as the kubelet refuses the pod), Secrets, ConfigMaps
+//!   and emptyDirs as empty tmpfs;
+//! * the caller's stand-ins at their own paths: a lab's directory, with the state
+//!   directory (for the API), its key file (for the liveness Secret) and the node's
+//!   sockets, which the lab passes by flag.
+//!
+//! Nothing else of the host: not its /run (the lab's network namespaces under
+//! /run/netns, Open vSwitch's socket: only /run/egress-agent, declared), not /opt/cni/bin
+//! (the agent does not mount it; install-cni and the uninstall see it at
+//! /host/opt/cni/bin), not /var, /etc, /home, /opt or the rest of /tmp.
+//!
+//! Not modelled: the container's PID namespace (the program sees the host's processes in
+//! /proc), the kubelet's ServiceAccount token, mount propagation (`HostToContainer`: the
+//! namespace is private, so host mounts made later do not appear), cgroup limits and
+//! /sys/fs/cgroup, seccomp, SELinux and AppArmor.
 //!
 //! Capabilities this process does not hold itself cannot be granted (the sandbox that runs
 //! the tests lacks CAP_SYS_RESOURCE): they are left out, and [`AgentContainer::missing`]
@@ -28,6 +55,8 @@ use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
 use crate::netns::Netns;
+
+mod view;
 
 /// Unset: labs and tests start the agent as the manifests do; `0`: as root with every
 /// capability and a writable /proc/sys (the old way, to tell a regression of the runner
@@ -73,6 +102,29 @@ pub struct AgentContainer {
     pub env: Vec<(String, String)>,
     /// `args`, as written (`$(VAR)` references unexpanded).
     pub args: Vec<String>,
+    /// `volumeMounts`, with their volumes.
+    pub volumes: Vec<Volume>,
+}
+
+/// A volume as the container mounts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Volume {
+    /// `mountPath`.
+    pub target: PathBuf,
+    /// `readOnly`.
+    pub read_only: bool,
+    pub source: VolumeSource,
+}
+
+/// What a volume holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeSource {
+    /// `hostPath`: the host's `path`, created when missing (`type: DirectoryOrCreate`)
+    /// or else required.
+    HostPath { path: PathBuf, create: bool },
+    /// A Secret, ConfigMap, projected or emptyDir volume: empty here (a lab passes its own
+    /// files, such as its liveness key, in their place).
+    Empty,
 }
 
 impl AgentContainer {
@@ -200,11 +252,18 @@ impl AgentContainer {
             .filter_map(Value::as_str)
             .map(str::to_owned)
             .collect();
+        let volumes = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| volume(pod, m))
+            .collect::<Result<_>>()?;
         Ok(Self {
             capabilities,
             privileged,
             env,
             args,
+            volumes,
         })
     }
 
@@ -231,13 +290,21 @@ impl AgentContainer {
 
     /// What `oc debug node/<node> --image=<our image> -- egress-agent ...` runs: a
     /// privileged container (every capability, /proc/sys writable) in the host's network
-    /// namespace, with no environment of ours.
+    /// namespace, with the host's root at /host and no environment of ours.
     pub fn oc_debug() -> Self {
         Self {
             capabilities: Vec::new(),
             privileged: true,
             env: Vec::new(),
             args: Vec::new(),
+            volumes: vec![Volume {
+                target: "/host".into(),
+                read_only: false,
+                source: VolumeSource::HostPath {
+                    path: "/".into(),
+                    create: false,
+                },
+            }],
         }
     }
 
@@ -286,9 +353,12 @@ impl AgentContainer {
     }
 
     /// A command that runs `program` in `ns` as this container would: arguments added to
-    /// it go to `program`. The declared environment is set; the caller's own `env` calls
-    /// come after and win, as flags beat environment in the agent.
-    pub fn command(&self, ns: &Netns, program: &Path) -> Result<Command> {
+    /// it go to `program`. It sees the filesystem as the container would (the module's
+    /// doc), with `stand_ins` (what the caller puts in place of the cluster: a lab's
+    /// directory with its state, sockets and key file) at their own paths. The declared
+    /// environment is set; the caller's own `env` calls come after and win, as flags beat
+    /// environment in the agent.
+    pub fn command(&self, ns: &Netns, program: &Path, stand_ins: &[&Path]) -> Result<Command> {
         let missing = self.missing();
         if !missing.is_empty() {
             static SAID: Once = Once::new();
@@ -299,11 +369,9 @@ impl AgentContainer {
                 )
             });
         }
-        let mut script = String::from("set -e\n");
+        let steps = view::plan(self, program, stand_ins);
+        let mut script = view::script(&view::root_for(&steps)?, &steps);
         if !self.privileged {
-            // What a container runtime shows an unprivileged container.
-            script
-                .push_str("mount --bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n");
             let caps: Vec<String> = self
                 .granted()
                 .iter()
@@ -330,6 +398,45 @@ impl AgentContainer {
         }
         Ok(cmd)
     }
+}
+
+/// The volume of `pod` that the container's volumeMount `m` mounts.
+fn volume(pod: &Value, m: &Value) -> Result<Volume> {
+    let name = m["name"].as_str().unwrap_or_default();
+    let target = m["mountPath"]
+        .as_str()
+        .with_context(|| format!("failed to read the mountPath of volumeMount {name}"))?;
+    let v = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == name)
+        .with_context(|| format!("failed to find volume {name} of mount {target}"))?;
+    let source = if let Some(path) = v["hostPath"]["path"].as_str() {
+        let create = match v["hostPath"]["type"].as_str().unwrap_or("") {
+            "DirectoryOrCreate" | "FileOrCreate" => true,
+            "" | "Directory" | "File" | "Socket" => false,
+            other => bail!("failed to read volume {name}: hostPath type {other} is not modelled"),
+        };
+        VolumeSource::HostPath {
+            path: path.into(),
+            create,
+        }
+    } else if ["secret", "configMap", "projected", "emptyDir"]
+        .iter()
+        .any(|k| !v[*k].is_null())
+    {
+        VolumeSource::Empty
+    } else {
+        bail!(
+            "failed to read volume {name}: only hostPath, secret, configMap, projected and emptyDir are modelled"
+        );
+    };
+    Ok(Volume {
+        target: target.into(),
+        read_only: m["readOnly"].as_bool().unwrap_or(false),
+        source,
+    })
 }
 
 /// Every document of `yaml` as JSON values (empty ones left out).

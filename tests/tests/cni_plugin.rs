@@ -156,7 +156,8 @@ fn wait_for_socket(lab: &Lab, node: &str) -> Result<()> {
 
 /// The issue-48 case: the agent runs with exactly the DaemonSet's capabilities (less
 /// CAP_SYS_RESOURCE where the sandbox lacks it: said on stderr) and a read-only /proc/sys,
-/// so it cannot enter a pod's network namespace; the plugin, run with the runtime's
+/// and sees the filesystem its container would, so it can neither open nor enter a pod's
+/// network namespace; the plugin, run with the runtime's
 /// privileges, finds the host device and names it. ADD puts from_pod on the device (the
 /// kernel says), CHECK says so, DEL succeeds; a request without the device (a plugin
 /// older than the field) is refused with the reason; with the agent down an ADD fails
@@ -223,8 +224,9 @@ fn add_check_and_del_work_with_the_agent_under_the_daemonsets_capabilities() -> 
         String::from_utf8_lossy(&check.stderr)
     );
 
-    // A plugin older than host_device: the agent would have to enter the pod's namespace,
-    // which these capabilities do not allow; it says why and what to do.
+    // A plugin older than host_device: the agent would have to open the pod's namespace
+    // (a host path its container does not mount) and enter it (which these capabilities
+    // do not allow); it says why and what to do.
     let old = egress_agent::cni::ask(
         &lab.cni_socket("w1"),
         &egress_agent::cni::Request {
@@ -239,7 +241,7 @@ fn add_check_and_del_work_with_the_agent_under_the_daemonsets_capabilities() -> 
     .map_err(anyhow::Error::msg)?;
     let e = old.error.unwrap_or_default();
     assert!(
-        e.contains("failed to enter network namespace") && e.contains("install-cni"),
+        e.contains("failed to open network namespace") && e.contains("install-cni"),
         "{e}"
     );
 

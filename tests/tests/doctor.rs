@@ -9,6 +9,7 @@
 
 use std::{
     net::UdpSocket,
+    path::Path,
     process::Output,
     time::{Duration, Instant},
 };
@@ -58,12 +59,19 @@ fn doctor(lab: &Lab, extra: &[&str]) -> (String, bool, Duration) {
 }
 
 /// `egress-agent doctor` on gw1 against the lab's state, started in `container` (through
-/// the deployed runner): its output and whether it succeeded.
-fn doctor_in(lab: &Lab, container: &AgentContainer) -> (String, bool) {
+/// the deployed runner), with gw1's pin directory under `host` (where the container sees
+/// the host's root: `/` for the agent's, whose bpffs is mounted at its place, `/host` for
+/// `oc debug`): its output and whether it succeeded.
+fn doctor_in(lab: &Lab, container: &AgentContainer, host: &str) -> (String, bool) {
     let state = lab.state_dir().to_string_lossy().into_owned();
-    let pins = lab.bpffs_dir("gw1").to_string_lossy().into_owned();
+    let pins = Path::new(host)
+        .join(lab.bpffs_dir("gw1").strip_prefix("/").unwrap())
+        .to_string_lossy()
+        .into_owned();
     let bin = cluster::agent_bin().unwrap();
-    let mut cmd = container.command(lab.ns("gw1").unwrap(), &bin).unwrap();
+    let mut cmd = container
+        .command(lab.ns("gw1").unwrap(), &bin, &[lab.dir()])
+        .unwrap();
     cmd.args([
         "doctor",
         "--node-name",
@@ -104,8 +112,9 @@ fn doctor_in_the_agents_pod_says_what_it_did_not_try_and_privileged_tries_it() {
     );
     netns::ensure_bpffs().unwrap();
     let lab = Lab::up(cluster::default_spec().unwrap()).unwrap();
-    let (in_pod, _) = doctor_in(&lab, &pod);
-    let (debug, _) = doctor_in(&lab, &AgentContainer::oc_debug());
+    let (in_pod, _) = doctor_in(&lab, &pod, "/");
+    // As docs/operations.md says to run it: the host's bpffs under /host.
+    let (debug, _) = doctor_in(&lab, &AgentContainer::oc_debug(), "/host");
     eprintln!("in the agent's pod:\n{in_pod}\nprivileged:\n{debug}");
     let attach = line(&in_pod, "attach");
     assert!(

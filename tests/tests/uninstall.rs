@@ -85,7 +85,7 @@ fn run_cleanup(lab: &Lab, node: &str, container: &AgentContainer, cni: &Path) ->
         ("--bpffs-dir", &pins.to_string_lossy()),
         ("--cni-bin-dir", &cni.to_string_lossy()),
     ])?;
-    let mut cmd = container.command(lab.ns(node)?, &agent_bin()?)?;
+    let mut cmd = container.command(lab.ns(node)?, &agent_bin()?, &[lab.dir()])?;
     cmd.args(&args);
     Ok(cmd.output()?)
 }
@@ -194,7 +194,7 @@ fn the_uninstall_daemonset_removes_the_datapath_and_plugin_from_each_node() -> R
     ensure!(holder_said.contains("nothing to remove"), "{holder_said}");
 
     // 5. The container that stays: no capability at all, and it ends on SIGTERM.
-    let mut cmd = done.command(lab.ns(&nodes[0])?, &agent_bin()?)?;
+    let mut cmd = done.command(lab.ns(&nodes[0])?, &agent_bin()?, &[])?;
     cmd.args(&done.args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());

@@ -100,9 +100,11 @@ impl Lab {
             .open(&log)
             .with_context(|| format!("failed to open {}", log.display()))?;
         let err = out.try_clone()?;
-        // As the manifests deploy it (crate::deployed), unless EGRESS_TEST_AS_DEPLOYED=0.
+        // As the manifests deploy it (crate::deployed), unless EGRESS_TEST_AS_DEPLOYED=0:
+        // the lab's directory (state, sockets, key, Open vSwitch) stands in for the API,
+        // the Secret and the node's sockets.
         let mut cmd = match crate::deployed::AgentContainer::for_tests()? {
-            Some(container) => container.command(self.ns(node)?, agent_bin)?,
+            Some(container) => container.command(self.ns(node)?, agent_bin, &[self.dir()])?,
             None => self.ns(node)?.command(agent_bin)?,
         };
         cmd.args(&args)
