@@ -831,6 +831,120 @@ fn the_uninstall_runs_cleanup_with_the_agents_paths_on_every_node() {
     }
 }
 
+/// The body rows of the tables in `text` (header and separator rows left out), as cells.
+fn table_rows(text: &str) -> Vec<Vec<String>> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| {
+            l.starts_with('|')
+                && !l.starts_with("|---")
+                && !lines.get(i + 1).is_some_and(|n| n.starts_with("|---"))
+        })
+        .map(|(_, l)| {
+            l.trim()
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// The `quoted` words of a table cell.
+fn quoted(cell: &str) -> Vec<&str> {
+    cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// docs/operations.md says, per capability and per host path, what uses it: its tables
+/// name exactly the capabilities the agent's container adds (and SYS_ADMIN as not
+/// granted), every host path and Secret the DaemonSet mounts (base and OpenShift overlay)
+/// at its mountPath, and, for the uninstall's containers, exactly their capabilities and
+/// host paths.
+#[test]
+fn the_operations_tables_name_every_grant_and_host_path() {
+    let grants = section(
+        "docs/operations.md",
+        "### What the DaemonSet grants, and what uses it",
+    );
+    let rows = table_rows(&grants);
+    let mut named_caps: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.len() == 2 && !r[0].contains("not granted"))
+        .filter_map(|r| quoted(&r[0]).first().copied())
+        .collect();
+    named_caps.sort_unstable();
+    let mut documented = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.len() == 3) {
+        let what = if r[0].starts_with("Secret ") {
+            format!("secret {}", quoted(&r[0])[0])
+        } else {
+            quoted(&r[0])[0].to_owned()
+        };
+        documented.insert(what, quoted(&r[1]).first().map(|m| (*m).to_owned()));
+    }
+    let mut mounted = BTreeMap::new();
+    for dir in ["deploy", "deploy/openshift"] {
+        let objects = render_dir(dir, &[]);
+        let pod = &named(&objects, "DaemonSet", "egress-agent")["spec"]["template"]["spec"];
+        let agent = container(pod, "agent");
+        let mut caps = strings(&agent["securityContext"]["capabilities"]["add"]);
+        caps.sort_unstable();
+        assert_eq!(named_caps, caps, "{dir}: the capability table");
+        for c in pod["containers"]
+            .as_array()
+            .into_iter()
+            .chain(pod["initContainers"].as_array())
+            .flatten()
+        {
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                let v = pod["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["name"] == m["name"])
+                    .unwrap();
+                let what = match v["hostPath"]["path"].as_str() {
+                    Some(p) => p.to_owned(),
+                    None => format!("secret {}", v["secret"]["secretName"].as_str().unwrap()),
+                };
+                mounted.insert(what, m["mountPath"].as_str().map(str::to_owned));
+            }
+        }
+    }
+    // /proc/sys is the container's own, listed for what reads it.
+    documented.remove("/proc/sys");
+    assert_eq!(
+        documented, mounted,
+        "the host path table against the DaemonSet's mounts"
+    );
+
+    // The uninstall's table: its containers' capabilities and host paths.
+    let uninstall = section("docs/operations.md", "## Uninstall");
+    let objects = render_dir("deploy/uninstall", &[]);
+    let pod = &one(&objects, "DaemonSet")["spec"]["template"]["spec"];
+    for r in table_rows(&uninstall) {
+        let name = quoted(&r[0])[0];
+        let c = container(pod, name);
+        let mut caps: Vec<&str> = quoted(&r[1])
+            .into_iter()
+            .filter(|w| w.chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'))
+            .collect();
+        caps.sort_unstable();
+        let mut want = strings(&c["securityContext"]["capabilities"]["add"]);
+        want.sort_unstable();
+        assert_eq!(caps, want, "the uninstall table's {name}");
+        let paths: BTreeSet<&str> = quoted(&r[2]).into_iter().collect();
+        for (host, at) in host_mounts(pod, c) {
+            assert!(
+                paths.contains(host.as_str()) && paths.contains(at.as_str()),
+                "the uninstall table's {name} lacks {host} at {at}: {paths:?}"
+            );
+        }
+    }
+}
+
 /// `egress-agent` next to the test binary's directory (`<target>/<profile>/egress-agent`),
 /// or `$EGRESS_AGENT_BIN`.
 fn agent_bin() -> PathBuf {
