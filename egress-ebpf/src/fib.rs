@@ -5,9 +5,10 @@ use core::mem::size_of;
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        BPF_FIB_LOOKUP_OUTPUT, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        BPF_FIB_LOOKUP_OUTPUT, bpf_check_mtu_ret::BPF_MTU_CHK_RET_FRAG_NEEDED,
+        bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
-    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    helpers::generated::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
 
@@ -101,7 +102,7 @@ pub fn lookup4(
     // `gso_too_big`), and returns the device's MTU.
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
-    let kind = match fib_call(ctx, p, from) {
+    let mut kind = match fib_call(ctx, p, from) {
         Ok(r)
             if r == i64::from(BPF_FIB_LKUP_RET_SUCCESS)
             // SAFETY: a plain u16 (on success the kernel wrote the device's MTU there).
@@ -114,13 +115,20 @@ pub fn lookup4(
         Ok(r) if r == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) => TOO_BIG,
         _ => UNROUTED,
     };
+    // SAFETY: a plain u16 (on success and on "fragmentation needed" the kernel wrote the
+    // device's MTU there).
+    let mut mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+    if kind == NO_NEIGH
+        && let Some(m) = unresolved_too_big(ctx, p.ifindex, headers)
+    {
+        kind = TOO_BIG;
+        mtu = m;
+    }
     Next4 {
         nh: NextHop {
             dmac: p.dmac,
             smac: p.smac,
-            // SAFETY: a plain u16 (on success and on "fragmentation needed" the kernel
-            // wrote the device's MTU there).
-            mtu: unsafe { p.__bindgen_anon_1.mtu_result },
+            mtu,
             generation: 0,
             ifindex: p.ifindex,
             filled: 0,
@@ -342,6 +350,13 @@ fn lookup_and_redirect(
         *kind = RESOLVED;
         rewrite::set_macs(ctx, &p.dmac, &p.smac).map_err(|_| ())?;
         Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
+    } else if ret == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH)
+        && headers != 0
+        && let Some(m) = unresolved_too_big(ctx, p.ifindex, headers)
+    {
+        *kind = TOO_BIG;
+        p.__bindgen_anon_1.mtu_result = m;
+        Err(())
     } else if ret == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         // The kernel resolves the neighbour (ARP / ND) and fills in the MACs. The lookup
         // left the next hop in the destination field.
@@ -376,6 +391,26 @@ pub fn gso_too_big(ctx: &TcContext, headers: u32, mtu: u16) -> bool {
     // SAFETY: the context pointer is valid for the program's lifetime.
     let gso_size = unsafe { (*ctx.skb.skb).gso_size };
     gso_size != 0 && headers + gso_size > u32::from(mtu)
+}
+
+/// The MTU of device `ifindex` when the packet is too big for it (a GSO packet by its
+/// segments of `headers`): what the FIB leaves unmeasured when the next hop is not
+/// resolved (`NO_NEIGH`: no `mtu_result`, no size check). `bpf_check_mtu` (5.12) reads
+/// the device's MTU. `None` when it fits, for `headers` 0, or when the helper fails.
+#[inline(never)]
+fn unresolved_too_big(ctx: &TcContext, ifindex: u32, headers: u32) -> Option<u16> {
+    if headers == 0 {
+        return None;
+    }
+    let mut mtu: u32 = 0;
+    // SAFETY: a helper call on the program's own skb; `mtu` is valid for the write.
+    let ret = unsafe { bpf_check_mtu(ctx.skb.skb.cast(), ifindex, &mut mtu, 0, 0) };
+    let too_big = if crate::parse::gso(ctx) {
+        gso_too_big(ctx, headers, mtu as u16)
+    } else {
+        ret == i64::from(BPF_MTU_CHK_RET_FRAG_NEEDED)
+    };
+    (ret >= 0 && too_big).then_some(mtu as u16)
 }
 
 /// The IP and transport headers of each segment of a GSO packet (`cache_valid`): the IP

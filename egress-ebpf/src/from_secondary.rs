@@ -30,7 +30,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 /// An IPv4 packet (out of line: see `from_tunnel::run4`).
 #[inline(never)]
 fn run4(ctx: &TcContext) -> i32 {
-    let ip = match parse::ipv4(ctx) {
+    let ip = match parse::ipv4_big(ctx) {
         Ok(ip) => ip,
         // Not parseable, so not known to be ours: the host decides.
         Err(_) => return OK,

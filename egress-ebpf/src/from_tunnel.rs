@@ -46,7 +46,7 @@ pub fn run_from(ctx: &TcContext, pre: Option<&Received>) -> i32 {
 /// point's stack frame stays empty under the other family's calls.
 #[inline(never)]
 fn run4(ctx: &TcContext, pre: Option<&Received>) -> i32 {
-    let ip = match parse::ipv4(ctx) {
+    let ip = match parse::ipv4_big(ctx) {
         Ok(ip) => ip,
         Err(_) => return verdict(ctx, reason::DROP_MALFORMED, SHOT),
     };

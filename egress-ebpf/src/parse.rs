@@ -81,6 +81,10 @@ pub struct Ipv4 {
     /// with "fragmentation needed" only when it is set (`answer`).
     pub df: bool,
     pub l4: usize,
+    /// The total length; of a BIG TCP (or GRO beyond 64 KiB) packet, whose header says 0
+    /// (Linux's `skb_ip_totlen`, which the IPv4 stack accepts for a GSO packet), the
+    /// skb's length, at most 65,535: its headers are read as any packet's. (A rewrite of
+    /// the length field reads the header's.)
     pub tot_len: u16,
 }
 
@@ -266,9 +270,24 @@ pub fn half(b: &[u8; 2]) -> [u8; 2] {
 }
 
 /// The IPv4 header of a frame whose ethertype the caller has already found to be IPv4
-/// ([`ethertype`], [`ipv4_src`]): it is not read again.
+/// ([`ethertype`], [`ipv4_src`]): it is not read again. A length field of 0 is malformed
+/// (see [`ipv4_big`]).
 #[inline(always)]
 pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
+    ipv4_with(ctx, false)
+}
+
+/// [`ipv4`], a length field of 0 in a GSO packet read as BIG TCP (or GRO beyond 64 KiB):
+/// Linux's `skb_ip_totlen` takes the skb's length, and so does this. Not in `from_pod`,
+/// whose call chains are at Linux 6.1's verifier limit of a million instructions with
+/// it: there a selected pod's malformed GSO packet is dropped instead.
+#[inline(always)]
+pub fn ipv4_big(ctx: &TcContext) -> Result<Ipv4, Bad> {
+    ipv4_with(ctx, true)
+}
+
+#[inline(always)]
+fn ipv4_with(ctx: &TcContext, big_tcp: bool) -> Result<Ipv4, Bad> {
     // The fields first (from the packet itself where it can), then the checks.
     let (version, ihl, tot_len, fragment, df, src, dst, proto, ttl) =
         read_with(ctx, ETH_LEN, |h: &Ipv4Hdr| {
@@ -286,6 +305,11 @@ pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
                 h.ttl,
             )
         })?;
+    let tot_len = if big_tcp && tot_len == 0 && gso(ctx) {
+        (ctx.len() as usize - ETH_LEN).min(usize::from(u16::MAX)) as u16
+    } else {
+        tot_len
+    };
     if version != 4 || ihl < Ipv4Hdr::LEN || usize::from(tot_len) < ihl {
         return Err(Bad::Malformed);
     }
@@ -302,6 +326,13 @@ pub fn ipv4(ctx: &TcContext) -> Result<Ipv4, Bad> {
         l4: ETH_LEN + ihl,
         tot_len,
     })
+}
+
+/// Whether the skb is a GSO packet (a segment train: BIG TCP's length fields are 0).
+#[inline(always)]
+pub fn gso(ctx: &TcContext) -> bool {
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    unsafe { (*ctx.skb.skb).gso_size != 0 }
 }
 
 /// The transport header of a TCP, UDP or ICMP echo packet.

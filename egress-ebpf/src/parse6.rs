@@ -165,7 +165,13 @@ pub fn parse(ctx: &TcContext, out: &mut Ipv6) -> i32 {
     let Ok(Some((payload_len, next, hop_limit))) = fields else {
         return MALFORMED;
     };
-    let end = ETH_LEN + IP6_HDR_LEN + usize::from(payload_len);
+    // 0 with a GSO packet: BIG TCP (Linux keeps no jumbo option in the skb), the payload
+    // is the rest of the skb.
+    let end = if payload_len == 0 && parse::gso(ctx) {
+        ctx.len() as usize
+    } else {
+        ETH_LEN + IP6_HDR_LEN + usize::from(payload_len)
+    };
     if end > ctx.len() as usize {
         return MALFORMED;
     }

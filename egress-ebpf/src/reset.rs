@@ -288,7 +288,8 @@ fn tcp_rst4(ctx: &TcContext, ip: &Ipv4, l4: &L4, h: &mut TcpHdr) -> Result {
     // Swapped addresses change neither the header checksum nor the pseudo-header's sum.
     ok(ctx.store(IP_SRC_OFF, &ip.dst, 0))?;
     ok(ctx.store(IP_SRC_OFF + 4, &ip.src, 0))?;
-    let old_tot = ip.tot_len.to_be();
+    // As the header says it (a BIG TCP segment's says 0, not `ip.tot_len`).
+    let old_tot: u16 = ctx.load(IP_TOT_LEN_OFF).map_err(|_| WriteFailed)?;
     let new_tot = ((ip_hdr_len + RST_LEN) as u16).to_be();
     ok(ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old_tot), u64::from(new_tot), 2))?;
     ok(ctx.store(IP_TOT_LEN_OFF, &new_tot, 0))?;

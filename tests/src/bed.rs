@@ -24,6 +24,7 @@
 
 pub mod answers;
 pub mod cases;
+pub mod gso;
 
 use std::{
     fmt::{Debug, Display},

@@ -126,7 +126,21 @@ pub fn ktime_ns() -> u64 {
 /// tunnel sender in `cb[0..4]` (its 16 underlay bytes) and the VNI in `cb[4]`, where
 /// `from_tunnel` reads them when loaded with `TEST_TUNNEL_FROM_CB`.
 pub fn skb_ctx(ifindex: u32, tunnel: Option<(IpAddr, u32)>) -> [u8; SKB_CTX_LEN] {
+    skb_ctx_gso(ifindex, tunnel, None)
+}
+
+/// [`skb_ctx`] of a GSO packet: `gso` is (segment size, segments), as the kernel keeps
+/// them for a GRO aggregate or a TSO train (the programs read `gso_size`).
+pub fn skb_ctx_gso(
+    ifindex: u32,
+    tunnel: Option<(IpAddr, u32)>,
+    gso: Option<(u32, u32)>,
+) -> [u8; SKB_CTX_LEN] {
     let mut ctx = [0u8; SKB_CTX_LEN];
+    if let Some((size, segs)) = gso {
+        ctx[SKB_GSO_SIZE_OFF..SKB_GSO_SIZE_OFF + 4].copy_from_slice(&size.to_ne_bytes());
+        ctx[SKB_GSO_SEGS_OFF..SKB_GSO_SEGS_OFF + 4].copy_from_slice(&segs.to_ne_bytes());
+    }
     ctx[SKB_IFINDEX_OFF..SKB_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
     if let Some((sender, vni)) = tunnel {
         ctx[SKB_CB_OFF..SKB_CB_OFF + 16].copy_from_slice(&underlay::from_ip(sender));
@@ -138,10 +152,12 @@ pub fn skb_ctx(ifindex: u32, tunnel: Option<(IpAddr, u32)>) -> [u8; SKB_CTX_LEN]
 /// Offsets in `struct __sk_buff` (uapi/linux/bpf.h).
 const SKB_IFINDEX_OFF: usize = 40;
 const SKB_CB_OFF: usize = 48;
-/// `ctx_in` up to the end of `cb[5]`: the kernel accepts a prefix of `__sk_buff`, and of
-/// the fields in it only `mark`, `priority`, `ingress_ifindex`, `ifindex` and `cb` may be
-/// non-zero.
-pub const SKB_CTX_LEN: usize = SKB_CB_OFF + 5 * 4;
+const SKB_GSO_SEGS_OFF: usize = 164;
+const SKB_GSO_SIZE_OFF: usize = 176;
+/// `ctx_in` up to the end of `gso_size`: the kernel accepts a prefix of `__sk_buff`, and
+/// of the fields in it only `mark`, `priority`, `ingress_ifindex`, `ifindex`, `cb`,
+/// `tstamp`, `wire_len`, `gso_segs` and `gso_size` may be non-zero.
+pub const SKB_CTX_LEN: usize = SKB_GSO_SIZE_OFF + 4;
 
 /// What a program did with one packet.
 #[derive(Debug)]
@@ -207,7 +223,19 @@ impl Datapath {
         ifindex: u32,
         tunnel: Option<(IpAddr, u32)>,
     ) -> Outcome {
-        let ctx = skb_ctx(ifindex, tunnel);
+        self.run_gso(name, frame, ifindex, tunnel, None)
+    }
+
+    /// [`Datapath::run`] as a GSO packet of `gso` (segment size, segments).
+    pub fn run_gso(
+        &mut self,
+        name: &str,
+        frame: &[u8],
+        ifindex: u32,
+        tunnel: Option<(IpAddr, u32)>,
+        gso: Option<(u32, u32)>,
+    ) -> Outcome {
+        let ctx = skb_ctx_gso(ifindex, tunnel, gso);
         let mut out = vec![0u8; frame.len() + 256];
         let r = self
             .program(name)

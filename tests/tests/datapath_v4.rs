@@ -922,6 +922,18 @@ fn from_secondary_table() {
     run_table(cases);
 }
 
+// ---- GSO trains and BIG TCP ----
+
+#[test]
+fn gso_segments_are_measured_against_the_egress_mtu() {
+    bed::gso::segments_measured::<Ipv4Addr>(UL4);
+}
+
+#[test]
+fn big_tcp_with_length_zero_is_translated() {
+    bed::gso::big_tcp_translated::<Ipv4Addr>(UL4);
+}
+
 // ---- ICMP errors the gateway answers with ----
 
 /// `bed::answers::answer_cases`, and a packet without DF, which IPv4 lets a router

@@ -585,6 +585,20 @@ fn interface_rule_reset_makes_no_entry(u: UnderlayNet) {
 
 // ---- every table over both underlay families ----
 
+// ---- GSO trains and BIG TCP ----
+
+#[test]
+fn gso_segments_are_measured_against_the_egress_mtu() {
+    bed::gso::segments_measured::<Ipv6Addr>(UL4);
+    bed::gso::segments_measured::<Ipv6Addr>(UL6);
+}
+
+#[test]
+fn big_tcp_with_length_zero_is_translated() {
+    bed::gso::big_tcp_translated::<Ipv6Addr>(UL4);
+    bed::gso::big_tcp_translated::<Ipv6Addr>(UL6);
+}
+
 // ---- ICMPv6 errors the gateway answers with ----
 
 /// `bed::answers::answer_cases` ("packet too big": IPv6 routers never fragment).

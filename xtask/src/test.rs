@@ -216,6 +216,8 @@ const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
             "from_underlay_decapsulates",
             "loads_and_attaches",
             "icmp_answer_table",
+            "gso_segments_are_measured",
+            "big_tcp_with_length_zero",
         ],
     ),
     // One lab at a time: two labs of four agents each on two emulated CPUs starve.

@@ -48,6 +48,7 @@ pub fn answer_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
     let big_seg = big_tcp(A::REMOTE_POD, 40_000, A::DEST_A, 443);
     let local = big_udp(A::LOCAL_POD, 5000, A::DEST_A, 53);
     let small = udp(A::REMOTE_POD, 5000, A::DEST_A, 53);
+    let unresolved = big_udp(A::REMOTE_POD, 5000, A::DEST_A_NO_NEIGH, 53);
     let answered = &[(SNAT_NEW, 1), (FRAG_NEEDED_SENT, 1)];
     vec![
         case(
@@ -60,6 +61,12 @@ pub fn answer_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
             format!("TCP over sec0's MTU: {name}, the quote as the pod sent it"),
             lower_mtu,
             vec![from_tunnel(u.peer, RULE_A, &big_seg).redirected_if(too_big(&big_seg))],
+            answered,
+        ),
+        case(
+            format!("to a neighbour not resolved yet (the FIB measures nothing): {name}"),
+            lower_mtu,
+            vec![from_tunnel(u.peer, RULE_A, &unresolved).redirected_if(too_big(&unresolved))],
             answered,
         ),
         case(

@@ -58,14 +58,16 @@ pub enum Kind {
     Garbage,
 }
 
-/// One case: a frame, the device it arrives on and, for `from_tunnel`, the tunnel's
-/// metadata (sender, VNI).
+/// One case: a frame, the device it arrives on, for `from_tunnel` the tunnel's metadata
+/// (sender, VNI), and whether the skb is a GSO packet (segment size, segments), as a GRO
+/// aggregate or a TSO train is.
 #[derive(Clone, Debug)]
 pub struct Input {
     pub frame: Vec<u8>,
     pub dev: Dev,
     pub tunnel: Option<(IpAddr, u32)>,
     pub kind: Kind,
+    pub gso: Option<(u32, u32)>,
 }
 
 /// Case `index` of `prog` in the run of `seed`.
@@ -99,11 +101,21 @@ pub fn generate(prog: Prog, rng: &mut Rng) -> Input {
     };
     let mut frame = frame;
     runnable(&mut frame);
+    // One in eight a GSO packet: segments that fit the 1,500-byte interfaces, that do
+    // not, and any size.
+    let gso = rng.chance(12).then(|| {
+        let size = pick!(
+            rng,
+            [536, 1200, 1448, 1460, 1480, 8948, u32::from(rng.u16())]
+        );
+        (size, rng.range(2, 45) as u32)
+    });
     Input {
         frame,
         dev,
         tunnel,
         kind,
+        gso,
     }
 }
 

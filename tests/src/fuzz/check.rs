@@ -436,6 +436,13 @@ fn out_of_the_rules_interface(
 ) -> Check {
     let (_, dst) = addrs(&input.frame).ok_or("forwarded a frame without addresses")?;
     let (egress, odst) = addrs(seen.out).ok_or("forwarded as a frame without addresses")?;
+    must(mtu_fit(input) != Some(false), || {
+        format!(
+            "forwarded a packet of {} bytes (GSO {:?}) that the 1,500-byte interface does not carry",
+            input.frame.len(),
+            input.gso
+        )
+    })?;
     must(odst == dst, || {
         format!("forwarded to {odst}, sent to {dst}")
     })?;
@@ -505,6 +512,13 @@ fn icmp_answer(input: &Input, seen: &Seen, plan: &Plan, sent: u32) -> Check {
     })?;
     let v4 = family(seen.out) == Some(true);
     let expired = sent == TIME_EXCEEDED_SENT;
+    must(expired || mtu_fit(input) != Some(true), || {
+        format!(
+            "answered too big for a packet of {} bytes (GSO {:?}) that fits",
+            input.frame.len(),
+            input.gso
+        )
+    })?;
     if expired {
         let hops = input.frame.get(if v4 { 22 } else { 21 });
         must(hops.is_some_and(|h| *h <= 1), || {
@@ -544,6 +558,34 @@ fn icmp_answer(input: &Input, seen: &Seen, plan: &Plan, sent: u32) -> Check {
     )
 }
 
+/// The MTU of the fuzz node's interfaces (veths).
+const MTU: usize = 1500;
+
+/// Whether the packet fits a 1,500-byte interface: its frame, or, a GSO packet, each of
+/// its segments (IP and transport headers and `gso_size`, as the datapath counts).
+/// `None` for a frame 1 to 4 bytes over the MTU and its Ethernet header: the kernel's
+/// checks differ there (`is_skb_forwardable` leaves room for a VLAN tag, `bpf_check_mtu`
+/// for a resolved and an unresolved next hop does not), and so may the datapath.
+fn mtu_fit(input: &Input) -> Option<bool> {
+    let f = &input.frame;
+    let Some((size, _)) = input.gso else {
+        return match f.len() {
+            n if n <= MTU + 14 => Some(true),
+            n if n <= MTU + 14 + 4 => None,
+            _ => Some(false),
+        };
+    };
+    let Some((proto, off)) = transport(f) else {
+        return Some(true);
+    };
+    let l4 = if proto == 6 {
+        f.get(off + 12).map_or(20, |b| usize::from(b >> 4) * 4)
+    } else {
+        8
+    };
+    Some(off - 14 + l4 + size as usize <= MTU)
+}
+
 fn ip_bytes(a: IpAddr) -> Vec<u8> {
     match a {
         IpAddr::V4(a) => a.octets().to_vec(),
@@ -567,6 +609,7 @@ mod tests {
             dev: Dev::Pod,
             tunnel: None,
             kind: Kind::Valid,
+            gso: None,
         }
     }
 

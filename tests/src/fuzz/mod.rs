@@ -49,7 +49,7 @@ use std::{
 use aya::programs::{TestRun as _, TestRunOptions};
 pub use cases::{Input, Kind, Prog, case};
 
-use crate::testrun::{Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, in_netns, skb_ctx};
+use crate::testrun::{Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, in_netns, skb_ctx_gso};
 
 /// The established flows are written again this often (in packets), so that neither
 /// the LRU nor their idle timeouts take them in a long run.
@@ -145,7 +145,7 @@ fn run_program(dp: &mut Datapath, net: &node::Net, prog: Prog, opts: Options) ->
             node::refresh_flows(dp, net);
         }
         let input = cases::case(opts.seed, prog, index);
-        let ctx = skb_ctx(net.ifindex(input.dev), input.tunnel);
+        let ctx = skb_ctx_gso(net.ifindex(input.dev), input.tunnel, input.gso);
         let ran = dp.program(prog.name()).test_run(TestRunOptions {
             data_in: Some(&input.frame),
             data_out: Some(&mut out),
