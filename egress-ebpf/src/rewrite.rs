@@ -146,20 +146,29 @@ pub fn nat4(
         return Ok(());
     }
     // TCP/UDP ports at +0 (source) and +2 (destination); the ICMP echo identifier at +4
-    // either way.
+    // either way, and in whichever of `sport_be` (a request) and `dport_be` (a reply)
+    // holds it, the other 0.
     let icmp = ip.proto == PROTO_ICMP;
     let (addr_off, old_addr, port_off, old_port_be) = match side {
         Side::Source => (
             IP_SRC_OFF,
             ip.src,
             if icmp { ip.l4 + 4 } else { ip.l4 },
-            l4.sport_be,
+            if icmp {
+                l4.sport_be | l4.dport_be
+            } else {
+                l4.sport_be
+            },
         ),
         Side::Destination => (
             IP_DST_OFF,
             ip.dst,
             if icmp { ip.l4 + 4 } else { ip.l4 + 2 },
-            l4.dport_be,
+            if icmp {
+                l4.sport_be | l4.dport_be
+            } else {
+                l4.dport_be
+            },
         ),
     };
     // Through the helpers: any IPv4 packet (IP options, ICMP echo, headers outside the
@@ -460,8 +469,12 @@ pub fn nat6(
     }
     // Through the helpers: extension headers, ICMPv6 echo, headers outside the linear
     // part.
+    // An ICMPv6 echo identifier is in `sport_be` (a request) or `dport_be` (a reply).
+    let echo = ip.proto == PROTO_ICMPV6;
     let (addr_off, old_addr, old_port_be) = match side {
+        Side::Source if echo => (IP6_SRC_OFF, &ip.src, l4.sport_be | l4.dport_be),
         Side::Source => (IP6_SRC_OFF, &ip.src, l4.sport_be),
+        Side::Destination if echo => (IP6_DST_OFF, &ip.dst, l4.sport_be | l4.dport_be),
         Side::Destination => (IP6_DST_OFF, &ip.dst, l4.dport_be),
     };
     rewrite_addr6_port(

@@ -119,6 +119,11 @@ pub fn check(prog: Prog, input: &Input, seen: &Seen) -> Check {
             "passed, but rewritten".to_owned()
         })?;
     }
+    if seen.verdict == TC_ACT_REDIRECT && checksums_right(&input.frame) == Some(true) {
+        must(checksums_right(seen.out) == Some(true), || {
+            "redirected with a wrong checksum a packet whose checksums were right".to_owned()
+        })?;
+    }
     match prog {
         Prog::FromPod => from_pod(input, seen),
         Prog::FromTunnel => from_tunnel(input, seen),
@@ -556,6 +561,58 @@ fn icmp_answer(input: &Input, seen: &Seen, plan: &Plan, sent: u32) -> Check {
         q.get(quoted_dst..quoted_dst + len) == ip_bytes(dst).get(..),
         || format!("an answer whose quote is not of the packet to {dst}"),
     )
+}
+
+/// Whether an IP frame's checksums are right: the IPv4 header's, and a TCP, UDP, ICMP or
+/// ICMPv6 message's over the IP payload (with its pseudo-header; an IPv4 UDP checksum of
+/// 0 is none). `None` where that cannot be said: not IP, a fragment, another protocol,
+/// a length field that does not fit the frame.
+pub fn checksums_right(f: &[u8]) -> Option<bool> {
+    let v4 = family(f)?;
+    let (proto, off) = transport(f)?;
+    let end = if v4 {
+        let ihl = usize::from(f.get(14)? & 0x0f) * 4;
+        let frag = u16::from_be_bytes([*f.get(20)?, *f.get(21)?]);
+        if frag & 0x3fff != 0 || ihl < 20 {
+            return None;
+        }
+        if crate::packet::checksum(&[f.get(14..14 + ihl)?]) != 0 {
+            return Some(false);
+        }
+        14 + usize::from(u16::from_be_bytes([f[16], f[17]]))
+    } else {
+        54 + usize::from(u16::from_be_bytes([*f.get(18)?, *f.get(19)?]))
+    };
+    let l4 = f.get(off..end)?;
+    if l4.len() < 8 {
+        return None;
+    }
+    let (src, dst) = addrs(f)?;
+    let mut pseudo = Vec::new();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            if proto == 17 && l4[6..8] == [0, 0] {
+                return Some(true);
+            }
+            if proto != 1 {
+                pseudo.extend(s.octets());
+                pseudo.extend(d.octets());
+                pseudo.extend([0, proto]);
+                pseudo.extend((l4.len() as u16).to_be_bytes());
+            }
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            pseudo.extend(s.octets());
+            pseudo.extend(d.octets());
+            pseudo.extend((l4.len() as u32).to_be_bytes());
+            pseudo.extend([0, 0, 0, proto]);
+        }
+        _ => return None,
+    }
+    match (proto, v4) {
+        (6 | 17, _) | (1, true) | (58, false) => Some(crate::packet::checksum(&[&pseudo, l4]) == 0),
+        _ => None,
+    }
 }
 
 /// The MTU of the fuzz node's interfaces (veths).
