@@ -110,6 +110,12 @@ pub fn generate(prog: Prog, rng: &mut Rng) -> Input {
         );
         (size, rng.range(2, 45) as u32)
     });
+    // One in ten of `from_pod`'s on another pod's device (a pod sending as another).
+    let dev = if prog == Prog::FromPod && rng.chance(10) {
+        Dev::Pod1
+    } else {
+        dev
+    };
     Input {
         frame,
         dev,

@@ -233,6 +233,15 @@ fn from_pod(input: &Input, seen: &Seen) -> Check {
     if !plan.selected(src) {
         return quiet(seen, "from an unselected pod");
     }
+    if input.dev == Dev::Pod1 {
+        // The selected pod is bound to `Pod`: whatever the packet, it is dropped here.
+        return must(
+            seen.verdict == TC_ACT_SHOT && seen.hit(DROP_SOURCE_DEVICE),
+            || {
+                "a selected pod's address sent from another pod's device: not dropped as DROP_SOURCE_DEVICE".to_owned()
+            },
+        );
+    }
     let policy = addrs(f).and_then(|(_, dst)| plan.policy(src, dst));
     let Some(p) = policy.filter(|p| p.action != action::EXCLUDE) else {
         return must(seen.verdict == TC_ACT_OK, || {

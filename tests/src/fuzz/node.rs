@@ -61,12 +61,16 @@ pub use crate::testrun::{PORT_MAX, PORT_MIN, TUNNEL_MTU};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dev {
     Pod,
+    /// Another pod's device, with no pod behind it: where a pod sending as the selected
+    /// pod (bound to `Pod`) would come from.
+    Pod1,
     Tunnel,
     Sec0,
     Sec1,
 }
 
 pub const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
+const POD1_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x02];
 pub const SEC0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0a, 0x02];
 pub const SEC1_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x02];
 const TUN0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xdd, 0x01];
@@ -80,6 +84,7 @@ const DEST_B_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x09];
 pub fn mac(dev: Dev) -> [u8; 6] {
     match dev {
         Dev::Pod => POD0_MAC,
+        Dev::Pod1 => POD1_MAC,
         Dev::Tunnel => TUN0_MAC,
         Dev::Sec0 => SEC0_MAC,
         Dev::Sec1 => SEC1_MAC,
@@ -504,6 +509,7 @@ impl Plan {
 #[derive(Clone, Copy, Debug)]
 pub struct Net {
     pub pod0: u32,
+    pub pod1: u32,
     pub tun0: u32,
     pub sec0: u32,
     pub sec1: u32,
@@ -513,6 +519,7 @@ impl Net {
     pub fn ifindex(&self, dev: Dev) -> u32 {
         match dev {
             Dev::Pod => self.pod0,
+            Dev::Pod1 => self.pod1,
             Dev::Tunnel => self.tun0,
             Dev::Sec0 => self.sec0,
             Dev::Sec1 => self.sec1,
@@ -527,6 +534,7 @@ pub fn topology() -> Net {
         ("ul0", UL0_MAC),
         ("tun0", TUN0_MAC),
         ("pod0", POD0_MAC),
+        ("pod1", POD1_MAC),
         ("sec0", SEC0_MAC),
         ("sec1", SEC1_MAC),
     ] {
@@ -545,6 +553,7 @@ pub fn topology() -> Net {
     sysctl("net/ipv6/conf/all/forwarding", "1");
     Net {
         pod0: ifindex("pod0"),
+        pod1: ifindex("pod1"),
         tun0: ifindex("tun0"),
         sec0: ifindex("sec0"),
         sec1: ifindex("sec1"),
@@ -582,6 +591,8 @@ pub fn fill(dp: &mut Datapath, net: &Net) {
 }
 
 fn fill_plan(dp: &mut Datapath, net: &Net, plan: &Plan) {
+    // The selected pod is bound to its device (`from_pod`'s source check).
+    dp.pod_device(plan.local_pod, net.pod0);
     for &(pod, rule) in &plan.admitted {
         dp.admit(pod, rule);
     }
