@@ -61,8 +61,8 @@ pub fn plan(container: &AgentContainer, program: &Path, stand_ins: &[&Path]) -> 
         ro: true,
         create: false,
     };
-    // The image: the program, and what it and the runner's tools load.
-    steps.push(bind_ro(program));
+    // The image: what the program and the runner's tools load (the program itself after
+    // the empty /tmp below, which would hide one built under /tmp: a clean clone there).
     for dir in SYSTEM {
         let path = Path::new(dir);
         match std::fs::read_link(path) {
@@ -117,6 +117,7 @@ pub fn plan(container: &AgentContainer, program: &Path, stand_ins: &[&Path]) -> 
         target: "/tmp".into(),
         ro: false,
     });
+    steps.push(bind_ro(program));
     // The declared volumes at their mountPaths, shallowest first (a mount inside another
     // lands on it, not under it).
     let mut volumes: Vec<&Volume> = container.volumes.iter().collect();
@@ -307,7 +308,8 @@ mod tests {
                 },
             },
         ];
-        let program = Path::new("/target/debug/egress-agent");
+        // Built in a clone under /tmp, as CI's may be: bound after the empty /tmp.
+        let program = Path::new("/tmp/clone/target/debug/egress-agent");
         let lab = Path::new("/tmp/egress-lab-x");
         let steps = plan(&container(false, volumes), program, &[lab]);
         let at = |want: &Step| {
@@ -322,15 +324,13 @@ mod tests {
             ro,
             create,
         };
-        assert_eq!(
-            steps[0],
-            bind(
-                "/target/debug/egress-agent",
-                "/target/debug/egress-agent",
-                true,
-                false
-            )
-        );
+        let tmp = at(&Step::Tmpfs {
+            target: "/tmp".into(),
+            ro: false,
+        });
+        let binary = "/tmp/clone/target/debug/egress-agent";
+        let image = at(&bind(binary, binary, true, false));
+        assert!(tmp < image, "the program after the empty /tmp: {steps:#?}");
         at(&Step::Proc { sys_ro: true });
         at(&Step::Sysfs { ro: true });
         at(&bind("/dev/urandom", "/dev/urandom", false, false));
