@@ -1,6 +1,7 @@
 //! Shared by the integration tests, the lab demo and the benchmarks: the lab (network
 //! namespaces), a packet builder and `BPF_PROG_TEST_RUN` plumbing.
 
+pub mod aborts;
 pub mod bed;
 pub mod bench;
 pub mod cluster;

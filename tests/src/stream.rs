@@ -374,7 +374,8 @@ pub fn run(args: &[String]) -> Result<bool> {
     Ok(summary.unbroken())
 }
 
-fn install_stop_handler() {
+/// SIGTERM and SIGINT set [`stopped`] (the stream and `aborts` clients).
+pub(crate) fn install_stop_handler() {
     extern "C" fn on_signal(_: libc::c_int) {
         STOP.store(true, Ordering::Relaxed);
     }
@@ -387,7 +388,7 @@ fn install_stop_handler() {
     }
 }
 
-fn stopped() -> bool {
+pub(crate) fn stopped() -> bool {
     STOP.load(Ordering::Relaxed)
 }
 

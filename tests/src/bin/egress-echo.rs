@@ -5,6 +5,7 @@
 //! egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]
 //! egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
 //!                  [--sport P]
+//! egress-echo abort tcp HOST:PORT [--interval-ms I] [--duration-ms D] [--sport P]
 //! ```
 //!
 //! Protocol (TCP stream or one UDP datagram each way):
@@ -33,9 +34,16 @@
 //! reply as it happens: `<unix_ms> send <seq>`, `<unix_ms> reply <seq> <ip:port>`,
 //! `<unix_ms> reset|error <message>`. It exits 0 unless the stream broke.
 //!
+//! Aborted connections, for the soak: a TCP request line `RESET` is answered with the seen
+//! line, then the server closes with a RST (`SO_LINGER` 0). `abort` opens one connection
+//! per interval (from `--sport` each time if given: one tuple, reused) and ends each with a
+//! RST, by turns its own (after the reply to `STREAM` and a line) and the server's (after
+//! `RESET`); after the duration or on SIGTERM/SIGINT it prints one JSON line of counts.
+//!
 //! std only, except for binding the TCP source port of `--sport`, which std cannot do: that
 //! one path goes through tokio's `TcpSocket` (already a dependency of this crate). The
-//! `stream` client is `egress_tests::stream`, next to the summary type its readers share.
+//! `stream` and `abort` clients are `egress_tests::stream` and `egress_tests::aborts`, next
+//! to the summary types their readers share.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -60,7 +68,8 @@ const USAGE: &str = "usage:
   egress-echo serve [--bind IP] [--tcp PORT] [--udp PORT]
   egress-echo query tcp|udp HOST:PORT [--size N] [--timeout-ms T] [--sport P] [--attempts K]
   egress-echo stream tcp|udp HOST:PORT [--interval-ms I] [--duration-ms D] [--events FILE]
-                     [--sport P]";
+                     [--sport P]
+  egress-echo abort tcp HOST:PORT [--interval-ms I] [--duration-ms D] [--sport P]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -68,6 +77,7 @@ fn main() -> ExitCode {
         Some("serve") => serve(&args[1..]),
         Some("query") => query(&args[1..]),
         Some("stream") => stream(&args[1..]),
+        Some("abort") => egress_tests::aborts::run(&args[1..]).map_err(|e| e.context(USAGE)),
         Some("flood") => flood(&args[1..]),
         Some("-h" | "--help") => {
             println!("{USAGE}");
@@ -175,8 +185,10 @@ fn handle_tcp(stream: TcpStream) -> Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line).context("read request line")?;
-    if line.trim_end() == "STREAM" {
-        return stream_tcp(reader, stream, peer);
+    match line.trim_end() {
+        "STREAM" => return stream_tcp(reader, stream, peer),
+        "RESET" => return reset_tcp(reader, stream, peer),
+        _ => {}
     }
     let n = parse_size_line(&line)?;
     if n > MAX_TCP_PAYLOAD {
@@ -198,7 +210,18 @@ fn handle_tcp(stream: TcpStream) -> Result<()> {
     Ok(())
 }
 
-/// Line echo until the client closes: each line comes back as `seen <peer> <line>`.
+/// The seen line, then a RST instead of a FIN.
+fn reset_tcp(reader: BufReader<TcpStream>, mut stream: TcpStream, peer: SocketAddr) -> Result<()> {
+    stream.write_all(format!("seen {peer}\n").as_bytes())?;
+    // The reader's handle too: the socket closes with the last one.
+    drop(reader);
+    egress_tests::aborts::reset(stream).context("failed to reset")?;
+    eprintln!("tcp reset {peer}");
+    Ok(())
+}
+
+/// Line echo until the client closes (or resets): each line comes back as
+/// `seen <peer> <line>`.
 fn stream_tcp(
     mut reader: BufReader<TcpStream>,
     mut stream: TcpStream,
@@ -209,9 +232,18 @@ fn stream_tcp(
     let mut line = String::new();
     loop {
         line.clear();
-        if reader.read_line(&mut line).context("read stream line")? == 0 {
-            eprintln!("tcp stream from {peer} closed");
-            return Ok(());
+        match reader.read_line(&mut line) {
+            Ok(0) => {
+                eprintln!("tcp stream from {peer} closed");
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                eprintln!("tcp stream from {peer} reset");
+                return Ok(());
+            }
+            r => {
+                r.context("read stream line")?;
+            }
         }
         stream.write_all(format!("seen {peer} {}\n", line.trim_end()).as_bytes())?;
     }
