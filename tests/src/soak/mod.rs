@@ -14,11 +14,20 @@
 //!   the churn removes and re-adds (while it is unknown its packets must be dropped).
 //! * New short flows ([`queries`]): `egress-echo query` one after another from three
 //!   pods, about ten a second.
+//! * Aborted connections ([`aborts`]): two selected pods of their own each open a TCP
+//!   connection about three times a second and end it with a RST, by turns their own and
+//!   the far host's; [`REUSE_POD`] always from the same source port (a reused tuple). Each
+//!   also has a long-lived TCP stream, which runs on after the aborts stop: their live
+//!   flows on the gateways must come back to their floor ([`floor`]: that stream, and
+//!   what the churn stranded) within the reset timeout and the sweeper's walk (issue 45,
+//!   item 3).
 //! * Expected at the far hosts: host-a only egress IP A, host-b only egress IP B, host-c
 //!   only the unselected pods that talk to it; anything else is a [`Violation`].
 
+mod aborts;
 mod capture;
 mod churn;
+mod floor;
 mod report;
 mod state;
 mod traffic;
@@ -31,12 +40,15 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use egress_agent::datapath::sweep;
 use egress_common::counters::reason::DROP_UNKNOWN_POD;
 
-use self::{capture::Capture, churn::Churn, state::Remains, traffic::Queries};
+use self::{aborts::Aborters, capture::Capture, churn::Churn, state::Remains, traffic::Queries};
 pub use self::{
+    aborts::{AbortReport, AbortSpec},
     capture::Violation,
     churn::{AGENT_ARGS, Event},
+    floor::{Floor, PodFlows},
     state::{MapCounts, Rss, RssSummary},
     traffic::{Break, FlowReport, FlowSpec, QueryCounts, QuerySpec, WrongAnswer},
 };
@@ -49,6 +61,11 @@ use crate::{
 
 /// The selected pod that the churn removes and re-adds; it streams to host-a throughout.
 pub const SPARE: &str = "w2-spare";
+/// A selected pod that only aborts connections, each from a new source port.
+pub const ABORT_POD: &str = "w1-abort";
+/// A selected pod that only aborts connections, all from [`REUSED_PORT`].
+pub const REUSE_POD: &str = "w2-reuse";
+pub const REUSED_PORT: u16 = 41_000;
 /// Nodes whose agents the churn never restarts: their memory growth is held to the target.
 pub const STEADY_AGENTS: [&str; 2] = ["w1", "gw1"];
 /// Target: an agent's resident memory grows by at most this much over the soak.
@@ -100,6 +117,11 @@ pub struct Report {
     pub churn_errors: Vec<String>,
     pub flows: Vec<FlowReport>,
     pub queries: Vec<((&'static str, Proto, IpAddr), QueryCounts)>,
+    pub aborts: Vec<AbortReport>,
+    /// Live flows of every pod on every node (`FLOWS_V4`): at their highest while the
+    /// traffic ran (sampled every second), and when the aborting pods' were at their floor.
+    pub flows_peak: u32,
+    pub flows_at_floor: u32,
     /// IP packets captured per far host, and what tcpdump said it dropped.
     pub packets: Vec<(&'static str, u64, u64)>,
     pub violations: Vec<Violation>,
@@ -127,6 +149,24 @@ impl Report {
                 .iter()
                 .map(|f| f.wrong_sources.len())
                 .sum::<usize>()
+            + self
+                .aborts
+                .iter()
+                .map(|a| a.wrong_sources().len())
+                .sum::<usize>()
+    }
+
+    /// Every aborting pod aborted, its flows were counted (the peak above the floor), and
+    /// they came back to the floor in time; the churn stranded no more than one flow per
+    /// event ([`floor`]).
+    pub fn aborts_ok(&self) -> bool {
+        !self.aborts.is_empty()
+            && self.aborts.iter().all(|a| {
+                a.summary.as_ref().is_some_and(|s| s.connections > 0)
+                    && a.peak > a.floor.total()
+                    && a.at_floor_after.is_some()
+                    && a.floor.stranded as usize <= self.events.len()
+            })
     }
 
     pub fn breaks(&self) -> Vec<&Break> {
@@ -146,6 +186,7 @@ impl Report {
         self.wrong_sources() == 0
             && self.breaks().is_empty()
             && self.maps_back_after.is_some()
+            && self.aborts_ok()
             && self.rss_ok()
             && self.leftovers.is_empty()
             && self.churn_errors.is_empty()
@@ -193,6 +234,34 @@ pub fn flows() -> Vec<FlowSpec> {
         f("tcp-p2-c", "w1-p2", Proto::Tcp, c, own, 100),
         f("udp-p2-c", "w1-p2", Proto::Udp, c, own, 100),
         f("udp-spare-a", SPARE, Proto::Udp, a, ea, 20),
+        // The aborting pods' own (to A: the reused port's tuple is toward B), stopped
+        // only after their floor is seen.
+        f("tcp-abort-a", ABORT_POD, Proto::Tcp, a, ea, 100),
+        f("tcp-reuse-a", REUSE_POD, Proto::Tcp, a, ea, 100),
+    ]
+}
+
+/// The aborting pods: one to host-a from a new port each time, one to host-b from
+/// [`REUSED_PORT`] each time.
+pub fn aborts() -> Vec<AbortSpec> {
+    let Ends { a, b, ea, eb, .. } = Ends::V4;
+    vec![
+        AbortSpec {
+            name: "abort-w1-a",
+            pod: ABORT_POD,
+            host: a,
+            expect: ea,
+            sport: None,
+            interval_ms: 300,
+        },
+        AbortSpec {
+            name: "reuse-w2-b",
+            pod: REUSE_POD,
+            host: b,
+            expect: eb,
+            sport: Some(REUSED_PORT),
+            interval_ms: 300,
+        },
     ]
 }
 
@@ -221,13 +290,15 @@ pub fn queries() -> Vec<QuerySpec> {
     ]
 }
 
-/// Bring up the lab (with [`SPARE`] and a router leg on A), agents with
-/// [`AGENT_ARGS`]; converged when both egress IPs are held and the selected pods,
-/// the spare among them, get through with them.
+/// Bring up the lab (with [`SPARE`], the aborting pods and a router leg on A), agents
+/// with [`AGENT_ARGS`]; converged when both egress IPs are held and the selected pods,
+/// the spare and the aborting ones among them, get through with them.
 fn lab_up() -> Result<Lab> {
     let mut spec = default_spec()?;
-    spec.pods
-        .push(PodSpec::new(SPARE, PAYMENTS, "w2", &[("app", "api")]));
+    for (pod, node) in [(SPARE, "w2"), (ABORT_POD, "w1"), (REUSE_POD, "w2")] {
+        spec.pods
+            .push(PodSpec::new(pod, PAYMENTS, node, &[("app", "api")]));
+    }
     let mut lab = Lab::up(spec)?;
     lab.connect_router_to('a')?;
     let bin = agent_bin()?;
@@ -238,10 +309,12 @@ fn lab_up() -> Result<Lab> {
     cluster::wait_until(Duration::from_secs(60), || {
         cluster::holders(&lab, ea).len() == 1
             && cluster::holders(&lab, eb).len() == 1
-            && ["w1-p1", "w2-p1", "gw1-p1", SPARE].iter().all(|pod| {
-                cluster::seen(&lab, pod, Proto::Udp, addr::HOST_A) == Some(ea)
-                    && cluster::seen(&lab, pod, Proto::Tcp, addr::HOST_B) == Some(eb)
-            })
+            && ["w1-p1", "w2-p1", "gw1-p1", SPARE, ABORT_POD, REUSE_POD]
+                .iter()
+                .all(|pod| {
+                    cluster::seen(&lab, pod, Proto::Udp, addr::HOST_A) == Some(ea)
+                        && cluster::seen(&lab, pod, Proto::Tcp, addr::HOST_B) == Some(eb)
+                })
     })
     .with_context(|| format!("agents did not converge; w2 log:\n{}", lab.agent_log("w2")))?;
     Ok(lab)
@@ -283,6 +356,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let cap = cfg.duration + Duration::from_secs(600);
     let mut streams = traffic::Streams::start(&lab, &flows(), cap)?;
     let queries = Queries::start(&lab, &queries(), cfg.query_pause)?;
+    let aborters = Aborters::start(&lab, &aborts(), cap)?;
+    let mut peaks = Peaks::default();
     let mut churn = Churn::new(agent_bin()?, SPARE);
     let mut rss = Rss::default();
 
@@ -295,6 +370,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     while start.elapsed() < cfg.duration {
         thread::sleep(Duration::from_secs(1));
         check(&mut r, &mut captures, &mut streams, &queries, &churn, &lab);
+        peaks.sample(&lab, &mut r);
         for (node, status) in lab.exited_agents() {
             let msg = format!("agent on {node} exited on its own ({status})");
             eprintln!("soak: {msg}; restarting it");
@@ -340,19 +416,48 @@ pub fn run(cfg: &Config) -> Result<Report> {
         r.problems
             .push(format!("not steady after the churn: {e:#}"));
     }
+    let steady_ns = sweep::now_ns();
     check(&mut r, &mut captures, &mut streams, &queries, &churn, &lab);
+    peaks.sample(&lab, &mut r);
 
-    // The traffic stops.
-    r.flows = streams.stop(|t| churn.during(t));
+    // The traffic stops: the aborts first, then all but the aborting pods' streams.
+    let aborted = aborters.stop();
+    let aborts_stopped = Instant::now();
+    let aborting = |f: &FlowSpec| aborts().iter().any(|a| a.pod == f.pod);
+    streams.stop_where(|f| !aborting(f));
     r.queries = queries.stop();
     thread::sleep(Duration::from_secs(1));
     for c in &mut captures {
         r.violations.extend(c.stop(|t| churn.during(t)));
         r.packets.push((c.host, c.packets, c.dropped_by_kernel));
     }
+    let traffic_end = Instant::now();
+
+    // The aborting pods' flows come back to their floor, their streams still running
+    // (while the maps below cannot be back yet: they wait for every entry to be a minute
+    // idle, and for the UDP streams' to time out).
+    for (spec, summary) in aborted {
+        let summary = summary.map_err(|e| r.problems.push(format!("{e:#}"))).ok();
+        let pod = lab.pod(spec.pod)?.ip;
+        r.aborts.push(AbortReport {
+            floor: Floor {
+                long_lived: long_lived(&lab, spec.pod)?,
+                stranded: 0,
+            },
+            peak: peaks.by_pod.get(&pod).copied().unwrap_or(0),
+            spec,
+            summary,
+            end: 0,
+            flows: PodFlows::default(),
+            at_floor_after: None,
+        });
+    }
+    if let Err(e) = to_floor(&lab, &mut r, steady_ns, aborts_stopped) {
+        r.problems.push(format!("{e:#}"));
+    }
+    r.flows = streams.stop(|t| churn.during(t));
 
     // The maps come back to the start's counts.
-    let traffic_end = Instant::now();
     loop {
         match MapCounts::read(&lab) {
             Ok(m) => {
@@ -395,6 +500,67 @@ pub fn run(cfg: &Config) -> Result<Report> {
     r.leftovers = remains.left();
     r.total_secs = t0.elapsed().as_secs_f64();
     Ok(r)
+}
+
+/// Live flows (`FLOWS_V4`, summed over the nodes) at their highest: per pod, and of
+/// every pod.
+#[derive(Default)]
+struct Peaks {
+    by_pod: BTreeMap<std::net::Ipv4Addr, u32>,
+}
+
+impl Peaks {
+    fn sample(&mut self, lab: &Lab, r: &mut Report) {
+        let Ok(counted) = floor::counted(lab) else {
+            return;
+        };
+        for (pod, n) in &counted {
+            let p = self.by_pod.entry(*pod).or_default();
+            *p = (*p).max(*n);
+        }
+        r.flows_peak = r.flows_peak.max(counted.values().sum());
+    }
+}
+
+/// The long-lived flows of `pod` through a gateway (translated: the far host sees another
+/// address than the pod's); the aborting pods' run until their floor is seen.
+fn long_lived(lab: &Lab, pod: &str) -> Result<u32> {
+    let ip = IpAddr::V4(lab.pod(pod)?.ip);
+    Ok(flows()
+        .iter()
+        .filter(|f| f.pod == pod && f.expect != ip)
+        .count() as u32)
+}
+
+/// Look at the aborting pods' flows every half second until each pod's count is at its
+/// floor, or [`floor::WITHIN`] has passed since the aborts stopped; fills the reports.
+fn to_floor(lab: &Lab, r: &mut Report, steady_ns: u64, stopped: Instant) -> Result<()> {
+    let pods = r
+        .aborts
+        .iter()
+        .map(|a| Ok(lab.pod(a.spec.pod)?.ip))
+        .collect::<Result<Vec<_>>>()?;
+    loop {
+        let counted = floor::counted(lab)?;
+        let flows = floor::pod_flows(lab, &pods, steady_ns)?;
+        for (a, pod) in r.aborts.iter_mut().zip(&pods) {
+            if a.at_floor_after.is_some() {
+                continue;
+            }
+            a.end = counted.get(pod).copied().unwrap_or(0);
+            a.flows = flows.get(pod).copied().unwrap_or_default();
+            a.floor.stranded = a.flows.stranded;
+            if a.floor.holds(a.end) {
+                a.at_floor_after = Some(stopped.elapsed());
+            }
+        }
+        r.flows_at_floor = counted.values().sum();
+        if r.aborts.iter().all(|a| a.at_floor_after.is_some()) || stopped.elapsed() > floor::WITHIN
+        {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Programs an agent failed to attach, from the agents' logs: a program the datapath

@@ -21,6 +21,7 @@ impl Report {
         self.write_header_and_events(&mut s);
         self.write_long_lived_flows(&mut s);
         self.write_short_flows(&mut s);
+        self.write_aborts(&mut s);
         self.write_far_hosts(&mut s);
         self.write_wrong_sources(&mut s);
         self.write_stream_breaks(&mut s);
@@ -117,6 +118,89 @@ impl Report {
         }
     }
 
+    /// The aborting pods: what their clients did, and their live flows' peak and floor.
+    fn write_aborts(&self, w: &mut String) {
+        let _ = writeln!(
+            w,
+            "\naborted connections (egress-echo abort: a RST each, by turns the pod's and the host's):\n  {:<11} {:<9} {:<16} {:<16} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} wrong",
+            "name",
+            "pod",
+            "destination",
+            "expected source",
+            "sport",
+            "conns",
+            "by pod",
+            "by host",
+            "failed",
+            "ports"
+        );
+        for a in &self.aborts {
+            let s = a.summary.clone().unwrap_or_default();
+            let wrong = a.wrong_sources();
+            let _ = writeln!(
+                w,
+                "  {:<11} {:<9} {:<16} {:<16} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {}",
+                a.spec.name,
+                a.spec.pod,
+                a.spec.host.to_string(),
+                a.spec.expect.to_string(),
+                a.spec.sport.map_or("new".to_owned(), |p| p.to_string()),
+                s.connections,
+                s.reset_by_pod,
+                s.reset_by_host,
+                s.failed,
+                s.ports,
+                if wrong.is_empty() {
+                    "0".to_owned()
+                } else {
+                    format!("{wrong:?}")
+                }
+            );
+            for e in &s.errors {
+                let _ = writeln!(w, "    {}: {e}", a.spec.name);
+            }
+        }
+        let _ = writeln!(
+            w,
+            "live flows of the aborting pods (FLOWS_V4 over the nodes) after the aborts stopped   \
+             at the floor: {}",
+            yes(self.aborts_ok())
+        );
+        let _ = writeln!(
+            w,
+            "  {:<9} {:>5} {:>5} {:>6} {:>10} {:>9} {:>15}",
+            "pod", "peak", "end", "floor", "long-lived", "stranded", "at floor after"
+        );
+        for a in &self.aborts {
+            let _ = writeln!(
+                w,
+                "  {:<9} {:>5} {:>5} {:>6} {:>10} {:>9} {:>15}   conntrack: {} ended, {} open",
+                a.spec.pod,
+                a.peak,
+                a.end,
+                a.floor.total(),
+                a.floor.long_lived,
+                a.floor.stranded,
+                a.at_floor_after
+                    .map_or("MISSED".to_owned(), |d| format!("{:.1} s", d.as_secs_f64())),
+                a.flows.ended,
+                a.flows.open,
+            );
+        }
+        let _ = writeln!(
+            w,
+            "  target: each pod's count at its floor (its long-lived flows, and those the churn \
+             stranded: no RST or FIN seen, last seen before the lab was steady; at most one per \
+             churn event, {}) within {:.0} s of the aborts' stop (the reset timeout, two sweeper \
+             ticks, a second); every pod's live flows (the queries' too: a UDP one lives \
+             120 s): peak {}, {} at the last look",
+            self.events.len(),
+            super::floor::WITHIN.as_secs_f64(),
+            self.flows_peak,
+            self.flows_at_floor
+        );
+    }
+
     /// The packets each far host captured, and the spare pod's drops while unknown.
     fn write_far_hosts(&self, w: &mut String) {
         let _ = writeln!(w, "\nfar hosts (IP packets captured, dropped by tcpdump):");
@@ -136,12 +220,16 @@ impl Report {
         let wrong = self.wrong_sources();
         let _ = writeln!(
             w,
-            "\nwrong sources: {wrong} ({} at far hosts, {} in query answers, {} in stream echoes)   target 0: {}",
+            "\nwrong sources: {wrong} ({} at far hosts, {} in query answers, {} in stream echoes, {} in aborted connections)   target 0: {}",
             self.violations.len(),
             self.wrong_answers.len(),
             self.flows
                 .iter()
                 .map(|f| f.wrong_sources.len())
+                .sum::<usize>(),
+            self.aborts
+                .iter()
+                .map(|a| a.wrong_sources().len())
                 .sum::<usize>(),
             yes(wrong == 0)
         );

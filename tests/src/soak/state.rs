@@ -111,7 +111,7 @@ impl MapCounts {
     }
 }
 
-fn ct_entries(pin: &std::path::Path) -> Result<Vec<(CtKeyV4, CtEntryV4)>> {
+pub(super) fn ct_entries(pin: &std::path::Path) -> Result<Vec<(CtKeyV4, CtEntryV4)>> {
     let path = pin.join(names::CT_V4);
     let data =
         MapData::from_pin(&path).with_context(|| format!("failed to open {}", path.display()))?;

@@ -204,17 +204,29 @@ impl Streams {
         self.reports.iter_mut().find(|r| r.spec.name == name)
     }
 
-    /// Stop every stream and report.
-    pub(super) fn stop(mut self, during: impl Fn(u64) -> String) -> Vec<FlowReport> {
-        for r in &mut self.running {
+    /// Stop the streams `which` selects; their summaries go into their reports, and the
+    /// others run on.
+    pub(super) fn stop_where(&mut self, which: impl Fn(&FlowSpec) -> bool) {
+        for r in self.running.iter_mut().filter(|r| which(&r.spec)) {
             r.child.signal_term();
         }
-        for i in 0..self.running.len() {
+        let mut i = 0;
+        while i < self.running.len() {
+            if !which(&self.running[i].spec) {
+                i += 1;
+                continue;
+            }
             let _ = self.running[i].child.wait_for(Duration::from_secs(5));
             if let Err(e) = self.collect(i) {
                 eprintln!("soak: {e:#}");
             }
+            self.running.remove(i);
         }
+    }
+
+    /// Stop every stream and report.
+    pub(super) fn stop(mut self, during: impl Fn(u64) -> String) -> Vec<FlowReport> {
+        self.stop_where(|_| true);
         for r in &mut self.reports {
             r.longest_gap_during = during(r.longest_gap_at_ms);
         }
