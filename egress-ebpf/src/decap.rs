@@ -8,7 +8,9 @@
 //! decapsulated here; anything else goes on to the device as before (`TC_ACT_UNSPEC`:
 //! the next program on the interface, or the stack): IPv6 underlay, another address or
 //! port, IP options or fragments, VXLAN flags other than the VNI's, an inner frame that
-//! is neither IPv4 nor IPv6, headers that are not there.
+//! is neither IPv4 nor IPv6, headers that are not there, and outer headers the stack
+//! would refuse or trim (a wrong IPv4 checksum, lengths that disagree with the frame:
+//! [`vouched`]).
 //!
 //! Nor a GSO packet (a GRO aggregate, or a segment train that crossed a veth): removing
 //! its headers with `bpf_skb_adjust_room` leaves its tunnel GSO state
@@ -88,6 +90,9 @@ pub fn decapsulate(ctx: &TcContext) -> Option<&'static Received> {
     if be32(IP + 16) != node || be16(UDP + 2) != port {
         return None;
     }
+    if !vouched(&b, ctx.len()) {
+        return None;
+    }
     // VXLAN: the VNI flag alone, reserved bytes zero (the device refuses anything else).
     if b(VXLAN) != 0x08 || b(VXLAN + 1) | b(VXLAN + 2) | b(VXLAN + 3) | b(VXLAN + 7) != 0 {
         return None;
@@ -117,6 +122,29 @@ pub fn decapsulate(ctx: &TcContext) -> Option<&'static Received> {
 
 /// `m.sender` = the IPv4-mapped underlay address of `v4` (host order), in four word
 /// stores: zeroing the array first became a `memset` call.
+/// Whether the stack would take the outer headers as they are: the IPv4 header's
+/// checksum right, its total length the frame's and the UDP length the IP payload's. The
+/// stack checks these before the tunnel device sees a packet and drops what fails; a
+/// frame that fails one here goes on to the stack (`NOT_OURS`), which drops it or trims
+/// it as it always did, rather than being decapsulated with a header nobody checked (a
+/// corrupted sender or length). The UDP checksum, which covers the whole frame, is not
+/// verified here (ours carry one: the tunnel key asks for it); the inner packet's own
+/// checksums are its receiver's to check.
+#[inline(always)]
+fn vouched(b: &impl Fn(usize) -> u8, len: u32) -> bool {
+    let be16 = |i: usize| u32::from(u16::from_be_bytes([b(i), b(i + 1)]));
+    let mut sum = 0u32;
+    let mut i = IP;
+    while i < UDP {
+        sum += be16(i);
+        i += 2;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    let total = be16(IP + 2);
+    sum == 0xffff && total + ETH as u32 == len && be16(UDP + 4) + 20 == total
+}
+
 #[inline(always)]
 fn set_sender(m: &mut Received, v4: u32) {
     const { assert!(core::mem::offset_of!(Received, sender) % 4 == 0) };

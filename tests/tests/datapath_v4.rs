@@ -450,6 +450,24 @@ fn from_underlay_decapsulates_our_vxlan_as_the_device_would_and_leaves_the_rest(
                 "cut short of the inner Ethernet header",
                 ours[..60].to_vec(),
             ),
+            // What the stack refuses or trims before the device sees it.
+            ("a wrong outer IPv4 checksum", {
+                let mut v = ours.clone();
+                v[25] ^= 0x40;
+                v
+            }),
+            ("bytes behind the IP total length", {
+                let mut v = ours.clone();
+                v.extend_from_slice(&[0; 6]);
+                v
+            }),
+            (
+                "a UDP length short of the IP payload",
+                changed(|f| {
+                    let l = u16::from_be_bytes([f[38], f[39]]) - 4;
+                    f[38..40].copy_from_slice(&l.to_be_bytes());
+                }),
+            ),
         ];
         let mut dp = Datapath::load();
         base(&mut dp, &net);

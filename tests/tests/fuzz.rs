@@ -1,5 +1,5 @@
 //! A short packet fuzzing run in `cargo xtask test`: 20k random and mutated packets per
-//! program through `BPF_PROG_TEST_RUN` under a fixed seed, and as many under a new seed
+//! program (`from_underlay`'s are `from_tunnel`'s in VXLAN) through `BPF_PROG_TEST_RUN` under a fixed seed, and as many under a new seed
 //! each run (printed, so that a failure can be run again with `cargo xtask fuzz --seed`).
 //! The properties are `egress_tests::fuzz::check`'s; `cargo xtask fuzz --packets 1000000`
 //! is the long run (docs/reliability.md).
@@ -59,6 +59,10 @@ fn fixed_seed_keeps_every_property_past_the_parsers() {
                 ICMP_ERROR_XLATED,
                 DROP_NO_CONNTRACK,
             ],
+        ),
+        (
+            Prog::FromUnderlay,
+            &[SNAT_NEW, FORWARDED, RETURN_DELIVERED, DROP_SPOOFED_SOURCE],
         ),
     ];
     for (prog, reasons) in want {

@@ -6,8 +6,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL};
-use egress_common::policy::RETURN_VNI;
+use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY};
+use egress_common::{config::DEFAULT_TUNNEL_PORT, policy::RETURN_VNI};
 
 use super::{
     mutate,
@@ -15,7 +15,7 @@ use super::{
     rng::Rng,
 };
 use crate::{
-    packet::{Ipv4Packet, L4, icmp_error, quote},
+    packet::{self, Ipv4Packet, L4, icmp_error, quote},
     packet6::{self, Ipv6Packet, icmp6_error},
 };
 
@@ -25,16 +25,23 @@ pub enum Prog {
     FromPod,
     FromTunnel,
     FromSecondary,
+    FromUnderlay,
 }
 
 impl Prog {
-    pub const ALL: [Prog; 3] = [Prog::FromPod, Prog::FromTunnel, Prog::FromSecondary];
+    pub const ALL: [Prog; 4] = [
+        Prog::FromPod,
+        Prog::FromTunnel,
+        Prog::FromSecondary,
+        Prog::FromUnderlay,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Prog::FromPod => FROM_POD,
             Prog::FromTunnel => FROM_TUNNEL,
             Prog::FromSecondary => FROM_SECONDARY,
+            Prog::FromUnderlay => FROM_UNDERLAY,
         }
     }
 
@@ -78,6 +85,7 @@ pub fn case(seed: u64, prog: Prog, index: u64) -> Input {
 pub fn generate(prog: Prog, rng: &mut Rng) -> Input {
     let plan: &Plan = if rng.chance(55) { &node::V4 } else { &node::V6 };
     let (packet, dev, tunnel) = match prog {
+        Prog::FromUnderlay => return from_underlay(rng),
         Prog::FromPod => (from_pod(rng, plan), Dev::Pod, None),
         Prog::FromTunnel => {
             let (p, meta) = from_tunnel(rng, plan);
@@ -122,6 +130,56 @@ pub fn generate(prog: Prog, rng: &mut Rng) -> Input {
         tunnel,
         kind,
         gso,
+    }
+}
+
+/// `from_underlay`'s: one of `from_tunnel`'s cases (broken as often) as a peer's tunnel
+/// device sends it, in VXLAN over IPv4 to this node's tunnel port; one in five to another
+/// address or port, one in five with its outer headers broken (a byte set, a length or
+/// the UDP checksum changed, with the IPv4 checksum made right again half the time). A
+/// sender the underlay cannot carry (an IPv6 node) becomes the IPv4 peer.
+fn from_underlay(rng: &mut Rng) -> Input {
+    let inner = generate(Prog::FromTunnel, rng);
+    let (sender, vni) = inner
+        .tunnel
+        .expect("from_tunnel cases carry tunnel metadata");
+    let v4 = |a: IpAddr| match a {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) => Ipv4Addr::new(192, 168, 0, 20),
+    };
+    let (mut dst, mut port) = (v4(node::NODE), DEFAULT_TUNNEL_PORT);
+    if rng.chance(20) {
+        match rng.below(3) {
+            0 => dst = Ipv4Addr::from(rng.u32()),
+            1 => port = 4789,
+            _ => port = rng.u16(),
+        }
+    }
+    let mut frame = packet::vxlan(v4(sender), dst, port, vni, &inner.frame);
+    let mut kind = inner.kind;
+    if rng.chance(20) {
+        match rng.below(4) {
+            0 => {
+                let at = rng.below(50);
+                frame[at] = rng.u8();
+            }
+            1 => frame[16..18].copy_from_slice(&rng.u16().to_be_bytes()),
+            2 => frame[38..40].copy_from_slice(&rng.u16().to_be_bytes()),
+            _ => frame[40..42].copy_from_slice(&rng.u16().to_be_bytes()),
+        }
+        if rng.chance(50) && frame[14] == 0x45 {
+            frame[24..26].fill(0);
+            let c = packet::checksum(&[&frame[14..34]]);
+            frame[24..26].copy_from_slice(&c.to_be_bytes());
+        }
+        kind = Kind::Mutated;
+    }
+    Input {
+        frame,
+        dev: Dev::Underlay,
+        tunnel: None,
+        kind,
+        gso: inner.gso,
     }
 }
 

@@ -36,11 +36,11 @@ use egress_common::{
 };
 
 use super::{
-    cases::{Input, Prog},
+    cases::{Input, Prog, min_len},
     mutate::{transport, transport_offset},
     node::{self, Dev, NODE, Plan},
 };
-use crate::testrun::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT};
+use crate::testrun::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC};
 
 /// Counted when a packet was redirected: exactly one per redirect.
 pub const SENT: &[u32] = &[
@@ -103,6 +103,13 @@ pub fn verdict_name(v: u32) -> &'static str {
 
 /// Every property of one packet; `Err` names the one broken.
 pub fn check(prog: Prog, input: &Input, seen: &Seen) -> Check {
+    let per_program: fn(&Input, &Seen) -> Check = match prog {
+        Prog::FromPod => from_pod,
+        Prog::FromTunnel => from_tunnel,
+        Prog::FromSecondary => from_secondary,
+        // Its own verdicts (it passes on what is not its own), then `from_tunnel`'s.
+        Prog::FromUnderlay => return from_underlay(input, seen),
+    };
     must(
         matches!(seen.verdict, TC_ACT_OK | TC_ACT_SHOT | TC_ACT_REDIRECT),
         || {
@@ -124,11 +131,7 @@ pub fn check(prog: Prog, input: &Input, seen: &Seen) -> Check {
             "redirected with a wrong checksum a packet whose checksums were right".to_owned()
         })?;
     }
-    match prog {
-        Prog::FromPod => from_pod(input, seen),
-        Prog::FromTunnel => from_tunnel(input, seen),
-        Prog::FromSecondary => from_secondary(input, seen),
-    }
+    per_program(input, seen)
 }
 
 fn counted_once(input: &Input, seen: &Seen) -> Check {
@@ -223,6 +226,90 @@ fn quiet(seen: &Seen, why: &str) -> Check {
 }
 
 // ---- per program ----
+
+/// `from_underlay`: what it does not decapsulate goes on as it came, uncounted (to the
+/// stack and the tunnel device, which decapsulate it as before), and what it does
+/// decapsulate was ours and whole ([`vxlan_ours`]): then the inner packet is held to
+/// `from_tunnel`'s properties, with the sender and VNI of the headers removed. A frame
+/// that is ours is decapsulated, unless the kernel cannot (before Linux 6.3) or it is a
+/// GSO packet (whose tunnel GSO state only the device clears).
+fn from_underlay(input: &Input, seen: &Seen) -> Check {
+    let f = &input.frame;
+    let ours = vxlan_ours(f) && input.gso.is_none() && kernel_decapsulates();
+    if seen.verdict == TC_ACT_UNSPEC {
+        must(seen.out == f.as_slice(), || {
+            "passed on, but rewritten".to_owned()
+        })?;
+        must(seen.delta.is_empty(), || {
+            "passed on, but counted".to_owned()
+        })?;
+        return must(!ours, || {
+            "passed on a whole VXLAN frame of ours to the device".to_owned()
+        });
+    }
+    must(ours, || {
+        format!(
+            "{} a frame that is not a whole VXLAN frame of ours (GSO {:?})",
+            verdict_name(seen.verdict),
+            input.gso
+        )
+    })?;
+    let sender = Ipv4Addr::new(f[26], f[27], f[28], f[29]);
+    let vni = u32::from_be_bytes([f[46], f[47], f[48], f[49]]) >> 8;
+    // What `from_tunnel`'s paths are given: the outer Ethernet addresses (the headers
+    // removed are those after them) with the inner ethertype, then the inner packet.
+    let mut frame = f[..12].to_vec();
+    frame.extend_from_slice(&f[62..]);
+    let inner = Input {
+        frame,
+        dev: Dev::Tunnel,
+        tunnel: Some((sender.into(), vni)),
+        kind: input.kind,
+        gso: None,
+    };
+    if inner.frame.len() < min_len(&inner.frame) {
+        // Shorter than its IP header: `from_tunnel` drops it as malformed.
+        must(seen.verdict == TC_ACT_SHOT, || {
+            "an inner packet shorter than its IP header, not dropped".to_owned()
+        })?;
+        counted_once(&inner, seen)?;
+        return ends_one_way(seen);
+    }
+    check(Prog::FromTunnel, &inner, seen)
+}
+
+/// Whether `f` is VXLAN to this node's tunnel port as the stack would take it: IPv4
+/// without options or fragmentation, to this node's address, its header checksum right
+/// and its lengths the frame's, VXLAN flags the VNI's alone, and an inner IPv4 or IPv6
+/// frame (the UDP checksum, which the datapath leaves unverified, may be anything).
+fn vxlan_ours(f: &[u8]) -> bool {
+    use egress_common::config::DEFAULT_TUNNEL_PORT;
+    let be16 = |i: usize| usize::from(u16::from_be_bytes([f[i], f[i + 1]]));
+    let IpAddr::V4(node) = NODE else {
+        return false;
+    };
+    f.len() >= 64
+        && be16(12) == 0x0800
+        && f[14] == 0x45
+        && be16(20) & 0x3fff == 0
+        && f[23] == 17
+        && f[30..34] == node.octets()
+        && crate::packet::checksum(&[&f[14..34]]) == 0
+        && be16(16) + 14 == f.len()
+        && be16(38) + 20 == be16(16)
+        && be16(36) == usize::from(DEFAULT_TUNNEL_PORT)
+        && f[42] == 0x08
+        && f[43..46] == [0, 0, 0]
+        && f[49] == 0
+        && matches!(be16(62), 0x0800 | 0x86dd)
+}
+
+/// Whether `bpf_skb_adjust_room` takes the decapsulation flags (Linux 6.3) that
+/// `from_underlay` uses; before, it passes every frame on.
+fn kernel_decapsulates() -> bool {
+    use aya::util::KernelVersion;
+    KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 3, 0))
+}
 
 fn from_pod(input: &Input, seen: &Seen) -> Check {
     let f = &input.frame;

@@ -49,7 +49,9 @@ use std::{
 use aya::programs::{TestRun as _, TestRunOptions};
 pub use cases::{Input, Kind, Prog, case};
 
-use crate::testrun::{Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, in_netns, skb_ctx_gso};
+use crate::testrun::{
+    Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, in_netns, skb_ctx_gso,
+};
 
 /// The established flows are written again this often (in packets), so that neither
 /// the LRU nor their idle timeouts take them in a long run.
@@ -194,7 +196,8 @@ impl ProgramReport {
         self.packets += 1;
         self.kinds[input.kind as usize] += 1;
         match verdict {
-            Some(TC_ACT_OK) => self.verdicts[0] += 1,
+            // `from_underlay` passes on what is not its own.
+            Some(TC_ACT_OK | TC_ACT_UNSPEC) => self.verdicts[0] += 1,
             Some(TC_ACT_SHOT) => self.verdicts[1] += 1,
             Some(TC_ACT_REDIRECT) => self.verdicts[2] += 1,
             _ => {}

@@ -67,6 +67,8 @@ pub enum Dev {
     Tunnel,
     Sec0,
     Sec1,
+    /// The underlay interface, where a peer's VXLAN arrives (`from_underlay`).
+    Underlay,
 }
 
 pub const POD0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
@@ -88,6 +90,7 @@ pub fn mac(dev: Dev) -> [u8; 6] {
         Dev::Tunnel => TUN0_MAC,
         Dev::Sec0 => SEC0_MAC,
         Dev::Sec1 => SEC1_MAC,
+        Dev::Underlay => UL0_MAC,
     }
 }
 
@@ -513,6 +516,7 @@ pub struct Net {
     pub tun0: u32,
     pub sec0: u32,
     pub sec1: u32,
+    pub ul0: u32,
 }
 
 impl Net {
@@ -523,6 +527,7 @@ impl Net {
             Dev::Tunnel => self.tun0,
             Dev::Sec0 => self.sec0,
             Dev::Sec1 => self.sec1,
+            Dev::Underlay => self.ul0,
         }
     }
 }
@@ -557,6 +562,7 @@ pub fn topology() -> Net {
         tun0: ifindex("tun0"),
         sec0: ifindex("sec0"),
         sec1: ifindex("sec1"),
+        ul0: ifindex("ul0"),
     }
 }
 
