@@ -7,7 +7,7 @@ use ipnet::IpNet;
 
 use crate::{
     compiler::{self, compile},
-    source::yaml::{self, LoadError},
+    source::{LoadError, yaml},
 };
 
 /// One thing to fix (or to know) about a state directory.

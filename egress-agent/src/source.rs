@@ -1,9 +1,11 @@
 //! Sources of cluster state: a YAML directory ([`yaml`]), or Kubernetes ([`kube`]).
 //!
-//! Every source produces the same [`ClusterView`]: the objects the compiler needs, in the
-//! types Kubernetes serves them as, except Pods, of which it keeps a [`PodSummary`].
+//! Every source produces the same [`Snapshot`]: a [`ClusterView`] (the objects the
+//! compiler needs, in the types Kubernetes serves them as, except Pods, of which it keeps a
+//! [`PodSummary`]) and the [`LoadError`]s of what it left out. Each source also has a
+//! [`StatusWriter`], the way an agent tells the cluster what it decided.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, fmt, net::IpAddr, path::PathBuf};
 
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
@@ -37,6 +39,112 @@ pub trait StatusWriter: Send + Sync {
     /// A source that always holds every pod ignores it.
     fn pods_needed(&self, _scope: PodScope) {}
 }
+
+/// What one read of a source found: the view, and every object it left out and why.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub view: ClusterView,
+    /// Every problem met, in file and document order (the YAML source) or by kind and
+    /// name (the Kubernetes source). A document listed here is not in `view` (though the
+    /// last good version of its object may be: [`LoadError::Kept`]).
+    pub errors: Vec<LoadError>,
+}
+
+/// One document (the YAML source) or object (the Kubernetes source) that could not be
+/// used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocumentError {
+    /// File name, relative to the state directory; the object's API path for the
+    /// Kubernetes source.
+    pub file: String,
+    /// 1-based position of the document in the file.
+    pub doc: usize,
+    /// `Kind namespace/name` or `Kind name`, when the document got that far.
+    pub object: Option<String>,
+    /// Path of the offending field (`status.podIPs[0].ip`), when known.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for DocumentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "file {} doc {}", self.file, self.doc)?;
+        if let Some(object) = &self.object {
+            write!(f, " ({object})")?;
+        }
+        f.write_str(": ")?;
+        if let Some(field) = &self.field {
+            write!(f, "{field}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for DocumentError {}
+
+/// Why (part of) a source could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("failed to read directory {dir}: {detail}")]
+    ReadDir { dir: PathBuf, detail: String },
+    #[error("failed to read file {file}: {detail}")]
+    ReadFile { file: String, detail: String },
+    #[error("{0}")]
+    Document(#[from] DocumentError),
+    #[error("{0}")]
+    Kept(#[from] Kept),
+}
+
+/// Objects served from their last good version because what now stands for them could not
+/// be read (only the YAML watcher remembers: [`yaml::load_dir`] never keeps anything).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// File name, relative to the directory.
+    pub file: String,
+    /// The document that stands for the one object kept; `None` when the whole file is
+    /// kept (empty, unreadable, or with a document whose object cannot be told).
+    pub doc: Option<usize>,
+    /// What is wrong, after "file F" (`is empty`, `could not be read`, ...).
+    pub reason: String,
+    /// `Kind namespace/name` or `Kind name` of each object kept, in file order.
+    pub objects: Vec<String>,
+}
+
+/// How many kept objects an error names before it counts the rest.
+pub const KEPT_NAMED: usize = 5;
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "file {} ", self.file)?;
+        if let Some(doc) = self.doc {
+            write!(f, "doc {doc} ")?;
+        }
+        write!(f, "{}: keeping the last good version of ", self.reason)?;
+        let named = self.objects.iter().take(KEPT_NAMED);
+        for (i, object) in named.enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(object)?;
+        }
+        if let Some(more) = self
+            .objects
+            .len()
+            .checked_sub(KEPT_NAMED)
+            .filter(|&n| n > 0)
+        {
+            write!(f, " and {more} more")?;
+        }
+        match self.doc {
+            Some(_) => {
+                f.write_str(" until the document is fixed (deleting the document removes it)")
+            }
+            None => f.write_str(" until the file is fixed (deleting the file removes them)"),
+        }
+    }
+}
+
+impl std::error::Error for Kept {}
 
 /// An Event to record on a policy.
 pub struct Event {

@@ -23,7 +23,7 @@ use std::{
 use egress_agent::{
     api::PodScope,
     compiler::compile,
-    source::{kube as kube_source, yaml::Snapshot},
+    source::{Snapshot, kube as kube_source},
 };
 use serde_json::{Value, json};
 use support::*;
@@ -320,6 +320,7 @@ async fn run(fake: &Fake, shape: &Shape, agent: Agent, changes: usize) -> Receiv
             let node = kube_source::NodePods {
                 name: agent.node(shape),
                 wanted,
+                needs: egress_agent::compiler::pods_needed,
             };
             let rx = timeout(
                 WAIT * 30,

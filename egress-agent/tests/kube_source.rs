@@ -14,8 +14,8 @@ use std::{
 use egress_agent::{
     api::{ConditionStatus, EgressIpStatus, PodScope, PolicyCondition, PolicyStatus},
     source::{
+        Snapshot,
         kube::{self as kube_source, EventType},
-        yaml::Snapshot,
     },
 };
 use serde_json::{Value, json};
@@ -330,6 +330,7 @@ async fn start_node_watch(
     let node = kube_source::NodePods {
         name: name.to_owned(),
         wanted,
+        needs: egress_agent::compiler::pods_needed,
     };
     let cidrs = vec!["10.0.0.0/16".parse().expect("CIDR")];
     let rx = timeout(WAIT, kube_source::watch_node(fake.client(), cidrs, node))

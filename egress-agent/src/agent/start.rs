@@ -15,13 +15,11 @@ use tracing::{info, warn};
 use super::{RunConfig, Source, nexthop};
 use crate::{
     api::{PreflightCheck, PreflightResult},
+    compiler,
     datapath::{self, Datapath},
     doctor, iface, liveness,
     metrics::Stats,
-    source::{
-        PodScope, StatusWriter, kube as kube_source,
-        yaml::{self, Snapshot},
-    },
+    source::{PodScope, Snapshot, StatusWriter, kube as kube_source, yaml},
 };
 
 /// MTU inside the tunnel for an underlay of `node_ip`'s family.
@@ -112,6 +110,7 @@ pub(super) async fn connect(
             let node = kube_source::NodePods {
                 name: cfg.node_name.clone(),
                 wanted,
+                needs: compiler::pods_needed,
             };
             let views = kube_source::watch_node(client.clone(), cfg.cluster_cidrs.clone(), node)
                 .await

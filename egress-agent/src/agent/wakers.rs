@@ -16,7 +16,7 @@ use crate::{
     datapath::Datapath,
     iface,
     liveness::{self, Transition},
-    source::yaml::Snapshot,
+    source::Snapshot,
 };
 
 /// What wakes the agent for a pass, besides the state source.

@@ -9,10 +9,7 @@ use ipnet::IpNet;
 use super::{Destination, Error, PodRef, Result, counters, explain, render};
 use crate::{
     ebpf,
-    source::{
-        self,
-        yaml::{self, Snapshot},
-    },
+    source::{self, Snapshot, yaml},
 };
 
 /// `explain`'s flags.

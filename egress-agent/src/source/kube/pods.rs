@@ -1,6 +1,6 @@
 //! The Pods an agent's Kubernetes source watches: every pod of the cluster, or only its
 //! node's (`fieldSelector=spec.nodeName=<node>`), as the node's roles need
-//! ([`crate::compiler::pods_needed`]), and the switch between the two when they change.
+//! ([`NodePods::needs`](super::NodePods::needs) and what its compiles ask for), and the switch between the two when they change.
 //!
 //! A switch never serves a partial view: the new watch lists while the old one keeps
 //! serving, and the stores change over only once that list is complete (a gateway label
@@ -17,7 +17,7 @@ use kube::{
 use tokio::{sync::Notify, task::AbortHandle};
 use tracing::info;
 
-use super::Decoded;
+use super::decode::Decoded;
 use crate::source::PodScope;
 
 /// One watch of Pods: its scope, its store, and the task that fills it (stopped when
@@ -51,7 +51,7 @@ impl PodWatch {
             PodScope::Cluster => config,
             PodScope::Node => config.fields(&format!("spec.nodeName={node}")),
         };
-        let (store, task) = super::start_with::<Pod>(client, config, changed);
+        let (store, task) = super::watch::start_with::<Pod>(client, config, changed);
         Self { scope, store, task }
     }
 

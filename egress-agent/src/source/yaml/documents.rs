@@ -2,8 +2,6 @@
 //! size and depth before the YAML parser sees it, identified (kind, namespace, name),
 //! typed and checked.
 
-use std::{fmt, path::PathBuf};
-
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
     networking::v1::NetworkPolicy,
@@ -15,37 +13,8 @@ use crate::source::objects::{
     FieldError, check_egress_node, check_network_policy, check_node, check_pod, dns_name,
     field_error, label_ok,
 };
-use crate::source::{PodSummary, admin, ovn};
+use crate::source::{DocumentError, KEPT_NAMED, LoadError, PodSummary, admin, ovn};
 
-/// One document that could not be used, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DocumentError {
-    /// File name, relative to the directory.
-    pub file: String,
-    /// 1-based position of the document in the file.
-    pub doc: usize,
-    /// `Kind namespace/name` or `Kind name`, when the document got that far.
-    pub object: Option<String>,
-    /// Path of the offending field (`status.podIPs[0].ip`), when known.
-    pub field: Option<String>,
-    pub message: String,
-}
-
-impl fmt::Display for DocumentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "file {} doc {}", self.file, self.doc)?;
-        if let Some(object) = &self.object {
-            write!(f, " ({object})")?;
-        }
-        f.write_str(": ")?;
-        if let Some(field) = &self.field {
-            write!(f, "{field}: ")?;
-        }
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for DocumentError {}
 /// Largest document parsed, in bytes (2 MiB): no Kubernetes object is bigger (etcd takes
 /// 1.5 MiB per request by default). The parser's memory grows several times faster than
 /// the document, so a bigger one is refused before the parser sees it.
@@ -503,70 +472,6 @@ pub(super) fn typed<T: DeserializeOwned>(
         Err(errors)
     }
 }
-
-/// Why (part of) the directory could not be read.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LoadError {
-    #[error("failed to read directory {dir}: {detail}")]
-    ReadDir { dir: PathBuf, detail: String },
-    #[error("failed to read file {file}: {detail}")]
-    ReadFile { file: String, detail: String },
-    #[error("{0}")]
-    Document(#[from] DocumentError),
-    #[error("{0}")]
-    Kept(#[from] Kept),
-}
-
-/// Objects served from their last good version because what now stands for them could not
-/// be read (only the watcher remembers: [`load_dir`] never keeps anything).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Kept {
-    /// File name, relative to the directory.
-    pub file: String,
-    /// The document that stands for the one object kept; `None` when the whole file is
-    /// kept (empty, unreadable, or with a document whose object cannot be told).
-    pub doc: Option<usize>,
-    /// What is wrong, after "file F" (`is empty`, `could not be read`, ...).
-    pub reason: String,
-    /// `Kind namespace/name` or `Kind name` of each object kept, in file order.
-    pub objects: Vec<String>,
-}
-
-/// How many kept objects an error names before it counts the rest.
-pub(super) const KEPT_NAMED: usize = 5;
-
-impl fmt::Display for Kept {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "file {} ", self.file)?;
-        if let Some(doc) = self.doc {
-            write!(f, "doc {doc} ")?;
-        }
-        write!(f, "{}: keeping the last good version of ", self.reason)?;
-        let named = self.objects.iter().take(KEPT_NAMED);
-        for (i, object) in named.enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            f.write_str(object)?;
-        }
-        if let Some(more) = self
-            .objects
-            .len()
-            .checked_sub(KEPT_NAMED)
-            .filter(|&n| n > 0)
-        {
-            write!(f, " and {more} more")?;
-        }
-        match self.doc {
-            Some(_) => {
-                f.write_str(" until the document is fixed (deleting the document removes it)")
-            }
-            None => f.write_str(" until the file is fixed (deleting the file removes them)"),
-        }
-    }
-}
-
-impl std::error::Error for Kept {}
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! What the tests of the YAML source share: a directory's worth of documents and the
 //! questions they ask of a snapshot.
 
-use super::Snapshot;
+use crate::source::Snapshot;
 
 pub(super) const GOOD: &str = r#"
 # a comment before the first document

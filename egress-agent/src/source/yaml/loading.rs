@@ -3,8 +3,8 @@
 
 use std::{collections::BTreeMap, fmt, path::Path, sync::Arc, time::Duration};
 
-use super::documents::*;
-use crate::source::ClusterView;
+use super::documents::{Added, ObjectKey, Parsed, object_label, parse_document, split_documents};
+use crate::source::{ClusterView, DocumentError, Kept, LoadError, Snapshot};
 
 /// Largest state file read, in bytes (64 MiB), checked before reading and while reading.
 /// The largest legitimate file is a dump of a big cluster: 100 000 pods written compactly
@@ -12,15 +12,6 @@ use crate::source::ClusterView;
 /// 35 MB. A full `kubectl get -o yaml` dump (5 to 15 kB a pod) of such a cluster fits no
 /// sane limit: trim it, or split it into several files.
 pub const MAX_FILE_BYTES: u64 = 64 << 20;
-
-/// What one read of the directory found.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Snapshot {
-    pub view: ClusterView,
-    /// Every problem met, in file and document order. A document listed here is not in
-    /// `view` (though the last good version of its object may be: [`LoadError::Kept`]).
-    pub errors: Vec<LoadError>,
-}
 
 /// Does the reader consider this file name? `*.yaml` and `*.yml`, not hidden.
 pub(super) fn is_state_file(name: &str) -> bool {

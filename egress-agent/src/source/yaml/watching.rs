@@ -13,7 +13,8 @@ use std::{
 
 use tokio::sync::watch as tokio_watch;
 
-use super::{documents::LoadError, loading::*};
+use super::loading::*;
+use crate::source::{LoadError, Snapshot};
 
 /// What identifies the directory's contents cheaply: (name, mtime, length) of each state
 /// file, or the error listing it.
