@@ -7,9 +7,12 @@
 
 use std::{collections::BTreeMap, fmt, net::IpAddr, path::PathBuf};
 
-use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
-    networking::v1::NetworkPolicy,
+use k8s_openapi::{
+    api::{
+        core::v1::{Namespace, Node, Pod},
+        networking::v1::NetworkPolicy,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
 pub use crate::api::PodScope;
@@ -216,7 +219,37 @@ pub struct ClusterView {
     /// AdminNetworkPolicies, BaselineAdminNetworkPolicies and OVN-Kubernetes
     /// EgressFirewalls, where they exist: not applied to redirected traffic, which the
     /// policies that may redirect their pods say.
-    pub unapplied: Vec<admin::Unapplied>,
+    pub unapplied: Vec<Unapplied>,
+}
+
+/// An AdminNetworkPolicy, BaselineAdminNetworkPolicy or EgressFirewall (the kinds of
+/// [`admin`]), as the compiler sees it: not applied to redirected traffic.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unapplied {
+    /// `AdminNetworkPolicy`, `BaselineAdminNetworkPolicy` or `EgressFirewall`.
+    pub kind: &'static str,
+    /// `Some` for an `EgressFirewall`: it covers that namespace's pods only.
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl Unapplied {
+    pub fn of(kind: &'static str, meta: &ObjectMeta) -> Self {
+        Self {
+            kind,
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for Unapplied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
 }
 
 /// What the compiler reads of a Pod. Gateways hold every pod of the cluster, and a whole

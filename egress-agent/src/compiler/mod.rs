@@ -311,7 +311,7 @@ pub fn compile_remembering(
     let pods = pods::Pods::index(view, &held);
     let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
-    let foreign = crate::source::ovn::claimed(&view.ovn_egress_ips);
+    let foreign = nodes::claimed_elsewhere(view);
     let mut plans = placement::plan(&policies, last_accepted, &nodes, peers, &reserved, &foreign);
     let gateway = is_gateway(view, &plans, &nodes, node_name);
     pods.record_owners(&nodes, (!gateway).then_some(node_name), &mut desired);
@@ -478,12 +478,12 @@ const UNAPPLIED_NAMED: usize = 3;
 fn report_unapplied(
     plans: &mut [placement::PolicyPlan<'_>],
     selected_by: &[Vec<&pods::PodInfo<'_>>],
-    unapplied: &[crate::source::admin::Unapplied],
+    unapplied: &[crate::source::Unapplied],
 ) {
     if unapplied.is_empty() {
         return;
     }
-    let mut sorted: Vec<&crate::source::admin::Unapplied> = unapplied.iter().collect();
+    let mut sorted: Vec<&crate::source::Unapplied> = unapplied.iter().collect();
     sorted.sort();
     for (plan, selected) in plans.iter_mut().zip(selected_by) {
         if plan.selectors.is_none() {

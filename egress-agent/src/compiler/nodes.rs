@@ -46,6 +46,23 @@ pub fn held_egress_ips(view: &ClusterView, peers: &PeerView) -> BTreeSet<IpAddr>
     published.chain(claimed).collect()
 }
 
+/// Every address OVN-Kubernetes' `EgressIP` objects of the view claim -> `OVN-Kubernetes
+/// EgressIP <name>` (the first object, by name, when several claim one): not ours to
+/// take. Addresses that do not parse are left out.
+pub(super) fn claimed_elsewhere(view: &ClusterView) -> BTreeMap<IpAddr, String> {
+    let mut out = BTreeMap::new();
+    let mut sorted: Vec<_> = view.ovn_egress_ips.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for o in sorted {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        for ip in o.spec.egress_ips.iter().filter_map(|s| s.parse().ok()) {
+            out.entry(ip)
+                .or_insert_with(|| format!("OVN-Kubernetes EgressIP {name}"));
+        }
+    }
+    out
+}
+
 /// The Node's `status.addresses` with their types, in order, without the held egress
 /// IPs (`held`).
 pub fn node_addresses<'a>(

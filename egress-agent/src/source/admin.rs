@@ -1,7 +1,8 @@
 //! Policy kinds that restrict pod egress but that the datapath does not apply to the
 //! traffic it redirects: `AdminNetworkPolicy` and `BaselineAdminNetworkPolicy`
 //! (`policy.networking.k8s.io/v1alpha1`, cluster-scoped) and OVN-Kubernetes'
-//! `EgressFirewall` (`k8s.ovn.org/v1`, namespaced). Only their names are read: a policy
+//! `EgressFirewall` (`k8s.ovn.org/v1`, namespaced). Only their names are read (each as a
+//! [`Unapplied`](super::Unapplied)): a policy
 //! that redirects pods they may cover says, in a condition, that they do not hold there
 //! (docs/networkpolicy.md).
 
@@ -48,32 +49,3 @@ pub struct BaselineAdminNetworkPolicySpec {}
     derive = "Default"
 )]
 pub struct EgressFirewallSpec {}
-
-/// One object of these kinds, as the compiler sees it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Unapplied {
-    /// `AdminNetworkPolicy`, `BaselineAdminNetworkPolicy` or `EgressFirewall`.
-    pub kind: &'static str,
-    /// `Some` for an `EgressFirewall`: it covers that namespace's pods only.
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl Unapplied {
-    pub fn of(kind: &'static str, meta: &kube::api::ObjectMeta) -> Self {
-        Self {
-            kind,
-            namespace: meta.namespace.clone(),
-            name: meta.name.clone().unwrap_or_default(),
-        }
-    }
-}
-
-impl std::fmt::Display for Unapplied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
-    }
-}

@@ -1,9 +1,8 @@
 //! OVN-Kubernetes' own `EgressIP` objects (`k8s.ovn.org/v1`), read only: on a cluster whose
 //! primary network's egress IPs OVN-Kubernetes assigns, an address that both an OVN
 //! `EgressIP` and one of our policies claim is reported as a conflict and left to OVN,
-//! instead of two implementations answering for it.
-
-use std::{collections::BTreeMap, net::IpAddr};
+//! instead of two implementations answering for it (the compiler's
+//! `nodes::claimed_elsewhere` reads them from the view).
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -29,20 +28,4 @@ pub struct EgressIPSpec {
     /// The addresses OVN-Kubernetes assigns to nodes for this object.
     #[serde(default, rename = "egressIPs")]
     pub egress_ips: Vec<String>,
-}
-
-/// Every address the OVN `EgressIP` objects claim -> `EgressIP <name>` (the first object,
-/// by name, when several claim one). Addresses that do not parse are left out.
-pub fn claimed(objects: &[EgressIP]) -> BTreeMap<IpAddr, String> {
-    let mut out = BTreeMap::new();
-    let mut sorted: Vec<&EgressIP> = objects.iter().collect();
-    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    for o in sorted {
-        let name = o.metadata.name.clone().unwrap_or_default();
-        for ip in o.spec.egress_ips.iter().filter_map(|s| s.parse().ok()) {
-            out.entry(ip)
-                .or_insert_with(|| format!("OVN-Kubernetes EgressIP {name}"));
-        }
-    }
-    out
 }

@@ -271,7 +271,7 @@ fn filter_ids_follow_their_ports_not_the_order_of_policies() {
 
 #[test]
 fn admin_policies_and_egress_firewalls_are_said_not_to_hold_for_redirected_traffic() {
-    use crate::source::admin::Unapplied;
+    use crate::source::Unapplied;
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
     let c = compile(&view, "worker-1");
     let types: Vec<&str> = c.statuses["payments"]

@@ -31,7 +31,7 @@ use super::{
 use crate::{
     api::{EgressGatewayPolicy, EgressNode},
     source::{
-        ClusterView, LoadError, PodScope, PodSummary, Snapshot, admin,
+        ClusterView, LoadError, PodScope, PodSummary, Snapshot, Unapplied, admin,
         objects::{self, FieldError},
         openshift, ovn, view_egress_node,
     },
@@ -238,7 +238,7 @@ impl Stores {
             unapplied: Vec::new(),
         };
         let mut view = view;
-        let of = |kind: &'static str| move |m: &ObjectMeta| admin::Unapplied::of(kind, m);
+        let of = |kind: &'static str| move |m: &ObjectMeta| Unapplied::of(kind, m);
         if let Some(s) = &self.anps {
             let meta = of("AdminNetworkPolicy");
             view.unapplied

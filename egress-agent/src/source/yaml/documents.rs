@@ -13,7 +13,7 @@ use crate::source::objects::{
     FieldError, check_egress_node, check_network_policy, check_node, check_pod, dns_name,
     field_error, label_ok,
 };
-use crate::source::{DocumentError, KEPT_NAMED, LoadError, PodSummary, admin, ovn};
+use crate::source::{DocumentError, KEPT_NAMED, LoadError, PodSummary, Unapplied, admin, ovn};
 
 /// Largest document parsed, in bytes (2 MiB): no Kubernetes object is bigger (etcd takes
 /// 1.5 MiB per request by default). The parser's memory grows several times faster than
@@ -412,19 +412,15 @@ pub(super) fn decode(
         }
         (admin::ANP_API_VERSION, "AdminNetworkPolicy") => {
             typed::<admin::AdminNetworkPolicy>(value, |_| Vec::new())
-                .map(|o| Added::Unapplied(admin::Unapplied::of("AdminNetworkPolicy", &o.metadata)))
+                .map(|o| Added::Unapplied(Unapplied::of("AdminNetworkPolicy", &o.metadata)))
         }
         (admin::ANP_API_VERSION, "BaselineAdminNetworkPolicy") => {
-            typed::<admin::BaselineAdminNetworkPolicy>(value, |_| Vec::new()).map(|o| {
-                Added::Unapplied(admin::Unapplied::of(
-                    "BaselineAdminNetworkPolicy",
-                    &o.metadata,
-                ))
-            })
+            typed::<admin::BaselineAdminNetworkPolicy>(value, |_| Vec::new())
+                .map(|o| Added::Unapplied(Unapplied::of("BaselineAdminNetworkPolicy", &o.metadata)))
         }
         (admin::OVN_API_VERSION, "EgressFirewall") => {
             typed::<admin::EgressFirewall>(value, |_| Vec::new())
-                .map(|o| Added::Unapplied(admin::Unapplied::of("EgressFirewall", &o.metadata)))
+                .map(|o| Added::Unapplied(Unapplied::of("EgressFirewall", &o.metadata)))
         }
         _ => Err(vec![field_error(
             "kind",
@@ -451,7 +447,7 @@ pub(super) enum Added {
     EgressNode(Box<EgressNode>),
     OvnEgressIp(Box<ovn::EgressIP>),
     NetworkPolicy(Box<NetworkPolicy>),
-    Unapplied(admin::Unapplied),
+    Unapplied(Unapplied),
 }
 
 /// Deserialize `value` as `T`, naming the field on failure, then run `check` on it.

@@ -13,7 +13,7 @@ use std::{
 
 use tokio::sync::watch as tokio_watch;
 
-use super::loading::*;
+use super::loading::{LastGood, Origins, QUIET, is_state_file, list_files, read_dir_remembering};
 use crate::source::{LoadError, Snapshot};
 
 /// What identifies the directory's contents cheaply: (name, mtime, length) of each state
