@@ -1,8 +1,8 @@
 //! The Kubernetes source and writers against a fake API server: a small HTTP/1.1 server on
 //! 127.0.0.1 that serves LIST (with a resourceVersion) and WATCH (chunked, newline-delimited
 //! JSON events) for the five watched kinds, GET and PATCH of single objects, and POST of
-//! Events, and that the tests script: send events, end a watch, answer `410 Gone`, drop the
-//! connection mid-chunk. No real cluster is needed.
+//! events.k8s.io/v1 Events, and that the tests script: send events, end a watch, answer
+//! `410 Gone`, drop the connection mid-chunk. No real cluster is needed.
 //!
 //! Every wait is bounded: a test fails, it does not hang.
 
@@ -722,45 +722,87 @@ async fn publish_egress_node_applies_spec_and_status() {
     );
 }
 
-#[tokio::test]
-async fn record_event_creates_a_core_event_on_the_policy() {
-    let fake = cluster().await;
-    let client = fake.client();
+/// Record an `EgressIPMoved` Event on policy `payments`, as the agent of `gw-2` does.
+async fn record_move(client: &kube::Client, message: &str) {
     timeout(
         WAIT,
         kube_source::record_event(
-            &client,
+            client,
             "payments",
             "gw-2",
             EventType::Normal,
             "EgressIPMoved",
-            "egress IP 198.51.100.10 moved from gw-1 to gw-2",
+            message,
         ),
     )
     .await
     .expect("within the time limit")
     .expect("record");
-    let posted: Vec<Recorded> = fake
-        .recorded()
+}
+
+/// The Events POSTed to the fake API server, in order.
+fn posted_events(fake: &Fake) -> Vec<Recorded> {
+    fake.recorded()
         .into_iter()
-        .filter(|r| r.method == "POST")
-        .collect();
+        .filter(|r| r.method == "POST" && r.path == EVENTS)
+        .collect()
+}
+
+#[tokio::test]
+async fn record_event_creates_an_events_k8s_io_event_on_the_policy() {
+    let fake = cluster().await;
+    record_move(
+        &fake.client(),
+        "egress IP 198.51.100.10 moved from gw-1 to gw-2",
+    )
+    .await;
+    let posted = posted_events(&fake);
     assert_eq!(posted.len(), 1);
     let event = &posted[0].body;
-    assert_eq!(posted[0].path, EVENTS);
+    assert_eq!(event["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(event["kind"], "Event");
     assert_eq!(
-        event["involvedObject"],
+        event["regarding"],
         json!({"apiVersion": "egress.dev/v1alpha1", "kind": "EgressGatewayPolicy",
                "name": "payments", "uid": "uid-payments",
-               "resourceVersion": event["involvedObject"]["resourceVersion"]})
+               "resourceVersion": event["regarding"]["resourceVersion"]})
     );
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["reason"], "EgressIPMoved");
+    assert_eq!(event["action"], kube_source::writer::EVENT_ACTION);
     assert_eq!(
-        event["message"],
+        event["note"],
         "egress IP 198.51.100.10 moved from gw-1 to gw-2"
     );
-    assert_eq!(event["source"]["component"], "egress-agent");
+    assert_eq!(event["reportingController"], "egress-agent");
     assert_eq!(event["reportingInstance"], "gw-2");
-    assert_eq!(event["metadata"]["namespace"], "default");
+    assert!(event["eventTime"].is_string(), "{event}");
+    // In namespace default: the path (`EVENTS`) names it, the body does not.
+    assert_eq!(event["metadata"].get("namespace"), None);
+}
+
+/// A Recorder kept across Events would make the second move a series of the first (a
+/// PATCH of its count, the first note kept): each move is an Event of its own.
+#[tokio::test]
+async fn each_move_of_a_policy_egress_ip_is_an_event_with_its_own_note() {
+    let fake = cluster().await;
+    let client = fake.client();
+    let moves = [
+        "egress IP 198.51.100.10 moved from gw-1 to gw-2",
+        "egress IP 198.51.100.10 moved from gw-2 to gw-1",
+    ];
+    for message in moves {
+        record_move(&client, message).await;
+    }
+    let notes: Vec<Value> = posted_events(&fake)
+        .into_iter()
+        .map(|r| r.body["note"].clone())
+        .collect();
+    assert_eq!(notes, moves.map(|m| json!(m)));
+    assert!(
+        fake.recorded()
+            .iter()
+            .all(|r| r.method != "PATCH" || !r.path.starts_with(EVENTS)),
+        "no Event is patched into a series"
+    );
 }

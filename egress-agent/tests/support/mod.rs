@@ -2,7 +2,7 @@
 //! serves LIST (with a resourceVersion) and WATCH (chunked, newline-delimited JSON events)
 //! for the watched kinds and OVN-Kubernetes' `EgressIP`, with a `fieldSelector` of one
 //! `path=value` (as `spec.nodeName=<node>`), GET and PATCH of single objects, and POST of
-//! Events, and that the tests script: send events, end a watch, answer `410 Gone` or
+//! events.k8s.io/v1 Events, and that the tests script: send events, end a watch, answer `410 Gone` or
 //! `403 Forbidden`, drop the connection mid-chunk, stop serving a collection (a CRD not
 //! installed: `404 page not found`, as a real API server answers a path it does not
 //! serve). It counts what it sends of each collection ([`Sent`]). Shared by the test
@@ -36,7 +36,7 @@ pub const NAMESPACES: &str = "/api/v1/namespaces";
 pub const NODES: &str = "/api/v1/nodes";
 pub const POLICIES: &str = "/apis/egress.dev/v1alpha1/egressgatewaypolicies";
 pub const EGRESS_NODES: &str = "/apis/egress.dev/v1alpha1/egressnodes";
-pub const EVENTS: &str = "/api/v1/namespaces/default/events";
+pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 pub const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
 /// OVN-Kubernetes' `EgressIP` (cluster-scoped).
 pub const EGRESS_IPS: &str = "/apis/k8s.ovn.org/v1/egressips";

@@ -11,12 +11,14 @@
 //! last good state meanwhile (a re-list replaces a store only once it is complete).
 //!
 //! An object that does not decode, or fails the checks the YAML source runs on it too
-//! ([`objects`](super::objects): a Pod's addresses, a Node's, an EgressNode's), never stops its kind: it is
-//! left out of the view and reported in [`Snapshot::errors`](super::Snapshot::errors), naming kind, name and field.
+//! ([`objects`](super::objects): a Pod's addresses, a Node's, an EgressNode's), never
+//! stops its kind: it is left out of the view and reported in
+//! [`Snapshot::errors`](super::Snapshot::errors), naming kind, name and field.
 //!
 //! The writers: [`publish_egress_node`] (server-side apply of this node's EgressNode),
 //! [`publish_policy_status`] (merge patch of a policy's status subresource, only when it
-//! changed) and [`record_event`] (a core/v1 Event on a policy, for holder changes).
+//! changed) and [`record_event`] (an events.k8s.io/v1 Event on a policy, for holder
+//! changes).
 //!
 //! One module per job: [`decode`] (an object as the API server sent it, checked, or the
 //! error naming it), [`watch`] (the watchers, their stores, the published snapshots;
@@ -25,8 +27,8 @@
 //!
 //! RBAC the agent needs: list and watch on pods, namespaces, nodes, egressgatewaypolicies
 //! and egressnodes; get and patch on egressgatewaypolicies/status; patch on egressnodes and
-//! egressnodes/status; get on egressgatewaypolicies and create on events (namespace
-//! [`EVENT_NAMESPACE`]) for [`record_event`].
+//! egressnodes/status; get on egressgatewaypolicies and create on events.k8s.io events
+//! (namespace [`EVENT_NAMESPACE`]) for [`record_event`].
 
 use std::{path::PathBuf, time::Duration};
 
@@ -38,7 +40,8 @@ use kube::{
 /// Field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "egress-agent";
 /// Namespace of the Events [`record_event`] creates (the policies are cluster-scoped; this
-/// is where Kubernetes itself puts events about cluster-scoped objects).
+/// is where Kubernetes itself, and kube-runtime's `Recorder`, put events about
+/// cluster-scoped objects).
 pub const EVENT_NAMESPACE: &str = "default";
 /// How long a change waits for the changes that follow it before a snapshot is published:
 /// a burst (a re-list, a rollout) becomes one snapshot, and a lone change is seen within

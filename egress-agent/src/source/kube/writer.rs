@@ -1,6 +1,7 @@
 //! Writing to the API: [`publish_egress_node`] (server-side apply of this node's
 //! EgressNode), [`publish_policy_status`] (merge patch of a policy's status subresource,
-//! only when it changed) and [`record_event`] (an Event on a policy, for holder changes),
+//! only when it changed) and [`record_event`] (an events.k8s.io/v1 Event on a policy, for
+//! holder changes, through kube-runtime's `Recorder`),
 //! each bounded by [`WRITE_TIMEOUT`].
 //!
 //! And the Kubernetes [`StatusWriter`] that makes them: writes to the API never block the
@@ -8,25 +9,20 @@
 //! down): a background task takes the latest EgressNode, another the latest policy
 //! statuses, and a third a bounded queue of Events.
 
-use std::{
-    collections::BTreeMap,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::{
-    api::core::v1::{Event as CoreEvent, EventSource, ObjectReference},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::ObjectReference, jiff::Timestamp};
+pub use kube::runtime::events::EventType;
 use kube::{
     Api, Client, Resource,
-    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, Patch, PatchParams},
+    runtime::events::{Event as RecorderEvent, Recorder, Reporter},
 };
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
-use super::{EVENT_NAMESPACE, Error, FIELD_MANAGER, Result, WRITE_TIMEOUT};
+use super::{Error, FIELD_MANAGER, Result, WRITE_TIMEOUT};
 use crate::{
     api::{API_VERSION, EgressGatewayPolicy, EgressNode, PolicyStatus},
     source::{Event, PodScope, StatusWriter},
@@ -297,25 +293,20 @@ async fn patch_policy_status(client: &Client, name: &str, status: &PolicyStatus)
     Ok(true)
 }
 
-/// The type of an Event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
+/// What the agent did when it records an Event (the `action` of an events.k8s.io/v1
+/// Event; `kubectl describe` does not show it).
+pub const EVENT_ACTION: &str = "Reconcile";
 
-impl EventType {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Normal => "Normal",
-            Self::Warning => "Warning",
-        }
-    }
-}
-
-/// Record a core/v1 Event about policy `policy_name` (in namespace [`EVENT_NAMESPACE`],
-/// reported by [`FIELD_MANAGER`] on `node`), such as `EgressIPMoved` when an egress IP
-/// changes holder. `reason` is a CamelCase word, `message` a sentence for humans.
+/// Record an Event about policy `policy_name` with kube-runtime's [`Recorder`]: an
+/// events.k8s.io/v1 Event in namespace [`EVENT_NAMESPACE`](super::EVENT_NAMESPACE) (where Kubernetes puts the
+/// Events of cluster-scoped objects), reported by [`FIELD_MANAGER`] on `node`, such as
+/// `EgressIPMoved` when an egress IP changes holder. `reason` is a CamelCase word,
+/// `message` a sentence for humans.
+///
+/// Each Event gets a fresh `Recorder`: a Recorder's own cache makes an Event whose type,
+/// reason and action repeat within 6 minutes a series of the first (a patch of its count),
+/// keeping the first one's note, so a second move of a policy's egress IP would be
+/// recorded as the first move again.
 pub async fn record_event(
     client: &Client,
     policy_name: &str,
@@ -326,11 +317,6 @@ pub async fn record_event(
 ) -> Result<()> {
     let what = format!("record Event {reason} on EgressGatewayPolicy {policy_name}");
     bounded(what, async {
-        let event_error = |source| Error::RecordEvent {
-            name: policy_name.to_owned(),
-            reason: reason.to_owned(),
-            source,
-        };
         // `kubectl describe` finds events by the object's uid.
         let policy = dynamic_api::<EgressGatewayPolicy>(client)
             .get(policy_name)
@@ -339,44 +325,33 @@ pub async fn record_event(
                 name: policy_name.to_owned(),
                 source,
             })?;
-        let now = Time(Timestamp::now());
-        let unique = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let event = CoreEvent {
-            metadata: ObjectMeta {
-                name: Some(format!("{policy_name}.{unique:x}")),
-                namespace: Some(EVENT_NAMESPACE.to_owned()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some(API_VERSION.to_owned()),
-                kind: Some("EgressGatewayPolicy".to_owned()),
-                name: Some(policy_name.to_owned()),
-                uid: policy.metadata.uid.clone(),
-                resource_version: policy.metadata.resource_version.clone(),
-                ..ObjectReference::default()
-            },
-            type_: Some(type_.as_str().to_owned()),
-            reason: Some(reason.to_owned()),
-            message: Some(message.to_owned()),
-            count: Some(1),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            source: Some(EventSource {
-                component: Some(FIELD_MANAGER.to_owned()),
-                host: Some(node.to_owned()),
-            }),
-            reporting_component: Some(FIELD_MANAGER.to_owned()),
-            reporting_instance: Some(node.to_owned()),
-            ..CoreEvent::default()
+        let regarding = ObjectReference {
+            api_version: Some(API_VERSION.to_owned()),
+            kind: Some("EgressGatewayPolicy".to_owned()),
+            name: Some(policy_name.to_owned()),
+            uid: policy.metadata.uid.clone(),
+            resource_version: policy.metadata.resource_version.clone(),
+            ..ObjectReference::default()
         };
-        let api: Api<CoreEvent> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
-        api.create(&PostParams::default(), &event)
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: Some(node.to_owned()),
+        };
+        let event = RecorderEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(message.to_owned()),
+            action: EVENT_ACTION.to_owned(),
+            secondary: None,
+        };
+        Recorder::new(client.clone(), reporter)
+            .publish(&event, &regarding)
             .await
-            .map_err(event_error)?;
-        Ok(())
+            .map_err(|source| Error::RecordEvent {
+                name: policy_name.to_owned(),
+                reason: reason.to_owned(),
+                source,
+            })
     })
     .await
 }
