@@ -1,7 +1,8 @@
-//! `egress-agent maps`: the pinned maps of an agent, in human terms.
+//! `egress-agent maps`: the pinned maps of an agent, read into the [`MapState`] the agent
+//! keeps and shown by the renderer the golden tests use ([`super::render`]), with the
+//! conntrack entries, counters and refused flows beside them.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
@@ -9,15 +10,17 @@ use std::{
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap};
 use egress_common::{
+    config::Config,
     counters::{self, Counter},
-    maps::{self as names, MapKind, def},
-    policy::{action, egress_ip_flags},
+    maps::{self as names, MapKind},
+    policy::egress_ip_flags,
     underlay::{self, Underlay},
 };
 
 use super::{
-    Error, Result,
+    Error, MapState, Result,
     sweep::{CtKey, Flow},
+    table::{Reader, Rows, Table},
 };
 use crate::family::{Family, V4, V6};
 
@@ -43,17 +46,6 @@ fn ip6(a: [u8; 16]) -> Ipv6Addr {
 /// Is the (optional) map pinned? The IPv6 maps exist only with an object that has them.
 fn pinned(pin_dir: &Path, name: &str) -> bool {
     pin_dir.join(name).exists()
-}
-
-fn action_name(a: u8) -> &'static str {
-    match a {
-        action::FORWARD => "forward",
-        action::EXCLUDE => "except: pass",
-        action::NO_GATEWAY_DROP => "no gateway: drop",
-        action::NO_GATEWAY_PASS => "no gateway: pass",
-        action::DENY => "deny (NetworkPolicy)",
-        _ => "unknown: drop",
-    }
 }
 
 /// Counters summed over CPUs, by reason number; reasons never hit are left out.
@@ -224,137 +216,77 @@ pub fn dedicated_egress_ips(pin_dir: &Path) -> Result<Vec<(IpAddr, u32)>> {
     Ok(out)
 }
 
-/// The whole state of one agent's maps as text.
+/// The pins under a directory, read as the agent reads its maps (a map an older object
+/// lacks reads as empty).
+struct Pins<'a>(&'a Path);
+
+impl Reader for Pins<'_> {
+    type Error = Error;
+
+    fn read<T: Table>(&mut self) -> Result<Rows<T>> {
+        let name = <T::Map as names::Map>::SPEC.name;
+        if !pinned(self.0, name) {
+            return Ok(Rows::<T>::new());
+        }
+        let mut map = open(self.0, name)?;
+        let h = T::open(&mut map).map_err(|source| Error::Map { name, source })?;
+        Ok(T::read(&h))
+    }
+}
+
+/// What the maps pinned under `pin_dir` hold, in the form the agent keeps (and the
+/// golden tests render).
+pub fn state(pin_dir: &Path) -> Result<MapState> {
+    MapState::read(&mut Pins(pin_dir))
+}
+
+/// The whole state of one agent's maps as text: its `CONFIG` entry and every entry of
+/// its maps as [`render`](super::render) shows them, then what the agent does not write
+/// (the flows refused, the remaps shared, the conntrack entries, the counters).
 pub fn render(pin_dir: &Path) -> Result<String> {
     if !has_maps(pin_dir) {
         return Err(Error::NoAgent {
             dir: pin_dir.to_owned(),
         });
     }
-    let mut s = String::new();
-    render_config(pin_dir, &mut s)?;
-    render_family::<V4>(pin_dir, &mut s)?;
-    render_family::<V6>(pin_dir, &mut s)?;
-    let nodes = hash::<def::Nodes>(pin_dir)?.keys().count();
-    let _ = writeln!(s, "\nknown nodes: {nodes}");
-    render_admitted(pin_dir, &mut s)?;
+    let mut s = super::render::config(&config(pin_dir)?);
+    let state = state(pin_dir)?;
+    let sizes: Vec<String> = state
+        .sizes()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    let _ = writeln!(s, "\n\nentries (map key -> value): {}", sizes.join(", "));
+    s += &super::render::maps(&state);
     write_exhausted(&mut s, &exhausted(pin_dir)?);
     write_remaps(&mut s, &super::remap::read(pin_dir)?);
+    write_conntrack::<V4>(pin_dir, &mut s)?;
+    write_conntrack::<V6>(pin_dir, &mut s)?;
     render_counters(pin_dir, &mut s)?;
     Ok(s)
+}
+
+/// The `CONFIG` entry of the agent whose maps are pinned under `pin_dir`.
+fn config(pin_dir: &Path) -> Result<Config> {
+    let name = names::CONFIG;
+    let cfg: Array<MapData, Config> =
+        Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
+    cfg.get(&0, 0).map_err(|source| Error::Map { name, source })
 }
 
 /// The underlay address of the node whose agent pinned the maps under `pin_dir` (its
 /// `CONFIG` entry).
 pub fn node_address(pin_dir: &Path) -> Result<IpAddr> {
-    let name = names::CONFIG;
-    let cfg: Array<MapData, <def::Config as names::Map>::Value> =
-        Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let c = cfg
-        .get(&0, 0)
-        .map_err(|source| Error::Map { name, source })?;
-    Ok(node(c.node_ip))
+    Ok(node(config(pin_dir)?.node_ip))
 }
 
-/// This node's `CONFIG` entry, on one line.
-fn render_config(pin_dir: &Path, s: &mut String) -> Result<()> {
-    let name = names::CONFIG;
-    let cfg: Array<MapData, <def::Config as names::Map>::Value> =
-        Array::try_from(open(pin_dir, name)?).map_err(|source| Error::Map { name, source })?;
-    let c = cfg
-        .get(&0, 0)
-        .map_err(|source| Error::Map { name, source })?;
-    let _ = writeln!(
-        s,
-        "node {}  tunnel ifindex {}  SNAT ports {}-{}  tunnel MTU {}  {}",
-        node(c.node_ip),
-        c.tunnel_ifindex,
-        c.port_min,
-        c.port_max,
-        c.tunnel_mtu,
-        if c.flags & egress_common::config::flags::READY != 0 {
-            "ready"
-        } else {
-            "NOT READY"
-        }
-    );
-    Ok(())
-}
-
-/// One family's maps: policy entries, rules served, egress IPs, pods known, conntrack.
-/// Pods and egress IPs are of the family; gateways and pod nodes are underlay addresses
-/// of either.
-fn render_family<F: Family>(pin_dir: &Path, s: &mut String) -> Result<()> {
-    let fam = F::NAME;
-    // Columns for an address and for a prefix: IPv4 15 and 18, IPv6 24 and 30.
-    let (w, dw) = if size_of::<F::Octets>() == 4 {
-        (15, 18)
-    } else {
-        (24, 30)
-    };
-    let mut rows: Vec<_> = entries::<F::Policy>(pin_dir)?
-        .iter()
-        .map(|(k, v)| F::policy_row(k, v))
-        .collect();
-    rows.sort_by_key(|r| (r.pod, r.dst));
-    let _ = writeln!(
-        s,
-        "\n{fam} policy (pod, destination -> action, gateway, egress IP, rule): {}",
-        rows.len()
-    );
-    for r in rows {
-        let _ = writeln!(
-            s,
-            "  {:<w$} {:>dw$} -> {:<17} gw {:<15} egress {:<w$} rule {}",
-            r.pod.to_string(),
-            format!("{}/{}", r.dst.0, r.dst.1),
-            action_name(r.action),
-            node(r.gateway).to_string(),
-            r.egress_ip.to_string(),
-            r.rule_id,
-        );
-    }
-
-    let mut rows: Vec<_> = entries::<F::Rules>(pin_dir)?;
-    rows.sort_by_key(|(k, _)| *k);
-    let _ = writeln!(
-        s,
-        "\n{fam} rules served here (rule -> egress IP, ifindex): {}",
-        rows.len()
-    );
-    for (k, v) in rows {
-        let (egress_ip, ifindex) = F::rule_row(&v);
-        let _ = writeln!(
-            s,
-            "  rule {k:<8} -> {:<w$} ifindex {ifindex}",
-            egress_ip.to_string()
-        );
-    }
-
-    let mut rows: Vec<_> = entries::<F::EgressIps>(pin_dir)?;
-    rows.sort_by_key(|(k, _)| *k);
-    let _ = writeln!(s, "\n{fam} egress IPs on this node: {}", rows.len());
-    for (k, v) in rows {
-        let kind = if v.flags & egress_ip_flags::SHARED != 0 {
-            "interface address (shared)"
-        } else {
-            "dedicated"
-        };
-        let _ = writeln!(
-            s,
-            "  {:<w$} ifindex {:<4} {kind}",
-            F::Addr::from(k).to_string(),
-            v.ifindex
-        );
-    }
-    let pods = entries::<F::PodOwner>(pin_dir)?.len();
-    let _ = writeln!(s, "known {fam} pods: {pods}");
-
+/// One family's conntrack entries (the first 50).
+fn write_conntrack<F: Family>(pin_dir: &Path, s: &mut String) -> Result<()> {
     let flows = entries::<F::Ct>(pin_dir)?
         .iter()
         .filter_map(|(k, v)| k.flow(v))
         .collect();
-    write_flows(s, &format!("{fam} conntrack"), flows);
+    write_flows(s, &format!("{} conntrack", F::NAME), flows);
     Ok(())
 }
 
@@ -372,32 +304,6 @@ fn render_counters(pin_dir: &Path, s: &mut String) -> Result<()> {
             "  {reason:>3} {n:<24} {:>10} {:>12}  {desc}",
             c.packets, c.bytes
         );
-    }
-    Ok(())
-}
-
-/// How many pods of each family this gateway admits from the tunnel, per rule.
-fn render_admitted(pin_dir: &Path, s: &mut String) -> Result<()> {
-    fn rule_ids<F: Family>(pin_dir: &Path) -> Result<Vec<u32>> {
-        Ok(entries::<F::Admitted>(pin_dir)?
-            .iter()
-            .map(|(k, _)| F::admitted_rule(k))
-            .collect())
-    }
-    let mut per_rule: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
-    for id in rule_ids::<V4>(pin_dir)? {
-        per_rule.entry(id).or_default().0 += 1;
-    }
-    for id in rule_ids::<V6>(pin_dir)? {
-        per_rule.entry(id).or_default().1 += 1;
-    }
-    let _ = writeln!(
-        s,
-        "\npods admitted from the tunnel (rule -> IPv4 pods, IPv6 pods): {} rules",
-        per_rule.len()
-    );
-    for (id, (v4, v6)) in per_rule {
-        let _ = writeln!(s, "  rule {id:<8} -> {v4:>7} IPv4 {v6:>7} IPv6");
     }
     Ok(())
 }

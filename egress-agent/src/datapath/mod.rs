@@ -48,7 +48,7 @@ use crate::{
     family::{Family, V4, V6, family_maps},
 };
 use order::{FamilyMap, Phase, Step};
-use table::{Hash, Lpm, Table, Value};
+use table::{Hash, Lpm, Reader, Rows, Table, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -411,37 +411,13 @@ impl Datapath {
                 |(h, _)| h,
             ),
         };
-        dp.held = dp.read_state()?;
+        dp.held = MapState::read(&mut dp)?;
         Ok(dp)
     }
 
     /// What the maps hold now (as last read or written).
     pub fn held(&self) -> &MapState {
         &self.held
-    }
-
-    fn read_state(&mut self) -> Result<MapState> {
-        Ok(MapState {
-            v4: self.read_family()?,
-            v6: self.read_family()?,
-            nodes: self.read::<Hash<def::Nodes>>()?,
-            port_filters: self.read::<Hash<def::PortFilters>>()?,
-        })
-    }
-
-    fn read_family<F: Family>(&mut self) -> Result<FamilyMaps<F>> {
-        Ok(FamilyMaps {
-            policy: self.read::<Hash<F::Policy>>()?,
-            dests: self.read::<Lpm<F::Dests>>()?,
-            selected: self.read::<Hash<F::Selected>>()?,
-            rules: self.read::<Hash<F::Rules>>()?,
-            pod_owner: self.read::<Hash<F::PodOwner>>()?,
-            egress_ips: self.read::<Hash<F::EgressIps>>()?,
-            admitted: self.read::<Hash<F::Admitted>>()?,
-            known_pods: self.read::<Hash<F::KnownPods>>()?,
-            covered: self.read::<Lpm<F::Covered>>()?,
-            pod_devices: self.read::<Hash<F::PodDevices>>()?,
-        })
     }
 
     /// Is `name` an optional map that this object lacks? The IPv6 maps are optional: an
@@ -453,16 +429,6 @@ impl Datapath {
             tracing::debug!("map {name} is not in the eBPF object: not synced");
         }
         skip
-    }
-
-    /// Every entry of table `T` (none when an older object lacks its map).
-    fn read<T: Table>(&mut self) -> Result<BTreeMap<T::At, Value<T>>> {
-        let name = T::Map::SPEC.name;
-        if self.skip_missing(name) {
-            return Ok(BTreeMap::new());
-        }
-        let h = T::open(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
-        Ok(T::read(&h))
     }
 
     fn map_data(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
@@ -676,6 +642,21 @@ impl Datapath {
 struct Pass<'a> {
     phase: Phase,
     stats: &'a mut ApplyStats,
+}
+
+/// The open datapath reads the maps it loaded.
+impl Reader for Datapath {
+    type Error = Error;
+
+    /// Every entry of table `T` (none when an older object lacks its map).
+    fn read<T: Table>(&mut self) -> Result<Rows<T>> {
+        let name = T::Map::SPEC.name;
+        if self.skip_missing(name) {
+            return Ok(BTreeMap::new());
+        }
+        let h = T::open(self.map_data(name)?).map_err(|source| Error::Map { name, source })?;
+        Ok(T::read(&h))
+    }
 }
 
 /// Load `p`, again when the verifier gave up with `EAGAIN`: a transient refusal, not a

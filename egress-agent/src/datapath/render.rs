@@ -1,11 +1,15 @@
 //! A [`MapState`] in plain text, one map entry per line (`MAP key -> value`, fields by
 //! their ABI names), stable: what the golden tests (`egress-agent/tests/golden/`) compare,
 //! so that a change to the compiler or to the conversion into ABI values shows as a
-//! reviewable diff of the entries the agent would write.
+//! reviewable diff of the entries the agent would write; and what `egress-agent maps`
+//! prints of the pinned maps (read into the same [`MapState`]), with the `CONFIG` entry.
+//! Every field of every ABI key and value is shown (the tests hold each field name the
+//! types have against the lines), reserved flags only when set.
 
 use std::fmt::Write as _;
 
 use egress_common::{
+    config::{Config, flags},
     maps::{Map, def},
     policy::{
         DestValueV4, DestValueV6, PortFilter, SelectedValueV4, SelectedValueV6, action, coverage,
@@ -75,6 +79,49 @@ fn action_name(a: u8) -> String {
         action::DENY => "deny".to_owned(),
         a => format!("unknown({a})"),
     }
+}
+
+/// ` flags=N` when a reserved `flags` field (0 today, room for later use) is set.
+fn reserved_flags(flags: u32) -> String {
+    if flags == 0 {
+        String::new()
+    } else {
+        format!(" flags={flags}")
+    }
+}
+
+/// The names of the bits set in a `CONFIG` entry's flags (`not-ready` without `READY`:
+/// every program passes everything), unnamed bits by number.
+fn config_flags(f: u16) -> String {
+    let mut names = vec![if f & flags::READY != 0 {
+        "ready".to_owned()
+    } else {
+        "not-ready".to_owned()
+    }];
+    if f & flags::UNKNOWN_PODS_DROP != 0 {
+        names.push("unknown-pods-drop".to_owned());
+    }
+    let rest = f & !(flags::READY | flags::UNKNOWN_PODS_DROP);
+    if rest != 0 {
+        names.push(format!("{rest:#x}"));
+    }
+    names.join(",")
+}
+
+/// This node's `CONFIG` entry on one line.
+pub fn config(c: &Config) -> String {
+    format!(
+        "{} node_ip={} tunnel_ifindex={} port_min={} port_max={} tunnel_mtu={} flags={} \
+         max_flows_per_pod={}",
+        def::Config::SPEC.name,
+        underlay::to_ip(&c.node_ip),
+        c.tunnel_ifindex,
+        c.port_min,
+        c.port_max,
+        c.tunnel_mtu,
+        config_flags(c.flags),
+        c.max_flows_per_pod
+    )
 }
 
 fn list(lengths: &[u32]) -> String {
@@ -151,8 +198,10 @@ fn family<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
             list(&lengths)
         );
     }
-    for pod in m.known_pods.keys() {
-        let _ = writeln!(s, "{} {}", F::KnownPods::SPEC.name, F::Addr::from(*pod));
+    for (pod, v) in &m.known_pods {
+        let name = F::KnownPods::SPEC.name;
+        let flags = reserved_flags(v.flags);
+        let _ = writeln!(s, "{name} {}{flags}", F::Addr::from(*pod));
     }
     for (pod, v) in &m.pod_devices {
         let name = F::PodDevices::SPEC.name;
@@ -191,13 +240,347 @@ fn family<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
             underlay::to_ip(&v.node)
         );
     }
-    for k in m.admitted.keys() {
+    for (k, v) in &m.admitted {
         let _ = writeln!(
             s,
-            "{} pod={} rule_id={}",
+            "{} pod={} rule_id={}{}",
             F::Admitted::SPEC.name,
             F::admitted_pod(k),
-            F::admitted_rule(k)
+            F::admitted_rule(k),
+            reserved_flags(v.flags)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeSet, net::IpAddr};
+
+    use egress_common::policy::{
+        AdmittedKeyV4, AdmittedKeyV6, AdmittedValue, CoveredValue, EgressIpValue, KnownPodValue,
+        NodeValue, PodDeviceValue, PodOwnerValue, PolicyKeyV4, PolicyKeyV6, PolicyValueV4,
+        PolicyValueV6, PortRange, RuleValueV4, RuleValueV6,
+    };
+
+    use super::*;
+    use crate::desired::{Desired, PolicyAction, PolicyEntry};
+
+    /// The field names in a `{:?}` of ABI keys and values (plain numbers and arrays, no
+    /// strings), padding left out.
+    fn field_names(debug: &str) -> BTreeSet<String> {
+        debug
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .filter_map(|w| w.strip_suffix(':'))
+            .filter(|w| !w.is_empty() && !w.starts_with('_'))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Fields a line shows under another name: the prefix length inside `dst=a/len`,
+    /// a range's parts inside `ranges=proto/first-last`, `covered` as the word itself.
+    fn shown_as(field: &str) -> &str {
+        match field {
+            "dst_len" => "dst",
+            "proto" | "first" | "last" => "ranges",
+            "covered" => "-> covered",
+            f => f,
+        }
+    }
+
+    /// One entry in every map, every field set (non-zero, so that reserved flags show):
+    /// struct literals without `..`, so a new map or field does not compile until it is
+    /// given here.
+    fn every_map() -> MapState {
+        let v4 = FamilyMaps::<V4> {
+            policy: [(
+                PolicyKeyV4 {
+                    pod: [10, 244, 1, 5],
+                    dst: [192, 0, 2, 0],
+                    dst_len: 24,
+                },
+                PolicyValueV4 {
+                    gateway: underlay::from_v4([10, 200, 0, 21]),
+                    egress_ip: [192, 0, 2, 50],
+                    rule_id: 7,
+                    action: action::DENY,
+                    _pad: 0,
+                    filter: 3,
+                },
+            )]
+            .into(),
+            dests: [((24, [192, 0, 2, 0]), DestValueV4::new(24, 1 << 24))].into(),
+            selected: [(
+                [10, 244, 1, 5],
+                SelectedValueV4 {
+                    lengths: 1 << 24,
+                    entries: 1,
+                    flags: 1,
+                },
+            )]
+            .into(),
+            rules: [(
+                7,
+                RuleValueV4 {
+                    egress_ip: [192, 0, 2, 50],
+                    ifindex: 4,
+                },
+            )]
+            .into(),
+            pod_owner: [(
+                [10, 244, 1, 5],
+                PodOwnerValue {
+                    node: underlay::from_v4([10, 200, 0, 1]),
+                },
+            )]
+            .into(),
+            egress_ips: [(
+                [192, 0, 2, 50],
+                EgressIpValue {
+                    ifindex: 4,
+                    flags: 1,
+                },
+            )]
+            .into(),
+            admitted: [(
+                AdmittedKeyV4 {
+                    pod: [10, 244, 1, 5],
+                    rule_id: 7,
+                },
+                AdmittedValue { flags: 2 },
+            )]
+            .into(),
+            known_pods: [([10, 244, 1, 6], KnownPodValue { flags: 2 })].into(),
+            covered: [(
+                (24, [192, 0, 2, 0]),
+                CoveredValue {
+                    covered: coverage::COVERED,
+                },
+            )]
+            .into(),
+            pod_devices: [([10, 244, 1, 5], PodDeviceValue { ifindex: 9 })].into(),
+        };
+        let pod6: [u8; 16] = "fd00:244:1::5"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        let dst6: [u8; 16] = "2001:db8::".parse::<std::net::Ipv6Addr>().unwrap().octets();
+        let egress6: [u8; 16] = "fd00:101::50"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        let v6 = FamilyMaps::<V6> {
+            policy: [(
+                PolicyKeyV6 {
+                    pod: pod6,
+                    dst: dst6,
+                    dst_len: 64,
+                },
+                PolicyValueV6 {
+                    gateway: underlay::from_v4([10, 200, 0, 21]),
+                    rule_id: 9,
+                    action: action::FORWARD,
+                    _pad: 0,
+                    filter: 4,
+                    egress_ip: egress6,
+                },
+            )]
+            .into(),
+            dests: [(
+                (64, dst6),
+                DestValueV6 {
+                    lengths: [1, 0, 0],
+                    len: 64,
+                    _pad: 0,
+                },
+            )]
+            .into(),
+            selected: [(
+                pod6,
+                SelectedValueV6 {
+                    lengths: [1, 0, 0],
+                    entries: 1,
+                    flags: 1,
+                },
+            )]
+            .into(),
+            rules: [(
+                9,
+                RuleValueV6 {
+                    egress_ip: egress6,
+                    ifindex: 4,
+                },
+            )]
+            .into(),
+            pod_owner: [(
+                pod6,
+                PodOwnerValue {
+                    node: underlay::from_v4([10, 200, 0, 1]),
+                },
+            )]
+            .into(),
+            egress_ips: [(
+                egress6,
+                EgressIpValue {
+                    ifindex: 4,
+                    flags: 1,
+                },
+            )]
+            .into(),
+            admitted: [(
+                AdmittedKeyV6 {
+                    pod: pod6,
+                    rule_id: 9,
+                },
+                AdmittedValue { flags: 2 },
+            )]
+            .into(),
+            known_pods: [(pod6, KnownPodValue { flags: 2 })].into(),
+            covered: [(
+                (64, dst6),
+                CoveredValue {
+                    covered: coverage::COVERED,
+                },
+            )]
+            .into(),
+            pod_devices: [(pod6, PodDeviceValue { ifindex: 9 })].into(),
+        };
+        let range = PortRange {
+            proto: 6,
+            _pad: 0,
+            first: 80,
+            last: 443,
+        };
+        let mut filter = PortFilter {
+            count: 1,
+            ranges: Default::default(),
+        };
+        filter.ranges[0] = range;
+        MapState {
+            v4,
+            v6,
+            nodes: [(
+                underlay::from_v4([10, 200, 0, 21]),
+                NodeValue { node_id: 3 },
+            )]
+            .into(),
+            port_filters: [(3, filter)].into(),
+        }
+    }
+
+    #[test]
+    fn every_field_of_every_map_is_shown() {
+        let state = every_map();
+        let text = maps(&state);
+        let mut entries = state.v4.debug_entries();
+        entries.extend(state.v6.debug_entries());
+        for (ip, v) in &state.nodes {
+            entries.push((def::Nodes::SPEC.name, format!("{ip:?} {v:?}")));
+        }
+        for (id, f) in &state.port_filters {
+            entries.push((def::PortFilters::SPEC.name, format!("{id:?} {f:?}")));
+        }
+        let (sizes, lines) = (state.sizes().count(), text.lines().count());
+        assert_eq!(entries.len(), sizes, "one entry in every map");
+        assert_eq!(lines, sizes, "one line per entry:\n{text}");
+        for (map, debug) in entries {
+            let line = text
+                .lines()
+                .find(|l| l.split(' ').next() == Some(map))
+                .unwrap_or_else(|| panic!("no line of {map} in:\n{text}"));
+            for field in field_names(&debug) {
+                let shown = shown_as(&field);
+                assert!(
+                    line.contains(&format!("{shown}="))
+                        || (shown.contains(' ') && line.contains(shown)),
+                    "{map}: field {field} of {debug} is not shown in {line:?}"
+                );
+            }
+        }
+        for want in [
+            "action=deny filter=3",
+            "action=forward filter=4",
+            "-> count=1 ranges=6/80-443",
+        ] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn every_config_field_is_shown() {
+        let c = Config {
+            node_ip: underlay::from_v4([10, 200, 0, 1]),
+            tunnel_ifindex: 5,
+            port_min: 1024,
+            port_max: 65_000,
+            tunnel_mtu: 1450,
+            flags: flags::READY | flags::UNKNOWN_PODS_DROP | 1 << 7,
+            max_flows_per_pod: 100,
+        };
+        let line = config(&c);
+        for field in field_names(&format!("{c:?}")) {
+            assert!(line.contains(&format!("{field}=")), "{field} in {line:?}");
+        }
+        assert_eq!(
+            line,
+            "CONFIG node_ip=10.200.0.1 tunnel_ifindex=5 port_min=1024 port_max=65000 \
+             tunnel_mtu=1450 flags=ready,unknown-pods-drop,0x80 max_flows_per_pod=100"
+        );
+        let not_ready = config(&Config { flags: 0, ..c });
+        assert!(not_ready.contains(" flags=not-ready "), "{not_ready}");
+    }
+
+    /// Every action the agent writes; the match fails to compile when an action is added
+    /// and not listed here.
+    fn every_action() -> Vec<PolicyAction> {
+        let all = [
+            PolicyAction::Forward,
+            PolicyAction::Exclude,
+            PolicyAction::NoGatewayDrop,
+            PolicyAction::NoGatewayPass,
+            PolicyAction::Deny,
+        ];
+        for a in all {
+            match a {
+                PolicyAction::Forward
+                | PolicyAction::Exclude
+                | PolicyAction::NoGatewayDrop
+                | PolicyAction::NoGatewayPass
+                | PolicyAction::Deny => {}
+            }
+        }
+        all.into()
+    }
+
+    #[test]
+    fn every_action_is_named_with_its_port_filter() {
+        let mut d = Desired::default();
+        let actions = every_action();
+        for (i, action) in actions.iter().enumerate() {
+            let pod: std::net::Ipv4Addr = format!("10.244.1.{}", i + 1).parse().unwrap();
+            d.v4.policy.insert(
+                (pod, "192.0.2.0/24".parse().unwrap()),
+                PolicyEntry {
+                    action: *action,
+                    gateway: Some(IpAddr::from([10, 200, 0, 21])),
+                    egress_ip: Some("192.0.2.50".parse().unwrap()),
+                    rule_id: 7,
+                    filter: u16::try_from(i).unwrap() + 1,
+                },
+            );
+        }
+        let (state, _) = MapState::from_desired(&d, |_| Some(4));
+        let text = maps(&state);
+        let named: BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.split(" action=").nth(1))
+            .map(|rest| rest.split(' ').next().unwrap_or_default())
+            .collect();
+        assert_eq!(named.len(), actions.len(), "a name per action:\n{text}");
+        assert!(!named.iter().any(|n| n.starts_with("unknown")), "{named:?}");
+        for (i, _) in actions.iter().enumerate() {
+            let filter = format!("filter={}", i + 1);
+            assert!(text.contains(&filter), "{filter} in:\n{text}");
+        }
+        assert_eq!(action_name(0), "unknown(0)");
     }
 }

@@ -14,7 +14,7 @@ use egress_common::{
     underlay::{self, Underlay},
 };
 
-use super::table::{self, Rows};
+use super::table::{self, Reader, Rows};
 use crate::{
     desired::{Desired, FamilyDesired, HeldIp, PolicyAction, PortSet},
     family::{Entries, Family, V4, V6, family_maps},
@@ -44,6 +44,22 @@ macro_rules! family_maps_struct {
             /// Number of entries per map, by map name.
             pub fn sizes(&self) -> Vec<(&'static str, usize)> {
                 vec![ $( (F::$Map::SPEC.name, self.$field.len()), )* ]
+            }
+
+            /// Every entry as (map name, `{key:?} {value:?}`): what the renderer's test
+            /// holds each field name of against the rendered line.
+            #[cfg(test)]
+            pub(crate) fn debug_entries(&self) -> Vec<(&'static str, String)> {
+                let mut out = Vec::new();
+                $( out.extend(self.$field.iter().map(|(k, v)| {
+                    (F::$Map::SPEC.name, format!("{k:?} {v:?}"))
+                })); )*
+                out
+            }
+
+            /// Every map of the family, as `reader` reads it.
+            pub fn read<R: Reader>(reader: &mut R) -> Result<Self, R::Error> {
+                Ok(Self { $( $field: reader.read::<table::$kind<F::$Map>>()?, )* })
             }
 
             /// Entries an apply from `self` to `want` writes: removed, added or changed.
@@ -355,6 +371,16 @@ impl std::fmt::Display for LeftOut {
 }
 
 impl MapState {
+    /// Every map, as `reader` reads it.
+    pub fn read<R: Reader>(reader: &mut R) -> Result<Self, R::Error> {
+        Ok(Self {
+            v4: FamilyMaps::read(reader)?,
+            v6: FamilyMaps::read(reader)?,
+            nodes: reader.read::<table::Hash<def::Nodes>>()?,
+            port_filters: reader.read::<table::Hash<def::PortFilters>>()?,
+        })
+    }
+
     /// Convert `desired`, resolving interface names with `ifindex`. Entries whose
     /// interface is missing are left out and reported.
     pub fn from_desired(

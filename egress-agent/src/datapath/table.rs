@@ -32,6 +32,15 @@ pub type Value<T> = <<T as Table>::Map as Map>::Value;
 /// A table's entries, where each is.
 pub type Rows<T> = BTreeMap<<T as Table>::At, Value<T>>;
 
+/// Something that reads whole tables: the agent's open datapath, or the pins another
+/// process left (`egress-agent maps`), so that both read the maps into one
+/// [`MapState`](super::MapState) by one code path.
+pub trait Reader {
+    type Error;
+    /// Every entry of table `T`.
+    fn read<T: Table>(&mut self) -> Result<Rows<T>, Self::Error>;
+}
+
 /// Hash map `M` (also LRU).
 pub struct Hash<M>(PhantomData<M>);
 
