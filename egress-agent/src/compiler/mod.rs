@@ -40,6 +40,7 @@ mod tests;
 pub use hash::{fnv1a64, rule_ids};
 pub use members::pods_needed;
 pub use nodes::{gateway_candidates, held_egress_ips, node_drained, node_ready, node_underlay};
+pub use pods::{Selection, selection};
 pub use selector::Selector;
 pub use spread::PodRoute;
 

@@ -8,7 +8,7 @@ use std::{
 use ipnet::IpNet;
 
 use super::{Selector, nodes::NodeInfo};
-use crate::{desired::Desired, source::ClusterView};
+use crate::{api::EgressGatewayPolicySpec, desired::Desired, source::ClusterView};
 
 /// A pod as the compiler sees it.
 pub(super) struct PodInfo<'a> {
@@ -24,7 +24,7 @@ pub(super) struct PodInfo<'a> {
 /// namespaces' labels.
 pub(super) struct Pods<'a> {
     pub(super) pods: Vec<PodInfo<'a>>,
-    namespace_labels: BTreeMap<&'a str, BTreeMap<String, String>>,
+    namespaces: Namespaces<'a>,
     /// Addresses that two running pods list, or a pod and a node: taken from every pod
     /// that lists them (no pod owns them), with the pods (`namespace/name`) that claimed
     /// each and what else holds it (a node), for the conditions.
@@ -77,18 +77,73 @@ fn node_addresses(view: &ClusterView, held: &BTreeSet<IpAddr>) -> BTreeMap<IpAdd
     out
 }
 
-impl<'a> Pods<'a> {
-    pub(super) fn index(view: &'a ClusterView, held: &BTreeSet<IpAddr>) -> Self {
-        let mut namespace_labels: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+/// The namespaces' labels, each with its implicit `kubernetes.io/metadata.name`.
+struct Namespaces<'a>(BTreeMap<&'a str, BTreeMap<String, String>>);
+
+impl<'a> Namespaces<'a> {
+    fn index(view: &'a ClusterView) -> Self {
+        let mut labels_of = BTreeMap::new();
         for ns in &view.namespaces {
             if let Some(name) = ns.metadata.name.as_deref() {
                 let mut labels = ns.metadata.labels.clone().unwrap_or_default();
                 labels
                     .entry("kubernetes.io/metadata.name".to_owned())
                     .or_insert_with(|| name.to_owned());
-                namespace_labels.insert(name, labels);
+                labels_of.insert(name, labels);
             }
         }
+        Self(labels_of)
+    }
+
+    /// Whether `ns_sel` selects `namespace`. A namespace without a Namespace object still
+    /// has its implicit `kubernetes.io/metadata.name` label.
+    fn matches(&self, namespace: &str, ns_sel: &Selector) -> bool {
+        match self.0.get(namespace) {
+            Some(labels) if !labels.is_empty() => ns_sel.matches(labels),
+            _ => {
+                let implicit = BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_owned(),
+                    namespace.to_owned(),
+                )]);
+                ns_sel.matches(&implicit)
+            }
+        }
+    }
+}
+
+/// Whether a policy's selectors select a pod, and if not, the first that does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    Selected,
+    /// Its `namespaceSelector` does not select the pod's namespace (or is invalid).
+    NamespaceNotSelected,
+    /// Its `podSelector` does not select the pod (or is invalid).
+    PodNotSelected,
+}
+
+/// Whether the policy of `spec` selects a pod of `namespace` with `labels`, as a compile
+/// of `view` selects pods ([`Pods::selected`]): the namespace first, by its labels and
+/// its implicit name label, then the pod; an invalid selector selects nothing. What
+/// `explain` asks of a policy that does not take a pod's traffic.
+pub fn selection(
+    view: &ClusterView,
+    spec: &EgressGatewayPolicySpec,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Selection {
+    let ns_sel = Selector::optional(spec.namespace_selector.as_ref(), "spec.namespaceSelector");
+    let pod_sel = Selector::optional(spec.pod_selector.as_ref(), "spec.podSelector");
+    if !ns_sel.is_ok_and(|s| Namespaces::index(view).matches(namespace, &s)) {
+        return Selection::NamespaceNotSelected;
+    }
+    if !pod_sel.is_ok_and(|s| s.matches(labels)) {
+        return Selection::PodNotSelected;
+    }
+    Selection::Selected
+}
+
+impl<'a> Pods<'a> {
+    pub(super) fn index(view: &'a ClusterView, held: &BTreeSet<IpAddr>) -> Self {
         let mut pods: Vec<PodInfo<'_>> = view
             .pods
             .iter()
@@ -112,7 +167,7 @@ impl<'a> Pods<'a> {
         }
         Self {
             pods,
-            namespace_labels,
+            namespaces: Namespaces::index(view),
             disputed,
         }
     }
@@ -150,8 +205,7 @@ impl<'a> Pods<'a> {
         }
     }
 
-    /// The pods that a policy's namespace and pod selectors select. A namespace without a
-    /// Namespace object still has its implicit `kubernetes.io/metadata.name` label.
+    /// The pods that a policy's namespace and pod selectors select ([`Namespaces::matches`]).
     /// The namespace is matched once for each run of its pods (they are sorted by it).
     pub(super) fn selected(&self, ns_sel: &Selector, pod_sel: &Selector) -> Vec<&PodInfo<'a>> {
         let mut namespace: Option<(&str, bool)> = None;
@@ -161,7 +215,7 @@ impl<'a> Pods<'a> {
                 let matches_ns = match namespace {
                     Some((ns, matches)) if ns == pod.namespace => matches,
                     _ => {
-                        let matches = self.namespace_matches(pod.namespace, ns_sel);
+                        let matches = self.namespaces.matches(pod.namespace, ns_sel);
                         namespace = Some((pod.namespace, matches));
                         matches
                     }
@@ -169,19 +223,6 @@ impl<'a> Pods<'a> {
                 matches_ns && pod_sel.matches(pod.labels)
             })
             .collect()
-    }
-
-    fn namespace_matches(&self, namespace: &str, ns_sel: &Selector) -> bool {
-        match self.namespace_labels.get(namespace) {
-            Some(labels) if !labels.is_empty() => ns_sel.matches(labels),
-            _ => {
-                let implicit = BTreeMap::from([(
-                    "kubernetes.io/metadata.name".to_owned(),
-                    namespace.to_owned(),
-                )]);
-                ns_sel.matches(&implicit)
-            }
-        }
     }
 }
 

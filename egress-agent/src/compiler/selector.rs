@@ -71,6 +71,12 @@ impl Selector {
         Ok(Self { requirements })
     }
 
+    /// Check a policy's namespace or pod selector, absent (everything) or not, as the
+    /// policy's plan checks it.
+    pub fn optional(selector: Option<&LabelSelector>, field: &str) -> Result<Self, String> {
+        selector.map_or_else(|| Ok(Self::everything()), |s| Self::new(s, field))
+    }
+
     /// Check a policy's `spec.gatewaySelector`: as [`Selector::new`], and never empty (an
     /// empty selector would make every node a gateway).
     pub fn gateways(selector: &LabelSelector) -> Result<Self, String> {

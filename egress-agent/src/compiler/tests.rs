@@ -37,6 +37,7 @@ mod ovn;
 mod pod_scope;
 mod policy_map;
 mod routes;
+mod selection;
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
     Some(

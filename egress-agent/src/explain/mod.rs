@@ -8,13 +8,13 @@
 //! [`counters`] adds what the pinned maps of the node it runs on have counted, and
 //! [`cli`] loads the view (a state directory, or the Kubernetes API) for both binaries.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
 use crate::{
     api::{EgressGatewayPolicy, EgressRule, FailurePolicy},
-    compiler::{self, Compiled, PodRoute, Selector, condition, netpol},
+    compiler::{self, Compiled, PodRoute, Selection, condition, netpol},
     desired::{Desired, Family, PolicyAction, PortSet},
     source::{ClusterView, PodSummary},
 };
@@ -536,7 +536,6 @@ fn misses(
     pod_ip: IpAddr,
     entries: &[Entry],
 ) -> Vec<Miss> {
-    let namespace_labels = namespace_labels(view, &pod.namespace);
     let mut names: Vec<&str> = view
         .policies
         .iter()
@@ -561,21 +560,10 @@ fn misses(
                     message,
                 };
             };
-            let selects = |sel: &Option<_>, field, labels| {
-                sel.as_ref()
-                    .map_or(Ok(Selector::everything()), |s| Selector::new(s, field))
-                    .is_ok_and(|s| s.matches(labels))
-            };
-            let spec = &spec.spec;
-            if !selects(
-                &spec.namespace_selector,
-                "spec.namespaceSelector",
-                &namespace_labels,
-            ) {
-                return Miss::NamespaceNotSelected { policy };
-            }
-            if !selects(&spec.pod_selector, "spec.podSelector", &pod.labels) {
-                return Miss::PodNotSelected { policy };
+            match compiler::selection(view, &spec.spec, &pod.namespace, &pod.labels) {
+                Selection::NamespaceNotSelected => return Miss::NamespaceNotSelected { policy },
+                Selection::PodNotSelected => return Miss::PodNotSelected { policy },
+                Selection::Selected => {}
             }
             let mut prefixes: Vec<IpNet> = entries
                 .iter()
@@ -596,19 +584,4 @@ fn misses(
             Miss::NotCovered { policy, prefixes }
         })
         .collect()
-}
-
-/// A namespace's labels, with its implicit `kubernetes.io/metadata.name` (as the compiler
-/// matches them).
-fn namespace_labels(view: &ClusterView, namespace: &str) -> BTreeMap<String, String> {
-    let mut labels = view
-        .namespaces
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(namespace))
-        .and_then(|n| n.metadata.labels.clone())
-        .unwrap_or_default();
-    labels
-        .entry("kubernetes.io/metadata.name".to_owned())
-        .or_insert_with(|| namespace.to_owned());
-    labels
 }
