@@ -162,6 +162,13 @@ pub fn maps(maps: &MapState) -> String {
 
 /// One family's maps, source side first.
 fn family<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
+    source_side(s, m);
+    gateway_side(s, m);
+}
+
+/// What `from_pod` reads: policy entries, destination chains, selected, known and bound
+/// pods, covered destinations.
+fn source_side<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
     for (k, v) in &m.policy {
         let r = F::policy_row(k, v);
         let _ = writeln!(
@@ -216,6 +223,10 @@ fn family<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
         let name = F::Covered::SPEC.name;
         let _ = writeln!(s, "{name} {}/{len} -> {what}", F::Addr::from(*net));
     }
+}
+
+/// What the gateway's programs read: rules, egress addresses, pod owners, admitted pods.
+fn gateway_side<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
     for (id, v) in &m.rules {
         let (egress_ip, ifindex) = F::rule_row(v);
         let name = F::Rules::SPEC.name;
@@ -287,92 +298,86 @@ mod tests {
         }
     }
 
-    /// One entry in every map, every field set (non-zero, so that reserved flags show):
-    /// struct literals without `..`, so a new map or field does not compile until it is
-    /// given here.
-    fn every_map() -> MapState {
-        let v4 = FamilyMaps::<V4> {
-            policy: [(
+    /// A map of one entry.
+    fn one<K: Ord, V>(k: K, v: V) -> std::collections::BTreeMap<K, V> {
+        [(k, v)].into()
+    }
+
+    /// One entry in every IPv4 map, every field set (non-zero, so that reserved flags
+    /// show): struct literals without `..`, so a new map or field does not compile until
+    /// it is given here.
+    fn v4_maps() -> FamilyMaps<V4> {
+        let (pod, dst, egress) = ([10, 244, 1, 5], [192, 0, 2, 0], [192, 0, 2, 50]);
+        FamilyMaps {
+            policy: one(
                 PolicyKeyV4 {
-                    pod: [10, 244, 1, 5],
-                    dst: [192, 0, 2, 0],
+                    pod,
+                    dst,
                     dst_len: 24,
                 },
                 PolicyValueV4 {
                     gateway: underlay::from_v4([10, 200, 0, 21]),
-                    egress_ip: [192, 0, 2, 50],
+                    egress_ip: egress,
                     rule_id: 7,
                     action: action::DENY,
                     _pad: 0,
                     filter: 3,
                 },
-            )]
-            .into(),
-            dests: [((24, [192, 0, 2, 0]), DestValueV4::new(24, 1 << 24))].into(),
-            selected: [(
-                [10, 244, 1, 5],
+            ),
+            dests: one((24, dst), DestValueV4::new(24, 1 << 24)),
+            selected: one(
+                pod,
                 SelectedValueV4 {
                     lengths: 1 << 24,
                     entries: 1,
                     flags: 1,
                 },
-            )]
-            .into(),
-            rules: [(
+            ),
+            rules: one(
                 7,
                 RuleValueV4 {
-                    egress_ip: [192, 0, 2, 50],
+                    egress_ip: egress,
                     ifindex: 4,
                 },
-            )]
-            .into(),
-            pod_owner: [(
-                [10, 244, 1, 5],
+            ),
+            pod_owner: one(
+                pod,
                 PodOwnerValue {
                     node: underlay::from_v4([10, 200, 0, 1]),
                 },
-            )]
-            .into(),
-            egress_ips: [(
-                [192, 0, 2, 50],
+            ),
+            egress_ips: one(
+                egress,
                 EgressIpValue {
                     ifindex: 4,
                     flags: 1,
                 },
-            )]
-            .into(),
-            admitted: [(
-                AdmittedKeyV4 {
-                    pod: [10, 244, 1, 5],
-                    rule_id: 7,
-                },
+            ),
+            admitted: one(
+                AdmittedKeyV4 { pod, rule_id: 7 },
                 AdmittedValue { flags: 2 },
-            )]
-            .into(),
-            known_pods: [([10, 244, 1, 6], KnownPodValue { flags: 2 })].into(),
-            covered: [(
-                (24, [192, 0, 2, 0]),
+            ),
+            known_pods: one([10, 244, 1, 6], KnownPodValue { flags: 2 }),
+            covered: one(
+                (24, dst),
                 CoveredValue {
                     covered: coverage::COVERED,
                 },
-            )]
-            .into(),
-            pod_devices: [([10, 244, 1, 5], PodDeviceValue { ifindex: 9 })].into(),
-        };
-        let pod6: [u8; 16] = "fd00:244:1::5"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets();
-        let dst6: [u8; 16] = "2001:db8::".parse::<std::net::Ipv6Addr>().unwrap().octets();
-        let egress6: [u8; 16] = "fd00:101::50"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets();
-        let v6 = FamilyMaps::<V6> {
-            policy: [(
+            ),
+            pod_devices: one(pod, PodDeviceValue { ifindex: 9 }),
+        }
+    }
+
+    /// [`v4_maps`] for IPv6.
+    fn v6_maps() -> FamilyMaps<V6> {
+        let octets = |a: &str| a.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        let (pod, dst) = (octets("fd00:244:1::5"), octets("2001:db8::"));
+        let egress = octets("fd00:101::50");
+        FamilyMaps {
+            policy: one(
                 PolicyKeyV6 {
-                    pod: pod6,
-                    dst: dst6,
+                    pod,
+                    dst,
                     dst_len: 64,
                 },
                 PolicyValueV6 {
@@ -381,69 +386,62 @@ mod tests {
                     action: action::FORWARD,
                     _pad: 0,
                     filter: 4,
-                    egress_ip: egress6,
+                    egress_ip: egress,
                 },
-            )]
-            .into(),
-            dests: [(
-                (64, dst6),
+            ),
+            dests: one(
+                (64, dst),
                 DestValueV6 {
                     lengths: [1, 0, 0],
                     len: 64,
                     _pad: 0,
                 },
-            )]
-            .into(),
-            selected: [(
-                pod6,
+            ),
+            selected: one(
+                pod,
                 SelectedValueV6 {
                     lengths: [1, 0, 0],
                     entries: 1,
                     flags: 1,
                 },
-            )]
-            .into(),
-            rules: [(
+            ),
+            rules: one(
                 9,
                 RuleValueV6 {
-                    egress_ip: egress6,
+                    egress_ip: egress,
                     ifindex: 4,
                 },
-            )]
-            .into(),
-            pod_owner: [(
-                pod6,
+            ),
+            pod_owner: one(
+                pod,
                 PodOwnerValue {
                     node: underlay::from_v4([10, 200, 0, 1]),
                 },
-            )]
-            .into(),
-            egress_ips: [(
-                egress6,
+            ),
+            egress_ips: one(
+                egress,
                 EgressIpValue {
                     ifindex: 4,
                     flags: 1,
                 },
-            )]
-            .into(),
-            admitted: [(
-                AdmittedKeyV6 {
-                    pod: pod6,
-                    rule_id: 9,
-                },
+            ),
+            admitted: one(
+                AdmittedKeyV6 { pod, rule_id: 9 },
                 AdmittedValue { flags: 2 },
-            )]
-            .into(),
-            known_pods: [(pod6, KnownPodValue { flags: 2 })].into(),
-            covered: [(
-                (64, dst6),
+            ),
+            known_pods: one(pod, KnownPodValue { flags: 2 }),
+            covered: one(
+                (64, dst),
                 CoveredValue {
                     covered: coverage::COVERED,
                 },
-            )]
-            .into(),
-            pod_devices: [(pod6, PodDeviceValue { ifindex: 9 })].into(),
-        };
+            ),
+            pod_devices: one(pod, PodDeviceValue { ifindex: 9 }),
+        }
+    }
+
+    /// One entry in every map of both families and the shared ones.
+    fn every_map() -> MapState {
         let range = PortRange {
             proto: 6,
             _pad: 0,
@@ -456,14 +454,13 @@ mod tests {
         };
         filter.ranges[0] = range;
         MapState {
-            v4,
-            v6,
-            nodes: [(
+            v4: v4_maps(),
+            v6: v6_maps(),
+            nodes: one(
                 underlay::from_v4([10, 200, 0, 21]),
                 NodeValue { node_id: 3 },
-            )]
-            .into(),
-            port_filters: [(3, filter)].into(),
+            ),
+            port_filters: one(3, filter),
         }
     }
 
