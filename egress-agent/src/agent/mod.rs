@@ -19,16 +19,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use ipnet::IpNet;
 use tracing::{info, warn};
 
 use crate::{
     api::{EgressNode, PreflightCheck},
     compiler::{self, Compiled, move_reason},
-    datapath::{self, Datapath, lock::PinLock},
+    datapath::{self, Datapath},
     iface,
-    liveness::{self, PeerView, service::Handle},
+    liveness::{self, PeerView, Transition, service::Handle},
     metrics::{self, Stats},
     source::{ClusterView, StatusWriter, kube as kube_source},
 };
@@ -45,6 +45,7 @@ mod start;
 mod wakers;
 
 use holding::{NodeAddresses, Ownership};
+use wakers::{Due, Trigger, Wake};
 
 /// Where cluster state comes from.
 #[derive(Clone, Debug)]
@@ -115,116 +116,29 @@ pub enum UnknownPods {
 }
 
 pub async fn run(cfg: RunConfig) -> Result<()> {
-    // Nothing on the host changes before the keys are read, the source answers and this
-    // pin directory is ours: a failed start leaves the node as it was.
-    let liveness_keys = liveness::service::Keys::load(cfg.liveness_key_file.clone())?;
-    let (mut views, sink) = start::connect(&cfg).await?;
-    let lock = PinLock::acquire(&cfg.bpffs_dir)?;
-    let first = Arc::clone(&views.borrow());
-    let preflight = start::preflight(&cfg, &first).await;
-    let stats = Arc::new(Mutex::new(Stats::default()));
-    let probe_socket = match start::open_ports(&cfg, &stats).await {
-        Ok(s) => s,
-        Err(e) => {
-            // Nothing changed yet: not even the lock file stays.
-            lock.abandon();
-            return Err(e);
-        }
-    };
-    let _lock = lock;
-    let remapped = crate::family::conntrack::Outbox::default();
-    let (nl, tunnel, mut dp) = start::set_up_node(&cfg, remapped.clone()).await?;
-    let (tunnel_ifindex, tunnel_mtu, underlay_mtu) = tunnel;
-    // Started last: its warm-up and detection clocks run from here, and a pass must follow
-    // at once (loading the programs takes a second, long enough to declare peers dead).
-    let probes =
-        liveness::service::start_on(probe_socket, &cfg.node_name, cfg.probe, liveness_keys)
-            .context("failed to start the liveness probes")?;
-    // Flows whose port this gateway remapped go to the other gateways, and theirs come
-    // here, so that a takeover keeps them (issue 44).
-    probes.handle.remaps().set_outbox(remapped);
-    let pins = cfg.bpffs_dir.clone();
-    probes
-        .handle
-        .remaps()
-        .set_installer(Box::new(move |add, remove| {
-            crate::datapath::remap::write(&pins, add, remove).map_err(Into::into)
-        }));
-    if !probes.handle.authenticated() {
-        warn!(
-            "liveness is UNAUTHENTICATED: hellos are not signed, so anything that can send UDP \
-             from a node's underlay address (a host-network pod, a machine on the underlay's \
-             network) can keep a dead gateway alive or fight for its egress IPs; give every \
-             agent the same key with --liveness-key-file (a Secret: see docs/operations.md)"
-        );
-    }
-    info!(
-        node = %cfg.node_name,
-        tunnel = %cfg.tunnel_device,
-        tunnel_ifindex,
-        tunnel_mtu,
-        pins = %cfg.bpffs_dir.display(),
-        adopted = dp.held().v4.policy.len() + dp.held().v4.pod_owner.len(),
-        probe_port = probes.port,
-        probe_interval_ms = cfg.probe.interval.as_millis(),
-        probe_misses = cfg.probe.misses,
-        "agent started"
-    );
-    let mut wakers = wakers::Wakers {
-        batch: batch::StateBatch::new(cfg.state_batch_max),
-        changes: iface::Netlink::subscribe_changes().await?,
-        tick: tokio::time::interval(cfg.resync),
-        sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
-        peer_views: probes.views,
-        transitions: probes.transitions,
-        new_links: None,
-        cni: None,
-    };
-    if let Some(path) = &cfg.cni_socket {
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let path = path.clone();
-        info!(socket = %path.display(), "serving the CNI plugin");
-        tokio::spawn(async move {
-            if let Err(e) = crate::cni::serve(path, tx).await {
-                warn!("the CNI plugin socket failed: {e:#}; pods wait for the next pass");
-            }
-        });
-        wakers.cni = Some(rx);
-    }
-    if cfg.unknown_pods == UnknownPods::Drop {
-        wakers.new_links = Some(
-            nl.subscribe_new_links()
-                .await
-                .context("failed to subscribe to new links")?,
-        );
-    }
-    let mut r = Reconciler::new(
-        &cfg,
-        nl,
-        (tunnel_ifindex, tunnel_mtu, underlay_mtu),
-        sink,
-        probes.handle,
-        stats.clone(),
-        preflight,
-    );
+    let start::Started {
+        reconciler: mut r,
+        mut dp,
+        mut wakers,
+        lock: _lock,
+    } = start::start(&cfg).await?;
     let mut problem_log = problems::ProblemLog::default();
-    while let Some(trigger) = wakers.next(&mut views, &mut r, &mut dp).await? {
-        let peers = wakers.peer_views.borrow_and_update().clone();
-        // Shared with the source, not copied (a copy of 10k Pods is tens of MiB).
-        let snap = Arc::clone(&views.borrow_and_update());
-        let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
-        let t0 = Instant::now();
-        let outcome = r.reconcile(&mut dp, &snap.view, peers).await;
-        let took = t0.elapsed();
-        wakers.batch.ran(t0, took);
-        record_pass(
-            &stats,
-            &mut problem_log,
-            trigger,
-            source_errors,
-            outcome,
-            took,
-        );
+    loop {
+        match wakers.next(r.wake_at).await? {
+            Wake::Pass(due) => {
+                let trigger = due.trigger;
+                let passed = r.pass(&mut dp, due).await;
+                wakers.ran(passed.began, passed.took);
+                record_pass(&r.stats, &mut problem_log, trigger, passed);
+            }
+            Wake::NewLink(link) => r.on_new_link(&mut dp, &link),
+            Wake::Cni((req, reply)) => {
+                let answer = r.on_cni(&mut dp, &req).await;
+                let _ = reply.send(answer);
+            }
+            Wake::Transition(t) => note(&r.stats, &t),
+            Wake::Stop => break,
+        }
     }
     // The datapath stays: peers keep this node alive while its next agent starts.
     r.probes.farewell().await;
@@ -237,15 +151,41 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     Ok(())
 }
 
+/// Log and count a liveness transition.
+fn note(stats: &Mutex<Stats>, t: &Transition) {
+    let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+    match t {
+        Transition::Died { name, silent_for } => {
+            warn!(
+                peer = %name,
+                silent_ms = silent_for.as_millis(),
+                "peer unreachable: no probe heard within the detection time"
+            );
+            s.liveness.detections += 1;
+            s.liveness.last_detection = Some(*silent_for);
+            s.liveness.detection.observe(*silent_for);
+        }
+        Transition::Revived { name } => info!(peer = %name, "peer reachable again"),
+        Transition::CutOff => {
+            warn!("this node hears fewer than a majority of its peers: giving up its egress IPs");
+        }
+        Transition::Reconnected => info!("this node hears a majority of its peers again"),
+    }
+}
+
 /// Count a pass in the stats and log what it changed and the problems it found.
 fn record_pass(
     stats: &Mutex<Stats>,
     problem_log: &mut problems::ProblemLog,
-    trigger: &str,
-    source_errors: Vec<String>,
-    outcome: Result<Outcome>,
-    took: Duration,
+    trigger: Trigger,
+    passed: Passed,
 ) {
+    let Passed {
+        source_errors,
+        outcome,
+        took,
+        ..
+    } = passed;
     let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
     s.reconciles += 1;
     s.last_reconcile = took;
@@ -261,9 +201,9 @@ fn record_pass(
             let state = source_errors.iter().map(|e| format!("state: {e}"));
             let all: Vec<String> = state.chain(o.problems).collect();
             problem_log.log(&all);
-            if o.changed > 0 || trigger == "state" {
+            if o.changed > 0 || trigger == Trigger::State {
                 info!(
-                    trigger,
+                    trigger = trigger.name(),
                     changed = o.changed,
                     problems = all.len(),
                     took_ms = took.as_secs_f64() * 1e3,
@@ -276,6 +216,14 @@ fn record_pass(
             warn!("failed to reconcile: {}", crate::report::chain(e.as_ref()));
         }
     }
+}
+
+/// A pass: the source's errors it saw, what it did, when it began and how long it took.
+struct Passed {
+    source_errors: Vec<String>,
+    outcome: Result<Outcome>,
+    began: Instant,
+    took: Duration,
 }
 
 struct Outcome {
@@ -355,6 +303,33 @@ impl<'a> Reconciler<'a> {
             new_devices: attachments::NewDevices::default(),
             egress_interfaces: BTreeSet::new(),
             full_policy_maps: Vec::new(),
+        }
+    }
+}
+
+impl Reconciler<'_> {
+    /// The pass `due` asks for: what came with it first (new links attached, transitions
+    /// noted, the state change's wait counted), then [`reconcile`](Self::reconcile).
+    async fn pass(&mut self, dp: &mut Datapath, due: Due) -> Passed {
+        for link in &due.new_links {
+            self.on_new_link(dp, link);
+        }
+        for t in &due.transitions {
+            note(&self.stats, t);
+        }
+        if let Some(waited) = due.state_waited {
+            let s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.state_batch_delay.observe(waited);
+        }
+        let snap = due.snapshot;
+        let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
+        let began = Instant::now();
+        let outcome = self.reconcile(dp, &snap.view, due.peers).await;
+        Passed {
+            source_errors,
+            outcome,
+            began,
+            took: began.elapsed(),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! Starting the agent: the source of cluster state connected and read once, the ports
-//! opened, `doctor`'s preflight, and the node set up for the datapath (netlink, the
-//! tunnel device, the programs and pinned maps, the sweeper and next-hop tasks). Nothing
-//! on the host changes before the source answers.
+//! Starting the agent ([`start`], one call): the source of cluster state connected and
+//! read once, the pin directory locked, the ports opened, `doctor`'s preflight, the node
+//! set up for the datapath (netlink, the tunnel device, the programs and pinned maps, the
+//! sweeper and next-hop tasks), the liveness probes started and what wakes a pass
+//! subscribed to. Nothing on the host changes before the source answers.
 
 use std::{
     net::IpAddr,
@@ -12,15 +13,109 @@ use std::{
 use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
-use super::{RunConfig, Source, nexthop};
+use super::{Reconciler, RunConfig, Source, nexthop, wakers::Wakers};
 use crate::{
     api::{PreflightCheck, PreflightResult},
     compiler,
-    datapath::{self, Datapath},
+    datapath::{self, Datapath, lock::PinLock},
     doctor, iface, liveness,
     metrics::Stats,
     source::{PodScope, Snapshot, StatusWriter, kube as kube_source, yaml},
 };
+
+/// A started agent: its reconciler, the datapath, what wakes it, and the lock on its
+/// pin directory (held until the agent stops).
+pub(super) struct Started<'a> {
+    pub reconciler: Reconciler<'a>,
+    pub dp: Datapath,
+    pub wakers: Wakers,
+    pub lock: PinLock,
+}
+
+/// Start the agent of `cfg`. Nothing on the host changes before the keys are read, the
+/// source answers and the pin directory is this agent's: a failed start leaves the node
+/// as it was.
+pub(super) async fn start(cfg: &RunConfig) -> Result<Started<'_>> {
+    let liveness_keys = liveness::service::Keys::load(cfg.liveness_key_file.clone())?;
+    let (views, sink) = connect(cfg).await?;
+    let lock = PinLock::acquire(&cfg.bpffs_dir)?;
+    let first = Arc::clone(&views.borrow());
+    let preflight = preflight(cfg, &first).await;
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let probe_socket = match open_ports(cfg, &stats).await {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing changed yet: not even the lock file stays.
+            lock.abandon();
+            return Err(e);
+        }
+    };
+    let remapped = crate::family::conntrack::Outbox::default();
+    let (nl, tunnel, dp) = set_up_node(cfg, remapped.clone()).await?;
+    // Started last: its warm-up and detection clocks run from here, and a pass must follow
+    // at once (loading the programs takes a second, long enough to declare peers dead).
+    let probes = start_probes(cfg, probe_socket, liveness_keys, remapped)?;
+    log_started(cfg, tunnel, &dp, probes.port);
+    let wakers = Wakers::start(cfg, views, &nl, probes.views, probes.transitions).await?;
+    let reconciler = Reconciler::new(cfg, nl, tunnel, sink, probes.handle, stats, preflight);
+    Ok(Started {
+        reconciler,
+        dp,
+        wakers,
+        lock,
+    })
+}
+
+/// The liveness probes on `socket`, with the cluster's `keys`; flows whose port this
+/// gateway remapped (`remapped`) go to the other gateways, and theirs come here, so that
+/// a takeover keeps them (issue 44).
+fn start_probes(
+    cfg: &RunConfig,
+    socket: tokio::net::UdpSocket,
+    keys: liveness::service::Keys,
+    remapped: crate::family::conntrack::Outbox,
+) -> Result<liveness::service::Started> {
+    let probes = liveness::service::start_on(socket, &cfg.node_name, cfg.probe, keys)
+        .context("failed to start the liveness probes")?;
+    probes.handle.remaps().set_outbox(remapped);
+    let pins = cfg.bpffs_dir.clone();
+    probes
+        .handle
+        .remaps()
+        .set_installer(Box::new(move |add, remove| {
+            crate::datapath::remap::write(&pins, add, remove).map_err(Into::into)
+        }));
+    if !probes.handle.authenticated() {
+        warn!(
+            "liveness is UNAUTHENTICATED: hellos are not signed, so anything that can send UDP \
+             from a node's underlay address (a host-network pod, a machine on the underlay's \
+             network) can keep a dead gateway alive or fight for its egress IPs; give every \
+             agent the same key with --liveness-key-file (a Secret: see docs/operations.md)"
+        );
+    }
+    Ok(probes)
+}
+
+/// Say that the agent started, and with what.
+fn log_started(
+    cfg: &RunConfig,
+    (tunnel_ifindex, tunnel_mtu, _): (u32, u32, u32),
+    dp: &Datapath,
+    probe_port: u16,
+) {
+    info!(
+        node = %cfg.node_name,
+        tunnel = %cfg.tunnel_device,
+        tunnel_ifindex,
+        tunnel_mtu,
+        pins = %cfg.bpffs_dir.display(),
+        adopted = dp.held().v4.policy.len() + dp.held().v4.pod_owner.len(),
+        probe_port,
+        probe_interval_ms = cfg.probe.interval.as_millis(),
+        probe_misses = cfg.probe.misses,
+        "agent started"
+    );
+}
 
 /// MTU inside the tunnel for an underlay of `node_ip`'s family.
 pub(super) fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
@@ -34,7 +129,7 @@ pub(super) fn tunnel_mtu_for(underlay_mtu: u32, node_ip: IpAddr) -> u32 {
 /// `egress-agent doctor` at start, on the first view of the cluster: each check logged
 /// (WARN for warn and fail) and kept for the EgressNode. Egress IPs are probed when
 /// claimed, not here.
-pub(super) async fn preflight(cfg: &RunConfig, snap: &Snapshot) -> Vec<PreflightCheck> {
+async fn preflight(cfg: &RunConfig, snap: &Snapshot) -> Vec<PreflightCheck> {
     let settings = doctor::Settings {
         bpffs_dir: cfg.bpffs_dir.clone(),
         tunnel_device: cfg.tunnel_device.clone(),
@@ -63,7 +158,7 @@ const API_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Connect to the source of cluster state and read it once: the first thing `run` does,
 /// before it changes anything on the host.
-pub(super) async fn connect(
+async fn connect(
     cfg: &RunConfig,
 ) -> Result<(
     tokio::sync::watch::Receiver<Arc<Snapshot>>,
@@ -124,10 +219,7 @@ pub(super) async fn connect(
 
 /// The probe port, bound, and the metrics endpoint, served (`--metrics-addr`): a port in
 /// use fails the start before anything on the host changes.
-pub(super) async fn open_ports(
-    cfg: &RunConfig,
-    stats: &Arc<Mutex<Stats>>,
-) -> Result<tokio::net::UdpSocket> {
+async fn open_ports(cfg: &RunConfig, stats: &Arc<Mutex<Stats>>) -> Result<tokio::net::UdpSocket> {
     let probe_socket = liveness::service::bind(cfg.probe_port)
         .await
         .with_context(|| {
@@ -155,7 +247,7 @@ pub(super) async fn open_ports(
 /// Set this node up for the datapath: netlink, the tunnel device (its MTU from the
 /// underlay's), the programs and pinned maps, the conntrack sweeper. Returns the netlink
 /// handle, (tunnel ifindex, tunnel MTU, underlay MTU) and the datapath.
-pub(super) async fn set_up_node(
+async fn set_up_node(
     cfg: &RunConfig,
     outbox: crate::family::conntrack::Outbox,
 ) -> Result<(iface::Netlink, (u32, u32, u32), Datapath)> {

@@ -1,41 +1,81 @@
-//! What wakes the agent for a pass: the state source (held back while passes are
-//! expensive, [`StateBatch`]), link and address changes, the resync tick, the liveness
-//! service, timers the pass asked for, signals; and what is handled at once between
-//! passes (new pod devices, the CNI plugin's requests, peers' transitions).
+//! What wakes the agent: the state source (held back while passes are expensive,
+//! [`StateBatch`]), link and address changes, the resync tick, the liveness service,
+//! timers the pass asked for, signals; and what is handled at once between passes (new
+//! pod devices, the CNI plugin's requests, peers' transitions). [`Wakers::next`] says
+//! what woke it ([`Wake`]); `run` acts on it.
 
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
-use super::{Reconciler, batch::StateBatch};
+use super::{RunConfig, UnknownPods, batch::StateBatch};
 use crate::{
-    datapath::Datapath,
     iface,
-    liveness::{self, Transition},
+    liveness::tracker::{PeerView, Transition},
     source::Snapshot,
 };
 
-/// What wakes the agent for a pass, besides the state source.
-pub(super) struct Wakers {
-    /// When a pass for a state change may start (told of every pass).
-    pub(super) batch: StateBatch,
-    /// Link and address changes on this node.
-    pub(super) changes: tokio::sync::mpsc::Receiver<()>,
+/// What woke the agent.
+#[derive(Debug)]
+pub(super) enum Wake {
+    /// A pass is due.
+    Pass(Due),
+    /// A link appeared (`--unknown-pods drop`): its attachment must not wait for a pass.
+    NewLink(iface::NewLink),
+    /// The CNI plugin asks (`--cni-socket`); the reply goes back on the call's channel.
+    Cni(CniCall),
+    /// A peer's liveness changed (noted as it comes, for the failover table).
+    Transition(Transition),
+    /// SIGINT or SIGTERM.
+    Stop,
+}
+
+/// Why a pass is due (its name is the metrics' `trigger`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Trigger {
+    /// The state source changed (after its batch's rest, [`StateBatch`]).
+    State,
+    /// The liveness service's view of the peers changed.
+    Probe,
+    /// A link or an address of this node changed.
+    Netlink,
     /// The periodic resync (`--resync`).
-    pub(super) tick: tokio::time::Interval,
-    pub(super) sigterm: tokio::signal::unix::Signal,
-    /// The liveness service's view of the peers.
-    pub(super) peer_views: tokio::sync::watch::Receiver<liveness::tracker::PeerView>,
-    /// Peers' transitions (noted as they come, for the failover table).
-    pub(super) transitions: tokio::sync::mpsc::UnboundedReceiver<liveness::tracker::Transition>,
-    /// New links, with `--unknown-pods drop` (handled at once, between passes).
-    pub(super) new_links: Option<tokio::sync::mpsc::Receiver<iface::NewLink>>,
-    /// The CNI plugin's requests (`--cni-socket`), each with its reply's channel.
-    pub(super) cni: Option<tokio::sync::mpsc::Receiver<CniCall>>,
+    Resync,
+    /// A time the last pass asked for (a handover, the warm-up or a linger ending).
+    Timer,
+}
+
+impl Trigger {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::State => "state",
+            Self::Probe => "probe",
+            Self::Netlink => "netlink",
+            Self::Resync => "resync",
+            Self::Timer => "timer",
+        }
+    }
+}
+
+/// A pass that is due: why, the cluster and the peers as it is to see them, and what
+/// arrived with the event that woke it (handled before the pass).
+#[derive(Debug)]
+pub(super) struct Due {
+    pub trigger: Trigger,
+    /// The state source's latest snapshot (shared with the source, not copied: a copy of
+    /// 10k Pods is tens of MiB).
+    pub snapshot: Arc<Snapshot>,
+    pub peers: PeerView,
+    /// New links read just after the change that woke this pass: attached before it.
+    pub new_links: Vec<iface::NewLink>,
+    /// Transitions that came meanwhile.
+    pub transitions: Vec<Transition>,
+    /// How long the state change this pass takes waited for it (`None`: none waited).
+    pub state_waited: Option<Duration>,
 }
 
 /// A CNI plugin request and where its reply goes.
@@ -43,6 +83,36 @@ pub(super) type CniCall = (
     crate::cni::Request,
     tokio::sync::oneshot::Sender<crate::cni::Reply>,
 );
+
+/// A state change seen at `seen`, waiting for its pass at `at` (the batch's start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    seen: Instant,
+    at: Instant,
+}
+
+/// What wakes the agent for a pass, and what it handles between passes.
+pub(super) struct Wakers {
+    /// The state source's snapshots.
+    views: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    /// When a pass for a state change may start (told of every pass).
+    batch: StateBatch,
+    /// A state change seen and waiting for its batch's start.
+    held: Option<Held>,
+    /// Link and address changes on this node.
+    changes: tokio::sync::mpsc::Receiver<()>,
+    /// The periodic resync (`--resync`).
+    tick: tokio::time::Interval,
+    sigterm: tokio::signal::unix::Signal,
+    /// The liveness service's view of the peers.
+    peer_views: tokio::sync::watch::Receiver<PeerView>,
+    /// Peers' transitions.
+    transitions: tokio::sync::mpsc::UnboundedReceiver<Transition>,
+    /// New links, with `--unknown-pods drop`.
+    new_links: Option<tokio::sync::mpsc::Receiver<iface::NewLink>>,
+    /// The CNI plugin's requests (`--cni-socket`), each with its reply's channel.
+    cni: Option<tokio::sync::mpsc::Receiver<CniCall>>,
+}
 
 /// The next CNI request; pending forever without a socket.
 async fn next_cni(rx: &mut Option<tokio::sync::mpsc::Receiver<CniCall>>) -> CniCall {
@@ -68,79 +138,136 @@ async fn next_link(rx: &mut Option<tokio::sync::mpsc::Receiver<iface::NewLink>>)
 }
 
 impl Wakers {
-    /// Wait for the next reason for a pass (its name, for the metrics), noting peer
-    /// transitions in `r` meanwhile; `None` on SIGINT or SIGTERM.
-    pub(super) async fn next(
-        &mut self,
-        views: &mut tokio::sync::watch::Receiver<Arc<Snapshot>>,
-        r: &mut Reconciler<'_>,
-        dp: &mut Datapath,
-    ) -> Result<Option<&'static str>> {
-        // A state change seen and waiting for the batch's start: when it was seen, and
-        // when its pass starts.
-        let mut held: Option<(Instant, Instant)> = None;
+    /// Subscribe to what wakes the agent: `views` (the source), `peer_views` and
+    /// `transitions` (the liveness service), netlink's changes, the resync tick,
+    /// SIGTERM; new links with `--unknown-pods drop`, and the CNI plugin's socket with
+    /// `--cni-socket` (served from here on).
+    pub(super) async fn start(
+        cfg: &RunConfig,
+        views: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+        nl: &iface::Netlink,
+        peer_views: tokio::sync::watch::Receiver<PeerView>,
+        transitions: tokio::sync::mpsc::UnboundedReceiver<Transition>,
+    ) -> Result<Self> {
+        let mut wakers = Self {
+            views,
+            batch: StateBatch::new(cfg.state_batch_max),
+            held: None,
+            changes: iface::Netlink::subscribe_changes().await?,
+            tick: tokio::time::interval(cfg.resync),
+            sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+            peer_views,
+            transitions,
+            new_links: None,
+            cni: None,
+        };
+        if let Some(path) = &cfg.cni_socket {
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            let path = path.clone();
+            info!(socket = %path.display(), "serving the CNI plugin");
+            tokio::spawn(async move {
+                if let Err(e) = crate::cni::serve(path, tx).await {
+                    warn!("the CNI plugin socket failed: {e:#}; pods wait for the next pass");
+                }
+            });
+            wakers.cni = Some(rx);
+        }
+        if cfg.unknown_pods == UnknownPods::Drop {
+            wakers.new_links = Some(
+                nl.subscribe_new_links()
+                    .await
+                    .context("failed to subscribe to new links")?,
+            );
+        }
+        Ok(wakers)
+    }
+
+    /// Wait for what wakes the agent next: a new pod device first, a CNI request, a
+    /// pass due (`wake_at`: the time the last pass asked for), a transition, a signal.
+    pub(super) async fn next(&mut self, wake_at: Option<Instant>) -> Result<Wake> {
         loop {
-            let wake = r.wake_at;
             let trigger = tokio::select! {
                 // A new pod device first: its attachment must not wait behind a pass.
                 biased;
-                link = next_link(&mut self.new_links) => {
-                    r.on_new_link(dp, &link);
-                    continue;
-                }
-                (req, reply) = next_cni(&mut self.cni) => {
-                    let answer = r.on_cni(dp, &req).await;
-                    let _ = reply.send(answer);
-                    continue;
-                }
-                res = views.changed(), if held.is_none() => {
+                link = next_link(&mut self.new_links) => return Ok(Wake::NewLink(link)),
+                call = next_cni(&mut self.cni) => return Ok(Wake::Cni(call)),
+                res = self.views.changed(), if self.held.is_none() => {
                     if res.is_err() {
                         anyhow::bail!("the state source stopped");
                     }
                     let now = Instant::now();
-                    let at = self.batch.start_at(now);
-                    if at > now {
-                        held = Some((now, at));
+                    self.held = hold(now, self.batch.start_at(now));
+                    if self.held.is_some() {
                         continue;
                     }
-                    "state"
+                    Trigger::State
                 }
-                () = sleep_until(held.map(|(_, at)| at)) => "state",
+                () = sleep_until(self.held.map(|h| h.at)) => Trigger::State,
                 res = self.peer_views.changed() => {
                     if res.is_err() {
                         anyhow::bail!("the probe service stopped");
                     }
-                    "probe"
+                    Trigger::Probe
                 }
-                Some(t) = self.transitions.recv() => {
-                    r.note(&t);
-                    continue;
-                }
-                _ = self.changes.recv() => "netlink",
-                _ = self.tick.tick() => "resync",
-                () = sleep_until(wake) => "timer",
-                _ = tokio::signal::ctrl_c() => return Ok(None),
-                _ = self.sigterm.recv() => return Ok(None),
+                Some(t) = self.transitions.recv() => return Ok(Wake::Transition(t)),
+                _ = self.changes.recv() => Trigger::Netlink,
+                _ = self.tick.tick() => Trigger::Resync,
+                () = sleep_until(wake_at) => Trigger::Timer,
+                _ = tokio::signal::ctrl_c() => return Ok(Wake::Stop),
+                _ = self.sigterm.recv() => return Ok(Wake::Stop),
             };
-            // A new pod device's notification may be read just after the change that
-            // woke this pass: attach it before the pass, not after.
-            tokio::task::yield_now().await;
-            while let Some(link) = self.new_links.as_mut().and_then(|r| r.try_recv().ok()) {
-                r.on_new_link(dp, &link);
-            }
-            // Coalesce bursts of netlink events (our own address changes cause some).
-            while self.changes.try_recv().is_ok() {}
-            while let Ok(t) = self.transitions.try_recv() {
-                r.note(&t);
-            }
-            // Whatever woke this pass, it takes the change that was waiting.
-            let waited = held.map_or(Duration::ZERO, |(seen, _)| seen.elapsed());
-            if held.is_some() || trigger == "state" {
-                let s = r.stats.lock().unwrap_or_else(|e| e.into_inner());
-                s.state_batch_delay.observe(waited);
-            }
-            return Ok(Some(trigger));
+            return Ok(Wake::Pass(self.due(trigger).await));
         }
+    }
+
+    /// The pass `trigger` asks for, with what waits to be handled before it.
+    async fn due(&mut self, trigger: Trigger) -> Due {
+        // A new pod device's notification may be read just after the change that woke
+        // this pass: it is attached before the pass, not after.
+        tokio::task::yield_now().await;
+        let mut new_links = Vec::new();
+        while let Some(link) = self.new_links.as_mut().and_then(|r| r.try_recv().ok()) {
+            new_links.push(link);
+        }
+        // Coalesce bursts of netlink events (our own address changes cause some).
+        while self.changes.try_recv().is_ok() {}
+        let mut transitions = Vec::new();
+        while let Ok(t) = self.transitions.try_recv() {
+            transitions.push(t);
+        }
+        // Whatever woke this pass, it takes the change that was waiting.
+        let state_waited = state_waited(self.held.take(), trigger);
+        Due {
+            trigger,
+            snapshot: Arc::clone(&self.views.borrow_and_update()),
+            peers: self.peer_views.borrow_and_update().clone(),
+            new_links,
+            transitions,
+            state_waited,
+        }
+    }
+
+    /// A pass began at `began` and took `took`: a state change waits for its rest.
+    pub(super) fn ran(&mut self, began: Instant, took: Duration) {
+        self.batch.ran(began, took);
+    }
+}
+
+/// Whether a state change seen at `now` waits for its batch's `start` (a later one), or
+/// passes at once (`None`).
+fn hold(now: Instant, start: Instant) -> Option<Held> {
+    (start > now).then_some(Held {
+        seen: now,
+        at: start,
+    })
+}
+
+/// How long the state change a pass woken by `trigger` takes waited for it: the held
+/// one's wait, zero for a change that passed at once, `None` for a pass without one.
+fn state_waited(held: Option<Held>, trigger: Trigger) -> Option<Duration> {
+    match held {
+        Some(h) => Some(h.seen.elapsed()),
+        None => (trigger == Trigger::State).then_some(Duration::ZERO),
     }
 }
 
@@ -148,29 +275,5 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
-    }
-}
-
-impl Reconciler<'_> {
-    /// Log and count a liveness transition.
-    fn note(&mut self, t: &Transition) {
-        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        match t {
-            Transition::Died { name, silent_for } => {
-                warn!(
-                    peer = %name,
-                    silent_ms = silent_for.as_millis(),
-                    "peer unreachable: no probe heard within the detection time"
-                );
-                s.liveness.detections += 1;
-                s.liveness.last_detection = Some(*silent_for);
-                s.liveness.detection.observe(*silent_for);
-            }
-            Transition::Revived { name } => info!(peer = %name, "peer reachable again"),
-            Transition::CutOff => warn!(
-                "this node hears fewer than a majority of its peers: giving up its egress IPs"
-            ),
-            Transition::Reconnected => info!("this node hears a majority of its peers again"),
-        }
     }
 }
