@@ -2,11 +2,11 @@
 //! at a new link's RTM_NEWLINK or the CNI plugin's ADD, and each pass's route dump, veth
 //! peers and OVS ports, turned into attachments by [`super::attachments`].
 
-use std::{net::IpAddr, time::Instant};
+use std::{collections::BTreeSet, net::IpAddr, time::Instant};
 
 use tracing::{info, warn};
 
-use super::{Reconciler, UnknownPods, attachments};
+use super::{Reconciler, RunConfig, UnknownPods, attachments};
 use crate::{
     api::PreflightCheck,
     datapath::{self, Datapath},
@@ -15,10 +15,22 @@ use crate::{
     source::ClusterView,
 };
 
+/// This node's pod devices: what a pass finds and attaches, and what `from_pod` went on
+/// between passes (a new link, the CNI plugin's ADD).
+pub(super) struct Devices<'a> {
+    cfg: &'a RunConfig,
+    tunnel_ifindex: u32,
+    /// Devices `from_pod` went on at their RTM_NEWLINK or the CNI plugin's ADD, kept
+    /// until their routes make them pod devices.
+    new_devices: attachments::NewDevices,
+    /// The egress interfaces of the last pass (never a pod device).
+    egress_interfaces: BTreeSet<String>,
+}
+
 impl Reconciler<'_> {
-    /// Find this pass's pod devices (routes, veth peers, OVS ports, as `--pod-devices`
-    /// says) and attach what `serving` needs; the route dump also checks that the peers'
-    /// underlay addresses leave by the underlay.
+    /// This pass's route dump (kept for the EgressNode; the underlay's routes checked
+    /// against the peers' addresses), then the pod devices found and attached for what
+    /// `serving` needs ([`Devices::sync`]).
     pub(super) async fn sync_devices(
         &mut self,
         dp: &mut Datapath,
@@ -27,21 +39,63 @@ impl Reconciler<'_> {
         ifaces: &[iface::Interface],
         problems: &mut Vec<String>,
     ) {
-        let routes = self.dump_routes(problems).await;
+        let routes = match self.nl.routes(&self.cfg.route_tables).await {
+            Ok(routes) => {
+                self.publisher.routes_dumped(routes.prefixes_by_oif());
+                Some(routes)
+            }
+            Err(e) => {
+                problems.push(format!("routes: {e}"));
+                None
+            }
+        };
         if let Some(routes) = &routes
             && let Some((astray, check)) =
                 underlay_astray(view, &self.cfg.node_name, serving.node_ip, ifaces, routes)
         {
             problems.extend(astray);
             // The EgressNode's preflight line says what is true now, not at start.
-            self.set_preflight(check);
+            self.publisher.set_preflight(check);
         }
+        let found = (view, serving, ifaces, routes.as_ref());
+        self.devices.sync(&self.nl, dp, found, problems).await;
+    }
+}
+
+/// What a pass finds pod devices from: the cluster, what it serves, the interfaces and
+/// its route dump (none when the dump failed).
+type Sources<'s> = (
+    &'s ClusterView,
+    &'s Desired,
+    &'s [iface::Interface],
+    Option<&'s iface::Routes>,
+);
+
+impl<'a> Devices<'a> {
+    /// No device attached between passes yet; `tunnel_ifindex`: the tunnel's.
+    pub(super) fn new(cfg: &'a RunConfig, tunnel_ifindex: u32) -> Self {
+        Self {
+            cfg,
+            tunnel_ifindex,
+            new_devices: attachments::NewDevices::default(),
+            egress_interfaces: BTreeSet::new(),
+        }
+    }
+
+    /// Find this pass's pod devices (routes, veth peers, OVS ports, as `--pod-devices`
+    /// says) and attach what it serves.
+    async fn sync(
+        &mut self,
+        nl: &iface::Netlink,
+        dp: &mut Datapath,
+        (view, serving, ifaces, routes): Sources<'_>,
+        problems: &mut Vec<String>,
+    ) {
         let (veth, ovs) = self
-            .find_pod_devices(view, serving, ifaces, routes.as_ref(), problems)
+            .find_pod_devices(nl, view, serving, ifaces, routes, problems)
             .await;
         let finders = attachments::Finders {
             routes: routes
-                .as_ref()
                 .filter(|_| self.cfg.pod_devices.by_routes())
                 .map(|r| r as &dyn attachments::PodRoutes),
             veth: veth.as_ref(),
@@ -50,18 +104,23 @@ impl Reconciler<'_> {
         self.sync_attachments(dp, serving, ifaces, finders, problems);
     }
 
+    /// Whether a new link gets `from_pod` at once: under `--unknown-pods drop`, a
+    /// pod-like one that is neither the tunnel nor an egress interface.
+    fn wants(&self, link: &iface::NewLink) -> bool {
+        self.cfg.unknown_pods == UnknownPods::Drop
+            && attachments::NewDevices::wants(
+                link,
+                &self.cfg.tunnel_device,
+                &self.egress_interfaces,
+            )
+    }
+
     /// A link appeared: under `--unknown-pods drop`, a pod-like one gets `from_pod` now,
     /// before the pod can send and before the agent knows the pod (the next pass keeps it
     /// while its routes make it a pod device, [`attachments::NEW_DEVICE_GRACE`] at most
     /// without them).
     pub(super) fn on_new_link(&mut self, dp: &mut Datapath, link: &iface::NewLink) {
-        if self.cfg.unknown_pods != UnknownPods::Drop
-            || !attachments::NewDevices::wants(
-                link,
-                &self.cfg.tunnel_device,
-                &self.egress_interfaces,
-            )
-        {
+        if !self.wants(link) {
             return;
         }
         let a = datapath::Attachment {
@@ -93,6 +152,7 @@ impl Reconciler<'_> {
     /// until its routes make it a pod device), or whether it is there.
     pub(super) async fn on_cni(
         &mut self,
+        nl: &iface::Netlink,
         dp: &mut Datapath,
         req: &crate::cni::Request,
     ) -> crate::cni::Reply {
@@ -105,12 +165,12 @@ impl Reconciler<'_> {
             Some(d) => d.ifindex,
             // A plugin older than `host_device`: look the device up in the pod's namespace,
             // as before (this takes CAP_SYS_ADMIN, which the DaemonSet does not grant).
-            None => match self.host_side_in_pod_netns(req).await {
+            None => match host_side_in_pod_netns(req).await {
                 Ok(i) => i,
                 Err(e) => return fail(e),
             },
         };
-        let ifaces = match self.nl.interfaces().await {
+        let ifaces = match nl.interfaces().await {
             Ok(i) => i,
             Err(e) => return fail(e.to_string()),
         };
@@ -149,65 +209,28 @@ impl Reconciler<'_> {
         }
     }
 
-    /// The host side of a CNI request's pod interface, looked up in the pod's namespace
-    /// (a request from a plugin that does not name it).
-    async fn host_side_in_pod_netns(&self, req: &crate::cni::Request) -> Result<u32, String> {
-        let (netns, ifname) = (req.netns.clone(), req.ifname.clone());
-        tokio::task::spawn_blocking(move || crate::cni::host_side(&netns, &ifname))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r)
-            .map_err(|e| {
-                format!(
-                    "{e} (the plugin did not name the host device: an egress-cni older than \
-                     this agent; reinstall it with install-cni, as the DaemonSet's init \
-                     container does)"
-                )
-            })
-    }
-
-    /// This pass's route dump, for the pods' devices and the EgressNode's routes (which
-    /// keep the last good dump's while dumps fail).
-    async fn dump_routes(&mut self, problems: &mut Vec<String>) -> Option<iface::Routes> {
-        match self.nl.routes(&self.cfg.route_tables).await {
-            Ok(routes) => {
-                self.route_prefixes.clone_from(routes.prefixes_by_oif());
-                Some(routes)
-            }
-            Err(e) => {
-                problems.push(format!("routes: {e}"));
-                None
-            }
-        }
-    }
-
     /// Pods' devices found without routes, as `--pod-devices` says: the veths' peers and
     /// OVS's ports (each `None` when not asked, or failed: the failure is a problem).
     /// `auto` asks neither when the route dump finds every selected pod and unknown pods
     /// pass (a routed CNI), and OVSDB only when its socket exists.
     async fn find_pod_devices(
         &self,
+        nl: &iface::Netlink,
         view: &ClusterView,
         desired: &Desired,
         ifaces: &[iface::Interface],
         routes: Option<&iface::Routes>,
         problems: &mut Vec<String>,
     ) -> (Option<attachments::Found>, Option<attachments::Found>) {
-        use attachments::{Found, PodDevices};
+        use attachments::Found;
         let mode = self.cfg.pod_devices;
-        let needed = match (mode, routes) {
-            (PodDevices::Routes, _) => false,
-            (PodDevices::Auto, Some(r)) => {
-                self.cfg.unknown_pods == UnknownPods::Drop
-                    || !attachments::routes_find_all(r, desired, self.tunnel_ifindex)
-            }
-            _ => true,
-        };
-        if !needed {
+        let routes_find_all =
+            routes.map(|r| attachments::routes_find_all(r, desired, self.tunnel_ifindex));
+        if !beyond_routes(mode, self.cfg.unknown_pods, routes_find_all) {
             return (None, None);
         }
         let veth = if mode.by_veth() {
-            match self.nl.veth_peers().await {
+            match nl.veth_peers().await {
                 Ok(peers) => Some(Found::from_veths(&peers)),
                 Err(e) => {
                     problems.push(format!("pod devices (--pod-devices {mode:?}): {e}"));
@@ -217,8 +240,7 @@ impl Reconciler<'_> {
         } else {
             None
         };
-        let ask_ovs = mode == PodDevices::Ovs || (mode.by_ovs() && self.cfg.ovsdb.exists());
-        let ovs = if ask_ovs {
+        let ovs = if asks_ovsdb(mode, self.cfg.ovsdb.exists()) {
             match iface::ovsdb::pod_ports(&self.cfg.ovsdb).await {
                 Ok(ports) => {
                     let me = Some(self.cfg.node_name.as_str());
@@ -280,7 +302,7 @@ impl Reconciler<'_> {
     }
 }
 
-impl Reconciler<'_> {
+impl Devices<'_> {
     /// Write this pass's bindings of pods to their devices (`POD_DEVICES_*`) where
     /// they changed; a failed write is a problem, and the next pass tries again.
     fn bind_pods(
@@ -293,6 +315,45 @@ impl Reconciler<'_> {
             Err(e) => problems.push(format!("failed to bind pods to their devices: {e}")),
         }
     }
+}
+
+/// The host side of a CNI request's pod interface, looked up in the pod's namespace
+/// (a request from a plugin that does not name it).
+async fn host_side_in_pod_netns(req: &crate::cni::Request) -> Result<u32, String> {
+    let (netns, ifname) = (req.netns.clone(), req.ifname.clone());
+    tokio::task::spawn_blocking(move || crate::cni::host_side(&netns, &ifname))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|e| {
+            format!(
+                "{e} (the plugin did not name the host device: an egress-cni older than \
+                 this agent; reinstall it with install-cni, as the DaemonSet's init \
+                 container does)"
+            )
+        })
+}
+
+/// Whether `--pod-devices` `mode` looks for pods' devices beyond the route dump (veth
+/// peers, OVS ports): `auto` does not when the dump (`routes_find_all`: whether it finds
+/// every selected pod; `None`: it failed) finds every selected pod and unknown pods pass.
+fn beyond_routes(
+    mode: attachments::PodDevices,
+    unknown_pods: UnknownPods,
+    routes_find_all: Option<bool>,
+) -> bool {
+    use attachments::PodDevices;
+    match (mode, routes_find_all) {
+        (PodDevices::Routes, _) => false,
+        (PodDevices::Auto, Some(all)) => unknown_pods == UnknownPods::Drop || !all,
+        _ => true,
+    }
+}
+
+/// Whether `--pod-devices` `mode` asks OVSDB for its ports: `ovs` always, `auto` when
+/// the socket exists.
+fn asks_ovsdb(mode: attachments::PodDevices, socket_exists: bool) -> bool {
+    mode == attachments::PodDevices::Ovs || (mode.by_ovs() && socket_exists)
 }
 
 /// Peers whose underlay address this node routes out of another interface than the one

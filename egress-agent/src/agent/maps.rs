@@ -35,15 +35,6 @@ impl Reconciler<'_> {
         }
     }
 
-    /// Replace the EgressNode's preflight line of `check`'s name (or add it): the line
-    /// says what is true now, not at start.
-    pub(super) fn set_preflight(&mut self, check: PreflightCheck) {
-        match self.preflight.iter_mut().find(|c| c.check == check.check) {
-            Some(c) => *c = check,
-            None => self.preflight.push(check),
-        }
-    }
-
     /// This node's configuration: tunnel MTU and the config map.
     pub(super) async fn configure(
         &mut self,
@@ -97,10 +88,12 @@ impl Reconciler<'_> {
         let ifindex = |n: &str| ifaces.iter().find(|i| i.name == n).map(|i| i.ifindex);
         let (mut want, unresolved) = MapState::from_desired(desired, ifindex);
         let left_out = want.fit_policy(self.cfg.capacities.policy);
-        self.full_policy_maps = left_out
-            .iter()
-            .map(|l| full_policy_map(l, pod_routes))
-            .collect();
+        self.publisher.set_full_policy_maps(
+            left_out
+                .iter()
+                .map(|l| full_policy_map(l, pod_routes))
+                .collect(),
+        );
         let left_out: Vec<String> = left_out.iter().map(ToString::to_string).collect();
         // The EgressNode says so too, for as long as it lasts (statuses are the same on
         // every node; this is one node's map).
@@ -121,7 +114,7 @@ impl Reconciler<'_> {
                 ),
             },
         };
-        self.set_preflight(check);
+        self.publisher.set_preflight(check);
         problems.extend(left_out);
         if self.cfg.unknown_pods == UnknownPods::Pass {
             want.forget_unknown_pods();

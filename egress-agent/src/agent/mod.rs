@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use tracing::{info, warn};
 
 use crate::{
-    api::{EgressNode, PreflightCheck},
+    api::{HeldEgressIp, PreflightCheck},
     compiler::{self, Compiled, move_reason},
     datapath::{self, Datapath},
     iface,
@@ -44,7 +44,9 @@ pub mod publish;
 mod start;
 mod wakers;
 
+use devices::Devices;
 use holding::{NodeAddresses, Ownership};
+use publish::Publisher;
 use wakers::{Due, Trigger, Wake};
 
 /// Where cluster state comes from.
@@ -131,9 +133,9 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                 wakers.ran(passed.began, passed.took);
                 record_pass(&r.stats, &mut problem_log, trigger, passed);
             }
-            Wake::NewLink(link) => r.on_new_link(&mut dp, &link),
+            Wake::NewLink(link) => r.devices.on_new_link(&mut dp, &link),
             Wake::Cni((req, reply)) => {
-                let answer = r.on_cni(&mut dp, &req).await;
+                let answer = r.devices.on_cni(&r.nl, &mut dp, &req).await;
                 let _ = reply.send(answer);
             }
             Wake::Transition(t) => note(&r.stats, &t),
@@ -241,16 +243,11 @@ struct Reconciler<'a> {
     tunnel_mtu: u32,
     /// The largest MTU of the node's up interfaces, for the default `tunnel_mtu`.
     underlay_mtu: u32,
-    sink: Box<dyn StatusWriter>,
     probes: Handle,
-    last_node_doc: Option<EgressNode>,
-    /// The destinations routed out of each interface (by ifindex), from the last route
-    /// dump that succeeded.
-    route_prefixes: BTreeMap<u32, BTreeSet<IpNet>>,
-    /// Interfaces whose routes did not all fit in the last EgressNode.
-    routes_capped: BTreeSet<String>,
-    /// Egress IP -> (node, interface) as of the last pass, to report moves.
-    last_holders: publish::Placement,
+    /// What this node tells the cluster, and what it last told it.
+    publisher: Publisher<'a>,
+    /// This node's pod devices.
+    devices: Devices<'a>,
     /// The egress IPs this node holds, lingers, waits for or refused.
     own: Ownership,
     /// The announcements of [`Ownership`]'s addresses still pending.
@@ -260,14 +257,6 @@ struct Reconciler<'a> {
     /// Each policy's last accepted version: a broken edit keeps being served from it.
     last_accepted: BTreeMap<String, crate::api::EgressGatewayPolicy>,
     stats: Arc<Mutex<Stats>>,
-    /// What `doctor` found at start, published in the EgressNode.
-    preflight: Vec<PreflightCheck>,
-    /// Devices `from_pod` went on at their RTM_NEWLINK (`--unknown-pods drop`).
-    new_devices: attachments::NewDevices,
-    /// The egress interfaces of the last pass (never a pod device).
-    egress_interfaces: BTreeSet<String>,
-    /// This node's policy maps that the last pass could not fit, for its EgressNode.
-    full_policy_maps: Vec<crate::api::FullPolicyMap>,
 }
 
 impl<'a> Reconciler<'a> {
@@ -288,21 +277,14 @@ impl<'a> Reconciler<'a> {
             tunnel_ifindex,
             tunnel_mtu,
             underlay_mtu,
-            sink,
             probes,
-            last_node_doc: None,
-            route_prefixes: BTreeMap::new(),
-            routes_capped: BTreeSet::new(),
-            last_holders: publish::Placement::new(),
+            publisher: Publisher::new(cfg, sink, preflight),
+            devices: Devices::new(cfg, tunnel_ifindex),
             own: Ownership::default(),
             announcing: holding::Announcing::default(),
             wake_at: None,
             last_accepted: BTreeMap::new(),
             stats,
-            preflight,
-            new_devices: attachments::NewDevices::default(),
-            egress_interfaces: BTreeSet::new(),
-            full_policy_maps: Vec::new(),
         }
     }
 }
@@ -312,7 +294,7 @@ impl Reconciler<'_> {
     /// noted, the state change's wait counted), then [`reconcile`](Self::reconcile).
     async fn pass(&mut self, dp: &mut Datapath, due: Due) -> Passed {
         for link in &due.new_links {
-            self.on_new_link(dp, link);
+            self.devices.on_new_link(dp, link);
         }
         for t in &due.transitions {
             note(&self.stats, t);
@@ -347,7 +329,8 @@ impl Reconciler<'_> {
         let now = Instant::now();
         let mut problems = self.restore_pins(dp);
         let ifaces = self.nl.interfaces().await?;
-        self.adopt(view, &ifaces);
+        let published = self.publisher.held(view);
+        self.adopt(&published, &ifaces);
         let down = self.report_own(&mut peers, &ifaces);
         let me = &self.cfg.node_name;
         let compiled = compiler::compile_remembering(view, &peers, &self.last_accepted, me);
@@ -356,7 +339,7 @@ impl Reconciler<'_> {
 
         let mut changed = self.configure(dp, &compiled.desired, &mut problems).await?;
         let released = self
-            .release(view, &compiled, &ifaces, now, &mut problems)
+            .release(&compiled, &published, &ifaces, now, &mut problems)
             .await;
         changed += released;
         let serving = self.own.serving(&compiled.desired);
@@ -364,7 +347,7 @@ impl Reconciler<'_> {
         self.sync_devices(dp, view, &serving, &ifaces, &mut problems)
             .await;
         changed += self
-            .acquire(&compiled, &peers, &ifaces, now, &mut problems)
+            .acquire(&compiled, &published, &peers, &ifaces, now, &mut problems)
             .await;
         self.own.remember(&compiled.desired);
         let detection = self.probes.settings().detection();
@@ -386,7 +369,7 @@ impl Reconciler<'_> {
             ifaces
         };
         self.publish_node(compiled.desired.node_ip, &ifaces, &peers)?;
-        self.report(&compiled);
+        self.publisher.report(&compiled);
         Ok(Outcome {
             changed,
             holders: holder_stats(&compiled),
@@ -411,10 +394,9 @@ impl Reconciler<'_> {
         down
     }
 
-    /// Take over what this node's EgressNode says it holds and its interfaces still carry
-    /// (the agent restarted), so that a restart moves nothing.
-    fn adopt(&mut self, view: &ClusterView, ifaces: &[iface::Interface]) {
-        let published = publish::held_in(own_egress_node(view, &self.cfg.node_name));
+    /// Take over what this node's EgressNode says it holds (`published`) and its
+    /// interfaces still carry (the agent restarted), so that a restart moves nothing.
+    fn adopt(&mut self, published: &[HeldEgressIp], ifaces: &[iface::Interface]) {
         for ip in self.own.adopt(published, ifaces) {
             info!(%ip, "adopted egress IP (held before this agent started)");
         }
@@ -423,13 +405,12 @@ impl Reconciler<'_> {
     /// Remove the egress addresses this node must no longer hold ([`Ownership::release`]).
     async fn release(
         &mut self,
-        view: &ClusterView,
         compiled: &Compiled,
+        published: &[HeldEgressIp],
         ifaces: &[iface::Interface],
         now: Instant,
         problems: &mut Vec<String>,
     ) -> usize {
-        let published = publish::held_in(own_egress_node(view, &self.cfg.node_name));
         let addrs = &mut NodeAddresses {
             nl: &self.nl,
             announcing: &mut self.announcing,
@@ -447,6 +428,7 @@ impl Reconciler<'_> {
     async fn acquire(
         &mut self,
         compiled: &Compiled,
+        published: &[HeldEgressIp],
         peers: &PeerView,
         ifaces: &[iface::Interface],
         now: Instant,
@@ -462,7 +444,6 @@ impl Reconciler<'_> {
             detection: self.probes.settings().detection(),
             dad: self.cfg.dad,
         };
-        let published = publish::held_in(self.last_node_doc.as_ref());
         let addrs = &mut NodeAddresses {
             nl: &self.nl,
             announcing: &mut self.announcing,
@@ -501,13 +482,6 @@ fn takeover_silence(
     }
     let (previous, _) = peers.last_claims.get(&ip)?;
     status.iter().find(|p| &p.name == previous)?.last_heard
-}
-
-/// The EgressNode of the node named `me` in `view`.
-fn own_egress_node<'v>(view: &'v ClusterView, me: &str) -> Option<&'v EgressNode> {
-    view.egress_nodes
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(me))
 }
 
 /// Every holder of the compile, with the pods that leave by it, for the metrics.

@@ -11,17 +11,17 @@ use anyhow::Result;
 use ipnet::IpNet;
 use tracing::{info, warn};
 
-use super::{Reconciler, holding::Holding};
+use super::{Reconciler, RunConfig, holding::Holding};
 use crate::{
     api::{
-        EgressNode, EgressNodeSpec, EgressNodeStatus, HeldEgressIp, MAX_ROUTES, NodeInterface,
-        PeerLiveness, PodScope, PreflightCheck, PreflightResult,
+        EgressNode, EgressNodeSpec, EgressNodeStatus, FullPolicyMap, HeldEgressIp, MAX_ROUTES,
+        NodeInterface, PeerLiveness, PodScope, PreflightCheck, PreflightResult,
     },
     compiler::{Compiled, Holder},
     iface,
     liveness::{PeerStatus, PeerView},
     metrics,
-    source::Event,
+    source::{ClusterView, Event, StatusWriter},
 };
 
 /// This node's interfaces as it publishes them: every one with an address but the
@@ -167,6 +167,57 @@ pub fn egress_node_doc(
     doc
 }
 
+impl Reconciler<'_> {
+    /// Write this node's EgressNode when it changed ([`Publisher::publish_node`]), and
+    /// its part of the metrics.
+    pub(super) fn publish_node(
+        &mut self,
+        underlay: Option<IpAddr>,
+        ifaces: &[iface::Interface],
+        peers: &PeerView,
+    ) -> Result<()> {
+        let statuses = self.probes.status();
+        let holdings = self.own.holdings();
+        let cut_off = peers.dead.contains(&self.cfg.node_name);
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.liveness.peers.clone_from(&statuses);
+        s.liveness.cut_off = cut_off;
+        s.liveness.refused = self.probes.refused();
+        s.liveness.authenticated = self.probes.authenticated();
+        s.liveness.remaps = self.probes.remaps().stats();
+        s.liveness.remaps_kept = self.probes.remaps().kept();
+        s.liveness.held = holdings
+            .iter()
+            .map(|(ip, h)| metrics::HeldStat {
+                ip: ip.to_string(),
+                interface: h.interface.clone(),
+                epoch: h.epoch,
+                since: h.since.clone(),
+                reason: h.reason.clone(),
+            })
+            .collect();
+        let interfaces = self.publisher.interfaces(ifaces, holdings);
+        s.routes_published = interfaces
+            .iter()
+            .map(|i| (i.name.clone(), i.routes.len()))
+            .collect();
+        drop(s);
+        let report = NodeReport {
+            underlay,
+            holdings,
+            refused: self
+                .own
+                .refused()
+                .map(|(ip, m)| (ip, m.to_owned()))
+                .collect(),
+            peers: &statuses,
+            cut_off,
+            authenticated: self.probes.authenticated(),
+        };
+        self.publisher.publish_node(interfaces, &report)
+    }
+}
+
 /// What an EgressNode says its node holds (nothing without one).
 pub fn held_in(doc: Option<&EgressNode>) -> &[HeldEgressIp] {
     doc.and_then(|d| d.status.as_ref())
@@ -236,52 +287,95 @@ fn refreshed(check: &PreflightCheck, holdings: &BTreeMap<IpAddr, Holding>) -> Pr
     }
 }
 
-impl Reconciler<'_> {
-    /// Say in this node's EgressNode which pods its maps were written from, when that
-    /// changed: a gateway is eligible only once they are every pod of the cluster.
-    fn publish_pod_scope(&mut self, scope: PodScope) {
-        let Some(doc) = self.last_node_doc.as_mut() else {
-            return;
-        };
-        let Some(status) = doc.status.as_mut().filter(|s| s.pod_scope != scope) else {
-            return;
-        };
-        status.pod_scope = scope;
-        info!(pods = ?scope, "maps written from this view of the pods");
-        if let Err(e) = self.sink.egress_node(doc) {
-            warn!("failed to publish the EgressNode's pod scope: {e:#}");
+/// What this node tells the cluster (through the source's [`StatusWriter`]) and what it
+/// last told it: its EgressNode, the policy statuses and Events of the holders' moves.
+pub(super) struct Publisher<'a> {
+    cfg: &'a RunConfig,
+    sink: Box<dyn StatusWriter>,
+    /// The EgressNode last written.
+    last_node_doc: Option<EgressNode>,
+    /// The destinations routed out of each interface (by ifindex), from the last route
+    /// dump that succeeded.
+    route_prefixes: BTreeMap<u32, BTreeSet<IpNet>>,
+    /// Interfaces whose routes did not all fit in the last EgressNode.
+    routes_capped: BTreeSet<String>,
+    /// Egress IP -> (node, interface) as of the last pass, to report moves.
+    last_holders: Placement,
+    /// What `doctor` found at start, kept current by the passes.
+    preflight: Vec<PreflightCheck>,
+    /// This node's policy maps that the last pass could not fit.
+    full_policy_maps: Vec<FullPolicyMap>,
+}
+
+/// What the EgressNode says of this node's liveness and holdings, besides its interfaces.
+pub(super) struct NodeReport<'r> {
+    pub underlay: Option<IpAddr>,
+    pub holdings: &'r BTreeMap<IpAddr, Holding>,
+    /// Addresses refused because another host answers for them, with the problem.
+    pub refused: Vec<(IpAddr, String)>,
+    pub peers: &'r [PeerStatus],
+    pub cut_off: bool,
+    pub authenticated: bool,
+}
+
+impl<'a> Publisher<'a> {
+    /// A publisher that has published nothing yet, with `doctor`'s `preflight` at start.
+    pub(super) fn new(
+        cfg: &'a RunConfig,
+        sink: Box<dyn StatusWriter>,
+        preflight: Vec<PreflightCheck>,
+    ) -> Self {
+        Self {
+            cfg,
+            sink,
+            last_node_doc: None,
+            route_prefixes: BTreeMap::new(),
+            routes_capped: BTreeSet::new(),
+            last_holders: Placement::new(),
+            preflight,
+            full_policy_maps: Vec::new(),
         }
     }
 
-    /// Write this node's EgressNode when it changed, and its part of the metrics.
-    pub(super) fn publish_node(
-        &mut self,
-        underlay: Option<IpAddr>,
-        ifaces: &[iface::Interface],
-        peers: &PeerView,
-    ) -> Result<()> {
-        let statuses = self.probes.status();
-        let holdings = self.own.holdings();
-        let cut_off = peers.dead.contains(&self.cfg.node_name);
-        {
-            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            s.liveness.peers.clone_from(&statuses);
-            s.liveness.cut_off = cut_off;
-            s.liveness.refused = self.probes.refused();
-            s.liveness.authenticated = self.probes.authenticated();
-            s.liveness.remaps = self.probes.remaps().stats();
-            s.liveness.remaps_kept = self.probes.remaps().kept();
-            s.liveness.held = holdings
+    /// What this node's EgressNode says it holds: as this agent last wrote it, or, before
+    /// it has, as `view` has it (what an earlier agent published). Read once a pass.
+    pub(super) fn held(&self, view: &ClusterView) -> Vec<HeldEgressIp> {
+        let me = self.cfg.node_name.as_str();
+        let doc = self.last_node_doc.as_ref().or_else(|| {
+            view.egress_nodes
                 .iter()
-                .map(|(ip, h)| metrics::HeldStat {
-                    ip: ip.to_string(),
-                    interface: h.interface.clone(),
-                    epoch: h.epoch,
-                    since: h.since.clone(),
-                    reason: h.reason.clone(),
-                })
-                .collect();
+                .find(|n| n.metadata.name.as_deref() == Some(me))
+        });
+        held_in(doc).to_vec()
+    }
+
+    /// Replace the EgressNode's preflight line of `check`'s name (or add it): the line
+    /// says what is true now, not at start.
+    pub(super) fn set_preflight(&mut self, check: PreflightCheck) {
+        match self.preflight.iter_mut().find(|c| c.check == check.check) {
+            Some(c) => *c = check,
+            None => self.preflight.push(check),
         }
+    }
+
+    /// This node's policy maps that the pass could not fit, for the EgressNode.
+    pub(super) fn set_full_policy_maps(&mut self, full: Vec<FullPolicyMap>) {
+        self.full_policy_maps = full;
+    }
+
+    /// A route dump succeeded: its destinations by interface, for the EgressNode (which
+    /// keeps the last good dump's while dumps fail).
+    pub(super) fn routes_dumped(&mut self, prefixes: &BTreeMap<u32, BTreeSet<IpNet>>) {
+        self.route_prefixes.clone_from(prefixes);
+    }
+
+    /// This node's interfaces as its EgressNode lists them ([`node_interfaces`]), with a
+    /// warning when their routes stop fitting.
+    pub(super) fn interfaces(
+        &mut self,
+        ifaces: &[iface::Interface],
+        holdings: &BTreeMap<IpAddr, Holding>,
+    ) -> Vec<NodeInterface> {
         let interfaces = node_interfaces(
             ifaces,
             &self.cfg.tunnel_device,
@@ -289,35 +383,37 @@ impl Reconciler<'_> {
             &self.route_prefixes,
         );
         self.routes_capped = warn_capped(&self.routes_capped, &interfaces);
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .routes_published = interfaces
-            .iter()
-            .map(|i| (i.name.clone(), i.routes.len()))
-            .collect();
-        let refused = self.own.refused().map(|(ip, message)| PreflightCheck {
+        interfaces
+    }
+
+    /// Write this node's EgressNode, of `interfaces` and `report`, when it changed.
+    pub(super) fn publish_node(
+        &mut self,
+        interfaces: Vec<NodeInterface>,
+        report: &NodeReport<'_>,
+    ) -> Result<()> {
+        let refused = report.refused.iter().map(|(ip, message)| PreflightCheck {
             check: format!("duplicate-address {ip}"),
             result: PreflightResult::Fail,
-            message: message.to_owned(),
+            message: message.clone(),
         });
         let preflight = self
             .preflight
             .iter()
-            .map(|c| refreshed(c, holdings))
+            .map(|c| refreshed(c, report.holdings))
             .chain(refused)
             .collect();
         let mut doc = egress_node_doc(
             &self.cfg.node_name,
-            underlay,
+            report.underlay,
             interfaces,
-            holdings,
-            &statuses,
-            cut_off,
+            report.holdings,
+            report.peers,
+            report.cut_off,
             preflight,
         );
         if let Some(s) = doc.status.as_mut() {
-            s.liveness_authenticated = Some(self.probes.authenticated());
+            s.liveness_authenticated = Some(report.authenticated);
             s.full_policy_maps.clone_from(&self.full_policy_maps);
             // Set by `report`, after the maps are written.
             s.pod_scope = self
@@ -332,6 +428,22 @@ impl Reconciler<'_> {
             self.last_node_doc = Some(doc);
         }
         Ok(())
+    }
+
+    /// Say in this node's EgressNode which pods its maps were written from, when that
+    /// changed: a gateway is eligible only once they are every pod of the cluster.
+    fn publish_pod_scope(&mut self, scope: PodScope) {
+        let Some(doc) = self.last_node_doc.as_mut() else {
+            return;
+        };
+        let Some(status) = doc.status.as_mut().filter(|s| s.pod_scope != scope) else {
+            return;
+        };
+        status.pod_scope = scope;
+        info!(pods = ?scope, "maps written from this view of the pods");
+        if let Err(e) = self.sink.egress_node(doc) {
+            warn!("failed to publish the EgressNode's pod scope: {e:#}");
+        }
     }
 
     /// The pods this node needs, to the source; the pods its maps were written from, in
