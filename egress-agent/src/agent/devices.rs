@@ -411,3 +411,79 @@ fn cni_device<'a>(
         _ => Ok(device),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::{agent::tests::config, cni};
+
+    #[test]
+    fn only_unknown_pods_drop_attaches_a_new_pod_device_before_the_pass() {
+        let mut cfg = config();
+        let veth = iface::NewLink::for_test(9, "veth9", true);
+        assert!(!Devices::new(&cfg, 3).wants(&veth), "--unknown-pods pass");
+        cfg.unknown_pods = UnknownPods::Drop;
+        let mut devices = Devices::new(&cfg, 3);
+        assert!(devices.wants(&veth));
+        assert!(!devices.wants(&iface::NewLink::for_test(4, "eth1", false)));
+        assert!(!devices.wants(&iface::NewLink::for_test(3, "egress0", true)));
+        devices.egress_interfaces.insert("veth9".to_owned());
+        assert!(
+            !devices.wants(&veth),
+            "an egress interface is never a pod device"
+        );
+    }
+
+    #[test]
+    fn auto_looks_beyond_the_routes_only_when_they_do_not_find_every_pod() {
+        use attachments::PodDevices::{Auto, Ovs, Routes, Veth};
+        let (pass, drop) = (UnknownPods::Pass, UnknownPods::Drop);
+        assert!(!beyond_routes(Auto, pass, Some(true)));
+        assert!(beyond_routes(Auto, pass, Some(false)));
+        assert!(
+            beyond_routes(Auto, drop, Some(true)),
+            "new pods have no route yet"
+        );
+        assert!(beyond_routes(Auto, pass, None), "the dump failed");
+        assert!(!beyond_routes(Routes, drop, None));
+        assert!(beyond_routes(Veth, pass, Some(true)));
+        assert!(beyond_routes(Ovs, pass, Some(true)));
+        assert!(asks_ovsdb(Ovs, false));
+        assert!(asks_ovsdb(Auto, true) && !asks_ovsdb(Auto, false));
+        assert!(!asks_ovsdb(Veth, true) && !asks_ovsdb(Routes, true));
+    }
+
+    fn request(host_device: Option<(&str, u32)>) -> cni::Request {
+        cni::Request {
+            netns: PathBuf::from("/var/run/netns/pod"),
+            ifname: "eth0".to_owned(),
+            container_id: "c0".to_owned(),
+            check: false,
+            host_device: host_device.map(|(name, ifindex)| cni::HostDevice {
+                name: name.to_owned(),
+                ifindex,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_cni_request_names_a_device_this_namespace_has_under_that_name() {
+        let ifaces = [iface::Interface::up_for_test("veth5", 5, &[])];
+        let named = request(Some(("veth5", 5)));
+        assert_eq!(cni_device(&named, &ifaces, 5).unwrap().name, "veth5");
+        assert_eq!(
+            cni_device(&request(None), &ifaces, 5).unwrap().name,
+            "veth5"
+        );
+        let renamed = request(Some(("veth6", 5)));
+        let e = cni_device(&renamed, &ifaces, 5).unwrap_err();
+        assert!(
+            e.contains("the plugin found veth6 at ifindex 5, which is veth5 here"),
+            "{e}"
+        );
+        let e = cni_device(&named, &ifaces, 6).unwrap_err();
+        assert!(e.contains("(ifindex 6): no such device"), "{e}");
+    }
+}

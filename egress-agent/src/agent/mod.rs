@@ -548,3 +548,127 @@ fn pod_route_stats(compiled: &Compiled) -> Vec<metrics::PodRouteStat> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `egress-agent run`'s configuration as the DaemonSet's defaults give it, for node
+    /// gw-1.
+    pub(in crate::agent) fn config() -> RunConfig {
+        RunConfig {
+            node_name: "gw-1".to_owned(),
+            source: Source::Yaml(PathBuf::from("/nonexistent/egress-state")),
+            bpffs_dir: PathBuf::from("/sys/fs/bpf/egress-test"),
+            tunnel_device: "egress0".to_owned(),
+            tunnel_port: 4789,
+            tunnel_mtu: None,
+            port_min: 32768,
+            port_max: 60999,
+            metrics_addr: None,
+            metrics_tls: None,
+            status_socket: None,
+            resync: Duration::from_secs(30),
+            state_batch_max: Duration::from_millis(batch::DEFAULT_MAX_REST_MS),
+            probe: liveness::Settings::default(),
+            probe_port: 4790,
+            liveness_key_file: None,
+            route_tables: Vec::new(),
+            cluster_cidrs: Vec::new(),
+            capacities: datapath::Capacities {
+                policy: 1024,
+                conntrack: 1024,
+                pod_owner: 1024,
+                admitted: 1024,
+            },
+            unknown_pods: UnknownPods::Pass,
+            cni_socket: None,
+            max_flows_per_pod: 0,
+            dad: true,
+            attach: datapath::AttachMode::default(),
+            tc_priority: 1,
+            pod_devices: attachments::PodDevices::default(),
+            ovsdb: PathBuf::from("/nonexistent/db.sock"),
+        }
+    }
+
+    fn passed(outcome: Result<Outcome>, source_errors: &[&str]) -> Passed {
+        Passed {
+            source_errors: source_errors.iter().map(|e| (*e).to_owned()).collect(),
+            outcome,
+            began: Instant::now(),
+            took: Duration::from_millis(7),
+        }
+    }
+
+    #[test]
+    fn a_pass_is_counted_with_what_it_found_and_a_failed_one_as_an_error() {
+        let stats = Mutex::new(Stats::default());
+        let mut log = problems::ProblemLog::default();
+        let ok = Outcome {
+            changed: 2,
+            holders: Vec::new(),
+            unheld: Vec::new(),
+            pod_routes: Vec::new(),
+            problems: vec!["policy p: no gateway".to_owned()],
+        };
+        record_pass(
+            &stats,
+            &mut log,
+            Trigger::State,
+            passed(Ok(ok), &["a.yaml: bad"]),
+        );
+        {
+            let s = stats.lock().unwrap();
+            assert!(s.ready);
+            assert_eq!((s.reconciles, s.errors), (1, 0));
+            assert_eq!((s.problems, s.source_errors), (1, 1));
+            assert_eq!(s.last_reconcile, Duration::from_millis(7));
+        }
+        let failed = Err(anyhow::anyhow!("failed to read the interfaces"));
+        record_pass(&stats, &mut log, Trigger::Resync, passed(failed, &[]));
+        let s = stats.lock().unwrap();
+        assert_eq!((s.reconciles, s.errors), (2, 1));
+        assert_eq!(s.source_errors, 0);
+        assert!(s.ready, "a failed pass keeps what the last good one found");
+    }
+
+    #[test]
+    fn a_peers_death_is_counted_with_its_detection_time() {
+        let stats = Mutex::new(Stats::default());
+        let silent_for = Duration::from_millis(900);
+        note(
+            &stats,
+            &Transition::Died {
+                name: "gw-2".to_owned(),
+                silent_for,
+            },
+        );
+        note(&stats, &Transition::CutOff);
+        let s = stats.lock().unwrap();
+        assert_eq!(s.liveness.detections, 1);
+        assert_eq!(s.liveness.last_detection, Some(silent_for));
+    }
+
+    #[test]
+    fn a_takeover_from_an_unreachable_holder_is_timed_from_its_last_hello() {
+        let ip: std::net::IpAddr = "198.51.100.10".parse().unwrap();
+        let mut peers = PeerView::default();
+        peers.last_claims.insert(ip, ("gw-2".to_owned(), 3));
+        let status = [crate::liveness::PeerStatus {
+            name: "gw-2".to_owned(),
+            alive: false,
+            direct: true,
+            last_heard: Some(Duration::from_millis(1500)),
+            rtt: None,
+        }];
+        let unreachable = move_reason::HOLDER_UNREACHABLE;
+        assert_eq!(
+            takeover_silence(ip, unreachable, &peers, &status),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(takeover_silence(ip, "Assigned", &peers, &status), None);
+        let other: std::net::IpAddr = "198.51.100.11".parse().unwrap();
+        assert_eq!(takeover_silence(other, unreachable, &peers, &status), None);
+    }
+}

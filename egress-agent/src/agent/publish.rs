@@ -483,7 +483,10 @@ impl<'a> Publisher<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
+    use std::{
+        net::Ipv4Addr,
+        sync::{Arc, Mutex},
+    };
 
     use super::*;
 
@@ -658,6 +661,136 @@ mod tests {
                 "egress IP 192.168.101.50 moved from gw2 to gw1 (sec-a): Assigned",
                 "egress IP 192.168.102.50 has no holder",
             ]
+        );
+    }
+
+    /// A status writer that keeps what it is given.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        nodes: Arc<Mutex<Vec<EgressNode>>>,
+        statuses: Arc<Mutex<usize>>,
+        events: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl StatusWriter for Recorder {
+        fn egress_node(&self, doc: &EgressNode) -> Result<()> {
+            self.nodes.lock().unwrap().push(doc.clone());
+            Ok(())
+        }
+        fn policy_statuses(&self, _: &BTreeMap<String, crate::api::PolicyStatus>) {
+            *self.statuses.lock().unwrap() += 1;
+        }
+        fn event(&self, ev: Event) {
+            self.events.lock().unwrap().push(ev.message);
+        }
+    }
+
+    fn holding(interface: &str) -> Holding {
+        Holding {
+            interface: interface.to_owned(),
+            epoch: 2,
+            since: "2026-12-05T20:00:00Z".to_owned(),
+            reason: "Assigned".to_owned(),
+        }
+    }
+
+    fn node_report(holdings: &BTreeMap<IpAddr, Holding>) -> NodeReport<'_> {
+        NodeReport {
+            underlay: Some("192.0.2.1".parse().unwrap()),
+            holdings,
+            refused: Vec::new(),
+            peers: &[],
+            cut_off: false,
+            authenticated: true,
+        }
+    }
+
+    #[test]
+    fn the_egress_node_is_written_when_it_changes_and_read_back_as_written() {
+        let cfg = crate::agent::tests::config();
+        let sink = Recorder::default();
+        let mut p = Publisher::new(&cfg, Box::new(sink.clone()), Vec::new());
+        // Before this agent writes: what an earlier one published, as the view has it.
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let held = BTreeMap::from([(ip, holding("sec-a"))]);
+        let earlier = egress_node_doc("gw-1", None, Vec::new(), &held, &[], false, Vec::new());
+        let view = ClusterView {
+            egress_nodes: vec![earlier],
+            ..ClusterView::default()
+        };
+        assert_eq!(p.held(&view)[0].ip, "198.51.100.10");
+
+        let nothing = BTreeMap::new();
+        p.publish_node(Vec::new(), &node_report(&nothing)).unwrap();
+        p.publish_node(Vec::new(), &node_report(&nothing)).unwrap();
+        assert_eq!(
+            sink.nodes.lock().unwrap().len(),
+            1,
+            "unchanged: written once"
+        );
+        assert!(p.held(&view).is_empty(), "what this agent wrote wins");
+
+        p.set_preflight(PreflightCheck {
+            check: "policy-map".to_owned(),
+            result: PreflightResult::Fail,
+            message: "full".to_owned(),
+        });
+        let report = NodeReport {
+            refused: vec![(ip, "192.0.2.9 answers for it".to_owned())],
+            ..node_report(&nothing)
+        };
+        p.publish_node(Vec::new(), &report).unwrap();
+        let nodes = sink.nodes.lock().unwrap();
+        let preflight = &nodes[1].status.as_ref().unwrap().preflight;
+        let lines: Vec<(&str, &str)> = preflight
+            .iter()
+            .map(|c| (c.check.as_str(), c.message.as_str()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("policy-map", "full"),
+                (
+                    "duplicate-address 198.51.100.10",
+                    "192.0.2.9 answers for it"
+                )
+            ]
+        );
+    }
+
+    #[test]
+    fn statuses_and_moves_are_written_by_the_status_writer_once_it_has_every_pod() {
+        let cfg = crate::agent::tests::config();
+        let sink = Recorder::default();
+        let mut p = Publisher::new(&cfg, Box::new(sink.clone()), Vec::new());
+        let first = Compiled {
+            holders: vec![holder("192.168.101.50", "gw-2", "Assigned")],
+            ..Compiled::default()
+        };
+        let moved = Compiled {
+            holders: vec![holder("192.168.101.50", "gw-1", "HolderUnreachable")],
+            ..Compiled::default()
+        };
+        // Not the writer: moves are logged only.
+        p.report(&first);
+        assert_eq!(*sink.statuses.lock().unwrap(), 0);
+        // The writer, just elected (its view has this node's pods): nothing yet.
+        let elected = Compiled {
+            status_writer: Some("gw-1".to_owned()),
+            pod_scope: PodScope::Node,
+            ..moved.clone()
+        };
+        p.report(&elected);
+        assert_eq!(*sink.statuses.lock().unwrap(), 0);
+        let writing = Compiled {
+            pod_scope: PodScope::Cluster,
+            ..elected
+        };
+        p.report(&writing);
+        assert_eq!(*sink.statuses.lock().unwrap(), 1);
+        assert_eq!(
+            *sink.events.lock().unwrap(),
+            ["egress IP 192.168.101.50 moved from gw-2 to gw-1 (sec-a): HolderUnreachable"]
         );
     }
 }

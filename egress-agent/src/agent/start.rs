@@ -301,3 +301,32 @@ pub(super) fn ensure_forwarding(dev: &str, role: &str) -> Result<(), String> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::tests::config;
+
+    #[test]
+    fn the_tunnel_mtu_leaves_room_for_the_underlays_encapsulation() {
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(tunnel_mtu_for(1500, v4), 1500 - iface::VXLAN_OVERHEAD);
+        assert_eq!(tunnel_mtu_for(1500, v6), 1500 - iface::VXLAN_OVERHEAD_V6);
+        assert_eq!(tunnel_mtu_for(10, v6), 0);
+    }
+
+    #[tokio::test]
+    async fn a_missing_state_directory_fails_the_start_naming_it_and_the_flag() {
+        let cfg = config();
+        let Err(e) = start(&cfg).await else {
+            panic!("started without a state directory");
+        };
+        let message = format!("{e:#}");
+        assert!(
+            message.starts_with("failed to read the state directory /nonexistent/egress-state")
+                && message.contains("--state-dir"),
+            "{message}"
+        );
+    }
+}

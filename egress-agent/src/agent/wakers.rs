@@ -277,3 +277,173 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::{mpsc, watch};
+
+    use super::*;
+
+    /// The other ends of a test's wakers: what the source, the liveness service, netlink
+    /// and the kernel's new links would send.
+    struct Ends {
+        state: watch::Sender<Arc<Snapshot>>,
+        peers: watch::Sender<PeerView>,
+        changes: mpsc::Sender<()>,
+        transitions: mpsc::UnboundedSender<Transition>,
+        links: mpsc::Sender<iface::NewLink>,
+    }
+
+    /// Wakers whose resync is an hour away, with `--state-batch-max-ms` at `max_rest`.
+    fn wakers(max_rest: Duration) -> (Wakers, Ends) {
+        let (state, views) = watch::channel(Arc::new(Snapshot::default()));
+        let (peers, peer_views) = watch::channel(PeerView::default());
+        let (changes_tx, changes) = mpsc::channel(8);
+        let (transitions_tx, transitions) = mpsc::unbounded_channel();
+        let (links, new_links) = mpsc::channel(8);
+        let hour = Duration::from_secs(3600);
+        let w = Wakers {
+            views,
+            batch: StateBatch::new(max_rest),
+            held: None,
+            changes,
+            tick: tokio::time::interval_at(tokio::time::Instant::now() + hour, hour),
+            sigterm: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler"),
+            peer_views,
+            transitions,
+            new_links: Some(new_links),
+            cni: None,
+        };
+        let ends = Ends {
+            state,
+            peers,
+            changes: changes_tx,
+            transitions: transitions_tx,
+            links,
+        };
+        (w, ends)
+    }
+
+    fn changed_state(ends: &Ends) {
+        ends.state.send_modify(|s| Arc::make_mut(s).errors.clear());
+    }
+
+    fn pass(wake: Wake) -> Due {
+        match wake {
+            Wake::Pass(due) => due,
+            other => panic!("expected a pass, woke for {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_link_is_handled_before_the_pass_a_state_change_asks_for() {
+        let (mut w, ends) = wakers(Duration::ZERO);
+        changed_state(&ends);
+        ends.links
+            .send(iface::NewLink::for_test(7, "veth7", true))
+            .await
+            .unwrap();
+        let Wake::NewLink(link) = w.next(None).await.unwrap() else {
+            panic!("the new link comes first");
+        };
+        assert_eq!(link.name, "veth7");
+        let due = pass(w.next(None).await.unwrap());
+        assert_eq!(due.trigger, Trigger::State);
+        assert_eq!(due.state_waited, Some(Duration::ZERO), "it passed at once");
+        assert!(due.new_links.is_empty() && due.transitions.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_state_change_after_an_expensive_pass_waits_for_its_rest_and_is_not_lost() {
+        let (mut w, ends) = wakers(Duration::from_secs(1));
+        let t0 = Instant::now();
+        // A pass of 30 ms: a state change waits 90 ms more.
+        w.ran(t0, Duration::from_millis(30));
+        changed_state(&ends);
+        ends.transitions.send(Transition::CutOff).unwrap();
+        let Wake::Transition(t) = w.next(None).await.unwrap() else {
+            panic!("the transition comes while the change waits");
+        };
+        assert_eq!(t, Transition::CutOff);
+        assert!(w.held.is_some(), "the change still waits");
+        let due = pass(w.next(None).await.unwrap());
+        assert_eq!(due.trigger, Trigger::State);
+        assert!(
+            t0.elapsed() >= Duration::from_millis(120),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert!(due.state_waited.is_some_and(|d| d > Duration::ZERO));
+        assert!(w.held.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_pass_takes_the_change_that_waited_whatever_woke_it() {
+        let (mut w, ends) = wakers(Duration::from_secs(1));
+        w.ran(Instant::now(), Duration::from_millis(300));
+        changed_state(&ends);
+        let mut view = PeerView::default();
+        view.dead.insert("gw-2".to_owned());
+        let peers = view.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            ends.peers.send(peers).unwrap();
+            // The other ends stay open until the test ends.
+            std::future::pending::<()>().await;
+        });
+        let due = pass(w.next(None).await.unwrap());
+        assert_eq!(due.trigger, Trigger::Probe);
+        assert_eq!(due.peers, view);
+        assert!(due.state_waited.is_some(), "it took the waiting change");
+        assert!(w.held.is_none());
+    }
+
+    #[tokio::test]
+    async fn what_waits_is_handed_to_the_pass_and_netlink_bursts_coalesce() {
+        let (mut w, ends) = wakers(Duration::ZERO);
+        for _ in 0..3 {
+            ends.changes.send(()).await.unwrap();
+        }
+        ends.links
+            .send(iface::NewLink::for_test(8, "veth8", true))
+            .await
+            .unwrap();
+        ends.transitions.send(Transition::Reconnected).unwrap();
+        let due = w.due(Trigger::Netlink).await;
+        assert_eq!(due.trigger, Trigger::Netlink);
+        assert_eq!(due.new_links.len(), 1);
+        assert_eq!(due.transitions, [Transition::Reconnected]);
+        assert_eq!(due.state_waited, None, "no state change waited");
+        assert!(w.changes.try_recv().is_err(), "the burst is one pass");
+    }
+
+    #[tokio::test]
+    async fn the_time_a_pass_asked_for_wakes_a_timer_pass() {
+        let (mut w, _ends) = wakers(Duration::ZERO);
+        let at = Instant::now() + Duration::from_millis(10);
+        let due = pass(w.next(Some(at)).await.unwrap());
+        assert_eq!(due.trigger, Trigger::Timer);
+        assert!(Instant::now() >= at);
+    }
+
+    #[tokio::test]
+    async fn a_source_that_stops_stops_the_agent() {
+        let (mut w, ends) = wakers(Duration::ZERO);
+        drop(ends.state);
+        let e = w.next(None).await.unwrap_err();
+        assert_eq!(e.to_string(), "the state source stopped");
+    }
+
+    #[test]
+    fn a_state_change_waits_only_for_a_later_start_and_counts_its_wait() {
+        let now = Instant::now();
+        assert_eq!(hold(now, now), None);
+        let later = now + Duration::from_millis(50);
+        let held = hold(now, later).expect("held");
+        assert_eq!((held.seen, held.at), (now, later));
+        assert!(state_waited(Some(held), Trigger::Netlink).is_some());
+        assert_eq!(state_waited(None, Trigger::State), Some(Duration::ZERO));
+        assert_eq!(state_waited(None, Trigger::Resync), None);
+    }
+}
