@@ -3,10 +3,12 @@
 //! is), a script of edits (`script.txt`, see `golden/script.rs`) and what the agents make
 //! of the cluster at each `render` of the script (`expected.txt`): the interfaces'
 //! numbering, holders, policy statuses and problems (the same on every node), then each
-//! node's desired state and the map entries it becomes (`MapState::from_desired`). The
-//! first render shows everything; each later one shows the lines that changed since the
-//! previous render (`-` gone, `+` new), section by section. `golden/cluster.rs` says how
-//! the agents are played (what they publish between compiles, interface indexes).
+//! node's desired state, what its agent holds, waits for and refused, and the map
+//! entries it serves (`MapState::from_desired` of the desired state with what lingers).
+//! The first render shows everything; each later one shows the lines that changed since
+//! the previous render (`-` gone, `+` new), section by section. `golden/cluster.rs` says
+//! how the agents are played (their passes through a fake address layer, what they
+//! publish between compiles, interface indexes).
 //!
 //! `EGRESS_UPDATE_GOLDEN=1 cargo test -p egress-agent --test golden` rewrites the files;
 //! review the diff before committing it.

@@ -77,8 +77,12 @@ pub struct Lingering {
 pub const REPROBE: Duration = Duration::from_secs(5);
 
 /// How this node's addresses change: netlink and ARP/NDP in the agent
-/// ([`NodeAddresses`]), a fake in the tests.
-pub(crate) trait Addresses {
+/// ([`NodeAddresses`]), a fake in the tests (the golden scripts' too).
+#[expect(
+    async_fn_in_trait,
+    reason = "implemented in this crate and its tests only, awaited where they are called"
+)]
+pub trait Addresses {
     /// Add `ip/prefix_len` to `i`.
     async fn add(&mut self, i: &Interface, ip: IpAddr, prefix_len: u8) -> Result<(), String>;
     /// Remove what `r` names.
@@ -97,7 +101,7 @@ pub(crate) trait Addresses {
 
 /// What one pass knows besides the compile: who this node is, the time, the peers, and
 /// the liveness clocks.
-pub(crate) struct Pass<'a> {
+pub struct Pass<'a> {
     pub me: &'a str,
     pub now: Instant,
     /// `now` in RFC 3339, for the `since` of what is taken.
@@ -166,7 +170,7 @@ impl Ownership {
     /// Remove the egress addresses this node must no longer hold (before the maps
     /// change), and keep their map entries lingering. `published`: what this node's
     /// EgressNode says it holds (an earlier agent's too), which it may remove as well.
-    pub(crate) async fn release(
+    pub async fn release(
         &mut self,
         addrs: &mut impl Addresses,
         compiled: &Compiled,
@@ -228,7 +232,7 @@ impl Ownership {
     /// attachments), waiting for the warm-up and for a live previous holder to let go,
     /// probing first claims, and announce them. `published`: what this agent last
     /// published, whose `since` an address already present keeps.
-    pub(crate) async fn acquire(
+    pub async fn acquire(
         &mut self,
         addrs: &mut impl Addresses,
         compiled: &Compiled,

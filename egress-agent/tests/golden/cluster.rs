@@ -1,27 +1,43 @@
 //! The cluster a golden script edits, and its agents as the compiler sees them: after every
 //! edit each node's agent compiles (`compile_remembering`, with the policies' last
-//! accepted versions, as `egress-agent run` does), and the agents then publish what they
-//! hold, which the next compile reads:
+//! accepted versions, as `egress-agent run` does), and then each live agent makes its
+//! pass as `egress-agent run` does, with the peers as they were before the round:
 //!
-//! * each live agent's EgressNode lists the egress IPs it holds (`status.egressIPs`:
-//!   epoch and reason; no `since`), whatever the script applies to that EgressNode;
-//! * each live agent's hello claims them (`PeerView::reports`), and the newest claim of
+//! * its [`Ownership`] adopts, releases and acquires through a fake address layer (the
+//!   node's interfaces as its EgressNode lists them; probes find in use the addresses
+//!   of `answer`), so a handover waits for the previous holder's claim to go, a released
+//!   address lingers in the maps (which show what the agent serves), and an address
+//!   another host answers for is refused;
+//! * its EgressNode lists what it holds (`status.egressIPs`, as
+//!   `publish::egress_node_doc` builds it), whatever the script applies to that
+//!   EgressNode; its hello claims the same (`PeerView::reports`), and the newest claim of
 //!   every address is remembered (`PeerView::last_claims`);
-//! * a dead agent (`peer-dead`) publishes nothing: its last EgressNode and hello stay as
+//! * a dead agent (`peer-dead`) makes no pass: its last EgressNode and hello stay as
 //!   they were, and every agent, itself included (cut off), counts it dead.
+//!
+//! The script's clock moves only with `wait`: the agents start warm at its start.
 //!
 //! Interface indexes, which the maps hold instead of names, are numbered from 2 (1 is
 //! `lo`) in the order of the interfaces' names over every EgressNode of the initial state;
 //! a name first seen later takes the next free number. A node resolves only the names its
 //! EgressNode lists.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Instant,
+};
 
 use egress_agent::{
+    agent::{
+        holding::{Addresses, Ownership, Pass, Release},
+        publish,
+    },
     api::{EgressGatewayPolicy, EgressNode, HeldEgressIp},
     compiler::{Compiled, compile_remembering, render},
     datapath::{render as maps, state::MapState},
-    liveness::{Claim, PeerView, Report},
+    iface::Interface,
+    liveness::{PeerView, Report, Settings},
     source::{ClusterView, yaml},
 };
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
@@ -46,11 +62,147 @@ pub struct Cluster {
     ifindexes: BTreeMap<String, u32>,
     /// The latest compile of every node, by name.
     compiled: BTreeMap<String, Compiled>,
+    /// Each live node's agent, from its first pass.
+    agents: BTreeMap<String, Agent>,
+    /// The script's clock: when the agents started (warm from there), and now.
+    started: Instant,
+    now: Instant,
+    /// Addresses another host answers for (`answer`): the agents' probes find it.
+    answered: BTreeSet<IpAddr>,
+}
+
+/// What one node's agent holds, and the interfaces its addresses are on.
+struct Agent {
+    own: Ownership,
+    /// The node's interfaces: its EgressNode's, with the addresses the agent added.
+    ifaces: Vec<Interface>,
+    /// What its EgressNode last said it holds.
+    published: Vec<HeldEgressIp>,
+    /// The problems of its last pass.
+    problems: Vec<String>,
+    /// When it asked for its next pass.
+    next_pass: Option<Instant>,
+}
+
+/// The agents' address layer: the interfaces of [`Agent`], and probes that find the
+/// addresses of `answered` in use.
+struct FakeAddresses<'a> {
+    ifaces: &'a mut Vec<Interface>,
+    answered: &'a BTreeSet<IpAddr>,
+}
+
+impl Addresses for FakeAddresses<'_> {
+    async fn add(&mut self, i: &Interface, ip: IpAddr, prefix_len: u8) -> Result<(), String> {
+        let Some(on) = self.ifaces.iter_mut().find(|x| x.name == i.name) else {
+            return Err(format!("no interface {}", i.name));
+        };
+        on.addresses.push((ip, prefix_len));
+        Ok(())
+    }
+
+    async fn remove(&mut self, r: &Release) -> Result<(), String> {
+        for i in self.ifaces.iter_mut().filter(|i| i.name == r.interface) {
+            i.addresses.retain(|(a, _)| *a != r.ip);
+        }
+        Ok(())
+    }
+
+    async fn probe(&mut self, i: &Interface, ip: IpAddr) -> Result<Option<String>, String> {
+        let answer = format!("another host answers for {ip} on {}", i.name);
+        Ok(self.answered.contains(&ip).then_some(answer))
+    }
+
+    fn announce(&mut self, _: &Interface, _: IpAddr) {}
+
+    fn silence(&mut self, _: IpAddr) {}
+}
+
+impl Agent {
+    /// The agent of `en`'s node before its first pass: the interfaces its EgressNode
+    /// lists (numbered by `ifindexes`), what it says the node holds.
+    fn new(en: &EgressNode, ifindexes: &BTreeMap<String, u32>) -> Self {
+        let listed = en.status.iter().flat_map(|s| s.interfaces.iter());
+        let ifaces = listed
+            .map(|i| Interface {
+                name: i.name.clone(),
+                ifindex: ifindexes.get(&i.name).copied().unwrap_or(0),
+                up: i.up,
+                mtu: 1500,
+                mac: None,
+                addresses: i
+                    .addresses
+                    .iter()
+                    .filter_map(|a| a.parse::<ipnet::IpNet>().ok())
+                    .map(|n| (n.addr(), n.prefix_len()))
+                    .collect(),
+            })
+            .collect();
+        Self {
+            own: Ownership::default(),
+            ifaces,
+            published: publish::held_in(Some(en)).to_vec(),
+            problems: Vec::new(),
+            next_pass: None,
+        }
+    }
+
+    /// One pass of the agent's [`Ownership`] over the compile `c`, as `egress-agent run`
+    /// makes it (adopt, release, acquire, remember), then its EgressNode as the
+    /// publisher builds it.
+    fn pass(&mut self, c: &Compiled, pass: &Pass<'_>, answered: &BTreeSet<IpAddr>) {
+        let ifaces = self.ifaces.clone();
+        self.own.adopt(&self.published, &ifaces);
+        let addrs = &mut FakeAddresses {
+            ifaces: &mut self.ifaces,
+            answered,
+        };
+        let released = self
+            .own
+            .release(addrs, c, &self.published, &ifaces, pass.now);
+        let released = futures::executor::block_on(released);
+        let acquired = self.own.acquire(addrs, c, &ifaces, pass, &self.published);
+        let acquired = futures::executor::block_on(acquired);
+        self.own.remember(&c.desired);
+        self.problems = released.problems;
+        self.problems.extend(acquired.problems);
+        self.next_pass = self.own.next_pass(pass.now, pass.detection, pass.warm_at);
+        let holdings = self.own.holdings();
+        let doc = publish::egress_node_doc("", None, Vec::new(), holdings, &[], false, Vec::new());
+        self.published = publish::held_in(Some(&doc)).to_vec();
+    }
+
+    /// What the agent holds, waits for (the compile gives it this node, its address is
+    /// not added yet) and refused, its problems and its next pass.
+    fn render(&self, me: &str, c: &Compiled, now: Instant) -> String {
+        let mut out = String::new();
+        for (ip, h) in self.own.holdings() {
+            out += &format!(
+                "holds {ip} on {} epoch {} ({})\n",
+                h.interface, h.epoch, h.reason
+            );
+        }
+        let mine = c.holders.iter().filter(|h| h.node == me && !h.shared);
+        for h in mine.filter(|h| !self.own.holdings().contains_key(&h.ip)) {
+            out += &format!("waits for {} on {} epoch {}\n", h.ip, h.interface, h.epoch);
+        }
+        for (ip, why) in self.own.refused() {
+            out += &format!("refused {ip}: {why}\n");
+        }
+        for p in &self.problems {
+            out += &format!("problem: {p}\n");
+        }
+        if let Some(at) = self.next_pass {
+            let ms = at.saturating_duration_since(now).as_millis();
+            out += &format!("next pass in {ms} ms\n");
+        }
+        out
+    }
 }
 
 impl Cluster {
     /// The cluster of `view`, after its agents' first reconcile.
     pub fn new(view: ClusterView) -> Self {
+        let started = Instant::now();
         let mut c = Self {
             view,
             peers: PeerView::default(),
@@ -58,6 +210,10 @@ impl Cluster {
             published: BTreeMap::new(),
             ifindexes: BTreeMap::new(),
             compiled: BTreeMap::new(),
+            agents: BTreeMap::new(),
+            started,
+            now: started,
+            answered: BTreeSet::new(),
         };
         c.reconcile();
         c
@@ -93,6 +249,14 @@ impl Cluster {
                 iface.routes = prefixes.iter().map(ToString::to_string).collect();
             }
             Command::ClusterCidr(prefixes) => self.view.cluster_cidrs = prefixes.clone(),
+            Command::Wait(d) => self.now += *d,
+            Command::Answer { ip, answered } => {
+                if *answered {
+                    self.answered.insert(*ip);
+                } else {
+                    self.answered.remove(ip);
+                }
+            }
         }
         self.reconcile();
         Ok(())
@@ -191,48 +355,46 @@ impl Cluster {
             return;
         };
         self.last_accepted = first.accepted.clone();
-        let holders = first.holders.clone();
+        // Every live agent passes on what the peers said before this round.
+        let peers = self.peers.clone();
         for en in &view.egress_nodes {
             let Some(node) = en.metadata.name.clone() else {
+                continue;
+            };
+            let Some(c) = self.compiled.get(&node) else {
                 continue;
             };
             if self.peers.dead.contains(&node) {
                 continue;
             }
-            let held: Vec<HeldEgressIp> = holders
-                .iter()
-                .filter(|h| h.node == node && !h.shared)
-                .map(|h| HeldEgressIp {
-                    ip: h.ip.to_string(),
-                    interface: h.interface.clone(),
-                    epoch: h.epoch,
-                    since: None,
-                    reason: Some(h.reason.to_owned()),
-                })
-                .collect();
-            let claims = holders
-                .iter()
-                .filter(|h| h.node == node && !h.shared)
-                .map(|h| {
-                    let claim = Claim {
-                        interface: h.interface.clone(),
-                        epoch: h.epoch,
-                    };
-                    (h.ip, claim)
-                })
-                .collect();
-            for h in holders.iter().filter(|h| h.node == node && !h.shared) {
-                let newest = self.peers.last_claims.get(&h.ip).map(|(_, e)| *e);
-                if newest.is_none_or(|e| e <= h.epoch) {
-                    self.peers.last_claims.insert(h.ip, (node.clone(), h.epoch));
+            let agent = self
+                .agents
+                .entry(node.clone())
+                .or_insert_with(|| Agent::new(en, &self.ifindexes));
+            let pass = Pass {
+                me: &node,
+                now: self.now,
+                stamp: "2026-01-01T00:00:00Z",
+                peers: &peers,
+                warm_at: self.started,
+                detection: Settings::default().detection(),
+                dad: true,
+            };
+            agent.pass(c, &pass, &self.answered);
+            for (ip, claim) in agent.own.claims() {
+                let newest = self.peers.last_claims.get(&ip).map(|(_, e)| *e);
+                if newest.is_none_or(|e| e <= claim.epoch) {
+                    self.peers
+                        .last_claims
+                        .insert(ip, (node.clone(), claim.epoch));
                 }
             }
             let report = Report {
-                claims,
+                claims: agent.own.claims(),
                 ..Report::default()
             };
             self.peers.reports.insert(node.clone(), report);
-            self.published.insert(node, held);
+            self.published.insert(node, agent.published.clone());
         }
     }
 
@@ -282,7 +444,15 @@ impl Cluster {
         }
         for (node, c) in &self.compiled {
             out.push(section(&format!("node {node}"), &render::node(c)));
-            let (state, unresolved) = MapState::from_desired(&c.desired, |name| {
+            let agent = self.agents.get(node);
+            if let Some(a) = agent {
+                let text = a.render(node, c, self.now);
+                out.push(section(&format!("node {node} agent"), &text));
+            }
+            // What the maps serve: the compile's desired state, with what lingers.
+            let serving = agent.map(|a| a.own.serving(&c.desired));
+            let desired = serving.as_deref().unwrap_or(&c.desired);
+            let (state, unresolved) = MapState::from_desired(desired, |name| {
                 self.has_interface(node, name)
                     .then(|| self.ifindexes.get(name).copied())
                     .flatten()

@@ -26,6 +26,8 @@
 //! | `peer-dead NODE`, `peer-alive NODE` | whether the agents' probes hear NODE |
 //! | `routes NODE IFACE [PREFIX...]` | the routes NODE's EgressNode publishes out of IFACE |
 //! | `cluster-cidr [PREFIX...]` | the agents' `--cluster-cidr` |
+//! | `wait SECONDS` | the script's clock moves on (handovers end, lingers run out) |
+//! | `answer IP`, `no-answer IP` | whether another host answers the agents' probes for IP |
 
 use std::collections::BTreeMap;
 
@@ -58,6 +60,13 @@ pub enum Command {
         prefixes: Vec<IpNet>,
     },
     ClusterCidr(Vec<IpNet>),
+    /// The clock moves on.
+    Wait(std::time::Duration),
+    /// Whether another host answers for the address.
+    Answer {
+        ip: std::net::IpAddr,
+        answered: bool,
+    },
 }
 
 /// A command and where it was written.
@@ -163,6 +172,18 @@ fn command(text: &str, files: &BTreeMap<String, String>) -> Result<Command, Stri
             prefixes: prefixes(&words[3..])?,
         },
         "cluster-cidr" => Command::ClusterCidr(prefixes(&words[1..])?),
+        "wait" => {
+            let secs = one("number of seconds")?;
+            let secs: u64 = secs.parse().map_err(|e| format!("wait {secs:?}: {e}"))?;
+            Command::Wait(std::time::Duration::from_secs(secs))
+        }
+        "answer" | "no-answer" => {
+            let ip = one("address")?;
+            Command::Answer {
+                ip: ip.parse().map_err(|e| format!("address {ip:?}: {e}"))?,
+                answered: words[0] == "answer",
+            }
+        }
         _ => return Err(format!("unknown command {text:?}")),
     })
 }
@@ -196,5 +217,20 @@ fn a_script_reads_as_commands_and_the_files_they_apply() {
     assert_eq!(
         parse("\nrender all\n").unwrap_err(),
         "line 2: unknown command \"render all\""
+    );
+    let timed: Vec<Command> = parse("wait 2\nno-answer 192.0.2.9\n")
+        .unwrap()
+        .into_iter()
+        .map(|s| s.command)
+        .collect();
+    assert_eq!(
+        timed,
+        [
+            Command::Wait(std::time::Duration::from_secs(2)),
+            Command::Answer {
+                ip: "192.0.2.9".parse().unwrap(),
+                answered: false
+            },
+        ]
     );
 }
