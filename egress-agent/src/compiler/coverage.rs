@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 
 use super::{
-    placement::{Destinations, PolicyPlan},
+    plans::{Destinations, PolicyPlan},
     pods::Pods,
     routes::{Kind, Prefixes},
 };

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     Holder,
-    placement::{GatewayAddr, PolicyPlan, Served},
+    plans::{GatewayAddr, PolicyPlan, Served},
     spread::Counts,
 };
 use crate::{

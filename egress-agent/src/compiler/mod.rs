@@ -12,6 +12,7 @@ use std::{
     net::IpAddr,
 };
 
+use self::plans::PolicyPlan;
 use crate::{
     api::{EgressGatewayPolicy, PolicyStatus},
     desired::Desired,
@@ -26,6 +27,7 @@ mod members;
 pub mod netpol;
 mod nodes;
 mod placement;
+mod plans;
 mod pods;
 pub mod render;
 mod routes;
@@ -271,7 +273,7 @@ impl fmt::Display for Problem {
 /// per compile, for every stage that needs them.
 fn selected_by<'p, 'a>(
     pods: &'p pods::Pods<'a>,
-    plans: &[placement::PolicyPlan<'_>],
+    plans: &[PolicyPlan<'_>],
 ) -> Vec<Vec<&'p pods::PodInfo<'a>>> {
     plans
         .iter()
@@ -326,7 +328,7 @@ pub fn compile_remembering(
     source_side::claim(&mut plans, &selected, node_name, &mut desired);
     coverage::cover(&plans, &pods, node_name, &mut desired);
     netpol::restrict(view, &pods, node_name, &mut desired, &mut problems);
-    let reported = plans.iter().map(placement::PolicyPlan::reported);
+    let reported = plans.iter().map(PolicyPlan::reported);
     let statuses = status::statuses(reported, egress_ips, &mut problems);
     problems.sort();
     problems.dedup();
@@ -354,7 +356,7 @@ pub fn compile_remembering(
 /// from has it (an edit that is not accepted keeps the old gateways serving).
 fn is_gateway(
     view: &ClusterView,
-    plans: &[placement::PolicyPlan<'_>],
+    plans: &[PolicyPlan<'_>],
     nodes: &[nodes::NodeInfo<'_>],
     me: &str,
 ) -> bool {
@@ -413,7 +415,7 @@ fn report_outside_cidrs(
 
 /// A pod address claimed twice is a conflict on every policy that selects a claimant.
 fn report_disputed(
-    plans: &mut [placement::PolicyPlan<'_>],
+    plans: &mut [PolicyPlan<'_>],
     pods: &pods::Pods<'_>,
     selected_by: &[Vec<&pods::PodInfo<'_>>],
 ) {
@@ -439,7 +441,7 @@ fn report_disputed(
 /// A node's policy map that its agent could not fit (its EgressNode says so, naming the
 /// policies that select the pods left out) makes those policies `Ready=False`. Only
 /// nodes with a Node object count: a stale EgressNode of a deleted node does not.
-fn report_full_maps(plans: &mut [placement::PolicyPlan<'_>], view: &ClusterView) {
+fn report_full_maps(plans: &mut [PolicyPlan<'_>], view: &ClusterView) {
     let nodes: BTreeSet<&str> = view
         .nodes
         .iter()
@@ -477,7 +479,7 @@ const UNAPPLIED_NAMED: usize = 3;
 /// (cluster-wide) or an EgressFirewall (of a selected pod's namespace) may cover says that
 /// they do not hold for the traffic it redirects.
 fn report_unapplied(
-    plans: &mut [placement::PolicyPlan<'_>],
+    plans: &mut [PolicyPlan<'_>],
     selected_by: &[Vec<&pods::PodInfo<'_>>],
     unapplied: &[crate::source::Unapplied],
 ) {

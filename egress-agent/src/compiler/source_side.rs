@@ -10,7 +10,7 @@ use std::{
 use ipnet::IpNet;
 
 use super::{
-    placement::{Destinations, PolicyPlan, Route},
+    plans::{Destinations, PolicyPlan, Route},
     pods::PodInfo,
     routes::{Kind, Prefixes},
 };

@@ -8,7 +8,7 @@ use std::{
 };
 
 use super::{
-    placement::{GatewayAddr, PolicyPlan, RulePlan},
+    plans::{GatewayAddr, PolicyPlan, RulePlan},
     pods::PodInfo,
 };
 

@@ -3,7 +3,7 @@
 //! address that goes moving.
 
 use super::*;
-use crate::compiler::placement::{Dedicated, Destinations, GatewayAddr, RulePlan, Target};
+use crate::compiler::plans::{Dedicated, Destinations, GatewayAddr, RulePlan, Target};
 use crate::compiler::routes::Prefixes;
 
 const THREE: [&str; 3] = ["198.51.100.10", "198.51.100.11", "198.51.100.12"];
