@@ -150,114 +150,19 @@ pub(super) fn statuses<'a>(
     for plan in plans {
         let report = plan.report;
         let object = Object::Policy(plan.name.to_owned());
-        if report.serving_last.is_some() {
-            problems.push(Problem {
-                object: object.clone(),
-                reason: reason::SERVING_LAST_ACCEPTED.to_owned(),
-                message: "spec: not accepted: the last accepted version is served".to_owned(),
-            });
-        }
-        let all = report
-            .invalid
-            .iter()
-            .chain(&report.unready)
-            .chain(&report.routes)
-            .chain(&report.cluster)
-            .chain(&report.shared_gateways);
-        for (reason, message) in all {
-            problems.push(Problem {
-                object: object.clone(),
-                reason: (*reason).to_owned(),
-                message: message.clone(),
-            });
-        }
         let mut conditions = vec![accepted(report), ready(report, plan.rules)];
-        if let Some((reason, _)) = report.routes.first() {
-            conditions.push(condition(
-                condition::ROUTES_DEGRADED,
-                true,
-                reason,
-                joined(&report.routes),
-            ));
-        }
-        if let Some((reason, _)) = report.cluster.first() {
-            conditions.push(condition(
-                condition::CLUSTER_EXCLUDED,
-                true,
-                reason,
-                joined(&report.cluster),
-            ));
-        }
-        if let Some((reason, _)) = report.shared_gateways.first() {
-            conditions.push(condition(
-                condition::EGRESS_IPS_SHARE_GATEWAY,
-                true,
-                reason,
-                joined(&report.shared_gateways),
-            ));
-        }
-        if let Some(message) = &report.unapplied {
-            conditions.push(condition(
-                condition::ADMIN_POLICIES_NOT_APPLIED,
-                true,
-                reason::NOT_APPLIED_TO_REDIRECTED_TRAFFIC,
-                message.clone(),
-            ));
-        }
-        // Every kind of conflict in one condition, its reason the first kind present.
-        let destinations = conflict_message(report);
-        if let Some(message) = &destinations {
-            problems.push(Problem {
-                object: object.clone(),
-                reason: reason::DESTINATION_CLAIMED.to_owned(),
-                message: message.clone(),
-            });
-        }
-        let mut overridden = report.overridden.clone();
-        let more = report.overridden_count.saturating_sub(overridden.len());
-        if more > 0 {
-            overridden.push(format!("and {more} more destinations overridden"));
-        }
-        let kinds = [
-            (
-                reason::EGRESS_IP_CLAIMED_ELSEWHERE,
-                report.claimed_elsewhere.clone(),
-            ),
-            (reason::EGRESS_IP_CONFLICT, report.shared_ips.clone()),
-            (reason::POD_ADDRESS_CONFLICT, report.disputed.clone()),
-            (
-                reason::DESTINATION_CLAIMED,
-                destinations.into_iter().collect(),
-            ),
-            (reason::DESTINATION_OVERRIDDEN, overridden),
-        ];
-        for (reason, messages) in &kinds[1..3] {
-            for message in messages {
-                problems.push(Problem {
-                    object: object.clone(),
-                    reason: (*reason).to_owned(),
-                    message: message.clone(),
-                });
-            }
-        }
-        if let Some(message) = kinds[4].1.first() {
-            problems.push(Problem {
-                object: object.clone(),
-                reason: reason::DESTINATION_OVERRIDDEN.to_owned(),
-                message: message.clone(),
-            });
-        }
-        if let Some((reason, _)) = kinds.iter().find(|(_, m)| !m.is_empty()) {
-            let message = kinds
-                .iter()
-                .flat_map(|(_, m)| m.iter().cloned())
-                .collect::<Vec<_>>()
-                .join("; ");
-            conditions.push(condition(condition::CONFLICT, true, reason, message));
-        }
+        conditions.extend(degraded(report));
+        let conflicts = conflicts(report);
+        conditions.extend(conflict(&conflicts));
         for c in &mut conditions {
             c.observed_generation = plan.generation;
         }
+        let told = told(report).chain(conflicts.iter().flat_map(ConflictKind::told));
+        problems.extend(told.map(|(reason, message)| Problem {
+            object: object.clone(),
+            reason: reason.to_owned(),
+            message,
+        }));
         out.insert(
             plan.name.to_owned(),
             PolicyStatus {
@@ -272,6 +177,138 @@ pub(super) fn statuses<'a>(
         );
     }
     out
+}
+
+/// The (reason, message) of every problem a report tells besides its conflicts.
+fn told(report: &PolicyReport) -> impl Iterator<Item = (&'static str, String)> + '_ {
+    let serving_last = report.serving_last.map(|_| {
+        (
+            reason::SERVING_LAST_ACCEPTED,
+            "spec: not accepted: the last accepted version is served".to_owned(),
+        )
+    });
+    let all = report
+        .invalid
+        .iter()
+        .chain(&report.unready)
+        .chain(&report.routes)
+        .chain(&report.cluster)
+        .chain(&report.shared_gateways);
+    serving_last
+        .into_iter()
+        .chain(all.map(|(reason, message)| (*reason, message.clone())))
+}
+
+/// The conditions that say a served policy is degraded: `RoutesDegraded`,
+/// `ClusterExcluded`, `EgressIPsShareGateway`, `AdminPoliciesNotApplied` (those that hold).
+fn degraded(report: &PolicyReport) -> Vec<PolicyCondition> {
+    let lists = [
+        (condition::ROUTES_DEGRADED, &report.routes),
+        (condition::CLUSTER_EXCLUDED, &report.cluster),
+        (condition::EGRESS_IPS_SHARE_GATEWAY, &report.shared_gateways),
+    ];
+    let mut out: Vec<PolicyCondition> = lists
+        .into_iter()
+        .filter_map(|(type_, items)| {
+            let (reason, _) = items.first()?;
+            Some(condition(type_, true, reason, joined(items)))
+        })
+        .collect();
+    if let Some(message) = &report.unapplied {
+        out.push(condition(
+            condition::ADMIN_POLICIES_NOT_APPLIED,
+            true,
+            reason::NOT_APPLIED_TO_REDIRECTED_TRAFFIC,
+            message.clone(),
+        ));
+    }
+    out
+}
+
+/// How the messages of a kind of conflict are told among the problems.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Told {
+    /// Each message is a problem.
+    Each,
+    /// The first message is (the rest are counted in it).
+    First,
+    /// Already told under another reason (a `Ready=False` one).
+    Already,
+}
+
+/// The messages of one kind of conflict a policy is in.
+#[derive(Debug)]
+struct ConflictKind {
+    reason: &'static str,
+    messages: Vec<String>,
+    told: Told,
+}
+
+impl ConflictKind {
+    /// The (reason, message) of the problems these messages make.
+    fn told(&self) -> impl Iterator<Item = (&'static str, String)> + '_ {
+        let count = match self.told {
+            Told::Each => self.messages.len(),
+            Told::First => 1,
+            Told::Already => 0,
+        };
+        self.messages
+            .iter()
+            .take(count)
+            .map(|m| (self.reason, m.clone()))
+    }
+}
+
+/// Every kind of conflict, in precedence order: the `Conflict` condition takes the
+/// reason of the first kind present. An egress IP left to another implementation comes
+/// first, then one another policy names, a disputed pod address, a destination another
+/// rule claimed, and last a destination another policy's longer prefix overrides.
+fn conflicts(report: &PolicyReport) -> [ConflictKind; 5] {
+    let mut overridden = report.overridden.clone();
+    let more = report.overridden_count.saturating_sub(overridden.len());
+    if more > 0 {
+        overridden.push(format!("and {more} more destinations overridden"));
+    }
+    let kind = |reason, messages, told| ConflictKind {
+        reason,
+        messages,
+        told,
+    };
+    [
+        kind(
+            reason::EGRESS_IP_CLAIMED_ELSEWHERE,
+            report.claimed_elsewhere.clone(),
+            Told::Already,
+        ),
+        kind(
+            reason::EGRESS_IP_CONFLICT,
+            report.shared_ips.clone(),
+            Told::Each,
+        ),
+        kind(
+            reason::POD_ADDRESS_CONFLICT,
+            report.disputed.clone(),
+            Told::Each,
+        ),
+        kind(
+            reason::DESTINATION_CLAIMED,
+            conflict_message(report).into_iter().collect(),
+            Told::Each,
+        ),
+        kind(reason::DESTINATION_OVERRIDDEN, overridden, Told::First),
+    ]
+}
+
+/// Every kind of conflict in one condition, its reason the first kind present
+/// ([`conflicts`] gives the precedence).
+fn conflict(kinds: &[ConflictKind]) -> Option<PolicyCondition> {
+    let first = kinds.iter().find(|k| !k.messages.is_empty())?;
+    let message = kinds
+        .iter()
+        .flat_map(|k| k.messages.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(condition(condition::CONFLICT, true, first.reason, message))
 }
 
 fn joined(items: &[(&'static str, String)]) -> String {
@@ -378,6 +415,110 @@ mod tests {
         assert_eq!(
             (short.message.as_str(), short.status),
             ("fine", crate::api::ConditionStatus::True)
+        );
+    }
+
+    /// A report with one message of each named kind of conflict.
+    fn report_with(kinds: &[&str]) -> PolicyReport {
+        let mut report = PolicyReport::default();
+        for kind in kinds {
+            let message = format!("{kind} message");
+            match *kind {
+                "elsewhere" => report.claimed_elsewhere(message),
+                "egress-ip" => report.egress_ip_conflict(message),
+                "address" => report.address_conflict(message),
+                "claimed" => report.conflict(message),
+                "overridden" => report.overridden(message),
+                other => panic!("no kind {other}"),
+            }
+        }
+        report
+    }
+
+    #[test]
+    fn the_conflict_condition_takes_the_reason_of_the_first_kind_in_precedence_order() {
+        let cases: [(&[&str], &str, &str); 6] = [
+            (
+                &["overridden", "claimed", "address", "egress-ip", "elsewhere"],
+                reason::EGRESS_IP_CLAIMED_ELSEWHERE,
+                "elsewhere message; egress-ip message; address message; claimed message; \
+                 overridden message",
+            ),
+            (
+                &["overridden", "address", "egress-ip"],
+                reason::EGRESS_IP_CONFLICT,
+                "egress-ip message; address message; overridden message",
+            ),
+            (
+                &["overridden", "claimed", "address"],
+                reason::POD_ADDRESS_CONFLICT,
+                "address message; claimed message; overridden message",
+            ),
+            (
+                &["overridden", "claimed"],
+                reason::DESTINATION_CLAIMED,
+                "claimed message; overridden message",
+            ),
+            (
+                &["overridden"],
+                reason::DESTINATION_OVERRIDDEN,
+                "overridden message",
+            ),
+            (
+                &["elsewhere"],
+                reason::EGRESS_IP_CLAIMED_ELSEWHERE,
+                "elsewhere message",
+            ),
+        ];
+        for (kinds, want_reason, want_message) in cases {
+            let c = conflict(&conflicts(&report_with(kinds))).expect("a conflict");
+            assert_eq!(
+                (c.type_.as_str(), c.reason.as_str(), c.message.as_str()),
+                (condition::CONFLICT, want_reason, want_message),
+                "{kinds:?}"
+            );
+        }
+        assert!(conflict(&conflicts(&PolicyReport::default())).is_none());
+    }
+
+    #[test]
+    fn each_kind_of_conflict_is_told_among_the_problems_as_its_kind_says() {
+        let mut report = report_with(&["elsewhere", "egress-ip", "egress-ip", "address"]);
+        for _ in 0..5 {
+            report.overridden("overridden message".to_owned());
+        }
+        for _ in 0..2 {
+            report.conflict("claimed message".to_owned());
+        }
+        let plan = Reported {
+            name: "p",
+            generation: Some(1),
+            rules: 1,
+            report: &report,
+        };
+        let mut problems = Vec::new();
+        statuses([plan], BTreeMap::new(), &mut problems);
+        let told: Vec<(&str, &str)> = problems
+            .iter()
+            .map(|p| (p.reason.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                // Told once, as what keeps the rule from being served.
+                (reason::EGRESS_IP_CLAIMED_ELSEWHERE, "elsewhere message"),
+                // Each message.
+                (reason::EGRESS_IP_CONFLICT, "egress-ip message"),
+                (reason::EGRESS_IP_CONFLICT, "egress-ip message"),
+                (reason::POD_ADDRESS_CONFLICT, "address message"),
+                // One message with the rest counted in it.
+                (
+                    reason::DESTINATION_CLAIMED,
+                    "claimed message; claimed message"
+                ),
+                // The first message only.
+                (reason::DESTINATION_OVERRIDDEN, "overridden message"),
+            ]
         );
     }
 }
