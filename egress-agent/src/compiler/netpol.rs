@@ -484,6 +484,27 @@ fn refine<F: Family>(
     sets: &mut Filters,
     problems: &mut Vec<Problem>,
 ) -> Vec<Refined<F>> {
+    let mut out = Vec::new();
+    for (pod, entries) in take_restricted::<F>(desired, rules_of) {
+        let (label, rules) = &rules_of[&pod.into()];
+        let restricted = Restricted {
+            label,
+            rules,
+            entries: &entries,
+        };
+        for (net, entry, set) in restricted.refine(sets, problems) {
+            out.push((pod, net, entry, set));
+        }
+    }
+    out
+}
+
+/// The entries of family `F`'s restricted pods (those `rules_of` names), taken out of
+/// `desired`, by pod.
+fn take_restricted<F: Family>(
+    desired: &mut Desired,
+    rules_of: &BTreeMap<IpAddr, (String, Vec<&Allow>)>,
+) -> BTreeMap<F::Addr, Vec<PodEntry<F>>> {
     let part = F::part_mut(desired);
     let mut by_pod: BTreeMap<F::Addr, Vec<PodEntry<F>>> = BTreeMap::new();
     let restricted: Vec<(F::Addr, F::Net)> = part
@@ -497,34 +518,31 @@ fn refine<F: Family>(
             by_pod.entry(key.0).or_default().push((key.1, e));
         }
     }
-    let mut out = Vec::new();
-    for (pod, entries) in by_pod {
-        let (label, rules) = &rules_of[&pod.into()];
-        let prefixes: Vec<IpNet> = entries.iter().map(|(n, _)| (*n).into()).collect();
-        let entry_of = |p: &IpNet| {
-            entries
-                .iter()
-                .filter(|(n, _)| Into::<IpNet>::into(*n).contains(p))
-                .max_by_key(|(n, _)| Into::<IpNet>::into(*n).prefix_len())
-        };
-        // Boundaries: the entries, and every block edge inside a forwarded one.
-        let mut bounds: BTreeSet<(u8, IpNet)> =
-            prefixes.iter().map(|p| (p.prefix_len(), *p)).collect();
-        for r in rules {
-            for b in r.to.iter().flatten() {
-                for edge in std::iter::once(&b.cidr).chain(&b.except) {
-                    let inside = entries.iter().any(|(n, e)| {
-                        e.action == PolicyAction::Forward && Into::<IpNet>::into(*n).contains(edge)
-                    });
-                    if inside {
-                        bounds.insert((edge.prefix_len(), *edge));
-                    }
-                }
-            }
-        }
+    by_pod
+}
+
+/// One restricted pod: its label (`namespace/name`), the egress rules that apply to it,
+/// and its entries of one family.
+struct Restricted<'r, F: Family> {
+    label: &'r str,
+    rules: &'r [&'r Allow],
+    entries: &'r [PodEntry<F>],
+}
+
+impl<F: Family> Restricted<'_, F> {
+    /// The pod's refined entries: at each boundary, in order of prefix length, what the
+    /// rules allow there, written where it differs from the containing prefix's verdict
+    /// (and always at the pod's own prefixes).
+    fn refine(
+        &self,
+        sets: &mut Filters,
+        problems: &mut Vec<Problem>,
+    ) -> Vec<(F::Net, PolicyEntry<F>, Option<PortSet>)> {
+        let prefixes: Vec<IpNet> = self.entries.iter().map(|(n, _)| (*n).into()).collect();
         let mut decided: Vec<(IpNet, Verdict)> = Vec::new();
-        for (_, p) in bounds {
-            let Some((_, e)) = entry_of(&p) else {
+        let mut out = Vec::new();
+        for (_, p) in self.bounds(&prefixes) {
+            let Some((_, e)) = self.entry_of(&p) else {
                 continue;
             };
             let own = prefixes.contains(&p);
@@ -533,26 +551,11 @@ fn refine<F: Family>(
             };
             if e.action != PolicyAction::Forward {
                 if own {
-                    out.push((pod, net, *e, None));
+                    out.push((net, *e, None));
                 }
                 continue;
             }
-            let mut v = verdict(rules, &p);
-            if let Verdict::Ports(set) = &v
-                && set.len() > MAX_RANGES
-            {
-                problems.push(Problem {
-                    object: Object::NetworkPolicy(label.clone()),
-                    reason: reason::TOO_MANY_PORT_RANGES.to_owned(),
-                    message: format!(
-                        "pod {label}: its egress NetworkPolicies allow {} port ranges toward \
-                         {p}, more than the {MAX_RANGES} a filter holds: denied there (fail \
-                         closed); merge the ports into fewer ranges (endPort)",
-                        set.len()
-                    ),
-                });
-                v = Verdict::Nothing;
-            }
+            let v = self.verdict(&p, problems);
             let container = decided
                 .iter()
                 .filter(|(q, _)| q.contains(&p) && *q != p)
@@ -563,26 +566,88 @@ fn refine<F: Family>(
             if !own && same_as_container {
                 continue;
             }
-            let entry = match &v {
-                Verdict::All => (*e, None),
-                Verdict::Nothing => (
-                    PolicyEntry {
-                        action: PolicyAction::Deny,
-                        gateway: None,
-                        filter: 0,
-                        ..*e
-                    },
-                    None,
-                ),
-                Verdict::Ports(set) => {
-                    sets.0.insert(set.clone());
-                    (*e, Some(set.clone()))
+            let (entry, set) = refined(e, &v, sets);
+            out.push((net, entry, set));
+        }
+        out
+    }
+
+    /// The longest of the pod's entries that contains `p`.
+    fn entry_of(&self, p: &IpNet) -> Option<&PodEntry<F>> {
+        self.entries
+            .iter()
+            .filter(|(n, _)| Into::<IpNet>::into(*n).contains(p))
+            .max_by_key(|(n, _)| Into::<IpNet>::into(*n).prefix_len())
+    }
+
+    /// Boundaries, shortest first: the entries (`prefixes`), and every block edge of the
+    /// rules inside a forwarded one.
+    fn bounds(&self, prefixes: &[IpNet]) -> BTreeSet<(u8, IpNet)> {
+        let mut bounds: BTreeSet<(u8, IpNet)> =
+            prefixes.iter().map(|p| (p.prefix_len(), *p)).collect();
+        for r in self.rules {
+            for b in r.to.iter().flatten() {
+                for edge in std::iter::once(&b.cidr).chain(&b.except) {
+                    let inside = self.entries.iter().any(|(n, e)| {
+                        e.action == PolicyAction::Forward && Into::<IpNet>::into(*n).contains(edge)
+                    });
+                    if inside {
+                        bounds.insert((edge.prefix_len(), *edge));
+                    }
                 }
-            };
-            out.push((pod, net, entry.0, entry.1));
+            }
+        }
+        bounds
+    }
+
+    /// What the rules allow toward `p`: more port ranges than a filter holds are denied
+    /// (fail closed), and said.
+    fn verdict(&self, p: &IpNet, problems: &mut Vec<Problem>) -> Verdict {
+        let label = self.label;
+        let v = verdict(self.rules, p);
+        let Verdict::Ports(set) = &v else {
+            return v;
+        };
+        if set.len() <= MAX_RANGES {
+            return v;
+        }
+        problems.push(Problem {
+            object: Object::NetworkPolicy(label.to_owned()),
+            reason: reason::TOO_MANY_PORT_RANGES.to_owned(),
+            message: format!(
+                "pod {label}: its egress NetworkPolicies allow {} port ranges toward \
+                 {p}, more than the {MAX_RANGES} a filter holds: denied there (fail \
+                 closed); merge the ports into fewer ranges (endPort)",
+                set.len()
+            ),
+        });
+        Verdict::Nothing
+    }
+}
+
+/// A forwarded entry `e` as verdict `v` has it: kept, denied, or filtered by a port set
+/// (recorded in `sets`).
+fn refined<F: Family>(
+    e: &PolicyEntry<F>,
+    v: &Verdict,
+    sets: &mut Filters,
+) -> (PolicyEntry<F>, Option<PortSet>) {
+    match v {
+        Verdict::All => (*e, None),
+        Verdict::Nothing => (
+            PolicyEntry {
+                action: PolicyAction::Deny,
+                gateway: None,
+                filter: 0,
+                ..*e
+            },
+            None,
+        ),
+        Verdict::Ports(set) => {
+            sets.0.insert(set.clone());
+            (*e, Some(set.clone()))
         }
     }
-    out
 }
 
 /// Put the refined entries back into family `F`'s part, with their filters' ids, and

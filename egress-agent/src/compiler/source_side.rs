@@ -221,9 +221,9 @@ impl Claimer<'_, '_, '_> {
         pod: &PodInfo<'_>,
         desired: &mut Desired,
     ) {
-        let policy = &self.plans[p_idx];
+        let plans = self.plans;
+        let policy = &plans[p_idx];
         let rule = &policy.rules[r_idx];
-        let local = pod.node == self.node_name;
         for ip in &pod.ips {
             let route = rule.route_for(*ip);
             let gateway = route.gateway;
@@ -232,74 +232,127 @@ impl Claimer<'_, '_, '_> {
                 p.addr().is_ipv6() == ip.is_ipv6()
                     && ((*kind == Kind::Carve) == (pass == Pass::Carve))
             });
-            let serves_here = gateway.is_some_and(|g| g.node == self.node_name);
+            let claimant = Claimant {
+                pass,
+                policy: p_idx,
+                rule: rule.index,
+                rule_id: rule.rule_id,
+                failure_policy: policy.failure_policy,
+                ip: *ip,
+                pod,
+                local: pod.node == self.node_name,
+                serves_here: gateway.is_some_and(|g| g.node == self.node_name),
+                route,
+            };
             if !self.contested.contains(ip) {
-                // Its only rule has every pair: entries if local (the first of equal
-                // prefixes wins, as an except over a destination), admission if served
-                // here.
-                if serves_here && prefixes.clone().any(|(_, k)| *k == Kind::Forward) {
-                    desired.admitted.insert((*ip, route.id));
-                }
-                if local {
-                    for (prefix, kind) in prefixes {
-                        let entry = match kind {
-                            Kind::Forward => Entry::of(&route, policy.failure_policy),
-                            Kind::Except | Kind::Carve | Kind::Cluster => {
-                                Entry::exclude(rule.rule_id)
-                            }
-                        };
-                        entry.insert(desired, *ip, *prefix, false);
-                    }
-                }
+                claimant.take_all(prefixes, desired);
                 continue;
             }
             for (prefix, kind) in prefixes {
-                if let Some(&(w_policy, w_rule, w_listed)) = self.claims.get(&(*ip, *prefix)) {
-                    let own = w_policy == p_idx && w_rule == rule.index;
-                    // The cluster's own addresses are carved out of every rule alike:
-                    // nobody wins them from anybody.
-                    let cluster = *kind == Kind::Cluster || self.cluster.contains(&(*ip, *prefix));
-                    let yields =
-                        cluster || pass == Pass::Carve || (pass == Pass::Learned && w_listed);
-                    if !own && !yields {
-                        let winner = if w_policy == p_idx {
-                            format!("rules[{w_rule}] of this policy")
-                        } else {
-                            format!("policy {}", self.plans[w_policy].name)
-                        };
-                        self.lost.push((
-                            p_idx,
-                            format!(
-                                "rules[{}]: pod {}/{} destination {prefix} is claimed by {winner}",
-                                rule.index, pod.namespace, pod.name
-                            ),
-                        ));
-                    }
-                    continue;
-                }
-                self.claims
-                    .insert((*ip, *prefix), (p_idx, rule.index, pass == Pass::Listed));
-                if *kind == Kind::Cluster {
-                    self.cluster.insert((*ip, *prefix));
-                } else if pass == Pass::Listed {
-                    self.listed.entry(*ip).or_default().push(ListedClaim {
-                        prefix: *prefix,
-                        policy: p_idx,
-                        rule: rule.index,
-                        pod: format!("{}/{}", pod.namespace, pod.name),
-                    });
-                }
-                if *kind == Kind::Forward && serves_here {
-                    desired.admitted.insert((*ip, route.id));
-                }
-                if !local {
-                    continue;
-                }
-                let entry = match kind {
-                    Kind::Forward => Entry::of(&route, policy.failure_policy),
-                    Kind::Except | Kind::Carve | Kind::Cluster => Entry::exclude(rule.rule_id),
+                self.pair(&claimant, *prefix, *kind, desired);
+            }
+        }
+    }
+
+    /// Claim (pod address, `prefix`) for `claimant`'s rule, or say that it lost the pair.
+    fn pair(
+        &mut self,
+        claimant: &Claimant<'_, '_>,
+        prefix: IpNet,
+        kind: Kind,
+        desired: &mut Desired,
+    ) {
+        let (pass, ip) = (claimant.pass, claimant.ip);
+        let (p_idx, rule) = (claimant.policy, claimant.rule);
+        if let Some(&(w_policy, w_rule, w_listed)) = self.claims.get(&(ip, prefix)) {
+            let own = w_policy == p_idx && w_rule == rule;
+            // The cluster's own addresses are carved out of every rule alike:
+            // nobody wins them from anybody.
+            let cluster = kind == Kind::Cluster || self.cluster.contains(&(ip, prefix));
+            let yields = cluster || pass == Pass::Carve || (pass == Pass::Learned && w_listed);
+            if !own && !yields {
+                let winner = if w_policy == p_idx {
+                    format!("rules[{w_rule}] of this policy")
+                } else {
+                    format!("policy {}", self.plans[w_policy].name)
                 };
-                entry.insert(desired, *ip, *prefix, true);
+                self.lost.push((
+                    p_idx,
+                    format!(
+                        "rules[{rule}]: pod {} destination {prefix} is claimed by {winner}",
+                        claimant.pod_name()
+                    ),
+                ));
+            }
+            return;
+        }
+        self.claims
+            .insert((ip, prefix), (p_idx, rule, pass == Pass::Listed));
+        if kind == Kind::Cluster {
+            self.cluster.insert((ip, prefix));
+        } else if pass == Pass::Listed {
+            self.listed.entry(ip).or_default().push(ListedClaim {
+                prefix,
+                policy: p_idx,
+                rule,
+                pod: claimant.pod_name(),
+            });
+        }
+        if kind == Kind::Forward && claimant.serves_here {
+            desired.admitted.insert((ip, claimant.route.id));
+        }
+        if claimant.local {
+            claimant.entry(kind).insert(desired, ip, prefix, true);
+        }
+    }
+}
+
+/// One pod address under one rule in one pass: how it leaves, and where.
+struct Claimant<'r, 'a> {
+    pass: Pass,
+    /// Policy index.
+    policy: usize,
+    /// Rule index in the policy, and the rule's id.
+    rule: usize,
+    rule_id: u32,
+    failure_policy: FailurePolicy,
+    ip: IpAddr,
+    pod: &'r PodInfo<'a>,
+    route: Route<'r>,
+    /// The pod is on this node.
+    local: bool,
+    /// The pod address's gateway for the rule is this node.
+    serves_here: bool,
+}
+
+impl Claimant<'_, '_> {
+    /// `namespace/name` of the pod.
+    fn pod_name(&self) -> String {
+        format!("{}/{}", self.pod.namespace, self.pod.name)
+    }
+
+    /// The entry for a prefix of `kind`: forwarded by the route, or left alone.
+    fn entry(&self, kind: Kind) -> Entry {
+        match kind {
+            Kind::Forward => Entry::of(&self.route, self.failure_policy),
+            Kind::Except | Kind::Carve | Kind::Cluster => Entry::exclude(self.rule_id),
+        }
+    }
+
+    /// An uncontested pod address: its only rule has every pair: entries if local (the
+    /// first of equal prefixes wins, as an except over a destination), admission if
+    /// served here.
+    fn take_all<'p>(
+        &self,
+        prefixes: impl Iterator<Item = &'p (IpNet, Kind)> + Clone,
+        desired: &mut Desired,
+    ) {
+        if self.serves_here && prefixes.clone().any(|(_, k)| *k == Kind::Forward) {
+            desired.admitted.insert((self.ip, self.route.id));
+        }
+        if self.local {
+            for (prefix, kind) in prefixes {
+                self.entry(*kind).insert(desired, self.ip, *prefix, false);
             }
         }
     }
