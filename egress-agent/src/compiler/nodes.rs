@@ -10,13 +10,17 @@ use std::{
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
-use super::{DRAIN_ANNOTATION, Object, Problem, Selector, reason};
+use super::{Object, Problem, Selector, reason};
 use crate::{
-    api::{EgressNode, PodScope},
+    api::{EgressNode, FullPolicyMap, PodScope},
     desired::Desired,
     liveness::{PeerView, Report},
     source::ClusterView,
 };
+
+/// The annotation that drains a gateway: its egress IPs move away (a planned move), as
+/// they do when the node is cordoned.
+pub const DRAIN_ANNOTATION: &str = "egress.dev/drain";
 
 /// Underlay address of a node: its first InternalIP, of either family (Kubernetes lists
 /// the cluster's primary family first), that is not an egress IP the cluster holds
@@ -291,6 +295,26 @@ pub(super) fn register(
         }
     }
     problems
+}
+
+/// The policy maps that agents could not fit, as their EgressNodes say (naming the
+/// policies that select the pods left out), by node and map name. Only nodes with a Node
+/// object count: a stale EgressNode of a deleted node does not.
+pub(super) fn full_policy_maps(view: &ClusterView) -> Vec<(&str, &FullPolicyMap)> {
+    let nodes: BTreeSet<&str> = view
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    let mut full: Vec<(&str, &FullPolicyMap)> = view
+        .egress_nodes
+        .iter()
+        .filter_map(|e| Some((e.metadata.name.as_deref()?, e.status.as_ref()?)))
+        .filter(|(name, _)| nodes.contains(name))
+        .flat_map(|(name, st)| st.full_policy_maps.iter().map(move |m| (name, m)))
+        .collect();
+    full.sort_by(|a, b| (a.0, &a.1.map).cmp(&(b.0, &b.1.map)));
+    full
 }
 
 /// A node as the compiler sees it.

@@ -7,8 +7,12 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{Selector, nodes::NodeInfo};
-use crate::{api::EgressGatewayPolicySpec, desired::Desired, source::ClusterView};
+use super::{Object, Problem, Selector, nodes::NodeInfo, reason};
+use crate::{
+    api::EgressGatewayPolicySpec,
+    desired::Desired,
+    source::{ClusterView, PodScope},
+};
 
 /// A pod as the compiler sees it.
 pub(super) struct PodInfo<'a> {
@@ -258,6 +262,46 @@ impl<'a> Pods<'a> {
                 .pods += 1;
         }
         by_node.into_values().collect()
+    }
+
+    /// Pods whose addresses no declared cluster CIDR and no node's pod CIDR holds, one
+    /// problem per node: a worker that watches only its own node's pods
+    /// ([`members::needed`]) does not carve them out of the destinations, as a view of every
+    /// pod does. Only a view of every pod sees them, and only declared CIDRs make workers
+    /// watch less.
+    pub(super) fn report_outside_cidrs(
+        &self,
+        view: &ClusterView,
+        nodes: &[NodeInfo<'_>],
+        problems: &mut Vec<Problem>,
+    ) {
+        if view.pod_scope != PodScope::Cluster || view.cluster_cidrs.is_empty() {
+            return;
+        }
+        let cidrs: Vec<ipnet::IpNet> = view
+            .cluster_cidrs
+            .iter()
+            .chain(nodes.iter().flat_map(|n| &n.pod_cidrs))
+            .map(ipnet::IpNet::trunc)
+            .collect();
+        let declared: Vec<String> = view.cluster_cidrs.iter().map(ToString::to_string).collect();
+        for outside in self.outside(&cidrs) {
+            problems.push(Problem {
+                object: Object::Node(outside.node.to_owned()),
+                reason: reason::POD_OUTSIDE_CLUSTER_CIDRS.to_owned(),
+                message: format!(
+                    "{} pods of this node have addresses outside the cluster's CIDRs ({}) and \
+                     every node's pod CIDRs, such as pod {} at {}: the agents that watch only \
+                     their own node's pods do not carve these addresses out of the policies' \
+                     destinations, so their pods' traffic to them may be steered to a gateway; \
+                     add the range to --cluster-cidr",
+                    outside.pods,
+                    declared.join(", "),
+                    outside.example,
+                    outside.ip
+                ),
+            });
+        }
     }
 }
 

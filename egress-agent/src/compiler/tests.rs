@@ -3,7 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -18,12 +18,12 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     api::{
-        ConditionStatus, EgressIpStatus, EgressNode, EgressNodeSpec, EgressNodeStatus, EgressRule,
-        FailurePolicy, HeldEgressIp, NodeInterface, PolicyCondition,
+        ConditionStatus, EgressGatewayPolicy, EgressIpStatus, EgressNode, EgressNodeSpec,
+        EgressNodeStatus, EgressRule, FailurePolicy, HeldEgressIp, NodeInterface, PolicyCondition,
     },
     desired::{GatewayRuleV4, GatewayRuleV6, HeldIp, PolicyAction, PolicyEntryV4, PolicyEntryV6},
     liveness::{PeerView, Report},
-    source::PodSummary,
+    source::{ClusterView, PodScope, PodSummary},
 };
 
 mod cloud_addresses;

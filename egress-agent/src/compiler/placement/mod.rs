@@ -20,7 +20,7 @@ use super::{
     status::PolicyReport,
 };
 use crate::{
-    api::{EgressGatewayPolicy, EgressGatewayPolicySpec, PodScope},
+    api::{EgressGatewayPolicy, EgressGatewayPolicySpec, FullPolicyMap, PodScope},
     liveness::PeerView,
 };
 
@@ -43,6 +43,7 @@ pub(super) fn plan<'a>(
     peers: &PeerView,
     reserved: &Reserved<'_>,
     foreign: &BTreeMap<IpAddr, String>,
+    full_maps: &[(&str, &FullPolicyMap)],
 ) -> Vec<PolicyPlan<'a>> {
     let chosen: Vec<(
         &EgressGatewayPolicy,
@@ -87,6 +88,7 @@ pub(super) fn plan<'a>(
         reserved,
         foreign,
         owners: &owners,
+        full_maps,
     };
     chosen
         .into_iter()
@@ -178,6 +180,8 @@ struct Context<'c, 'a> {
     /// Egress addresses other implementations claim (OVN-Kubernetes `EgressIP`s), with
     /// whose they are.
     foreign: &'c BTreeMap<IpAddr, String>,
+    /// The policy maps agents could not fit ([`super::nodes::full_policy_maps`]).
+    full_maps: &'c [(&'c str, &'c FullPolicyMap)],
 }
 
 /// Plan `policy` with `spec` (its own, or its last accepted one).
@@ -239,6 +243,7 @@ fn plan_policy<'a>(
         let ids = (rule_id, addresses.as_slice());
         rules.extend(plan_rule(&at, ids, &gateways, cx, placed, &mut report));
     }
+    report_full_maps(&name, cx.full_maps, &mut report);
     let accepted = report.accepted().then_some(policy);
     PolicyPlan {
         name,
@@ -248,6 +253,27 @@ fn plan_policy<'a>(
         rules,
         report,
         accepted,
+    }
+}
+
+/// A node's policy map that its agent could not fit, naming `policy` among those that
+/// select the pods left out ([`super::nodes::full_policy_maps`]), makes it `Ready=False`.
+fn report_full_maps(policy: &str, full: &[(&str, &FullPolicyMap)], report: &mut PolicyReport) {
+    for (node, map) in full
+        .iter()
+        .filter(|(_, m)| m.policies.iter().any(|p| p == policy))
+    {
+        report.unready(
+            reason::POLICY_MAP_FULL,
+            format!(
+                "node {node}: map {} is full at {} entries: the entries of {} selected \
+                 pods there (some selected by this policy) are left out and their traffic \
+                 to the destinations a rule covers is dropped (DROP_POLICY_MAP_FULL); \
+                 raise --policy-map-entries on the agents, or select fewer pods or \
+                 prefixes",
+                map.map, map.capacity, map.pods_left_out
+            ),
+        );
     }
 }
 
