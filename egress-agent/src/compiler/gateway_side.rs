@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Holder,
+    compiled::Holder,
     plans::{GatewayAddr, PolicyPlan, Served},
     spread::Counts,
 };

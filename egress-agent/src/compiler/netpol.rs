@@ -28,7 +28,12 @@ use k8s_openapi::{
     apimachinery::pkg::util::intstr::IntOrString,
 };
 
-use super::{Object, Problem, fnv1a64, pods::Pods, selector::Selector};
+use super::{
+    compiled::{Object, Problem},
+    hash::fnv1a64,
+    pods::Pods,
+    selector::Selector,
+};
 use crate::desired::{Desired, Family, PolicyAction, PolicyEntry, PortSet, V4, V6};
 
 /// Problem reasons about NetworkPolicies.

@@ -10,7 +10,11 @@ use std::{
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
-use super::{Object, Problem, Selector, reason};
+use super::{
+    compiled::{Object, Problem},
+    reason,
+    selector::Selector,
+};
 use crate::{
     api::{EgressNode, FullPolicyMap, PodScope},
     desired::Desired,

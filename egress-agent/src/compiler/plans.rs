@@ -6,9 +6,10 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{
-    Selector, hash, move_reason,
+    hash, move_reason,
     nodes::NodeInfo,
     routes::Prefixes,
+    selector::Selector,
     status::{PolicyReport, Reported},
 };
 use crate::api::{EgressGatewayPolicy, FailurePolicy};

@@ -7,7 +7,12 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{Object, Problem, Selector, nodes::NodeInfo, reason};
+use super::{
+    compiled::{Object, Problem},
+    nodes::NodeInfo,
+    reason,
+    selector::Selector,
+};
 use crate::{
     api::EgressGatewayPolicySpec,
     desired::Desired,

@@ -4,7 +4,7 @@
 
 use std::{fmt::Write as _, net::IpAddr};
 
-use super::Compiled;
+use super::compiled::Compiled;
 use crate::desired::{Family, PolicyAction, PolicyEntry, PortSet};
 
 fn action(a: PolicyAction) -> &'static str {

@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Object, Problem, condition, reason};
+use super::{
+    compiled::{Object, Problem},
+    condition, reason,
+};
 use crate::api::{EgressIpStatus, MAX_CONDITION_MESSAGE, PolicyCondition, PolicyStatus};
 
 /// Most conflict pairs named in a condition message; the rest are counted.

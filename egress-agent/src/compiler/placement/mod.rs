@@ -11,12 +11,13 @@ use std::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 
 use super::{
-    DRAIN_ANNOTATION, Selector, hash,
-    nodes::NodeInfo,
+    hash,
+    nodes::{DRAIN_ANNOTATION, NodeInfo},
     plans::{Destinations, GatewayAddr, PolicyPlan, RulePlan, Target},
     reason,
     routes::{Prefixes, Reserved},
     rules::{self, CheckedRule},
+    selector::Selector,
     status::PolicyReport,
 };
 use crate::{
