@@ -50,7 +50,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
 const ROOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
 
 /// Modules loaded at boot in the final root, so a test never waits on autoload or fails
-/// on a module that autoload does not reach (openvswitch); a missing one only warns.
+/// on a module that autoload does not reach (openvswitch). One the kernel has neither
+/// built in nor as a module fails the run before the boot; one that does not load fails
+/// it in the guest before the command runs (exit status [`MODULE_MISSING`]): a test that
+/// needs it (the OVS lab) must not be able to pass without it.
 const BOOT_MODULES: &[&str] = &[
     "veth",
     "vxlan",
@@ -60,6 +63,9 @@ const BOOT_MODULES: &[&str] = &[
     "8021q",
     "openvswitch",
 ];
+
+/// The command's exit status when a boot module did not load: the command did not run.
+const MODULE_MISSING: i32 = 125;
 
 /// Lines of console output an error shows.
 const TAIL_LINES: usize = 40;
@@ -136,17 +142,20 @@ hostname vm
 exec switch_root /newroot /bin/sh "$run"
 "#;
 
-/// PID 1 in the final root, after [`INIT`]: boot modules, the command (its own script,
-/// with the host's PATH), its status to a file and the console, power off.
+/// PID 1 in the final root, after [`INIT`]: boot modules (one missing: the command does
+/// not run, [`MODULE_MISSING`] is its status), the command (its own script, with the
+/// host's PATH), its status to a file and the console, power off.
 const GUEST: &str = r#"export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # One modprobe for all: each start of kmod reads its libraries over 9p.
-modprobe -qa @MODULES@
-for m in @MODULES@; do
-    [ -d "/sys/module/$m" ] || echo "vm: warning: failed to load module $m" >&2
-done
+[ -z '@MODULES@' ] || modprobe -qa @MODULES@
+@CHECK_MODULES@
 echo '@MARKER@ start'
-/bin/sh '@DIR@/command.sh' </dev/null
-status=$?
+if check_modules @MODULES@; then
+    /bin/sh '@DIR@/command.sh' </dev/null
+    status=$?
+else
+    status=@MODULE_MISSING@
+fi
 echo "$status" >'@DIR@/status'
 sync
 echo "@MARKER@ exit $status"
@@ -155,6 +164,19 @@ stty onlcr
 echo o >/proc/sysrq-trigger
 sleep 60
 "#;
+
+/// A shell function: succeeds if every module named in its arguments is loaded, else
+/// names those that are not on stderr and fails. The boot modules are loadable ones (none
+/// built in: a built-in module without parameters has no /sys/module entry).
+const CHECK_MODULES: &str = r#"check_modules() {
+    missing=
+    for m in "$@"; do
+        [ -d "/sys/module/$m" ] || missing="$missing $m"
+    done
+    [ -z "$missing" ] && return 0
+    echo "vm: failed to load module(s)$missing in the guest: the command needs them and did not run" >&2
+    return 1
+}"#;
 
 /// How to boot the guest. `cargo xtask vm` takes these as flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -218,7 +240,8 @@ pub fn run(opts: &Options, cmd: &[String]) -> Result<i32> {
     let kernel = Kernel::fetch(&opts.kernel, &workspace)?;
     let initramfs = kernel.initramfs()?;
     let image = kernel.boot_image();
-    let run = RunDir::create(&workspace, opts, cmd)?;
+    let boot_modules = kernel.loadable(BOOT_MODULES)?;
+    let run = RunDir::create(&workspace, opts, cmd, &boot_modules)?;
     let cpus = opts.cpus.unwrap_or_else(|| {
         thread::available_parallelism()
             .map(usize::from)
@@ -499,16 +522,47 @@ impl Kernel {
     /// The modules (paths relative to lib/modules/<version>) to insmod, dependencies
     /// first, built-in ones left out.
     fn load_order(&self, wanted: &[&str]) -> Result<Vec<PathBuf>> {
+        let index = self.module_index()?;
+        let mut order = Vec::new();
+        let mut seen = HashSet::new();
+        for w in wanted {
+            let Some((path, list)) = index.lookup(w)? else {
+                continue;
+            };
+            // modules.dep lists the full closure, each module after those needing it.
+            for p in list.iter().rev().chain([path]) {
+                if seen.insert(p.clone()) {
+                    order.push(p.clone());
+                }
+            }
+        }
+        Ok(order)
+    }
+
+    /// The names of the `wanted` modules this kernel has as modules (built-in ones left
+    /// out): those the guest must find in /sys/module once modprobe ran.
+    fn loadable(&self, wanted: &[&str]) -> Result<Vec<String>> {
+        let index = self.module_index()?;
+        let mut names = Vec::new();
+        for w in wanted {
+            if index.lookup(w)?.is_some() {
+                names.push(w.replace('-', "_"));
+            }
+        }
+        Ok(names)
+    }
+
+    fn module_index(&self) -> Result<ModuleIndex> {
         let dir = self.modules();
         let read = |f: &str| {
             let p = dir.join(f);
             std::fs::read_to_string(&p).with_context(|| format!("failed to read {}", p.display()))
         };
-        let builtin: HashSet<String> = read("modules.builtin")?
+        let builtin = read("modules.builtin")?
             .lines()
             .map(|l| module_name(Path::new(l)))
             .collect();
-        let deps: HashMap<String, (PathBuf, Vec<PathBuf>)> = read("modules.dep")?
+        let deps = read("modules.dep")?
             .lines()
             .filter_map(|l| l.split_once(':'))
             .map(|(m, d)| {
@@ -519,27 +573,32 @@ impl Kernel {
                 )
             })
             .collect();
-        let mut order = Vec::new();
-        let mut seen = HashSet::new();
-        for w in wanted {
-            let w = w.replace('-', "_");
-            if builtin.contains(&w) {
-                continue;
-            }
-            let (path, list) = deps.get(&w).with_context(|| {
-                format!(
-                    "failed to find module {w} in {}: neither built in nor in modules.dep",
-                    dir.display()
-                )
-            })?;
-            // modules.dep lists the full closure, each module after those needing it.
-            for p in list.iter().rev().chain([path]) {
-                if seen.insert(p.clone()) {
-                    order.push(p.clone());
-                }
-            }
+        Ok(ModuleIndex { dir, builtin, deps })
+    }
+}
+
+/// A kernel's modules.builtin and modules.dep, by module name.
+struct ModuleIndex {
+    dir: PathBuf,
+    builtin: HashSet<String>,
+    /// Each module's path and its dependencies' (the full closure).
+    deps: HashMap<String, (PathBuf, Vec<PathBuf>)>,
+}
+
+impl ModuleIndex {
+    /// A module's path and dependencies; None if it is built in; an error if the kernel
+    /// has it neither way.
+    fn lookup(&self, name: &str) -> Result<Option<&(PathBuf, Vec<PathBuf>)>> {
+        let name = name.replace('-', "_");
+        if self.builtin.contains(&name) {
+            return Ok(None);
         }
-        Ok(order)
+        self.deps.get(&name).map(Some).with_context(|| {
+            format!(
+                "failed to find module {name} in {}: neither built in nor in modules.dep",
+                self.dir.display()
+            )
+        })
     }
 }
 
@@ -801,7 +860,12 @@ struct RunDir {
 }
 
 impl RunDir {
-    fn create(workspace: &Path, opts: &Options, cmd: &[String]) -> Result<Self> {
+    fn create(
+        workspace: &Path,
+        opts: &Options,
+        cmd: &[String],
+        boot_modules: &[String],
+    ) -> Result<Self> {
         let dir = workspace
             .join("target/vm/runs")
             .join(std::process::id().to_string());
@@ -817,7 +881,7 @@ impl RunDir {
         };
         let cwd = std::env::current_dir().context("failed to read the current directory")?;
         let command = command_script(&cwd, opts, cmd);
-        let guest = run.guest_script();
+        let guest = run.guest_script(boot_modules);
         for (name, text) in [("command.sh", command), ("guest.sh", guest)] {
             let p = run.dir.join(name);
             std::fs::write(&p, text).with_context(|| format!("failed to write {}", p.display()))?;
@@ -825,10 +889,12 @@ impl RunDir {
         Ok(run)
     }
 
-    /// The final root's PID 1 ([`GUEST`] for this run).
-    fn guest_script(&self) -> String {
+    /// The final root's PID 1 ([`GUEST`] for this run), loading `boot_modules`.
+    fn guest_script(&self, boot_modules: &[String]) -> String {
         GUEST
-            .replace("@MODULES@", &BOOT_MODULES.join(" "))
+            .replace("@CHECK_MODULES@", CHECK_MODULES)
+            .replace("@MODULE_MISSING@", &MODULE_MISSING.to_string())
+            .replace("@MODULES@", &boot_modules.join(" "))
             .replace("@MARKER@", &self.marker)
             .replace("@DIR@", &self.dir.to_string_lossy())
     }
@@ -1048,4 +1114,39 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         ));
     }
     Ok((k.to_owned(), v.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::CHECK_MODULES;
+
+    /// `check_modules` in a host shell: `kernel` and `printk` are in every kernel's
+    /// /sys/module (built in, with parameters).
+    fn check(modules: &str) -> std::process::Output {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("{CHECK_MODULES}\ncheck_modules {modules}"))
+            .output()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_module_not_loaded_fails_the_check_and_is_named() {
+        let out = check("kernel no_such_module printk");
+        assert!(!out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("failed to load module(s) no_such_module in the guest"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn loaded_modules_pass_the_check() {
+        let out = check("kernel printk");
+        assert!(out.status.success(), "{out:?}");
+        assert!(out.stderr.is_empty(), "{out:?}");
+    }
 }
