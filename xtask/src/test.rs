@@ -205,12 +205,12 @@ const TC_TESTS: &[&str] = &["e2e_v4", "cleanup", "uninstall"];
 /// the legacy tc tests (adoption in place among them) (the lab on tc, an upgrade under a TCP stream, cleanup
 /// beside a foreign filter), and the lab wired with Open vSwitch like OVN-Kubernetes.
 /// docs/operations.md lists what was run there by hand.
-/// Each entry: the test binary, its test threads, its filters (none: all).
-const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
-    (
-        "datapath_v4",
-        2,
-        &[
+const GUEST_TESTS: &[GuestRun] = &[
+    GuestRun {
+        test: "datapath_v4",
+        threads: 2,
+        include_ignored: false,
+        filters: &[
             "from_pod_table",
             "from_tunnel_table",
             "from_underlay_decapsulates",
@@ -219,20 +219,56 @@ const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
             "gso_segments_are_measured",
             "big_tcp_with_length_zero",
         ],
-    ),
+    },
     // One lab at a time: two labs of four agents each on two emulated CPUs starve.
-    (
-        "e2e_v4",
-        1,
-        &["one_pod_leaves_through_each_network_with_that_networks_egress_ip"],
-    ),
-    ("legacy_tc", 1, &[]),
+    GuestRun {
+        test: "e2e_v4",
+        threads: 1,
+        include_ignored: false,
+        filters: &["one_pod_leaves_through_each_network_with_that_networks_egress_ip"],
+    },
+    GuestRun {
+        test: "legacy_tc",
+        threads: 1,
+        include_ignored: false,
+        filters: &[],
+    },
     // Open vSwitch wired as OVN-Kubernetes leaves a node, VLAN secondary networks: this
-    // host's kernel has neither (the same file's bridge wiring runs on the host). Not its
-    // failover case: with debug agents under emulation a takeover once gave the address
-    // up again (1 round of 6); `cargo xtask lab --cni ovs --failover` shows the cases.
-    ("wirings", 1, &["like_ovn_kubernetes_pods"]),
+    // host's kernel has neither, so the OVS tests are `#[ignore]`d on the host (the same
+    // file's bridge wiring runs there) and run here with --include-ignored, where they
+    // fail without OVS. Not its failover case: with debug agents under emulation a
+    // takeover once gave the address up again (1 round of 6); `cargo xtask lab --cni ovs
+    // --failover` shows the cases.
+    GuestRun {
+        test: "wirings",
+        threads: 1,
+        include_ignored: true,
+        filters: &["like_ovn_kubernetes_pods"],
+    },
 ];
+
+/// One boot of the guest: a test binary of `egress-tests`, its test threads, its filters
+/// (none: all of it).
+struct GuestRun {
+    test: &'static str,
+    threads: u32,
+    /// Also run its `#[ignore]`d tests: those ignored on the host for needing what only
+    /// the guest has (Open vSwitch).
+    include_ignored: bool,
+    filters: &'static [&'static str],
+}
+
+impl GuestRun {
+    /// The test binary's arguments in the guest.
+    fn args(&self) -> Vec<String> {
+        let mut a = vec![format!("--test-threads={}", self.threads)];
+        if self.include_ignored {
+            a.push("--include-ignored".to_owned());
+        }
+        a.extend(self.filters.iter().map(|f| (*f).to_owned()));
+        a
+    }
+}
 
 /// `cargo test -p egress-tests --test <each>` with `env`, two at a time.
 fn cargo_tests(tests: &[&str], env: &[(&str, &str)]) -> Result<()> {
@@ -249,18 +285,20 @@ fn cargo_tests(tests: &[&str], env: &[(&str, &str)]) -> Result<()> {
 /// slower ([`guest_options`]: a debug agent there takes about 30 s from SIGTERM to
 /// adopting what it held); the outcomes asserted are the same.
 fn guest_tests() -> Result<()> {
-    let names: Vec<&str> = GUEST_TESTS.iter().map(|(t, _, _)| *t).collect();
+    let names: Vec<&str> = GUEST_TESTS.iter().map(|r| r.test).collect();
     let binaries = test_binaries(&names)?;
     let opts = guest_options(20 * 60);
     let mut failed = Vec::new();
-    for (name, threads, filters) in GUEST_TESTS {
+    for run in GUEST_TESTS {
+        let name = run.test;
         let bin = binaries
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, b)| b.clone())
             .with_context(|| format!("cargo built no test binary {name}"))?;
-        let mut cmd = vec![bin, format!("--test-threads={threads}")];
-        cmd.extend(filters.iter().map(|f| (*f).to_owned()));
+        check_filters(&bin, run)?;
+        let mut cmd = vec![bin];
+        cmd.extend(run.args());
         let t = Instant::now();
         let status = crate::vm::run(&opts, &cmd)?;
         eprintln!(
@@ -268,7 +306,7 @@ fn guest_tests() -> Result<()> {
             t.elapsed().as_secs_f64()
         );
         if status != 0 {
-            failed.push(*name);
+            failed.push(name);
         }
     }
     anyhow::ensure!(
@@ -277,6 +315,55 @@ fn guest_tests() -> Result<()> {
         failed.join(", ")
     );
     Ok(())
+}
+
+/// Each filter of `run` names a test that runs, by the binary's own list (run on the
+/// host): a test renamed or `#[ignore]`d would leave a filter that matches nothing, and
+/// the guest would pass having run none of it.
+fn check_filters(bin: &str, run: &GuestRun) -> Result<()> {
+    let list = |only_ignored: bool| -> Result<String> {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["--list", "--format=terse"]);
+        if only_ignored {
+            cmd.arg("--ignored");
+        }
+        let out = cmd
+            .output()
+            .with_context(|| format!("failed to run {bin} --list"))?;
+        anyhow::ensure!(out.status.success(), "{bin} --list: {}", out.status);
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let all = list(false)?;
+    let skipped = if run.include_ignored {
+        String::new()
+    } else {
+        list(true)?
+    };
+    let unmatched = unmatched_filters(run.filters, &all, &skipped);
+    anyhow::ensure!(
+        unmatched.is_empty(),
+        "failed to find a test of {} matching {unmatched:?} that runs (ignored tests run only \
+         with include_ignored): fix GUEST_TESTS",
+        run.test
+    );
+    Ok(())
+}
+
+/// The `filters` that match no test of `listing` (libtest's `--list --format=terse`)
+/// outside `skipped` (a listing of those that do not run).
+fn unmatched_filters<'a>(filters: &[&'a str], listing: &str, skipped: &str) -> Vec<&'a str> {
+    fn tests(listing: &str) -> impl Iterator<Item = &str> {
+        listing
+            .lines()
+            .filter_map(|line| line.strip_suffix(": test"))
+    }
+    let skipped: Vec<&str> = tests(skipped).collect();
+    let running: Vec<&str> = tests(listing).filter(|t| !skipped.contains(t)).collect();
+    filters
+        .iter()
+        .copied()
+        .filter(|f| !running.iter().any(|t| t.contains(f)))
+        .collect()
 }
 
 /// The paths of the `egress-tests` integration test binaries `names`, built now.
@@ -451,4 +538,29 @@ fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
     f().with_context(|| format!("step failed: {name}"))?;
     eprintln!("xtask: {name}: ok ({:.0}s)", t.elapsed().as_secs_f64());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unmatched_filters;
+
+    const LISTING: &str = "a_table: test\nthe_ovs_lab: test\nthe_bridge_lab: test\n";
+
+    #[test]
+    fn a_filter_matching_no_test_is_reported() {
+        assert_eq!(
+            unmatched_filters(&["table", "renamed_test"], LISTING, ""),
+            ["renamed_test"]
+        );
+    }
+
+    #[test]
+    fn a_filter_matching_only_ignored_tests_is_reported_unless_they_run() {
+        let ignored = "the_ovs_lab: test\n";
+        assert_eq!(
+            unmatched_filters(&["ovs", "lab"], LISTING, ignored),
+            ["ovs"]
+        );
+        assert!(unmatched_filters(&["ovs", "lab"], LISTING, "").is_empty());
+    }
 }
