@@ -4,8 +4,8 @@
 //! (`fieldSelector=spec.nodeName=<node>`) and only a gateway or the status writer every
 //! pod ([`egress_agent::compiler::pods_needed`]).
 //!
-//! `fan_out_at_100_nodes_and_100k_pods` (ignored: a minute or more in a debug build)
-//! prints the table of docs/benchmarks.md:
+//! `fan_out_at_100_nodes_and_100k_pods` (ignored: a minute or more in a debug build;
+//! `cargo xtask bench` runs it) prints the table of docs/benchmarks.md:
 //!
 //! ```text
 //! cargo test -p egress-agent --release --test fan_out -- --ignored --nocapture

@@ -39,7 +39,9 @@ enum Command {
     Test(test::Args),
     /// Bring up the multi-node lab, show per-destination egress, tear it down.
     Lab(test::LabArgs),
-    /// Benchmarks, side by side with the kernel baseline.
+    /// Benchmarks, side by side with the kernel baseline; with no section chosen (nothing
+    /// after `--`), also what each agent receives from the API server at 100k pods
+    /// (egress-agent/tests/fan_out.rs's ignored test, in release).
     Bench(test::BenchArgs),
     /// Packet fuzzing: N random and mutated packets per program through test_run, each
     /// held to the datapath's properties; prints verdicts, reasons hit and failures.

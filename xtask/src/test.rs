@@ -499,6 +499,29 @@ fn guest_options(timeout_secs: u64) -> crate::vm::Options {
 pub fn bench(args: BenchArgs) -> Result<()> {
     bootstrap::run()?;
     build_bins()?;
+    // The whole benchmark (no section chosen) includes what each agent receives from the
+    // API server at 100k pods: egress-agent/tests/fan_out.rs's ignored test, which checks
+    // each role's view as it measures (docs/benchmarks.md; ignored by `cargo test` as a
+    // minute or more in a debug build).
+    if args.rest.is_empty() {
+        step("the API's fan-out at 100k pods (fan_out, release)", || {
+            sh(
+                "cargo",
+                &[
+                    "test",
+                    "--release",
+                    "-p",
+                    "egress-agent",
+                    "--test",
+                    "fan_out",
+                    "--",
+                    "--ignored",
+                    "--nocapture",
+                ],
+                &[],
+            )
+        })?;
+    }
     let mut a = vec![
         "run",
         "--release",

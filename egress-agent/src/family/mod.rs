@@ -128,8 +128,16 @@ pub trait ByFamily {
 /// Runs `$body` once, with `$F` the family of the address `$ip` and `$a` its address in
 /// that family: the one dispatch from an [`IpAddr`] to code written over `F: Family`.
 ///
-/// ```ignore
-/// by_family!(ip, |a: F| hold::<F>(a))
+/// ```
+/// use std::net::IpAddr;
+///
+/// use egress_agent::{by_family, family::Family};
+///
+/// fn name<F: Family>(_: F::Addr) -> &'static str {
+///     F::NAME
+/// }
+/// let ip: IpAddr = "2001:db8::1".parse().unwrap();
+/// assert_eq!(by_family!(ip, |a: F| name::<F>(a)), "IPv6");
 /// ```
 #[macro_export]
 macro_rules! by_family {
