@@ -290,92 +290,24 @@ pub fn exchange(mut stream: UnixStream, req: &Request, timeout: Duration) -> Res
 /// The plugin: `CNI_COMMAND` from the environment, the network configuration on stdin.
 pub fn plugin_main() -> ExitCode {
     let command = std::env::var("CNI_COMMAND").unwrap_or_default();
+    if command == "VERSION" {
+        println!(
+            "{}",
+            json!({"cniVersion": "1.0.0", "supportedVersions": VERSIONS})
+        );
+        return ExitCode::SUCCESS;
+    }
     let mut input = String::new();
-    if command != "VERSION" && std::io::stdin().read_to_string(&mut input).is_err() {
+    if std::io::stdin().read_to_string(&mut input).is_err() {
         return cni_error("1.0.0", 4, "failed to read the network configuration", "");
     }
-    let config: Value = if command == "VERSION" {
-        Value::Null
-    } else {
-        match serde_json::from_str(&input) {
-            Ok(v) => v,
-            Err(e) => {
-                return cni_error("1.0.0", 6, "invalid network configuration", &e.to_string());
-            }
-        }
+    let config: Value = match serde_json::from_str(&input) {
+        Ok(v) => v,
+        Err(e) => return cni_error("1.0.0", 6, "invalid network configuration", &e.to_string()),
     };
     let version = config["cniVersion"].as_str().unwrap_or("1.0.0").to_owned();
-    let socket = PathBuf::from(config["agentSocket"].as_str().unwrap_or(DEFAULT_SOCKET));
-    let timeout = config["timeoutMs"]
-        .as_u64()
-        .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
-    let env = |name: &str| std::env::var(name).unwrap_or_default();
-    let req = |check: bool, host_device: HostDevice| Request {
-        netns: PathBuf::from(env("CNI_NETNS")),
-        ifname: env("CNI_IFNAME"),
-        container_id: env("CNI_CONTAINERID"),
-        check,
-        host_device: Some(host_device),
-    };
     match command.as_str() {
-        "VERSION" => {
-            println!(
-                "{}",
-                json!({"cniVersion": "1.0.0", "supportedVersions": VERSIONS})
-            );
-            ExitCode::SUCCESS
-        }
-        "ADD" | "CHECK" => {
-            let Some(prev) = config.get("prevResult").filter(|v| !v.is_null()) else {
-                return cni_error(
-                    &version,
-                    7,
-                    "egress-cni is a chained plugin: it needs a prevResult (list it after the \
-                     CNI that wires the pod)",
-                    "",
-                );
-            };
-            let check = command == "CHECK";
-            // The agent first: when it is down, that is what the runtime must say.
-            let agent_failed = |e: &str| {
-                cni_error(
-                    &version,
-                    11,
-                    &format!(
-                        "the egress agent at {} did not attach from_pod",
-                        socket.display()
-                    ),
-                    e,
-                )
-            };
-            let stream = match connect(&socket) {
-                Ok(s) => s,
-                Err(e) => return agent_failed(&e),
-            };
-            let device =
-                match find_host_device(Path::new(&env("CNI_NETNS")), &env("CNI_IFNAME"), prev) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        return cni_error(&version, 11, "failed to find the pod's host device", &e);
-                    }
-                };
-            match exchange(stream, &req(check, device), timeout) {
-                Err(e) => agent_failed(&e),
-                Ok(Reply { error: Some(e), .. }) => {
-                    cni_error(&version, 999, "the egress agent refused", &e)
-                }
-                Ok(_) => {
-                    if !check {
-                        let mut out = prev.clone();
-                        if let Some(o) = out.as_object_mut() {
-                            o.insert("cniVersion".to_owned(), Value::String(version));
-                        }
-                        println!("{out}");
-                    }
-                    ExitCode::SUCCESS
-                }
-            }
-        }
+        "ADD" | "CHECK" => add_or_check(&config, &version, command == "CHECK"),
         // The device goes with the pod's namespace; the agent forgets it then.
         "DEL" | "GC" | "STATUS" => ExitCode::SUCCESS,
         other => cni_error(
@@ -384,6 +316,67 @@ pub fn plugin_main() -> ExitCode {
             &format!("unknown CNI_COMMAND {other:?}"),
             "expected ADD, DEL, CHECK or VERSION",
         ),
+    }
+}
+
+/// ADD (or CHECK): the agent attaches `from_pod` to the pod's host device, which the
+/// plugin finds itself; ADD then passes the previous result on.
+fn add_or_check(config: &Value, version: &str, check: bool) -> ExitCode {
+    let socket = PathBuf::from(config["agentSocket"].as_str().unwrap_or(DEFAULT_SOCKET));
+    let timeout = config["timeoutMs"]
+        .as_u64()
+        .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+    let env = |name: &str| std::env::var(name).unwrap_or_default();
+    let Some(prev) = config.get("prevResult").filter(|v| !v.is_null()) else {
+        return cni_error(
+            version,
+            7,
+            "egress-cni is a chained plugin: it needs a prevResult (list it after the CNI \
+             that wires the pod)",
+            "",
+        );
+    };
+    // The agent first: when it is down, that is what the runtime must say.
+    let agent_failed = |e: &str| {
+        cni_error(
+            version,
+            11,
+            &format!(
+                "the egress agent at {} did not attach from_pod",
+                socket.display()
+            ),
+            e,
+        )
+    };
+    let stream = match connect(&socket) {
+        Ok(s) => s,
+        Err(e) => return agent_failed(&e),
+    };
+    let netns = PathBuf::from(env("CNI_NETNS"));
+    let device = match find_host_device(&netns, &env("CNI_IFNAME"), prev) {
+        Ok(d) => d,
+        Err(e) => return cni_error(version, 11, "failed to find the pod's host device", &e),
+    };
+    let req = Request {
+        netns,
+        ifname: env("CNI_IFNAME"),
+        container_id: env("CNI_CONTAINERID"),
+        check,
+        host_device: Some(device),
+    };
+    match exchange(stream, &req, timeout) {
+        Err(e) => agent_failed(&e),
+        Ok(Reply { error: Some(e), .. }) => cni_error(version, 999, "the egress agent refused", &e),
+        Ok(_) => {
+            if !check {
+                let mut out = prev.clone();
+                if let Some(o) = out.as_object_mut() {
+                    o.insert("cniVersion".to_owned(), Value::String(version.to_owned()));
+                }
+                println!("{out}");
+            }
+            ExitCode::SUCCESS
+        }
     }
 }
 

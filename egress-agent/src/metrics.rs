@@ -411,6 +411,35 @@ fn register_routes(reg: &mut Registry, stats: &Stats) {
 }
 
 fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
+    register_peers(reg, l);
+    register_hellos(reg, l);
+    register_moves(reg, l);
+    register_remaps(reg, l);
+}
+
+/// A counter at `n`.
+fn counter(n: u64) -> Counter<u64> {
+    let c = Counter::<u64>::default();
+    c.inc_by(n);
+    c
+}
+
+/// Counters by reason, one per entry of `counts`.
+fn by_reason<'a>(
+    counts: impl IntoIterator<Item = (&'a String, &'a u64)>,
+) -> Family<MoveLabels, Counter> {
+    let f = Family::<MoveLabels, Counter>::default();
+    for (reason, n) in counts {
+        f.get_or_create(&MoveLabels {
+            reason: reason.clone(),
+        })
+        .inc_by(*n);
+    }
+    f
+}
+
+/// What this node hears of its peers.
+fn register_peers(reg: &mut Registry, l: &LivenessStats) {
     let alive = Family::<PeerLabels, Gauge>::default();
     let rtt = Family::<PeerLabels, Gauge<f64, AtomicU64>>::default();
     for p in &l.peers {
@@ -432,66 +461,63 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
         "Round trip of the last probe answered by each peer",
         rtt,
     );
-    let g = Gauge::<i64>::default();
-    g.set(l.peers.iter().filter(|p| p.alive).count() as i64);
-    reg.register("peers_alive", "Peers heard", g);
-    let g = Gauge::<i64>::default();
-    g.set(i64::from(l.cut_off));
+    let heard = l.peers.iter().filter(|p| p.alive).count();
+    reg.register("peers_alive", "Peers heard", gauge(heard as u64));
     reg.register(
         "cut_off",
         "1 if this node hears fewer than a majority of its peers (it holds nothing)",
-        g,
+        gauge(u64::from(l.cut_off)),
     );
-    let refused = Family::<MoveLabels, Counter>::default();
-    for (reason, n) in &l.refused {
-        refused
-            .get_or_create(&MoveLabels {
-                reason: reason.clone(),
-            })
-            .inc_by(*n);
-    }
     reg.register(
-        "probes_refused",
-        "Hellos refused, by reason (malformed, unauthenticated, stale, replayed, unknown_node, \
-         wrong_address, from_myself)",
-        refused,
+        "peer_deaths",
+        "Peers declared unreachable",
+        counter(l.detections),
     );
-    let g = Gauge::<i64>::default();
-    g.set(i64::from(l.authenticated));
-    reg.register(
-        "liveness_authenticated",
-        "1 if hellos are signed and only signed ones taken (--liveness-key-file), else 0",
-        g,
-    );
-    let c = Counter::<u64>::default();
-    c.inc_by(l.detections);
-    reg.register("peer_deaths", "Peers declared unreachable", c);
     reg.register(
         "peer_detection_seconds",
         "Silence before each peer was declared unreachable",
         l.detection.0.clone(),
     );
-    let moves = Family::<MoveLabels, Counter>::default();
-    for (reason, n) in &l.acquired {
-        moves
-            .get_or_create(&MoveLabels {
-                reason: reason.clone(),
-            })
-            .inc_by(*n);
-    }
+}
+
+/// The hellos refused, and whether they are signed.
+fn register_hellos(reg: &mut Registry, l: &LivenessStats) {
+    reg.register(
+        "probes_refused",
+        "Hellos refused, by reason (malformed, unauthenticated, stale, replayed, unknown_node, \
+         wrong_address, from_myself)",
+        by_reason(&l.refused),
+    );
+    reg.register(
+        "liveness_authenticated",
+        "1 if hellos are signed and only signed ones taken (--liveness-key-file), else 0",
+        gauge(u64::from(l.authenticated)),
+    );
+}
+
+/// The egress IPs this node took, and announced again.
+fn register_moves(reg: &mut Registry, l: &LivenessStats) {
     reg.register(
         "failovers",
         "Egress IPs this node took, by reason (Assigned: first holder)",
-        moves,
+        by_reason(&l.acquired),
     );
-    let c = Counter::<u64>::default();
-    c.inc_by(l.reannounced);
     reg.register(
         "reannouncements",
         "Held egress IPs announced again (gratuitous ARP, unsolicited NA) because a peer \
          let one go or a peer became reachable again",
-        c,
+        counter(l.reannounced),
     );
+    reg.register(
+        "failover_seconds",
+        "For each egress IP taken from an unreachable holder: that holder's silence when \
+         this node added the address",
+        l.failover.0.clone(),
+    );
+}
+
+/// The remapped translations shared between gateways.
+fn register_remaps(reg: &mut Registry, l: &LivenessStats) {
     let shared = Family::<EventLabels, Counter>::default();
     for (event, n) in [
         ("sent", l.remaps.sent),
@@ -511,18 +537,10 @@ fn register_liveness(reg: &mut Registry, l: &LivenessStats) {
          in hellos, installed when heard new or changed, expired unheard, failed to write",
         shared,
     );
-    let g = Gauge::<i64>::default();
-    g.set(i64::try_from(l.remaps_kept).unwrap_or(i64::MAX));
     reg.register(
         "remaps_kept",
         "Remapped translations heard from other gateways and kept for a takeover",
-        g,
-    );
-    reg.register(
-        "failover_seconds",
-        "For each egress IP taken from an unreachable holder: that holder's silence when \
-         this node added the address",
-        l.failover.0.clone(),
+        gauge(u64::try_from(l.remaps_kept).unwrap_or(u64::MAX)),
     );
 }
 

@@ -111,20 +111,7 @@ struct Candidate {
 /// Run every check (in the network namespace of the calling thread): the kernel, the
 /// host, then each egress IP of `view` (the cluster state) this node may hold.
 pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
-    let mut out = vec![
-        kernel::btf(),
-        kernel::attach(),
-        kernel::lpm_trie(),
-        kernel::map_types(),
-    ];
-    if s.load_programs {
-        out.push(kernel::programs());
-    }
-    out.extend([
-        kernel::jit(),
-        host::bpffs(&s.bpffs_dir),
-        host::capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default()),
-    ]);
+    let mut out = kernel_checks(s);
     let (nl, ifaces) = match interfaces().await {
         Ok(found) => found,
         Err(e) => {
@@ -157,19 +144,7 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
         routes.as_ref(),
     ));
     if let (Some(ul), Some(v), Some(routes)) = (underlay, view, routes.as_ref()) {
-        let peers = peer_addresses(v, me.as_deref());
-        let astray = host::underlay_astray(&ul.name, &peers, |ip| {
-            let oif = routes.oif(ip)?;
-            ifaces
-                .iter()
-                .find(|i| i.ifindex == oif)
-                .map(|i| i.name.clone())
-        });
-        out.push(host::underlay_routes_verdict(
-            &ul.name,
-            peers.len(),
-            &astray,
-        ));
+        out.push(underlay_routes(ul, v, me.as_deref(), routes, &ifaces));
     }
     let (candidates, gateway) = candidates(s, view, me.as_deref());
     let placed: Vec<(Candidate, Option<&Interface>)> = candidates
@@ -194,6 +169,44 @@ pub async fn run(s: &Settings, view: Option<&ClusterView>) -> Vec<Check> {
     out.extend(forwardings(underlay, &s.tunnel_device, egress.as_ref()));
     out.extend(egress_ip_checks(s, view, me.as_deref(), gateway, &placed, &ifaces).await);
     out
+}
+
+/// The kernel's and the host's checks, before any interface is read.
+fn kernel_checks(s: &Settings) -> Vec<Check> {
+    let mut out = vec![
+        kernel::btf(),
+        kernel::attach(),
+        kernel::lpm_trie(),
+        kernel::map_types(),
+    ];
+    if s.load_programs {
+        out.push(kernel::programs());
+    }
+    out.extend([
+        kernel::jit(),
+        host::bpffs(&s.bpffs_dir),
+        host::capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default()),
+    ]);
+    out
+}
+
+/// Whether every peer's address is routed out of the underlay interface `ul`.
+fn underlay_routes(
+    ul: &Interface,
+    view: &ClusterView,
+    me: Option<&str>,
+    routes: &iface::Routes,
+    ifaces: &[Interface],
+) -> Check {
+    let peers = peer_addresses(view, me);
+    let astray = host::underlay_astray(&ul.name, &peers, |ip| {
+        let oif = routes.oif(ip)?;
+        ifaces
+            .iter()
+            .find(|i| i.ifindex == oif)
+            .map(|i| i.name.clone())
+    });
+    host::underlay_routes_verdict(&ul.name, peers.len(), &astray)
 }
 
 /// IPv4 forwarding on each device the datapath looks routes up from: the tunnel device

@@ -375,45 +375,7 @@ impl Tracker {
         now: Instant,
     ) -> Result<bool, Refused> {
         let from = from.to_canonical();
-        if h.name == self.me {
-            return Err(Refused::FromMyself(h.name));
-        }
-        if !h.to.is_empty() && h.to != self.me {
-            return Err(Refused::NotForMe {
-                name: h.name,
-                to: h.to,
-            });
-        }
-        let Some(want) = self.members.nodes.get(&h.name) else {
-            return Err(Refused::UnknownNode { name: h.name, from });
-        };
-        let alias = self
-            .members
-            .aliases
-            .get(&h.name)
-            .is_some_and(|a| a.contains(&from));
-        if *want != from && !alias {
-            return Err(Refused::WrongAddress {
-                name: h.name,
-                from,
-                want: *want,
-            });
-        }
-        if let Some(p) = self.peers.get(&h.name) {
-            if p.incarnation == h.incarnation && h.seq <= p.seq {
-                return Err(Refused::Stale {
-                    name: h.name,
-                    seq: h.seq,
-                    last: p.seq,
-                });
-            }
-            if p.retired.contains(&h.incarnation) {
-                return Err(Refused::Replayed {
-                    name: h.name,
-                    incarnation: h.incarnation,
-                });
-            }
-        }
+        self.admit(&h, from)?;
         let mine = self.micros(now);
         let rtt = (h.echo_us != 0 && h.echo_us <= mine).then(|| {
             Duration::from_micros((mine - h.echo_us).saturating_sub(u64::from(h.echo_held_us)))
@@ -451,6 +413,54 @@ impl Tracker {
             },
         );
         Ok(changed)
+    }
+
+    /// Why a hello from `from` is not taken, if it is not: from this node itself, for
+    /// another, from a node not in the cluster or not at its address, older than the last
+    /// one of its incarnation, or of an incarnation retired.
+    fn admit(&self, h: &Hello, from: IpAddr) -> Result<(), Refused> {
+        let name = || h.name.clone();
+        if h.name == self.me {
+            return Err(Refused::FromMyself(name()));
+        }
+        if !h.to.is_empty() && h.to != self.me {
+            return Err(Refused::NotForMe {
+                name: name(),
+                to: h.to.clone(),
+            });
+        }
+        let Some(want) = self.members.nodes.get(&h.name) else {
+            return Err(Refused::UnknownNode { name: name(), from });
+        };
+        let alias = self
+            .members
+            .aliases
+            .get(&h.name)
+            .is_some_and(|a| a.contains(&from));
+        if *want != from && !alias {
+            return Err(Refused::WrongAddress {
+                name: name(),
+                from,
+                want: *want,
+            });
+        }
+        let Some(p) = self.peers.get(&h.name) else {
+            return Ok(());
+        };
+        if p.incarnation == h.incarnation && h.seq <= p.seq {
+            return Err(Refused::Stale {
+                name: name(),
+                seq: h.seq,
+                last: p.seq,
+            });
+        }
+        if p.retired.contains(&h.incarnation) {
+            return Err(Refused::Replayed {
+                name: name(),
+                incarnation: h.incarnation,
+            });
+        }
+        Ok(())
     }
 
     /// An unsigned version-1 hello under a key, from an agent older than version 2 (its

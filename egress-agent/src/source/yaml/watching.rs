@@ -248,15 +248,7 @@ pub(super) async fn watch_with(
     // Watch first, then read: a change racing the first read is noticed.
     let mut inotify = match notifications {
         Notifications::None => None,
-        Notifications::Inotify => DirWatch::new(&dir, &pending)
-            .inspect_err(|e| {
-                tracing::warn!(
-                    "failed to watch state directory {} with inotify: {e}; edits are \
-                     noticed by polling every {poll:?} only",
-                    dir.display()
-                );
-            })
-            .ok(),
+        Notifications::Inotify => first_watch(&dir, &pending, poll),
     };
     let (mut last, first, origins) =
         read_with_fingerprint(dir.clone(), &cluster_cidrs, Arc::default()).await;
@@ -319,6 +311,20 @@ pub(super) async fn watch_with(
         }
     });
     rx
+}
+
+/// The directory's first inotify watch; when it cannot be had, edits are noticed by
+/// polling every `poll` until a later tick sets one up.
+fn first_watch(dir: &Path, pending: &Arc<Pending>, poll: Duration) -> Option<DirWatch> {
+    DirWatch::new(dir, pending)
+        .inspect_err(|e| {
+            tracing::warn!(
+                "failed to watch state directory {} with inotify: {e}; edits are noticed by \
+                 polling every {poll:?} only",
+                dir.display()
+            );
+        })
+        .ok()
 }
 
 /// Wait until no change was notified for [`QUIET`], or [`MAX_DELAY`] at most.
