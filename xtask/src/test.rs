@@ -483,11 +483,6 @@ fn guest_options(timeout_secs: u64) -> crate::vm::Options {
             ("EGRESS_PROBE_INTERVAL_MS", "200"),
             ("EGRESS_RESTART_GRACE_SECS", "90"),
             ("EGRESS_TEST_TIME_SCALE", "6"),
-            // The agents as root with every capability in the guest: as the deployed
-            // runner builds the container's view (issue 48), the guest's agents did not
-            // converge (e2e_v4, first seen at the end of the session that merged it);
-            // the host's runs keep the runner.
-            ("EGRESS_TEST_AS_DEPLOYED", "0"),
         ]
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
