@@ -7,10 +7,11 @@
 use anyhow::{Context as _, Result, bail};
 use egress_tests::fuzz::{self, Options, report};
 
-const USAGE: &str = "usage: egress-fuzz [--packets N] [--seed S]
+const USAGE: &str = "usage: egress-fuzz [--packets N] [--seed S] [--full-conntrack]
 
-  --packets N  packets per program (default 1000000)
-  --seed S     the generator's seed, decimal or 0x-hex (default: from the clock, printed)";
+  --packets N       packets per program (default 1000000)
+  --seed S          the generator's seed, decimal or 0x-hex (default: from the clock, printed)
+  --full-conntrack  start with both conntrack maps full of other flows (LRU eviction)";
 
 fn parse_u64(s: &str) -> Result<u64> {
     let s = s.replace('_', "");
@@ -25,6 +26,7 @@ fn options() -> Result<Options> {
     let mut opts = Options {
         packets: 1_000_000,
         seed: fuzz::random_seed(),
+        full_conntrack: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -35,6 +37,7 @@ fn options() -> Result<Options> {
         match a.as_str() {
             "--packets" => opts.packets = parse_u64(&value()?)?,
             "--seed" => opts.seed = parse_u64(&value()?)?,
+            "--full-conntrack" => opts.full_conntrack = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);

@@ -64,6 +64,9 @@ pub struct Options {
     /// Packets per program.
     pub packets: u64,
     pub seed: u64,
+    /// Start with both conntrack maps full of other flows ([`node::fill_conntrack`]):
+    /// every new flow evicts one (LRU), a known flow's half among them now and then.
+    pub full_conntrack: bool,
 }
 
 /// A broken property, with what it takes to see it again.
@@ -114,6 +117,9 @@ pub fn run(opts: Options) -> Report {
         let net = node::topology();
         let mut dp = Datapath::load();
         node::fill(&mut dp, &net);
+        if opts.full_conntrack {
+            node::fill_conntrack(&mut dp);
+        }
         let programs = Prog::ALL
             .into_iter()
             .map(|prog| run_program(&mut dp, &net, prog, opts))

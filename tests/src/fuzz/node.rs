@@ -736,6 +736,73 @@ fn rule_entry(dp: &mut Datapath, net: &Net, r: &Rule) {
 }
 
 /// (Re)write both entries of every established flow, last seen now.
+/// Fill both conntrack maps to the brim ([`TEST_MAP_ENTRIES`] each) with established
+/// flows of other hosts (198.18.0.0/15 and 2001:2::/48, the benchmarking ranges, which no
+/// plan uses), then write the node's own flows again: the LRU takes the oldest of the
+/// fillers first, and after that whatever the datapath's new flows push out.
+pub fn fill_conntrack(dp: &mut Datapath) {
+    let now = ktime_ns();
+    let n = crate::testrun::TEST_MAP_ENTRIES;
+    for i in 0..n {
+        let [_, _, hi, lo] = i.to_be_bytes();
+        let key = CtKeyV4 {
+            src: [198, 18, hi, lo],
+            dst: [198, 19, hi, lo],
+            src_port_be: 40_000u16.to_be(),
+            dst_port_be: 443u16.to_be(),
+            proto: 6,
+            dir: dir::ORIGINAL,
+            _pad: [0; 2],
+        };
+        let entry = CtEntryV4 {
+            xlate_addr: [198, 18, 255, 1],
+            xlate_port_be: (20_000 + (i % 40_000) as u16).to_be(),
+            state: state::ESTABLISHED,
+            _pad0: 0,
+            pod_node: underlay::from_ip(PEER),
+            ifindex: 0,
+            rule_id: RULE_A,
+            last_seen_ns: now,
+            next_hop: Default::default(),
+        };
+        dp.ct_insert(key, entry);
+        let mut src6 = [0u8; 16];
+        src6[..4].copy_from_slice(&[0x20, 0x01, 0, 2]);
+        src6[12..].copy_from_slice(&i.to_be_bytes());
+        let mut dst6 = src6;
+        dst6[11] = 1;
+        dp.ct_insert_v6(
+            CtKeyV6 {
+                src: src6,
+                dst: dst6,
+                src_port_be: key.src_port_be,
+                dst_port_be: key.dst_port_be,
+                proto: 6,
+                dir: dir::ORIGINAL,
+                _pad: [0; 2],
+            },
+            CtEntryV6 {
+                xlate_addr: dst6,
+                xlate_port_be: entry.xlate_port_be,
+                state: state::ESTABLISHED,
+                _pad0: 0,
+                pod_node: entry.pod_node,
+                ifindex: 0,
+                rule_id: RULE_A,
+                _pad1: 0,
+                last_seen_ns: now,
+                next_hop: Default::default(),
+            },
+        );
+    }
+    // The LRU may evict before the last slot (per-CPU free lists): nearly full is full.
+    let (v4, v6) = (dp.ct().len(), dp.ct_v6().len());
+    assert!(
+        v4 as u64 * 10 >= u64::from(n) * 9 && v6 as u64 * 10 >= u64::from(n) * 9,
+        "conntrack not filled: {v4} and {v6} entries of {n}"
+    );
+}
+
 pub fn refresh_flows(dp: &mut Datapath, net: &Net) {
     let now = ktime_ns();
     for f in V4.flows.iter().chain(&V6.flows) {
