@@ -356,8 +356,9 @@ impl AgentContainer {
     /// it go to `program`. It sees the filesystem as the container would (the module's
     /// doc), with `stand_ins` (what the caller puts in place of the cluster: a lab's
     /// directory with its state, sockets and key file) at their own paths. The declared
-    /// environment is set; the caller's own `env` calls come after and win, as flags beat
-    /// environment in the agent.
+    /// environment is set, but for variables this process sets itself (they win, as a
+    /// patch of the manifest's env would); the caller's own `env` calls come after and
+    /// win, as flags beat environment in the agent.
     pub fn command(&self, ns: &Netns, program: &Path, stand_ins: &[&Path]) -> Result<Command> {
         let missing = self.missing();
         if !missing.is_empty() {
@@ -394,7 +395,12 @@ impl AgentContainer {
             .arg("sh")
             .arg(program);
         for (k, v) in &self.env {
-            cmd.env(k, v);
+            // A variable this process has wins over the manifest's value, as an operator's
+            // patch of the DaemonSet's env would: the tests' tuning (EGRESS_PROBE_MISSES,
+            // EGRESS_PROBE_INTERVAL_MS in the emulated guest) reaches the agent.
+            if std::env::var_os(k).is_none() {
+                cmd.env(k, v);
+            }
         }
         Ok(cmd)
     }

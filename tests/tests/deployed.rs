@@ -136,6 +136,21 @@ fn the_agent_sees_only_what_its_container_would() -> Result<()> {
         "the view built and the agent started in it {:?} after the spawn",
         t0.elapsed()
     );
+    // The declared environment, but for what this process sets itself (the tests' tuning,
+    // as a patch of the DaemonSet's env would): the guest's probe settings must arrive.
+    let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+    let environ: BTreeSet<String> = environ
+        .split(|b| *b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    let container = AgentContainer::for_tests()?.context("the runner is on")?;
+    for (k, declared) in &container.env {
+        let want = std::env::var(k).unwrap_or_else(|_| declared.clone());
+        assert!(
+            environ.contains(&format!("{k}={want}")),
+            "the agent's {k} is not {want:?} (declared {declared:?}): {environ:?}"
+        );
+    }
     let root = PathBuf::from(format!("/proc/{pid}/root"));
     let seen = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
     let pins = seen(&lab.bpffs_dir("gw1"));
