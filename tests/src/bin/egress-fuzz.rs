@@ -7,11 +7,13 @@
 use anyhow::{Context as _, Result, bail};
 use egress_tests::fuzz::{self, Options, report};
 
-const USAGE: &str = "usage: egress-fuzz [--packets N] [--seed S] [--full-conntrack]
+const USAGE: &str = "usage: egress-fuzz [--packets N] [--seed S] [--full-conntrack] [--sweeps]
 
   --packets N       packets per program (default 1000000)
   --seed S          the generator's seed, decimal or 0x-hex (default: from the clock, printed)
-  --full-conntrack  start with both conntrack maps full of other flows (LRU eviction)";
+  --full-conntrack  start with both conntrack maps full of other flows (LRU eviction)
+  --sweeps          the agent's sweeper walks conntrack every 1,024 packets, its clock
+                    up to six hours ahead";
 
 fn parse_u64(s: &str) -> Result<u64> {
     let s = s.replace('_', "");
@@ -27,6 +29,7 @@ fn options() -> Result<Options> {
         packets: 1_000_000,
         seed: fuzz::random_seed(),
         full_conntrack: false,
+        sweeps: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -38,6 +41,7 @@ fn options() -> Result<Options> {
             "--packets" => opts.packets = parse_u64(&value()?)?,
             "--seed" => opts.seed = parse_u64(&value()?)?,
             "--full-conntrack" => opts.full_conntrack = true,
+            "--sweeps" => opts.sweeps = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);

@@ -40,6 +40,7 @@ pub mod mutate;
 pub mod node;
 pub mod report;
 pub mod rng;
+pub mod sweeps;
 
 use std::{
     collections::BTreeMap,
@@ -67,6 +68,9 @@ pub struct Options {
     /// Start with both conntrack maps full of other flows ([`node::fill_conntrack`]):
     /// every new flow evicts one (LRU), a known flow's half among them now and then.
     pub full_conntrack: bool,
+    /// Walk the conntrack maps with the agent's sweeper every [`sweeps::EVERY`] packets,
+    /// its clock some time ahead ([`sweeps`]).
+    pub sweeps: bool,
 }
 
 /// A broken property, with what it takes to see it again.
@@ -96,6 +100,10 @@ pub struct ProgramReport {
     pub elapsed: Duration,
     pub failed: u64,
     pub failures: Vec<Failure>,
+    /// Sweeper walks, and the entries they removed.
+    pub swept: (u64, usize),
+    /// What a walk left that the sweeper itself would remove (each counted failed).
+    pub sweep_problems: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -144,6 +152,8 @@ fn run_program(dp: &mut Datapath, net: &node::Net, prog: Prog, opts: Options) ->
         elapsed: Duration::ZERO,
         failed: 0,
         failures: Vec::new(),
+        swept: (0, 0),
+        sweep_problems: Vec::new(),
     };
     let mut before = reader.read();
     let mut out = vec![0u8; 4096];
@@ -151,6 +161,18 @@ fn run_program(dp: &mut Datapath, net: &node::Net, prog: Prog, opts: Options) ->
     for index in 0..opts.packets {
         if index % REFRESH_EVERY == 0 {
             node::refresh_flows(dp, net);
+        }
+        if opts.sweeps && index % sweeps::EVERY == sweeps::EVERY - 1 {
+            match sweeps::walk(dp, report.swept.0) {
+                Ok(removed) => report.swept.1 += removed,
+                Err(problem) => {
+                    report.failed += 1;
+                    report.sweep_problems.push(problem);
+                }
+            }
+            report.swept.0 += 1;
+            // The counters the sweeper moved (CT_EXPIRED) are not the next packet's.
+            before = reader.read();
         }
         let input = cases::case(opts.seed, prog, index);
         let ctx = skb_ctx_gso(net.ifindex(input.dev), input.tunnel, input.gso);

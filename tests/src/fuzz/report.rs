@@ -48,6 +48,17 @@ fn program(s: &mut String, p: &ProgramReport) {
     for (r, count) in &p.reasons {
         let _ = writeln!(s, "    {:<24} {:>12}", reason_name(*r), n(*count));
     }
+    if p.swept.0 > 0 {
+        let _ = writeln!(
+            s,
+            "  sweeper: {} walks removed {} entries",
+            n(p.swept.0),
+            n(p.swept.1 as u64)
+        );
+    }
+    for problem in &p.sweep_problems {
+        let _ = writeln!(s, "FAILED {}, sweeper: {problem}", p.prog.name());
+    }
     for f in &p.failures {
         s.push_str(&failure(f));
     }
