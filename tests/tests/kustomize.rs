@@ -392,7 +392,6 @@ fn the_cluster_role_grants_what_the_agent_uses() {
         grants(one(&objects, "ClusterRole")),
         [
             "config.openshift.io/networks: list watch",
-            "core/events: create",
             "core/namespaces: list watch",
             "core/nodes: list watch",
             "core/pods: list watch",
@@ -400,6 +399,7 @@ fn the_cluster_role_grants_what_the_agent_uses() {
             "egress.dev/egressgatewaypolicies: get list watch",
             "egress.dev/egressnodes/status: patch",
             "egress.dev/egressnodes: create list patch watch",
+            "events.k8s.io/events: create",
             "k8s.ovn.org/egressfirewalls: list watch",
             "k8s.ovn.org/egressips: list watch",
             "networking.k8s.io/networkpolicies: list watch",
