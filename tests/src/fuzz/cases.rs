@@ -145,7 +145,7 @@ fn from_underlay(rng: &mut Rng) -> Input {
         .expect("from_tunnel cases carry tunnel metadata");
     let v4 = |a: IpAddr| match a {
         IpAddr::V4(a) => a,
-        IpAddr::V6(_) => Ipv4Addr::new(192, 168, 0, 20),
+        IpAddr::V6(_) => node::PEER_V4,
     };
     let (mut dst, mut port) = (v4(node::NODE), DEFAULT_TUNNEL_PORT);
     if rng.chance(20) {

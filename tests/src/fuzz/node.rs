@@ -42,7 +42,9 @@ use egress_common::{
 use crate::testrun::{Datapath, ifindex, ip, ktime_ns, ready_config, sysctl};
 
 pub const NODE: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 10));
-pub const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 20));
+/// The IPv4 peer's address (the underlay a VXLAN frame can carry).
+pub const PEER_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 20);
+pub const PEER: IpAddr = IpAddr::V4(PEER_V4);
 pub const PEER6: IpAddr = IpAddr::V6(Ipv6Addr::new(0xfd00, 0xff, 0, 0, 0, 0, 0, 0x20));
 pub const STRANGER: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 0, 99));
 /// Every known node (`NODES`).
