@@ -28,6 +28,8 @@ pub mod import;
 pub mod liveness;
 pub mod logs;
 pub mod metrics;
+pub mod netpol;
 pub mod overview;
 pub mod report;
+pub mod selector;
 pub mod source;

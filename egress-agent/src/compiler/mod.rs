@@ -28,13 +28,13 @@ pub mod render;
 mod routes;
 mod rules;
 mod selection;
-mod selector;
 mod source_side;
 mod spread;
 mod status;
 #[cfg(test)]
 mod tests;
 
+pub use crate::selector::Selector;
 pub use compiled::{Compiled, Holder, Object, Problem};
 pub use hash::{fnv1a64, rule_ids};
 pub use members::pods_needed;
@@ -42,7 +42,6 @@ pub use nodes::{
     DRAIN_ANNOTATION, gateway_candidates, held_egress_ips, node_drained, node_ready, node_underlay,
 };
 pub use pods::{Selection, selection};
-pub use selector::Selector;
 pub use spread::PodRoute;
 
 /// Compile `view` for the node named `node_name`, without liveness probes (every node

@@ -13,12 +13,12 @@ use k8s_openapi::api::core::v1::Node;
 use super::{
     compiled::{Object, Problem},
     reason,
-    selector::Selector,
 };
 use crate::{
     api::{EgressNode, FullPolicyMap, PodScope},
     desired::Desired,
     liveness::{PeerView, Report},
+    selector::Selector,
     source::ClusterView,
 };
 

@@ -9,10 +9,12 @@ use super::{
     hash, move_reason,
     nodes::NodeInfo,
     routes::Prefixes,
-    selector::Selector,
     status::{PolicyReport, Reported},
 };
-use crate::api::{EgressGatewayPolicy, FailurePolicy};
+use crate::{
+    api::{EgressGatewayPolicy, FailurePolicy},
+    selector::Selector,
+};
 
 /// A policy checked and resolved.
 pub(super) struct PolicyPlan<'a> {

@@ -11,11 +11,11 @@ use super::{
     compiled::{Object, Problem},
     nodes::NodeInfo,
     reason,
-    selector::Selector,
 };
 use crate::{
     api::EgressGatewayPolicySpec,
     desired::Desired,
+    selector::Selector,
     source::{ClusterView, PodScope},
 };
 

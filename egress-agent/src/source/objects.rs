@@ -134,7 +134,7 @@ pub const MAX_POD_IPS: usize = 2;
 /// A NetworkPolicy's checks: what the compiler reads of it must read (each error names
 /// its field), as the API server would have refused it.
 pub fn check_network_policy(np: &NetworkPolicy) -> Vec<FieldError> {
-    match crate::compiler::netpol::parse(np) {
+    match crate::netpol::parse(np) {
         Ok(_) => Vec::new(),
         Err(errors) => errors
             .into_iter()

@@ -17,12 +17,12 @@ use super::{
     reason,
     routes::{Prefixes, Reserved},
     rules::{self, CheckedRule},
-    selector::Selector,
     status::PolicyReport,
 };
 use crate::{
     api::{EgressGatewayPolicy, EgressGatewayPolicySpec, FullPolicyMap, PodScope},
     liveness::PeerView,
+    selector::Selector,
 };
 
 mod election;
