@@ -132,37 +132,45 @@ fn gateways_cut_off_together_heal_with_one_holder_that_the_network_believes() {
 }
 
 /// Issue 44, item 4: two pods stream TCP to host A from the same source port, so the
-/// holder of egress IP A remapped the second one's; the holder dies silently. The other
-/// gateway had heard the remap (its `REMAP_V4`) and gives that flow the port host A knows:
-/// both streams go on, unbroken, each with the source it had.
+/// holder of egress IP A remapped the second one's; the holder dies silently, is drained
+/// and goes NotReady, one lab recovered between them. The other gateway had heard the
+/// remap (its `REMAP_V4`) and gives that flow the port host A knows: both streams go on,
+/// unbroken, each with the source it had.
 #[test]
-fn flows_whose_port_was_remapped_survive_a_silent_death() {
+fn flows_whose_port_was_remapped_survive_a_silent_death_a_drain_and_a_notready() {
     let mut lab = cluster::up_with_agents(cluster::default_spec().unwrap()).unwrap();
-    let r = failover::remapped::run(&mut lab, "remapped").unwrap_or_else(|e| panic!("{e:#}"));
-    let after = r.replies_after();
-    eprintln!(
-        "{} died, {:?} took over; before: {:?}; {} remap(s) shared; replies after: {after:?}",
-        r.old, r.new, r.before, r.shared
-    );
-    assert!(
-        r.new.as_ref().is_some_and(|n| *n != r.old),
-        "no other gateway took egress IP A over: {:?}",
-        r.new
-    );
-    for (pod, s) in &r.streams {
-        assert!(s.unbroken(), "{pod}'s stream broke: {:?}", s.error);
-        let had = r.before.iter().find(|(p, _)| p == pod).map(|(_, src)| src);
-        assert_eq!(
-            s.sources.iter().collect::<Vec<_>>(),
-            had.into_iter().collect::<Vec<_>>(),
-            "{pod}'s flow changed source at host A"
+    let kinds = [Kind::SilentDeath, Kind::Drain, Kind::NotReady];
+    for (sport, kind) in (failover::remapped::SPORT..).zip(kinds) {
+        let label = format!("remapped-{}", kind.name());
+        let r = failover::remapped::run(&mut lab, &label, kind, sport)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", kind.name()));
+        let after = r.replies_after();
+        let k = kind.name();
+        eprintln!(
+            "{k}: {} failed, {:?} took over; before: {:?}; {} remap(s) shared; replies after: \
+             {after:?}",
+            r.old, r.new, r.before, r.shared
         );
+        assert!(
+            r.new.as_ref().is_some_and(|n| *n != r.old),
+            "{k}: no other gateway took egress IP A over: {:?}",
+            r.new
+        );
+        for (pod, s) in &r.streams {
+            assert!(s.unbroken(), "{k}: {pod}'s stream broke: {:?}", s.error);
+            let had = r.before.iter().find(|(p, _)| p == pod).map(|(_, src)| src);
+            assert_eq!(
+                s.sources.iter().collect::<Vec<_>>(),
+                had.into_iter().collect::<Vec<_>>(),
+                "{k}: {pod}'s flow changed source at host A"
+            );
+        }
+        assert!(
+            after.iter().all(|(_, n)| *n > 0),
+            "{k}: a stream got no reply after the failure: {after:?}"
+        );
+        assert!(r.shared > 0, "{k}: the other gateway had heard no remap");
     }
-    assert!(
-        after.iter().all(|(_, n)| *n > 0),
-        "a stream got no reply after the death: {after:?}"
-    );
-    assert!(r.shared > 0, "the other gateway had heard no remap");
 }
 
 /// Issue 44, item 5, as a cloud provider does it: the holder's Node lists every address on

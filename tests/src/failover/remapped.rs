@@ -1,9 +1,9 @@
-//! Flows whose source port a gateway remapped, through a holder's silent death (issue 44,
-//! item 4). Pods `w1-p1` and `w2-p1` stream TCP to host A from the same source port, so
-//! the holder of egress IP A gives the second another port; host A knows that flow by
-//! it. The holder dies silently; the other gateway takes A over and sees each flow's
-//! next segment first: unless it gives the second flow the same port, host A answers that
-//! flow with a RST.
+//! Flows whose source port a gateway remapped, through a holder change (issue 44, item 4).
+//! Pods `w1-p1` and `w2-p1` stream TCP to host A from the same source port, so the holder
+//! of egress IP A gives the second another port; host A knows that flow by it. The holder
+//! dies silently, is drained or goes NotReady; the other gateway takes A over and sees
+//! each flow's next segment first: unless it gives the second flow the same port, host A
+//! answers that flow with a RST.
 
 use std::{
     net::SocketAddr,
@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail, ensure};
 
-use super::{Kind, inject, recover};
+use super::{Kind, Target, Timing, inject, recover, wait_steady};
 use crate::{
     cluster,
     lab::{Lab, addr},
@@ -22,7 +22,8 @@ use crate::{
     stream::{Summary, unix_ms},
 };
 
-/// The source port both pods stream from.
+/// The source port both pods stream from in a lab's first run; each later run takes the
+/// next (a closed flow's port stays in TIME_WAIT in the pod that closed it).
 pub const SPORT: u16 = 45_000;
 const PODS: [&str; 2] = ["w1-p1", "w2-p1"];
 
@@ -31,19 +32,19 @@ const PODS: [&str; 2] = ["w1-p1", "w2-p1"];
 pub struct RemappedReport {
     /// Each pod's stream as it ended.
     pub streams: Vec<(String, Summary)>,
-    /// The source each pod's flow had at host A before the death (`ip:port`).
+    /// The source each pod's flow had at host A before the failure (`ip:port`).
     pub before: Vec<(String, String)>,
-    /// Remaps the surviving gateway held before the death (its `REMAP_V4`).
+    /// Remaps the other gateway held before the failure (its `REMAP_V4`).
     pub shared: usize,
-    /// The holder that died and the one that took over.
+    /// The holder that failed and the one that took over.
     pub old: String,
     pub new: Option<String>,
-    /// When the holder died (unix ms).
+    /// When the holder failed (unix ms).
     pub t_unix_ms: u64,
 }
 
 impl RemappedReport {
-    /// Replies each pod got after the death.
+    /// Replies each pod got after the failure.
     pub fn replies_after(&self) -> Vec<(String, usize)> {
         self.streams
             .iter()
@@ -88,21 +89,39 @@ fn replied_after(events: &Path, t: u64) -> bool {
     })
 }
 
-/// `gw`'s `REMAP_V4` entries (bpftool).
-fn remaps_on(lab: &Lab, gw: &str) -> usize {
+/// `gw`'s `REMAP_V4` entries for flows from source port `sport` (bpftool; a key is a
+/// `CtKeyV4`, its source port big-endian at bytes 8 and 9): a lab's earlier runs leave
+/// theirs, kept for minutes.
+fn remaps_on(lab: &Lab, gw: &str, sport: u16) -> usize {
     let pin = lab.bpffs_dir(gw).join(egress_common::maps::REMAP_V4);
     let out = std::process::Command::new("bpftool")
         .args(["-j", "map", "dump", "pinned"])
         .arg(&pin)
         .output();
+    let byte = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|s| u8::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+    };
+    let port_of = |entry: &serde_json::Value| {
+        let key = entry.get("key")?.as_array()?;
+        Some(u16::from_be_bytes([byte(key.get(8)?)?, byte(key.get(9)?)?]))
+    };
     out.ok()
         .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        .and_then(|v| v.as_array().map(Vec::len))
+        .and_then(|v| {
+            v.as_array()
+                .map(|entries| entries.iter().filter(|e| port_of(e) == Some(sport)).count())
+        })
         .unwrap_or(0)
 }
 
-/// Run it on a steady IPv4 lab with agents; the lab is recovered afterwards.
-pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
+/// Run it on a steady IPv4 lab with agents, the holder failing as `kind` says and both
+/// pods streaming from `sport`; the lab is recovered afterwards.
+pub fn run(lab: &mut Lab, label: &str, kind: Kind, sport: u16) -> Result<RemappedReport> {
+    // One holder of each egress IP, each serving: a gateway back from a silent death still
+    // carries the address it had until its agent lets it go.
+    let target = Target::of(lab.family());
+    wait_steady(lab, &target, &Timing::default()).context("before the streams")?;
     let old = cluster::holder(lab, addr::EGRESS_IP_A).context("no gateway holds egress IP A")?;
     let other = lab
         .gateways()
@@ -110,8 +129,8 @@ pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
         .find(|g| *g != old.0)
         .context("no second gateway")?
         .to_owned();
-    let target = SocketAddr::new(addr::HOST_A.into(), addr::ECHO_PORT).to_string();
-    let sport = SPORT.to_string();
+    let echo = SocketAddr::new(addr::HOST_A.into(), addr::ECHO_PORT).to_string();
+    let sport_arg = sport.to_string();
     let mut streams = Vec::new();
     for pod in PODS {
         let log = lab.dir().join(format!("{label}-{pod}.log"));
@@ -119,9 +138,9 @@ pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
         let args = [
             "stream",
             "tcp",
-            &target,
+            &echo,
             "--sport",
-            &sport,
+            &sport_arg,
             "--interval-ms",
             "100",
             "--duration-ms",
@@ -151,7 +170,7 @@ pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
         .iter()
         .map(|s| (s.pod.to_owned(), last_source(&s.events).unwrap_or_default()))
         .collect();
-    let kept = format!("{}:{SPORT}", addr::EGRESS_IP_A);
+    let kept = format!("{}:{sport}", addr::EGRESS_IP_A);
     let remapped = before.iter().filter(|(_, src)| *src != kept).count();
     if remapped != 1 {
         bail!("expected one flow at {kept} and one remapped, host A saw {before:?}");
@@ -159,13 +178,13 @@ pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
     // The holder shares its remaps through its hellos: wait (15 s at most) until the other
     // gateway has it; the report says how many it had.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while remaps_on(lab, &other) == 0 && Instant::now() < deadline {
+    while remaps_on(lab, &other, sport) == 0 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(200));
     }
-    let shared = remaps_on(lab, &other);
+    let shared = remaps_on(lab, &other, sport);
     thread::sleep(Duration::from_secs(1));
     let t = unix_ms();
-    let injected = inject(lab, Kind::SilentDeath, &old);
+    let injected = inject(lab, kind, &old);
     // Both streams answered again (or 20 s went by).
     let deadline = Instant::now() + Duration::from_secs(20);
     while injected.is_ok()
@@ -188,8 +207,10 @@ pub fn run(lab: &mut Lab, label: &str) -> Result<RemappedReport> {
         let summary = Summary::find_in(&text).with_context(|| format!("{}'s stream", s.pod))?;
         summaries.push((s.pod.to_owned(), summary));
     }
-    recover(lab, Kind::SilentDeath, &old).context("failed to recover from the silent death")?;
-    injected.with_context(|| format!("failed to kill {} silently", old.0))?;
+    recover(lab, kind, &old).with_context(|| format!("failed to recover from {}", kind.name()))?;
+    injected.with_context(|| format!("failed to inject {} on {}", kind.name(), old.0))?;
+    wait_steady(lab, &target, &Timing::default())
+        .with_context(|| format!("after recovering from {}", kind.name()))?;
     Ok(RemappedReport {
         streams: summaries,
         before,
