@@ -12,7 +12,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::json;
 
-use super::{Options, check, percentile};
+use super::{
+    Options, check, percentile,
+    timeline::{self, Timeline},
+};
 use crate::{
     cluster,
     failover::{self, Kind},
@@ -98,6 +101,8 @@ pub struct Failover {
     /// Workers whose TCP stream was reset or failed.
     pub broken: Vec<String>,
     pub streams: usize,
+    /// Where the time went, agent by agent.
+    pub timeline: Timeline,
 }
 
 impl Failover {
@@ -133,6 +138,8 @@ impl Failover {
 pub struct Propagation {
     pub what: String,
     pub shown: NodeTimes,
+    /// Where the time went, agent by agent.
+    pub timeline: Timeline,
 }
 
 impl Propagation {
@@ -262,6 +269,7 @@ pub fn fail_holder(lab: &mut Lab, how: How, opts: &Options) -> Result<Failover> 
     let n = streams.len();
     wait_flowing(&streams, 0, Some(ip), Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(1));
+    let before = timeline::sample(lab);
     let t = unix_ms();
     eprintln!("scale lab: {how:?}: {} fails (holder of {ip})", holder.0);
     failover::inject(lab, how.kind(), &holder)?;
@@ -282,6 +290,7 @@ pub fn fail_holder(lab: &mut Lab, how: How, opts: &Options) -> Result<Failover> 
     );
     // Long enough to see a second interruption, if there is one.
     std::thread::sleep(Duration::from_secs(2));
+    let timeline = timeline::measure(lab, &before, t);
     let to: Vec<String> = cluster::holders(lab, ip).into_iter().map(|h| h.0).collect();
     let seen = stop_streams(streams)?;
     let mut report = Failover {
@@ -292,6 +301,7 @@ pub fn fail_holder(lab: &mut Lab, how: How, opts: &Options) -> Result<Failover> 
         from: holder.0.clone(),
         to,
         streams: n,
+        timeline,
         ..Failover::default()
     };
     for (node, s, _) in &seen {
@@ -351,9 +361,11 @@ fn propagation(
     } else {
         std::thread::sleep(Duration::from_secs(1));
     }
+    let before = timeline::sample(lab);
     let t = unix_ms();
     change(lab)?;
     wait_flowing(&streams, t, Some(source), opts.event_timeout);
+    let timeline = timeline::measure(lab, &before, t);
     let seen = stop_streams(streams)?;
     let mut shown = NodeTimes::default();
     for (node, _, events) in &seen {
@@ -366,6 +378,7 @@ fn propagation(
     Ok(Propagation {
         what: what.to_owned(),
         shown,
+        timeline,
     })
 }
 

@@ -14,6 +14,7 @@ mod check;
 mod cost;
 mod events;
 mod report;
+mod timeline;
 
 use std::{
     net::IpAddr,
@@ -28,6 +29,7 @@ pub use self::{
     cost::{Cost, RoleCost, Underlay},
     events::{Failover, NodeTimes, Propagation},
     report::print,
+    timeline::{AgentTimes, RoleTimes, Timeline},
 };
 use crate::lab::{Lab, LabSpec, addr};
 

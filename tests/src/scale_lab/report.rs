@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Cost, NodeTimes, Report, SourceCheck};
+use super::{Cost, NodeTimes, Report, SourceCheck, Timeline};
 
 /// The whole summary.
 pub fn print(r: &Report) -> String {
@@ -83,6 +83,7 @@ pub fn print(r: &Report) -> String {
             slowest(&p.shown)
         );
     }
+    timelines(&mut s, r);
     s.push_str("\nCost per agent (CPU in cores; memory in MiB: resident, peak resident, the maps' bytes_memlock):\n");
     let _ = writeln!(
         s,
@@ -203,6 +204,67 @@ fn cost(s: &mut String, window: &str, c: &Cost) {
             mib(r.hwm_max_kib),
             r.maps_mean_bytes as f64 / 1048576.0,
             r.maps_max_bytes as f64 / 1048576.0,
+        );
+    }
+}
+
+/// Where each event's time went, per role: the first pass that acted on it (began: the
+/// event heard; ended: the maps written), the passes over the event, their time, and the
+/// CPU (from the event until its traffic was back, or 2 s after for a failover).
+fn timelines(s: &mut String, r: &Report) {
+    s.push_str(
+        "\nWhere the time went (ms from the event; began/ended: the first pass that changed \
+         something; passes, pass ms, CPU ms: over the event, mean/max per agent):\n",
+    );
+    let _ = writeln!(
+        s,
+        "  {:<14} {:<8} {:>6} {:>16} {:>16} {:>9} {:>13} {:>11}  woken by",
+        "event",
+        "role",
+        "agents",
+        "began p50/p99/max",
+        "ended p50/p99/max",
+        "passes",
+        "pass ms",
+        "CPU ms"
+    );
+    let events = r
+        .failovers
+        .iter()
+        .map(|f| (f.how.as_str(), &f.timeline))
+        .chain(
+            r.propagations
+                .iter()
+                .map(|p| (p.what.as_str(), &p.timeline)),
+        );
+    for (event, t) in events {
+        timeline(s, event, t);
+    }
+}
+
+fn timeline(s: &mut String, event: &str, t: &Timeline) {
+    for role in t.roles() {
+        let three = |(a, b, c): (u64, u64, u64)| format!("{a}/{b}/{c}");
+        let mut woken: Vec<String> = role
+            .triggers
+            .iter()
+            .map(|(t, n)| format!("{t} {n}"))
+            .collect();
+        if role.quiet > 0 {
+            woken.push(format!("no pass {}", role.quiet));
+        }
+        let _ = writeln!(
+            s,
+            "  {:<14} {:<8} {:>6} {:>16} {:>16} {:>9} {:>13} {:>11}  {}",
+            event,
+            role.role,
+            role.agents,
+            three(role.began),
+            three(role.ended),
+            format!("{:.1}/{}", role.passes.0, role.passes.1),
+            format!("{:.0}/{:.0}", role.pass_ms.0, role.pass_ms.1),
+            format!("{:.0}/{}", role.cpu_ms.0, role.cpu_ms.1),
+            woken.join(", ")
         );
     }
 }
