@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ).
-const TICKS_PER_SEC: f64 = 100.0;
+pub(super) const TICKS_PER_SEC: f64 = 100.0;
 
 /// One node type's agents over a window.
 #[derive(Clone, Debug, Default)]

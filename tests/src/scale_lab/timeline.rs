@@ -11,11 +11,8 @@ use std::{
     time::Duration,
 };
 
-use super::percentile;
+use super::{cost::TICKS_PER_SEC, percentile};
 use crate::{bench::lab::at_scale::cpu_ticks, failover::rfc3339_unix_ms, lab::Lab};
-
-/// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ).
-const TICKS_PER_SEC: u64 = 100;
 
 /// One agent's counters at a moment.
 #[derive(Clone, Copy, Debug, Default)]
@@ -177,7 +174,9 @@ pub fn measure(lab: &Lab, before: &Sample, t: u64) -> Timeline {
                 trigger: first.map(|p| p.trigger),
                 passes: same.map(|(a, b)| b.passes.saturating_sub(a.passes)),
                 pass_ms: same.map(|(a, b)| (b.pass_secs - a.pass_secs).max(0.0) * 1e3),
-                cpu_ms: same.map(|(a, b)| b.ticks.saturating_sub(a.ticks) * 1000 / TICKS_PER_SEC),
+                cpu_ms: same.map(|(a, b)| {
+                    (b.ticks.saturating_sub(a.ticks) as f64 * 1e3 / TICKS_PER_SEC) as u64
+                }),
             }
         })
         .collect();
