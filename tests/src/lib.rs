@@ -2,6 +2,7 @@
 //! namespaces), a packet builder and `BPF_PROG_TEST_RUN` plumbing.
 
 pub mod aborts;
+pub mod alloc;
 pub mod bed;
 pub mod bench;
 pub mod cluster;

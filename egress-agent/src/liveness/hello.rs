@@ -144,7 +144,7 @@ pub struct Received {
 /// last sequence number). Node clocks are kept within milliseconds by NTP.
 pub const MAX_SKEW: Duration = Duration::from_secs(10);
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     #[error("failed to decode a hello: {0}")]
     Decode(&'static str),
@@ -168,95 +168,206 @@ impl Error {
 impl Hello {
     /// The hello in `version` (1 or 2; version 2 signed with `keys`' signing key, if any).
     pub fn encode(&self, version: u8, keys: &Keyring) -> Result<BytesMut, Error> {
-        let b = match version {
-            1 => self.encode_v1()?,
-            _ => self.encode_v2(keys)?,
-        };
-        if b.len() > MAX_LEN {
-            return Err(Error::Encode(format!(
-                "{} bytes, over the {MAX_LEN}-byte limit",
-                b.len()
-            )));
-        }
+        let mut b = BytesMut::with_capacity(256);
+        self.parts().write(version, keys, &mut b)?;
         Ok(b)
     }
 
-    fn encode_v1(&self) -> Result<BytesMut, Error> {
-        let mut b = BytesMut::with_capacity(256);
-        b.put_slice(&MAGIC_V1);
-        b.put_u8(self.flags);
-        b.put_u16(self.grace_s);
-        b.put_u8(0);
-        b.put_u32(self.incarnation);
-        b.put_u64(self.seq);
-        b.put_u64(self.sent_us);
-        b.put_u64(self.echo_us);
-        b.put_u32(self.echo_held_us);
-        put_str(&mut b, &self.name, "name")?;
-        put_list(&mut b, &self.seen, "seen")?;
-        put_list(&mut b, &self.down, "down")?;
-        put_claims(&mut b, &self.claims)?;
-        Ok(b)
+    /// Its fixed fields.
+    pub fn fixed(&self) -> Fixed {
+        Fixed {
+            flags: self.flags,
+            grace_s: self.grace_s,
+            incarnation: self.incarnation,
+            seq: self.seq,
+            sent_us: self.sent_us,
+            echo_us: self.echo_us,
+            echo_held_us: self.echo_held_us,
+            sent_unix_ms: self.sent_unix_ms,
+        }
     }
 
-    fn encode_v2(&self, keys: &Keyring) -> Result<BytesMut, Error> {
-        let mut b = BytesMut::with_capacity(256);
-        b.put_slice(&MAGIC_V2);
-        put_record(&mut b, record::HEADER, |b| {
-            b.put_u8(self.flags);
-            b.put_u16(self.grace_s);
-            b.put_u32(self.incarnation);
-            b.put_u64(self.seq);
-            b.put_u64(self.sent_us);
-            b.put_u64(self.echo_us);
-            b.put_u32(self.echo_held_us);
-            b.put_u64(self.sent_unix_ms);
-            Ok(())
-        })?;
-        put_record(&mut b, record::NAME, |b| {
-            b.put_slice(self.name.as_bytes());
-            Ok(())
-        })?;
-        put_record(&mut b, record::SEEN, |b| put_list(b, &self.seen, "seen"))?;
-        put_record(&mut b, record::DOWN, |b| put_list(b, &self.down, "down"))?;
-        put_record(&mut b, record::CLAIMS, |b| put_claims(b, &self.claims))?;
-        if !self.to.is_empty() {
-            put_record(&mut b, record::TO, |b| {
-                b.put_slice(self.to.as_bytes());
-                Ok(())
-            })?;
+    /// Take `f` as its fixed fields.
+    pub fn set_fixed(&mut self, f: Fixed) {
+        self.flags = f.flags;
+        self.grace_s = f.grace_s;
+        self.incarnation = f.incarnation;
+        self.seq = f.seq;
+        self.sent_us = f.sent_us;
+        self.echo_us = f.echo_us;
+        self.echo_held_us = f.echo_held_us;
+        self.sent_unix_ms = f.sent_unix_ms;
+    }
+
+    fn parts(&self) -> Parts<'_, impl Iterator<Item = &str> + Clone> {
+        Parts {
+            fixed: self.fixed(),
+            name: &self.name,
+            to: &self.to,
+            seen: self.seen.iter().map(String::as_str),
+            down: &self.down,
+            claims: &self.claims,
+            remaps: &self.remaps,
         }
-        if !self.remaps.is_empty() {
-            put_record(&mut b, record::REMAPS, |b| put_remaps(b, &self.remaps))?;
-        }
-        match keys.signing() {
-            Some(k) => {
-                b.put_slice(&k.id);
-                let mac = k.mac(&b);
-                b.put_slice(&mac);
-            }
-            None => b.put_bytes(0, TRAILER_LEN),
-        }
-        Ok(b)
     }
 
     /// A hello of either version. With `keys` (not empty) only one signed by an
     /// accepted key is taken; without, the trailer is not checked.
     pub fn decode(b: &[u8], keys: &Keyring) -> Result<Received, Error> {
+        let r = HelloRef::parse(b, keys)?;
+        Ok(Received {
+            hello: r.to_hello()?,
+            version: r.version,
+            key: r.key,
+        })
+    }
+}
+
+/// A hello's fixed fields: all but its names and lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fixed {
+    pub flags: u8,
+    pub grace_s: u16,
+    pub incarnation: u32,
+    pub seq: u64,
+    pub sent_us: u64,
+    pub echo_us: u64,
+    pub echo_held_us: u32,
+    pub sent_unix_ms: u64,
+}
+
+/// A hello to write, borrowed from whoever holds its parts (the agent writes each hello
+/// into a buffer it reuses, with no allocation per hello); `seen` lists names.
+pub struct Parts<'a, S> {
+    pub fixed: Fixed,
+    pub name: &'a str,
+    pub to: &'a str,
+    pub seen: S,
+    pub down: &'a BTreeSet<String>,
+    pub claims: &'a BTreeMap<IpAddr, Claim>,
+    pub remaps: &'a [Remap],
+}
+
+impl<'a, S: Iterator<Item = &'a str> + Clone> Parts<'a, S> {
+    /// Append the hello in `version` (1 or 2; version 2 signed with `keys`' signing key,
+    /// if any) to `out`; on an error `out` is left as it was.
+    pub fn write(&self, version: u8, keys: &Keyring, out: &mut BytesMut) -> Result<(), Error> {
+        let start = out.len();
+        let written = match version {
+            1 => self.write_v1(out),
+            _ => self.write_v2(keys, out, start),
+        };
+        let len = out.len() - start;
+        let result = written.and_then(|()| {
+            if len > MAX_LEN {
+                Err(Error::Encode(format!(
+                    "{len} bytes, over the {MAX_LEN}-byte limit"
+                )))
+            } else {
+                Ok(())
+            }
+        });
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    fn write_v1(&self, b: &mut BytesMut) -> Result<(), Error> {
+        let f = &self.fixed;
+        b.put_slice(&MAGIC_V1);
+        b.put_u8(f.flags);
+        b.put_u16(f.grace_s);
+        b.put_u8(0);
+        b.put_u32(f.incarnation);
+        b.put_u64(f.seq);
+        b.put_u64(f.sent_us);
+        b.put_u64(f.echo_us);
+        b.put_u32(f.echo_held_us);
+        put_str(b, self.name, "name")?;
+        put_list(b, self.seen.clone(), "seen")?;
+        put_list(b, self.down.iter().map(String::as_str), "down")?;
+        put_claims(b, self.claims)
+    }
+
+    fn write_v2(&self, keys: &Keyring, b: &mut BytesMut, start: usize) -> Result<(), Error> {
+        let f = &self.fixed;
+        b.put_slice(&MAGIC_V2);
+        put_record(b, record::HEADER, |b| {
+            b.put_u8(f.flags);
+            b.put_u16(f.grace_s);
+            b.put_u32(f.incarnation);
+            b.put_u64(f.seq);
+            b.put_u64(f.sent_us);
+            b.put_u64(f.echo_us);
+            b.put_u32(f.echo_held_us);
+            b.put_u64(f.sent_unix_ms);
+            Ok(())
+        })?;
+        put_record(b, record::NAME, |b| {
+            b.put_slice(self.name.as_bytes());
+            Ok(())
+        })?;
+        put_record(b, record::SEEN, |b| put_list(b, self.seen.clone(), "seen"))?;
+        put_record(b, record::DOWN, |b| {
+            put_list(b, self.down.iter().map(String::as_str), "down")
+        })?;
+        put_record(b, record::CLAIMS, |b| put_claims(b, self.claims))?;
+        if !self.to.is_empty() {
+            put_record(b, record::TO, |b| {
+                b.put_slice(self.to.as_bytes());
+                Ok(())
+            })?;
+        }
+        if !self.remaps.is_empty() {
+            put_record(b, record::REMAPS, |b| put_remaps(b, self.remaps))?;
+        }
+        match keys.signing() {
+            Some(k) => {
+                b.put_slice(&k.id);
+                let mac = k.mac(&b[start..]);
+                b.put_slice(&mac);
+            }
+            None => b.put_bytes(0, TRAILER_LEN),
+        }
+        Ok(())
+    }
+}
+
+/// A hello as it arrived, borrowed from the datagram: its fixed fields, its names, and its
+/// lists as their bytes (each a u8 count and its items, as the records above; empty: not
+/// sent), checked and decoded only by [`HelloRef::to_hello`]. The tracker compares a
+/// peer's lists byte for byte with its last hello's and decodes only those that changed,
+/// so a hello that repeats its sender's state costs no allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloRef<'a> {
+    pub fixed: Fixed,
+    pub name: &'a str,
+    /// The node it is for (empty in version 1).
+    pub to: &'a str,
+    /// Seen, down and claims, as encoded.
+    pub lists: [&'a [u8]; 3],
+    /// Remaps, as encoded (version 2 only).
+    pub remaps: &'a [u8],
+    pub version: u8,
+    /// The key that signed it (verified; `None` when the receiver has no keys).
+    pub key: Option<[u8; ID_LEN]>,
+}
+
+impl<'a> HelloRef<'a> {
+    /// A hello of either version, its lists not decoded yet. With `keys` (not empty) only
+    /// one signed by an accepted key is taken; without, the trailer is not checked.
+    pub fn parse(b: &'a [u8], keys: &Keyring) -> Result<Self, Error> {
         if b.len() > MAX_LEN {
             return Err(Error::Decode("too long"));
         }
         match b.get(..4) {
             Some(m) if *m == MAGIC_V1 => {
-                let hello = Self::decode_v1(b)?;
+                let hello = Self::parse_v1(b)?;
                 if !keys.is_empty() {
                     return Err(Error::Unauthenticated("version 1 carries no MAC"));
                 }
-                Ok(Received {
-                    hello,
-                    version: 1,
-                    key: None,
-                })
+                Ok(hello)
             }
             Some(m) if *m == MAGIC_V2 => {
                 if b.len() < 4 + TRAILER_LEN {
@@ -278,19 +389,16 @@ impl Hello {
                     }
                     Some(k.id)
                 };
-                let hello = Self::decode_v2(&signed[4..signed.len() - ID_LEN])?;
-                Ok(Received {
-                    hello,
-                    version: 2,
-                    key,
-                })
+                let mut hello = Self::parse_v2(&signed[4..signed.len() - ID_LEN])?;
+                hello.key = key;
+                Ok(hello)
             }
             Some(_) => Err(Error::Decode("bad magic or version")),
             None => Err(Error::Decode("shorter than the magic")),
         }
     }
 
-    fn decode_v1(mut b: &[u8]) -> Result<Self, Error> {
+    fn parse_v1(mut b: &'a [u8]) -> Result<Self, Error> {
         if b.len() < HEADER_LEN_V1 {
             return Err(Error::Decode("shorter than the header"));
         }
@@ -300,7 +408,7 @@ impl Hello {
         if b.get_u8() != 0 {
             return Err(Error::Decode("reserved byte set"));
         }
-        let mut h = Hello {
+        let fixed = Fixed {
             flags,
             grace_s,
             incarnation: b.get_u32(),
@@ -308,24 +416,40 @@ impl Hello {
             sent_us: b.get_u64(),
             echo_us: b.get_u64(),
             echo_held_us: b.get_u32(),
-            ..Hello::default()
+            sent_unix_ms: 0,
         };
-        h.name = get_str(&mut b)?;
-        if h.name.is_empty() {
+        let name = take_str(&mut b)?;
+        if name.is_empty() {
             return Err(Error::Decode("empty name"));
         }
-        h.seen = get_list(&mut b)?;
-        h.down = get_list(&mut b)?;
-        h.claims = get_claims(&mut b)?;
+        let seen = split(&mut b, skip_list)?;
+        let down = split(&mut b, skip_list)?;
+        let claims = split(&mut b, skip_claims)?;
         if b.has_remaining() {
             return Err(Error::Decode("trailing bytes"));
         }
-        Ok(h)
+        Ok(HelloRef {
+            fixed,
+            name,
+            to: "",
+            lists: [seen, down, claims],
+            remaps: &[],
+            version: 1,
+            key: None,
+        })
     }
 
     /// Version 2's records (between the magic and the trailer).
-    fn decode_v2(mut b: &[u8]) -> Result<Self, Error> {
-        let mut h = Hello::default();
+    fn parse_v2(mut b: &'a [u8]) -> Result<Self, Error> {
+        let mut h = HelloRef {
+            fixed: Fixed::default(),
+            name: "",
+            to: "",
+            lists: [&[]; 3],
+            remaps: &[],
+            version: 2,
+            key: None,
+        };
         let mut seen_types: u64 = 0;
         while b.has_remaining() {
             let t = get_u8(&mut b)?;
@@ -341,46 +465,43 @@ impl Hello {
                 }
                 seen_types |= 1 << t;
             }
+            let utf8 =
+                |v| std::str::from_utf8(v).map_err(|_| Error::Decode("a string is not UTF-8"));
             match t {
                 record::HEADER => {
                     if v.len() < HEADER_LEN_V2 {
                         return Err(Error::Decode("short header record"));
                     }
-                    h.flags = v.get_u8();
-                    h.grace_s = v.get_u16();
-                    h.incarnation = v.get_u32();
-                    h.seq = v.get_u64();
-                    h.sent_us = v.get_u64();
-                    h.echo_us = v.get_u64();
-                    h.echo_held_us = v.get_u32();
-                    h.sent_unix_ms = v.get_u64();
                     // Anything after is a later version's.
-                    continue;
+                    h.fixed = Fixed {
+                        flags: v.get_u8(),
+                        grace_s: v.get_u16(),
+                        incarnation: v.get_u32(),
+                        seq: v.get_u64(),
+                        sent_us: v.get_u64(),
+                        echo_us: v.get_u64(),
+                        echo_held_us: v.get_u32(),
+                        sent_unix_ms: v.get_u64(),
+                    };
                 }
                 record::NAME => {
-                    h.name = std::str::from_utf8(v)
-                        .map_err(|_| Error::Decode("a string is not UTF-8"))?
-                        .to_owned();
+                    h.name = utf8(v)?;
                     if h.name.is_empty() {
                         return Err(Error::Decode("empty name"));
                     }
-                    continue;
                 }
-                record::TO => {
-                    h.to = std::str::from_utf8(v)
-                        .map_err(|_| Error::Decode("a string is not UTF-8"))?
-                        .to_owned();
-                    continue;
+                record::TO => h.to = utf8(v)?,
+                // Each decodes whole or not at all (`to_hello`); an empty one is
+                // truncated.
+                record::SEEN | record::DOWN | record::CLAIMS | record::REMAPS if v.is_empty() => {
+                    return Err(Error::Decode("truncated"));
                 }
-                record::SEEN => h.seen = get_list(&mut v)?,
-                record::DOWN => h.down = get_list(&mut v)?,
-                record::CLAIMS => h.claims = get_claims(&mut v)?,
-                record::REMAPS => h.remaps = get_remaps(&mut v)?,
+                record::SEEN => h.lists[0] = v,
+                record::DOWN => h.lists[1] = v,
+                record::CLAIMS => h.lists[2] = v,
+                record::REMAPS => h.remaps = v,
                 // A later version's record.
-                _ => continue,
-            }
-            if v.has_remaining() {
-                return Err(Error::Decode("trailing bytes in a record"));
+                _ => {}
             }
         }
         for (t, what) in [(record::HEADER, "no header"), (record::NAME, "no name")] {
@@ -390,6 +511,74 @@ impl Hello {
         }
         Ok(h)
     }
+
+    /// The whole hello, its lists decoded (strictly: each list's bytes exactly used).
+    pub fn to_hello(&self) -> Result<Hello, Error> {
+        let mut h = Hello {
+            name: self.name.to_owned(),
+            to: self.to.to_owned(),
+            seen: whole(self.lists[0], get_list)?.unwrap_or_default(),
+            down: whole(self.lists[1], get_list)?.unwrap_or_default(),
+            claims: whole(self.lists[2], get_claims)?.unwrap_or_default(),
+            remaps: self.remaps()?,
+            ..Hello::default()
+        };
+        h.set_fixed(self.fixed);
+        Ok(h)
+    }
+
+    /// Its remaps, decoded (none: no allocation).
+    pub fn remaps(&self) -> Result<Vec<Remap>, Error> {
+        Ok(whole(self.remaps, get_remaps)?.unwrap_or_default())
+    }
+}
+
+/// `get` of `b`, which must use it exactly (`None` for no bytes: the field was not sent).
+fn whole<T>(mut b: &[u8], get: fn(&mut &[u8]) -> Result<T, Error>) -> Result<Option<T>, Error> {
+    if b.is_empty() {
+        return Ok(None);
+    }
+    let out = get(&mut b)?;
+    if b.has_remaining() {
+        return Err(Error::Decode("trailing bytes in a record"));
+    }
+    Ok(Some(out))
+}
+
+/// The bytes `skip` passes over at the front of `b`, taken off it.
+fn split<'a>(
+    b: &mut &'a [u8],
+    skip: fn(&mut &[u8]) -> Result<(), Error>,
+) -> Result<&'a [u8], Error> {
+    let all: &'a [u8] = b;
+    let mut rest = all;
+    skip(&mut rest)?;
+    let (used, left) = all.split_at(all.len() - rest.len());
+    *b = left;
+    Ok(used)
+}
+
+fn skip_list(b: &mut &[u8]) -> Result<(), Error> {
+    for _ in 0..get_u8(b)? {
+        take_str(b)?;
+    }
+    Ok(())
+}
+
+fn skip_claims(b: &mut &[u8]) -> Result<(), Error> {
+    for _ in 0..get_u8(b)? {
+        let len = match get_u8(b)? {
+            4 => 4,
+            6 => 16,
+            _ => return Err(Error::Decode("bad address family in a claim")),
+        };
+        if b.len() < len + 8 {
+            return Err(Error::Decode("truncated"));
+        }
+        b.advance(len + 8);
+        take_str(b)?;
+    }
+    Ok(())
 }
 
 /// Whether a signed hello sent at `sent_unix_ms` is fresh at the receiver's `now_unix_ms`.
@@ -512,9 +701,21 @@ fn put_str(b: &mut BytesMut, s: &str, field: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn put_list(b: &mut BytesMut, items: &BTreeSet<String>, field: &str) -> Result<(), Error> {
-    put_count(b, items.len(), field)?;
-    items.iter().try_for_each(|s| put_str(b, s, field))
+/// A u8 count, then each item (counted as written: `items` need not know its length).
+fn put_list<'a>(
+    b: &mut BytesMut,
+    items: impl Iterator<Item = &'a str>,
+    field: &str,
+) -> Result<(), Error> {
+    let at = b.len();
+    b.put_u8(0);
+    let mut n = 0usize;
+    for s in items {
+        put_str(b, s, field)?;
+        n += 1;
+    }
+    b[at] = u8::try_from(n).map_err(|_| Error::Encode(format!("{field}: {n} items, over 255")))?;
+    Ok(())
 }
 
 fn get_u8(b: &mut &[u8]) -> Result<u8, Error> {
@@ -533,15 +734,19 @@ fn take<const N: usize>(b: &mut &[u8]) -> Result<[u8; N], Error> {
     Ok(out)
 }
 
-fn get_str(b: &mut &[u8]) -> Result<String, Error> {
+/// A u8 length and that many bytes of UTF-8, borrowed.
+fn take_str<'a>(b: &mut &'a [u8]) -> Result<&'a str, Error> {
     let n = usize::from(get_u8(b)?);
     if b.len() < n {
         return Err(Error::Decode("truncated string"));
     }
-    let s = std::str::from_utf8(&b[..n]).map_err(|_| Error::Decode("a string is not UTF-8"))?;
-    let s = s.to_owned();
-    b.advance(n);
-    Ok(s)
+    let (s, rest) = b.split_at(n);
+    *b = rest;
+    std::str::from_utf8(s).map_err(|_| Error::Decode("a string is not UTF-8"))
+}
+
+fn get_str(b: &mut &[u8]) -> Result<String, Error> {
+    take_str(b).map(str::to_owned)
 }
 
 fn get_list(b: &mut &[u8]) -> Result<BTreeSet<String>, Error> {

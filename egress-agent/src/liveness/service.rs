@@ -20,13 +20,11 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::family::conntrack::Remap;
-
 use super::{
-    hello::{self, Claim, Hello, MAX_LEN},
+    hello::{self, Claim, Hello, HelloRef},
     keys::{self, Keyring},
     remaps::Exchange,
-    tracker::{Membership, PeerStatus, PeerView, Settings, Tracker, Transition},
+    tracker::{Membership, Outbox, PeerStatus, PeerView, Refused, Settings, Tracker, Transition},
 };
 
 /// The reconcile loop's side of the service.
@@ -126,6 +124,7 @@ impl Handle {
         let hellos: Vec<(SocketAddr, Vec<u8>)> = {
             let mut t = lock(&self.tracker);
             t.targets()
+                .to_vec()
                 .into_iter()
                 .filter_map(|(name, ip)| {
                     let version = t.version_for(&name);
@@ -312,37 +311,7 @@ fn spawn_receiver(
                     continue;
                 }
             };
-            let keys = lock(&ring).clone();
-            let result = Hello::decode(&buf[..n], &keys)
-                .map_err(|e| (e.reason(), e.to_string()))
-                .and_then(|mut r| {
-                    if r.key.is_some() && !hello::fresh(r.hello.sent_unix_ms, unix_ms()) {
-                        return Err((
-                            "stale",
-                            format!(
-                                "stale hello from {}: its clock is {} ms from ours (at most {} ms)",
-                                r.hello.name,
-                                r.hello.sent_unix_ms.abs_diff(unix_ms()),
-                                hello::MAX_SKEW.as_millis()
-                            ),
-                        ));
-                    }
-                    let now = Instant::now();
-                    let remaps = std::mem::take(&mut r.hello.remaps);
-                    let mut t = lock(&peers.tracker);
-                    if t.on_hello_version(r.hello, r.version, from.ip(), now)
-                        .map_err(|e| (e.reason(), e.to_string()))?
-                    {
-                        publish(&mut t, now, &peers.view_tx, &peers.tx);
-                    }
-                    drop(t);
-                    // Only from a peer whose hello was taken (a member, fresh, signed
-                    // where keys are set).
-                    if !remaps.is_empty() {
-                        peers.remaps.heard(remaps, now);
-                    }
-                    Ok(())
-                });
+            let result = take(&buf[..n], from.ip(), &peers, &ring);
             if result.as_ref().is_err_and(|(r, _)| *r == "unauthenticated") {
                 // An older agent's unsigned hello: echoed, nothing more.
                 if let Ok(r) = Hello::decode(&buf[..n], &Keyring::default())
@@ -359,9 +328,64 @@ fn spawn_receiver(
     });
 }
 
+/// Take one hello from `from` (read in place: one that repeats its sender's last state
+/// allocates nothing); a refusal is its reason and why.
+fn take(
+    b: &[u8],
+    from: IpAddr,
+    peers: &Peers,
+    ring: &Mutex<Keyring>,
+) -> Result<(), (&'static str, String)> {
+    let refused = |e: &dyn RefusedFor| (e.reason(), e.to_string());
+    let r = HelloRef::parse(b, &lock(ring)).map_err(|e| refused(&e))?;
+    if r.key.is_some() && !hello::fresh(r.fixed.sent_unix_ms, unix_ms()) {
+        return Err((
+            "stale",
+            format!(
+                "stale hello from {}: its clock is {} ms from ours (at most {} ms)",
+                r.name,
+                r.fixed.sent_unix_ms.abs_diff(unix_ms()),
+                hello::MAX_SKEW.as_millis()
+            ),
+        ));
+    }
+    // Decoded before the hello is taken: one whose remaps do not decode is refused whole.
+    let remaps = r.remaps().map_err(|e| refused(&e))?;
+    let now = Instant::now();
+    let mut t = lock(&peers.tracker);
+    if t.on_received(&r, from, now).map_err(|e| refused(&e))? {
+        publish(&mut t, now, &peers.view_tx, &peers.tx);
+    }
+    drop(t);
+    // Only from a peer whose hello was taken (a member, fresh, signed where keys are
+    // set).
+    if !remaps.is_empty() {
+        peers.remaps.heard(remaps, now);
+    }
+    Ok(())
+}
+
+/// A refusal's counter label and message.
+trait RefusedFor: std::fmt::Display {
+    fn reason(&self) -> &'static str;
+}
+
+impl RefusedFor for hello::Error {
+    fn reason(&self) -> &'static str {
+        hello::Error::reason(self)
+    }
+}
+
+impl RefusedFor for Refused {
+    fn reason(&self) -> &'static str {
+        Refused::reason(self)
+    }
+}
+
 /// Send this node's hellos to every target, every interval and at once when kicked,
 /// once the agent reports (`reporting`); `to` is the peers' port and whether the socket
-/// is IPv6 (IPv4 peers then at mapped addresses).
+/// is IPv6 (IPv4 peers then at mapped addresses). The hellos are written into one
+/// buffer kept from interval to interval: no allocation per hello.
 fn spawn_sender(
     peers: Peers,
     socket: Arc<UdpSocket>,
@@ -373,6 +397,7 @@ fn spawn_sender(
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(settings.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut out = Outbox::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -382,50 +407,23 @@ fn spawn_sender(
                 continue;
             }
             let now = Instant::now();
-            let keys = lock(&ring).clone();
             let window = peers.remaps.window(MAX_REMAPS_PER_HELLO);
-            let mut sent_remaps = 0;
-            let hellos: Vec<(SocketAddr, Result<_, _>)> = {
+            let sent_remaps = {
+                let keys = lock(&ring);
                 let mut t = lock(&peers.tracker);
                 publish(&mut t, now, &peers.view_tx, &peers.tx);
-                t.targets()
-                    .into_iter()
-                    .map(|(name, ip)| {
-                        let to = SocketAddr::new(mapped(ip, v6_socket), port);
-                        let version = t.version_for(&name);
-                        let mut h = t.hello_for(&name, now);
-                        h.sent_unix_ms = unix_ms();
-                        let mut bytes = h.encode(version, &keys);
-                        // Remaps go to gateways (which may take an egress IP over), in
-                        // what room the hello leaves.
-                        if let (Ok(b), true, true) = (
-                            &bytes,
-                            version >= 2,
-                            t.is_gateway(&name) && !window.is_empty(),
-                        ) {
-                            h.remaps = fitting(&window, MAX_LEN - b.len());
-                            if !h.remaps.is_empty()
-                                && let Ok(with) = h.encode(version, &keys)
-                            {
-                                sent_remaps = sent_remaps.max(h.remaps.len());
-                                bytes = Ok(with);
-                            }
-                        }
-                        (to, bytes)
-                    })
-                    .collect()
+                t.write_hellos(now, unix_ms(), (&keys, &window), &mut out)
             };
             if sent_remaps > 0 {
                 peers.remaps.advance(sent_remaps);
             }
-            for (to, bytes) in hellos {
-                match bytes {
-                    Ok(b) => {
-                        if let Err(e) = socket.send_to(&b, to).await {
-                            debug!("failed to send a hello to {to}: {e}");
-                        }
-                    }
-                    Err(e) => warn!("{e}"),
+            for e in &out.failed {
+                warn!("{e}");
+            }
+            for (ip, range) in &out.hellos {
+                let to = SocketAddr::new(mapped(*ip, v6_socket), port);
+                if let Err(e) = socket.send_to(&out.bytes[range.clone()], to).await {
+                    debug!("failed to send a hello to {to}: {e}");
                 }
             }
         }
@@ -434,21 +432,6 @@ fn spawn_sender(
 
 /// At most this many remaps ride one hello (fewer when the room is short).
 const MAX_REMAPS_PER_HELLO: usize = 32;
-
-/// The first remaps of `window` that fit in `room` bytes with the record's overhead.
-fn fitting(window: &[Remap], room: usize) -> Vec<Remap> {
-    let mut left = room.saturating_sub(hello::REMAPS_OVERHEAD);
-    window
-        .iter()
-        .take_while(|r| {
-            let n = hello::remap_len(r);
-            let fits = n <= left;
-            left = left.saturating_sub(n);
-            fits
-        })
-        .copied()
-        .collect()
-}
 
 /// Note transitions and publish the view if it changed.
 fn publish(

@@ -32,7 +32,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::hello::{Claim, Hello, flags};
+use bytes::BytesMut;
+
+use super::{
+    hello::{self, Claim, Fixed, Hello, HelloRef, Parts, flags},
+    keys::Keyring,
+};
+use crate::family::conntrack::Remap;
 
 /// Probe settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +171,8 @@ pub enum Refused {
     Replayed { name: String, incarnation: u32 },
     #[error("hello from {name} was for node {to}, not this one")]
     NotForMe { name: String, to: String },
+    #[error("hello from {name}: {error}")]
+    Malformed { name: String, error: hello::Error },
 }
 
 impl Refused {
@@ -174,6 +182,7 @@ impl Refused {
             Refused::UnknownNode { .. } => "unknown_node",
             Refused::WrongAddress { .. } => "wrong_address",
             Refused::FromMyself(_) => "from_myself",
+            Refused::Malformed { .. } => "malformed",
             Refused::Stale { .. } | Refused::Replayed { .. } | Refused::NotForMe { .. } => {
                 "replayed"
             }
@@ -209,6 +218,9 @@ struct Peer {
     seq: u64,
     last_heard: Instant,
     hello: Hello,
+    /// Its seen, down and claims as they came, encoded: a hello that repeats them is
+    /// taken without decoding them (see [`Tracker::on_received`]).
+    lists: [Vec<u8>; 3],
     rtt: Option<Duration>,
     /// Its `sent_us` and when it arrived, echoed in our next hello to it.
     echo: (u64, Instant),
@@ -221,6 +233,8 @@ pub struct Tracker {
     incarnation: u32,
     seq: u64,
     members: Membership,
+    /// Whom to send hellos to, from `members` (see [`Tracker::targets`]).
+    targets: Vec<(String, IpAddr)>,
     local: Report,
     peers: BTreeMap<String, Peer>,
     last_dead: BTreeSet<String>,
@@ -249,6 +263,7 @@ impl Tracker {
             incarnation,
             seq: 0,
             members: Membership::default(),
+            targets: Vec::new(),
             local: Report::default(),
             peers: BTreeMap::new(),
             last_dead: BTreeSet::new(),
@@ -300,6 +315,13 @@ impl Tracker {
         for n in &members.speakers {
             self.speakers_since.entry(n.clone()).or_insert(now);
         }
+        let gateway = members.gateways.contains(&self.me);
+        self.targets = members
+            .nodes
+            .iter()
+            .filter(|(n, _)| **n != self.me && (gateway || members.gateways.contains(*n)))
+            .map(|(n, a)| (n.clone(), *a))
+            .collect();
         self.members = members;
     }
 
@@ -322,14 +344,8 @@ impl Tracker {
         self.members.gateways.contains(name)
     }
 
-    pub fn targets(&self) -> Vec<(String, IpAddr)> {
-        let gateway = self.members.gateways.contains(&self.me);
-        self.members
-            .nodes
-            .iter()
-            .filter(|(n, _)| **n != self.me && (gateway || self.members.gateways.contains(*n)))
-            .map(|(n, a)| (n.clone(), *a))
-            .collect()
+    pub fn targets(&self) -> &[(String, IpAddr)] {
+        &self.targets
     }
 
     /// The hello version to send `to`: the newest if its EgressNode or its own hellos say
@@ -410,6 +426,7 @@ impl Tracker {
                 echo: (h.sent_us, now),
                 rtt: rtt.or(prev_rtt),
                 hello: h,
+                lists: Default::default(),
             },
         );
         Ok(changed)
@@ -419,23 +436,28 @@ impl Tracker {
     /// another, from a node not in the cluster or not at its address, older than the last
     /// one of its incarnation, or of an incarnation retired.
     fn admit(&self, h: &Hello, from: IpAddr) -> Result<(), Refused> {
-        let name = || h.name.clone();
-        if h.name == self.me {
+        self.admit_parts(&h.name, &h.to, &h.fixed(), from)
+    }
+
+    /// [`Tracker::admit`] of a hello's `sender`, addressee and fixed fields.
+    fn admit_parts(&self, sender: &str, to: &str, h: &Fixed, from: IpAddr) -> Result<(), Refused> {
+        let name = || sender.to_owned();
+        if sender == self.me {
             return Err(Refused::FromMyself(name()));
         }
-        if !h.to.is_empty() && h.to != self.me {
+        if !to.is_empty() && to != self.me {
             return Err(Refused::NotForMe {
                 name: name(),
-                to: h.to.clone(),
+                to: to.to_owned(),
             });
         }
-        let Some(want) = self.members.nodes.get(&h.name) else {
+        let Some(want) = self.members.nodes.get(sender) else {
             return Err(Refused::UnknownNode { name: name(), from });
         };
         let alias = self
             .members
             .aliases
-            .get(&h.name)
+            .get(sender)
             .is_some_and(|a| a.contains(&from));
         if *want != from && !alias {
             return Err(Refused::WrongAddress {
@@ -444,7 +466,7 @@ impl Tracker {
                 want: *want,
             });
         }
-        let Some(p) = self.peers.get(&h.name) else {
+        let Some(p) = self.peers.get(sender) else {
             return Ok(());
         };
         if p.incarnation == h.incarnation && h.seq <= p.seq {
@@ -461,6 +483,64 @@ impl Tracker {
             });
         }
         Ok(())
+    }
+
+    /// Take a hello as it arrived (see [`Tracker::on_hello_version`]). One whose lists
+    /// (seen, down, claims) are byte for byte those of its sender's last hello, in the
+    /// same version, incarnation and flags, only moves that peer's clocks: nothing is
+    /// decoded or allocated, as for almost every hello; any other is decoded (refused
+    /// whole if a list does not decode) and taken as a new report.
+    pub fn on_received(
+        &mut self,
+        h: &HelloRef<'_>,
+        from: IpAddr,
+        now: Instant,
+    ) -> Result<bool, Refused> {
+        let from = from.to_canonical();
+        self.admit_parts(h.name, h.to, &h.fixed, from)?;
+        if let Some(changed) = self.repeated(h, now) {
+            return Ok(changed);
+        }
+        let hello = h.to_hello().map_err(|error| Refused::Malformed {
+            name: h.name.to_owned(),
+            error,
+        })?;
+        let changed = self.on_hello_version(hello, h.version, from, now)?;
+        if let Some(p) = self.peers.get_mut(h.name) {
+            for (kept, got) in p.lists.iter_mut().zip(h.lists) {
+                kept.clear();
+                kept.extend_from_slice(got);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// A hello (admitted) that repeats its sender's last lists, taken: whether it may
+    /// change the view (the peer heard again). `None`: it does not repeat them.
+    fn repeated(&mut self, h: &HelloRef<'_>, now: Instant) -> Option<bool> {
+        let p = self.peers.get(h.name)?;
+        let same = p.incarnation == h.fixed.incarnation
+            && p.version == h.version
+            && p.hello.flags == h.fixed.flags
+            && p.hello.to == h.to
+            && p.lists.iter().zip(h.lists).all(|(kept, got)| kept == got);
+        if !same {
+            return None;
+        }
+        let changed = !self.direct(p, now);
+        let mine = self.micros(now);
+        let f = h.fixed;
+        let rtt = (f.echo_us != 0 && f.echo_us <= mine).then(|| {
+            Duration::from_micros((mine - f.echo_us).saturating_sub(u64::from(f.echo_held_us)))
+        });
+        let p = self.peers.get_mut(h.name)?;
+        p.seq = f.seq;
+        p.last_heard = now;
+        p.echo = (f.sent_us, now);
+        p.rtt = rtt.or(p.rtt);
+        p.hello.set_fixed(f);
+        remember(&mut self.last_claims, h.name, &p.hello.claims);
+        Some(changed)
     }
 
     /// An unsigned version-1 hello under a key, from an agent older than version 2 (its
@@ -485,6 +565,76 @@ impl Tracker {
 
     /// The next hello to `to`.
     pub fn hello_for(&mut self, to: &str, now: Instant) -> Hello {
+        let fixed = self.next_fixed(to, now);
+        let mut h = Hello {
+            name: self.me.clone(),
+            to: to.to_owned(),
+            seen: self.heard_gateways(now).map(str::to_owned).collect(),
+            down: self.local.down.clone(),
+            claims: self.claims_to_send().clone(),
+            remaps: Vec::new(),
+            ..Hello::default()
+        };
+        h.set_fixed(fixed);
+        h
+    }
+
+    /// Append the next hello to every target to `out`, in the version each speaks, with
+    /// as many of `remaps` as fit in those to gateways (version 2); `unix_ms` is the wall
+    /// clock to stamp. Writes into `out`'s buffers, which keep their room from one call
+    /// to the next: once they have grown, a hello costs no allocation. Returns the most
+    /// remaps one hello carried.
+    pub fn write_hellos(
+        &mut self,
+        now: Instant,
+        unix_ms: u64,
+        (keys, remaps): (&Keyring, &[Remap]),
+        out: &mut Outbox,
+    ) -> usize {
+        out.clear();
+        let targets = std::mem::take(&mut self.targets);
+        let mut most = 0;
+        for (to, ip) in &targets {
+            let version = self.version_for(to);
+            let mut fixed = self.next_fixed(to, now);
+            fixed.sent_unix_ms = unix_ms;
+            let mut parts = Parts {
+                fixed,
+                name: &self.me,
+                to,
+                seen: self.heard_gateways(now),
+                down: &self.local.down,
+                claims: self.claims_to_send(),
+                remaps: &[],
+            };
+            let start = out.bytes.len();
+            if let Err(e) = parts.write(version, keys, &mut out.bytes) {
+                out.failed.push(e);
+                continue;
+            }
+            // Remaps go to gateways (which may take an egress IP over), in what room the
+            // hello leaves.
+            if version >= 2 && !remaps.is_empty() && self.members.gateways.contains(to) {
+                let room = hello::MAX_LEN - (out.bytes.len() - start);
+                let n = fitting(remaps, room);
+                if n > 0 {
+                    parts.remaps = &remaps[..n];
+                    out.bytes.truncate(start);
+                    if let Err(e) = parts.write(version, keys, &mut out.bytes) {
+                        out.failed.push(e);
+                        continue;
+                    }
+                    most = most.max(n);
+                }
+            }
+            out.hellos.push((*ip, start..out.bytes.len()));
+        }
+        self.targets = targets;
+        most
+    }
+
+    /// The fixed fields of the next hello to `to` (its sequence number taken).
+    fn next_fixed(&mut self, to: &str, now: Instant) -> Fixed {
         self.seq += 1;
         let held = |(sent_us, at): (u64, Instant)| {
             (
@@ -506,7 +656,7 @@ impl Tracker {
         if restarting {
             hello_flags |= flags::RESTARTING;
         }
-        Hello {
+        Fixed {
             flags: hello_flags,
             grace_s: if restarting { grace } else { 0 },
             incarnation: self.incarnation,
@@ -516,16 +666,16 @@ impl Tracker {
             echo_held_us,
             // The service stamps its wall clock (the tracker reads no clock).
             sent_unix_ms: 0,
-            name: self.me.clone(),
-            to: to.to_owned(),
-            seen: self.heard_gateways(now),
-            down: self.local.down.clone(),
-            claims: if self.last_cut_off {
-                BTreeMap::new()
-            } else {
-                self.local.claims.clone()
-            },
-            remaps: Vec::new(),
+        }
+    }
+
+    /// The egress IPs this node says it holds: none while it is cut off.
+    fn claims_to_send(&self) -> &BTreeMap<IpAddr, Claim> {
+        static NONE: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+        if self.last_cut_off {
+            &NONE
+        } else {
+            &self.local.claims
         }
     }
 
@@ -579,12 +729,13 @@ impl Tracker {
         echo != 0 && echo <= mine && mine - echo < window
     }
 
-    fn heard_gateways(&self, now: Instant) -> BTreeSet<String> {
-        self.heard(now)
-            .into_iter()
-            .filter(|n| self.members.gateways.contains(*n))
-            .map(str::to_owned)
-            .collect()
+    /// The gateways heard directly, by name.
+    fn heard_gateways(&self, now: Instant) -> impl Iterator<Item = &str> + Clone {
+        self.members
+            .gateways
+            .iter()
+            .filter(move |g| self.peers.get(*g).is_some_and(|p| self.direct(p, now)))
+            .map(String::as_str)
     }
 
     fn warm(&self, now: Instant) -> bool {
@@ -704,7 +855,7 @@ impl Tracker {
     pub fn status(&self, now: Instant) -> Vec<PeerStatus> {
         let heard = self.heard(now);
         let warm = self.warm(now);
-        let mut names: BTreeSet<String> = self.targets().into_iter().map(|(n, _)| n).collect();
+        let mut names: BTreeSet<String> = self.targets.iter().map(|(n, _)| n.clone()).collect();
         names.extend(
             self.members
                 .gateways
@@ -728,6 +879,38 @@ impl Tracker {
     }
 }
 
+/// Hellos written for sending, back to back in one buffer (see [`Tracker::write_hellos`]).
+#[derive(Debug, Default)]
+pub struct Outbox {
+    pub bytes: BytesMut,
+    /// Each hello's destination and bytes.
+    pub hellos: Vec<(IpAddr, std::ops::Range<usize>)>,
+    /// Hellos that could not be written (too large).
+    pub failed: Vec<hello::Error>,
+}
+
+impl Outbox {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.hellos.clear();
+        self.failed.clear();
+    }
+}
+
+/// How many of `remaps`, from the first, fit in `room` bytes with the record's overhead.
+fn fitting(remaps: &[Remap], room: usize) -> usize {
+    let mut left = room.saturating_sub(hello::REMAPS_OVERHEAD);
+    remaps
+        .iter()
+        .take_while(|r| {
+            let n = hello::remap_len(r);
+            let fits = n <= left;
+            left = left.saturating_sub(n);
+            fits
+        })
+        .count()
+}
+
 /// Note `node`'s claims where they are at least as new as what was heard before.
 fn remember(
     last: &mut BTreeMap<IpAddr, (String, u64)>,
@@ -737,6 +920,7 @@ fn remember(
     for (ip, c) in claims {
         match last.get(ip) {
             Some((_, e)) if *e > c.epoch => {}
+            Some((n, e)) if n == node && *e == c.epoch => {}
             _ => {
                 last.insert(*ip, (node.to_owned(), c.epoch));
             }
@@ -765,6 +949,8 @@ pub fn has_quorum(me: &str, heard: &BTreeSet<&str>, expected: &BTreeSet<String>)
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+
+    use std::net::SocketAddr;
 
     use super::*;
 
@@ -806,7 +992,10 @@ mod tests {
 
     impl Cluster {
         fn new() -> Self {
-            let t0 = Instant::now();
+            Self::new_at(Instant::now())
+        }
+
+        fn new_at(t0: Instant) -> Self {
             let trackers = NODES
                 .iter()
                 .enumerate()
@@ -825,17 +1014,25 @@ mod tests {
             let mut t = from_ms;
             while t < to_ms {
                 let now = self.t0 + Duration::from_millis(t);
+                // As the agents send and take them: written into an outbox, read in
+                // place.
                 let mut sent = Vec::new();
+                let mut out = Outbox::default();
                 for (name, tr) in &mut self.trackers {
-                    for (to, _) in tr.targets() {
-                        sent.push((*name, to.clone(), tr.hello_for(&to, now)));
+                    tr.write_hellos(now, 0, (&Keyring::default(), &[]), &mut out);
+                    assert!(out.failed.is_empty(), "{:?}", out.failed);
+                    for (ip, range) in &out.hellos {
+                        let to = NODES.iter().find(|(_, a)| *a == ip.to_string());
+                        let to = to.expect("a node").0;
+                        sent.push((*name, to, out.bytes[range.clone()].to_vec()));
                     }
                 }
-                for (from, to, h) in sent {
-                    if link(from, &to)
-                        && let Some(tr) = self.trackers.get_mut(to.as_str())
+                for (from, to, b) in sent {
+                    if link(from, to)
+                        && let Some(tr) = self.trackers.get_mut(to)
                     {
-                        tr.on_hello(h, addr(from), now).expect("accepted");
+                        let h = HelloRef::parse(&b, &Keyring::default()).expect("parsed");
+                        tr.on_received(&h, addr(from), now).expect("accepted");
                     }
                 }
                 for tr in self.trackers.values_mut() {
@@ -1009,6 +1206,7 @@ mod tests {
         let bye: Vec<(String, Hello)> = {
             let gw1 = c.trackers.get_mut("gw1").expect("gw1");
             gw1.targets()
+                .to_vec()
                 .into_iter()
                 .map(|(to, _)| (to.clone(), gw1.farewell_for(&to, t)))
                 .collect()
@@ -1034,6 +1232,7 @@ mod tests {
         let bye: Vec<(String, Hello)> = {
             let gw1 = c.trackers.get_mut("gw1").expect("gw1");
             gw1.targets()
+                .to_vec()
                 .into_iter()
                 .flat_map(|(to, _)| {
                     let farewell = gw1.farewell_for(&to, t);
@@ -1361,5 +1560,121 @@ mod tests {
             };
             prop_assert!(!(quorum(&left) && quorum(&right)));
         }
+    }
+
+    /// A hello of `from` to w1: `change` picks its lists and flags (0: the usual ones;
+    /// 1: cut off; 2: a gateway unheard, an interface down; 3: a claim moved on).
+    fn hello_of(from: &str, change: u8, incarnation: u32, seq: u64) -> Hello {
+        let mut h = Hello {
+            incarnation,
+            seq,
+            sent_us: seq * 100_000,
+            name: from.to_owned(),
+            to: "w1".to_owned(),
+            seen: set(&["gw1", "gw2"]),
+            claims: [(
+                "192.168.101.50".parse().expect("ip"),
+                Claim {
+                    interface: "sec-a".into(),
+                    epoch: 1,
+                },
+            )]
+            .into(),
+            ..Hello::default()
+        };
+        match change {
+            1 => h.flags = flags::CUT_OFF,
+            2 => {
+                h.seen = set(&["gw2"]);
+                h.down = set(&["sec-b"]);
+            }
+            3 => h.claims.values_mut().for_each(|c| c.epoch = 2),
+            _ => {}
+        }
+        h
+    }
+
+    proptest::proptest! {
+        /// The agent reads hellos in place and decodes only those whose lists changed;
+        /// a tracker fed so must know, say and send exactly what one fed each hello
+        /// decoded whole knows, over any sequence of hellos from any peer.
+        #[test]
+        fn a_hello_read_in_place_is_taken_as_one_decoded_whole(
+            steps in proptest::collection::vec((0usize..3, 0u8..5, 0u64..250), 1..80),
+        ) {
+            let t0 = Instant::now();
+            let mut whole = Tracker::new("w1", Settings::default(), 1, t0);
+            let mut in_place = Tracker::new("w1", Settings::default(), 1, t0);
+            whole.set_members(members());
+            in_place.set_members(members());
+            let mut now = t0;
+            let mut senders = [("gw1", 1u32, 0u64), ("gw2", 1, 0), ("w2", 1, 0)];
+            for (who, change, ms) in steps {
+                now += Duration::from_millis(ms);
+                let s = &mut senders[who];
+                // 4: the sender restarted.
+                if change == 4 {
+                    s.1 += 1;
+                }
+                s.2 += 1;
+                let b = hello_of(s.0, change % 4, s.1, s.2)
+                    .encode(2, &Keyring::default())
+                    .expect("encode");
+                let decoded = Hello::decode(&b, &Keyring::default()).expect("decode");
+                let a = whole.on_hello_version(decoded.hello, decoded.version, addr(s.0), now);
+                let read = HelloRef::parse(&b, &Keyring::default()).expect("parse");
+                let r = in_place.on_received(&read, addr(s.0), now);
+                proptest::prop_assert_eq!(a, r);
+                proptest::prop_assert_eq!(whole.observe(now), in_place.observe(now));
+                proptest::prop_assert_eq!(whole.status(now), in_place.status(now));
+                proptest::prop_assert_eq!(whole.hello_for(s.0, now), in_place.hello_for(s.0, now));
+            }
+        }
+    }
+
+    /// What `write_hellos` writes is, byte for byte, what each target's `hello_for`
+    /// encodes in the version it speaks, signed, with the remaps that fit in those to
+    /// gateways.
+    #[test]
+    fn the_hellos_written_in_place_are_those_built_whole() {
+        let mut c = Cluster::new();
+        c.run(0, 1000, |_, _| true);
+        let now = c.t0 + Duration::from_millis(1000);
+        let keys = Keyring::new(vec![super::super::keys::Key::new(vec![7; 32])]);
+        let remap = |port| Remap {
+            proto: 6,
+            pod: SocketAddr::from(([10, 244, 1, 5], port)),
+            dst: SocketAddr::from(([192, 168, 101, 10], 443)),
+            egress: SocketAddr::from(([192, 168, 101, 50], port + 1)),
+        };
+        // More than fit in one hello.
+        let remaps: Vec<Remap> = (0..100).map(|i| remap(40_000 + i)).collect();
+        let mut built = Cluster::new_at(c.t0);
+        built.run(0, 1000, |_, _| true);
+        let gw1 = c.trackers.get_mut("gw1").expect("gw1");
+        let mut out = Outbox::default();
+        let most = gw1.write_hellos(now, 1_790_000_000_000, (&keys, &remaps), &mut out);
+        let twin = built.trackers.get_mut("gw1").expect("gw1");
+        let mut want = Vec::new();
+        let mut want_most = 0;
+        for (to, ip) in twin.targets().to_vec() {
+            let version = twin.version_for(&to);
+            let mut h = twin.hello_for(&to, now);
+            h.sent_unix_ms = 1_790_000_000_000;
+            let without = h.encode(version, &keys).expect("encode").len();
+            if twin.is_gateway(&to) {
+                h.remaps = remaps[..fitting(&remaps, hello::MAX_LEN - without)].to_vec();
+                want_most = want_most.max(h.remaps.len());
+            }
+            want.push((ip, h.encode(version, &keys).expect("encode").to_vec()));
+        }
+        let got: Vec<(IpAddr, Vec<u8>)> = out
+            .hellos
+            .iter()
+            .map(|(ip, r)| (*ip, out.bytes[r.clone()].to_vec()))
+            .collect();
+        assert_eq!(got, want);
+        assert!(most > 0 && most < remaps.len(), "{most} remaps");
+        assert_eq!(most, want_most);
     }
 }

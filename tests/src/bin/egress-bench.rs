@@ -163,6 +163,10 @@ fn args() -> Result<Args> {
     })
 }
 
+/// Counted, for the probes' allocations per hello.
+#[global_allocator]
+static ALLOCATOR: egress_tests::alloc::Counting = egress_tests::alloc::Counting;
+
 fn main() -> Result<()> {
     let args = args()?;
     let plan = args.plan;
