@@ -12,6 +12,7 @@ pub mod probes;
 pub mod report;
 pub mod scale;
 pub mod spread;
+pub mod yaml;
 
 /// One `BPF_PROG_TEST_RUN` call: the verdict of the last run and the kernel's own average
 /// time per run (whole nanoseconds, truncated by the kernel).

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use egress_tests::bench::{
     Plan, churn, failover, lab, per_packet, probes,
     report::{Machine, Report, Table, datapath_source, per_packet_table},
-    scale,
+    scale, yaml,
 };
 
 const USAGE: &str =
@@ -20,6 +20,7 @@ const USAGE: &str =
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
   --no-write   print the report only
   --probes     the liveness probes' cost only, printed (not written)
+  --yaml       the YAML source's re-read after one file changed only (100k pods), printed
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
   --spread     two gateways against one only (egressIPs: aggregate TCP of the selected
                pods, one egress IP then two, alternating), printed
@@ -117,6 +118,7 @@ fn args() -> Result<Args> {
                 print_tables(plan, vec![churn::table(&run), churn::churn_table(&run)])?;
             }
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
+            "--yaml" => print_alone(plan, yaml::table(&plan))?,
             "--like-for-like" => {
                 egress_tests::netns::install_signal_teardown()?;
                 let run = lab::run_like_for_like(&plan)?;
@@ -230,6 +232,7 @@ fn main() -> Result<()> {
         tables.push(t);
     }
     tables.push(probes::table(plan.quick));
+    tables.push(yaml::table(&plan));
     let report = Report {
         machine,
         source: datapath_source(&workspace()),

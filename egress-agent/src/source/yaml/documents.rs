@@ -224,6 +224,7 @@ pub(super) fn object_label((kind, namespace, name): &ObjectKey) -> String {
 }
 
 /// What one document holds.
+#[derive(Clone)]
 pub(super) enum Parsed {
     /// Nothing (comments only).
     Empty,

@@ -1,7 +1,13 @@
 //! Reading a directory of state files into a [`Snapshot`], keeping the last good version
 //! of each object whose file or document broke (for the watcher).
 
-use std::{collections::BTreeMap, fmt, path::Path, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
 
 use super::documents::{Added, ObjectKey, Parsed, object_label, parse_document, split_documents};
 use crate::source::{ClusterView, DocumentError, Kept, LoadError, Snapshot};
@@ -145,20 +151,95 @@ pub(super) fn read_stable_file(path: &Path) -> Result<String, String> {
 /// unreadable file or document is simply left out (the watcher keeps last good versions
 /// instead: [`watch`]).
 pub fn load_dir(dir: &Path) -> Snapshot {
-    read_dir_remembering(dir, &LastGood::default()).0
+    read_dir_remembering(dir, &LastGood::default(), &mut Parses::default()).0
 }
 
 /// Parse one file's text as if it were file `name` of a directory (for tests and tools).
 pub fn load_str(name: &str, text: &str) -> Snapshot {
     let mut loader = Loader::default();
-    loader.add_file(name, text, &LastGood::default());
+    loader.add_file(name, &parse_file(name, text), &LastGood::default());
     loader.finish().0
 }
 
+/// A state file's identity and version as listed (device, inode, modification and change
+/// times, length): a file whose stamp has not changed since it was parsed has not been
+/// replaced or written, save within the filesystem's timestamp granularity, which the
+/// watcher covers by naming the files inotify saw written ([`Parses::written`]).
+type Stamp = (u64, u64, i64, i64, i64, i64, u64);
+
+fn stamp(meta: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt as _;
+    (
+        meta.dev(),
+        meta.ino(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+        meta.len(),
+    )
+}
+
+/// A file's documents, numbered and parsed (shared: a read takes them from the last).
+type Docs = Arc<[(usize, Parsed)]>;
+
+/// Each state file's documents as last parsed and the stamp they were read at, kept by
+/// the watcher from one read to the next: a read parses only the files that changed (a
+/// policy edited in its own file does not read the cluster's pods again), and assembles
+/// the view from every file's documents as a read of the whole directory would.
+#[derive(Clone, Default)]
+pub(super) struct Parses {
+    files: BTreeMap<String, (Stamp, Docs)>,
+    /// Files inotify saw written since the last read: parsed again whatever their stamp.
+    pub(super) written: BTreeSet<String>,
+    /// Files the last read parsed (the rest were taken as parsed before).
+    pub(super) parsed: usize,
+}
+
+/// A directory read again and again as the watcher reads it, without the watching: the
+/// last good version of each object kept, and each file's parse (for benchmarks and
+/// tests).
+#[derive(Default)]
+pub struct Rereads {
+    last: LastGood,
+    parses: Parses,
+}
+
+impl Rereads {
+    /// Read `dir` again, parsing only the files that changed since the last read (all of
+    /// them with `whole`, as the watcher did before it kept parses). Returns the
+    /// snapshot and how many files were parsed.
+    pub fn read(&mut self, dir: &Path, whole: bool) -> (Arc<Snapshot>, usize) {
+        if whole {
+            self.parses = Parses::default();
+        }
+        let (snapshot, files) = read_dir_remembering(dir, &self.last, &mut self.parses);
+        let snapshot = Arc::new(snapshot);
+        self.last = LastGood {
+            snapshot: Arc::clone(&snapshot),
+            files,
+        };
+        (snapshot, self.parses.parsed)
+    }
+
+    /// Parse `file` again at the next read whatever its stamp (as inotify names a file
+    /// written).
+    pub fn written(&mut self, file: &str) {
+        self.parses.written.insert(file.to_owned());
+    }
+}
+
 /// Read every state file of `dir`, keeping from `last` the last good version of each object
-/// whose file or document can no longer be read. Returns where each object of the view came
-/// from, for the next read's [`LastGood`].
-pub(super) fn read_dir_remembering(dir: &Path, last: &LastGood) -> (Snapshot, Origins) {
+/// whose file or document can no longer be read, and parsing only the files whose stamp
+/// changed since `parses` saw them (kept up to date). Returns where each object of the
+/// view came from, for the next read's [`LastGood`].
+pub(super) fn read_dir_remembering(
+    dir: &Path,
+    last: &LastGood,
+    parses: &mut Parses,
+) -> (Snapshot, Origins) {
+    let written = std::mem::take(&mut parses.written);
+    parses.parsed = 0;
     let mut loader = Loader::default();
     match list_files(dir) {
         Err(e) => {
@@ -175,9 +256,26 @@ pub(super) fn read_dir_remembering(dir: &Path, last: &LastGood) -> (Snapshot, Or
                 });
                 loader.keep_file(&name, "could not be read", last);
             }
-            for (name, _) in files {
+            parses
+                .files
+                .retain(|name, _| files.iter().any(|(listed, _)| listed == name));
+            for (name, meta) in files {
+                let stamp = stamp(&meta);
+                if let Some((at, docs)) = parses.files.get(&name)
+                    && *at == stamp
+                    && !written.contains(&name)
+                {
+                    loader.add_file(&name, docs, last);
+                    continue;
+                }
+                parses.files.remove(&name);
                 match read_stable_file(&dir.join(&name)) {
-                    Ok(text) => loader.add_file(&name, &text, last),
+                    Ok(text) => {
+                        parses.parsed += 1;
+                        let docs: Docs = parse_file(&name, &text).into();
+                        loader.add_file(&name, &docs, last);
+                        parses.files.insert(name, (stamp, docs));
+                    }
                     Err(detail) => {
                         loader.errors.push(LoadError::ReadFile {
                             file: name.clone(),
@@ -256,6 +354,14 @@ impl LastGood {
     }
 }
 
+/// One file's documents, numbered and parsed.
+fn parse_file(file: &str, text: &str) -> Vec<(usize, Parsed)> {
+    split_documents(text)
+        .iter()
+        .map(|doc| (doc.number, parse_document(file, doc)))
+        .collect()
+}
+
 #[derive(Default)]
 pub(super) struct Loader {
     view: ClusterView,
@@ -274,17 +380,18 @@ impl Loader {
         (snapshot, self.origins)
     }
 
-    /// Read one file's documents. An invalid document whose object is known keeps that
-    /// object's last good version; a file that is empty or has a document whose object
-    /// cannot be told keeps every object last read from it that no valid document
-    /// replaced.
-    fn add_file(&mut self, file: &str, text: &str, last: &LastGood) {
+    /// Take one file's documents (numbered, parsed). An invalid document whose object is
+    /// known keeps that object's last good version; a file that is empty or has a
+    /// document whose object cannot be told keeps every object last read from it that no
+    /// valid document replaced.
+    fn add_file(&mut self, file: &str, docs: &[(usize, Parsed)], last: &LastGood) {
         let mut empty = true;
         let mut unknown = Vec::new();
-        for doc in split_documents(text) {
-            match parse_document(file, &doc) {
+        for (number, parsed) in docs {
+            let number = *number;
+            match parsed.clone() {
                 Parsed::Empty => continue,
-                Parsed::Object(key, added) => self.insert(file, doc.number, key, added),
+                Parsed::Object(key, added) => self.insert(file, number, key, added),
                 Parsed::Invalid {
                     key: Some(key),
                     errors,
@@ -295,16 +402,16 @@ impl Loader {
                     {
                         self.errors.push(LoadError::Kept(Kept {
                             file: file.to_owned(),
-                            doc: Some(doc.number),
+                            doc: Some(number),
                             reason: "is invalid".to_owned(),
                             objects: vec![object_label(&key)],
                         }));
-                        self.insert(file, doc.number, key, added);
+                        self.insert(file, number, key, added);
                     }
                 }
                 Parsed::Invalid { key: None, errors } => {
                     self.errors.extend(errors);
-                    unknown.push(doc.number.to_string());
+                    unknown.push(number.to_string());
                 }
             }
             empty = false;
@@ -441,32 +548,38 @@ mod tests {
         assert!(!text.contains("in.yml"), "{text}");
     }
 
-    /// Reads a directory again and again, remembering like the watcher does.
+    /// Reads a directory again and again, remembering like the watcher does: its last
+    /// good objects, and its files' parses (a written file named as inotify names it).
+    /// Every read is checked against a read that parses every file again.
     struct Rereader {
         dir: tempfile::TempDir,
-        last: LastGood,
+        reads: Rereads,
     }
 
     impl Rereader {
         fn new() -> Self {
             Self {
                 dir: tempfile::tempdir().expect("tempdir"),
-                last: LastGood::default(),
+                reads: Rereads::default(),
             }
         }
 
-        fn write(&self, file: &str, text: &str) -> &Self {
+        fn write(&mut self, file: &str, text: &str) -> &mut Self {
             std::fs::write(self.dir.path().join(file), text).expect("write");
+            self.reads.written(file);
             self
         }
 
         fn read(&mut self) -> Snapshot {
-            let (snapshot, files) = read_dir_remembering(self.dir.path(), &self.last);
-            self.last = LastGood {
-                snapshot: Arc::new(snapshot.clone()),
-                files,
-            };
-            snapshot
+            let last = &self.reads.last;
+            let whole = read_dir_remembering(self.dir.path(), last, &mut Parses::default());
+            let snapshot = self.reads.read(self.dir.path(), false).0;
+            assert_eq!(
+                (&*snapshot, &self.reads.last.files),
+                (&whole.0, &whole.1),
+                "kept parses against a whole read"
+            );
+            Snapshot::clone(&snapshot)
         }
     }
 
@@ -644,5 +757,62 @@ mod tests {
                  until the file is fixed (deleting the file removes them)",
             ]
         );
+    }
+
+    #[test]
+    fn a_read_parses_only_the_files_that_changed() {
+        let mut r = Rereader::new();
+        r.write("a.yaml", &ns("a", "x"))
+            .write("b.yaml", &ns("b", "x"));
+        r.read();
+        assert_eq!(r.reads.parses.parsed, 2);
+        r.read();
+        assert_eq!(r.reads.parses.parsed, 0, "nothing changed");
+        r.write("b.yaml", &ns("b", "yy"));
+        let snap = r.read();
+        assert_eq!(r.reads.parses.parsed, 1);
+        assert_eq!(teams(&snap), ["a:x", "b:yy"]);
+        // Replaced by a rename, unnamed (polling): the stamp tells.
+        let tmp = r.dir.path().join(".a.tmp");
+        std::fs::write(&tmp, ns("a", "z")).expect("write");
+        std::fs::rename(&tmp, r.dir.path().join("a.yaml")).expect("rename");
+        let snap = r.read();
+        assert_eq!(r.reads.parses.parsed, 1);
+        assert_eq!(teams(&snap), ["a:z", "b:yy"]);
+        std::fs::remove_file(r.dir.path().join("b.yaml")).expect("remove");
+        let snap = r.read();
+        assert_eq!(
+            (r.reads.parses.parsed, teams(&snap)),
+            (0, vec!["a:z".to_owned()])
+        );
+    }
+
+    proptest::proptest! {
+        /// Over any sequence of edits (good, broken and empty files, objects moving
+        /// between files, removals), a read that parses only the changed files gives what
+        /// a read of every file gives (`Rereader::read` checks each one).
+        #[test]
+        fn reading_only_changed_files_equals_reading_them_all(
+            edits in proptest::collection::vec((0usize..3, 0usize..6), 1..25),
+        ) {
+            let mut r = Rereader::new();
+            for (file, what) in edits {
+                let name = ["a.yaml", "b.yaml", "c.yml"][file];
+                let text = match what {
+                    0 => ns("shop", "x"),
+                    1 => format!("{}---\n{}", ns("shop", "y"), ns(&format!("n{file}"), "z")),
+                    2 => "kind: [broken".to_owned(),
+                    3 => String::new(),
+                    4 => format!("{}---\nkind: Namespace\nmetadata: {{name: 7}}\n", ns("other", "x")),
+                    _ => {
+                        let _ = std::fs::remove_file(r.dir.path().join(name));
+                        r.read();
+                        continue;
+                    }
+                };
+                r.write(name, &text);
+                r.read();
+            }
+        }
     }
 }

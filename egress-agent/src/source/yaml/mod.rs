@@ -22,6 +22,6 @@ mod watching;
 mod writing;
 
 pub use documents::{MAX_DEPTH, MAX_DOCUMENT_BYTES};
-pub use loading::{MAX_FILE_BYTES, QUIET, load_dir, load_str};
+pub use loading::{MAX_FILE_BYTES, QUIET, Rereads, load_dir, load_str};
 pub use watching::{MAX_DELAY, MAX_SETTLE, SETTLE, watch};
 pub use writing::{DirWriter, WriteError, egress_node_file_name, write_egress_node};

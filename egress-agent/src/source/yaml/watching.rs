@@ -13,7 +13,9 @@ use std::{
 
 use tokio::sync::watch as tokio_watch;
 
-use super::loading::{LastGood, Origins, QUIET, is_state_file, list_files, read_dir_remembering};
+use super::loading::{
+    LastGood, Origins, Parses, QUIET, is_state_file, list_files, read_dir_remembering,
+};
 use crate::source::{LoadError, Snapshot};
 
 /// What identifies the directory's contents cheaply: (name, mtime, length) of each state
@@ -47,6 +49,11 @@ pub(super) struct Pending {
     /// its (name, mtime, length) looks unchanged (a same-length rewrite within the
     /// filesystem's timestamp granularity).
     state_file: AtomicBool,
+    /// The state files written (so named), parsed again by the next read whatever their
+    /// stamp.
+    written: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Events were lost: the next read parses every file again.
+    rescan: AtomicBool,
     /// State files written in place (not renamed into the directory), by name: whether
     /// the writer has closed the file since its last write. Read only once closed and
     /// [`SETTLE`] old: a file written in several parts is read whole.
@@ -85,7 +92,12 @@ pub(super) fn note_write(pending: &Pending, event: &notify::Event) {
         .in_place
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut written = pending
+        .written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for name in names {
+        written.insert(name.to_owned());
         match event.kind {
             EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
             | EventKind::Remove(_) => {
@@ -164,16 +176,20 @@ impl DirWatch {
                 {
                     return;
                 }
-                Ok(e) => {
-                    e.need_rescan()
-                        || e.paths.iter().any(|p| {
-                            p.file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(is_state_file)
-                        })
+                Ok(e) if e.need_rescan() => {
+                    sink.rescan.store(true, Ordering::Relaxed);
+                    true
                 }
+                Ok(e) => e.paths.iter().any(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(is_state_file)
+                }),
                 // Events were lost (queue overflow): read.
-                Err(_) => true,
+                Err(_) => {
+                    sink.rescan.store(true, Ordering::Relaxed);
+                    true
+                }
             };
             if state_file {
                 sink.state_file.store(true, Ordering::Relaxed);
@@ -250,8 +266,13 @@ pub(super) async fn watch_with(
         Notifications::None => None,
         Notifications::Inotify => first_watch(&dir, &pending, poll),
     };
-    let (mut last, first, origins) =
-        read_with_fingerprint(dir.clone(), &cluster_cidrs, Arc::default()).await;
+    let (mut last, first, origins, mut parses) = read_with_fingerprint(
+        dir.clone(),
+        &cluster_cidrs,
+        Arc::default(),
+        Parses::default(),
+    )
+    .await;
     let (tx, rx) = tokio_watch::channel(Arc::new(first));
     // What the next read keeps objects from: the snapshot published (shared, not copied).
     let mut last_good = Arc::new(LastGood {
@@ -292,8 +313,19 @@ pub(super) async fn watch_with(
                     continue;
                 }
             }
-            let (seen, snapshot, origins) =
-                read_with_fingerprint(dir.clone(), &cluster_cidrs, Arc::clone(&last_good)).await;
+            if pending.rescan.swap(false, Ordering::Relaxed) {
+                parses = Parses::default();
+            }
+            parses.written.extend(std::mem::take(
+                &mut *pending
+                    .written
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            ));
+            let (seen, snapshot, origins, now_parsed) =
+                read_with_fingerprint(dir.clone(), &cluster_cidrs, Arc::clone(&last_good), parses)
+                    .await;
+            parses = now_parsed;
             last = seen;
             tx.send_if_modified(|current| {
                 if **current == snapshot {
@@ -344,20 +376,23 @@ pub(super) async fn debounce(pending: &Pending) {
 
 /// Fingerprint, then read: a change racing the read shows up as a new fingerprint on the
 /// next tick, so it is never missed. Objects whose file or document can no longer be read
-/// keep their version in `last`. The view carries `cluster_cidrs`.
+/// keep their version in `last`. Only files changed since `parses` saw them are parsed
+/// (it comes back up to date; empty if the read failed). The view carries
+/// `cluster_cidrs`.
 pub(super) async fn read_with_fingerprint(
     dir: PathBuf,
     cluster_cidrs: &[ipnet::IpNet],
     last: Arc<LastGood>,
-) -> (Fingerprint, Snapshot, Origins) {
+    mut parses: Parses,
+) -> (Fingerprint, Snapshot, Origins, Parses) {
     let fallback_dir = dir.clone();
     let fallback = Arc::clone(&last);
     let cluster_cidrs = cluster_cidrs.to_vec();
     tokio::task::spawn_blocking(move || {
         let seen = fingerprint(&dir);
-        let (mut snapshot, origins) = read_dir_remembering(&dir, &last);
+        let (mut snapshot, origins) = read_dir_remembering(&dir, &last, &mut parses);
         snapshot.view.cluster_cidrs = cluster_cidrs;
-        (seen, snapshot, origins)
+        (seen, snapshot, origins, parses)
     })
     .await
     .unwrap_or_else(|e| {
@@ -370,7 +405,12 @@ pub(super) async fn read_with_fingerprint(
             view: fallback.snapshot.view.clone(),
             errors: vec![error.clone()],
         };
-        (Err(error.to_string()), snapshot, fallback.files.clone())
+        (
+            Err(error.to_string()),
+            snapshot,
+            fallback.files.clone(),
+            Parses::default(),
+        )
     })
 }
 
