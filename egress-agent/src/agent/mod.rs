@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::Result;
 use ipnet::IpNet;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     api::{HeldEgressIp, PreflightCheck},
@@ -30,7 +30,7 @@ use crate::{
     iface,
     liveness::{self, PeerView, Transition, service::Handle},
     metrics::{self, Stats},
-    source::{ClusterView, StatusWriter, kube as kube_source},
+    source::{Snapshot, StatusWriter, kube as kube_source},
 };
 
 pub mod attachments;
@@ -256,6 +256,8 @@ struct Reconciler<'a> {
     wake_at: Option<Instant>,
     /// Each policy's last accepted version: a broken edit keeps being served from it.
     last_accepted: BTreeMap<String, crate::api::EgressGatewayPolicy>,
+    /// The last compile, taken again while nothing it reads changed.
+    memo: compiler::Memo,
     stats: Arc<Mutex<Stats>>,
 }
 
@@ -284,6 +286,7 @@ impl<'a> Reconciler<'a> {
             announcing: holding::Announcing::default(),
             wake_at: None,
             last_accepted: BTreeMap::new(),
+            memo: compiler::Memo::default(),
             stats,
         }
     }
@@ -306,7 +309,7 @@ impl Reconciler<'_> {
         let snap = due.snapshot;
         let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
         let began = Instant::now();
-        let outcome = self.reconcile(dp, &snap.view, due.peers).await;
+        let outcome = self.reconcile(dp, &snap, due.peers).await;
         Passed {
             source_errors,
             outcome,
@@ -323,9 +326,10 @@ impl Reconciler<'_> {
     async fn reconcile(
         &mut self,
         dp: &mut Datapath,
-        view: &ClusterView,
+        snapshot: &Arc<Snapshot>,
         mut peers: PeerView,
     ) -> Result<Outcome> {
+        let view = &snapshot.view;
         let now = Instant::now();
         let mut problems = self.restore_pins(dp);
         let ifaces = self.nl.interfaces().await?;
@@ -333,7 +337,10 @@ impl Reconciler<'_> {
         self.adopt(&published, &ifaces);
         let down = self.report_own(&mut peers, &ifaces);
         let me = &self.cfg.node_name;
-        let compiled = compiler::compile_remembering(view, &peers, &self.last_accepted, me);
+        let (compiled, again) = self.memo.compile(snapshot, &peers, &self.last_accepted, me);
+        if again {
+            debug!("compile: nothing it reads changed since the last pass, its result taken again");
+        }
         self.last_accepted.clone_from(&compiled.accepted);
         problems.extend(compiled.problems.iter().map(ToString::to_string));
 

@@ -6,10 +6,15 @@
 //! every node. Policy statuses, holders and problems do not depend on the node name: every
 //! agent (and `egress-agent check`) derives the same ones.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use self::plans::PolicyPlan;
-use crate::{api::EgressGatewayPolicy, desired::Desired, liveness::PeerView, source::ClusterView};
+use crate::{
+    api::EgressGatewayPolicy,
+    desired::Desired,
+    liveness::PeerView,
+    source::{ClusterView, Snapshot},
+};
 
 mod compiled;
 pub mod condition;
@@ -114,6 +119,60 @@ pub fn compile_remembering(
         pod_routes,
         pods_needed: members::needed(view, gateway, node_name, &peers.dead),
         pod_scope: view.pod_scope,
+    }
+}
+
+/// The last compile and what it was of. The compile is a pure function of the view, the
+/// peers, the last accepted policies and the node's name: a compile of the same snapshot
+/// (the very one, shared with the source: no comparison of its objects), equal peers and
+/// equal accepted policies takes the last result again instead of making it anew. So the
+/// resync tick's pass, and every pass woken by something the compile does not read (a
+/// link, a timer, a retry), costs no compile.
+#[derive(Default)]
+pub struct Memo {
+    last: Option<Memoized>,
+}
+
+struct Memoized {
+    snapshot: Arc<Snapshot>,
+    peers: PeerView,
+    accepted: BTreeMap<String, EgressGatewayPolicy>,
+    node: String,
+    compiled: Arc<Compiled>,
+}
+
+impl Memo {
+    /// [`compile_remembering`] of `snapshot`'s view, or the last result when its inputs
+    /// are those of the last compile; and whether it was taken again.
+    pub fn compile(
+        &mut self,
+        snapshot: &Arc<Snapshot>,
+        peers: &PeerView,
+        last_accepted: &BTreeMap<String, EgressGatewayPolicy>,
+        node_name: &str,
+    ) -> (Arc<Compiled>, bool) {
+        if let Some(m) = &self.last
+            && Arc::ptr_eq(&m.snapshot, snapshot)
+            && m.peers == *peers
+            && m.accepted == *last_accepted
+            && m.node == node_name
+        {
+            return (Arc::clone(&m.compiled), true);
+        }
+        let compiled = Arc::new(compile_remembering(
+            &snapshot.view,
+            peers,
+            last_accepted,
+            node_name,
+        ));
+        self.last = Some(Memoized {
+            snapshot: Arc::clone(snapshot),
+            peers: peers.clone(),
+            accepted: last_accepted.clone(),
+            node: node_name.to_owned(),
+            compiled: Arc::clone(&compiled),
+        });
+        (compiled, false)
     }
 }
 

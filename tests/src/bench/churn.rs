@@ -6,14 +6,19 @@
 //! state passes batched as its own [`StateBatch`] allows, unbatched and at two bounds.
 //! Measured in this process, without root: `egress-bench --churn`.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use egress_agent::{
     agent::batch::{DEFAULT_MAX_REST_MS, FACTOR, StateBatch},
-    compiler::{Compiled, compile},
+    compiler::{Compiled, Memo, compile},
     datapath::state::MapState,
-    source::ClusterView,
+    liveness::PeerView,
+    source::{ClusterView, Snapshot},
 };
 
 use super::{
@@ -63,8 +68,22 @@ impl Agent {
 
     /// The pass after a change of `view`: compile, convert, diff; the maps then hold it.
     fn pass(&mut self, view: &ClusterView) -> PassTimes {
+        let node = self.node.clone();
+        self.pass_of(|| Arc::new(compile(view, &node)))
+    }
+
+    /// [`Agent::pass`] of `snapshot` as the agent makes it: compiled through its memo.
+    fn pass_memo(&mut self, memo: &mut Memo, snapshot: &Arc<Snapshot>) -> PassTimes {
+        let node = self.node.clone();
+        self.pass_of(|| {
+            memo.compile(snapshot, &PeerView::default(), &BTreeMap::new(), &node)
+                .0
+        })
+    }
+
+    fn pass_of(&mut self, compile: impl FnOnce() -> Arc<Compiled>) -> PassTimes {
         let t = Instant::now();
-        let compiled = compile(view, &self.node);
+        let compiled = compile();
         let compile_ms = ms_since(t);
         let t = Instant::now();
         let want = state_of(&compiled);
@@ -101,8 +120,10 @@ pub struct OnePod {
     pub node: String,
     pub gateway: bool,
     pub passes: Vec<PassTimes>,
-    /// A pass with nothing changed since the last one: what the resync tick costs.
+    /// A pass with nothing changed since the last one: what the resync tick cost.
     pub unchanged: Vec<PassTimes>,
+    /// The same pass as the agent makes it now: the compile taken again from its memo.
+    pub unchanged_memo: Vec<PassTimes>,
 }
 
 /// Add one pod to `view` on `node` and pass, then remove it and pass again (untimed), then
@@ -129,11 +150,21 @@ fn one_pod_added(
         agent.pass(view);
         unchanged.push(agent.pass(view));
     }
+    let snapshot = Arc::new(Snapshot {
+        view: view.clone(),
+        errors: Vec::new(),
+    });
+    let mut memo = Memo::default();
+    agent.pass_memo(&mut memo, &snapshot);
+    let unchanged_memo = (0..rounds)
+        .map(|_| agent.pass_memo(&mut memo, &snapshot))
+        .collect();
     OnePod {
         node: node.to_owned(),
         gateway,
         passes,
         unchanged,
+        unchanged_memo,
     }
 }
 
@@ -357,6 +388,16 @@ pub fn table(run: &Result<ChurnRun>) -> Table {
             ));
         }
         rows.push(row);
+    }
+    for o in &r.one_pod {
+        rows.push(pass_row(
+            format!(
+                "nothing changed, now: the compile taken again from the agent's memo \
+                 (`compiler::Memo`), {}",
+                role(o.gateway)
+            ),
+            &o.unchanged_memo,
+        ));
     }
     Table {
         title,

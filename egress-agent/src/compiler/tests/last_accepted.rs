@@ -91,3 +91,46 @@ fn a_deleted_policy_is_not_kept() {
     assert!(c.desired.v4.policy.is_empty());
     assert!(c.accepted.is_empty());
 }
+
+/// The memo takes a compile again only for the very snapshot, equal peers and equal
+/// accepted policies of the last one; any other input compiles anew, to what a compile
+/// without the memo gives.
+#[test]
+fn the_memo_takes_the_last_compile_again_only_when_nothing_it_reads_changed() {
+    use std::sync::Arc;
+
+    use crate::source::Snapshot;
+    let snapshot = |view: ClusterView| {
+        Arc::new(Snapshot {
+            view,
+            errors: Vec::new(),
+        })
+    };
+    let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    let first = snapshot(view.clone());
+    let mut memo = Memo::default();
+    let none = BTreeMap::new();
+    let peers = PeerView::default();
+    let (a, again) = memo.compile(&first, &peers, &none, "worker-1");
+    assert!(!again, "the first compile");
+    assert_eq!(*a, compile_after(&view, &none));
+    let (b, again) = memo.compile(&first, &peers, &none, "worker-1");
+    assert!(again && Arc::ptr_eq(&a, &b), "nothing changed: taken again");
+    // Each input changed in turn: compiled anew, as without the memo.
+    let equal_copy = snapshot(view.clone());
+    assert!(!memo.compile(&equal_copy, &peers, &none, "worker-1").1);
+    let mut dead = peers.clone();
+    dead.dead.insert("gw-1".to_owned());
+    let (c, again) = memo.compile(&equal_copy, &dead, &none, "worker-1");
+    assert!(!again);
+    assert_eq!(*c, compile_remembering(&view, &dead, &none, "worker-1"));
+    let (d, again) = memo.compile(&equal_copy, &dead, &c.accepted, "worker-1");
+    assert!(!again);
+    assert_eq!(
+        *d,
+        compile_remembering(&view, &dead, &c.accepted, "worker-1")
+    );
+    let (e, again) = memo.compile(&equal_copy, &dead, &c.accepted, "gw-1");
+    assert!(!again);
+    assert_eq!(*e, compile_remembering(&view, &dead, &c.accepted, "gw-1"));
+}
