@@ -71,6 +71,7 @@ pub mod addr;
 pub mod addr6;
 mod agents;
 mod build;
+mod check;
 mod faults;
 mod names;
 mod plan;

@@ -9,6 +9,8 @@ mod test;
 mod upgrade;
 mod vm;
 
+use std::process::ExitCode;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -62,8 +64,22 @@ enum Command {
     UpgradeTest(upgrade::Args),
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+/// A failed command says why in one line of context chain (`failed to ...: ...`) and exits
+/// with status 1. Not `main() -> Result`: that prints the error's `Debug`, which with
+/// `RUST_BACKTRACE` set is a stack backtrace of xtask, when the failure is almost always in
+/// what it ran (a lab's rows, a test), whose own output says what failed.
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cargo xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::Bootstrap => bootstrap::run(),
         Command::BuildEbpf => {
             bootstrap::run()?;

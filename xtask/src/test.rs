@@ -463,7 +463,11 @@ pub fn lab(args: LabArgs) -> Result<()> {
         let own = a.iter().position(|x| *x == "--").map_or(0, |i| i + 1);
         cmd.extend(a[own..].iter().map(|s| (*s).to_owned()));
         let status = crate::vm::run(&guest_options(30 * 60), &cmd)?;
-        anyhow::ensure!(status == 0, "egress-lab in the guest: exit status {status}");
+        anyhow::ensure!(
+            status == 0,
+            "the lab failed in the guest: egress-lab exited with status {status} (what failed \
+             is printed above)"
+        );
         return Ok(());
     }
     sh("cargo", &a, &[])

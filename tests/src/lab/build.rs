@@ -4,8 +4,9 @@
 use super::*;
 
 impl Lab {
-    /// Build the whole lab: namespaces, links, routes, sysctls, echo servers, state dir.
-    /// Everything built so far is removed if a step fails.
+    /// Build the whole lab: namespaces, links, routes, sysctls, echo servers, state dir;
+    /// then check that every node reaches host C ([`Lab::check_underlay`]). Everything
+    /// built so far is removed if a step fails.
     pub fn up(spec: LabSpec) -> Result<Lab> {
         validate(&spec)?;
         if !spec.echo_bin.is_file() {
@@ -69,7 +70,8 @@ impl Lab {
         if self.spec.sample_policy {
             self.write_policy(&sample_policy_for(self.spec.family))?;
         }
-        self.start_servers()
+        self.start_servers()?;
+        self.check_underlay()
     }
 
     /// Namespaces first, with rp_filter off before any interface exists (new namespaces may
@@ -566,7 +568,7 @@ impl Lab {
     }
 
     /// Run an Open vSwitch command in `node`'s namespace against its own daemons.
-    fn ovs_command(&self, node: &str, program: &str, args: &[&str]) -> Result<Output> {
+    pub(super) fn ovs_command(&self, node: &str, program: &str, args: &[&str]) -> Result<Output> {
         let dir = self.ovs_dir(node);
         let mut cmd = self.ns(node)?.command(program)?;
         cmd.args(args)
@@ -614,6 +616,7 @@ impl Lab {
             ],
         )?;
         self.ovs_vsctl(node.name, &["--no-wait", "init"])?;
+        wait_for_ovs_to_count_cpus();
         let db_remote = format!("unix:{}", sock.display());
         self.ovs_command(
             node.name,
@@ -672,6 +675,7 @@ impl Lab {
             ],
         )?;
         // ovs-vsctl returns once ovs-vswitchd has applied it.
+        self.ensure_upcall_handlers(node.name)?;
         let br_ex_mac = mac_of("br-ex")?;
         anyhow::ensure!(
             br_ex_mac == eth0_mac,
@@ -690,6 +694,23 @@ impl Lab {
             ));
         }
         self.ns(node.name)?.ip_batch(&cmds)
+    }
+
+    /// `node`'s `ovs-vswitchd` has threads to take the datapath's upcalls: its log does not
+    /// say it set none ([`wait_for_ovs_to_count_cpus`]), which would leave every bridge of
+    /// the node passing nothing.
+    fn ensure_upcall_handlers(&self, node: &str) -> Result<()> {
+        let log = self.ovs_dir(node).join("ovs-vswitchd.log");
+        let text = std::fs::read_to_string(&log)
+            .with_context(|| format!("failed to read {}", log.display()))?;
+        anyhow::ensure!(
+            !text.contains("Overriding n-handler-threads to 0,"),
+            "{node}: ovs-vswitchd started with no upcall handler threads ({}: \"Overriding \
+             n-handler-threads to 0\"), so its datapath drops every packet that misses its \
+             flow cache and br-ex passes nothing",
+            log.display()
+        );
+        Ok(())
     }
 
     fn start_servers(&mut self) -> Result<()> {
@@ -739,6 +760,37 @@ impl Lab {
             }
         }
         Ok(())
+    }
+}
+
+/// How long after the kernel's boot (`CLOCK_MONOTONIC`) Open vSwitch 3.1.0, Debian 12's,
+/// first counts the CPUs: `count_cpu_cores` refreshes its cached count when 10 s have
+/// passed since the last refresh, the first one counted from 0, so before then it answers
+/// 0 (fixed in 3.1.1: "ovs-thread: Fix cpus not read for the first 10s"). With the
+/// kernel's per-CPU upcall dispatch, `ovs-vswitchd` sizes its handler threads by that count
+/// and starts with none; the datapath then loses every upcall (`dpctl/show`: "lookups:
+/// hit:0 missed:175 lost:175"), no flow is ever installed and the node's bridges pass
+/// nothing, which does not heal when the count turns 2 later. A guest of `cargo xtask vm`
+/// boots in about 6 s and starts the first lab's first node, w1, around then.
+const OVS_COUNTS_CPUS_AFTER: Duration = Duration::from_millis(10_500);
+
+/// Sleep until the kernel has been up [`OVS_COUNTS_CPUS_AFTER`] (at once on a machine up
+/// longer, as any but a fresh guest is).
+fn wait_for_ovs_to_count_cpus() {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, which lives on this stack.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return;
+    }
+    let up = Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    );
+    if let Some(left) = OVS_COUNTS_CPUS_AFTER.checked_sub(up) {
+        thread::sleep(left);
     }
 }
 
