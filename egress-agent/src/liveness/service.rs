@@ -24,7 +24,7 @@ use super::{
     hello::{self, Claim, Hello, HelloRef},
     keys::{self, Keyring},
     remaps::Exchange,
-    tracker::{Membership, Outbox, PeerStatus, PeerView, Refused, Settings, Tracker, Transition},
+    tracker::{Membership, Outbox, PeerStatus, PeerView, Settings, Tracker, Transition},
 };
 
 /// The reconcile loop's side of the service.
@@ -336,8 +336,7 @@ fn take(
     peers: &Peers,
     ring: &Mutex<Keyring>,
 ) -> Result<(), (&'static str, String)> {
-    let refused = |e: &dyn RefusedFor| (e.reason(), e.to_string());
-    let r = HelloRef::parse(b, &lock(ring)).map_err(|e| refused(&e))?;
+    let r = HelloRef::parse(b, &lock(ring)).map_err(|e| (e.reason(), e.to_string()))?;
     if r.key.is_some() && !hello::fresh(r.fixed.sent_unix_ms, unix_ms()) {
         return Err((
             "stale",
@@ -350,10 +349,12 @@ fn take(
         ));
     }
     // Decoded before the hello is taken: one whose remaps do not decode is refused whole.
-    let remaps = r.remaps().map_err(|e| refused(&e))?;
+    let remaps = r.remaps().map_err(|e| (e.reason(), e.to_string()))?;
     let now = Instant::now();
     let mut t = lock(&peers.tracker);
-    if t.on_received(&r, from, now).map_err(|e| refused(&e))? {
+    if t.on_received(&r, from, now)
+        .map_err(|e| (e.reason(), e.to_string()))?
+    {
         publish(&mut t, now, &peers.view_tx, &peers.tx);
     }
     drop(t);
@@ -363,23 +364,6 @@ fn take(
         peers.remaps.heard(remaps, now);
     }
     Ok(())
-}
-
-/// A refusal's counter label and message.
-trait RefusedFor: std::fmt::Display {
-    fn reason(&self) -> &'static str;
-}
-
-impl RefusedFor for hello::Error {
-    fn reason(&self) -> &'static str {
-        hello::Error::reason(self)
-    }
-}
-
-impl RefusedFor for Refused {
-    fn reason(&self) -> &'static str {
-        Refused::reason(self)
-    }
 }
 
 /// Send this node's hellos to every target, every interval and at once when kicked,

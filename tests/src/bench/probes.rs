@@ -80,7 +80,7 @@ fn claims(gw: usize, held: usize) -> BTreeMap<IpAddr, Claim> {
 /// Which code takes and sends the hellos of the node measured.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
-    /// As the agent does since d8df172's successor: written into one buffer kept from
+    /// As the agent does since e870be5: written into one buffer kept from
     /// interval to interval (`Tracker::write_hellos`), read in place, the lists of a
     /// hello that repeats its sender's last ones neither decoded nor allocated
     /// (`HelloRef::parse`, `Tracker::on_received`).
