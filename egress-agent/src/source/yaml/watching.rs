@@ -58,6 +58,8 @@ pub(super) struct Pending {
     /// the writer has closed the file since its last write. Read only once closed and
     /// [`SETTLE`] old: a file written in several parts is read whole.
     in_place: std::sync::Mutex<BTreeMap<String, bool>>,
+    /// inotify events read, of any kind.
+    events: std::sync::atomic::AtomicU64,
 }
 
 /// How long a state file written in place must stay unmodified (after its writer closed
@@ -68,53 +70,98 @@ pub const SETTLE: Duration = Duration::from_millis(100);
 /// they are, and again once written.
 pub const MAX_SETTLE: Duration = Duration::from_secs(2);
 
-/// An inotify watch (through `notify`) on the directory itself, not recursive.
+/// An inotify watch on the directory itself, not recursive, read by a task that ends
+/// with it.
+///
+/// Only changes are asked for: created, written, closed after writing, renamed, removed,
+/// attributes, and the directory itself removed or moved. Never opens or reads: every
+/// agent that reads the directory (a listing, a file parsed) would wake every other agent
+/// watching it, and agents sharing one directory (the lab's 100 nodes) woke one another
+/// 800-1,300 times a second on start (measured on the `notify` crate, which always asks
+/// for opens).
 pub(super) struct DirWatch {
-    _watcher: notify::RecommendedWatcher,
+    reader: tokio::task::JoinHandle<()>,
     /// (device, inode) of the directory watched: a directory replaced under the watch
     /// (removed and created again) has a new one.
     identity: (u64, u64),
 }
 
-/// Track state files written in place: a write opens (or keeps open) one, a close after
-/// writing ends it, a rename into the directory or a removal forgets it.
-pub(super) fn note_write(pending: &Pending, event: &notify::Event) {
-    use notify::{
-        EventKind,
-        event::{AccessKind, AccessMode, ModifyKind, RenameMode},
-    };
-    let names = event
-        .paths
-        .iter()
-        .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
-        .filter(|n| is_state_file(n));
-    let mut in_place = pending
-        .in_place
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut written = pending
-        .written
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for name in names {
-        written.insert(name.to_owned());
-        match event.kind {
-            EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
-            | EventKind::Remove(_) => {
+impl Drop for DirWatch {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// What one inotify event says of a state file, or of the directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Change {
+    /// Created or written (in place: read once closed and settled).
+    Written,
+    /// Closed after writing.
+    Closed,
+    /// Renamed into the directory, or removed: whole, nothing to wait for.
+    Arrived,
+    /// Renamed away, or its attributes changed.
+    Touched,
+    /// Events were lost (the queue overflowed): read everything.
+    Lost,
+}
+
+impl Change {
+    /// What `mask` says, if anything this watcher asked for.
+    fn of(mask: inotify::EventMask) -> Option<Self> {
+        use inotify::EventMask as M;
+        if mask.contains(M::Q_OVERFLOW) {
+            Some(Self::Lost)
+        } else if mask.intersects(M::MOVED_TO | M::DELETE) {
+            Some(Self::Arrived)
+        } else if mask.contains(M::CLOSE_WRITE) {
+            Some(Self::Closed)
+        } else if mask.intersects(M::CREATE | M::MODIFY) {
+            Some(Self::Written)
+        } else if mask.intersects(M::MOVED_FROM | M::ATTRIB | M::DELETE_SELF | M::MOVE_SELF) {
+            Some(Self::Touched)
+        } else {
+            None
+        }
+    }
+}
+
+/// Take one change of the file `name` (`None`: the directory itself): track state files
+/// written in place (a write opens or keeps open one, a close after writing ends it, a
+/// rename into the directory or a removal forgets it), and wake the watcher.
+pub(super) fn note_change(pending: &Pending, change: Change, name: Option<&str>) {
+    if change == Change::Lost {
+        pending.rescan.store(true, Ordering::Relaxed);
+        pending.state_file.store(true, Ordering::Relaxed);
+    }
+    if let Some(name) = name.filter(|n| is_state_file(n)) {
+        pending.state_file.store(true, Ordering::Relaxed);
+        let mut in_place = pending
+            .in_place
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.to_owned());
+        match change {
+            Change::Arrived => {
                 in_place.remove(name);
             }
-            EventKind::Modify(ModifyKind::Name(_)) => {}
-            EventKind::Create(_) | EventKind::Modify(_) => {
+            Change::Written => {
                 in_place.insert(name.to_owned(), false);
             }
-            EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+            Change::Closed => {
                 if let Some(closed) = in_place.get_mut(name) {
                     *closed = true;
                 }
             }
-            _ => {}
+            Change::Touched | Change::Lost => {}
         }
     }
+    pending.wake.notify_one();
 }
 
 /// Wait (at most [`MAX_SETTLE`]) until every state file written in place is closed and
@@ -159,54 +206,46 @@ pub(super) fn dir_identity(dir: &Path) -> Option<(u64, u64)> {
 impl DirWatch {
     /// Watch `dir`, waking `pending` on every change. Fails when the directory cannot be
     /// watched (no inotify on this filesystem, the per-user inotify limits reached, the
-    /// directory missing): then polling alone notices changes.
+    /// directory missing): then polling alone notices changes. Must be called inside a
+    /// Tokio runtime.
     fn new(dir: &Path, pending: &Arc<Pending>) -> Result<Self, String> {
-        use notify::{
-            EventKind, Watcher as _,
-            event::{AccessKind, AccessMode},
-        };
+        use futures::StreamExt as _;
+        use inotify::{Inotify, WatchMask as W};
         let identity = dir_identity(dir).ok_or("not a directory")?;
+        let inotify = Inotify::init().map_err(|e| format!("inotify: {e}"))?;
+        let mask = W::CREATE
+            | W::MODIFY
+            | W::CLOSE_WRITE
+            | W::MOVED_FROM
+            | W::MOVED_TO
+            | W::DELETE
+            | W::ATTRIB
+            | W::DELETE_SELF
+            | W::MOVE_SELF
+            | W::ONLYDIR;
+        inotify
+            .watches()
+            .add(dir, mask)
+            .map_err(|e| format!("watching {}: {e}", dir.display()))?;
+        let mut events = inotify
+            .into_event_stream(vec![0u8; 64 * 1024])
+            .map_err(|e| format!("inotify: {e}"))?;
         let sink = Arc::clone(pending);
-        let handler = move |event: notify::Result<notify::Event>| {
-            let state_file = match &event {
-                // Opening, reading and closing unwritten change nothing.
-                Ok(e)
-                    if e.kind.is_access()
-                        && e.kind != EventKind::Access(AccessKind::Close(AccessMode::Write)) =>
-                {
-                    return;
+        let reader = tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                sink.events.fetch_add(1, Ordering::Relaxed);
+                match event {
+                    Ok(e) => {
+                        if let Some(change) = Change::of(e.mask) {
+                            note_change(&sink, change, e.name.as_deref().and_then(|n| n.to_str()));
+                        }
+                    }
+                    // Unreadable: events may be lost; read everything.
+                    Err(_) => note_change(&sink, Change::Lost, None),
                 }
-                Ok(e) if e.need_rescan() => {
-                    sink.rescan.store(true, Ordering::Relaxed);
-                    true
-                }
-                Ok(e) => e.paths.iter().any(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(is_state_file)
-                }),
-                // Events were lost (queue overflow): read.
-                Err(_) => {
-                    sink.rescan.store(true, Ordering::Relaxed);
-                    true
-                }
-            };
-            if state_file {
-                sink.state_file.store(true, Ordering::Relaxed);
             }
-            if let Ok(e) = &event {
-                note_write(&sink, e);
-            }
-            sink.wake.notify_one();
-        };
-        let mut watcher = notify::recommended_watcher(handler).map_err(|e| e.to_string())?;
-        watcher
-            .watch(dir, notify::RecursiveMode::NonRecursive)
-            .map_err(|e| e.to_string())?;
-        Ok(Self {
-            _watcher: watcher,
-            identity,
-        })
+        });
+        Ok(Self { reader, identity })
     }
 
     /// Is the watch still on `dir` as it is now?
@@ -493,6 +532,39 @@ mod tests {
     }
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    /// Other agents listing and reading a shared directory do not wake this one (a
+    /// watch asking for opens woke every agent for every other agent's read); a write
+    /// does, naming the file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reading_the_directory_wakes_no_watcher_and_a_write_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ns.yaml");
+        std::fs::write(&file, namespace_doc("a")).expect("write");
+        let pending = Arc::new(Pending::default());
+        let _watch = DirWatch::new(dir.path(), &pending).expect("watch");
+        let woken = || tokio::time::timeout(Duration::from_millis(300), pending.wake.notified());
+
+        for _ in 0..20 {
+            let listed = std::fs::read_dir(dir.path()).expect("list").count();
+            assert_eq!(listed, 1);
+            std::fs::read_to_string(&file).expect("read");
+            std::fs::metadata(&file).expect("stat");
+        }
+        assert!(woken().await.is_err(), "woken by reads");
+        assert_eq!(
+            pending.events.load(Ordering::Relaxed),
+            0,
+            "events for reads"
+        );
+        assert!(!pending.state_file.load(Ordering::Relaxed));
+
+        std::fs::write(&file, namespace_doc("b")).expect("write");
+        woken().await.expect("not woken by a write");
+        assert!(pending.state_file.load(Ordering::Relaxed));
+        let written = pending.written.lock().expect("lock").clone();
+        assert_eq!(written.into_iter().collect::<Vec<_>>(), ["ns.yaml"]);
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inotify_notices_an_editors_write_and_rename() {
