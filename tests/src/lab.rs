@@ -74,13 +74,14 @@ mod build;
 mod check;
 mod faults;
 mod names;
+mod ovn;
 mod plan;
 mod probe;
 mod state;
 mod teardown;
 mod yaml;
 
-use self::yaml::to_yaml_doc;
+use self::{ovn::ovn_mac, yaml::to_yaml_doc};
 pub use self::{plan::*, probe::*, state::*};
 
 /// A running lab. Dropping it tears everything down (also while panicking); [`Lab::leak`]

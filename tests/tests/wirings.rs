@@ -11,7 +11,7 @@ use std::{net::IpAddr, path::Path, process::Command};
 use egress_tests::{
     cluster::{self, seen, up_with_agents, wait_until},
     failover::{self, CaseReport, Kind, TcpVerdict, Timing},
-    lab::{Cni, Family, GatewayRoute, Lab, LabSpec, Proto, addr, addr6},
+    lab::{Cni, Family, GatewayRoute, Lab, LabSpec, OvnGateway, Proto, addr, addr6},
 };
 
 fn spec(cni: Cni, family: Family) -> LabSpec {
@@ -70,7 +70,8 @@ fn assert_table(lab: &Lab, w1_p1_at_c: std::net::Ipv4Addr) {
                 "w1-p2",
                 Proto::Tcp,
                 IpAddr::V4(addr::HOST_C),
-                v4(addr::W1_P2),
+                // Its own address, or under OVN its node's (OVN-Kubernetes' SNAT).
+                lab.untouched_source("w1-p2").ok(),
             ),
             ("w1-p2", Proto::Tcp, IpAddr::V4(addr::HOST_A), None),
         ]);
@@ -483,4 +484,79 @@ fn the_ovsdb_client_reads_the_ports_ovs_vsctl_named() {
         ))
         .unwrap_err();
     assert!(err.contains("nobody.sock (--ovsdb)"), "{err}");
+}
+
+/// The OVN tests need, besides [`need_ovs`]'s, OVN's schemas and the geneve module
+/// (`cargo xtask vm` loads it).
+fn need_ovn() {
+    need_ovs();
+    let missing: Vec<&str> = [
+        "/usr/share/ovn/ovn-nb.ovsschema",
+        "/usr/bin/ovn-controller",
+        "/sys/module/geneve",
+    ]
+    .into_iter()
+    .filter(|p| !Path::new(p).exists())
+    .collect();
+    assert!(
+        missing.is_empty(),
+        "no {missing:?} here: the OVN tests need them (`cargo xtask bootstrap` installs \
+         ovn-central and ovn-host; `cargo xtask vm` loads geneve)"
+    );
+}
+
+/// Real OVN as OVN-Kubernetes builds it ([`Cni::Ovn`]), in `mode`: before any agent, a
+/// pod reaches a pod of another node over OVN's Geneve with its own address, and host C
+/// with its node's (the cluster subnet's SNAT); with the agents, the table.
+fn on_ovn(mode: OvnGateway) {
+    need_ovn();
+    let cni = Cni::Ovn(mode);
+    let mut lab = Lab::up(spec(cni, Family::V4)).unwrap_or_else(|e| panic!("{cni} lab: {e:#}"));
+    let w2_p1 = lab.pod("w2-p1").unwrap().ip;
+    let log = lab.dir().join("w2-p1-echo.log");
+    let port = addr::ECHO_PORT.to_string();
+    let _server = lab
+        .ns("w2-p1")
+        .unwrap()
+        .spawn(
+            &lab.spec().echo_bin,
+            &["serve", "--tcp", &port, "--udp", &port],
+            &log,
+        )
+        .unwrap();
+    let host_c = IpAddr::V4(addr::HOST_C);
+    let reached = wait_until(std::time::Duration::from_secs(10), || {
+        seen(&lab, "w1-p1", Proto::Tcp, w2_p1) == Some(IpAddr::V4(addr::W1_P1))
+            && seen(&lab, "w1-p1", Proto::Udp, w2_p1) == Some(IpAddr::V4(addr::W1_P1))
+            && seen(&lab, "w1-p1", Proto::Tcp, host_c) == Some(IpAddr::V4(addr::W1))
+    });
+    if reached.is_err() {
+        panic!(
+            "{cni} lab before any agent: w1-p1 saw by w2-p1 {:?} (tcp), {:?} (udp), by host-c \
+             {:?}{}",
+            seen(&lab, "w1-p1", Proto::Tcp, w2_p1),
+            seen(&lab, "w1-p1", Proto::Udp, w2_p1),
+            seen(&lab, "w1-p1", Proto::Tcp, host_c),
+            lab.wiring_report("w1")
+        );
+    }
+    cluster::start_agents_and_wait(&mut lab, &[]).unwrap();
+    assert_table(&lab, addr::W1);
+    // Pod to pod stays OVN's, across nodes, with the agents running.
+    assert_eq!(
+        seen(&lab, "w1-p1", Proto::Tcp, w2_p1),
+        Some(IpAddr::V4(addr::W1_P1))
+    );
+}
+
+#[test]
+#[ignore = "needs Open vSwitch, OVN and geneve: run it in the Linux 6.1 guest (cargo xtask vm)"]
+fn on_ovn_shared_gateway_pods_cross_nodes_over_geneve_and_each_network_gets_its_egress_ip() {
+    on_ovn(OvnGateway::Shared);
+}
+
+#[test]
+#[ignore = "needs Open vSwitch, OVN and geneve: run it in the Linux 6.1 guest (cargo xtask vm)"]
+fn on_ovn_local_gateway_pods_cross_nodes_over_geneve_and_each_network_gets_its_egress_ip() {
+    on_ovn(OvnGateway::Local);
 }

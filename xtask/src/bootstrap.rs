@@ -33,6 +33,15 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "ovsdb-server for the OVSDB client's test, and Open vSwitch for the lab's --cni ovs \
          wiring in the guest (whose root is this machine's); nothing starts it here",
     ),
+    (
+        "ovn-central",
+        "ovn-northd and the NB and SB database schemas, for the lab's --cni ovn wiring in \
+         the guest (whose root is this machine's); nothing starts it here",
+    ),
+    (
+        "ovn-host",
+        "ovn-controller, for the lab's --cni ovn wiring in the guest; nothing starts it here",
+    ),
     ("umoci", "builds the agent's OCI image (cargo xtask image)"),
     ("podman", "runs the image in a test"),
     (
@@ -132,7 +141,81 @@ pub fn apt_install(who: &str, wanted: &[(&str, &str)]) -> Result<()> {
     sh("apt-get", &["update", "-qq"], &[])?;
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
     args.extend(&missing);
-    sh("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])
+    let services: Vec<&str> = SERVICES_LEFT_OFF
+        .iter()
+        .filter(|(p, _)| missing.contains(p))
+        .flat_map(|(_, units)| units.iter().copied())
+        .collect();
+    if services.is_empty() {
+        return sh("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")]);
+    }
+    // Their maintainer scripts start and enable their units under systemd
+    // (deb-systemd-invoke, which asks policy-rc.d first): the lab runs these daemons by
+    // hand in its own namespaces, never on this machine.
+    let guard = NoServiceStarts::install()?;
+    let installed = sh("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")]);
+    drop(guard);
+    installed?;
+    if Path::new("/run/systemd/system").is_dir() {
+        eprintln!(
+            "{who}: disabling {} (the lab starts them itself)",
+            services.join(" ")
+        );
+        let mut a = vec!["disable", "--now"];
+        a.extend(&services);
+        sh("systemctl", &a, &[])?;
+    }
+    Ok(())
+}
+
+/// Packages whose maintainer scripts start and enable systemd units, with those units:
+/// installed by [`apt_install`] without starting them, and disabled where systemd runs.
+/// Open vSwitch is not among them: a machine may run its own for other things, and
+/// bootstrap has always left it as Debian installs it.
+const SERVICES_LEFT_OFF: &[(&str, &[&str])] = &[
+    (
+        "ovn-central",
+        &[
+            "ovn-central.service",
+            "ovn-northd.service",
+            "ovn-ovsdb-server-nb.service",
+            "ovn-ovsdb-server-sb.service",
+        ],
+    ),
+    ("ovn-host", &["ovn-host.service", "ovn-controller.service"]),
+];
+
+/// `/usr/sbin/policy-rc.d` answering 101 ("action forbidden") while it lives, so that
+/// packages installed meanwhile start no service; one already there (a container image's)
+/// is left as it is.
+struct NoServiceStarts(Option<&'static Path>);
+
+impl NoServiceStarts {
+    const PATH: &'static str = "/usr/sbin/policy-rc.d";
+
+    fn install() -> Result<Self> {
+        let path = Path::new(Self::PATH);
+        if path.exists() {
+            return Ok(Self(None));
+        }
+        std::fs::write(
+            path,
+            "#!/bin/sh\n# cargo xtask bootstrap: no service starts\nexit 101\n",
+        )
+        .with_context(|| format!("failed to write {}", path.display()))?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("failed to make {} executable", path.display()))?;
+        Ok(Self(Some(path)))
+    }
+}
+
+impl Drop for NoServiceStarts {
+    fn drop(&mut self) {
+        if let Some(path) = self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 fn on_path(cmd: &str) -> bool {

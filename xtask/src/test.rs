@@ -48,11 +48,14 @@ pub struct LabArgs {
     rounds: Option<u32>,
     /// How pods and the nodes' underlay are wired: `routed` (like Calico: a host route
     /// per pod), `bridge` (pods on a Linux bridge, no per-pod routes, the node's address
-    /// on a bridge over its NIC), or `ovs` (as OVN-Kubernetes wires a node: Open vSwitch's
-    /// br-int and br-ex, a management port, VLAN secondary networks), which runs the lab
+    /// on a bridge over its NIC), `ovs` (as OVN-Kubernetes wires a node: Open vSwitch's
+    /// br-int and br-ex, a management port, VLAN secondary networks), `ovn` (real OVN
+    /// 23.03 under OVN-Kubernetes' topology, shared gateway: a controller per node, Geneve,
+    /// GR_<node> and br-ex) or `ovn-local` (the same in local gateway mode, pods leaving
+    /// through the management port and the node's routing); the last three run the lab
     /// inside a Debian 12 (Linux 6.1) guest: this kernel has no Open vSwitch.
     #[arg(long, value_name = "WIRING", default_value = "routed",
-          value_parser = ["routed", "bridge", "ovs"])]
+          value_parser = ["routed", "bridge", "ovs", "ovn", "ovn-local"])]
     cni: String,
     /// A lab of N nodes (IPv4, routed), two pods on each worker, networks A and B on
     /// every gateway; prints a summary instead of the table: sources per destination,
@@ -452,10 +455,11 @@ pub fn lab(args: LabArgs) -> Result<()> {
     .collect();
     a.extend(scale.iter().map(String::as_str));
     build_bins()?;
-    if args.cni == "ovs" {
+    if ["ovs", "ovn", "ovn-local"].contains(&args.cni.as_str()) {
         anyhow::ensure!(
             !args.keep && args.down.is_none(),
-            "--cni ovs runs the lab inside a guest that powers off after it: no --keep, --down"
+            "--cni {} runs the lab inside a guest that powers off after it: no --keep, --down",
+            args.cni
         );
         let lab = std::env::current_dir()?.join("target/release/egress-lab");
         let mut cmd = vec![lab.to_string_lossy().into_owned()];

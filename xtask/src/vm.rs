@@ -43,6 +43,15 @@ const APT_PACKAGES: &[(&str, &str)] = &[
         "ovsdb-server, ovs-vswitchd and ovs-vsctl for the lab's `--cni ovs` wiring in the \
          guest (the guest's root is the host's; nothing starts them on the host)",
     ),
+    (
+        "ovn-central",
+        "ovn-northd and the NB and SB schemas for the lab's `--cni ovn` wiring in the guest \
+         (bootstrap installs it without starting a service)",
+    ),
+    (
+        "ovn-host",
+        "ovn-controller for the lab's `--cni ovn` wiring in the guest",
+    ),
 ];
 
 /// Modules the initramfs loads to reach the root (with their dependencies from
@@ -62,6 +71,8 @@ const BOOT_MODULES: &[&str] = &[
     "cls_bpf",
     "8021q",
     "openvswitch",
+    // OVN's tunnels between the nodes (`--cni ovn`): ovs-vswitchd creates genev_sys_6081.
+    "geneve",
 ];
 
 /// The command's exit status when a boot module did not load: the command did not run.

@@ -76,7 +76,7 @@ impl Lab {
                 self.liveness_key_file()?.to_string_lossy().into_owned(),
             ]);
         }
-        if self.spec.cni == Cni::Ovs {
+        if self.spec.cni.runs_ovs() {
             // w1 and gw1 find pods by OVN-Kubernetes' naming of their ports; w2 and gw2 as
             // the DaemonSet does by default (auto: the veth's peer first).
             let mode = if matches!(node, "w1" | "gw1") {

@@ -60,6 +60,9 @@ impl Lab {
         self.build_namespaces()?;
         self.build_bridges()?;
         self.build_underlay()?;
+        if let Some(mode) = self.spec.cni.ovn() {
+            self.build_ovn(mode)?;
+        }
         self.build_router_b()?;
         self.build_routed_networks()?;
         self.build_secondaries()?;
@@ -152,7 +155,7 @@ impl Lab {
                 }
             }
             self.ns(node.name)?.ip_batch(&cmds)?;
-            if cni == Cni::Ovs {
+            if cni.runs_ovs() {
                 self.start_ovs(node)?;
             }
             self.ns(node.name)?
@@ -234,7 +237,7 @@ impl Lab {
         let v6 = self.spec.family.has_v6();
         let cni = self.spec.cni;
         let ul = self.ns_name("ul");
-        if cni == Cni::Ovs {
+        if cni.runs_ovs() {
             for id in ['a', 'b'] {
                 let vid = secondary_vlan(id);
                 self.ns(&format!("net-{id}"))?.ip_batch(&[
@@ -254,7 +257,7 @@ impl Lab {
             for id in ['a', 'b'] {
                 let (ip, ip6) = gw_node.secondary_addrs(id)?;
                 let bridge_ns = self.ns_name(&format!("net-{id}"));
-                cmds.push(if cni == Cni::Ovs {
+                cmds.push(if cni.runs_ovs() {
                     let vid = secondary_vlan(id);
                     format!("link add link eth0 name sec-{id} type vlan id {vid}")
                 } else {
@@ -269,7 +272,7 @@ impl Lab {
                 }
             }
             self.ns(gw)?.ip_batch(&cmds)?;
-            if cni != Cni::Ovs {
+            if !cni.runs_ovs() {
                 for id in ['a', 'b'] {
                     self.ns(&format!("net-{id}"))?
                         .ip_batch(&[format!("link set {gw} master br0 up")])?;
@@ -441,7 +444,7 @@ impl Lab {
     fn wire(&self, pod: &Pod) -> Result<()> {
         match self.spec.cni {
             Cni::Routed => self.wire_routed(pod),
-            Cni::Bridge | Cni::Ovs => self.wire_switched(pod),
+            Cni::Bridge | Cni::Ovs | Cni::Ovn(_) => self.wire_switched(pod),
         }
     }
 
@@ -510,6 +513,10 @@ impl Lab {
             "link add eth0 type veth peer name {} netns {node_ns}",
             pod.veth
         )];
+        if self.spec.cni.ovn().is_some() {
+            // OVN-Kubernetes' MAC of a pod: 0a:58 and its IPv4 address.
+            cmds.push(format!("link set eth0 address {}", ovn_mac(pod.ip)));
+        }
         if v4 {
             cmds.push(format!("addr add {}/24 dev eth0", pod.ip));
         }
@@ -524,7 +531,7 @@ impl Lab {
             cmds.push(format!("route add ::/0 via {}", node.pod_gateway_v6()));
         }
         self.ns(&pod.name)?.ip_batch(&cmds)?;
-        if self.spec.cni == Cni::Ovs {
+        if self.spec.cni.runs_ovs() {
             let ips: Vec<String> = pod
                 .addresses(self.spec.family)
                 .iter()
@@ -549,6 +556,9 @@ impl Lab {
             )?;
             self.ns(&pod.node)?
                 .ip_batch(&[format!("link set {} up", pod.veth)])?;
+            if self.spec.cni.ovn().is_some() {
+                self.add_ovn_pod(pod)?;
+            }
         } else {
             self.ns(&pod.node)?
                 .ip_batch(&[format!("link set {} master cni0 up", pod.veth)])?;
@@ -682,11 +692,21 @@ impl Lab {
             "{}: br-ex has MAC {br_ex_mac}, not the NIC's {eth0_mac}",
             node.name
         );
-        let mut cmds = vec![
-            format!("addr add {}/24 dev ovn-k8s-mp0", node.pod_gateway()),
+        // Under OVN the subnet's gateway (.1) is ovn_cluster_router's; the management
+        // port takes .2 and OVN-Kubernetes' MAC for it, which its logical port lists.
+        let mp0 = match self.spec.cni.ovn() {
+            Some(_) => node.ovn_management_ip(),
+            None => node.pod_gateway(),
+        };
+        let mut cmds = vec![];
+        if self.spec.cni.ovn().is_some() {
+            cmds.push(format!("link set ovn-k8s-mp0 address {}", ovn_mac(mp0)));
+        }
+        cmds.extend([
+            format!("addr add {mp0}/24 dev ovn-k8s-mp0"),
             "link set br-int up".to_owned(),
             "link set ovn-k8s-mp0 up".to_owned(),
-        ];
+        ]);
         if self.spec.family.has_v6() {
             cmds.push(format!(
                 "addr add {}/64 dev ovn-k8s-mp0 nodad",
@@ -844,6 +864,9 @@ fn make_neighbour_room(nodes: usize, pods: usize) -> Result<()> {
 }
 
 fn validate(spec: &LabSpec) -> Result<()> {
+    if spec.cni.ovn().is_some() && spec.family != Family::V4 {
+        bail!("invalid lab spec: the OVN wiring is built for IPv4 pods only (so far)");
+    }
     if spec.underlay == Underlay::V6 && !spec.family.has_v6() {
         bail!("invalid lab spec: an IPv6 underlay needs IPv6 in the lab (family V6 or Dual)");
     }

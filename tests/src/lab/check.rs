@@ -63,8 +63,8 @@ impl Lab {
         }
     }
 
-    /// `node`'s addresses, routes and neighbours, and under [`Cni::Ovs`] its Open
-    /// vSwitch as its own tools show it, each under a heading; a command that fails shows
+    /// `node`'s addresses, routes and neighbours, and under [`Cni::Ovs`] and [`Cni::Ovn`]
+    /// its Open vSwitch as its own tools show it (and OVN's databases and logs), each under a heading; a command that fails shows
     /// its error in its place.
     pub fn wiring_report(&self, node: &str) -> String {
         let mut out = String::new();
@@ -84,7 +84,7 @@ impl Lab {
                 self.exec(node, "ip", args),
             );
         }
-        if self.spec.cni != Cni::Ovs {
+        if !self.spec.cni.runs_ovs() {
             return out;
         }
         // The bridges and ports, br-ex's OpenFlow table and what it learnt, then the kernel
@@ -102,6 +102,9 @@ impl Lab {
                 format!("{program} {}", args.join(" ")),
                 self.ovs_command(node, program, args),
             );
+        }
+        if self.spec.cni.ovn().is_some() {
+            self.ovn_report(node, &mut show);
         }
         let log = self.ovs_dir(node).join("ovs-vswitchd.log");
         out.push_str(&format!(

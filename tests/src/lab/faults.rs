@@ -57,7 +57,7 @@ impl Lab {
         }
         self.ns(gw)?.ip_batch(&cmds)?;
         // Under Cni::Ovs the link is a VLAN off the NIC: no port of its own.
-        let port = (self.spec.cni != Cni::Ovs).then_some(gw);
+        let port = (!self.spec.cni.runs_ovs()).then_some(gw);
         let bridge = format!("net-{id}");
         match (port, up) {
             (Some(port), false) => self.wait_port(&bridge, port, false),

@@ -81,6 +81,18 @@ impl Lab {
         &self.pods
     }
 
+    /// The source a host outside the cluster sees for `pod`'s IPv4 traffic that no rule of
+    /// ours takes: the pod's address, or under [`Cni::Ovn`] its node's, to which OVN-
+    /// Kubernetes SNATs the cluster subnet (`GR_<node>` in shared gateway mode, the node's
+    /// masquerade in local gateway mode).
+    pub fn untouched_source(&self, pod: &str) -> Result<IpAddr> {
+        let pod = self.pod(pod)?;
+        Ok(match self.spec.cni {
+            Cni::Ovn(_) => IpAddr::V4(self.node(&pod.node)?.ip),
+            _ => IpAddr::V4(pod.ip),
+        })
+    }
+
     pub fn pod(&self, name: &str) -> Result<&Pod> {
         self.pods
             .iter()

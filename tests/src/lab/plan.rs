@@ -34,7 +34,7 @@ pub const PAYMENTS: &str = "payments";
 pub const GATEWAY_LABEL: &str = "egress.dev/gateway";
 /// Node annotation (`"true"`) of a drained node: no longer eligible to hold egress IPs.
 pub const DRAIN_ANNOTATION: &str = "egress.dev/drain";
-/// Where OVN-Kubernetes keeps a Node's subnets ([`Cni::Ovs`]).
+/// Where OVN-Kubernetes keeps a Node's subnets ([`Cni::Ovs`], [`Cni::Ovn`]).
 pub const OVN_NODE_SUBNETS: &str = "k8s.ovn.org/node-subnets";
 /// nftables table (bridge family, in the underlay namespace) of [`Lab::partition_underlay`].
 pub(super) const PARTITION_TABLE: &str = "lab_partition";
@@ -74,7 +74,7 @@ impl Node {
         let mut cmds = match cni {
             Cni::Routed => vec![],
             Cni::Bridge => vec!["link set eth0 master br-ul".to_owned()],
-            Cni::Ovs => vec![],
+            Cni::Ovs | Cni::Ovn(_) => vec![],
         };
         cmds.push("link set eth0 up".to_owned());
         if cni != Cni::Routed {
@@ -84,7 +84,10 @@ impl Node {
             format!("addr replace {}/24 dev {dev}", self.ip),
             format!("route replace default via {}", addr::ROUTER),
         ]);
-        for other in nodes.iter().filter(|o| o.name != self.name) {
+        // Under OVN the other nodes' pods are reached through OVN (the management port's
+        // route to the cluster subnet, `super::ovn`), not through their nodes.
+        let pod_routes = cni.ovn().is_none();
+        for other in nodes.iter().filter(|o| pod_routes && o.name != self.name) {
             cmds.push(format!(
                 "route replace {} via {}",
                 other.pod_cidr(),
@@ -105,9 +108,16 @@ impl Node {
         cmds
     }
 
-    /// The pod subnet's gateway: `10.244.<octet>.1` ([`Cni::Bridge`], [`Cni::Ovs`]).
+    /// The pod subnet's gateway: `10.244.<octet>.1` ([`Cni::Bridge`], [`Cni::Ovs`]; under
+    /// [`Cni::Ovn`] `ovn_cluster_router`'s port on the node's switch).
     pub fn pod_gateway(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 244, self.ip.octets()[3], 1)
+    }
+
+    /// The management port's address under [`Cni::Ovn`]: `10.244.<octet>.2`, as
+    /// OVN-Kubernetes gives `ovn-k8s-mp0` the subnet's second address.
+    pub fn ovn_management_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 244, self.ip.octets()[3], 2)
     }
 
     /// The IPv6 pod subnet's gateway: `fd00:244:<octet>::1`.
@@ -499,6 +509,27 @@ pub enum Cni {
     /// `sec-b` VLAN 102). One `ovsdb-server` and `ovs-vswitchd` per node namespace. The
     /// agents of w1 and gw1 run `--pod-devices ovs`, those of w2 and gw2 `auto`.
     Ovs,
+    /// Real OVN under OVN-Kubernetes' topology (inside the VM guest): [`Cni::Ovs`]'s
+    /// nodes, each with an `ovn-controller` against its own Open vSwitch, one NB and SB
+    /// database and `ovn-northd` for the lab, Geneve between the nodes, and the logical
+    /// network OVN-Kubernetes builds (`super::ovn`): a switch per node with the pods'
+    /// ports and the management port `k8s-<node>` (`ovn-k8s-mp0`, `10.244.<octet>.2`),
+    /// `ovn_cluster_router` (`10.244.<octet>.1`, the pods' gateway), the `join` switch,
+    /// `GR_<node>` with `ext_<node>` on `br-ex`. Pods leave the cluster as the gateway
+    /// mode says.
+    Ovn(OvnGateway),
+}
+
+/// OVN-Kubernetes' gateway mode ([`Cni::Ovn`]): how pods reach what is outside the
+/// cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OvnGateway {
+    /// `--gateway-mode shared`, the default: through the node's `GR_<node>`, which SNATs
+    /// the cluster subnet to the node's address, and `br-ex`.
+    Shared,
+    /// `--gateway-mode local` (OpenShift's `routingViaHost: true`): through the
+    /// management port into the node's own routing, masqueraded to the node's address.
+    Local,
 }
 
 impl Cni {
@@ -507,7 +538,21 @@ impl Cni {
         match self {
             Self::Routed => "eth0",
             Self::Bridge => "br-ul",
-            Self::Ovs => "br-ex",
+            Self::Ovs | Self::Ovn(_) => "br-ex",
+        }
+    }
+
+    /// Nodes run Open vSwitch (`br-int`, `br-ex`, `ovn-k8s-mp0`), secondary networks are
+    /// VLANs off the NIC: [`Cni::Ovs`] and [`Cni::Ovn`].
+    pub fn runs_ovs(self) -> bool {
+        matches!(self, Self::Ovs | Self::Ovn(_))
+    }
+
+    /// OVN's gateway mode, under [`Cni::Ovn`].
+    pub fn ovn(self) -> Option<OvnGateway> {
+        match self {
+            Self::Ovn(mode) => Some(mode),
+            _ => None,
         }
     }
 
@@ -515,7 +560,7 @@ impl Cni {
     pub(super) fn veth(self, pod: &str) -> String {
         match self {
             Self::Routed => format!("cali-{pod}"),
-            Self::Bridge | Self::Ovs => format!("veth-{pod}"),
+            Self::Bridge | Self::Ovs | Self::Ovn(_) => format!("veth-{pod}"),
         }
     }
 }
@@ -526,6 +571,8 @@ impl fmt::Display for Cni {
             Self::Routed => "routed",
             Self::Bridge => "bridge",
             Self::Ovs => "ovs",
+            Self::Ovn(OvnGateway::Shared) => "ovn",
+            Self::Ovn(OvnGateway::Local) => "ovn-local",
         })
     }
 }
@@ -538,12 +585,14 @@ impl FromStr for Cni {
             "routed" => Ok(Self::Routed),
             "bridge" => Ok(Self::Bridge),
             "ovs" => Ok(Self::Ovs),
-            other => bail!("--cni {other:?}: expected routed, bridge or ovs"),
+            "ovn" => Ok(Self::Ovn(OvnGateway::Shared)),
+            "ovn-local" => Ok(Self::Ovn(OvnGateway::Local)),
+            other => bail!("--cni {other:?}: expected routed, bridge, ovs, ovn or ovn-local"),
         }
     }
 }
 
-/// VLAN ids of the secondary networks A and B under [`Cni::Ovs`].
+/// VLAN ids of the secondary networks A and B under [`Cni::Ovs`] and [`Cni::Ovn`].
 pub fn secondary_vlan(id: char) -> u16 {
     100 + u16::from(id as u8 - b'a' + 1)
 }

@@ -190,7 +190,7 @@ impl Lab {
             // OVN-Kubernetes leaves spec.podCIDRs empty: the node's subnets are in an
             // annotation.
             let mut spec = json!({"podCIDR": node.pod_cidr(), "podCIDRs": pod_cidrs});
-            if self.spec.cni == Cni::Ovs {
+            if self.spec.cni.runs_ovs() {
                 let mut subnets = pod_cidrs.clone();
                 if self.spec.family.has_v6() {
                     subnets.push(node.pod_cidr_v6());
