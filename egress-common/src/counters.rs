@@ -39,6 +39,7 @@ reasons! {
     ICMP_ERROR_XLATED = 15, "ICMP error about a translated flow (fragmentation needed, unreachable, time exceeded) translated back to the pod, quoted packet included";
     CT_EXPIRED = 16, "conntrack entry of a flow idle past its timeout in both directions, removed by the agent's sweeper (packets: entries; bytes: 0)";
     TIME_EXCEEDED_SENT = 17, "packet of a selected pod whose TTL (hop limit) would reach zero at the gateway: answered with ICMP time exceeded from the egress IP to the pod (what traceroute shows as the gateway's hop); one the pod may not send through the rule is DROP_TTL_EXCEEDED";
+    TO_POD_DEVICE = 18, "reply of a pod's flow through a rule (or an ICMP error about one) delivered into the pod through the device the agent bound it to (POD_DEVICES_*, a veth whose peer is the pod's), not by the node's routing: around the CNI's switch and its stateful ACLs, which never saw the request; counted besides RETURN_DELIVERED or FORWARDED";
     DROP_NO_GATEWAY = 32, "rule has no usable gateway (failurePolicy Drop)";
     DROP_UNKNOWN_SENDER = 33, "tunneled packet from an address that is not a known node";
     DROP_SPOOFED_SOURCE = 34, "tunneled packet whose inner source is not a pod of the sender";

@@ -440,8 +440,20 @@ const _: () = assert!(core::mem::size_of::<KnownPodValue>() == 4);
 pub struct PodDeviceValue {
     /// The host-side device's ifindex (never 0).
     pub ifindex: u32,
+    /// Bit set of [`pod_device_flags`].
+    pub flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<PodDeviceValue>() == 4);
+const _: () = assert!(core::mem::size_of::<PodDeviceValue>() == 8);
+
+pub mod pod_device_flags {
+    /// The device is a veth whose peer is in another network namespace (the pod's):
+    /// replies of the pod's flows through our rules, and ICMP errors about them, go
+    /// straight into the pod (`bpf_redirect_peer`), not by the node's routing, which on
+    /// OVN-Kubernetes leads into OVN's management port and the pod's stateful ACLs, which
+    /// never saw the request leave. Without it (an Open vSwitch internal port, a device
+    /// of another kind) replies take the FIB lookup as before.
+    pub const REPLY_TO_PEER: u32 = 1 << 0;
+}
 
 /// Source side, `COVERED_V4` / `_V6` (LPM tries keyed by destination): what any rule of
 /// any policy covers. The longest match decides: [`coverage::COVERED`] for a rule's

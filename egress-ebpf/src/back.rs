@@ -1,7 +1,7 @@
 //! The last step of the return path: a packet already translated back to its pod (a
 //! reply, from `from_secondary`, or an ICMP error about its flow, from `icmp_error`) goes
 //! to the pod, through the tunnel to the pod's node with `RETURN_VNI`, or, for a pod on
-//! this node, straight to its device.
+//! this node, straight to its device (into the pod: `crate::pod_device`).
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{config::Config, counters::reason, policy::RETURN_VNI};
@@ -10,6 +10,7 @@ use crate::{
     counters::{SHOT, verdict},
     fib,
     parse::{Ipv4, L4},
+    pod_device,
     scratch::Scratch,
     tunnel,
     underlay::{self, Words},
@@ -28,6 +29,9 @@ pub fn send4(
     pod_node: Words,
 ) -> i32 {
     if pod_node == underlay::node_ip(cfg) {
+        if let Some(v) = pod_device::into4(ctx, &pod) {
+            return verdict(ctx, reason::FORWARDED, v);
+        }
         return match fib::redirect(
             ctx,
             ip,
@@ -66,6 +70,9 @@ pub fn send6(
     pod_node: Words,
 ) -> i32 {
     if pod_node == underlay::node_ip(cfg) {
+        if let Some(v) = pod_device::into6(ctx, pod) {
+            return verdict(ctx, reason::FORWARDED, v);
+        }
         return match fib::redirect6(
             ctx,
             &mut s.fib,

@@ -17,7 +17,7 @@ use crate::{
     fib, gateway,
     handoff::Origin,
     maps::{self, NODES, POD_OWNER_V4, POD_OWNER_V6},
-    parse, parse6, reset, scratch,
+    parse, parse6, pod_device, reset, scratch,
     tunnel::{self, Received},
 };
 
@@ -62,6 +62,9 @@ fn run4(ctx: &TcContext, pre: Option<&Received>) -> i32 {
         match unsafe { POD_OWNER_V4.get(ip.dst) } {
             Some(o) if o.node == cfg.node_ip => {}
             _ => return verdict(ctx, reason::DROP_NOT_LOCAL_POD, SHOT),
+        }
+        if let Some(v) = pod_device::from_gateway4(ctx, &ip.dst, &ip.src, &meta.sender) {
+            return verdict(ctx, reason::RETURN_DELIVERED, v);
         }
         return match fib::redirect(
             ctx,
@@ -148,6 +151,10 @@ fn run6(ctx: &TcContext, pre: Option<&Received>) -> i32 {
         match unsafe { POD_OWNER_V6.get(dst) } {
             Some(o) if o.node == cfg.node_ip => {}
             _ => return verdict(ctx, reason::DROP_NOT_LOCAL_POD, SHOT),
+        }
+        s.x6.origin.pod_node = meta.sender;
+        if let Some(v) = pod_device::from_gateway6(ctx, s) {
+            return verdict(ctx, reason::RETURN_DELIVERED, v);
         }
         return match fib::redirect6(
             ctx,

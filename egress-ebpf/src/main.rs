@@ -24,6 +24,7 @@ mod mem;
 mod netpol;
 mod parse;
 mod parse6;
+mod pod_device;
 mod policy;
 mod reset;
 mod rewrite;

@@ -430,9 +430,15 @@ impl Datapath {
         }
     }
 
-    /// A local pod address bound to its host-side device (`POD_DEVICES_V4`/`_V6`).
+    /// A local pod address bound to its host-side device (`POD_DEVICES_V4`/`_V6`), its
+    /// replies left to the FIB (not a veth whose peer is the pod's).
     pub fn pod_device(&mut self, pod: impl Into<IpAddr>, ifindex: u32) {
-        let v = PodDeviceValue { ifindex };
+        self.pod_device_with(pod, ifindex, 0);
+    }
+
+    /// [`Self::pod_device`] with `flags` (`pod_device_flags`).
+    pub fn pod_device_with(&mut self, pod: impl Into<IpAddr>, ifindex: u32, flags: u32) {
+        let v = PodDeviceValue { ifindex, flags };
         match pod.into() {
             IpAddr::V4(pod) => self.insert(maps::POD_DEVICES_V4, v4(pod), v),
             IpAddr::V6(pod) => self.insert(maps::POD_DEVICES_V6, pod.octets(), v),

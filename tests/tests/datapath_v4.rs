@@ -2105,9 +2105,14 @@ fn pod_bindings_are_written_read_back_and_kept_by_the_maps_step() {
     use std::{collections::BTreeMap, net::IpAddr};
 
     use egress_agent::datapath::Datapath;
+    use egress_common::policy::{PodDeviceValue, pod_device_flags::REPLY_TO_PEER};
     let (dir, _guard) = pin_dir("pod-devices");
     let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
-    let bound = BTreeMap::from([(ip("10.244.1.5"), 11), (ip("fd00:244:1::5"), 12)]);
+    let dev = |ifindex, flags| PodDeviceValue { ifindex, flags };
+    let bound = BTreeMap::from([
+        (ip("10.244.1.5"), dev(11, REPLY_TO_PEER)),
+        (ip("fd00:244:1::5"), dev(12, 0)),
+    ]);
     let mut dp = Datapath::open(&dir).unwrap();
     let st = dp.apply_pod_devices(&bound).unwrap();
     assert_eq!((st.inserted, st.removed), (2, 0));
@@ -2122,13 +2127,13 @@ fn pod_bindings_are_written_read_back_and_kept_by_the_maps_step() {
         .v4
         .pod_devices
         .iter()
-        .map(|(k, v)| (*k, v.ifindex))
+        .map(|(k, v)| (*k, (v.ifindex, v.flags)))
         .collect();
-    assert_eq!(v4, [([10, 244, 1, 5], 11)]);
+    assert_eq!(v4, [([10, 244, 1, 5], (11, REPLY_TO_PEER))]);
     // What the maps step of the restarted agent starts from.
     assert_eq!(held.pod_devices(), bound);
     // The pod moved to another device: one entry rewritten; the IPv6 pod gone: removed.
-    let moved = BTreeMap::from([(ip("10.244.1.5"), 13)]);
+    let moved = BTreeMap::from([(ip("10.244.1.5"), dev(13, REPLY_TO_PEER))]);
     let st = dp.apply_pod_devices(&moved).unwrap();
     assert_eq!((st.inserted, st.removed), (1, 1));
 }

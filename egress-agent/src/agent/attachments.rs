@@ -7,6 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use egress_common::policy::{PodDeviceValue, pod_device_flags};
 use ipnet::IpNet;
 
 use super::UnknownPods;
@@ -428,6 +429,32 @@ fn underlay_interface<'a>(
             && !desired.egress_interfaces.contains(&i.name)
             && i.addresses.iter().any(|(a, _)| *a == node)
     })
+}
+
+/// `bound` (pod -> its device's ifindex) as `POD_DEVICES_*` holds it: a device that
+/// `ifaces` lists as a veth whose peer is in another namespace takes the pod's replies
+/// into the pod ([`pod_device_flags::REPLY_TO_PEER`]); any other (an Open vSwitch
+/// internal port, a device gone since) leaves them to the node's routing.
+pub fn devices_of(
+    bound: &BTreeMap<IpAddr, u32>,
+    ifaces: &[iface::Interface],
+) -> BTreeMap<IpAddr, PodDeviceValue> {
+    let peers: BTreeSet<u32> = ifaces
+        .iter()
+        .filter(|i| i.pod_like)
+        .map(|i| i.ifindex)
+        .collect();
+    bound
+        .iter()
+        .map(|(pod, &ifindex)| {
+            let flags = if peers.contains(&ifindex) {
+                pod_device_flags::REPLY_TO_PEER
+            } else {
+                0
+            };
+            (*pod, PodDeviceValue { ifindex, flags })
+        })
+        .collect()
 }
 
 /// The devices that pods of this node send from, as the CNI routes them: every device a
@@ -883,6 +910,28 @@ mod tests {
         assert!(names(&a).contains(&"from_pod@vethb2".to_owned()));
         assert!(names(&a).contains(&"from_pod@vethb1".to_owned()));
         assert_eq!(problems.len(), 1, "{problems:?}");
+    }
+
+    /// Replies go into a pod only through a veth whose peer is elsewhere: an Open vSwitch
+    /// internal port, or a device no longer listed, leaves them to the node's routing.
+    #[test]
+    fn only_a_pod_like_device_takes_replies_into_its_pod() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let veth = iface::Interface {
+            pod_like: true,
+            ..iface("veth1", 11)
+        };
+        let bound = BTreeMap::from([
+            (ip("10.244.1.11"), 11),
+            (ip("10.244.1.12"), 12),
+            (ip("10.244.1.13"), 13),
+        ]);
+        let devices = devices_of(&bound, &[veth, iface("ovn-port", 12)]);
+        let flags: Vec<(u32, u32)> = devices.values().map(|d| (d.ifindex, d.flags)).collect();
+        assert_eq!(
+            flags,
+            [(11, pod_device_flags::REPLY_TO_PEER), (12, 0), (13, 0)]
+        );
     }
 
     #[test]

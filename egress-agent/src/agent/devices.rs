@@ -281,7 +281,7 @@ impl<'a> Devices<'a> {
         if let Some(bound) =
             attachments::bindings(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods)
         {
-            Self::bind_pods(dp, &bound, problems);
+            Self::bind_pods(dp, &bound, ifaces, problems);
         }
         self.egress_interfaces
             .clone_from(&desired.egress_interfaces);
@@ -304,13 +304,16 @@ impl<'a> Devices<'a> {
 
 impl Devices<'_> {
     /// Write this pass's bindings of pods to their devices (`POD_DEVICES_*`) where
-    /// they changed; a failed write is a problem, and the next pass tries again.
+    /// they changed, each marked for replies into the pod when its device is a veth
+    /// whose peer is in another namespace (`Interface::pod_like`); a failed write is a
+    /// problem, and the next pass tries again.
     fn bind_pods(
         dp: &mut Datapath,
         bound: &std::collections::BTreeMap<IpAddr, u32>,
+        ifaces: &[iface::Interface],
         problems: &mut Vec<String>,
     ) {
-        match dp.apply_pod_devices(bound) {
+        match dp.apply_pod_devices(&attachments::devices_of(bound, ifaces)) {
             Ok(st) => problems.extend(st.problems()),
             Err(e) => problems.push(format!("failed to bind pods to their devices: {e}")),
         }

@@ -464,9 +464,12 @@ impl Datapath {
     }
 
     /// Bring the pod-device maps alone (`POD_DEVICES_*`) in line with `bound` (pod ->
-    /// ifindex): the bindings are decided by the devices step of a pass, after the other
+    /// its device): the bindings are decided by the devices step of a pass, after the other
     /// maps' apply. Touches only entries that differ, as [`Datapath::apply`] does.
-    pub fn apply_pod_devices(&mut self, bound: &BTreeMap<IpAddr, u32>) -> Result<ApplyStats> {
+    pub fn apply_pod_devices(
+        &mut self,
+        bound: &BTreeMap<IpAddr, egress_common::policy::PodDeviceValue>,
+    ) -> Result<ApplyStats> {
         let mut stats = ApplyStats::default();
         let mut held = std::mem::take(&mut self.held);
         let want = (

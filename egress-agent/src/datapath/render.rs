@@ -13,6 +13,7 @@ use egress_common::{
     maps::{Map, def},
     policy::{
         DestValueV4, DestValueV6, PortFilter, SelectedValueV4, SelectedValueV6, action, coverage,
+        pod_device_flags,
     },
     underlay,
 };
@@ -212,7 +213,14 @@ fn source_side<F: Shown>(s: &mut String, m: &FamilyMaps<F>) {
     }
     for (pod, v) in &m.pod_devices {
         let name = F::PodDevices::SPEC.name;
-        let _ = writeln!(s, "{name} {} -> ifindex={}", F::Addr::from(*pod), v.ifindex);
+        // The one flag by name, any other value by number.
+        let flags = if v.flags == pod_device_flags::REPLY_TO_PEER {
+            "replies-into-pod".to_owned()
+        } else {
+            v.flags.to_string()
+        };
+        let pod = F::Addr::from(*pod);
+        let _ = writeln!(s, "{name} {pod} -> ifindex={} flags={flags}", v.ifindex);
     }
     for ((len, net), v) in &m.covered {
         let what = if v.covered == coverage::COVERED {
@@ -364,7 +372,13 @@ mod tests {
                     covered: coverage::COVERED,
                 },
             ),
-            pod_devices: one(pod, PodDeviceValue { ifindex: 9 }),
+            pod_devices: one(
+                pod,
+                PodDeviceValue {
+                    ifindex: 9,
+                    flags: pod_device_flags::REPLY_TO_PEER,
+                },
+            ),
         }
     }
 
@@ -436,7 +450,13 @@ mod tests {
                     covered: coverage::COVERED,
                 },
             ),
-            pod_devices: one(pod, PodDeviceValue { ifindex: 9 }),
+            pod_devices: one(
+                pod,
+                PodDeviceValue {
+                    ifindex: 9,
+                    flags: pod_device_flags::REPLY_TO_PEER,
+                },
+            ),
         }
     }
 

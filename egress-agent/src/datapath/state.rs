@@ -110,23 +110,22 @@ impl std::fmt::Display for Unresolved {
 }
 
 /// The bindings of `bound` of family `F`, as `POD_DEVICES_*` holds them.
-pub(crate) fn pod_devices<F: Family>(bound: &BTreeMap<IpAddr, u32>) -> Entries<F::PodDevices> {
+pub(crate) fn pod_devices<F: Family>(
+    bound: &BTreeMap<IpAddr, PodDeviceValue>,
+) -> Entries<F::PodDevices> {
     bound
         .iter()
-        .filter_map(|(pod, ifindex)| {
-            let pod = F::addr(*pod)?;
-            Some((F::octets(pod), PodDeviceValue { ifindex: *ifindex }))
-        })
+        .filter_map(|(pod, device)| Some((F::octets(F::addr(*pod)?), *device)))
         .collect()
 }
 
-/// The pods of family `F`'s `POD_DEVICES_*` entries, with their ifindexes.
+/// The pods of family `F`'s `POD_DEVICES_*` entries, with their devices.
 fn bound_pods<F: Family>(
     entries: &Entries<F::PodDevices>,
-) -> impl Iterator<Item = (IpAddr, u32)> + '_ {
+) -> impl Iterator<Item = (IpAddr, PodDeviceValue)> + '_ {
     entries
         .iter()
-        .map(|(pod, v)| (F::Addr::from(*pod).into(), v.ifindex))
+        .map(|(pod, v)| (F::Addr::from(*pod).into(), *v))
 }
 
 /// An optional underlay address as the maps hold it (zero for none).
@@ -413,14 +412,14 @@ impl MapState {
 
     /// Bind each pod of `bound` to its host-side device (`POD_DEVICES_*`), replacing
     /// the bindings `self` had.
-    pub fn set_pod_devices(&mut self, bound: &BTreeMap<IpAddr, u32>) {
+    pub fn set_pod_devices(&mut self, bound: &BTreeMap<IpAddr, PodDeviceValue>) {
         self.v4.pod_devices = pod_devices::<V4>(bound);
         self.v6.pod_devices = pod_devices::<V6>(bound);
     }
 
     /// The pods bound to their devices (`POD_DEVICES_*`), both families: what
     /// [`MapState::set_pod_devices`] was given.
-    pub fn pod_devices(&self) -> BTreeMap<IpAddr, u32> {
+    pub fn pod_devices(&self) -> BTreeMap<IpAddr, PodDeviceValue> {
         bound_pods::<V4>(&self.v4.pod_devices)
             .chain(bound_pods::<V6>(&self.v6.pod_devices))
             .collect()

@@ -137,6 +137,9 @@ pub struct Interface {
     /// IPv4 and IPv6 addresses with their prefix lengths, as [`Netlink::add_address`] and
     /// [`Netlink::del_address`] take them.
     pub addresses: Vec<(IpAddr, u8)>,
+    /// A veth whose peer is in another network namespace (a pod's, as a CNI makes it):
+    /// a reply may be redirected into that peer (`pod_device_flags::REPLY_TO_PEER`).
+    pub pod_like: bool,
 }
 
 /// An rtnetlink connection on the network namespace of the thread that created it.
@@ -658,17 +661,26 @@ fn interface_of(link: &LinkMessage) -> Interface {
         mtu: 0,
         mac: None,
         addresses: Vec::new(),
+        pod_like: false,
     };
     let mut oper = State::Unknown;
+    let (mut veth, mut peer_elsewhere) = (false, false);
     for attribute in &link.attributes {
         match attribute {
             LinkAttribute::IfName(name) => iface.name.clone_from(name),
             LinkAttribute::Mtu(mtu) => iface.mtu = *mtu,
             LinkAttribute::Address(mac) => iface.mac = <[u8; 6]>::try_from(mac.as_slice()).ok(),
             LinkAttribute::OperState(state) => oper = *state,
+            LinkAttribute::LinkInfo(infos) => {
+                veth = infos
+                    .iter()
+                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth)));
+            }
+            LinkAttribute::LinkNetNsId(_) => peer_elsewhere = true,
             _ => {}
         }
     }
+    iface.pod_like = veth && peer_elsewhere;
     iface.up = link.header.flags.contains(LinkFlags::Up)
         && !matches!(
             oper,

@@ -101,6 +101,7 @@ impl Interface {
             mtu: 1500,
             mac: None,
             addresses: addresses.iter().map(|(a, len)| (ip(a), *len)).collect(),
+            pod_like: false,
         }
     }
 }

@@ -135,6 +135,7 @@ impl Agent {
                     .filter_map(|a| a.parse::<ipnet::IpNet>().ok())
                     .map(|n| (n.addr(), n.prefix_len()))
                     .collect(),
+                pod_like: false,
             })
             .collect();
         Self {

@@ -6,7 +6,7 @@ use egress_common::{
     config::{Config, flags},
     conntrack::{self, NextHop, dir, state},
     counters::reason::*,
-    policy::{RETURN_VNI, action},
+    policy::{RETURN_VNI, action, pod_device_flags::REPLY_TO_PEER},
 };
 
 use super::{
@@ -351,6 +351,52 @@ pub fn from_tunnel_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
             ],
             &[(RETURN_DELIVERED, 1)],
         ),
+        case(
+            "RETURN_VNI from the pod's gateway for that source, the pod bound to a veth: into \
+             the pod, not by the FIB",
+            move |dp, net: &Net<A>| {
+                local_pod_to_a::<A>(dp, peer);
+                dp.pod_device_with(A::LOCAL_POD, net.pod0, REPLY_TO_PEER);
+            },
+            // The frame as it came (no MACs written): the peer is the pod's own device.
+            vec![from_tunnel(peer, RETURN_VNI, &reply_in).redirected(&reply_in)],
+            &[(RETURN_DELIVERED, 1), (TO_POD_DEVICE, 1)],
+        ),
+        case(
+            "RETURN_VNI from a node that is not the pod's gateway for that source (a forgery \
+             from its address): by the FIB, never into the pod",
+            move |dp, net: &Net<A>| {
+                local_pod_to_a::<A>(dp, u.node);
+                dp.pod_device_with(A::LOCAL_POD, net.pod0, REPLY_TO_PEER);
+            },
+            vec![
+                from_tunnel(peer, RETURN_VNI, &reply_in)
+                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
+            ],
+            &[(RETURN_DELIVERED, 1)],
+        ),
+        case(
+            "RETURN_VNI from a node for a source the pod has no rule for: by the FIB",
+            |dp, net: &Net<A>| dp.pod_device_with(A::LOCAL_POD, net.pod0, REPLY_TO_PEER),
+            vec![
+                from_tunnel(peer, RETURN_VNI, &reply_in)
+                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
+            ],
+            &[(RETURN_DELIVERED, 1)],
+        ),
+        case(
+            "RETURN_VNI from the pod's gateway, the pod bound to a device that is no veth: by \
+             the FIB",
+            move |dp, net: &Net<A>| {
+                local_pod_to_a::<A>(dp, peer);
+                dp.pod_device(A::LOCAL_POD, net.pod0);
+            },
+            vec![
+                from_tunnel(peer, RETURN_VNI, &reply_in)
+                    .redirected(&reply_in.clone().macs(POD_MAC, POD0_MAC)),
+            ],
+            &[(RETURN_DELIVERED, 1)],
+        ),
     ]
 }
 
@@ -452,6 +498,24 @@ pub fn from_secondary_cases<A: Ip>(u: UnderlayNet) -> Vec<Case<Net<A>>> {
                 (SNAT_NEW, 1),
                 (FORWARDED, 2),
                 (REVERSE_NAT, 1),
+            ],
+        ),
+        case(
+            "reply for a pod on this gateway bound to a veth: into the pod",
+            move |dp, net: &Net<A>| {
+                local_pod_to_a::<A>(dp, u.node);
+                dp.pod_device_with(A::LOCAL_POD, net.pod0, REPLY_TO_PEER);
+            },
+            vec![
+                from_pod(&local_fwd).forwarded_any(),
+                from_secondary(&reply).redirected(&unnatted(&reply, A::LOCAL_POD, 40_000)),
+            ],
+            &[
+                (LOCAL_GATEWAY, 1),
+                (SNAT_NEW, 1),
+                (FORWARDED, 2),
+                (REVERSE_NAT, 1),
+                (TO_POD_DEVICE, 1),
             ],
         ),
         case(
