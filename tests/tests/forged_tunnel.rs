@@ -5,6 +5,8 @@
 //! fails exactly one check; host-a (behind egress IP A) must receive none of them, and
 //! the gateway must count each under its reason. A well-formed packet sent the same way
 //! does arrive, translated: the forgeries would get through if a check were missing.
+//! On the return path, a reply goes into its pod around the CNI only from the pod's
+//! gateway ([`returned_into_the_pod`]).
 
 use std::{
     net::{Ipv4Addr, SocketAddr, UdpSocket},
@@ -16,8 +18,10 @@ use egress_common::{
     config::DEFAULT_TUNNEL_PORT,
     counters::reason::{
         DROP_NOT_ADMITTED, DROP_SPOOFED_SOURCE, DROP_UNKNOWN_RULE, DROP_UNKNOWN_SENDER,
+        TO_POD_DEVICE,
     },
     maps,
+    policy::RETURN_VNI,
 };
 use egress_tests::{
     cluster::{self, counted, default_spec, holder, up_with_agents},
@@ -106,6 +110,39 @@ fn vxlan(vni: u32, inner_src: Ipv4Addr, marker: &str) -> Vec<u8> {
     b
 }
 
+/// A reply as a gateway sends it back (`RETURN_VNI`): host-a's datagram to `pod`.
+fn return_vxlan(pod: Ipv4Addr, marker: &str) -> Vec<u8> {
+    let mut b = vec![0x08, 0, 0, 0];
+    b.extend_from_slice(&(RETURN_VNI << 8).to_be_bytes());
+    let inner = Ipv4Packet::new(
+        addr::HOST_A,
+        pod,
+        L4::udp(addr::ECHO_PORT, 40_123, marker.as_bytes()),
+    );
+    b.extend(inner.build());
+    b
+}
+
+/// Replies go into a pod (`TO_POD_DEVICE`, around the CNI) only from the gateway the
+/// pod's node sends its traffic to that source through: the same reply to w1-p1 from
+/// host-a, sent to w1 with `RETURN_VNI` from w2's address (a node, but not w1-p1's
+/// gateway: what a pod of w2 can send where its CNI SNATs its traffic to other nodes,
+/// as OVN-Kubernetes does) takes the node's routing, never the pod's device; sent from
+/// the holder of egress IP A's address, it goes into the pod. `(forged, control)`: the
+/// `TO_POD_DEVICE` counted on w1 for each.
+fn returned_into_the_pod(lab: &Lab, gw: &str) -> Result<(u64, u64)> {
+    let w1 = lab.node("w1")?.ip;
+    let mut counts = Vec::new();
+    for (member, marker) in [("w2", "forged-return"), (gw, "control-return")] {
+        let before = counted(lab, "w1", TO_POD_DEVICE);
+        let from = lab.node(member)?.ip;
+        send(lab, member, from, w1, return_vxlan(addr::W1_P1, marker))?;
+        std::thread::sleep(Duration::from_millis(300));
+        counts.push(counted(lab, "w1", TO_POD_DEVICE) - before);
+    }
+    Ok((counts[0], counts[1]))
+}
+
 /// Send [`COUNT`] copies of a tunnel packet from `member`'s namespace, from its address
 /// `from`, to `gateway`'s tunnel port.
 fn send(lab: &Lab, member: &str, from: Ipv4Addr, gateway: Ipv4Addr, packet: Vec<u8>) -> Result<()> {
@@ -164,6 +201,16 @@ fn forged_tunnel_packets_are_dropped_and_counted_by_reason() -> Result<()> {
             .map(|r| counted(&lab, &gw, r) - before.unwrap_or(0));
         report.push((c.marker, c.reason, counted_now));
     }
+    let (forged, control) = returned_into_the_pod(&lab, &gw)?;
+    println!("return path: into w1-p1 {forged} forged from w2, {control} from {gw} (of {COUNT})");
+    ensure!(
+        forged == 0,
+        "{forged} replies forged from w2's address went into w1-p1"
+    );
+    ensure!(
+        control >= COUNT as u64,
+        "only {control} of {COUNT} replies from {gw} went into w1-p1: the test proves nothing"
+    );
     std::thread::sleep(Duration::from_millis(300));
     let _ = dump.terminate(Duration::from_secs(1));
     let seen = std::fs::read_to_string(&capture)?;
