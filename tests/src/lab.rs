@@ -73,6 +73,7 @@ mod agents;
 mod build;
 mod check;
 mod faults;
+mod isolation;
 mod names;
 mod ovn;
 mod plan;
@@ -81,8 +82,8 @@ mod state;
 mod teardown;
 mod yaml;
 
+pub use self::{isolation::*, plan::*, probe::*, state::*};
 use self::{ovn::ovn_mac, yaml::to_yaml_doc};
-pub use self::{plan::*, probe::*, state::*};
 
 /// A running lab. Dropping it tears everything down (also while panicking); [`Lab::leak`]
 /// keeps it up.

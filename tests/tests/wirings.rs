@@ -547,6 +547,17 @@ fn on_ovn(mode: OvnGateway) {
         seen(&lab, "w1-p1", Proto::Tcp, w2_p1),
         Some(IpAddr::V4(addr::W1_P1))
     );
+    // payments isolated as OVN-Kubernetes renders its NetworkPolicy: the table still
+    // holds (replies go into the pods, around OVN's ACLs), and nothing else gets in.
+    lab.isolate_payments().unwrap();
+    assert_table(&lab, addr::W1);
+    let failed: Vec<_> = lab
+        .check_isolation()
+        .unwrap()
+        .into_iter()
+        .filter(|c| !c.ok)
+        .collect();
+    assert!(failed.is_empty(), "{cni}, payments isolated: {failed:#?}");
 }
 
 #[test]

@@ -315,8 +315,21 @@ fn real_main() -> Result<bool> {
         lab::POLICY_FILE,
         indent(&lab::sample_policy_for(family))
     );
+    let isolated = lab.spec().cni.ovn().is_some();
+    if isolated {
+        let doc = lab.isolate_payments()?;
+        println!(
+            "payments isolated (OVN: default deny both ways, allow-related rules, as \
+             OVN-Kubernetes renders it), {}:\n{}",
+            lab::ISOLATION_FILE,
+            indent(&doc)
+        );
+    }
     let holders = holders(&lab);
     let mut ok_all = print_rows(&lab, &holders);
+    if isolated {
+        ok_all &= isolation_step(&lab)?;
+    }
     for v6 in [false, true] {
         if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
             ok_all &= route_step(&lab, v6)?;
@@ -567,6 +580,23 @@ fn finish(mut lab: Lab, keep: bool) -> Result<()> {
 
 /// How long the route step waits for each change to show in new traffic.
 const ROUTE_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Under OVN with `payments` isolated: what its ACLs let through and what they do not
+/// ([`Lab::check_isolation`]), as a small table; `Ok(false)` if a check failed.
+fn isolation_step(lab: &Lab) -> Result<bool> {
+    println!("\nNetworkPolicy under OVN:");
+    let mut ok = true;
+    for c in lab.check_isolation()? {
+        println!(
+            "  {:<62} {:<4} ({})",
+            c.what,
+            if c.ok { "ok" } else { "FAIL" },
+            c.seen
+        );
+        ok &= c.ok;
+    }
+    Ok(ok)
+}
 
 /// The route step, for one family: `w1-p1` to host-e (network E, which no gateway routes)
 /// before, after the route to E is added on both gateways, and after it is deleted again;

@@ -110,6 +110,19 @@ impl Lab {
         self.dir.join(format!("{node}-status.sock"))
     }
 
+    /// `node`'s agent's Prometheus text (`GET /metrics` on its status socket).
+    pub fn agent_metrics(&self, node: &str) -> Result<String> {
+        use std::io::{Read as _, Write as _};
+        let socket = self.status_socket(node);
+        let mut s = std::os::unix::net::UnixStream::connect(&socket)
+            .with_context(|| format!("{node}: {}", socket.display()))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    }
+
     /// The log file of a node's agent.
     pub fn agent_log_path(&self, node: &str) -> PathBuf {
         self.dir.join(format!("agent-{node}.log"))

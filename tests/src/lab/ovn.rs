@@ -389,6 +389,111 @@ impl Lab {
         Ok(())
     }
 
+    /// The NetworkPolicies of namespace `ns` as OVN-Kubernetes renders them
+    /// (go-controller/pkg/ovn/policy.go, gress_policy.go): every pod of `ns` isolated
+    /// for ingress and egress (port groups `<ns>_ingressDefaultDeny` and
+    /// `<ns>_egressDefaultDeny`: `to-lport`/`from-lport` 1000 `drop` of IP, 1001 `allow`
+    /// of ARP), and one policy selecting them all (port group `<ns>_allow`) whose rules
+    /// are `allow-related` at 1001: ingress from the pods of `ns`, egress to the cluster's
+    /// pods and to `egress_to`; on every node's switch the management port's address is
+    /// `allow-related` (what OVN-Kubernetes adds for the kubelet's probes). Then until
+    /// every chassis has applied it. A reply that crosses these ACLs without OVN's
+    /// conntrack having seen its request is dropped: the request of a flow our datapath
+    /// redirected never entered OVN.
+    pub fn isolate_namespace(&self, ns: &str, egress_to: &[&str]) -> Result<()> {
+        let ports: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.namespace == ns)
+            .map(|p| format!("{ns}_{}", p.name))
+            .collect();
+        let members: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.namespace == ns)
+            .map(|p| p.ip.to_string())
+            .collect();
+        let (ingress, egress, allow) = (
+            format!("{ns}_ingressDefaultDeny"),
+            format!("{ns}_egressDefaultDeny"),
+            format!("{ns}_allow"),
+        );
+        let mut nb = Nb::default();
+        for pg in [&ingress, &egress, &allow] {
+            nb.cmd(&[&["pg-add".to_owned(), pg.clone()], ports.as_slice()].concat());
+        }
+        let acl = |nb: &mut Nb, pg: &str, dir: &str, prio: &str, m: String, verdict: &str| {
+            nb.cmd(&["--type=port-group", "acl-add", pg, dir, prio, &m, verdict]);
+        };
+        acl(
+            &mut nb,
+            &ingress,
+            "to-lport",
+            "1000",
+            format!("outport == @{ingress} && ip"),
+            "drop",
+        );
+        acl(
+            &mut nb,
+            &ingress,
+            "to-lport",
+            "1001",
+            format!("outport == @{ingress} && arp"),
+            "allow",
+        );
+        acl(
+            &mut nb,
+            &egress,
+            "from-lport",
+            "1000",
+            format!("inport == @{egress} && ip"),
+            "drop",
+        );
+        acl(
+            &mut nb,
+            &egress,
+            "from-lport",
+            "1001",
+            format!("inport == @{egress} && arp"),
+            "allow",
+        );
+        acl(
+            &mut nb,
+            &allow,
+            "to-lport",
+            "1001",
+            format!(
+                "ip4.src == {{{}}} && outport == @{allow}",
+                members.join(", ")
+            ),
+            "allow-related",
+        );
+        let to = [&[CLUSTER_SUBNET], egress_to].concat().join(", ");
+        acl(
+            &mut nb,
+            &allow,
+            "from-lport",
+            "1001",
+            format!("ip4.dst == {{{to}}} && inport == @{allow}"),
+            "allow-related",
+        );
+        for node in self.nodes() {
+            let m = format!("ip4.src == {}", node.ovn_management_ip());
+            nb.cmd(&[
+                "acl-add",
+                node.name,
+                "to-lport",
+                "1001",
+                &m,
+                "allow-related",
+            ]);
+        }
+        self.nb(&nb)?;
+        self.ovn_nbctl(&["--wait=hv", "sync"])
+            .context("the chassis did not apply the NetworkPolicy ACLs")?;
+        Ok(())
+    }
+
     /// `dev`'s MAC in `member`'s namespace.
     pub(super) fn link_mac(&self, member: &str, dev: &str) -> Result<String> {
         let out = self.exec(member, "ip", &["-br", "link", "show", "dev", dev])?;

@@ -5,11 +5,7 @@
 //! `egress_reconcile_duration_seconds_sum`); from `/proc/<pid>/stat`, the CPU it spent.
 //! [`sample`] before the event, [`measure`] once its traffic is back.
 
-use std::{
-    io::{Read as _, Write as _},
-    os::unix::net::UnixStream,
-    time::Duration,
-};
+use std::time::Duration;
 
 use super::{cost::TICKS_PER_SEC, percentile};
 use crate::{bench::lab::at_scale::cpu_ticks, failover::rfc3339_unix_ms, lab::Lab};
@@ -220,12 +216,7 @@ fn logged_pass(line: &str) -> Option<LoggedPass> {
 /// (`egress_reconciles_total`, `egress_reconcile_duration_seconds_sum`) from the agent's
 /// `/metrics` on its status socket.
 fn scrape(lab: &Lab, node: &str) -> Option<(u64, f64)> {
-    let mut s = UnixStream::connect(lab.status_socket(node)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
+    let text = lab.agent_metrics(node).ok()?;
     let value = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
