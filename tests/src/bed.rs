@@ -628,11 +628,15 @@ pub fn bed<A: Ip>(ul: UnderlayNet) -> (Net<A>, Datapath) {
     (net, dp)
 }
 
-/// Run every case (each in its own namespace, in parallel) from the namespace over `ul`
+/// Run every case (each in its own namespace, two at a time) from the namespace over `ul`
 /// and the base maps, and report all failures.
 pub fn run_table<A: Ip>(ul: UnderlayNet, cases: Vec<Case<Net<A>>>) {
     let what = format!("the {} table over the {ul:?}", A::NAME);
-    table::run_table(&what, cases, move || bed(ul));
+    table::run_table(&what, cases, move |dp| {
+        let net = Net::build(ul);
+        base(dp, &net);
+        net
+    });
 }
 
 /// `LOCAL_POD` selected, network A through rule A at `gateway`.

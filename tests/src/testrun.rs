@@ -1,6 +1,7 @@
-//! Running the real programs with `BPF_PROG_TEST_RUN`: a fresh copy of the embedded object
-//! per case (fresh maps, fresh counters), typed map setters, and a private network
-//! namespace per case for the FIB lookups.
+//! Running the real programs with `BPF_PROG_TEST_RUN`: a copy of the embedded object whose
+//! maps a case starts from empty (a fresh load, or [`Datapath::reset`]: the tables reuse
+//! one verified object per worker), typed map setters, and a private network namespace
+//! per case for the FIB lookups.
 //!
 //! [`in_netns`] runs a closure on a new thread that has done `unshare(CLONE_NEWNET)`: the
 //! namespace belongs to that thread alone (and to the `ip` commands it starts), and it
@@ -166,9 +167,10 @@ pub struct Outcome {
     pub frame: Vec<u8>,
 }
 
-/// The loaded object: one per case.
+/// The loaded object, and what its array maps held when it was loaded ([`Datapath::reset`]).
 pub struct Datapath {
     ebpf: Ebpf,
+    arrays: Vec<(String, Vec<Vec<u8>>)>,
 }
 
 fn v4(a: Ipv4Addr) -> [u8; 4] {
@@ -193,7 +195,41 @@ impl Datapath {
             }
         }
         let ebpf = loader.load(OBJECT).expect("failed to load the eBPF object");
-        Datapath { ebpf }
+        let mut dp = Datapath {
+            ebpf,
+            arrays: Vec::new(),
+        };
+        let mut arrays = Vec::new();
+        for (name, map) in dp.ebpf.maps() {
+            let (d, kind) = raw::of(name, map);
+            if kind == raw::Kind::Array {
+                arrays.push((name.to_owned(), raw::values(d)));
+            }
+        }
+        dp.arrays = arrays;
+        dp
+    }
+
+    /// Empty every map as a fresh load has it: every key of the hashes, LRU hashes and
+    /// tries deleted, every array as it was loaded (zeroes, counters on every CPU). The
+    /// programs stay loaded: a table verifies each once per worker instead of once per
+    /// case (under emulation, in the 6.1 guest, tens of seconds each).
+    pub fn reset(&mut self) {
+        for (name, map) in self.ebpf.maps() {
+            let (d, kind) = raw::of(name, map);
+            match kind {
+                raw::Kind::Keyed => raw::clear(d),
+                raw::Kind::Array => {
+                    let (_, values) = self
+                        .arrays
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .expect("an array map not seen at load");
+                    raw::restore(d, values);
+                }
+                raw::Kind::Frozen => {}
+            }
+        }
     }
 
     /// The program `name`, loaded into the kernel.
@@ -540,5 +576,134 @@ impl Datapath {
             }
         }
         out
+    }
+}
+
+/// Map operations on any map by its descriptor (`bpf(2)`), whatever its key and value
+/// types: what [`Datapath::reset`] needs, which aya's typed maps cannot give generically.
+mod raw {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+
+    use aya::maps::{Map, MapData, MapType};
+
+    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+    /// `bpf_attr` for the element commands.
+    #[repr(C)]
+    struct ElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+
+    #[derive(PartialEq, Eq)]
+    pub enum Kind {
+        /// Emptied by deleting every key.
+        Keyed,
+        /// Every index always exists: restored to its values at load.
+        Array,
+        /// Read-only to everyone (`.rodata`): nothing to reset.
+        Frozen,
+    }
+
+    /// The map's data and how it is reset; a kind of map the datapath did not have when
+    /// this was written fails the test rather than keep its state between cases.
+    pub fn of<'a>(name: &str, map: &'a Map) -> (&'a MapData, Kind) {
+        match map {
+            Map::HashMap(d)
+            | Map::LruHashMap(d)
+            | Map::PerCpuHashMap(d)
+            | Map::PerCpuLruHashMap(d)
+            | Map::LpmTrie(d) => (d, Kind::Keyed),
+            Map::Array(d) | Map::PerCpuArray(d) if name.starts_with(".rodata") => (d, Kind::Frozen),
+            Map::Array(d) | Map::PerCpuArray(d) => (d, Kind::Array),
+            _ => panic!("Datapath::reset does not know how to empty map {name}"),
+        }
+    }
+
+    fn bpf(cmd: libc::c_long, d: &MapData, key: *const u8, value: *mut u8) -> std::io::Result<()> {
+        let attr = ElemAttr {
+            map_fd: d.fd().as_fd().as_raw_fd() as u32,
+            _pad: 0,
+            key: key as u64,
+            value: value as u64,
+            flags: 0,
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` prefix for the element commands; `key` and
+        // `value` point to buffers of the map's key and value sizes (or are null where
+        // the command allows it), alive for the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                &raw const attr,
+                std::mem::size_of::<ElemAttr>(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The size of one value as the element commands read and write it: per CPU, each
+    /// CPU's value rounded up to 8 bytes.
+    fn value_len(d: &MapData) -> usize {
+        let info = d.info().expect("map info");
+        let size = info.value_size() as usize;
+        match info.map_type() {
+            Ok(MapType::PerCpuArray | MapType::PerCpuHash | MapType::LruPerCpuHash) => {
+                size.next_multiple_of(8) * aya::util::nr_cpus().expect("possible CPUs")
+            }
+            _ => size,
+        }
+    }
+
+    /// Delete every key.
+    pub fn clear(d: &MapData) {
+        let info = d.info().expect("map info");
+        let mut key = vec![0u8; info.key_size() as usize];
+        // The first key, again and again: each is deleted before the next is asked for.
+        while bpf(BPF_MAP_GET_NEXT_KEY, d, std::ptr::null(), key.as_mut_ptr()).is_ok() {
+            bpf(BPF_MAP_DELETE_ELEM, d, key.as_ptr(), std::ptr::null_mut())
+                .expect("failed to delete a map entry");
+        }
+    }
+
+    /// Every index's value.
+    pub fn values(d: &MapData) -> Vec<Vec<u8>> {
+        let n = d.info().expect("map info").max_entries();
+        (0..n)
+            .map(|i| {
+                let mut v = vec![0u8; value_len(d)];
+                bpf(
+                    BPF_MAP_LOOKUP_ELEM,
+                    d,
+                    i.to_ne_bytes().as_ptr(),
+                    v.as_mut_ptr(),
+                )
+                .expect("failed to read an array map");
+                v
+            })
+            .collect()
+    }
+
+    /// Write `values` back, index by index.
+    pub fn restore(d: &MapData, values: &[Vec<u8>]) {
+        for (i, v) in (0u32..).zip(values) {
+            let mut v = v.clone();
+            bpf(
+                BPF_MAP_UPDATE_ELEM,
+                d,
+                i.to_ne_bytes().as_ptr(),
+                v.as_mut_ptr(),
+            )
+            .expect("failed to write an array map");
+        }
     }
 }

@@ -385,12 +385,14 @@ fn from_underlay_decapsulates_our_vxlan_as_the_device_would_and_leaves_the_rest(
                 syn(LOCAL_POD, 40_000, DEST_A, 443, 1400),
             ),
         ];
+        // One object each, emptied per packet: a load verifies the programs again.
+        let (mut device, mut dp) = (Datapath::load(), Datapath::load());
         for (what, sender, vni, p) in same_as_device {
             let inner = p.build();
-            let mut device = Datapath::load();
+            device.reset();
             base(&mut device, &net);
             let want = device.run(FROM_TUNNEL, &inner, net.tun0, Some((sender.into(), vni)));
-            let mut dp = Datapath::load();
+            dp.reset();
             base(&mut dp, &net);
             let frame = vxlan(sender, NODE, PORT, vni, &inner);
             let got = dp.run(FROM_UNDERLAY, &frame, ul0, None);
@@ -469,7 +471,7 @@ fn from_underlay_decapsulates_our_vxlan_as_the_device_would_and_leaves_the_rest(
                 }),
             ),
         ];
-        let mut dp = Datapath::load();
+        dp.reset();
         base(&mut dp, &net);
         for (what, f) in not_ours {
             let o = dp.run(FROM_UNDERLAY, &f, ul0, None);
@@ -770,6 +772,43 @@ fn from_tunnel_conntrack_entries() {
 #[test]
 fn interface_rule_table() {
     run_table(cases::interface_rule_cases(UL4));
+}
+
+/// `Datapath::reset` (which the tables use between cases) leaves the object as a fresh
+/// load has it: a flow the gateway translated leaves conntrack entries and counters;
+/// after the reset there are none, the configuration is gone (the node not ready), and
+/// the same packet with the maps written again gets what it got the first time (the
+/// same verdict, frame, counters and entries: the same port, so no remap or flow kept).
+#[test]
+fn a_reset_object_is_as_freshly_loaded() {
+    in_netns(|| {
+        let net = topology();
+        let mut dp = Datapath::load();
+        let seg = syn(REMOTE_POD, 40_000, DEST_A, 443, 1400).build();
+        let tunnel = Some((PEER.into(), RULE_A));
+        base(&mut dp, &net);
+        let first = dp.run(FROM_TUNNEL, &seg, net.tun0, tunnel);
+        let (counters, entries) = (dp.counters(), dp.ct().len());
+        assert_eq!(first.verdict, TC_ACT_REDIRECT, "translated and sent");
+        assert!(entries > 0, "conntrack entries made");
+        dp.reset();
+        assert_eq!(
+            dp.counters(),
+            Default::default(),
+            "counters after the reset"
+        );
+        assert_eq!(dp.ct(), Vec::new(), "conntrack after the reset");
+        let unready = dp.run(FROM_TUNNEL, &seg, net.tun0, tunnel);
+        assert_eq!(unready.verdict, TC_ACT_SHOT, "no configuration: not ready");
+        assert_eq!(dp.counters().get(&DROP_NOT_READY), Some(&1));
+        dp.reset();
+        base(&mut dp, &net);
+        let again = dp.run(FROM_TUNNEL, &seg, net.tun0, tunnel);
+        assert_eq!(again.verdict, first.verdict, "verdict");
+        assert_eq!(again.frame, first.frame, "frame (the same port)");
+        assert_eq!(dp.counters(), counters, "counters");
+        assert_eq!(dp.ct().len(), entries, "conntrack entries");
+    });
 }
 
 /// The RST leaves no conntrack entry behind, and verifies on its own: the IP header and

@@ -410,6 +410,8 @@ fn from_underlay_decapsulates_ipv6_pods_over_the_ipv4_underlay() {
     in_netns(|| {
         let net = topology(UL4);
         let ul0 = ifindex("ul0");
+        // One object each, emptied per packet: a load verifies the programs again.
+        let (mut device, mut dp) = (Datapath::load(), Datapath::load());
         let (IpAddr::V4(node), IpAddr::V4(peer)) = (UL4.node, UL4.peer) else {
             unreachable!("UL4 is IPv4")
         };
@@ -426,10 +428,10 @@ fn from_underlay_decapsulates_ipv6_pods_over_the_ipv4_underlay() {
             ),
         ] {
             let inner = p.build();
-            let mut device = Datapath::load();
+            device.reset();
             base(&mut device, &net);
             let want = device.run(FROM_TUNNEL, &inner, net.tun0, Some((UL4.peer, vni)));
-            let mut dp = Datapath::load();
+            dp.reset();
             base(&mut dp, &net);
             let got = dp.run(
                 FROM_UNDERLAY,
