@@ -38,6 +38,32 @@ fn commit() -> String {
     if dirty { format!("{rev}-dirty") } else { rev }
 }
 
+/// aya-build builds the object in `OUT_DIR/aya-build/target/egress-ebpf`, and `OUT_DIR`
+/// differs between `cargo clippy` and `cargo build` (clippy's wrapper is in the build
+/// script's fingerprint): `cargo xtask test` built the object (core and all) once for
+/// each, about a minute apiece. That directory is made a link to one per profile
+/// (`target/<profile>/ebpf-target`), so the second build finds the first's. A directory
+/// already there (an earlier build's) is left as it is.
+fn share_ebpf_target() -> anyhow::Result<()> {
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    // OUT_DIR is target/<profile>/build/egress-agent-<hash>/out.
+    let Some(profile_dir) = out.ancestors().nth(3) else {
+        return Ok(());
+    };
+    let shared = profile_dir.join("ebpf-target");
+    let link = out.join("aya-build").join("target").join("egress-ebpf");
+    if link.symlink_metadata().is_ok() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&shared)
+        .with_context(|| format!("failed to create {}", shared.display()))?;
+    let parent = link.parent().context("no parent")?;
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("failed to create {}", parent.display()))?;
+    std::os::unix::fs::symlink(&shared, &link)
+        .with_context(|| format!("failed to link {} to {}", link.display(), shared.display()))
+}
+
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=EGRESS_COMMIT");
     println!("cargo:rustc-env=EGRESS_COMMIT={}", commit());
@@ -52,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         .parent()
         .ok_or_else(|| anyhow!("egress-agent has no parent directory"))?
         .join("egress-ebpf");
+    share_ebpf_target()?;
     let root_dir = metadata
         .to_str()
         .ok_or_else(|| anyhow!("non-UTF-8 path {}", metadata.display()))?;

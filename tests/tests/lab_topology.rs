@@ -5,7 +5,7 @@
 use std::{net::IpAddr, path::Path, time::Duration};
 
 use egress_tests::{
-    lab::{Family, GatewayRoute, Lab, LabSpec, NODES, Proto, Query, addr, addr6},
+    lab::{Family, GatewayRoute, Lab, LabSpec, NODES, Node, Proto, Query, addr, addr6},
     netns,
 };
 
@@ -326,7 +326,13 @@ fn agents_run_in_their_node_namespace_and_leave_nothing() {
         .status()
         .unwrap();
     lab.start_agents(&fake).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Each stand-in has printed and made its pin directory (a loaded machine can take
+    // longer than the 300 ms this once slept).
+    let printed = |n: &Node| {
+        lab.agent_log(n.name).contains(&format!("{}/24", n.ip)) && lab.bpffs_dir(n.name).is_dir()
+    };
+    let _ =
+        egress_tests::cluster::wait_until(Duration::from_secs(10), || NODES.iter().all(printed));
     for node in &NODES {
         let log = lab.agent_log(node.name);
         assert!(

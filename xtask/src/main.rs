@@ -4,6 +4,7 @@ mod bootstrap;
 mod build;
 mod fuzz;
 mod image;
+mod pool;
 mod soak;
 mod test;
 mod upgrade;

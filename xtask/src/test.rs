@@ -151,6 +151,20 @@ pub fn run(args: Args) -> Result<()> {
         Ok(())
     })?;
     step("tests (unit, packet, namespace, lab)", || {
+        // The lab tests' agents (debug builds, two labs at a time on two cores) declare a
+        // gateway dead after 6 missed probes (600 ms) instead of 3: a loaded CI machine
+        // can starve a process for longer than 300 ms, and a needless failover would move
+        // egress IPs under tests that do not expect it. The failover tests assert outcomes
+        // (streams survive, one holder), not detection times; `cargo xtask lab
+        // --failover` shows the default settings' times.
+        let env = [
+            ("EGRESS_PROBE_MISSES", "6"),
+            ("EGRESS_IMAGE_ARCHIVE", image.as_str()),
+        ];
+        if args.rest.is_empty() {
+            return crate::pool::run(&env);
+        }
+        // With a filter or other arguments for the test binaries: cargo's own run.
         let mut a = vec![
             "test",
             "--workspace",
@@ -162,20 +176,7 @@ pub fn run(args: Args) -> Result<()> {
         // than two at a time only makes their timeouts flaky.
         a.extend(["--", "--test-threads=2"]);
         a.extend(args.rest.iter().map(String::as_str));
-        // The lab tests' agents (debug builds, two labs at a time on two cores) declare a
-        // gateway dead after 6 missed probes (600 ms) instead of 3: a loaded CI machine
-        // can starve a process for longer than 300 ms, and a needless failover would move
-        // egress IPs under tests that do not expect it. The failover tests assert outcomes
-        // (streams survive, one holder), not detection times; `cargo xtask lab
-        // --failover` shows the default settings' times.
-        sh(
-            "cargo",
-            &a,
-            &[
-                ("EGRESS_PROBE_MISSES", "6"),
-                ("EGRESS_IMAGE_ARCHIVE", &image),
-            ],
-        )
+        sh("cargo", &a, &env)
     })?;
     if !args.no_legacy {
         // The same tests with the legacy tc path forced: every agent of the labs attaches
@@ -203,8 +204,8 @@ const TC_TESTS: &[&str] = &["e2e_v4", "cleanup", "uninstall"];
 /// Run on Linux 6.1, which has no TCX, with `--attach auto` choosing legacy tc. Under
 /// emulation (TCG: KVM does not work on these machines) the verifier and the agents are
 /// many times slower, so this is a subset, by test name filters: the IPv4 packet tables
-/// of `from_pod` and `from_tunnel` and `from_underlay`'s (a fresh object per case, each
-/// verified: 15 minutes for all of datapath_v4), the attach tests, the IPv4 lab's table,
+/// of `from_pod` and `from_tunnel` and `from_underlay`'s (each table verifies a program
+/// once per worker: `egress_tests::table`), the attach tests, the IPv4 lab's table,
 /// the legacy tc tests (adoption in place among them) (the lab on tc, an upgrade under a TCP stream, cleanup
 /// beside a foreign filter), and the lab wired with Open vSwitch like OVN-Kubernetes.
 /// docs/operations.md lists what was run there by hand.
@@ -370,27 +371,12 @@ fn unmatched_filters<'a>(filters: &[&'a str], listing: &str, skipped: &str) -> V
 
 /// The paths of the `egress-tests` integration test binaries `names`, built now.
 fn test_binaries(names: &[&str]) -> Result<Vec<(String, String)>> {
-    let mut a = vec![
-        "test",
-        "-p",
-        "egress-tests",
-        "--no-run",
-        "--message-format=json",
-    ];
+    let mut a = vec!["-p", "egress-tests"];
     for n in names {
         a.extend(["--test", n]);
     }
-    let out = std::process::Command::new("cargo")
-        .args(&a)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("failed to run cargo test --no-run")?;
-    anyhow::ensure!(out.status.success(), "cargo test --no-run failed");
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
+    for msg in crate::pool::test_artifacts(&a, &[])? {
         let (Some(name), Some(exe)) = (
             msg.pointer("/target/name").and_then(|v| v.as_str()),
             msg.get("executable").and_then(|v| v.as_str()),
