@@ -60,6 +60,7 @@ pub fn start_agents_of(lab: &mut Lab, bin: &Path, extra: &[&str], keyed: bool) -
     for node in lab.nodes().to_vec() {
         lab.start_agent_as(node.name, bin, extra, keyed)?;
     }
+    lab.node_forwarding()?;
     let lab = &*lab;
     // Converged when every agent has it: both egress IPs held, and every selected pod (on
     // both workers and on a gateway) gets through to both networks with the right address.

@@ -308,6 +308,7 @@ fn real_main() -> Result<bool> {
     let mut lab = Lab::up(spec)?;
     print_lab_up(&lab, t0);
     lab.start_agents(&agent)?;
+    lab.node_forwarding()?;
     wire_pods_through_the_plugin(&lab, &bin_dir.join("egress-cni"))?;
     wait_converged(&lab, t0);
     println!(
@@ -329,6 +330,7 @@ fn real_main() -> Result<bool> {
     let mut ok_all = print_rows(&lab, &holders);
     if isolated {
         ok_all &= isolation_step(&lab)?;
+        ok_all &= ovn_egress_ip_step(&mut lab, &agent)?;
     }
     for v6 in [false, true] {
         if (v6 && family.has_v6()) || (!v6 && family.has_v4()) {
@@ -595,6 +597,81 @@ fn isolation_step(lab: &Lab) -> Result<bool> {
         );
         ok &= c.ok;
     }
+    Ok(ok)
+}
+
+/// Under OVN: OVN-Kubernetes' own EgressIP on the primary network, rendered in OVN
+/// ([`Lab::add_ovn_egress_ip`]) with w2 as the egress node, for w1-p1 (which our policy
+/// selects) and for w1-p2 (which no policy of ours selects). Who wins for which
+/// destination, with our agents running, stopped (all of them) and started again:
+/// theirs for the primary network (host-c) throughout, ours for what our rules cover.
+/// Prints a small table; `Ok(false)` if a row saw another source.
+fn ovn_egress_ip_step(lab: &mut Lab, agent: &std::path::Path) -> Result<bool> {
+    let (theirs, theirs_2) = (
+        IpAddr::V4(addr::OVN_EGRESS_IP),
+        IpAddr::V4(addr::OVN_EGRESS_IP_2),
+    );
+    lab.add_ovn_egress_ip("w2", &["w1-p1"], addr::OVN_EGRESS_IP)?;
+    lab.add_ovn_egress_ip("w2", &["w1-p2"], addr::OVN_EGRESS_IP_2)?;
+    let (host_a, host_c) = (IpAddr::V4(addr::HOST_A), IpAddr::V4(addr::HOST_C));
+    let theirs_rows = [
+        ("w1-p1", Proto::Tcp, ("host-c", host_c), theirs),
+        ("w1-p1", Proto::Udp, ("host-c", host_c), theirs),
+        ("w1-p2", Proto::Tcp, ("host-c", host_c), theirs_2),
+        ("w1-p2", Proto::Udp, ("host-c", host_c), theirs_2),
+    ];
+    let ours = (
+        "w1-p1",
+        Proto::Tcp,
+        ("host-a", host_a),
+        IpAddr::V4(addr::EGRESS_IP_A),
+    );
+    println!(
+        "\nOVN-Kubernetes' EgressIP beside ours (egress node w2; w1-p1 {theirs}, w1-p2 {theirs_2}):"
+    );
+    let mut ok = true;
+    let mut check = |lab: &Lab, phase: &str, rows: &[(&str, Proto, (&str, IpAddr), IpAddr)]| {
+        for &(pod, proto, (name, host), want) in rows {
+            // A change of OVN's or of ours shows within the deadline.
+            let got = cluster::wait_until(ROUTE_DEADLINE, || {
+                cluster::seen(lab, pod, proto, host) == Some(want)
+            })
+            .map(|_| want)
+            .ok()
+            .or_else(|| cluster::seen(lab, pod, proto, host));
+            let good = got == Some(want);
+            ok &= good;
+            println!(
+                "  {phase:<15} {pod} {proto} -> {name:<7} expect {want:<15} {:<4} (saw {})",
+                if good { "ok" } else { "FAIL" },
+                got.map_or_else(|| "nothing".to_owned(), |a| a.to_string())
+            );
+        }
+    };
+    let mut running: Vec<_> = theirs_rows.to_vec();
+    running.push(ours);
+    check(lab, "agents running", &running);
+    // Each agent's log tells its starts apart: the new ones have started when each
+    // says it serves the CNI plugin once more (until then the pinned datapath serves
+    // alone: a change, such as the route step's next, would wait for them).
+    let nodes: Vec<&'static str> = lab.nodes().iter().map(|n| n.name).collect();
+    let serving = |lab: &Lab, node: &str| {
+        lab.agent_log(node)
+            .matches("serving the CNI plugin")
+            .count()
+    };
+    let before: Vec<usize> = nodes.iter().map(|n| serving(lab, n)).collect();
+    lab.stop_agents();
+    check(lab, "agents stopped", &theirs_rows);
+    let t = Instant::now();
+    lab.start_agents(agent)?;
+    lab.node_forwarding()?;
+    cluster::wait_until(Duration::from_secs(60), || {
+        nodes.iter().zip(&before).all(|(n, b)| serving(lab, n) > *b)
+    })
+    .context("the agents started again never served the CNI plugin")?;
+    println!("agents started again in {:.1}s", t.elapsed().as_secs_f64());
+    check(lab, "agents started", &running);
     Ok(ok)
 }
 

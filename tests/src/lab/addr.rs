@@ -32,6 +32,8 @@ pub const HOST_E: Ipv4Addr = Ipv4Addr::new(192, 168, 105, 100);
 /// The address of an OVN-Kubernetes EgressIP on the primary network
 /// ([`super::Lab::add_ovn_egress_ip`]).
 pub const OVN_EGRESS_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 100);
+/// A second one, for a pod no policy of ours selects (`cargo xtask lab --cni ovn`).
+pub const OVN_EGRESS_IP_2: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 101);
 /// Egress IPs of the sample policy.
 pub const EGRESS_IP_A: Ipv4Addr = Ipv4Addr::new(192, 168, 101, 50);
 pub const EGRESS_IP_B: Ipv4Addr = Ipv4Addr::new(192, 168, 102, 50);

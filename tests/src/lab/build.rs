@@ -97,8 +97,17 @@ impl Lab {
                 ("net.ipv4.conf.all.rp_filter", "0"),
                 ("net.ipv4.conf.default.rp_filter", "0"),
             ];
-            let router = m == "rtr" || m == "rtr-b" || self.spec.nodes.iter().any(|n| n.name == m);
-            if router {
+            let node = self.spec.nodes.iter().any(|n| n.name == m);
+            let router = m == "rtr" || m == "rtr-b" || node;
+            if node && self.spec.cni.ovn().is_some() {
+                // OpenShift's `ipForwarding: Restricted` (its default since 4.14): off for
+                // the node, on only where OVN-Kubernetes turns it on (`super::ovn`) and
+                // where the node's settings do for our datapath (`Lab::node_forwarding`).
+                kv.extend([
+                    ("net.ipv4.conf.all.forwarding", "0"),
+                    ("net.ipv4.conf.default.forwarding", "0"),
+                ]);
+            } else if router {
                 kv.push(("net.ipv4.ip_forward", "1"));
             }
             if v6 {

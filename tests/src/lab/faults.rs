@@ -191,18 +191,41 @@ impl Lab {
             .map(drop)
     }
 
-    /// What OVN-Kubernetes' EgressIP does on a node for `pods` leaving by the primary
-    /// network, in local gateway mode (pod egress routed by the host): `ip` on the node's
-    /// underlay device (where OVN's gateway router would answer for it) and SNAT of the
-    /// pods' packets leaving by it to `ip` (nftables, table `ovnk_egressip`); and the
-    /// `k8s.ovn.org/v1` EgressIP object in the state directory (`ovn-egressip.yaml`),
-    /// which the agents read. OVN itself is not run.
+    /// OVN-Kubernetes' EgressIP `ip` on `node` for `pods` leaving by the primary network,
+    /// and the `k8s.ovn.org/v1` EgressIP object in the state directory
+    /// (`ovn-egressip-<ip>.yaml`), which the agents read. Under OVN (`--cni ovn`), rendered in
+    /// OVN as OVN-Kubernetes renders it ([`Lab::render_ovn_egress_ip`]). Without OVN, what
+    /// it does on a node in local gateway mode (pod egress routed by the host): `ip` on
+    /// the node's underlay device (where OVN's gateway router would answer for it) and
+    /// SNAT of the pods' packets leaving by it to `ip` (nftables, table `ovnk_egressip`).
     pub fn add_ovn_egress_ip(&self, node: &str, pods: &[&str], ip: Ipv4Addr) -> Result<()> {
         let dev = self.spec.cni.underlay_device();
-        let sources: Vec<String> = pods
+        let addrs: Vec<Ipv4Addr> = pods
             .iter()
-            .map(|p| Ok(self.pod(p)?.ip.to_string()))
+            .map(|p| Ok(self.pod(p)?.ip))
             .collect::<Result<_>>()?;
+        if self.spec.cni.ovn().is_some() {
+            self.render_ovn_egress_ip(node, &addrs, ip)?;
+        } else {
+            self.nft_egress_ip(node, dev, &addrs, ip)?;
+        }
+        let selected: Vec<&Pod> = pods.iter().map(|p| self.pod(p)).collect::<Result<_>>()?;
+        let object = json!({
+            "apiVersion": "k8s.ovn.org/v1",
+            "kind": "EgressIP",
+            "metadata": {"name": format!("lab-ovn-{ip}")},
+            "spec": {
+                "egressIPs": [ip.to_string()],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": selected[0].namespace}},
+                "podSelector": {"matchLabels": selected[0].labels},
+            },
+        });
+        self.write_state_file(&format!("ovn-egressip-{ip}.yaml"), &to_yaml_doc(&object))
+    }
+
+    /// [`Lab::add_ovn_egress_ip`] without OVN: the address and an nftables SNAT.
+    fn nft_egress_ip(&self, node: &str, dev: &str, addrs: &[Ipv4Addr], ip: Ipv4Addr) -> Result<()> {
+        let sources: Vec<String> = addrs.iter().map(ToString::to_string).collect();
         self.ns(node)?
             .ip_batch(&[format!("addr add {ip}/32 dev {dev}")])?;
         let script = format!(
@@ -218,19 +241,8 @@ impl Lab {
         let path = self.dir.join(format!("ovn-egressip-{node}.nft"));
         std::fs::write(&path, script)
             .with_context(|| format!("failed to write {}", path.display()))?;
-        self.exec(node, "nft", &["-f", &path.to_string_lossy()])?;
-        let selected: Vec<&Pod> = pods.iter().map(|p| self.pod(p)).collect::<Result<_>>()?;
-        let object = json!({
-            "apiVersion": "k8s.ovn.org/v1",
-            "kind": "EgressIP",
-            "metadata": {"name": "lab-ovn"},
-            "spec": {
-                "egressIPs": [ip.to_string()],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": selected[0].namespace}},
-                "podSelector": {"matchLabels": selected[0].labels},
-            },
-        });
-        self.write_state_file("ovn-egressip.yaml", &to_yaml_doc(&object))
+        self.exec(node, "nft", &["-f", &path.to_string_lossy()])
+            .map(drop)
     }
 
     /// Remove every partition of [`Lab::partition_underlay`].

@@ -109,6 +109,9 @@ impl Lab {
             ),
         });
         out.push(self.forged_return_from_a_pod()?);
+        for gw in ["gw1", "gw2"] {
+            out.push(self.restricted_forwarding(gw)?);
+        }
         let into = counted(self, "w1", reason::TO_POD_DEVICE);
         out.push(IsolationCheck {
             what: "w1: replies of our flows went into the pods, not through OVN".to_owned(),
@@ -116,6 +119,40 @@ impl Lab {
             seen: format!("TO_POD_DEVICE {into}"),
         });
         Ok(out)
+    }
+
+    /// `node` forwards as OpenShift's `ipForwarding: Restricted` leaves it, with the
+    /// agent running: `all` off, on only for OVN-Kubernetes' interfaces and the
+    /// datapath's (the tunnel device, the secondary networks': the node's settings).
+    fn restricted_forwarding(&self, node: &str) -> Result<IsolationCheck> {
+        let out = self.exec(
+            node,
+            "sysctl",
+            &["-a", "-r", r"^net\.ipv4\.conf\..*\.forwarding$"],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let on = |l: &&str| l.trim_end().ends_with("= 1");
+        let name = |l: &str| {
+            l.trim_start_matches("net.ipv4.conf.")
+                .split(".forwarding")
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        };
+        let all_on = text
+            .lines()
+            .any(|l| l.starts_with("net.ipv4.conf.all.") && on(&l));
+        let named: Vec<String> = text.lines().filter(on).map(name).collect();
+        // Off but for OVN-Kubernetes' interfaces and the datapath's (`Lab::node_forwarding`):
+        // the table's rows through this gateway show that this is enough.
+        let expected = |n: &String| {
+            ["br-ex", "ovn-k8s-mp0", "egress0"].contains(&n.as_str()) || n.starts_with("sec-")
+        };
+        Ok(IsolationCheck {
+            what: format!("{node}: forwards with `all` forwarding off (Restricted)"),
+            ok: !all_on && named.iter().all(expected) && named.iter().any(|n| n == "egress0"),
+            seen: format!("on for: {}", named.join(", ")),
+        })
     }
 
     /// A pod of another node (w2-p2) sends w1 replies to w1-p1 from host-a as a gateway

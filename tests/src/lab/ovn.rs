@@ -176,10 +176,93 @@ impl Lab {
             if mode == OvnGateway::Local {
                 self.masquerade_pods(node)?;
             }
+            // `ipForwarding: Restricted`: forwarding on the interfaces OVN-Kubernetes
+            // manages only (the node's `all` and `default` are off: `build_namespaces`).
+            self.ns(node.name)?.sysctls(&[
+                ("net.ipv4.conf.br-ex.forwarding", "1"),
+                ("net.ipv4.conf.ovn-k8s-mp0.forwarding", "1"),
+            ])?;
         }
         self.ovn_nbctl(&["--wait=hv", "sync"])
             .context("OVN's chassis did not all apply the topology")?;
         Ok(())
+    }
+
+    /// What a node under `ipForwarding: Restricted` does for our datapath, once the agents
+    /// run (docs/operations.md: "the node must turn them on"; a MachineConfig's sysctl
+    /// drop-in, which systemd-sysctl applies to a device when it appears): forwarding on
+    /// the agent's tunnel device and on every secondary network's interface (`sec-*`). The
+    /// agents run as deployed, with /proc/sys read-only: they name these and cannot set
+    /// them. Nothing without OVN (its nodes forward everywhere).
+    pub fn node_forwarding(&self) -> Result<()> {
+        /// The agents' `--tunnel-device` (its default).
+        const TUNNEL_DEVICE: &str = "egress0";
+        if self.spec.cni.ovn().is_none() {
+            return Ok(());
+        }
+        for node in &self.spec.nodes {
+            let devices = || -> Result<Vec<String>> {
+                let out = self.exec(node.name, "ls", &["/proc/sys/net/ipv4/conf"])?;
+                Ok(String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter(|d| *d == TUNNEL_DEVICE || d.starts_with("sec-"))
+                    .map(str::to_owned)
+                    .collect())
+            };
+            // The agent makes the tunnel device when it starts.
+            crate::cluster::wait_until(std::time::Duration::from_secs(60), || {
+                devices().is_ok_and(|d| d.iter().any(|d| d == TUNNEL_DEVICE))
+            })
+            .with_context(|| format!("{}'s agent made no {TUNNEL_DEVICE}", node.name))?;
+            let keys: Vec<String> = devices()?
+                .iter()
+                .map(|d| format!("net.ipv4.conf.{d}.forwarding"))
+                .collect();
+            let kv: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "1")).collect();
+            self.ns(node.name)?.sysctls(&kv)?;
+        }
+        Ok(())
+    }
+
+    /// OVN-Kubernetes' EgressIP `ip` on `node` for `sources` (pods' addresses), as it
+    /// renders one in OVN: a reroute policy at priority 100 on `ovn_cluster_router` for
+    /// each pod toward `GR_<node>` (its address on `join`), and a `snat` of each pod to
+    /// `ip` on that gateway router, which answers ARP for `ip` on `ext_<node>`. Policies
+    /// of higher priority (pod to pod, 102; to a node's own address, 1004) still win.
+    pub(super) fn render_ovn_egress_ip(
+        &self,
+        node: &str,
+        sources: &[Ipv4Addr],
+        ip: Ipv4Addr,
+    ) -> Result<()> {
+        let n = self
+            .spec
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .with_context(|| format!("no node {node} for the EgressIP"))?;
+        let mut nb = Nb::default();
+        for src in sources {
+            nb.cmd(&[
+                "lr-policy-add",
+                "ovn_cluster_router",
+                "100",
+                &format!("ip4.src == {src}"),
+                "reroute",
+                &join_ip(n).to_string(),
+            ])
+            .cmd(&[
+                "lr-nat-add",
+                &format!("GR_{node}"),
+                "snat",
+                &ip.to_string(),
+                &src.to_string(),
+            ]);
+        }
+        self.nb(&nb)?;
+        self.ovn_nbctl(&["--wait=hv", "sync"])
+            .context("OVN's chassis did not apply the EgressIP")
+            .map(drop)
     }
 
     /// The NB and SB databases and `ovn-northd`, detached, in the underlay's namespace.
