@@ -170,12 +170,17 @@ fn full_size_segments_cross_the_ipv6_underlay() {
     // entering the tunnel get their MSS clamped to 1430 - 60.
     let lab = up_with_agents(spec_for(Family::V6).unwrap()).unwrap();
     only_underlay(&lab, Underlay::V6);
+    // Each agent sets it once it has started (a loaded machine can hold a gateway's start
+    // back after the lab answers through the other).
     for node in NODES {
-        let o = lab
-            .exec(node, "ip", &["-o", "link", "show", "egress0"])
-            .unwrap();
-        let link = String::from_utf8_lossy(&o.stdout);
-        assert!(link.contains(" mtu 1430 "), "{node}: {link}");
+        let link = || {
+            let o = lab
+                .exec(node, "ip", &["-o", "link", "show", "egress0"])
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        let set = wait_until(Duration::from_secs(30), || link().contains(" mtu 1430 "));
+        assert!(set.is_ok(), "{node}: {}", link());
     }
     let s = lab
         .query_with(
