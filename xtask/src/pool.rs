@@ -71,7 +71,24 @@ struct Job {
 /// Build the workspace's tests (but the eBPF crate), then run them all as described in
 /// the module's comment, with `env`; the doctests run after, by cargo.
 pub fn run(env: &[(&str, &str)]) -> Result<()> {
-    let binaries = build(env)?;
+    run_binaries(env, None)
+}
+
+/// [`run`] for the test binaries named `only` (none alone, no doctests): the build is the
+/// same as [`run`]'s, so nothing is compiled again.
+pub fn run_only(only: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    run_binaries(env, Some(only))
+}
+
+fn run_binaries(env: &[(&str, &str)], only: Option<&[&str]>) -> Result<()> {
+    let mut binaries = build(env)?;
+    if let Some(only) = only {
+        binaries.retain(|b| only.contains(&b.name.as_str()));
+        anyhow::ensure!(
+            binaries.len() == only.len(),
+            "cargo built no test binary for some of {only:?}"
+        );
+    }
     let mut jobs = Vec::new();
     for b in &binaries {
         jobs.extend(jobs_of(b)?);
@@ -87,7 +104,7 @@ pub fn run(env: &[(&str, &str)]) -> Result<()> {
     let total = jobs.len();
     let (alone, jobs): (Vec<Job>, Vec<Job>) = jobs
         .into_iter()
-        .partition(|j| ALONE.contains(&j.what.as_str()));
+        .partition(|j| only.is_none() && ALONE.contains(&j.what.as_str()));
     eprintln!(
         "xtask: {total} test jobs from {} binaries: {} alone, then {SLOTS} at a time",
         binaries.len(),
@@ -125,6 +142,15 @@ pub fn run(env: &[(&str, &str)]) -> Result<()> {
     }
     failed_alone.append(&mut failed.lock().expect("failures"));
     let failed = failed_alone;
+    if only.is_some() {
+        anyhow::ensure!(
+            failed.is_empty(),
+            "{} of {total} test jobs failed:\n  {}",
+            failed.len(),
+            failed.join("\n  ")
+        );
+        return Ok(());
+    }
     // The doctests: cargo alone runs them.
     let doc = crate::bootstrap::sh(
         "cargo",

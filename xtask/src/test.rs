@@ -182,7 +182,7 @@ pub fn run(args: Args) -> Result<()> {
         // The same tests with the legacy tc path forced: every agent of the labs attaches
         // with a clsact qdisc and bpf filters on this kernel, which has TCX.
         step("tests with --attach tc forced (EGRESS_ATTACH=tc)", || {
-            cargo_tests(
+            crate::pool::run_only(
                 TC_TESTS,
                 &[("EGRESS_PROBE_MISSES", "6"), ("EGRESS_ATTACH", "tc")],
             )
@@ -271,16 +271,6 @@ impl GuestRun {
         a.extend(self.filters.iter().map(|f| (*f).to_owned()));
         a
     }
-}
-
-/// `cargo test -p egress-tests --test <each>` with `env`, two at a time.
-fn cargo_tests(tests: &[&str], env: &[(&str, &str)]) -> Result<()> {
-    let mut a = vec!["test", "-p", "egress-tests", "--no-fail-fast"];
-    for t in tests {
-        a.extend(["--test", t]);
-    }
-    a.extend(["--", "--test-threads=2"]);
-    sh("cargo", &a, env)
 }
 
 /// Build the guest's test binaries on the host (the guest runs no cargo), then boot the
