@@ -123,6 +123,21 @@ pub fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The datapath's clock `age_s` seconds ago: the last-seen time of an entry a test ages by
+/// hand. The datapath counts an entry stamped at or ahead of its clock as fresh, so on a
+/// machine up for less than `age_s` (a guest just booted: `cargo xtask vm`) no stamp is old
+/// enough; this waits until the clock has run that long.
+pub fn ktime_ago_ns(age_s: u64) -> u64 {
+    let age = age_s * 1_000_000_000;
+    loop {
+        let now = ktime_ns();
+        if let Some(then) = now.checked_sub(age) {
+            return then;
+        }
+        thread::sleep(std::time::Duration::from_nanos(age - now));
+    }
+}
+
 /// The `__sk_buff` passed as `ctx_in`: `ifindex` (0: loopback) and, when given, the
 /// tunnel sender in `cb[0..4]` (its 16 underlay bytes) and the VNI in `cb[4]`, where
 /// `from_tunnel` reads them when loaded with `TEST_TUNNEL_FROM_CB`.

@@ -48,7 +48,8 @@ use egress_tests::{
     },
     table::{Case, Out, case, no_setup},
     testrun::{
-        Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, ifindex, in_netns, ip, ktime_ns,
+        Datapath, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, ifindex, in_netns, ip, ktime_ago_ns,
+        ktime_ns,
     },
 };
 
@@ -598,7 +599,6 @@ fn fix_ip_csum(f: &mut [u8]) {
 /// Both conntrack entries of the UDP flow `REMOTE_POD:5000 -> DEST_A:53`, translated to
 /// `EGRESS_A:5000`, last seen `orig_age_s` and `reply_age_s` seconds ago.
 fn udp_flow_entries(dp: &mut Datapath, net: &Net, orig_age_s: u64, reply_age_s: u64) {
-    let now = ktime_ns();
     let entry = |xlate: Ipv4Addr, age_s: u64| CtEntryV4 {
         xlate_addr: xlate.octets(),
         xlate_port_be: 5000u16.to_be(),
@@ -607,7 +607,7 @@ fn udp_flow_entries(dp: &mut Datapath, net: &Net, orig_age_s: u64, reply_age_s: 
         pod_node: underlay::from_v4(PEER.octets()),
         ifindex: net.sec0,
         rule_id: RULE_A,
-        last_seen_ns: now.saturating_sub(age_s * 1_000_000_000),
+        last_seen_ns: ktime_ago_ns(age_s),
         next_hop: Default::default(),
     };
     dp.ct_insert(
@@ -720,7 +720,7 @@ fn from_tunnel_table() {
         ),
         case(
             "flow idle in both directions: its port is reused by a new flow",
-            |dp, net| udp_flow_entries(dp, net, 200, 200),
+            |dp, net| udp_flow_entries(dp, net, 121, 121),
             vec![
                 from_tunnel(PEER, RULE_A, &udp(REMOTE_POD2, 5000, DEST_A, 53))
                     .redirected(&out(&udp(REMOTE_POD2, 5000, DEST_A, 53), 5000)),
@@ -729,7 +729,7 @@ fn from_tunnel_table() {
         ),
         case(
             "pod silent, destination streaming: the pod's next packet keeps the translation",
-            |dp, net| udp_flow_entries(dp, net, 200, 1),
+            |dp, net| udp_flow_entries(dp, net, 121, 1),
             vec![
                 from_tunnel(PEER, RULE_A, &udp(REMOTE_POD, 5000, DEST_A, 53))
                     .redirected(&out(&udp(REMOTE_POD, 5000, DEST_A, 53), 5000)),
@@ -942,7 +942,7 @@ fn from_secondary_table() {
         case(
             "dedicated egress IP, entry idle past its timeout: dropped",
             |dp: &mut Datapath, net: &Net| {
-                let old = ktime_ns().saturating_sub(121 * 1_000_000_000);
+                let old = ktime_ago_ns(121);
                 dp.ct_insert(
                     CtKeyV4 {
                         src: DEST_A.octets(),
@@ -1642,7 +1642,7 @@ fn port_exhaustion_is_counted_per_pod_and_an_idle_flows_port_is_reclaimed() {
         assert_eq!(exhausted(&mut dp), vec![(REMOTE_POD3, 2)]);
 
         // REMOTE_POD's SYN was never answered: idle past the 60 s of a new TCP flow.
-        let old = ktime_ns().saturating_sub(61 * 1_000_000_000);
+        let old = ktime_ago_ns(61);
         for (k, mut e) in dp.ct() {
             if k.src == REMOTE_POD.octets() || k.dst_port_be == 30_000u16.to_be() {
                 e.last_seen_ns = old;

@@ -19,7 +19,7 @@ use super::{
 use crate::{
     packet::{HOST_MAC, L4, POD_MAC, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, arp_frame, quote},
     table::{Case, Out, case, no_setup},
-    testrun::{Datapath, TC_ACT_REDIRECT, in_netns, ip, ktime_ns},
+    testrun::{Datapath, TC_ACT_REDIRECT, in_netns, ip, ktime_ago_ns, ktime_ns},
 };
 
 /// A SYN with the MSS of a 1500-byte MTU, and as clamped to the tunnel's.
@@ -1122,9 +1122,9 @@ pub fn a_reset_closes_both_entries<A: Ip>(u: UnderlayNet, reset_from_destination
         // Reset again, then 11 s of silence (the entries aged by hand): the flow is over,
         // and the next SYN of the tuple makes a new flow.
         send(&mut dp, false, back(TCP_RST));
-        let now = ktime_ns();
+        let old = ktime_ago_ns(11);
         for (k, mut e) in A::ct(&mut dp) {
-            *A::last_seen(&mut e) = now - 11_000_000_000;
+            *A::last_seen(&mut e) = old;
             A::ct_insert(&mut dp, k, e);
         }
         send(&mut dp, true, out(TCP_SYN));
