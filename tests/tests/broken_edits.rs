@@ -3,18 +3,30 @@
 //! unparsable, then empty, then given a rule with an invalid CIDR, then fixed. Every step
 //! keeps the last good translation: the holders stay, new connections leave with the
 //! egress IPs, the streams lose nothing and are never reset, and the far hosts see only
-//! the egress IPs.
+//! the egress IPs. An agent restarted while the policy is broken serves it as the one it
+//! replaced did.
 
 use std::{net::IpAddr, time::Duration};
 
 use egress_tests::{
-    cluster::{default_spec, holder, seen, start_stream, stop_stream, up_with_agents},
+    cluster::{
+        agent_bin, default_spec, holder, seen, start_stream, stop_stream, up_with_agents,
+        wait_until,
+    },
     lab::{Proto, addr, sample_policy},
 };
 
 const POD: &str = "w1-p1";
 /// How long each broken state lasts: several resyncs and file-watch rounds.
 const HOLD: Duration = Duration::from_secs(4);
+
+/// The sample policy with an invalid CIDR in rule A.
+fn invalid_cidr() -> String {
+    let good = sample_policy();
+    let broken = good.replacen("192.168.101.0/24", "192.168.101.0/33", 1);
+    assert_ne!(broken, good, "the sample policy lists network A");
+    broken
+}
 
 #[test]
 fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
@@ -30,8 +42,7 @@ fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
     std::thread::sleep(Duration::from_millis(500));
 
     let good = sample_policy();
-    let invalid_cidr = good.replacen("192.168.101.0/24", "192.168.101.0/33", 1);
-    assert_ne!(invalid_cidr, good, "the sample policy lists network A");
+    let invalid_cidr = invalid_cidr();
     let edits: [(&str, &str); 3] = [
         (
             "unparsable",
@@ -110,4 +121,47 @@ fn broken_policy_edits_keep_the_last_good_translation_and_lose_nothing() {
             "{node}: the invalid rule's policy is served from its last accepted version"
         );
     }
+}
+
+/// The pod's node and the holder of egress IP A restart while rule A has an invalid CIDR:
+/// each reads the policy's last accepted version that the agent before it kept
+/// (`/run/egress-agent/<pins>.accepted.json`), so the holders stay and the pod's new
+/// connections still leave with the egress IPs. Without it, the restarted worker knew no
+/// version of the policy and left the pod to its node's routing (its own address), and the
+/// restarted holder let egress IP A go.
+#[test]
+fn an_agent_restarted_while_a_policy_is_broken_serves_its_last_accepted_version() {
+    let mut lab = up_with_agents(default_spec().unwrap()).unwrap();
+    let (a, b) = (addr::EGRESS_IP_A, addr::EGRESS_IP_B);
+    let holders = |lab: &_| (holder(lab, a), holder(lab, b));
+    let before = holders(&lab);
+    let (holder_a, _) = before.0.clone().expect("egress IP A held");
+    lab.write_policy(&invalid_cidr()).unwrap();
+    wait_until(HOLD, || {
+        ["w1", holder_a.as_str()]
+            .iter()
+            .all(|node| lab.agent_log(node).contains("last accepted version"))
+    })
+    .expect("both agents serve the policy from its last accepted version");
+
+    let bin = agent_bin().unwrap();
+    for node in ["w1", holder_a.as_str()] {
+        lab.stop_agent(node).unwrap();
+        lab.start_agent(node, &bin, &[]).unwrap();
+    }
+    wait_until(Duration::from_secs(30), || {
+        lab.agent_ready("w1") && lab.agent_ready(&holder_a)
+    })
+    .expect("the restarted agents finish a pass");
+    assert_eq!(holders(&lab), before, "the egress IPs stay put");
+    assert_eq!(
+        seen(&lab, POD, Proto::Tcp, addr::HOST_A),
+        Some(IpAddr::V4(a)),
+        "a new connection to A leaves with egress IP A"
+    );
+    assert_eq!(
+        seen(&lab, POD, Proto::Udp, addr::HOST_B),
+        Some(IpAddr::V4(b)),
+        "new UDP to B leaves with egress IP B"
+    );
 }

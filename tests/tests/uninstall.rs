@@ -79,6 +79,24 @@ fn cni_bin_dir(lab: &Lab, node: &str) -> Result<PathBuf> {
 
 /// The uninstall's init container `cleanup`, run in `node`'s namespace as the runtime
 /// would run it, with the lab's paths for the node's.
+/// The files of `node`'s pin directory in the agents' `/run/egress-agent` (its lock, its
+/// policies' last accepted versions).
+fn run_files(lab: &Lab, node: &str) -> Result<Vec<String>> {
+    let flat: Vec<String> = lab
+        .bpffs_dir(node)
+        .components()
+        .skip(1)
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let prefix = format!("{}.", flat.join("-"));
+    let mut files: Vec<String> = std::fs::read_dir("/run/egress-agent")?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.as_ref().map_or(true, |n: &String| n.starts_with(&prefix)))
+        .collect::<Result<_>>()?;
+    files.sort();
+    Ok(files)
+}
+
 fn run_cleanup(lab: &Lab, node: &str, container: &AgentContainer, cni: &Path) -> Result<Output> {
     let pins = lab.bpffs_dir(node);
     let args = container.args_with(&[
@@ -132,6 +150,11 @@ fn the_uninstall_daemonset_removes_the_datapath_and_plugin_from_each_node() -> R
     // 2. The agents' DaemonSet deleted: each stops with SIGTERM, the datapath stays.
     lab.stop_agents();
     let before = ours_attached(&lab, &gw)?;
+    let kept = run_files(&lab, &gw)?;
+    ensure!(
+        kept.iter().any(|f| f.ends_with(".accepted.json")),
+        "{gw}: the policies' last accepted versions are kept: {kept:?}"
+    );
 
     // 3. A container without NET_ADMIN would stop halfway: it refuses before anything.
     let mut lacking = cleanup.clone();
@@ -167,6 +190,8 @@ fn the_uninstall_daemonset_removes_the_datapath_and_plugin_from_each_node() -> R
         );
         // What the kernel and the filesystem say.
         ensure!(!lab.bpffs_dir(node).exists(), "{node}: pins left");
+        let left = run_files(&lab, node)?;
+        ensure!(left.is_empty(), "{node}: /run/egress-agent holds {left:?}");
         let attached = ours_attached(&lab, node)?;
         ensure!(attached.is_empty(), "{node}: still attached: {attached:?}");
         let links = text(&lab.exec(node, "ip", &["-d", "link", "show"])?);

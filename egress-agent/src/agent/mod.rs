@@ -24,15 +24,16 @@ use ipnet::IpNet;
 use tracing::{debug, info, warn};
 
 use crate::{
-    api::{HeldEgressIp, PreflightCheck},
+    api::HeldEgressIp,
     compiler::{self, Compiled, move_reason},
     datapath::{self, Datapath},
     iface,
     liveness::{self, PeerView, Transition, service::Handle},
     metrics::{self, Stats},
-    source::{Snapshot, StatusWriter, kube as kube_source},
+    source::{Snapshot, kube as kube_source},
 };
 
+pub mod accepted;
 pub mod attachments;
 pub mod batch;
 mod devices;
@@ -255,7 +256,9 @@ struct Reconciler<'a> {
     /// The next time a pass is due (a handover, the warm-up or a linger ending).
     wake_at: Option<Instant>,
     /// Each policy's last accepted version: a broken edit keeps being served from it.
-    last_accepted: BTreeMap<String, crate::api::EgressGatewayPolicy>,
+    last_accepted: accepted::Accepted,
+    /// Where they are kept for the next agent on this node.
+    accepted_file: accepted::AcceptedFile,
     /// The last compile, taken again while nothing it reads changed.
     memo: compiler::Memo,
     stats: Arc<Mutex<Stats>>,
@@ -263,15 +266,16 @@ struct Reconciler<'a> {
 
 impl<'a> Reconciler<'a> {
     /// A reconciler that holds nothing yet (the first pass adopts what an earlier agent
-    /// left): `tunnel` is the tunnel's ifindex and MTU, and the underlay's MTU.
+    /// left): `tunnel` is the tunnel's ifindex and MTU, and the underlay's MTU; the
+    /// policies' last accepted versions are what `accepted_file` kept.
     fn new(
         cfg: &'a RunConfig,
         nl: iface::Netlink,
         (tunnel_ifindex, tunnel_mtu, underlay_mtu): (u32, u32, u32),
-        sink: Box<dyn StatusWriter>,
+        publisher: Publisher<'a>,
         probes: Handle,
         stats: Arc<Mutex<Stats>>,
-        preflight: Vec<PreflightCheck>,
+        accepted_file: accepted::AcceptedFile,
     ) -> Self {
         Self {
             cfg,
@@ -280,12 +284,13 @@ impl<'a> Reconciler<'a> {
             tunnel_mtu,
             underlay_mtu,
             probes,
-            publisher: Publisher::new(cfg, sink, preflight),
+            publisher,
             devices: Devices::new(cfg, tunnel_ifindex),
             own: Ownership::default(),
             announcing: holding::Announcing::default(),
             wake_at: None,
-            last_accepted: BTreeMap::new(),
+            last_accepted: accepted_file.kept().clone(),
+            accepted_file,
             memo: compiler::Memo::default(),
             stats,
         }
@@ -342,6 +347,7 @@ impl Reconciler<'_> {
             debug!("compile: nothing it reads changed since the last pass, its result taken again");
         }
         self.last_accepted.clone_from(&compiled.accepted);
+        self.accepted_file.save(&self.last_accepted);
         problems.extend(compiled.problems.iter().map(ToString::to_string));
 
         let mut changed = self.configure(dp, &compiled.desired, &mut problems).await?;

@@ -57,7 +57,10 @@ pub(super) async fn start(cfg: &RunConfig) -> Result<Started<'_>> {
     let probes = start_probes(cfg, probe_socket, liveness_keys, remapped)?;
     log_started(cfg, tunnel, &dp, probes.port);
     let wakers = Wakers::start(cfg, views, &nl, probes.views, probes.transitions).await?;
-    let reconciler = Reconciler::new(cfg, nl, tunnel, sink, probes.handle, stats, preflight);
+    // Read once the lock is ours: the file is the last agent's on this pin directory.
+    let kept = super::accepted::AcceptedFile::open(lock.beside(super::accepted::FILE));
+    let publisher = super::publish::Publisher::new(cfg, sink, preflight);
+    let reconciler = Reconciler::new(cfg, nl, tunnel, publisher, probes.handle, stats, kept);
     Ok(Started {
         reconciler,
         dp,

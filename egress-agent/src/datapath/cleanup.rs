@@ -110,6 +110,7 @@ pub async fn uninstall(
         note(format!("removed tunnel device {tunnel_device}"));
     }
     // Last, while still holding it: no agent started meanwhile.
+    let _ = fs::remove_file(held.beside(crate::agent::accepted::FILE));
     let _ = fs::remove_file(held.path());
     Ok(removed)
 }

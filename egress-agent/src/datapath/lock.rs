@@ -96,6 +96,12 @@ impl PinLock {
         &self.path
     }
 
+    /// A file of this pin directory's beside its lock: `<flat pin dir>.<what>` under the
+    /// lock directory (cleared by a reboot, as the pins are).
+    pub fn beside(&self, what: &str) -> PathBuf {
+        self.path.with_extension(what)
+    }
+
     /// Let go of the lock and remove its file: for a start that fails before it touched
     /// anything, so that it leaves nothing behind (the file is this lock's own: nobody
     /// else can hold it meanwhile).

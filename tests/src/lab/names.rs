@@ -112,12 +112,25 @@ impl Lab {
 
     /// `node`'s agent's Prometheus text (`GET /metrics` on its status socket).
     pub fn agent_metrics(&self, node: &str) -> Result<String> {
+        self.agent_get(node, "/metrics")
+    }
+
+    /// Whether `node`'s agent has finished a pass since it started (`GET /readyz` answers
+    /// 200 on its status socket).
+    pub fn agent_ready(&self, node: &str) -> bool {
+        self.agent_get(node, "/readyz").is_ok_and(|answer| {
+            answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200")
+        })
+    }
+
+    /// The whole HTTP answer of `node`'s agent to `GET path` on its status socket.
+    fn agent_get(&self, node: &str, path: &str) -> Result<String> {
         use std::io::{Read as _, Write as _};
         let socket = self.status_socket(node);
         let mut s = std::os::unix::net::UnixStream::connect(&socket)
             .with_context(|| format!("{node}: {}", socket.display()))?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n")?;
         let mut text = String::new();
         s.read_to_string(&mut text)?;
         Ok(text)
