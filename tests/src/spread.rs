@@ -6,7 +6,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -251,7 +251,16 @@ pub fn failover(lab: &mut Lab, v6: bool, interval: Duration) -> Result<FailoverR
     let holder = (failed.0.clone(), "sec-a".to_owned());
     let injected = failover::inject(lab, Kind::SilentDeath, &holder);
     if injected.is_ok() {
-        std::thread::sleep(Duration::from_secs(5));
+        // Until A moved, then long enough for a TCP stream out for that long to have
+        // retransmitted since (its timeout doubles: by twice the outage and a second):
+        // 5 s at least. Under emulation the move takes seconds, not the 0.4 s here.
+        let t0 = Instant::now();
+        let moved = cluster::wait_until(PLACED_WITHIN, || {
+            cluster::holder(lab, a).is_some_and(|(gw, _)| gw != failed.0)
+        });
+        let outage = moved.unwrap_or_else(|_| t0.elapsed());
+        let settle = (outage * 2 + Duration::from_secs(1)).max(Duration::from_secs(5));
+        std::thread::sleep(settle.saturating_sub(t0.elapsed()));
     }
     let mut reports = Vec::new();
     for (row, mut child, log) in streams {
