@@ -126,13 +126,23 @@ impl Lab {
         Ok(())
     }
 
-    /// Bridges: the underlay and one per external network.
+    /// Bridges: the underlay and one per external network. They stand for switches, which
+    /// run no netfilter: where `br_netfilter` is loaded (this host: Docker and kube-proxy
+    /// load it) a Linux bridge passes every frame through its namespace's IP and ARP
+    /// hooks, every agent's every hello included, unless told not to.
     fn build_bridges(&self) -> Result<()> {
-        self.ns("ul")?
-            .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
-        for net in NETWORKS {
-            self.ns(&format!("net-{}", net.id))?
-                .ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
+        let switches = std::iter::once("ul".to_owned())
+            .chain(NETWORKS.iter().map(|n| format!("net-{}", n.id)));
+        for name in switches {
+            let ns = self.ns(&name)?;
+            ns.ip_batch(&["link add br0 type bridge", "link set br0 up"])?;
+            if Path::new("/proc/sys/net/bridge").exists() {
+                ns.sysctls(&[
+                    ("net.bridge.bridge-nf-call-iptables", "0"),
+                    ("net.bridge.bridge-nf-call-ip6tables", "0"),
+                    ("net.bridge.bridge-nf-call-arptables", "0"),
+                ])?;
+            }
         }
         Ok(())
     }
