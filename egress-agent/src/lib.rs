@@ -30,6 +30,7 @@ pub mod logs;
 pub mod metrics;
 pub mod netpol;
 pub mod overview;
+pub mod priority;
 pub mod report;
 pub mod selector;
 pub mod source;

@@ -466,7 +466,16 @@ fn real_main() -> Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             let cfg = args.into_config()?;
-            runtime(2)?.block_on(agent::run(cfg))?;
+            // The runtime's threads give way to the probes' hellos thread
+            // (egress_agent::priority); agent::run makes the main thread give way too
+            // once the probes run.
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .on_thread_start(egress_agent::priority::give_way)
+                .enable_all()
+                .build()
+                .context("failed to start the runtime")?
+                .block_on(agent::run(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status {

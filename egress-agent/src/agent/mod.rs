@@ -125,6 +125,9 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         mut wakers,
         lock: _lock,
     } = start::start(&cfg).await?;
+    // The probes run (their thread started from this one, at its priority): from here on
+    // this thread's passes give way to them.
+    crate::priority::give_way();
     let mut problem_log = problems::ProblemLog::default();
     loop {
         match wakers.next(r.wake_at).await? {

@@ -421,6 +421,7 @@ pub fn start(pin_dir: &Path, outbox: Outbox) -> std::io::Result<thread::JoinHand
     thread::Builder::new()
         .name("ct-sweeper".into())
         .spawn(move || {
+            crate::priority::give_way();
             let mut s = Sweeper::default();
             let mut last_error = None;
             loop {

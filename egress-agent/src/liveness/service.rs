@@ -1,14 +1,26 @@
 //! The probe service: one UDP socket on the underlay, a sender that greets every target
 //! each interval (and at once when this node's report changes), a receiver that feeds the
-//! [`Tracker`]. The reconcile loop reads the [`PeerView`] from a watch channel and tells
-//! the service who the peers are and what this node holds through a [`Handle`].
+//! [`Tracker`], both on a thread of their own ("hellos") and not the runtime's:
+//!
+//! * A datagram arriving wakes nothing: the thread takes every waiting hello
+//!   [`DRAINS_PER_INTERVAL`] times an interval. A gateway hears every node each interval:
+//!   waking the runtime for each of them was most of an idle agent's CPU at 100 nodes.
+//! * The hellos go out on time while the agent's passes take the CPU: the agent's other
+//!   threads give way to this one ([`crate::priority`]). A node whose passes delayed
+//!   its hellos past the detection time was declared dead by its peers, whose passes over
+//!   that delayed theirs: at 100 agents on 2 cores, a loop that never settled
+//!   (docs/benchmarks.md).
+//!
+//! The reconcile loop reads the [`PeerView`] from a watch channel and tells the service
+//! who the peers are and what this node holds through a [`Handle`].
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    io::ErrorKind,
     net::{IpAddr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, Weak,
         atomic::{AtomicBool, Ordering},
     },
     time::{Instant, SystemTime, UNIX_EPOCH},
@@ -16,8 +28,20 @@ use std::{
 
 use tokio::{
     net::UdpSocket,
-    sync::{Notify, mpsc, watch},
+    sync::{mpsc, watch},
 };
+
+/// The probe socket once started: out of the runtime, non-blocking.
+type Socket = std::net::UdpSocket;
+
+/// How often an interval the receiver takes the hellos waiting (at the default 100 ms,
+/// every 12.5 ms: a hello is taken at most that late, against a detection time of three
+/// intervals).
+pub const DRAINS_PER_INTERVAL: u32 = 8;
+
+/// The probe socket's receive buffer: the hellos of a drain wait there. 700 nodes' hellos
+/// of 1.5 KiB (each charged about 2 KiB with its buffer) are 1.4 MiB.
+const RECEIVE_BUFFER: usize = 4 << 20;
 use tracing::{debug, warn};
 
 use super::{
@@ -31,10 +55,10 @@ use super::{
 #[derive(Clone)]
 pub struct Handle {
     tracker: Arc<Mutex<Tracker>>,
-    kick: Arc<Notify>,
+    kick: Kick,
     refused: Refusals,
     keys: Arc<Mutex<Keyring>>,
-    socket: Arc<UdpSocket>,
+    socket: Arc<Socket>,
     v6_socket: bool,
     port: u16,
     /// Set by the first [`Handle::update`]: no hello goes out before this node knows
@@ -49,6 +73,20 @@ pub struct Started {
     pub views: watch::Receiver<PeerView>,
     pub transitions: mpsc::UnboundedReceiver<Transition>,
     pub port: u16,
+}
+
+/// Asks the hellos thread to greet every target at once.
+#[derive(Clone)]
+struct Kick {
+    wanted: Arc<AtomicBool>,
+    thread: std::thread::Thread,
+}
+
+impl Kick {
+    fn kick(&self) {
+        self.wanted.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
 }
 
 /// Hellos refused so far, by reason (`hello::Error::reason`, `Refused::reason`, `stale`).
@@ -94,7 +132,7 @@ impl Handle {
         drop(t);
         let first = !self.reporting.swap(true, Ordering::Relaxed);
         if changed || first {
-            self.kick.notify_one();
+            self.kick.kick();
         }
     }
 
@@ -139,7 +177,7 @@ impl Handle {
                 .collect()
         };
         for (to, b) in hellos {
-            if let Err(e) = self.socket.send_to(&b, to).await {
+            if let Err(e) = self.socket.send_to(&b, to) {
                 debug!("failed to send a farewell to {to}: {e}");
             }
         }
@@ -189,7 +227,9 @@ pub fn start_on(
     // Peers listen on the same port as this node.
     let port = socket.local_addr()?.port();
     let v6_socket = socket.local_addr()?.is_ipv6();
-    let socket = Arc::new(socket);
+    // Non-blocking, as the runtime left it.
+    let socket = Arc::new(socket.into_std()?);
+    grow_receive_buffer(&socket);
     let incarnation = rand_u32();
     let tracker = Arc::new(Mutex::new(Tracker::new(
         me,
@@ -197,7 +237,6 @@ pub fn start_on(
         incarnation,
         Instant::now(),
     )));
-    let kick = Arc::new(Notify::new());
     let refused: Refusals = Arc::default();
     let ring = Arc::new(Mutex::new(keys.ring.clone()));
     if let Some(path) = keys.path {
@@ -209,30 +248,21 @@ pub fn start_on(
     let (tx, transitions) = mpsc::unbounded_channel();
     let remaps = Exchange::default();
 
-    spawn_receiver(
-        Peers {
-            tracker: tracker.clone(),
-            view_tx: view_tx.clone(),
-            tx: tx.clone(),
-            remaps: remaps.clone(),
-        },
-        socket.clone(),
-        (refused.clone(), ring.clone()),
-        settings,
-    );
-    spawn_sender(
+    let wanted = Arc::new(AtomicBool::new(false));
+    let thread = spawn_hellos(
         Peers {
             tracker: tracker.clone(),
             view_tx,
             tx,
             remaps: remaps.clone(),
         },
-        socket.clone(),
-        ring.clone(),
-        (kick.clone(), reporting.clone()),
+        Arc::downgrade(&socket),
+        (refused.clone(), ring.clone()),
+        (wanted.clone(), reporting.clone()),
         (port, v6_socket),
         settings,
-    );
+    )?;
+    let kick = Kick { wanted, thread };
     Ok(Started {
         handle: Handle {
             tracker,
@@ -292,40 +322,111 @@ fn spawn_reloader(path: PathBuf, ring: Arc<Mutex<Keyring>>) {
     });
 }
 
-/// Receive hellos: each decoded one goes to the tracker (a new view is published when it
-/// changes something); refused ones are counted by reason.
-fn spawn_receiver(
+/// The hellos thread: [`DRAINS_PER_INTERVAL`] times an interval it takes every hello
+/// waiting (each decoded one goes to the tracker, which publishes a new view when it
+/// changes something; refused ones are counted by reason); every interval, and at once
+/// when kicked, it greets every target, once the agent reports (`reporting`). `to` is the
+/// peers' port and whether the socket is IPv6 (IPv4 peers then at mapped addresses). The
+/// thread ends once the service is gone (its socket closed).
+fn spawn_hellos(
     peers: Peers,
-    socket: Arc<UdpSocket>,
+    socket: Weak<Socket>,
     (refused, ring): (Refusals, Arc<Mutex<Keyring>>),
+    (kicked, reporting): (Arc<AtomicBool>, Arc<AtomicBool>),
+    to: (u16, bool),
     settings: Settings,
-) {
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
-        loop {
-            let (n, from) = match socket.recv_from(&mut buf).await {
-                Ok(r) => r,
-                Err(e) => {
+) -> std::io::Result<std::thread::Thread> {
+    let drain_every = settings.interval / DRAINS_PER_INTERVAL;
+    let handle = std::thread::Builder::new()
+        .name("hellos".to_owned())
+        .spawn(move || {
+            let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
+            let mut out = Outbox::default();
+            let mut next_send = Instant::now();
+            // Held only while working: the service's end closes the socket.
+            while let Some(socket) = socket.upgrade() {
+                if let Err(e) = drain(&socket, &mut buf, &peers, &refused, &ring) {
                     warn!("failed to receive a hello: {e}");
-                    tokio::time::sleep(settings.interval).await;
-                    continue;
+                    std::thread::park_timeout(settings.interval);
                 }
-            };
-            let result = take(&buf[..n], from.ip(), &peers, &ring);
-            if result.as_ref().is_err_and(|(r, _)| *r == "unauthenticated") {
-                // An older agent's unsigned hello: echoed, nothing more.
-                if let Ok(r) = Hello::decode(&buf[..n], &Keyring::default())
-                    && r.version == 1
+                let now = Instant::now();
+                let due = now >= next_send;
+                if due {
+                    // A late tick is not made up for: the next is an interval on.
+                    next_send = (next_send + settings.interval).max(now);
+                }
+                if (kicked.swap(false, Ordering::AcqRel) || due)
+                    && reporting.load(Ordering::Relaxed)
                 {
-                    lock(&peers.tracker).echo_only(&r.hello, from.ip(), Instant::now());
+                    send_hellos(&socket, &peers, &ring, &mut out, to);
                 }
+                drop(socket);
+                let now = Instant::now();
+                let wake = (now + drain_every).min(next_send);
+                std::thread::park_timeout(wake.saturating_duration_since(now));
             }
-            if let Err((reason, e)) = result {
-                *lock(&refused).entry(reason).or_default() += 1;
-                debug!(reason, "refused a hello from {from}: {e}");
-            }
+        })?;
+    Ok(handle.thread().clone())
+}
+
+/// Take every hello waiting on the (non-blocking) socket.
+fn drain(
+    socket: &Socket,
+    buf: &mut [u8],
+    peers: &Peers,
+    refused: &Refusals,
+    ring: &Mutex<Keyring>,
+) -> std::io::Result<()> {
+    loop {
+        match socket.recv_from(buf) {
+            Ok((n, from)) => receive(&buf[..n], from, peers, refused, ring),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-    });
+    }
+}
+
+/// Take one received hello, counting a refusal by its reason.
+fn receive(b: &[u8], from: SocketAddr, peers: &Peers, refused: &Refusals, ring: &Mutex<Keyring>) {
+    let result = take(b, from.ip(), peers, ring);
+    if result.as_ref().is_err_and(|(r, _)| *r == "unauthenticated") {
+        // An older agent's unsigned hello: echoed, nothing more.
+        if let Ok(r) = Hello::decode(b, &Keyring::default())
+            && r.version == 1
+        {
+            lock(&peers.tracker).echo_only(&r.hello, from.ip(), Instant::now());
+        }
+    }
+    if let Err((reason, e)) = result {
+        *lock(refused).entry(reason).or_default() += 1;
+        debug!(reason, "refused a hello from {from}: {e}");
+    }
+}
+
+/// Make the socket's receive buffer [`RECEIVE_BUFFER`]: past the system's limit
+/// (`net.core.rmem_max`) where the agent may (CAP_NET_ADMIN), else up to it.
+fn grow_receive_buffer(socket: &Socket) {
+    use std::os::fd::AsRawFd as _;
+    let size = RECEIVE_BUFFER as libc::c_int;
+    let set = |opt| {
+        // SAFETY: setsockopt on a socket this service owns, with an int of its size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                std::ptr::from_ref(&size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_RCVBUFFORCE) != 0 && set(libc::SO_RCVBUF) != 0 {
+        debug!(
+            "failed to size the probe socket's receive buffer: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// Take one hello from `from` (read in place: one that repeats its sender's last state
@@ -366,52 +467,36 @@ fn take(
     Ok(())
 }
 
-/// Send this node's hellos to every target, every interval and at once when kicked,
-/// once the agent reports (`reporting`); `to` is the peers' port and whether the socket
-/// is IPv6 (IPv4 peers then at mapped addresses). The hellos are written into one
-/// buffer kept from interval to interval: no allocation per hello.
-fn spawn_sender(
-    peers: Peers,
-    socket: Arc<UdpSocket>,
-    ring: Arc<Mutex<Keyring>>,
-    (kick, reporting): (Arc<Notify>, Arc<AtomicBool>),
+/// Greet every target: the hellos are written into `out`, kept from interval to interval
+/// (no allocation per hello); `(port, v6_socket)` as [`spawn_hellos`] says.
+fn send_hellos(
+    socket: &Socket,
+    peers: &Peers,
+    ring: &Mutex<Keyring>,
+    out: &mut Outbox,
     (port, v6_socket): (u16, bool),
-    settings: Settings,
 ) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(settings.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut out = Outbox::default();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = kick.notified() => {}
-            }
-            if !reporting.load(Ordering::Relaxed) {
-                continue;
-            }
-            let now = Instant::now();
-            let window = peers.remaps.window(MAX_REMAPS_PER_HELLO);
-            let sent_remaps = {
-                let keys = lock(&ring);
-                let mut t = lock(&peers.tracker);
-                publish(&mut t, now, &peers.view_tx, &peers.tx);
-                t.write_hellos(now, unix_ms(), (&keys, &window), &mut out)
-            };
-            if sent_remaps > 0 {
-                peers.remaps.advance(sent_remaps);
-            }
-            for e in &out.failed {
-                warn!("{e}");
-            }
-            for (ip, range) in &out.hellos {
-                let to = SocketAddr::new(mapped(*ip, v6_socket), port);
-                if let Err(e) = socket.send_to(&out.bytes[range.clone()], to).await {
-                    debug!("failed to send a hello to {to}: {e}");
-                }
-            }
+    let now = Instant::now();
+    let window = peers.remaps.window(MAX_REMAPS_PER_HELLO);
+    let sent_remaps = {
+        let keys = lock(ring);
+        let mut t = lock(&peers.tracker);
+        publish(&mut t, now, &peers.view_tx, &peers.tx);
+        t.write_hellos(now, unix_ms(), (&keys, &window), out)
+    };
+    if sent_remaps > 0 {
+        peers.remaps.advance(sent_remaps);
+    }
+    for e in &out.failed {
+        warn!("{e}");
+    }
+    for (ip, range) in &out.hellos {
+        let to = SocketAddr::new(mapped(*ip, v6_socket), port);
+        // Non-blocking: a full send buffer loses this hello, as the network may.
+        if let Err(e) = socket.send_to(&out.bytes[range.clone()], to) {
+            debug!("failed to send a hello to {to}: {e}");
         }
-    });
+    }
 }
 
 /// At most this many remaps ride one hello (fewer when the room is short).
