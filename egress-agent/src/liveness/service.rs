@@ -199,7 +199,7 @@ impl Handle {
     }
 }
 
-/// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only) and start the tasks.
+/// Bind the probe port (IPv6 with IPv4 mapped, else IPv4 only) and start the hellos thread.
 pub async fn start(me: &str, settings: Settings, port: u16) -> std::io::Result<Started> {
     start_on(bind(port).await?, me, settings, Keys::default())
 }
