@@ -73,6 +73,8 @@ const BOOT_MODULES: &[&str] = &[
     "openvswitch",
     // OVN's tunnels between the nodes (`--cni ovn`): ovs-vswitchd creates genev_sys_6081.
     "geneve",
+    // `--cni ovn`'s nodes hold their link in a bond (`bond0` in br-ex).
+    "bonding",
 ];
 
 /// The command's exit status when a boot module did not load: the command did not run.

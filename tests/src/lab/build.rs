@@ -159,6 +159,14 @@ impl Lab {
                 "link add eth0 type veth peer name {} netns {ul}",
                 node.name
             )];
+            if cni.uplink() == "bond0" {
+                // NMState's `type: bond`, `mode: active-backup`, the link its port.
+                cmds.extend([
+                    "link add bond0 type bond mode active-backup miimon 100".to_owned(),
+                    "link set eth0 master bond0".to_owned(),
+                    "link set bond0 up".to_owned(),
+                ]);
+            }
             if cni == Cni::Bridge {
                 cmds.extend([
                     "link add br-ul type bridge".to_owned(),
@@ -278,7 +286,10 @@ impl Lab {
                 let bridge_ns = self.ns_name(&format!("net-{id}"));
                 cmds.push(if cni.runs_ovs() {
                     let vid = secondary_vlan(id);
-                    format!("link add link eth0 name sec-{id} type vlan id {vid}")
+                    format!(
+                        "link add link {} name sec-{id} type vlan id {vid}",
+                        cni.uplink()
+                    )
                 } else {
                     format!("link add sec-{id} type veth peer name {gw} netns {bridge_ns}")
                 });
@@ -672,8 +683,9 @@ impl Lab {
                 .map(str::to_owned)
                 .with_context(|| format!("{}: no MAC of {dev} in {text:?}", node.name))
         };
-        let eth0_mac = mac_of("eth0")?;
-        let hwaddr = format!("other-config:hwaddr=\"{eth0_mac}\"");
+        let uplink = self.spec.cni.uplink();
+        let nic_mac = mac_of(uplink)?;
+        let hwaddr = format!("other-config:hwaddr=\"{nic_mac}\"");
         self.ovs_vsctl(
             node.name,
             &[
@@ -690,7 +702,7 @@ impl Lab {
                 "--",
                 "add-port",
                 "br-ex",
-                "eth0",
+                uplink,
                 "--",
                 "add-port",
                 "br-int",
@@ -707,8 +719,8 @@ impl Lab {
         self.ensure_upcall_handlers(node.name)?;
         let br_ex_mac = mac_of("br-ex")?;
         anyhow::ensure!(
-            br_ex_mac == eth0_mac,
-            "{}: br-ex has MAC {br_ex_mac}, not the NIC's {eth0_mac}",
+            br_ex_mac == nic_mac,
+            "{}: br-ex has MAC {br_ex_mac}, not {uplink}'s {nic_mac}",
             node.name
         );
         // Under OVN the subnet's gateway (.1) is ovn_cluster_router's; the management

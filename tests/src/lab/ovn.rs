@@ -380,7 +380,7 @@ impl Lab {
             let out = self.ovs_vsctl(node.name, &["get", "interface", iface, "ofport"])?;
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         };
-        let (nic, patch) = (ofport("eth0")?, ofport(&patch)?);
+        let (nic, patch) = (ofport(self.spec.cni.uplink())?, ofport(&patch)?);
         self.ovs_vsctl(
             node.name,
             &["set", "bridge", "br-ex", "protocols=OpenFlow10,OpenFlow13"],

@@ -510,9 +510,10 @@ pub enum Cni {
     /// agents of w1 and gw1 run `--pod-devices ovs`, those of w2 and gw2 `auto`.
     Ovs,
     /// Real OVN under OVN-Kubernetes' topology (inside the VM guest): [`Cni::Ovs`]'s
-    /// nodes, each with an `ovn-controller` against its own Open vSwitch, one NB and SB
-    /// database and `ovn-northd` for the lab, Geneve between the nodes, and the logical
-    /// network OVN-Kubernetes builds (`super::ovn`): a switch per node with the pods'
+    /// nodes with their link in a bond ([`Cni::uplink`]: `br-ex` holds `bond0`, the
+    /// secondary VLANs hang off it), each with an `ovn-controller` against its own Open
+    /// vSwitch, one NB and SB database and `ovn-northd` for the lab, Geneve between the
+    /// nodes, and the logical network OVN-Kubernetes builds (`super::ovn`): a switch per node with the pods'
     /// ports and the management port `k8s-<node>` (`ovn-k8s-mp0`, `10.244.<octet>.2`),
     /// `ovn_cluster_router` (`10.244.<octet>.1`, the pods' gateway), the `join` switch,
     /// `GR_<node>` with `ext_<node>` on `br-ex`. Pods leave the cluster as the gateway
@@ -539,6 +540,17 @@ impl Cni {
             Self::Routed => "eth0",
             Self::Bridge => "br-ul",
             Self::Ovs | Self::Ovn(_) => "br-ex",
+        }
+    }
+
+    /// The NIC that `br-ex` holds and the secondary networks' VLANs hang off, under
+    /// [`Cni::Ovs`] and [`Cni::Ovn`]: under OVN a bond of the node's link (`bond0`,
+    /// active-backup, as NMState configures bare-metal OpenShift nodes), else the link
+    /// (`eth0`).
+    pub fn uplink(self) -> &'static str {
+        match self {
+            Self::Ovn(_) => "bond0",
+            _ => "eth0",
         }
     }
 
