@@ -651,25 +651,18 @@ fn ovn_egress_ip_step(lab: &mut Lab, agent: &std::path::Path) -> Result<bool> {
     let mut running: Vec<_> = theirs_rows.to_vec();
     running.push(ours);
     check(lab, "agents running", &running);
-    // Each agent's log tells its starts apart: the new ones have started when each
-    // says it serves the CNI plugin once more (until then the pinned datapath serves
-    // alone: a change, such as the route step's next, would wait for them).
     let nodes: Vec<&'static str> = lab.nodes().iter().map(|n| n.name).collect();
-    let serving = |lab: &Lab, node: &str| {
-        lab.agent_log(node)
-            .matches("serving the CNI plugin")
-            .count()
-    };
-    let before: Vec<usize> = nodes.iter().map(|n| serving(lab, n)).collect();
     lab.stop_agents();
     check(lab, "agents stopped", &theirs_rows);
     let t = Instant::now();
     lab.start_agents(agent)?;
     lab.node_forwarding()?;
+    // Until each new agent has finished a pass (its /readyz) the pinned datapath serves
+    // alone: a change, such as the route step's next, would wait for them.
     cluster::wait_until(Duration::from_secs(60), || {
-        nodes.iter().zip(&before).all(|(n, b)| serving(lab, n) > *b)
+        nodes.iter().all(|n| lab.agent_ready(n))
     })
-    .context("the agents started again never served the CNI plugin")?;
+    .context("the agents started again never finished a pass (/readyz)")?;
     println!("agents started again in {:.1}s", t.elapsed().as_secs_f64());
     check(lab, "agents started", &running);
     Ok(ok)
