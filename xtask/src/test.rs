@@ -382,15 +382,8 @@ fn test_binaries(names: &[&str]) -> Result<Vec<(String, String)>> {
 
 pub fn lab(args: LabArgs) -> Result<()> {
     bootstrap::run()?;
-    let mut a = vec![
-        "run",
-        "--release",
-        "--package",
-        "egress-tests",
-        "--bin",
-        "egress-lab",
-        "--",
-    ];
+    // egress-lab's arguments.
+    let mut a: Vec<&str> = Vec::new();
     if args.keep {
         a.push("--keep");
     }
@@ -430,18 +423,20 @@ pub fn lab(args: LabArgs) -> Result<()> {
     .flatten()
     .collect();
     a.extend(scale.iter().map(String::as_str));
+    // One build of the lab and the agents it starts, then the lab's binary itself: `cargo
+    // run -p egress-tests` alone resolves other features than this build of both packages
+    // and built egress-tests a second time (about 2 minutes of every lab run).
     build_bins()?;
+    let lab = std::env::current_dir()?.join("target/release/egress-lab");
+    let lab = lab.to_string_lossy().into_owned();
     if ["ovs", "ovn", "ovn-local"].contains(&args.cni.as_str()) {
         anyhow::ensure!(
             !args.keep && args.down.is_none(),
             "--cni {} runs the lab inside a guest that powers off after it: no --keep, --down",
             args.cni
         );
-        let lab = std::env::current_dir()?.join("target/release/egress-lab");
-        let mut cmd = vec![lab.to_string_lossy().into_owned()];
-        // After `cargo run ... --`: egress-lab's own arguments.
-        let own = a.iter().position(|x| *x == "--").map_or(0, |i| i + 1);
-        cmd.extend(a[own..].iter().map(|s| (*s).to_owned()));
+        let mut cmd = vec![lab];
+        cmd.extend(a.iter().map(|s| (*s).to_owned()));
         let status = crate::vm::run(&guest_options(30 * 60), &cmd)?;
         anyhow::ensure!(
             status == 0,
@@ -450,7 +445,7 @@ pub fn lab(args: LabArgs) -> Result<()> {
         );
         return Ok(());
     }
-    sh("cargo", &a, &[])
+    sh(&lab, &a, &[])
 }
 
 /// How the guest runs the lab's agents: a gateway is declared dead after 20 missed probes
