@@ -509,7 +509,9 @@ fn publish(
     view_tx: &watch::Sender<PeerView>,
     tx: &mpsc::UnboundedSender<Transition>,
 ) {
-    let (view, transitions) = t.observe(now);
+    let Some((view, transitions)) = t.observe_changed(now) else {
+        return;
+    };
     for tr in transitions {
         let _ = tx.send(tr);
     }

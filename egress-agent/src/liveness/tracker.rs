@@ -252,6 +252,15 @@ pub struct Tracker {
     /// sends between the farewell and the process's exit does not take the restart's
     /// grace back at the peers (which keep the latest hello's flags).
     leaving: bool,
+    /// Counts the changes to what [`Tracker::view`] reads, but the clock: a hello that
+    /// changes its sender's lists or flags, the membership, this node's own report, a
+    /// claim remembered.
+    changes: u64,
+    /// `changes` and the clock's verdicts ([`Tracker::clock_verdicts`]) as of the last
+    /// [`Tracker::observe_changed`] that gave a view: with both the same, so is the view.
+    observed: Option<(u64, Vec<u8>)>,
+    /// The verdicts of the current call, kept for their room (no allocation per call).
+    verdicts: Vec<u8>,
 }
 
 impl Tracker {
@@ -273,6 +282,9 @@ impl Tracker {
             speakers_since: BTreeMap::new(),
             echo_only: BTreeMap::new(),
             leaving: false,
+            changes: 0,
+            observed: None,
+            verdicts: Vec::new(),
         }
     }
 
@@ -302,6 +314,7 @@ impl Tracker {
     /// is heard again: under a key its unsigned hellos never will be, and the API judges
     /// it.
     pub fn set_members_at(&mut self, members: Membership, now: Instant) {
+        self.changes += 1;
         let left: Vec<String> = self
             .speakers_since
             .keys()
@@ -328,6 +341,7 @@ impl Tracker {
     /// This node's own report (its down interfaces and the IPs it holds); `cut_off` is the
     /// tracker's to set.
     pub fn set_local(&mut self, down: BTreeSet<String>, claims: BTreeMap<IpAddr, Claim>) {
+        self.changes += 1;
         remember(&mut self.last_claims, &self.me, &claims);
         self.local.down = down;
         self.local.claims = claims;
@@ -392,6 +406,7 @@ impl Tracker {
     ) -> Result<bool, Refused> {
         let from = from.to_canonical();
         self.admit(&h, from)?;
+        self.changes += 1;
         let mine = self.micros(now);
         let rtt = (h.echo_us != 0 && h.echo_us <= mine).then(|| {
             Duration::from_micros((mine - h.echo_us).saturating_sub(u64::from(h.echo_held_us)))
@@ -539,7 +554,9 @@ impl Tracker {
         p.echo = (f.sent_us, now);
         p.rtt = rtt.or(p.rtt);
         p.hello.set_fixed(f);
-        remember(&mut self.last_claims, h.name, &p.hello.claims);
+        if remember(&mut self.last_claims, h.name, &p.hello.claims) {
+            self.changes += 1;
+        }
         Some(changed)
     }
 
@@ -592,6 +609,13 @@ impl Tracker {
         out: &mut Outbox,
     ) -> usize {
         out.clear();
+        // The gateways heard directly (every hello's `seen`), judged once for all.
+        out.seen.extend(
+            self.members
+                .gateways
+                .iter()
+                .map(|g| self.peers.get(g).is_some_and(|p| self.direct(p, now))),
+        );
         let targets = std::mem::take(&mut self.targets);
         let mut most = 0;
         for (to, ip) in &targets {
@@ -602,7 +626,13 @@ impl Tracker {
                 fixed,
                 name: &self.me,
                 to,
-                seen: self.heard_gateways(now),
+                seen: self
+                    .members
+                    .gateways
+                    .iter()
+                    .zip(&out.seen)
+                    .filter(|(_, heard)| **heard)
+                    .map(|(g, _)| g.as_str()),
                 down: &self.local.down,
                 claims: self.claims_to_send(),
                 remaps: &[],
@@ -816,8 +846,56 @@ impl Tracker {
         }
     }
 
+    /// Every verdict of the clock that [`Tracker::view`] reads, in a fixed order, into
+    /// `out`: whether the warm-up is over; for each peer, whether it is heard directly and
+    /// whether it counts for the quorum; for each speaker, whether its own warm-up is over.
+    /// Between two calls with the same [`Tracker::changes`] the view differs only if one
+    /// of these does.
+    fn clock_verdicts(&self, now: Instant, out: &mut Vec<u8>) {
+        out.clear();
+        out.push(u8::from(self.warm(now)));
+        let fence = self.settings.fence_window();
+        out.extend(self.peers.values().map(|p| {
+            u8::from(self.direct(p, now))
+                | u8::from(self.heard_within(p, now, fence) && self.hears_me(p, now)) << 1
+        }));
+        let warm_up = self.settings.warm_up();
+        out.extend(
+            self.speakers_since
+                .values()
+                .map(|t| u8::from(now.saturating_duration_since(*t) >= warm_up)),
+        );
+    }
+
+    /// [`Tracker::observe`], or `None` when nothing the view reads has changed since the
+    /// last call that gave one: the view would be that one, and nothing would be noted.
+    /// Then it costs no allocation and no view (the hellos thread asks every interval: at
+    /// 100 nodes a gateway's view is a hundred names and reports).
+    pub fn observe_changed(&mut self, now: Instant) -> Option<(PeerView, Vec<Transition>)> {
+        let mut verdicts = std::mem::take(&mut self.verdicts);
+        self.clock_verdicts(now, &mut verdicts);
+        let same = self
+            .observed
+            .as_ref()
+            .is_some_and(|(changes, last)| *changes == self.changes && *last == verdicts);
+        let out = (!same).then(|| self.observed_now(now));
+        if !same {
+            let last = self.observed.get_or_insert_with(|| (0, Vec::new()));
+            last.0 = self.changes;
+            std::mem::swap(&mut last.1, &mut verdicts);
+        }
+        self.verdicts = verdicts;
+        out
+    }
+
     /// The view at `now`, and what changed since the last call.
     pub fn observe(&mut self, now: Instant) -> (PeerView, Vec<Transition>) {
+        self.observe_changed(now)
+            .unwrap_or_else(|| (self.view(now), Vec::new()))
+    }
+
+    /// The view at `now`, and what changed since the last view noted.
+    fn observed_now(&mut self, now: Instant) -> (PeerView, Vec<Transition>) {
         let view = self.view(now);
         let mut out = Vec::new();
         let cut_off = view.dead.contains(&self.me);
@@ -887,6 +965,8 @@ pub struct Outbox {
     pub hellos: Vec<(IpAddr, std::ops::Range<usize>)>,
     /// Hellos that could not be written (too large).
     pub failed: Vec<hello::Error>,
+    /// Whether each gateway (in the membership's order) is heard directly.
+    seen: Vec<bool>,
 }
 
 impl Outbox {
@@ -894,6 +974,7 @@ impl Outbox {
         self.bytes.clear();
         self.hellos.clear();
         self.failed.clear();
+        self.seen.clear();
     }
 }
 
@@ -911,21 +992,25 @@ fn fitting(remaps: &[Remap], room: usize) -> usize {
         .count()
 }
 
-/// Note `node`'s claims where they are at least as new as what was heard before.
+/// Note `node`'s claims where they are at least as new as what was heard before; whether
+/// that changed what is remembered.
 fn remember(
     last: &mut BTreeMap<IpAddr, (String, u64)>,
     node: &str,
     claims: &BTreeMap<IpAddr, Claim>,
-) {
+) -> bool {
+    let mut changed = false;
     for (ip, c) in claims {
         match last.get(ip) {
             Some((_, e)) if *e > c.epoch => {}
             Some((n, e)) if n == node && *e == c.epoch => {}
             _ => {
                 last.insert(*ip, (node.to_owned(), c.epoch));
+                changed = true;
             }
         }
     }
+    changed
 }
 
 /// Whether `me`, hearing `heard` directly, sees a strict majority of `expected` plus
@@ -988,6 +1073,8 @@ mod tests {
     struct Cluster {
         t0: Instant,
         trackers: BTreeMap<&'static str, Tracker>,
+        /// Each tracker's last view given by `observe_changed`.
+        views: BTreeMap<&'static str, PeerView>,
     }
 
     impl Cluster {
@@ -1005,7 +1092,11 @@ mod tests {
                     (*n, t)
                 })
                 .collect();
-            Self { t0, trackers }
+            Self {
+                t0,
+                trackers,
+                views: BTreeMap::new(),
+            }
         }
 
         /// Run hellos every interval from `from_ms` to `to_ms`; `link(a, b)` says whether a
@@ -1035,8 +1126,14 @@ mod tests {
                         tr.on_received(&h, addr(from), now).expect("accepted");
                     }
                 }
-                for tr in self.trackers.values_mut() {
-                    tr.observe(now);
+                for (name, tr) in &mut self.trackers {
+                    // A view not given again is the last one given.
+                    match tr.observe_changed(now) {
+                        Some((view, _)) => {
+                            self.views.insert(name, view);
+                        }
+                        None => assert_eq!(Some(&tr.view(now)), self.views.get(name), "{name}"),
+                    }
                 }
                 t += 100;
             }
