@@ -88,7 +88,7 @@ enum Path {
     /// As the agent did up to d8df172: each hello built whole (`Tracker::hello_for`) and
     /// encoded into a buffer of its own; each received one decoded whole
     /// (`Hello::decode`) and taken (`Tracker::on_hello_version`); and as it did up to
-    /// 62fd6ab, the view re-assessed whole every interval (`Tracker::view`) where now it
+    /// 0a25b34, the view re-assessed whole every interval (`Tracker::view`) where now it
     /// is only when something it reads changed (`Tracker::observe_changed`).
     Before,
 }
@@ -203,7 +203,7 @@ impl Cluster {
         for (i, t) in self.ts.iter_mut().enumerate() {
             let start = Instant::now();
             if i == measured && path == Path::Before {
-                // Re-assessed whole, as every interval did up to 62fd6ab.
+                // Re-assessed whole, as every interval did up to 0a25b34.
                 black_box(t.view(now));
             } else {
                 black_box(t.observe_changed(now));
@@ -350,7 +350,7 @@ pub fn table(quick: bool) -> Table {
              to interval; a received hello read in place, its lists decoded only when \
              they differ from its sender's last); before: as it did up to d8df172 (each \
              hello built whole and encoded into a buffer of its own, each received one \
-             decoded whole, and as up to 62fd6ab the view re-assessed whole every \
+             decoded whole, and as up to 0a25b34 the view re-assessed whole every \
              interval), in the same run, alternated.",
             shape.nodes,
             shape.gateways,
