@@ -427,7 +427,7 @@ pub fn lab(args: LabArgs) -> Result<()> {
     // run -p egress-tests` alone resolves other features than this build of both packages
     // and built egress-tests a second time (about 2 minutes of every lab run).
     build_bins()?;
-    let lab = std::env::current_dir()?.join("target/release/egress-lab");
+    let lab = crate::vm::workspace_root()?.join("target/release/egress-lab");
     let lab = lab.to_string_lossy().into_owned();
     if ["ovs", "ovn", "ovn-local"].contains(&args.cni.as_str()) {
         anyhow::ensure!(

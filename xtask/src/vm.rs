@@ -352,7 +352,7 @@ fn ensure_packages() -> Result<()> {
     bootstrap::apt_install("vm", APT_PACKAGES)
 }
 
-fn workspace_root() -> Result<PathBuf> {
+pub(crate) fn workspace_root() -> Result<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     dir.canonicalize()
         .with_context(|| format!("failed to resolve the workspace root {}", dir.display()))
