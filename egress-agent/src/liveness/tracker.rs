@@ -614,7 +614,7 @@ impl Tracker {
             self.members
                 .gateways
                 .iter()
-                .map(|g| self.peers.get(g).is_some_and(|p| self.direct(p, now))),
+                .map(|g| self.heard_directly(g, now)),
         );
         let targets = std::mem::take(&mut self.targets);
         let mut most = 0;
@@ -759,12 +759,17 @@ impl Tracker {
         echo != 0 && echo <= mine && mine - echo < window
     }
 
+    /// Whether the peer `name` is heard directly.
+    fn heard_directly(&self, name: &str, now: Instant) -> bool {
+        self.peers.get(name).is_some_and(|p| self.direct(p, now))
+    }
+
     /// The gateways heard directly, by name.
     fn heard_gateways(&self, now: Instant) -> impl Iterator<Item = &str> + Clone {
         self.members
             .gateways
             .iter()
-            .filter(move |g| self.peers.get(*g).is_some_and(|p| self.direct(p, now)))
+            .filter(move |g| self.heard_directly(g, now))
             .map(String::as_str)
     }
 
@@ -878,14 +883,16 @@ impl Tracker {
             .observed
             .as_ref()
             .is_some_and(|(changes, last)| *changes == self.changes && *last == verdicts);
-        let out = (!same).then(|| self.observed_now(now));
-        if !same {
-            let last = self.observed.get_or_insert_with(|| (0, Vec::new()));
-            last.0 = self.changes;
-            std::mem::swap(&mut last.1, &mut verdicts);
+        if same {
+            self.verdicts = verdicts;
+            return None;
         }
+        let out = self.observed_now(now);
+        let last = self.observed.get_or_insert_with(|| (0, Vec::new()));
+        last.0 = self.changes;
+        std::mem::swap(&mut last.1, &mut verdicts);
         self.verdicts = verdicts;
-        out
+        Some(out)
     }
 
     /// The view at `now`, and what changed since the last call.

@@ -513,9 +513,10 @@ pub enum Cni {
     /// nodes with their link in a bond ([`Cni::uplink`]: `br-ex` holds `bond0`, the
     /// secondary VLANs hang off it), each with an `ovn-controller` against its own Open
     /// vSwitch, one NB and SB database and `ovn-northd` for the lab, Geneve between the
-    /// nodes, and the logical network OVN-Kubernetes builds (`super::ovn`): a switch per node with the pods'
-    /// ports and the management port `k8s-<node>` (`ovn-k8s-mp0`, `10.244.<octet>.2`),
-    /// `ovn_cluster_router` (`10.244.<octet>.1`, the pods' gateway), the `join` switch,
+    /// nodes, and the logical network OVN-Kubernetes builds (`super::ovn`): a switch per
+    /// node with the pods' ports and the management port `k8s-<node>` (`ovn-k8s-mp0`,
+    /// `10.244.<octet>.2`), `ovn_cluster_router` (`10.244.<octet>.1`, the pods'
+    /// gateway), the `join` switch,
     /// `GR_<node>` with `ext_<node>` on `br-ex`. Pods leave the cluster as the gateway
     /// mode says.
     Ovn(OvnGateway),
