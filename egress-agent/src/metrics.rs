@@ -524,6 +524,7 @@ fn register_remaps(reg: &mut Registry, l: &LivenessStats) {
         ("installed", l.remaps.installed),
         ("expired", l.remaps.expired),
         ("failed", l.remaps.failed),
+        ("fresh", l.remaps.fresh),
     ] {
         shared
             .get_or_create(&EventLabels {
@@ -534,7 +535,8 @@ fn register_remaps(reg: &mut Registry, l: &LivenessStats) {
     reg.register(
         "remaps",
         "Remapped translations (flows whose pod port was taken) shared between gateways: sent \
-         in hellos, installed when heard new or changed, expired unheard, failed to write",
+         in hellos, installed when heard new or changed, expired unheard, failed to write or to \
+         take, fresh: taken from the datapath as it made them",
         shared,
     );
     reg.register(

@@ -41,6 +41,10 @@ pub const POD_DEVICES_MAX_ENTRIES: u32 = KNOWN_PODS_MAX_ENTRIES;
 /// LRU map: the oldest go first). A pod's flow gets its own port unless another flow to
 /// the same destination holds it: such remaps are few.
 pub const REMAP_MAX_ENTRIES: u32 = 65_536;
+/// Remaps this gateway made and has not yet handed to its agent, per family (an LRU
+/// map: under a burst the oldest go first, and the conntrack sweep shares them later).
+/// The agent drains it every hello interval.
+pub const FRESH_REMAPS_MAX_ENTRIES: u32 = 4_096;
 /// Covered destination and except prefixes, per family: every rule's listed prefixes and
 /// the union of the routes its gateways publish (16,384 per gateway interface at most).
 pub const COVERED_MAX_ENTRIES: u32 = 131_072;
@@ -204,6 +208,11 @@ maps! {
     /// flow the same port (issue 44).
     REMAP_V4 = RemapV4: LruHash<CtKeyV4, RemapValueV4>, REMAP_MAX_ENTRIES;
     REMAP_V6 = RemapV6: LruHash<CtKeyV6, RemapValueV6>, REMAP_MAX_ENTRIES, optional;
+    /// The remaps this gateway's datapath made since its agent last looked (the agent
+    /// takes them out every hello interval and shares them at once, not at the next
+    /// conntrack sweep): a flow opened just before its holder fails keeps its port too.
+    FRESH_REMAPS_V4 = FreshRemapsV4: LruHash<CtKeyV4, RemapValueV4>, FRESH_REMAPS_MAX_ENTRIES;
+    FRESH_REMAPS_V6 = FreshRemapsV6: LruHash<CtKeyV6, RemapValueV6>, FRESH_REMAPS_MAX_ENTRIES, optional;
     /// What any rule covers, by destination (`--unknown-pods drop`).
     COVERED_V4 = CoveredV4: LpmTrie<[u8; 4], CoveredValue>, COVERED_MAX_ENTRIES;
     COVERED_V6 = CoveredV6: LpmTrie<[u8; 16], CoveredValue>, COVERED_MAX_ENTRIES, optional;

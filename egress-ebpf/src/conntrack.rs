@@ -49,7 +49,7 @@ pub enum AllocError {
 /// The conntrack functions of one family: `$Ip` is its parsed header (with `src`, `dst`
 /// and `proto`), `$Addr` its address, `$pad` the entry's padding field if it has one.
 macro_rules! family {
-    ($(#[$doc:meta])* $name:ident, $Ip:ty, $Addr:ty, $Key:ident, $Entry:ident, $MAP:ident, $REMAP:ident $(, $pad:ident)?) => {
+    ($(#[$doc:meta])* $name:ident, $Ip:ty, $Addr:ty, $Key:ident, $Entry:ident, $Remap:ident, $MAP:ident, $REMAP:ident, $FRESH:ident $(, $pad:ident)?) => {
         $(#[$doc])*
         pub mod $name {
             use aya_ebpf::{
@@ -58,12 +58,14 @@ macro_rules! family {
             };
             use egress_common::{
                 config::Config,
-                conntrack::{$Entry, $Key, NextHop, PORT_ALLOC_TRIES, PORT_SCAN_LEN, dir, state},
+                conntrack::{
+                    $Entry, $Key, $Remap, NextHop, PORT_ALLOC_TRIES, PORT_SCAN_LEN, dir, state,
+                },
             };
 
             use super::{AllocError, next_state};
             use crate::{
-                maps::{$MAP, $REMAP},
+                maps::{$FRESH, $MAP, $REMAP},
                 parse::{L4, PROTO_TCP},
             };
 
@@ -129,6 +131,8 @@ macro_rules! family {
                 pub peer: $Key,
                 /// The entries of a new flow.
                 pub entry: $Entry,
+                /// A new flow's translation, when its port is not the pod's (`$FRESH`).
+                pub fresh: $Remap,
                 /// The scan of [`claim_scanned`]: the range (`lo`, `span` ports), where it
                 /// started, and whether a step found a free port (left in `key`).
                 pub lo: u32,
@@ -472,6 +476,16 @@ macro_rules! family {
                     let _ = $MAP.remove(&s.key);
                     return Err(AllocError::InsertFailed);
                 }
+                // Not the pod's port: the far end knows the flow by this one. Handed to the
+                // agent at once, which shares it with the other gateways within a hello
+                // interval (its conntrack sweep would take up to 2 s). A full map drops its
+                // oldest: the sweep still finds those.
+                if s.key.dst_port_be != l4.sport_be {
+                    s.fresh.xlate_addr = *egress_ip;
+                    s.fresh.xlate_port_be = s.key.dst_port_be;
+                    s.fresh._pad = [0; 2];
+                    let _ = $FRESH.insert(&s.peer, &s.fresh, u64::from(BPF_ANY));
+                }
                 Ok(s.key.dst_port_be)
             }
         }
@@ -485,8 +499,10 @@ family!(
     [u8; 4],
     CtKeyV4,
     CtEntryV4,
+    RemapValueV4,
     CT_V4,
-    REMAP_V4
+    REMAP_V4,
+    FRESH_REMAPS_V4
 );
 family!(
     /// IPv6 flows (`CT_V6`, NAT66).
@@ -495,7 +511,9 @@ family!(
     [u8; 16],
     CtKeyV6,
     CtEntryV6,
+    RemapValueV6,
     CT_V6,
     REMAP_V6,
+    FRESH_REMAPS_V6,
     _pad1
 );

@@ -120,6 +120,21 @@ pub static POD_OWNER_V6: HashMap<
 pub static CT_V6: LruHashMap<K<def::CtV6>, V<def::CtV6>, { cap::<def::CtV6>() }> =
     LruHashMap::new();
 
+/// Remaps made here since the agent last took them (see `conntrack::v4::create_in`).
+#[btf_map]
+pub static FRESH_REMAPS_V4: LruHashMap<
+    K<def::FreshRemapsV4>,
+    V<def::FreshRemapsV4>,
+    { cap::<def::FreshRemapsV4>() },
+> = LruHashMap::new();
+
+#[btf_map]
+pub static FRESH_REMAPS_V6: LruHashMap<
+    K<def::FreshRemapsV6>,
+    V<def::FreshRemapsV6>,
+    { cap::<def::FreshRemapsV6>() },
+> = LruHashMap::new();
+
 #[btf_map]
 pub static REMAP_V6: LruHashMap<K<def::RemapV6>, V<def::RemapV6>, { cap::<def::RemapV6>() }> =
     LruHashMap::new();

@@ -1704,6 +1704,8 @@ fn a_new_flow_finds_the_last_free_port_of_the_range() {
         }
         let send = |dp: &mut Datapath, pod: Ipv4Addr, sport: u16| syn_to_a(dp, &net, pod, sport);
         assert_eq!(send(&mut dp, REMOTE_POD, LO), (TC_ACT_REDIRECT, FREE));
+        // Found by the scan, not its own: handed to the agent to share.
+        assert_eq!(fresh_remaps(&mut dp), vec![(REMOTE_POD, LO, FREE)]);
         assert_eq!(send(&mut dp, REMOTE_POD2, LO + 1).0, 2, "TC_ACT_SHOT");
         assert_eq!(exhausted(&mut dp), vec![(REMOTE_POD2, 1)]);
         let c = dp.counters();
@@ -1738,7 +1740,8 @@ fn share_remap(dp: &mut Datapath, pod: Ipv4Addr, sport: u16, egress: Ipv4Addr, p
 /// the second another port (40001) and shared it. On this gateway, which took A over,
 /// the second flow's first segment leaves with the shared port even though its own is free
 /// here, then the first's with its own; a remap of another egress IP is no reason to leave
-/// a pod's port; a shared port that a live flow holds here is not taken from it.
+/// a pod's port; a shared port that a live flow holds here is not taken from it. The flows
+/// that did not keep their pod's port are handed to the agent (`FRESH_REMAPS_V4`).
 #[test]
 fn a_shared_remap_gives_a_taken_over_flow_the_port_the_far_end_knows() {
     in_netns(|| {
@@ -1778,7 +1781,34 @@ fn a_shared_remap_gives_a_taken_over_flow_the_port_the_far_end_knows() {
             "a taken port was handed out again: {port}"
         );
         assert_eq!(dp.counters().get(&SNAT_NEW), Some(&4));
+        // The flow that left by another port than its pod's, and only that one, waits in
+        // FRESH_REMAPS_V4 for the agent to share it at once (this node may fail next).
+        assert_eq!(fresh_remaps(&mut dp), vec![(REMOTE_POD2, 40_000, 40_001)]);
     });
+}
+
+/// `FRESH_REMAPS_V4` as (pod, pod port, translated port), ordered; every entry's egress
+/// IP must be `EGRESS_A` and its destination `DEST_A`:443.
+fn fresh_remaps(dp: &mut Datapath) -> Vec<(Ipv4Addr, u16, u16)> {
+    let m: aya::maps::HashMap<&mut aya::maps::MapData, CtKeyV4, RemapValueV4> =
+        aya::maps::HashMap::try_from(dp.map(maps::FRESH_REMAPS_V4)).unwrap();
+    let mut out: Vec<_> = m
+        .iter()
+        .map(|e| {
+            let (k, v) = e.unwrap();
+            assert_eq!(
+                (k.dst, u16::from_be(k.dst_port_be), k.dir, v.xlate_addr),
+                (DEST_A.octets(), 443, dir::ORIGINAL, EGRESS_A.octets())
+            );
+            (
+                Ipv4Addr::from(k.src),
+                u16::from_be(k.src_port_be),
+                u16::from_be(v.xlate_port_be),
+            )
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The agent's map sync, for both families through one code path: a desired state goes

@@ -133,9 +133,10 @@ fn gateways_cut_off_together_heal_with_one_holder_that_the_network_believes() {
 
 /// Issue 44, item 4: two pods stream TCP to host A from the same source port, so the
 /// holder of egress IP A remapped the second one's; the holder dies silently, is drained
-/// and goes NotReady, one lab recovered between them. The other gateway had heard the
-/// remap (its `REMAP_V4`) and gives that flow the port host A knows: both streams go on,
-/// unbroken, each with the source it had.
+/// and goes NotReady, one lab recovered between them, each time within a second of the
+/// remapped flow's first reply (the holder shares a remap in its next hellos, not at its
+/// conntrack sweep). The other gateway had heard the remap (its `REMAP_V4`) and gives that
+/// flow the port host A knows: both streams go on, unbroken, each with the source it had.
 #[test]
 fn flows_whose_port_was_remapped_survive_a_silent_death_a_drain_and_a_notready() {
     let mut lab = cluster::up_with_agents(cluster::default_spec().unwrap()).unwrap();
@@ -169,7 +170,11 @@ fn flows_whose_port_was_remapped_survive_a_silent_death_a_drain_and_a_notready()
             after.iter().all(|(_, n)| *n > 0),
             "{k}: a stream got no reply after the failure: {after:?}"
         );
-        assert!(r.shared > 0, "{k}: the other gateway had heard no remap");
+        assert!(
+            r.shared > 0,
+            "{k}: the other gateway had not heard the remap {:?} after the flow's first reply",
+            failover::remapped::SHARED_WITHIN
+        );
     }
 }
 

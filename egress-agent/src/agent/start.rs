@@ -82,12 +82,18 @@ fn start_probes(
         .context("failed to start the liveness probes")?;
     probes.handle.remaps().set_outbox(remapped);
     let pins = cfg.bpffs_dir.clone();
+    let mut fresh = crate::datapath::remap::Fresh::new(&cfg.bpffs_dir);
     probes
         .handle
         .remaps()
         .set_installer(Box::new(move |add, remove| {
             crate::datapath::remap::write(&pins, add, remove).map_err(Into::into)
         }));
+    probes.handle.remaps().set_fresh_source(Box::new(move || {
+        fresh
+            .take(crate::liveness::remaps::FRESH_MAX)
+            .map_err(Into::into)
+    }));
     if !probes.handle.authenticated() {
         warn!(
             "liveness is UNAUTHENTICATED: hellos are not signed, so anything that can send UDP \

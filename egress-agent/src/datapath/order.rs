@@ -377,7 +377,8 @@ mod tests {
     #[test]
     fn the_steps_are_every_map_the_agent_diffs() {
         // Written by the programs, by `set_config`, by the conntrack sweep, by the
-        // next-hop generation bump or by the remaps heard from peers, never diffed by
+        // next-hop generation bump, by the remaps heard from peers or taken out by the
+        // hellos (the fresh remaps), never diffed by
         // `apply`.
         let not_applied = [
             names::CT_V4,
@@ -388,6 +389,8 @@ mod tests {
             names::FLOWS_V6,
             names::REMAP_V4,
             names::REMAP_V6,
+            names::FRESH_REMAPS_V4,
+            names::FRESH_REMAPS_V6,
             names::COUNTERS,
             names::CONFIG,
             names::NH_GEN,

@@ -162,6 +162,73 @@ fn write_family<F: Family>(pin_dir: &Path, add: &[Remap], remove: &[Remap]) -> R
     Ok(())
 }
 
+/// `FRESH_REMAPS_V4` / `_V6`: the remaps this node's datapath made since they were last
+/// taken. The hellos take them every interval ([`Fresh::take`]) and share them at once:
+/// the conntrack sweep finds them too, but only at its next tick (up to 2 s), and a flow
+/// opened just before its holder fails would lose its port.
+pub struct Fresh {
+    pin_dir: std::path::PathBuf,
+    v4: Option<HashMap<MapData, CtKeyV4, RemapValueV4>>,
+    v6: Option<HashMap<MapData, CtKeyV6, RemapValueV6>>,
+}
+
+impl Fresh {
+    /// The fresh remaps of the maps pinned under `pin_dir`, opened when first taken (an
+    /// object before these maps has none: nothing is taken).
+    pub fn new(pin_dir: &Path) -> Self {
+        Self {
+            pin_dir: pin_dir.to_owned(),
+            v4: None,
+            v6: None,
+        }
+    }
+
+    /// Take out every fresh remap, at most `max` per family (the rest stay for the next
+    /// call).
+    pub fn take(&mut self, max: usize) -> Result<Vec<Remap>> {
+        let mut out = take_family::<V4>(&self.pin_dir, &mut self.v4, names::FRESH_REMAPS_V4, max)?;
+        out.extend(take_family::<V6>(
+            &self.pin_dir,
+            &mut self.v6,
+            names::FRESH_REMAPS_V6,
+            max,
+        )?);
+        Ok(out)
+    }
+}
+
+fn take_family<F: Family>(
+    pin_dir: &Path,
+    map: &mut Option<HashMap<MapData, F::Key, F::Value>>,
+    name: &'static str,
+    max: usize,
+) -> Result<Vec<Remap>> {
+    let map_err = |source| Error::Map { name, source };
+    if map.is_none() {
+        let pin = pin_dir.join(name);
+        if !pin.exists() {
+            return Ok(Vec::new());
+        }
+        let data = MapData::from_pin(&pin).map_err(map_err)?;
+        *map =
+            Some(HashMap::try_from(Map::from_map_data(data).map_err(map_err)?).map_err(map_err)?);
+    }
+    let Some(m) = map.as_mut() else {
+        return Ok(Vec::new());
+    };
+    // The keys first, then each removed: removing while iterating would restart the walk.
+    let taken: Vec<(F::Key, F::Value)> = m.iter().take(max).flatten().collect();
+    let mut out = Vec::with_capacity(taken.len());
+    for (k, v) in &taken {
+        // Gone already (the LRU map dropped it): shared all the same. A flow written
+        // again between the read and the removal loses its new value here; the
+        // conntrack sweep finds it.
+        let _ = m.remove(k);
+        out.push(F::remap(k, v));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,16 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(5);
 /// Writes remaps (`add`) and takes them back (`remove`) where the datapath reads them.
 pub type Installer = Box<dyn FnMut(&[Remap], &[Remap]) -> anyhow::Result<()> + Send>;
 
+/// Takes out the remaps this node's datapath made since the last call (the agent's:
+/// `datapath::remap::Fresh` on the pinned maps).
+pub type FreshSource = Box<dyn FnMut() -> anyhow::Result<Vec<Remap>> + Send>;
+
+/// How many intervals' hellos carry a fresh remap before it is left to the rotation (a
+/// hello may be lost).
+const FRESH_SENDS: u8 = 2;
+/// Fresh remaps waiting to be sent at most: beyond, they wait for the sweep's rotation.
+pub const FRESH_MAX: usize = 1_024;
+
 /// What the sender and the receiver share; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Exchange(Arc<Mutex<State>>);
@@ -33,6 +43,10 @@ struct State {
     outbox: Outbox,
     /// Where the next hello's slice of the outbox starts.
     next: usize,
+    /// Remaps the datapath made since the sweep's last walk, sent before the outbox's
+    /// slice, each with the intervals it has gone out in.
+    fresh: Vec<(Remap, u8)>,
+    fresh_source: Option<FreshSource>,
     heard: HashMap<(u8, SocketAddr, SocketAddr), (Remap, Instant)>,
     installer: Option<Installer>,
     last_expiry: Option<Instant>,
@@ -48,8 +62,11 @@ pub struct Stats {
     pub installed: u64,
     /// Heard remaps dropped after [`KEEP`] unheard.
     pub expired: u64,
-    /// Writes that failed (the remaps are tried again when next heard).
+    /// Writes that failed (the remaps are tried again when next heard), and fresh remaps
+    /// that could not be taken from the datapath (the sweep finds them).
     pub failed: u64,
+    /// Remaps the datapath made, taken out as they came (sent before the sweep found them).
+    pub fresh: u64,
 }
 
 impl Exchange {
@@ -83,27 +100,58 @@ impl Exchange {
         s.installer = Some(installer);
     }
 
-    /// The next remaps to send, in order, at most `max`, from where the last hello's
-    /// slice ended; [`Exchange::advance`] says how many went.
-    pub fn window(&self, max: usize) -> Vec<Remap> {
-        let s = self.lock();
-        let out = s.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-        if out.is_empty() {
-            return Vec::new();
-        }
-        let start = s.next % out.len();
-        out.iter()
-            .cycle()
-            .skip(start)
-            .take(max.min(out.len()))
-            .copied()
-            .collect()
+    /// Take the remaps the datapath made from now on with `source`, each interval.
+    pub fn set_fresh_source(&self, source: FreshSource) {
+        self.lock().fresh_source = Some(source);
     }
 
-    /// `n` remaps of the window went out: the next window starts after them.
+    /// The next remaps to send, in order, at most `max`: those the datapath made since the
+    /// last interval first (taken from the fresh source now), then the outbox's from
+    /// where the last hello's slice ended; [`Exchange::advance`] says how many went.
+    pub fn window(&self, max: usize) -> Vec<Remap> {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        if let Some(source) = s.fresh_source.as_mut() {
+            match source() {
+                Ok(new) => {
+                    s.stats.fresh += new.len() as u64;
+                    for r in new {
+                        if s.fresh.len() >= FRESH_MAX {
+                            break;
+                        }
+                        match s.fresh.iter_mut().find(|(f, _)| f.flow() == r.flow()) {
+                            Some(f) => *f = (r, 0),
+                            None => s.fresh.push((r, 0)),
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("failed to take the datapath's fresh remaps: {e:#}");
+                    s.stats.failed += 1;
+                }
+            }
+        }
+        let mut window: Vec<Remap> = s.fresh.iter().take(max).map(|(r, _)| *r).collect();
+        let out = s.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        if out.is_empty() || window.len() >= max {
+            return window;
+        }
+        let start = s.next % out.len();
+        let room = (max - window.len()).min(out.len());
+        window.extend(out.iter().cycle().skip(start).take(room).copied());
+        window
+    }
+
+    /// `n` remaps of the window went out: the fresh ones among them count a send (gone
+    /// after [`FRESH_SENDS`]), and the outbox's next slice starts after the others.
     pub fn advance(&self, n: usize) {
         let mut s = self.lock();
-        s.next = s.next.wrapping_add(n);
+        let fresh = n.min(s.fresh.len());
+        for (_, sends) in &mut s.fresh[..fresh] {
+            *sends += 1;
+        }
+        s.fresh.retain(|(_, sends)| *sends < FRESH_SENDS);
+        s.next = s.next.wrapping_add(n - fresh);
         s.stats.sent += n as u64;
     }
 
@@ -176,6 +224,11 @@ mod tests {
         }
     }
 
+    /// A window's egress ports, less 50000.
+    fn ports(w: Vec<Remap>) -> Vec<u16> {
+        w.iter().map(|r| r.egress.port() - 50000).collect()
+    }
+
     type Writes = Arc<Mutex<Vec<(Vec<Remap>, Vec<Remap>)>>>;
 
     fn recording(x: &Exchange) -> Writes {
@@ -195,11 +248,6 @@ mod tests {
         let x = Exchange::default();
         assert!(x.window(10).is_empty());
         *x.outbox().lock().unwrap() = (0..5).map(|i| remap(i, 50000 + i)).collect();
-        let ports = |w: Vec<Remap>| {
-            w.iter()
-                .map(|r| r.egress.port() - 50000)
-                .collect::<Vec<_>>()
-        };
         assert_eq!(ports(x.window(3)), [0, 1, 2]);
         x.advance(3);
         assert_eq!(ports(x.window(3)), [3, 4, 0]);
@@ -209,6 +257,43 @@ mod tests {
         *x.outbox().lock().unwrap() = vec![remap(9, 50009)];
         assert_eq!(ports(x.window(3)), [9]);
         assert_eq!(x.stats().sent, 5);
+    }
+
+    #[test]
+    fn fresh_remaps_go_first_in_the_next_intervals_then_only_in_the_rotation() {
+        let x = Exchange::default();
+        *x.outbox().lock().unwrap() = (0..4).map(|i| remap(i, 50000 + i)).collect();
+        let made: Arc<Mutex<Vec<Remap>>> = Arc::default();
+        let m = made.clone();
+        x.set_fresh_source(Box::new(move || {
+            Ok(std::mem::take(&mut *m.lock().unwrap()))
+        }));
+        assert_eq!(ports(x.window(3)), [0, 1, 2]);
+        x.advance(3);
+        // The datapath remapped two flows since: they lead the next two intervals' window
+        // (a hello may be lost), the rotation going on behind them.
+        *made.lock().unwrap() = vec![remap(7, 50007), remap(8, 50008)];
+        assert_eq!(ports(x.window(3)), [7, 8, 3]);
+        x.advance(3);
+        // The same flow remapped again before it went twice: its new port, sent twice more.
+        *made.lock().unwrap() = vec![remap(8, 50009)];
+        assert_eq!(ports(x.window(3)), [7, 9, 0]);
+        x.advance(3);
+        assert_eq!(ports(x.window(3)), [9, 1, 2]);
+        x.advance(3);
+        assert_eq!(ports(x.window(3)), [3, 0, 1]);
+        // A window the hello's room cut short: only what went counts.
+        *made.lock().unwrap() = vec![remap(5, 50005)];
+        assert_eq!(ports(x.window(3)), [5, 3, 0]);
+        x.advance(1);
+        assert_eq!(ports(x.window(3)), [5, 3, 0]);
+        x.advance(3);
+        assert_eq!(ports(x.window(3)), [1, 2, 3]);
+        assert_eq!(x.stats().fresh, 4);
+        // A source that fails is counted; the rotation goes on.
+        x.set_fresh_source(Box::new(|| anyhow::bail!("map gone")));
+        assert_eq!(ports(x.window(2)), [1, 2]);
+        assert_eq!(x.stats().failed, 1);
     }
 
     #[test]

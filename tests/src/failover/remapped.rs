@@ -26,6 +26,8 @@ use crate::{
 /// next (a closed flow's port stays in TIME_WAIT in the pod that closed it).
 pub const SPORT: u16 = 45_000;
 const PODS: [&str; 2] = ["w1-p1", "w2-p1"];
+/// From the remapped flow's first reply until the holder fails, at most.
+pub const SHARED_WITHIN: Duration = Duration::from_secs(1);
 
 /// What the run showed.
 #[derive(Clone, Debug)]
@@ -34,7 +36,8 @@ pub struct RemappedReport {
     pub streams: Vec<(String, Summary)>,
     /// The source each pod's flow had at host A before the failure (`ip:port`).
     pub before: Vec<(String, String)>,
-    /// Remaps the other gateway held before the failure (its `REMAP_V4`).
+    /// Remaps the other gateway held when the holder failed ([`SHARED_WITHIN`] after the
+    /// remapped flow's first reply; its `REMAP_V4`).
     pub shared: usize,
     /// The holder that failed and the one that took over.
     pub old: String,
@@ -175,14 +178,15 @@ pub fn run(lab: &mut Lab, label: &str, kind: Kind, sport: u16) -> Result<Remappe
     if remapped != 1 {
         bail!("expected one flow at {kept} and one remapped, host A saw {before:?}");
     }
-    // The holder shares its remaps through its hellos: wait (15 s at most) until the other
-    // gateway has it; the report says how many it had.
-    let deadline = Instant::now() + Duration::from_secs(15);
+    // The holder shares a remap in its next hellos (not at its conntrack sweep, up to 2 s
+    // later): the other gateway has it within a second of the flow's first reply, and the
+    // holder fails right then, as it may a moment after any flow opened. The report says
+    // how many the other gateway had.
+    let deadline = Instant::now() + SHARED_WITHIN;
     while remaps_on(lab, &other, sport) == 0 && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(50));
     }
     let shared = remaps_on(lab, &other, sport);
-    thread::sleep(Duration::from_secs(1));
     let t = unix_ms();
     let injected = inject(lab, kind, &old);
     // Both streams answered again (or 20 s went by).

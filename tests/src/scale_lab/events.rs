@@ -304,9 +304,13 @@ pub fn fail_holder(lab: &mut Lab, how: How, opts: &Options) -> Result<Failover> 
         timeline,
         ..Failover::default()
     };
-    for (node, s, _) in &seen {
+    for (node, s, events) in &seen {
         if !s.unbroken() {
             report.broken.push(node.clone());
+            eprint!(
+                "{}",
+                tell_broken(lab, opts, node, events, t, &holder.0, &report.to)
+            );
         }
         let back = match s.recovery_after(t, MIN_GAP_MS, 1000) {
             Recovery::Unbroken => Some(0),
@@ -318,6 +322,67 @@ pub fn fail_holder(lab: &mut Lab, how: How, opts: &Options) -> Result<Failover> 
     failover::recover(lab, how.kind(), &holder)?;
     wait_steady(lab, ip, opts)?;
     Ok(report)
+}
+
+/// What a broken stream's worker saw, and the counters of the gateways between which the
+/// egress IP moved: so that a failed run says where the stream broke, not only that it did.
+fn tell_broken(
+    lab: &Lab,
+    opts: &Options,
+    node: &str,
+    events: &PathBuf,
+    t: u64,
+    from: &str,
+    to: &[String],
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("--- {node}'s stream broke (event at {t}); its last events ---\n");
+    let text = std::fs::read_to_string(events).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    for l in lines
+        .iter()
+        .take(3)
+        .chain(&lines[lines.len().saturating_sub(12)..])
+    {
+        let _ = writeln!(out, "  {l}");
+    }
+    for gw in std::iter::once(from).chain(to.iter().map(String::as_str)) {
+        let _ = writeln!(out, "--- counters of {gw} ---");
+        let dump = std::process::Command::new(&opts.agent_bin)
+            .args(["maps", "--bpffs-dir"])
+            .arg(lab.bpffs_dir(gw))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| format!("egress-agent maps: {e}\n"));
+        let counters = dump
+            .split("\ncounters (packets, bytes):\n")
+            .nth(1)
+            .and_then(|c| c.split("\n\n").next())
+            .unwrap_or("(no counters)");
+        let _ = writeln!(out, "{counters}");
+        let saved = std::env::temp_dir().join(format!("egress-broken-{node}-{gw}.maps"));
+        if std::fs::write(&saved, &dump).is_ok() {
+            let _ = writeln!(
+                out,
+                "(the whole of `egress-agent maps` on {gw}: {})",
+                saved.display()
+            );
+        }
+        let log = lab.agent_log(gw);
+        let _ = writeln!(out, "--- {gw}'s log about egress IPs ---");
+        for l in log
+            .lines()
+            .filter(|l| l.contains("egress IP"))
+            .rev()
+            .take(6)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
+    out
 }
 
 /// One holder of `egress_a` and of B, every selected pod served by both.
