@@ -19,6 +19,9 @@ const USAGE: &str =
   --lab-only   the lab sections only (no per-packet timings)
   --out PATH   where to write the report (default: docs/benchmarks.md of the workspace)
   --no-write   print the report only
+  --nodes N    the lab at N nodes (a tenth of them gateways), default probes: a silent
+               death, a drain, a policy edit and a gateway route, each against the
+               4-node bounds (1 s at p99), with the workers' passes and CPU; printed
   --probes     the liveness probes' cost only, printed (not written)
   --yaml       the YAML source's re-read after one file changed only (100k pods), printed
   --failover   the failover section only (3 rounds; 1 with --quick first), printed
@@ -46,6 +49,29 @@ struct Args {
     out: Option<PathBuf>,
     lab: bool,
     per_packet: bool,
+}
+
+/// The lab at `nodes` nodes, as `cargo xtask lab --nodes` runs it, against the bounds.
+fn at_nodes(nodes: u32) -> Result<Table> {
+    let gateways = (nodes / 10).max(2);
+    anyhow::ensure!(
+        nodes > gateways,
+        "--nodes {nodes}: too few for {gateways} gateways"
+    );
+    let dir = std::env::current_exe()
+        .context("failed to find this binary")?
+        .parent()
+        .context("this binary has no directory")?
+        .to_owned();
+    let opts = egress_tests::scale_lab::Options::new(
+        nodes - gateways,
+        gateways,
+        dir.join("egress-agent"),
+        dir.join("egress-echo"),
+    );
+    let report = egress_tests::scale_lab::run(&opts)?;
+    eprint!("{}", egress_tests::scale_lab::print(&report));
+    Ok(egress_tests::scale_lab::bench_table(&report))
 }
 
 /// The workspace this binary was built from.
@@ -116,6 +142,15 @@ fn args() -> Result<Args> {
             "--churn" => {
                 let run = churn::run(&plan);
                 print_tables(plan, vec![churn::table(&run), churn::churn_table(&run)])?;
+            }
+            "--nodes" => {
+                egress_tests::netns::install_signal_teardown()?;
+                let nodes: u32 = it
+                    .next()
+                    .context("--nodes needs a number of nodes")?
+                    .parse()
+                    .context("--nodes needs a number of nodes")?;
+                print_alone(plan, at_nodes(nodes)?)?;
             }
             "--probes" => print_alone(plan, probes::table(plan.quick))?,
             "--yaml" => print_alone(plan, yaml::table(&plan))?,

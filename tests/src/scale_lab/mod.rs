@@ -28,7 +28,7 @@ pub use self::{
     check::{Destination, SourceCheck},
     cost::{Cost, RoleCost, Underlay},
     events::{Failover, NodeTimes, Propagation},
-    report::print,
+    report::{bench_table, print},
     timeline::{AgentTimes, RoleTimes, Timeline},
 };
 use crate::lab::{Lab, LabSpec, addr};

@@ -268,3 +268,178 @@ fn timeline(s: &mut String, event: &str, t: &Timeline) {
         );
     }
 }
+
+/// The run as `egress-bench --nodes N` reports it: one row per event against issue 49's
+/// bound (every node back, or showing the change, within 1 s at p99, no stream broken;
+/// converged within 60 s), with where the workers' time went.
+pub fn bench_table(r: &Report) -> crate::bench::report::Table {
+    const BOUND_MS: u64 = 1_000;
+    let met = |ok: bool| if ok { "met" } else { "**missed**" }.to_owned();
+    let workers = |t: &Timeline| t.roles().into_iter().find(|x| x.role == "worker");
+    let timeline_cells = |t: &Timeline| match workers(t) {
+        Some(w) => vec![
+            format!("{}/{}", w.ended.0, w.ended.1),
+            format!("{:.1}", w.passes.0),
+            format!("{:.0}", w.cpu_ms.0),
+        ],
+        None => vec!["-".to_owned(); 3],
+    };
+    let mut rows = vec![{
+        let ok = r.converged.as_secs() < 60;
+        let mut row = vec![
+            format!("{} agents started, converged", r.workers + r.gateways),
+            format!(
+                "{:.1} s, {:.1} s",
+                r.started.as_secs_f64(),
+                r.converged.as_secs_f64()
+            ),
+            "-".to_owned(),
+            "60 s".to_owned(),
+            met(ok),
+        ];
+        row.extend(["-".to_owned(), "-".to_owned(), "-".to_owned()]);
+        row
+    }];
+    for f in &r.failovers {
+        let (p50, p99, max, _) = f.back.spread();
+        let ok = p99 <= BOUND_MS && f.broken.is_empty() && f.back.missing().is_empty();
+        let mut row = vec![
+            format!("{}: every worker back", f.how),
+            format!("{p50} / {p99} / {max} ms"),
+            format!("{} of {}", f.broken.len(), f.streams),
+            "1 s at p99, none broken".to_owned(),
+            met(ok),
+        ];
+        row.extend(timeline_cells(&f.timeline));
+        rows.push(row);
+    }
+    for p in &r.propagations {
+        let (p50, p99, max, _) = p.shown.spread();
+        let ok = p99 <= BOUND_MS && p.shown.missing().is_empty();
+        let mut row = vec![
+            format!("{}: shown on every node", p.what),
+            format!("{p50} / {p99} / {max} ms"),
+            "-".to_owned(),
+            "1 s at p99".to_owned(),
+            met(ok),
+        ];
+        row.extend(timeline_cells(&p.timeline));
+        rows.push(row);
+    }
+    let cpu = |c: &Cost, role: &str| {
+        c.roles
+            .iter()
+            .find(|x| x.role == role)
+            .map_or("-".to_owned(), |x| format!("{:.1} %", x.cpu_mean * 100.0))
+    };
+    crate::bench::report::Table {
+        title: format!(
+            "The lab at {} nodes: events against the 4-node bounds",
+            r.workers + r.gateways
+        ),
+        intro: vec![format!(
+            "`egress-bench --nodes {}` (`cargo xtask lab --nodes {}` measured as a benchmark): \
+             {} workers and {} gateways, one release agent each with the DaemonSet's \
+             capabilities, probes every {} ms, a peer dead after {} missed. A TCP stream from \
+             every worker's selected pod through egress IP A while its holder dies silently \
+             and then while the next one is drained; a UDP stream (a new flow per datagram) \
+             while rule A's egress IP is edited and a gateway route is added. Times from the \
+             event, per node, p50 / p99 / max; the workers' columns are from their own logs \
+             and metrics (the first pass that acted ended, p50/p99 ms; passes and CPU ms \
+             per worker over the event, mean).",
+            r.workers + r.gateways,
+            r.workers + r.gateways,
+            r.workers,
+            r.gateways,
+            r.probe_interval_ms,
+            r.probe_misses
+        )],
+        header: [
+            "event",
+            "p50 / p99 / max",
+            "broken",
+            "bound",
+            "",
+            "workers' pass ended",
+            "passes",
+            "CPU ms",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        rows,
+        notes: vec![format!(
+            "Idle CPU per agent: worker {}, gateway {} of a core; over the events: worker \
+             {}, gateway {}. Failures: {}.",
+            cpu(&r.idle, "worker"),
+            cpu(&r.idle, "gateway"),
+            cpu(&r.busy, "worker"),
+            cpu(&r.busy, "gateway"),
+            match r.failures() {
+                f if f.is_empty() => "none".to_owned(),
+                f => f.join("; "),
+            }
+        )],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::scale_lab::{Failover, Propagation};
+
+    #[test]
+    fn the_bench_table_holds_each_event_to_the_bound() {
+        let times = |ms: &[Option<u64>]| {
+            NodeTimes(
+                ms.iter()
+                    .enumerate()
+                    .map(|(i, t)| (format!("w{i}"), *t))
+                    .collect(),
+            )
+        };
+        let r = Report {
+            workers: 18,
+            gateways: 2,
+            converged: Duration::from_secs(30),
+            failovers: vec![
+                Failover {
+                    how: "silent death".into(),
+                    back: times(&[Some(400), Some(900)]),
+                    streams: 2,
+                    ..Failover::default()
+                },
+                Failover {
+                    how: "drain".into(),
+                    back: times(&[Some(0), Some(0)]),
+                    broken: vec!["w1".into()],
+                    streams: 2,
+                    ..Failover::default()
+                },
+            ],
+            propagations: vec![Propagation {
+                what: "policy edit".into(),
+                shown: times(&[Some(300), None]),
+                ..Propagation::default()
+            }],
+            ..Report::default()
+        };
+        let t = bench_table(&r);
+        let verdicts: Vec<(&str, &str)> = t
+            .rows
+            .iter()
+            .map(|row| (row[0].as_str(), row[4].as_str()))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("20 agents started, converged", "met"),
+                ("silent death: every worker back", "met"),
+                ("drain: every worker back", "**missed**"),
+                ("policy edit: shown on every node", "**missed**"),
+            ]
+        );
+        assert!(t.rows.iter().all(|row| row.len() == t.header.len()));
+    }
+}
