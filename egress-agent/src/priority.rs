@@ -40,6 +40,24 @@ pub fn nice() -> libc::c_int {
     unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
 }
 
+/// The CPU time the calling thread has spent (`CLOCK_THREAD_CPUTIME_ID`): what a pass
+/// costs the machine, where its wall time also counts the waits for a CPU that other
+/// threads and processes had. Zero if the clock cannot be read.
+pub fn thread_cpu() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +74,23 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(nice(), ours, "the test's own thread is untouched");
+    }
+
+    #[test]
+    fn a_thread_counts_its_own_cpu_not_its_sleep() {
+        let t0 = thread_cpu();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let slept = thread_cpu().saturating_sub(t0);
+        let t1 = thread_cpu();
+        let wall = std::time::Instant::now();
+        while wall.elapsed() < std::time::Duration::from_millis(50) {
+            std::hint::black_box(0u64);
+        }
+        let spun = thread_cpu().saturating_sub(t1);
+        assert!(slept < std::time::Duration::from_millis(20), "{slept:?}");
+        assert!(
+            spun > slept && spun > std::time::Duration::ZERO,
+            "{spun:?} {slept:?}"
+        );
     }
 }

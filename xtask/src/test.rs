@@ -495,20 +495,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             )
         })?;
     }
-    let mut a = vec![
-        "run",
-        "--release",
-        "--package",
-        "egress-tests",
-        "--bin",
-        "egress-bench",
-        "--",
-    ];
+    // The bench's binary as `build_bins` built it (as `cargo xtask lab` runs its own):
+    // `cargo run -p egress-tests` would build egress-tests again with other features.
+    let bench = crate::vm::workspace_root()?.join("target/release/egress-bench");
+    let mut a = Vec::new();
     if args.quick {
         a.push("--quick");
     }
     a.extend(args.rest.iter().map(String::as_str));
-    sh("cargo", &a, &[])
+    sh(&bench.to_string_lossy(), &a, &[])
 }
 
 /// The agent and the echo server, in release mode, for the lab.

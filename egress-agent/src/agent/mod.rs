@@ -134,7 +134,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             Wake::Pass(due) => {
                 let trigger = due.trigger;
                 let passed = r.pass(&mut dp, due).await;
-                wakers.ran(passed.began, passed.took);
+                wakers.ran(passed.began, passed.took, passed.cpu);
                 record_pass(&r.stats, &mut problem_log, trigger, passed);
             }
             Wake::NewLink(link) => r.devices.on_new_link(&mut dp, &link),
@@ -190,6 +190,7 @@ fn record_pass(
         source_errors,
         outcome,
         took,
+        cpu,
         ..
     } = passed;
     let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,6 +214,7 @@ fn record_pass(
                     changed = o.changed,
                     problems = all.len(),
                     took_ms = took.as_secs_f64() * 1e3,
+                    cpu_ms = cpu.as_secs_f64() * 1e3,
                     "reconciled"
                 );
             }
@@ -230,6 +232,8 @@ struct Passed {
     outcome: Result<Outcome>,
     began: Instant,
     took: Duration,
+    /// The CPU this thread spent on it (passes run on the agent's main thread).
+    cpu: Duration,
 }
 
 struct Outcome {
@@ -317,12 +321,14 @@ impl Reconciler<'_> {
         let snap = due.snapshot;
         let source_errors: Vec<String> = snap.errors.iter().map(ToString::to_string).collect();
         let began = Instant::now();
+        let cpu_before = crate::priority::thread_cpu();
         let outcome = self.reconcile(dp, &snap, due.peers).await;
         Passed {
             source_errors,
             outcome,
             began,
             took: began.elapsed(),
+            cpu: crate::priority::thread_cpu().saturating_sub(cpu_before),
         }
     }
 }
@@ -614,6 +620,7 @@ mod tests {
             outcome,
             began: Instant::now(),
             took: Duration::from_millis(7),
+            cpu: Duration::from_millis(5),
         }
     }
 
