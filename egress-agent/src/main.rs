@@ -214,7 +214,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 10)]
     resync_secs: u64,
     /// While passes are expensive and the cluster keeps changing, a state change waits
-    /// until the last pass has rested three times the CPU it spent (passes then take at
+    /// until the last pass has rested three times its own duration (passes then take at
     /// most a quarter of a core), but at most this many milliseconds after that pass
     /// ended; changes meanwhile share one pass. A quiet agent passes at once; probes,
     /// netlink and timers never wait. 0: every change passes at once.

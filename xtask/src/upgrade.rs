@@ -6,10 +6,7 @@
 //! holders, TCP, the longest UDP gap. Exits non-zero if A moved, two gateways held it, or
 //! TCP broke.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
@@ -26,17 +23,10 @@ pub struct Args {
     from_keyed: bool,
 }
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
 fn git(args: &[&str]) -> Result<String> {
     let out = Command::new("git")
         .args(args)
-        .current_dir(root())
+        .current_dir(crate::vm::workspace_root()?)
         .output()
         .context("failed to run git")?;
     if !out.status.success() {
@@ -58,7 +48,7 @@ pub fn run(args: Args) -> Result<()> {
     ])
     .with_context(|| format!("--from {}: no such revision here", args.from))?;
     let short = &commit[..12];
-    let base = root().join("target/upgrade");
+    let base = crate::vm::workspace_root()?.join("target/upgrade");
     let tree = base.join(short);
     if !tree.join("Cargo.toml").exists() {
         std::fs::create_dir_all(&base)?;
@@ -107,7 +97,7 @@ pub fn run(args: Args) -> Result<()> {
         ],
         &[],
     )?;
-    let lab = root().join("target/debug/egress-lab");
+    let lab = crate::vm::workspace_root()?.join("target/debug/egress-lab");
     let label = args.from.clone();
     let old_s = old.to_string_lossy();
     let mut lab_args = vec!["--upgrade", "--old", &old_s, "--old-label", &label];

@@ -134,7 +134,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             Wake::Pass(due) => {
                 let trigger = due.trigger;
                 let passed = r.pass(&mut dp, due).await;
-                wakers.ran(passed.began, passed.took, passed.cpu);
+                wakers.ran(passed.began, passed.took);
                 record_pass(&r.stats, &mut problem_log, trigger, passed);
             }
             Wake::NewLink(link) => r.devices.on_new_link(&mut dp, &link),

@@ -247,10 +247,9 @@ impl Wakers {
         }
     }
 
-    /// A pass began at `began`, took `took` and spent `cpu`: a state change waits for
-    /// its rest.
-    pub(super) fn ran(&mut self, began: Instant, took: Duration, cpu: Duration) {
-        self.batch.ran(began, took, cpu);
+    /// A pass began at `began` and took `took`: a state change waits for its rest.
+    pub(super) fn ran(&mut self, began: Instant, took: Duration) {
+        self.batch.ran(began, took);
     }
 }
 
@@ -360,7 +359,7 @@ mod tests {
         let (mut w, ends) = wakers(Duration::from_secs(1));
         let t0 = Instant::now();
         // A pass of 30 ms: a state change waits 90 ms more.
-        w.ran(t0, Duration::from_millis(30), Duration::from_millis(30));
+        w.ran(t0, Duration::from_millis(30));
         changed_state(&ends);
         ends.transitions.send(Transition::CutOff).unwrap();
         let Wake::Transition(t) = w.next(None).await.unwrap() else {
@@ -382,11 +381,7 @@ mod tests {
     #[tokio::test]
     async fn a_pass_takes_the_change_that_waited_whatever_woke_it() {
         let (mut w, ends) = wakers(Duration::from_secs(1));
-        w.ran(
-            Instant::now(),
-            Duration::from_millis(300),
-            Duration::from_millis(300),
-        );
+        w.ran(Instant::now(), Duration::from_millis(300));
         changed_state(&ends);
         let mut view = PeerView::default();
         view.dead.insert("gw-2".to_owned());

@@ -260,15 +260,10 @@ fn churn(
         }
         std::thread::sleep(batch.start_at(now).saturating_duration_since(now));
         let began = Instant::now();
-        let cpu_began = egress_agent::priority::thread_cpu();
         let arrived = events.arrived(began);
         apply_events(shape, view, taken, arrived);
         agent.pass(view);
-        batch.ran(
-            began,
-            began.elapsed(),
-            egress_agent::priority::thread_cpu().saturating_sub(cpu_began),
-        );
+        batch.ran(began, began.elapsed());
         passes += 1;
         let done = Instant::now();
         latency_ms.extend((taken..arrived).map(|k| (done - events.at(k)).as_secs_f64() * 1e3));
