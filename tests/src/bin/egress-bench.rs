@@ -53,22 +53,9 @@ struct Args {
 
 /// The lab at `nodes` nodes, as `cargo xtask lab --nodes` runs it, against the bounds.
 fn at_nodes(nodes: u32) -> Result<Table> {
-    let gateways = (nodes / 10).max(2);
-    anyhow::ensure!(
-        nodes > gateways,
-        "--nodes {nodes}: too few for {gateways} gateways"
-    );
-    let dir = std::env::current_exe()
-        .context("failed to find this binary")?
-        .parent()
-        .context("this binary has no directory")?
-        .to_owned();
-    let opts = egress_tests::scale_lab::Options::new(
-        nodes - gateways,
-        gateways,
-        dir.join("egress-agent"),
-        dir.join("egress-echo"),
-    );
+    let exe = std::env::current_exe().context("failed to find this binary")?;
+    let dir = exe.parent().context("this binary has no directory")?;
+    let opts = egress_tests::scale_lab::Options::for_nodes(nodes, None, dir)?;
     let report = egress_tests::scale_lab::run(&opts)?;
     eprint!("{}", egress_tests::scale_lab::print(&report));
     Ok(egress_tests::scale_lab::bench_table(&report))

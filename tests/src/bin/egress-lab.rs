@@ -274,7 +274,7 @@ fn real_main() -> Result<bool> {
         .context("no directory for the current executable")?;
     let agent = agent_bin(&bin_dir)?;
     if let Some(nodes) = value("--nodes") {
-        return scale(&nodes, &agent, &bin_dir);
+        return scale(&nodes, &bin_dir);
     }
     let t0 = Instant::now();
     let mut spec = lab_spec(family, underlay)?;
@@ -361,22 +361,12 @@ fn real_main() -> Result<bool> {
 }
 
 /// `--nodes N [--gateways G]`: the lab at that scale, its summary ([`scale_lab`]).
-fn scale(nodes: &str, agent: &std::path::Path, bin_dir: &std::path::Path) -> Result<bool> {
+fn scale(nodes: &str, bin_dir: &std::path::Path) -> Result<bool> {
     let nodes: u32 = nodes.parse().context("--nodes needs a number of nodes")?;
-    let gateways: u32 = match value("--gateways") {
-        Some(g) => g.parse().context("--gateways needs a number of gateways")?,
-        None => (nodes / 10).max(2),
-    };
-    anyhow::ensure!(
-        nodes > gateways,
-        "--nodes {nodes} must be more than --gateways {gateways} (the rest are workers)"
-    );
-    let mut opts = scale_lab::Options::new(
-        nodes - gateways,
-        gateways,
-        agent.to_path_buf(),
-        bin_dir.join("egress-echo"),
-    );
+    let gateways = value("--gateways")
+        .map(|g| g.parse().context("--gateways needs a number of gateways"))
+        .transpose()?;
+    let mut opts = scale_lab::Options::for_nodes(nodes, gateways, bin_dir)?;
     if let Some(ms) = value("--probe-interval-ms") {
         opts.probe_interval_ms = ms
             .parse()

@@ -72,6 +72,23 @@ impl Options {
         }
     }
 
+    /// `nodes` nodes, `gateways` of them gateways (a tenth, at least 2, if `None`), with
+    /// the agent and echo server of `bin_dir` (where cargo builds them beside the lab's
+    /// binaries): what `cargo xtask lab --nodes` and `egress-bench --nodes` run.
+    pub fn for_nodes(nodes: u32, gateways: Option<u32>, bin_dir: &std::path::Path) -> Result<Self> {
+        let gateways = gateways.unwrap_or((nodes / 10).max(2));
+        anyhow::ensure!(
+            nodes > gateways,
+            "--nodes {nodes} must be more than --gateways {gateways} (the rest are workers)"
+        );
+        Ok(Self::new(
+            nodes - gateways,
+            gateways,
+            bin_dir.join("egress-agent"),
+            bin_dir.join("egress-echo"),
+        ))
+    }
+
     /// The flags an agent of each role gets: sized as an operator would size them at this
     /// scale. Every selected pod of the cluster fits the pod owner maps on every node (the
     /// minimum, 1,024 entries, holds a 100-node lab's); a worker translates nothing and
