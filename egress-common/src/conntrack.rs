@@ -168,6 +168,13 @@ pub mod timeout {
     pub const TCP_RESET: u64 = 10 * SEC;
     pub const UDP: u64 = 120 * SEC;
     pub const ICMP: u64 = 30 * SEC;
+    /// A TCP segment in the middle of a stream (neither SYN nor RST) that makes a flow
+    /// here (the egress IP was taken over, or came back) may take its pod's port from a
+    /// flow silent both ways this long: the far end knows the stream by that port, and a
+    /// flow whose entries outlived it here (a gateway back from a silent death never saw
+    /// its flows end) must not push the stream onto another port, which the far end
+    /// would reset. Long enough that a live stream (ACKs both ways) is never taken.
+    pub const TAKEOVER_IDLE: u64 = 10 * SEC;
 }
 
 /// The idle timeout of an entry of protocol `proto` in TCP state `st` (any state but

@@ -60,13 +60,14 @@ macro_rules! family {
                 config::Config,
                 conntrack::{
                     $Entry, $Key, $Remap, NextHop, PORT_ALLOC_TRIES, PORT_SCAN_LEN, dir, state,
+                    timeout,
                 },
             };
 
             use super::{AllocError, next_state};
             use crate::{
                 maps::{$FRESH, $MAP, $REMAP},
-                parse::{L4, PROTO_TCP},
+                parse::{L4, PROTO_TCP, TCP_RST, TCP_SYN},
             };
 
             /// The key (`src`, `dst`, ports, `proto`, `dir`), its tail written as two words:
@@ -82,15 +83,36 @@ macro_rules! family {
                 proto: u8,
                 dir: u8,
             ) -> $Key {
+                let mut k = core::mem::MaybeUninit::<$Key>::uninit();
+                // SAFETY: `write_key` writes every field.
+                unsafe {
+                    write_key(k.as_mut_ptr(), src, dst, src_port_be, dst_port_be, proto, dir);
+                    k.assume_init()
+                }
+            }
+
+            /// [`make_key`] written in place at `p` (a key built on the stack and copied
+            /// there would take a frame the deepest paths have no room for).
+            ///
+            /// # Safety
+            /// `p` is valid for writes of a whole key.
+            #[inline(always)]
+            unsafe fn write_key(
+                p: *mut $Key,
+                src: $Addr,
+                dst: $Addr,
+                src_port_be: u16,
+                dst_port_be: u16,
+                proto: u8,
+                dir: u8,
+            ) {
                 const { assert!(core::mem::offset_of!($Key, src_port_be) % 4 == 0) };
                 const { assert!(core::mem::offset_of!($Key, proto) % 4 == 0) };
                 const { assert!(core::mem::align_of::<$Key>() >= 4) };
-                let mut k = core::mem::MaybeUninit::<$Key>::uninit();
-                let p = k.as_mut_ptr();
                 let (s, d) = (src_port_be.to_ne_bytes(), dst_port_be.to_ne_bytes());
                 // SAFETY: every field is written (the ports and `proto`, `dir`, `_pad` as
                 // two words at 4-aligned offsets of a 4-aligned key, asserted above, with
-                // the fields' bytes in their order), so the key is initialised.
+                // the fields' bytes in their order); `p` is valid (the caller's word).
                 unsafe {
                     (&raw mut (*p).src).write(src);
                     (&raw mut (*p).dst).write(dst);
@@ -100,7 +122,6 @@ macro_rules! family {
                     (&raw mut (*p).proto)
                         .cast::<u32>()
                         .write(u32::from_ne_bytes([proto, dir, 0, 0]));
-                    k.assume_init()
                 }
             }
 
@@ -144,24 +165,29 @@ macro_rules! family {
             /// The key of the other direction's entry of the flow that (`key`, `e`) belongs to.
             #[inline(always)]
             fn partner_key(key: &$Key, e: &$Entry, out: &mut $Key) {
-                if key.dir == dir::ORIGINAL {
-                    *out = make_key(
-                        key.dst,
-                        e.xlate_addr,
-                        key.dst_port_be,
-                        e.xlate_port_be,
-                        key.proto,
-                        dir::REPLY,
-                    );
-                } else {
-                    *out = make_key(
-                        e.xlate_addr,
-                        key.src,
-                        e.xlate_port_be,
-                        key.src_port_be,
-                        key.proto,
-                        dir::ORIGINAL,
-                    );
+                // SAFETY: `out` is a valid key to overwrite.
+                unsafe {
+                    if key.dir == dir::ORIGINAL {
+                        write_key(
+                            out,
+                            key.dst,
+                            e.xlate_addr,
+                            key.dst_port_be,
+                            e.xlate_port_be,
+                            key.proto,
+                            dir::REPLY,
+                        );
+                    } else {
+                        write_key(
+                            out,
+                            e.xlate_addr,
+                            key.src,
+                            e.xlate_port_be,
+                            key.src_port_be,
+                            key.proto,
+                            dir::ORIGINAL,
+                        );
+                    }
                 }
             }
 
@@ -295,6 +321,35 @@ macro_rules! family {
                 Some(e)
             }
 
+            /// Free the reply tuple `s.key` (a new flow's, with its pod's port) of a flow
+            /// silent both ways for [`timeout::TAKEOVER_IDLE`], however long its state's
+            /// timeout: both its entries go, as the sweeper's would (a partner whose slot
+            /// another flow took is left alone). Out of line, its temporaries in the slot:
+            /// the gateway paths' frames had no room left under the verifier's 512 bytes.
+            #[inline(never)]
+            fn reclaim(s: &mut Slots, now: u64) {
+                let Some(e) = $MAP.get_ptr(&s.key) else {
+                    return;
+                };
+                // SAFETY: valid map value pointer, read only.
+                let e = unsafe { &*e };
+                if now.saturating_sub(e.last_seen_ns) < timeout::TAKEOVER_IDLE {
+                    return;
+                }
+                partner_key(&s.key, e, &mut s.peer);
+                if let Some(p) = $MAP.get_ptr(&s.peer) {
+                    // SAFETY: valid map value pointer, read only.
+                    let p = unsafe { &*p };
+                    if partners(&s.key, &s.peer, p) {
+                        if now.saturating_sub(p.last_seen_ns) < timeout::TAKEOVER_IDLE {
+                            return;
+                        }
+                        let _ = $MAP.remove(&s.peer);
+                    }
+                }
+                let _ = $MAP.remove(&s.key);
+            }
+
             /// `bpf_loop`'s context for [`scan_step`]: the slots (in the scratch map), by
             /// pointer. The kernel takes the context on the stack only, and Linux 6.1 counts
             /// the callback's frame into the call chain's 512 bytes: the scan's numbers
@@ -422,6 +477,16 @@ macro_rules! family {
                     },
                     None => 0,
                 };
+                // A segment in the middle of a stream that started elsewhere (the egress
+                // IP's previous holder), no other port shared: the far end knows it by the
+                // pod's port, which a flow silent here for long may still hold.
+                if shared == 0
+                    && keep_own
+                    && ip.proto == PROTO_TCP
+                    && l4.tcp_flags & (TCP_SYN | TCP_RST) == 0
+                {
+                    reclaim(s, now);
+                }
                 let mut claimed = false;
                 if shared != 0 {
                     s.key.dst_port_be = shared;

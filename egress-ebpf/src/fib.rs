@@ -81,10 +81,13 @@ pub struct Next4 {
 
 /// The FIB lookup of [`redirect`] alone, so that a new flow's conntrack entry can be
 /// made with its next hop in it (one lookup for both). `headers`: those of each segment
-/// of a GSO packet ([`segment_headers`]).
+/// of a GSO packet ([`segment_headers`]). `p`: the lookup's room, the per-CPU scratch
+/// slot's (on the stack, its 64 bytes took `from_tunnel`'s frame, with a new flow's port
+/// allocation, past the verifier's 512 bytes).
 #[inline(always)]
 pub fn lookup4(
     ctx: &TcContext,
+    p: &mut FibParams,
     proto: u8,
     src: [u8; 4],
     dst: [u8; 4],
@@ -92,8 +95,7 @@ pub fn lookup4(
     headers: u32,
 ) -> Next4 {
     // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut slot = core::mem::MaybeUninit::<FibParams>::uninit();
-    let p = unsafe { crate::mem::zeroed_in(&mut slot) };
+    unsafe { crate::mem::zero(p) };
     p.family = AF_INET;
     p.l4_protocol = proto;
     // tot_len stays 0: the kernel then checks the MTU with is_skb_forwardable(), which

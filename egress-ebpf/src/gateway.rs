@@ -73,8 +73,12 @@ pub fn forward(
                 if fib::cache_valid(ctx, &e.next_hop, generation, now, headers) {
                     return send_cached(ctx, ip, l4, e.xlate_addr, e.xlate_port_be, &e.next_hop);
                 }
+                let Some(s) = scratch::scratch() else {
+                    return verdict(ctx, reason::DROP_FIB, SHOT);
+                };
                 let next = fib::lookup4(
                     ctx,
+                    &mut s.fib,
                     ip.proto,
                     e.xlate_addr,
                     ip.dst,
@@ -103,8 +107,12 @@ pub fn forward(
                 // The next hop first, so that the flow's entry is made with it. A failed
                 // lookup still makes the flow (as before the cache): the packet is dropped
                 // below, and the next one looks again.
+                let Some(s) = scratch::scratch() else {
+                    return verdict(ctx, reason::DROP_FIB, SHOT);
+                };
                 let mut next = fib::lookup4(
                     ctx,
+                    &mut s.fib,
                     ip.proto,
                     rule.egress_ip,
                     ip.dst,

@@ -765,6 +765,12 @@ fn from_tunnel_conntrack_entries() {
     cases::from_tunnel_conntrack_entries::<Ipv4Addr>(UL4);
 }
 
+/// `bed::cases::a_stream_taken_over_takes_its_port_from_a_silent_flow_only`.
+#[test]
+fn a_stream_taken_over_takes_its_port_from_a_silent_flow_only() {
+    cases::a_stream_taken_over_takes_its_port_from_a_silent_flow_only::<Ipv4Addr>(UL4);
+}
+
 // ---- interface rules: a TCP flow from another gateway ----
 
 /// `bed::cases::interface_rule_cases`: a mid-stream segment of an `interface:` rule without

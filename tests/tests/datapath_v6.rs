@@ -671,6 +671,12 @@ fn from_tunnel_table_ipv6_underlay() {
     from_tunnel_table(UL6);
 }
 
+/// `bed::cases::a_stream_taken_over_takes_its_port_from_a_silent_flow_only`.
+#[test]
+fn a_stream_taken_over_takes_its_port_from_a_silent_flow_only() {
+    cases::a_stream_taken_over_takes_its_port_from_a_silent_flow_only::<Ipv6Addr>(UL6);
+}
+
 #[test]
 fn from_tunnel_conntrack_entries_ipv4_underlay() {
     cases::from_tunnel_conntrack_entries::<Ipv6Addr>(UL4);

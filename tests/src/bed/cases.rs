@@ -760,6 +760,91 @@ pub fn from_tunnel_conntrack_entries<A: Ip>(u: UnderlayNet) {
     });
 }
 
+/// A gateway that takes egress IP A (back) may still hold entries of flows that ended
+/// elsewhere (it was cut off while they moved, or never saw them close): established for
+/// 6 h, closing for 30 s. A stream that arrives mid-way with its pod's port, which the far
+/// end knows, takes that port from a flow silent both ways for 10 s (both its entries
+/// go), never from one heard within that; a SYN (a new flow: no far end knows it yet)
+/// takes none.
+pub fn a_stream_taken_over_takes_its_port_from_a_silent_flow_only<A: Ip>(u: UnderlayNet) {
+    in_netns(move || {
+        let (net, mut dp) = bed::<A>(u);
+        let (dest, egress) = (A::DEST_A, A::EGRESS_A);
+        let like = |st, age_s| CtLike {
+            state: st,
+            pod_node: u.peer,
+            ifindex: net.sec0,
+            rule_id: RULE_A,
+            last_seen_ns: if age_s == 0 { 0 } else { ktime_ago_ns(age_s) },
+            next_hop: NextHop::default(),
+        };
+        let original = |pod, port: u16| A::ct_key(pod, dest, (port, 443), 6, dir::ORIGINAL);
+        let reply = |port: u16| A::ct_key(dest, egress, (443, port), 6, dir::REPLY);
+        // REMOTE_POD3's flows, left from before: silent 11 s, heard 3 s ago, closing and
+        // silent 12 s.
+        for (port, st, age_s) in [
+            (40_000, state::ESTABLISHED, 11),
+            (40_002, state::ESTABLISHED, 3),
+            (40_004, state::CLOSING, 12),
+        ] {
+            let l = like(st, age_s);
+            A::ct_insert(
+                &mut dp,
+                original(A::REMOTE_POD3, port),
+                A::ct_entry(&l, egress, port),
+            );
+            A::ct_insert(&mut dp, reply(port), A::ct_entry(&l, A::REMOTE_POD3, port));
+        }
+        let mut send = |pod: A, sport: u16, flags: u8| {
+            let p = tcp(pod, sport, dest, 443, flags);
+            let o = dp.run(FROM_TUNNEL, &p.build(), net.tun0, Some((u.peer, RULE_A)));
+            assert_eq!(o.verdict, TC_ACT_REDIRECT, "{pod}:{sport}");
+            A::sport_of(&o.frame)
+        };
+        assert_eq!(send(A::REMOTE_POD, 40_000, TCP_ACK), 40_000);
+        assert_ne!(
+            send(A::REMOTE_POD, 40_002, TCP_ACK),
+            40_002,
+            "a flow heard 3 s ago lost its port"
+        );
+        assert_ne!(
+            send(A::REMOTE_POD, 40_004, TCP_SYN),
+            40_004,
+            "a SYN took a port"
+        );
+        assert_eq!(send(A::REMOTE_POD2, 40_004, TCP_ACK), 40_004);
+
+        // The far end's replies to each port reach the stream that holds it; the silent
+        // flows' own entries are gone.
+        let ct = A::ct(&mut dp);
+        let reply_entry = |port| {
+            let (_, mut e) = *ct
+                .iter()
+                .find(|(k, _)| *k == reply(port))
+                .unwrap_or_else(|| panic!("no reply entry for port {port}"));
+            *A::last_seen(&mut e) = 0;
+            *A::state(&mut e) = state::NEW;
+            e
+        };
+        for (port, pod) in [
+            (40_000, A::REMOTE_POD),
+            (40_002, A::REMOTE_POD3),
+            (40_004, A::REMOTE_POD2),
+        ] {
+            assert_eq!(
+                reply_entry(port),
+                A::ct_entry(&like(state::NEW, 0), pod, port),
+                "port {port}"
+            );
+        }
+        let has = |k| ct.iter().any(|(key, _)| *key == k);
+        assert!(!has(original(A::REMOTE_POD3, 40_000)));
+        assert!(has(original(A::REMOTE_POD3, 40_002)));
+        assert!(!has(original(A::REMOTE_POD3, 40_004)));
+        assert_eq!(dp.counters().get(&SNAT_NEW), Some(&4));
+    });
+}
+
 /// The next hop an established flow's packets take comes from its conntrack entry, not
 /// from a FIB lookup per packet, until the agent bumps `NH_GEN` (a route or neighbour
 /// change) or the cache is older than a second. The flow goes through router A (to
