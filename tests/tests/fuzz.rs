@@ -54,6 +54,7 @@ fn fixed_seed_keeps_every_property_past_the_parsers() {
                 SNAT_HIT,
                 FORWARDED,
                 RETURN_DELIVERED,
+                TO_POD_DEVICE,
                 DROP_SPOOFED_SOURCE,
             ],
         ),
@@ -61,6 +62,7 @@ fn fixed_seed_keeps_every_property_past_the_parsers() {
             Prog::FromSecondary,
             &[
                 REVERSE_NAT,
+                TO_POD_DEVICE,
                 RETURN_TUNNELED,
                 ICMP_ERROR_XLATED,
                 DROP_NO_CONNTRACK,
@@ -68,7 +70,13 @@ fn fixed_seed_keeps_every_property_past_the_parsers() {
         ),
         (
             Prog::FromUnderlay,
-            &[SNAT_NEW, FORWARDED, RETURN_DELIVERED, DROP_SPOOFED_SOURCE],
+            &[
+                SNAT_NEW,
+                FORWARDED,
+                RETURN_DELIVERED,
+                TO_POD_DEVICE,
+                DROP_SPOOFED_SOURCE,
+            ],
         ),
     ];
     for (prog, reasons) in want {

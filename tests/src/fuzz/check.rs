@@ -27,6 +27,12 @@
 //!   pods of this node; RSTs answer only `interface:` rules' mid-stream segments, and a
 //!   packet too big for its interface or at its last hop is answered only to its sender,
 //!   from an egress IP of this node, quoting it, its ICMP checksum right.
+//! * **Around the CNI only for replies of ours**: a packet goes into a pod through its
+//!   device (`TO_POD_DEVICE`, past what the node's routing would hand it to: the CNI's
+//!   switch and its ACLs) only when it is a reply to the pod bound with
+//!   `REPLY_TO_PEER`: from the tunnel, to that pod, from the gateway its policy sends the
+//!   reply's source through; on a secondary interface, translated back by conntrack. And
+//!   every such reply does go that way.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -62,6 +68,7 @@ pub const ON_THE_WAY: &[u32] = &[
     REVERSE_NAT,
     MSS_CLAMPED,
     ICMP_ERROR_XLATED,
+    TO_POD_DEVICE,
 ];
 
 /// What a program did with one packet.
@@ -130,6 +137,19 @@ pub fn check(prog: Prog, input: &Input, seen: &Seen) -> Check {
         must(checksums_right(seen.out) == Some(true), || {
             "redirected with a wrong checksum a packet whose checksums were right".to_owned()
         })?;
+    }
+    if seen.hit(TO_POD_DEVICE) {
+        must(
+            matches!(prog, Prog::FromTunnel | Prog::FromSecondary)
+                && matches!(seen.sent(), Some(RETURN_DELIVERED | FORWARDED)),
+            || {
+                format!(
+                    "into a pod's device from {}, sent as {}",
+                    prog.name(),
+                    reason_name(seen.sent().unwrap_or(0))
+                )
+            },
+        )?;
     }
     per_program(input, seen)
 }
@@ -483,6 +503,14 @@ fn from_tunnel(input: &Input, seen: &Seen) -> Check {
                 reason_name(seen.sent().unwrap_or(0))
             )
         })?;
+        // Around the CNI only from the gateway that the pod's policy sends the reply's
+        // source through (the tunnel is not authenticated: anything else is routed).
+        let from_its_gateway = plan
+            .policy(dst, src)
+            .is_some_and(|p| p.action == action::FORWARD && p.gateway == sender);
+        into_the_pod(seen, from_its_gateway && dst == plan.local_pod, || {
+            format!("a reply from {src} to {dst} that {sender} tunneled")
+        })?;
         return delivered_to_pod(input, seen, plan, dst);
     }
     must(plan.owner(src) == Some(sender), || {
@@ -522,6 +550,9 @@ fn from_secondary(input: &Input, seen: &Seen) -> Check {
         Some(FORWARDED) => {
             must(owner == Some(NODE), || {
                 format!("delivered here to {pod}, not a pod of this node")
+            })?;
+            into_the_pod(seen, pod == plan.local_pod, || {
+                format!("a reply from {src} translated back to {pod}")
             })?;
             delivered_to_pod(input, seen, plan, pod)
         }
@@ -598,6 +629,19 @@ fn out_of_the_rules_interface(
         })?;
     }
     Ok(())
+}
+
+/// Into the pod through its device (`TO_POD_DEVICE`) exactly when `should`: a reply of
+/// ours to the pod bound with `REPLY_TO_PEER`.
+fn into_the_pod(seen: &Seen, should: bool, what: impl FnOnce() -> String) -> Check {
+    let went = seen.hit(TO_POD_DEVICE);
+    must(went == should, || {
+        if went {
+            format!("{} went into the pod around the CNI", what())
+        } else {
+            format!("{} was routed, not put into the pod", what())
+        }
+    })
 }
 
 /// Delivered to `pod`, a pod of this node, through the pod device.
@@ -809,6 +853,42 @@ mod tests {
             out,
             delta,
         }
+    }
+
+    /// A reply from the tunnel goes into the pod around the CNI only from the gateway the
+    /// pod's policy names for its source, and then always.
+    #[test]
+    fn refuses_a_reply_around_the_cni_from_another_than_its_gateway() {
+        let v4 = &*node::V4;
+        let gateway = v4.policy(v4.local_pod, v4.dest_b).map(|p| p.gateway);
+        assert_eq!(gateway, Some(node::PEER), "the plan this test reads");
+        let reply = |sender| Input {
+            dev: Dev::Tunnel,
+            tunnel: Some((sender, RETURN_VNI)),
+            ..input(&to(v4.dest_b, v4.local_pod))
+        };
+        let len = reply(node::PEER).frame.len() as u64;
+        let into_pod = [(RETURN_DELIVERED, 1, len), (TO_POD_DEVICE, 1, len)];
+        let routed = [(RETURN_DELIVERED, 1, len)];
+        let run = |sender, delta: &[(u32, u64, u64)]| {
+            let i = reply(sender);
+            check(
+                Prog::FromTunnel,
+                &i,
+                &seen(TC_ACT_REDIRECT, &i.frame, delta),
+            )
+        };
+        assert_eq!(run(node::PEER, &into_pod), Ok(()));
+        assert!(node::NODES.contains(&node::PEER6));
+        let forged = run(node::PEER6, &into_pod).unwrap_err();
+        assert!(forged.contains("around the CNI"), "{forged}");
+        assert_eq!(run(node::PEER6, &routed), Ok(()));
+        let missed = run(node::PEER, &routed).unwrap_err();
+        assert!(missed.contains("routed"), "{missed}");
+        // From a pod's own device, never.
+        let out = input(&to(v4.local_pod, v4.dest_b));
+        let s = seen(TC_ACT_REDIRECT, &out.frame, &into_pod);
+        assert!(check(Prog::FromPod, &out, &s).is_err());
     }
 
     #[test]

@@ -34,7 +34,7 @@ use egress_common::{
     maps,
     policy::{
         EgressIpValue, PodOwnerValue, PolicyValueV4, PolicyValueV6, PortFilter, PortRange,
-        RuleValueV6, action, egress_ip_flags,
+        RuleValueV6, action, egress_ip_flags, pod_device_flags::REPLY_TO_PEER,
     },
     underlay,
 };
@@ -599,8 +599,9 @@ pub fn fill(dp: &mut Datapath, net: &Net) {
 }
 
 fn fill_plan(dp: &mut Datapath, net: &Net, plan: &Plan) {
-    // The selected pod is bound to its device (`from_pod`'s source check).
-    dp.pod_device(plan.local_pod, net.pod0);
+    // The selected pod is bound to its device (`from_pod`'s source check), a veth whose
+    // peer is the pod's: replies of its flows go straight into it (`REPLY_TO_PEER`).
+    dp.pod_device_with(plan.local_pod, net.pod0, REPLY_TO_PEER);
     for &(pod, rule) in &plan.admitted {
         dp.admit(pod, rule);
     }
