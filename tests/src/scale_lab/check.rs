@@ -205,8 +205,12 @@ pub fn served_pods(lab: &Lab, pods: &[String], egress_a: IpAddr, egress_b: IpAdd
         .collect()
 }
 
+/// Egress IPs, each with the (gateway, interface) pairs that have it on an interface
+/// that is up.
+pub type Held = Vec<(IpAddr, Vec<(String, String)>)>;
+
 /// `ips` with the gateways that have each on an interface that is up.
-pub fn holders(lab: &Lab, ips: &[IpAddr]) -> Vec<(IpAddr, Vec<(String, String)>)> {
+pub fn holders(lab: &Lab, ips: &[IpAddr]) -> Held {
     ips.iter()
         .map(|ip| (*ip, cluster::holders(lab, *ip)))
         .collect()

@@ -130,14 +130,14 @@ pub struct Report {
     pub converged: Duration,
     pub first_check: Vec<SourceCheck>,
     /// Egress IP -> the gateways (and interfaces) that hold it, after convergence.
-    pub holders: Vec<(IpAddr, Vec<(String, String)>)>,
+    pub holders: check::Held,
     pub idle: Cost,
     pub failovers: Vec<Failover>,
     pub propagations: Vec<Propagation>,
     /// CPU over the events (failovers, edit, route change).
     pub busy: Cost,
     pub last_check: Vec<SourceCheck>,
-    pub holders_after: Vec<(IpAddr, Vec<(String, String)>)>,
+    pub holders_after: check::Held,
     pub state_dir_bytes: u64,
 }
 
@@ -248,9 +248,14 @@ fn steps(lab: &mut Lab, opts: &Options, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// How long the egress IPs' holders must stay the same before the agents count as
+/// converged.
+const HOLDERS_STILL: Duration = Duration::from_secs(5);
+
 /// Start one agent per node; (every agent started, every selected pod served). A pod
 /// counts as served from its first query that left by both egress IPs; converged is when
-/// the last one was, confirmed by a round over every pod (else the wait goes on).
+/// rounds over every pod have found them all served and egress IPs A and B each on one
+/// gateway, the same one, for [`HOLDERS_STILL`] (else the wait goes on).
 fn start_agents(lab: &mut Lab, opts: &Options) -> Result<(Duration, Duration)> {
     let t = Instant::now();
     lab.start_agents(&opts.agent_bin)?;
@@ -264,6 +269,7 @@ fn start_agents(lab: &mut Lab, opts: &Options) -> Result<(Duration, Duration)> {
         .map(|p| p.name.clone())
         .collect();
     let deadline = t + opts.converge_timeout;
+    let mut still: Option<(check::Held, Instant)> = None;
     loop {
         if started.is_none()
             && nodes
@@ -276,10 +282,24 @@ fn start_agents(lab: &mut Lab, opts: &Options) -> Result<(Duration, Duration)> {
             let served = check::served_pods(lab, &pending, ea, eb);
             pending.retain(|p| !served.contains(p));
             if pending.is_empty() {
-                let converged = t.elapsed();
                 if check::served(lab, ea, eb) {
-                    return Ok((s, converged));
+                    // Served, and by the same single holder of each address for a while:
+                    // gateways start last, and in their warm-up they may still move the
+                    // addresses (seen at 100 nodes, where a check then failed).
+                    let held = check::holders(lab, &[ea, eb]);
+                    let single = held.iter().all(|(_, h)| h.len() == 1);
+                    match &still {
+                        Some((h, since)) if single && *h == held => {
+                            if since.elapsed() >= HOLDERS_STILL {
+                                return Ok((s, t.elapsed()));
+                            }
+                        }
+                        _ => still = single.then(|| (held, Instant::now())),
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
                 }
+                still = None;
                 pending = lab
                     .pods()
                     .iter()
