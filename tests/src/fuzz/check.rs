@@ -888,7 +888,8 @@ mod tests {
         // From a pod's own device, never.
         let out = input(&to(v4.local_pod, v4.dest_b));
         let s = seen(TC_ACT_REDIRECT, &out.frame, &into_pod);
-        assert!(check(Prog::FromPod, &out, &s).is_err());
+        let from_pod = check(Prog::FromPod, &out, &s).unwrap_err();
+        assert!(from_pod.contains("into a pod's device"), "{from_pod}");
     }
 
     #[test]
