@@ -322,15 +322,30 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
         panic!("{e:#}: not every agent started\n{}", logs.join("\n"))
     });
     eprintln!("every agent started within {started:?}");
-    let refused_in = |lab: &Lab| {
+    // The gateway whose refusal of A still stands: its last word on A is a problem naming
+    // host-a's MAC, not "resolved". At start the gateways' views of each other settle in
+    // about a second, and A's would-be holder can change in it (CI once saw gw2 refuse A,
+    // then A assigned to gw1, which claimed it once host-a let go): wait until one gateway
+    // has refused A for 3 s.
+    let refusing = |lab: &Lab| {
         ["gw1", "gw2"].into_iter().find(|gw| {
             let log = lab.agent_log(gw);
-            log.contains(&format!("problem: egress IP {EGRESS_IP_A}"))
-                && log.contains(&format!("MAC {host_a_mac} answered"))
+            let last = log.lines().rev().find(|l| {
+                (l.contains("problem: ") || l.contains("resolved: "))
+                    && l.contains(&format!("egress IP {EGRESS_IP_A}:"))
+            });
+            last.is_some_and(|l| l.contains("problem: ") && l.contains(&host_a_mac))
         })
     };
-    wait_until(Duration::from_secs(20), || {
-        refused_in(&lab).is_some() && holder(&lab, EGRESS_IP_B).is_some()
+    let mut since: Option<(&str, Instant)> = None;
+    wait_until(Duration::from_secs(30), || {
+        let now = refusing(&lab).filter(|_| holder(&lab, EGRESS_IP_B).is_some());
+        since = match (now, since) {
+            (Some(g), Some((s, t))) if g == s => Some((s, t)),
+            (Some(g), _) => Some((g, Instant::now())),
+            (None, _) => None,
+        };
+        since.is_some_and(|(_, t)| t.elapsed() >= Duration::from_secs(3))
     })
     .unwrap_or_else(|e| {
         panic!(
@@ -339,7 +354,7 @@ fn doctor_is_ok_on_a_gateway_and_names_each_problem_and_the_agent_refuses_an_ans
             tail(lab.agent_log("gw2"))
         )
     });
-    let gw = refused_in(&lab).unwrap();
+    let gw = since.unwrap().0;
     assert_eq!(holder(&lab, EGRESS_IP_A), None, "no gateway took A");
     // The EgressNode is published after the pass that logged the refusal: wait for it
     // (CI once read the file in between).
