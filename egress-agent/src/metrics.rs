@@ -128,6 +128,8 @@ pub struct LivenessStats {
     pub refused: BTreeMap<String, u64>,
     /// Hellos are signed and only signed ones taken (`--liveness-key-file`).
     pub authenticated: bool,
+    /// Times this node found itself cut off (hearing fewer than a majority).
+    pub cut_offs: u64,
     /// Peers declared dead so far, and the silence before the last one.
     pub detections: u64,
     pub last_detection: Option<Duration>,
@@ -467,6 +469,11 @@ fn register_peers(reg: &mut Registry, l: &LivenessStats) {
         "cut_off",
         "1 if this node hears fewer than a majority of its peers (it holds nothing)",
         gauge(u64::from(l.cut_off)),
+    );
+    reg.register(
+        "cut_offs",
+        "Times this node heard fewer than a majority of its peers and gave up its egress IPs",
+        counter(l.cut_offs),
     );
     reg.register(
         "peer_deaths",

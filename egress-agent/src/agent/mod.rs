@@ -172,8 +172,16 @@ fn note(stats: &Mutex<Stats>, t: &Transition) {
             s.liveness.detection.observe(*silent_for);
         }
         Transition::Revived { name } => info!(peer = %name, "peer reachable again"),
-        Transition::CutOff => {
-            warn!("this node hears fewer than a majority of its peers: giving up its egress IPs");
+        Transition::CutOff(q) => {
+            warn!(
+                counted = q.counted,
+                expected = q.expected,
+                unheard = q.unheard,
+                not_echoing = q.not_echoing,
+                last_hello_sent_ms = q.sent_ago.map(|d| d.as_millis()),
+                "this node hears fewer than a majority of its peers: giving up its egress IPs"
+            );
+            s.liveness.cut_offs += 1;
         }
         Transition::Reconnected => info!("this node hears a majority of its peers again"),
     }
@@ -667,9 +675,10 @@ mod tests {
                 silent_for,
             },
         );
-        note(&stats, &Transition::CutOff);
+        note(&stats, &Transition::CutOff(Default::default()));
         let s = stats.lock().unwrap();
         assert_eq!(s.liveness.detections, 1);
+        assert_eq!(s.liveness.cut_offs, 1);
         assert_eq!(s.liveness.last_detection, Some(silent_for));
     }
 

@@ -369,7 +369,10 @@ fn spawn_hellos(
     Ok(handle.thread().clone())
 }
 
-/// Take every hello waiting on the (non-blocking) socket.
+/// Take every hello waiting on the (non-blocking) socket, then publish the view once if
+/// any of them may have changed it. Judged hello by hello, a drain after a stall (this
+/// thread's or the queue's) saw the peers not yet taken as unheard: at 100 nodes under
+/// load a gateway cut itself off and back several times within one drain.
 fn drain(
     socket: &Socket,
     buf: &mut [u8],
@@ -377,18 +380,35 @@ fn drain(
     refused: &Refusals,
     ring: &Mutex<Keyring>,
 ) -> std::io::Result<()> {
-    loop {
+    let mut changed = false;
+    let result = loop {
         match socket.recv_from(buf) {
-            Ok((n, from)) => receive(&buf[..n], from, peers, refused, ring),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            Ok((n, from)) => changed |= receive(&buf[..n], from, peers, refused, ring),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => break Err(e),
         }
+    };
+    if changed {
+        publish(
+            &mut lock(&peers.tracker),
+            Instant::now(),
+            &peers.view_tx,
+            &peers.tx,
+        );
     }
+    result
 }
 
-/// Take one received hello, counting a refusal by its reason.
-fn receive(b: &[u8], from: SocketAddr, peers: &Peers, refused: &Refusals, ring: &Mutex<Keyring>) {
+/// Take one received hello, counting a refusal by its reason: whether it may have
+/// changed the view.
+fn receive(
+    b: &[u8],
+    from: SocketAddr,
+    peers: &Peers,
+    refused: &Refusals,
+    ring: &Mutex<Keyring>,
+) -> bool {
     let result = take(b, from.ip(), peers, ring);
     if result.as_ref().is_err_and(|(r, _)| *r == "unauthenticated") {
         // An older agent's unsigned hello: echoed, nothing more.
@@ -398,9 +418,13 @@ fn receive(b: &[u8], from: SocketAddr, peers: &Peers, refused: &Refusals, ring: 
             lock(&peers.tracker).echo_only(&r.hello, from.ip(), Instant::now());
         }
     }
-    if let Err((reason, e)) = result {
-        *lock(refused).entry(reason).or_default() += 1;
-        debug!(reason, "refused a hello from {from}: {e}");
+    match result {
+        Ok(changed) => changed,
+        Err((reason, e)) => {
+            *lock(refused).entry(reason).or_default() += 1;
+            debug!(reason, "refused a hello from {from}: {e}");
+            false
+        }
     }
 }
 
@@ -430,13 +454,14 @@ fn grow_receive_buffer(socket: &Socket) {
 }
 
 /// Take one hello from `from` (read in place: one that repeats its sender's last state
-/// allocates nothing); a refusal is its reason and why.
+/// allocates nothing): whether it may have changed the view; a refusal is its reason and
+/// why.
 fn take(
     b: &[u8],
     from: IpAddr,
     peers: &Peers,
     ring: &Mutex<Keyring>,
-) -> Result<(), (&'static str, String)> {
+) -> Result<bool, (&'static str, String)> {
     let r = HelloRef::parse(b, &lock(ring)).map_err(|e| (e.reason(), e.to_string()))?;
     if r.key.is_some() && !hello::fresh(r.fixed.sent_unix_ms, unix_ms()) {
         return Err((
@@ -452,19 +477,15 @@ fn take(
     // Decoded before the hello is taken: one whose remaps do not decode is refused whole.
     let remaps = r.remaps().map_err(|e| (e.reason(), e.to_string()))?;
     let now = Instant::now();
-    let mut t = lock(&peers.tracker);
-    if t.on_received(&r, from, now)
-        .map_err(|e| (e.reason(), e.to_string()))?
-    {
-        publish(&mut t, now, &peers.view_tx, &peers.tx);
-    }
-    drop(t);
+    let changed = lock(&peers.tracker)
+        .on_received(&r, from, now)
+        .map_err(|e| (e.reason(), e.to_string()))?;
     // Only from a peer whose hello was taken (a member, fresh, signed where keys are
     // set).
     if !remaps.is_empty() {
         peers.remaps.heard(remaps, now);
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// Greet every target: the hellos are written into `out`, kept from interval to interval
@@ -781,5 +802,99 @@ mod tests {
             "gw1 hears w1"
         );
         let _ = std::fs::remove_file(&file);
+    }
+
+    /// A drain judges once, after it has taken every waiting hello. gw2 last heard its
+    /// peers 500 ms ago, and their fresh hellos (echoing gw2's latest) wait on its socket,
+    /// as after a stall. Judged after each hello, the first (w1's) left gw2 with half the
+    /// cluster and not the smallest name: it cut itself off, and back at the next one.
+    #[test]
+    fn a_drain_judges_once_after_taking_every_waiting_hello() {
+        let names = [("gw1", 21), ("gw2", 22), ("w1", 23), ("w2", 24)];
+        let all = || names.iter().map(|(n, _)| (*n).to_owned()).collect();
+        let members = Membership {
+            nodes: names
+                .iter()
+                .map(|(n, i)| ((*n).to_owned(), IpAddr::V4(ip(*i))))
+                .collect(),
+            aliases: BTreeMap::new(),
+            gateways: ["gw1".to_owned(), "gw2".to_owned()].into(),
+            expected: all(),
+            speakers: all(),
+        };
+        let now = Instant::now();
+        let mut trackers: BTreeMap<&'static str, Tracker> = names
+            .iter()
+            .zip(1..)
+            .map(|((n, _), i)| {
+                let mut t = Tracker::new(n, settings(), i, now - Duration::from_secs(2));
+                t.set_members(members.clone());
+                (*n, t)
+            })
+            .collect();
+        let from = |n: &str| IpAddr::V4(ip(names.iter().find(|(m, _)| *m == n).unwrap().1));
+        let to = |a: &IpAddr| {
+            names
+                .iter()
+                .find(|(_, i)| IpAddr::V4(ip(*i)) == *a)
+                .unwrap()
+                .0
+        };
+        // The nodes `who` greet their peers at `at`; with `queue`, their hellos to gw2 wait
+        // on its socket (the others are taken at once).
+        let socket = StdSocket::bind((ip(22), 0)).expect("bind gw2");
+        socket.set_nonblocking(true).expect("non-blocking");
+        let senders: BTreeMap<&str, StdSocket> = names
+            .iter()
+            .map(|(n, i)| (*n, StdSocket::bind((ip(*i), 0)).expect("bind a peer")))
+            .collect();
+        let greet = |trackers: &mut BTreeMap<&'static str, Tracker>,
+                     at: Instant,
+                     who: &[&'static str],
+                     queue: bool| {
+            for name in who {
+                let mut out = Outbox::default();
+                let t = trackers.get_mut(name).unwrap();
+                t.write_hellos(at, unix_ms(), (&Keyring::default(), &[]), &mut out);
+                for (ip, range) in &out.hellos {
+                    let b = &out.bytes[range.clone()];
+                    let target = to(ip);
+                    if queue && target == "gw2" {
+                        senders[name]
+                            .send_to(b, socket.local_addr().unwrap())
+                            .expect("sent");
+                    } else {
+                        let h = HelloRef::parse(b, &Keyring::default()).expect("parsed");
+                        let t = trackers.get_mut(target).unwrap();
+                        t.on_received(&h, from(name), at).expect("taken");
+                    }
+                }
+            }
+        };
+        let before = now - Duration::from_millis(500);
+        greet(&mut trackers, before, &["gw1", "gw2", "w1", "w2"], false);
+        greet(&mut trackers, now, &["gw2"], false);
+        greet(&mut trackers, now, &["w1", "w2", "gw1"], true);
+
+        let gw2 = trackers.remove("gw2").unwrap();
+        let (view_tx, views) = watch::channel(PeerView::default());
+        let (tx, mut transitions) = mpsc::unbounded_channel();
+        let peers = Peers {
+            tracker: Arc::new(Mutex::new(gw2)),
+            view_tx: Arc::new(view_tx),
+            tx,
+            remaps: Exchange::default(),
+        };
+        let mut buf = vec![0u8; hello::MAX_LEN + 1];
+        let ring = Mutex::new(Keyring::default());
+        drain(&socket, &mut buf, &peers, &Refusals::default(), &ring).expect("drained");
+
+        let mut seen = Vec::new();
+        while let Ok(t) = transitions.try_recv() {
+            seen.push(t);
+        }
+        assert!(seen.is_empty(), "{seen:?}");
+        assert!(views.borrow().dead.is_empty(), "{:?}", views.borrow().dead);
+        assert_eq!(lock(&peers.tracker).quorum(Instant::now()).counted, 4);
     }
 }

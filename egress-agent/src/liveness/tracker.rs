@@ -205,8 +205,27 @@ pub enum Transition {
     Revived {
         name: String,
     },
-    CutOff,
+    /// This gateway hears fewer than a majority: why, as counted then.
+    CutOff(Quorum),
     Reconnected,
+}
+
+/// How a gateway counted its quorum, said when it cuts itself off: which of the peers it
+/// expects were missing, and whether its own hellos had stopped (a stall of this agent,
+/// not of the network, shows as a late last hello).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quorum {
+    /// The agents expected, this node included.
+    pub expected: usize,
+    /// Those it counts: heard within the fence window, echoing a recent hello of this
+    /// node; itself included.
+    pub counted: usize,
+    /// Expected peers not heard within the fence window.
+    pub unheard: usize,
+    /// Expected peers heard, whose latest hello echoes none of this node's recent ones.
+    pub not_echoing: usize,
+    /// Since this node last sent its hellos (`None`: never).
+    pub sent_ago: Option<Duration>,
 }
 
 struct Peer {
@@ -261,6 +280,8 @@ pub struct Tracker {
     observed: Option<(u64, Vec<u8>)>,
     /// The verdicts of the current call, kept for their room (no allocation per call).
     verdicts: Vec<u8>,
+    /// When this node last wrote its hellos.
+    last_sent: Option<Instant>,
 }
 
 impl Tracker {
@@ -285,6 +306,7 @@ impl Tracker {
             changes: 0,
             observed: None,
             verdicts: Vec::new(),
+            last_sent: None,
         }
     }
 
@@ -617,6 +639,9 @@ impl Tracker {
                 .map(|g| self.heard_directly(g, now)),
         );
         let targets = std::mem::take(&mut self.targets);
+        if !targets.is_empty() {
+            self.last_sent = Some(now);
+        }
         let mut most = 0;
         for (to, ip) in &targets {
             let version = self.version_for(to);
@@ -786,16 +811,42 @@ impl Tracker {
             })
     }
 
-    fn cut_off(&self, now: Instant) -> bool {
-        let expected: BTreeSet<String> = self
-            .members
+    /// The agents this node's quorum counts: those on Ready nodes with an EgressNode that
+    /// are judged by their hellos.
+    fn expected(&self, now: Instant) -> BTreeSet<String> {
+        self.members
             .expected
             .iter()
             .filter(|n| self.judged_by_hellos(n, now))
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    fn cut_off(&self, now: Instant) -> bool {
         self.members.gateways.contains(&self.me)
-            && !has_quorum(&self.me, &self.heard_for_quorum(now), &expected)
+            && !has_quorum(&self.me, &self.heard_for_quorum(now), &self.expected(now))
+    }
+
+    /// How the quorum counts at `now` (see [`Quorum`]).
+    pub fn quorum(&self, now: Instant) -> Quorum {
+        let expected = self.expected(now);
+        let counted = self.heard_for_quorum(now);
+        let fence = self.settings.fence_window();
+        let mut q = Quorum {
+            expected: 1,
+            counted: 1,
+            sent_ago: self.last_sent.map(|t| now.saturating_duration_since(t)),
+            ..Quorum::default()
+        };
+        for name in expected.iter().filter(|n| **n != self.me) {
+            q.expected += 1;
+            match self.peers.get(name) {
+                _ if counted.contains(name.as_str()) => q.counted += 1,
+                Some(p) if self.heard_within(p, now, fence) => q.not_echoing += 1,
+                _ => q.unheard += 1,
+            }
+        }
+        q
     }
 
     /// A peer whose latest hello says it is cut off holds nothing and counts as dead.
@@ -908,7 +959,7 @@ impl Tracker {
         let cut_off = view.dead.contains(&self.me);
         if cut_off != self.last_cut_off {
             out.push(if cut_off {
-                Transition::CutOff
+                Transition::CutOff(self.quorum(now))
             } else {
                 self.rejoined = Some(now);
                 Transition::Reconnected
@@ -1211,6 +1262,13 @@ mod tests {
             c.dead("gw1", 1150).contains("gw1"),
             "gw1 must fence itself first"
         );
+        let q = c.trackers["gw1"].quorum(c.t0 + Duration::from_millis(1150));
+        assert_eq!((q.counted, q.unheard, q.not_echoing), (1, 3, 0), "{q:?}");
+        assert_eq!(
+            q.sent_ago,
+            Some(Duration::from_millis(50)),
+            "it still sends"
+        );
         assert_eq!(c.dead("w1", 1150), set(&[]), "its peers have not moved yet");
         c.run(1200, 1500, cut);
         assert!(c.dead("gw1", 1500).contains("gw1"), "gw1 must fence itself");
@@ -1238,6 +1296,13 @@ mod tests {
         assert!(
             c.dead("gw1", 1150).contains("gw1"),
             "gw1 must fence itself while it still hears a majority one way"
+        );
+        // Its account says why: it hears all three, none echoes it.
+        let q = c.trackers["gw1"].quorum(c.t0 + Duration::from_millis(1150));
+        assert_eq!(
+            (q.expected, q.counted, q.unheard, q.not_echoing),
+            (4, 1, 0, 3),
+            "{q:?}"
         );
         assert_eq!(c.dead("w1", 1150), set(&[]), "its peers have not moved yet");
         c.run(1200, 2000, one_way);
