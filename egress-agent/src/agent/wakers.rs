@@ -105,7 +105,7 @@ pub(super) struct Wakers {
     tick: tokio::time::Interval,
     sigterm: tokio::signal::unix::Signal,
     /// The liveness service's view of the peers.
-    peer_views: tokio::sync::watch::Receiver<PeerView>,
+    peer_views: tokio::sync::watch::Receiver<Arc<PeerView>>,
     /// Peers' transitions.
     transitions: tokio::sync::mpsc::UnboundedReceiver<Transition>,
     /// New links, with `--unknown-pods drop`.
@@ -146,7 +146,7 @@ impl Wakers {
         cfg: &RunConfig,
         views: tokio::sync::watch::Receiver<Arc<Snapshot>>,
         nl: &iface::Netlink,
-        peer_views: tokio::sync::watch::Receiver<PeerView>,
+        peer_views: tokio::sync::watch::Receiver<Arc<PeerView>>,
         transitions: tokio::sync::mpsc::UnboundedReceiver<Transition>,
     ) -> Result<Self> {
         let mut wakers = Self {
@@ -237,10 +237,13 @@ impl Wakers {
         }
         // Whatever woke this pass, it takes the change that was waiting.
         let state_waited = state_waited(self.held.take(), trigger);
+        // Cloned after the channel's lock is let go (the end of this statement): the
+        // hellos thread's next publish waits on that lock.
+        let peers = Arc::clone(&self.peer_views.borrow_and_update());
         Due {
             trigger,
             snapshot: Arc::clone(&self.views.borrow_and_update()),
-            peers: self.peer_views.borrow_and_update().clone(),
+            peers: PeerView::clone(&peers),
             new_links,
             transitions,
             state_waited,
@@ -288,7 +291,7 @@ mod tests {
     /// and the kernel's new links would send.
     struct Ends {
         state: watch::Sender<Arc<Snapshot>>,
-        peers: watch::Sender<PeerView>,
+        peers: watch::Sender<Arc<PeerView>>,
         changes: mpsc::Sender<()>,
         transitions: mpsc::UnboundedSender<Transition>,
         links: mpsc::Sender<iface::NewLink>,
@@ -297,7 +300,7 @@ mod tests {
     /// Wakers whose resync is an hour away, with `--state-batch-max-ms` at `max_rest`.
     fn wakers(max_rest: Duration) -> (Wakers, Ends) {
         let (state, views) = watch::channel(Arc::new(Snapshot::default()));
-        let (peers, peer_views) = watch::channel(PeerView::default());
+        let (peers, peer_views) = watch::channel(Arc::new(PeerView::default()));
         let (changes_tx, changes) = mpsc::channel(8);
         let (transitions_tx, transitions) = mpsc::unbounded_channel();
         let (links, new_links) = mpsc::channel(8);
@@ -390,7 +393,7 @@ mod tests {
         let peers = view.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            ends.peers.send(peers).unwrap();
+            ends.peers.send(Arc::new(peers)).unwrap();
             // The other ends stay open until the test ends.
             std::future::pending::<()>().await;
         });

@@ -20,10 +20,10 @@ use std::{
     net::{IpAddr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{
-        Arc, Mutex, MutexGuard, Weak,
+        Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use tokio::{
@@ -55,7 +55,8 @@ use super::{
 #[derive(Clone)]
 pub struct Handle {
     tracker: Arc<Mutex<Tracker>>,
-    kick: Kick,
+    /// The hellos thread, woken to take an update at once.
+    hellos: std::thread::Thread,
     refused: Refusals,
     keys: Arc<Mutex<Keyring>>,
     socket: Arc<Socket>,
@@ -65,28 +66,38 @@ pub struct Handle {
     /// what it holds (a restarted holder must not say "nothing" to its peers).
     reporting: Arc<AtomicBool>,
     remaps: Exchange,
+    pending: Pending,
+    status: Arc<StatusAsked>,
+    settings: Settings,
+}
+
+/// What the reconcile loop last told the service ([`Handle::update`]), for the hellos
+/// thread to take.
+struct Update {
+    members: Membership,
+    down: BTreeSet<String>,
+    claims: BTreeMap<IpAddr, Claim>,
+    at: Instant,
+}
+
+type Pending = Arc<Mutex<Option<Update>>>;
+
+/// A status asked of the hellos thread ([`Handle::status`]) and its answer.
+#[derive(Default)]
+struct StatusAsked {
+    wanted: AtomicBool,
+    answer: Mutex<Option<Vec<PeerStatus>>>,
+    ready: Condvar,
 }
 
 /// What the service gives the reconcile loop.
 pub struct Started {
     pub handle: Handle,
-    pub views: watch::Receiver<PeerView>,
+    /// Shared, so that the reconcile loop's read holds the channel's lock for no more
+    /// than a reference count: the hellos thread's next publish waits on it.
+    pub views: watch::Receiver<Arc<PeerView>>,
     pub transitions: mpsc::UnboundedReceiver<Transition>,
     pub port: u16,
-}
-
-/// Asks the hellos thread to greet every target at once.
-#[derive(Clone)]
-struct Kick {
-    wanted: Arc<AtomicBool>,
-    thread: std::thread::Thread,
-}
-
-impl Kick {
-    fn kick(&self) {
-        self.wanted.store(true, Ordering::Release);
-        self.thread.unpark();
-    }
 }
 
 /// Hellos refused so far, by reason (`hello::Error::reason`, `Refused::reason`, `stale`).
@@ -119,21 +130,29 @@ impl Handle {
     /// Set who the peers are and what this node reports; greets everyone at once if the
     /// report changed, so peers learn of a release or an interface going down without
     /// waiting for the next interval.
+    ///
+    /// The hellos thread takes it over (at once: this wakes it): the reconcile loop, which
+    /// gives way to every other thread, never holds the tracker's lock that long, so a
+    /// hello never waits for a pass that the CPU has set aside (at 100 agents on 2 cores,
+    /// gateways' hellos went out half a second late that way, and they cut themselves
+    /// off).
     pub fn update(
         &self,
         members: Membership,
         down: BTreeSet<String>,
         claims: BTreeMap<IpAddr, Claim>,
     ) {
-        let mut t = lock(&self.tracker);
-        let changed = t.local().down != down || t.local().claims != claims;
-        t.set_members_at(members, Instant::now());
-        t.set_local(down, claims);
-        drop(t);
-        let first = !self.reporting.swap(true, Ordering::Relaxed);
-        if changed || first {
-            self.kick.kick();
-        }
+        // The one it replaces (not taken yet) is dropped after the lock is let go.
+        let replaced = lock(&self.pending).replace(Update {
+            members,
+            down,
+            claims,
+            at: Instant::now(),
+        });
+        drop(replaced);
+        // After the update is in place: the thread reads `reporting` before it takes it.
+        self.reporting.store(true, Ordering::Release);
+        self.hellos.unpark();
     }
 
     /// The remapped translations this node shares and hears (see [`super::remaps`]).
@@ -141,8 +160,27 @@ impl Handle {
         &self.remaps
     }
 
+    /// Every peer's status, made by the hellos thread (woken for it) rather than under the
+    /// tracker's lock here (at 100 peers the longest hold this side had). If the thread
+    /// does not answer within an interval (it ended, or waits for a CPU), made here.
     pub fn status(&self) -> Vec<PeerStatus> {
-        lock(&self.tracker).status(Instant::now())
+        // An answer that came after its asker gave up is not this one.
+        drop(lock(&self.status.answer).take());
+        self.status.wanted.store(true, Ordering::Release);
+        self.hellos.unpark();
+        let answer = lock(&self.status.answer);
+        let (mut answer, _) = self
+            .status
+            .ready
+            .wait_timeout_while(answer, self.settings.interval, |a| a.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        match answer.take() {
+            Some(status) => status,
+            None => {
+                drop(answer);
+                lock(&self.tracker).status(Instant::now())
+            }
+        }
     }
 
     /// When this agent's warm-up ends (see [`Tracker::warm_at`]).
@@ -151,7 +189,7 @@ impl Handle {
     }
 
     pub fn settings(&self) -> Settings {
-        lock(&self.tracker).settings()
+        self.settings
     }
 
     /// Tell every peer this agent stops for a restart (its datapath stays), so that they
@@ -243,30 +281,32 @@ pub fn start_on(
         spawn_reloader(path, ring.clone());
     }
     let reporting = Arc::new(AtomicBool::new(false));
-    let (view_tx, views) = watch::channel(PeerView::default());
+    let (view_tx, views) = watch::channel(Arc::new(PeerView::default()));
     let view_tx = Arc::new(view_tx);
     let (tx, transitions) = mpsc::unbounded_channel();
     let remaps = Exchange::default();
 
-    let wanted = Arc::new(AtomicBool::new(false));
+    let pending = Pending::default();
+    let status = Arc::<StatusAsked>::default();
     let thread = spawn_hellos(
         Peers {
             tracker: tracker.clone(),
+            pending: pending.clone(),
+            status: status.clone(),
             view_tx,
             tx,
             remaps: remaps.clone(),
         },
         Arc::downgrade(&socket),
         (refused.clone(), ring.clone()),
-        (wanted.clone(), reporting.clone()),
+        reporting.clone(),
         (port, v6_socket),
         settings,
     )?;
-    let kick = Kick { wanted, thread };
     Ok(Started {
         handle: Handle {
             tracker,
-            kick,
+            hellos: thread,
             refused,
             keys: ring,
             socket,
@@ -274,6 +314,9 @@ pub fn start_on(
             port,
             reporting,
             remaps,
+            pending,
+            status,
+            settings,
         },
         views,
         transitions,
@@ -285,7 +328,9 @@ pub fn start_on(
 /// transitions go.
 struct Peers {
     tracker: Arc<Mutex<Tracker>>,
-    view_tx: Arc<watch::Sender<PeerView>>,
+    pending: Pending,
+    status: Arc<StatusAsked>,
+    view_tx: Arc<watch::Sender<Arc<PeerView>>>,
     tx: mpsc::UnboundedSender<Transition>,
     remaps: Exchange,
 }
@@ -324,15 +369,16 @@ fn spawn_reloader(path: PathBuf, ring: Arc<Mutex<Keyring>>) {
 
 /// The hellos thread: [`DRAINS_PER_INTERVAL`] times an interval it takes every hello
 /// waiting (each decoded one goes to the tracker, which publishes a new view when it
-/// changes something; refused ones are counted by reason); every interval, and at once
-/// when kicked, it greets every target, once the agent reports (`reporting`). `to` is the
+/// changes something; refused ones are counted by reason); it takes the reconcile loop's
+/// updates; every interval, and at once when this node's report changed, it greets every
+/// target, once the agent reports (`reporting`). `to` is the
 /// peers' port and whether the socket is IPv6 (IPv4 peers then at mapped addresses). The
 /// thread ends once the service is gone (its socket closed).
 fn spawn_hellos(
     peers: Peers,
     socket: Weak<Socket>,
     (refused, ring): (Refusals, Arc<Mutex<Keyring>>),
-    (kicked, reporting): (Arc<AtomicBool>, Arc<AtomicBool>),
+    reporting: Arc<AtomicBool>,
     to: (u16, bool),
     settings: Settings,
 ) -> std::io::Result<std::thread::Thread> {
@@ -343,30 +389,121 @@ fn spawn_hellos(
             let mut buf = vec![0u8; super::hello::MAX_LEN + 1];
             let mut out = Outbox::default();
             let mut next_send = Instant::now();
+            let mut wake = next_send;
+            let mut late = Lateness::default();
+            let mut first = true;
             // Held only while working: the service's end closes the socket.
             while let Some(socket) = socket.upgrade() {
+                let woke = Instant::now();
+                // Read before the update is taken: set, the first update is in place.
+                let reports = reporting.load(Ordering::Acquire);
+                let mut report_changed = take_update(&peers);
+                if reports && first {
+                    first = false;
+                    report_changed = true;
+                }
+                answer_status(&peers);
                 if let Err(e) = drain(&socket, &mut buf, &peers, &refused, &ring) {
                     warn!("failed to receive a hello: {e}");
                     std::thread::park_timeout(settings.interval);
                 }
                 let now = Instant::now();
                 let due = now >= next_send;
+                let scheduled = next_send;
                 if due {
                     // A late tick is not made up for: the next is an interval on.
                     next_send = (next_send + settings.interval).max(now);
                 }
-                if (kicked.swap(false, Ordering::AcqRel) || due)
-                    && reporting.load(Ordering::Relaxed)
-                {
+                // A changed report goes out at once, so peers learn of a release or an
+                // interface going down without waiting for the next interval.
+                if (due || report_changed) && reports {
                     send_hellos(&socket, &peers, &ring, &mut out, to);
+                    if due {
+                        late.note(scheduled, wake, woke, settings.interval);
+                    }
                 }
                 drop(socket);
                 let now = Instant::now();
-                let wake = (now + drain_every).min(next_send);
+                wake = (now + drain_every).min(next_send);
                 std::thread::park_timeout(wake.saturating_duration_since(now));
             }
         })?;
     Ok(handle.thread().clone())
+}
+
+/// Take the reconcile loop's latest update, if any: whether this node's report changed.
+fn take_update(peers: &Peers) -> bool {
+    let Some(u) = lock(&peers.pending).take() else {
+        return false;
+    };
+    let mut t = lock(&peers.tracker);
+    let changed = t.local().down != u.down || t.local().claims != u.claims;
+    t.set_members_at(u.members, u.at);
+    t.set_local(u.down, u.claims);
+    changed
+}
+
+/// Make the status the reconcile loop asked for, if it did.
+fn answer_status(peers: &Peers) {
+    let asked = &peers.status;
+    if !asked.wanted.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let status = lock(&peers.tracker).status(Instant::now());
+    *lock(&asked.answer) = Some(status);
+    asked.ready.notify_all();
+}
+
+/// Hellos that went out an interval or more after their time, said at most every
+/// [`Lateness::EVERY`]: how late the thread woke (the CPU was busy) and how long its drain
+/// and send then took (locks it waited for, and the CPU again). Peers declare a node dead
+/// after the detection time without its hellos, and a node whose hellos are late fences
+/// itself first: a late hello is where a flapping quorum starts.
+#[derive(Default)]
+struct Lateness {
+    count: u64,
+    worst: Duration,
+    woke_late: Duration,
+    working: Duration,
+    said: Option<Instant>,
+}
+
+impl Lateness {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    /// A due send done now: it was `scheduled`, the thread meant to wake at `wake` and
+    /// woke at `woke`.
+    fn note(&mut self, scheduled: Instant, wake: Instant, woke: Instant, interval: Duration) {
+        let now = Instant::now();
+        let late = now.saturating_duration_since(scheduled);
+        if late < interval {
+            return;
+        }
+        self.count += 1;
+        if late > self.worst {
+            self.worst = late;
+            self.woke_late = woke.saturating_duration_since(wake);
+            self.working = now.saturating_duration_since(woke);
+        }
+        if self
+            .said
+            .is_some_and(|t| now.duration_since(t) < Self::EVERY)
+        {
+            return;
+        }
+        warn!(
+            late = self.count,
+            worst_ms = self.worst.as_millis(),
+            woke_late_ms = self.woke_late.as_millis(),
+            drain_and_send_ms = self.working.as_millis(),
+            "hellos went out an interval or more late (the worst: the thread woke late by \
+             woke_late_ms, then drained and sent in drain_and_send_ms)"
+        );
+        *self = Self {
+            said: Some(now),
+            ..Self::default()
+        };
+    }
 }
 
 /// Take every hello waiting on the (non-blocking) socket, then publish the view once if
@@ -527,7 +664,7 @@ const MAX_REMAPS_PER_HELLO: usize = 32;
 fn publish(
     t: &mut Tracker,
     now: Instant,
-    view_tx: &watch::Sender<PeerView>,
+    view_tx: &watch::Sender<Arc<PeerView>>,
     tx: &mpsc::UnboundedSender<Transition>,
 ) {
     let Some((view, transitions)) = t.observe_changed(now) else {
@@ -537,10 +674,10 @@ fn publish(
         let _ = tx.send(tr);
     }
     view_tx.send_if_modified(|v| {
-        if *v == view {
+        if **v == view {
             false
         } else {
-            *v = view;
+            *v = Arc::new(view);
             true
         }
     });
@@ -877,10 +1014,12 @@ mod tests {
         greet(&mut trackers, now, &["w1", "w2", "gw1"], true);
 
         let gw2 = trackers.remove("gw2").unwrap();
-        let (view_tx, views) = watch::channel(PeerView::default());
+        let (view_tx, views) = watch::channel(Arc::new(PeerView::default()));
         let (tx, mut transitions) = mpsc::unbounded_channel();
         let peers = Peers {
             tracker: Arc::new(Mutex::new(gw2)),
+            pending: Pending::default(),
+            status: Arc::default(),
             view_tx: Arc::new(view_tx),
             tx,
             remaps: Exchange::default(),
@@ -896,5 +1035,44 @@ mod tests {
         assert!(seen.is_empty(), "{seen:?}");
         assert!(views.borrow().dead.is_empty(), "{:?}", views.borrow().dead);
         assert_eq!(lock(&peers.tracker).quorum(Instant::now()).counted, 4);
+    }
+
+    /// The reconcile loop gives way to every other thread: a lock it held while the CPU set
+    /// it aside would hold the hellos back. `update` never waits for the tracker's lock
+    /// (the hellos thread takes the update), and the hellos thread makes the status.
+    #[test]
+    fn updates_and_status_go_through_the_hellos_thread_not_the_trackers_lock() {
+        let port = free_port();
+        let gw1 = node("gw1", ip(1), port, keys(Keyring::default()));
+        let h = &gw1.started.handle;
+        let updated = std::thread::scope(|s| {
+            let held = lock(&h.tracker);
+            let (done, finished) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                h.update(
+                    members(),
+                    BTreeSet::from(["sec-a".to_owned()]),
+                    BTreeMap::new(),
+                );
+                let _ = done.send(());
+            });
+            let updated = finished.recv_timeout(Duration::from_secs(1)).is_ok();
+            drop(held);
+            updated
+        });
+        assert!(updated, "update waited for the tracker's lock");
+        assert!(within(Duration::from_secs(2), || {
+            lock(&h.tracker).local().down.contains("sec-a")
+        }));
+        // Asked while the lock is held a moment: the hellos thread answers once it is free.
+        let asked = std::thread::scope(|s| {
+            let held = lock(&h.tracker);
+            let asker = s.spawn(|| h.status());
+            std::thread::sleep(Duration::from_millis(20));
+            drop(held);
+            asker.join().expect("status")
+        });
+        let names: Vec<&str> = asked.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["w1", "w2"]);
     }
 }
