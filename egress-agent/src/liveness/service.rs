@@ -20,7 +20,7 @@ use std::{
     net::{IpAddr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{
-        Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak,
+        Arc, Mutex, MutexGuard, Weak,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -67,7 +67,6 @@ pub struct Handle {
     reporting: Arc<AtomicBool>,
     remaps: Exchange,
     pending: Pending,
-    status: Arc<StatusAsked>,
     settings: Settings,
 }
 
@@ -81,14 +80,6 @@ struct Update {
 }
 
 type Pending = Arc<Mutex<Option<Update>>>;
-
-/// A status asked of the hellos thread ([`Handle::status`]) and its answer.
-#[derive(Default)]
-struct StatusAsked {
-    wanted: AtomicBool,
-    answer: Mutex<Option<Vec<PeerStatus>>>,
-    ready: Condvar,
-}
 
 /// What the service gives the reconcile loop.
 pub struct Started {
@@ -160,27 +151,8 @@ impl Handle {
         &self.remaps
     }
 
-    /// Every peer's status, made by the hellos thread (woken for it) rather than under the
-    /// tracker's lock here (at 100 peers the longest hold this side had). If the thread
-    /// does not answer within an interval (it ended, or waits for a CPU), made here.
     pub fn status(&self) -> Vec<PeerStatus> {
-        // An answer that came after its asker gave up is not this one.
-        drop(lock(&self.status.answer).take());
-        self.status.wanted.store(true, Ordering::Release);
-        self.hellos.unpark();
-        let answer = lock(&self.status.answer);
-        let (mut answer, _) = self
-            .status
-            .ready
-            .wait_timeout_while(answer, self.settings.interval, |a| a.is_none())
-            .unwrap_or_else(PoisonError::into_inner);
-        match answer.take() {
-            Some(status) => status,
-            None => {
-                drop(answer);
-                lock(&self.tracker).status(Instant::now())
-            }
-        }
+        lock(&self.tracker).status(Instant::now())
     }
 
     /// When this agent's warm-up ends (see [`Tracker::warm_at`]).
@@ -287,12 +259,10 @@ pub fn start_on(
     let remaps = Exchange::default();
 
     let pending = Pending::default();
-    let status = Arc::<StatusAsked>::default();
     let thread = spawn_hellos(
         Peers {
             tracker: tracker.clone(),
             pending: pending.clone(),
-            status: status.clone(),
             view_tx,
             tx,
             remaps: remaps.clone(),
@@ -315,7 +285,6 @@ pub fn start_on(
             reporting,
             remaps,
             pending,
-            status,
             settings,
         },
         views,
@@ -329,7 +298,6 @@ pub fn start_on(
 struct Peers {
     tracker: Arc<Mutex<Tracker>>,
     pending: Pending,
-    status: Arc<StatusAsked>,
     view_tx: Arc<watch::Sender<Arc<PeerView>>>,
     tx: mpsc::UnboundedSender<Transition>,
     remaps: Exchange,
@@ -402,7 +370,6 @@ fn spawn_hellos(
                     first = false;
                     report_changed = true;
                 }
-                answer_status(&peers);
                 if let Err(e) = drain(&socket, &mut buf, &peers, &refused, &ring) {
                     warn!("failed to receive a hello: {e}");
                     std::thread::park_timeout(settings.interval);
@@ -441,17 +408,6 @@ fn take_update(peers: &Peers) -> bool {
     t.set_members_at(u.members, u.at);
     t.set_local(u.down, u.claims);
     changed
-}
-
-/// Make the status the reconcile loop asked for, if it did.
-fn answer_status(peers: &Peers) {
-    let asked = &peers.status;
-    if !asked.wanted.swap(false, Ordering::AcqRel) {
-        return;
-    }
-    let status = lock(&peers.tracker).status(Instant::now());
-    *lock(&asked.answer) = Some(status);
-    asked.ready.notify_all();
 }
 
 /// Hellos that went out an interval or more after their time, said at most every
@@ -1019,7 +975,6 @@ mod tests {
         let peers = Peers {
             tracker: Arc::new(Mutex::new(gw2)),
             pending: Pending::default(),
-            status: Arc::default(),
             view_tx: Arc::new(view_tx),
             tx,
             remaps: Exchange::default(),
@@ -1038,10 +993,10 @@ mod tests {
     }
 
     /// The reconcile loop gives way to every other thread: a lock it held while the CPU set
-    /// it aside would hold the hellos back. `update` never waits for the tracker's lock
-    /// (the hellos thread takes the update), and the hellos thread makes the status.
+    /// it aside would hold the hellos back. `update` never waits for the tracker's lock:
+    /// the hellos thread takes the update.
     #[test]
-    fn updates_and_status_go_through_the_hellos_thread_not_the_trackers_lock() {
+    fn updates_go_through_the_hellos_thread_not_the_trackers_lock() {
         let port = free_port();
         let gw1 = node("gw1", ip(1), port, keys(Keyring::default()));
         let h = &gw1.started.handle;
@@ -1064,15 +1019,5 @@ mod tests {
         assert!(within(Duration::from_secs(2), || {
             lock(&h.tracker).local().down.contains("sec-a")
         }));
-        // Asked while the lock is held a moment: the hellos thread answers once it is free.
-        let asked = std::thread::scope(|s| {
-            let held = lock(&h.tracker);
-            let asker = s.spawn(|| h.status());
-            std::thread::sleep(Duration::from_millis(20));
-            drop(held);
-            asker.join().expect("status")
-        });
-        let names: Vec<&str> = asked.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["w1", "w2"]);
     }
 }
