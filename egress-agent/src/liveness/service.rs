@@ -55,8 +55,7 @@ use super::{
 #[derive(Clone)]
 pub struct Handle {
     tracker: Arc<Mutex<Tracker>>,
-    /// The hellos thread, woken to take an update at once.
-    hellos: std::thread::Thread,
+    kick: Kick,
     refused: Refusals,
     keys: Arc<Mutex<Keyring>>,
     socket: Arc<Socket>,
@@ -66,20 +65,7 @@ pub struct Handle {
     /// what it holds (a restarted holder must not say "nothing" to its peers).
     reporting: Arc<AtomicBool>,
     remaps: Exchange,
-    pending: Pending,
-    settings: Settings,
 }
-
-/// What the reconcile loop last told the service ([`Handle::update`]), for the hellos
-/// thread to take.
-struct Update {
-    members: Membership,
-    down: BTreeSet<String>,
-    claims: BTreeMap<IpAddr, Claim>,
-    at: Instant,
-}
-
-type Pending = Arc<Mutex<Option<Update>>>;
 
 /// What the service gives the reconcile loop.
 pub struct Started {
@@ -89,6 +75,20 @@ pub struct Started {
     pub views: watch::Receiver<Arc<PeerView>>,
     pub transitions: mpsc::UnboundedReceiver<Transition>,
     pub port: u16,
+}
+
+/// Asks the hellos thread to greet every target at once.
+#[derive(Clone)]
+struct Kick {
+    wanted: Arc<AtomicBool>,
+    thread: std::thread::Thread,
+}
+
+impl Kick {
+    fn kick(&self) {
+        self.wanted.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
 }
 
 /// Hellos refused so far, by reason (`hello::Error::reason`, `Refused::reason`, `stale`).
@@ -121,29 +121,21 @@ impl Handle {
     /// Set who the peers are and what this node reports; greets everyone at once if the
     /// report changed, so peers learn of a release or an interface going down without
     /// waiting for the next interval.
-    ///
-    /// The hellos thread takes it over (at once: this wakes it): the reconcile loop, which
-    /// gives way to every other thread, never holds the tracker's lock that long, so a
-    /// hello never waits for a pass that the CPU has set aside (at 100 agents on 2 cores,
-    /// gateways' hellos went out half a second late that way, and they cut themselves
-    /// off).
     pub fn update(
         &self,
         members: Membership,
         down: BTreeSet<String>,
         claims: BTreeMap<IpAddr, Claim>,
     ) {
-        // The one it replaces (not taken yet) is dropped after the lock is let go.
-        let replaced = lock(&self.pending).replace(Update {
-            members,
-            down,
-            claims,
-            at: Instant::now(),
-        });
-        drop(replaced);
-        // After the update is in place: the thread reads `reporting` before it takes it.
-        self.reporting.store(true, Ordering::Release);
-        self.hellos.unpark();
+        let mut t = lock(&self.tracker);
+        let changed = t.local().down != down || t.local().claims != claims;
+        t.set_members_at(members, Instant::now());
+        t.set_local(down, claims);
+        drop(t);
+        let first = !self.reporting.swap(true, Ordering::Relaxed);
+        if changed || first {
+            self.kick.kick();
+        }
     }
 
     /// The remapped translations this node shares and hears (see [`super::remaps`]).
@@ -161,7 +153,7 @@ impl Handle {
     }
 
     pub fn settings(&self) -> Settings {
-        self.settings
+        lock(&self.tracker).settings()
     }
 
     /// Tell every peer this agent stops for a restart (its datapath stays), so that they
@@ -258,25 +250,25 @@ pub fn start_on(
     let (tx, transitions) = mpsc::unbounded_channel();
     let remaps = Exchange::default();
 
-    let pending = Pending::default();
+    let wanted = Arc::new(AtomicBool::new(false));
     let thread = spawn_hellos(
         Peers {
             tracker: tracker.clone(),
-            pending: pending.clone(),
             view_tx,
             tx,
             remaps: remaps.clone(),
         },
         Arc::downgrade(&socket),
         (refused.clone(), ring.clone()),
-        reporting.clone(),
+        (wanted.clone(), reporting.clone()),
         (port, v6_socket),
         settings,
     )?;
+    let kick = Kick { wanted, thread };
     Ok(Started {
         handle: Handle {
             tracker,
-            hellos: thread,
+            kick,
             refused,
             keys: ring,
             socket,
@@ -284,8 +276,6 @@ pub fn start_on(
             port,
             reporting,
             remaps,
-            pending,
-            settings,
         },
         views,
         transitions,
@@ -297,7 +287,6 @@ pub fn start_on(
 /// transitions go.
 struct Peers {
     tracker: Arc<Mutex<Tracker>>,
-    pending: Pending,
     view_tx: Arc<watch::Sender<Arc<PeerView>>>,
     tx: mpsc::UnboundedSender<Transition>,
     remaps: Exchange,
@@ -337,16 +326,15 @@ fn spawn_reloader(path: PathBuf, ring: Arc<Mutex<Keyring>>) {
 
 /// The hellos thread: [`DRAINS_PER_INTERVAL`] times an interval it takes every hello
 /// waiting (each decoded one goes to the tracker, which publishes a new view when it
-/// changes something; refused ones are counted by reason); it takes the reconcile loop's
-/// updates; every interval, and at once when this node's report changed, it greets every
-/// target, once the agent reports (`reporting`). `to` is the
+/// changes something; refused ones are counted by reason); every interval, and at once
+/// when kicked, it greets every target, once the agent reports (`reporting`). `to` is the
 /// peers' port and whether the socket is IPv6 (IPv4 peers then at mapped addresses). The
 /// thread ends once the service is gone (its socket closed).
 fn spawn_hellos(
     peers: Peers,
     socket: Weak<Socket>,
     (refused, ring): (Refusals, Arc<Mutex<Keyring>>),
-    reporting: Arc<AtomicBool>,
+    (kicked, reporting): (Arc<AtomicBool>, Arc<AtomicBool>),
     to: (u16, bool),
     settings: Settings,
 ) -> std::io::Result<std::thread::Thread> {
@@ -359,17 +347,9 @@ fn spawn_hellos(
             let mut next_send = Instant::now();
             let mut wake = next_send;
             let mut late = Lateness::default();
-            let mut first = true;
             // Held only while working: the service's end closes the socket.
             while let Some(socket) = socket.upgrade() {
                 let woke = Instant::now();
-                // Read before the update is taken: set, the first update is in place.
-                let reports = reporting.load(Ordering::Acquire);
-                let mut report_changed = take_update(&peers);
-                if reports && first {
-                    first = false;
-                    report_changed = true;
-                }
                 if let Err(e) = drain(&socket, &mut buf, &peers, &refused, &ring) {
                     warn!("failed to receive a hello: {e}");
                     std::thread::park_timeout(settings.interval);
@@ -381,9 +361,9 @@ fn spawn_hellos(
                     // A late tick is not made up for: the next is an interval on.
                     next_send = (next_send + settings.interval).max(now);
                 }
-                // A changed report goes out at once, so peers learn of a release or an
-                // interface going down without waiting for the next interval.
-                if (due || report_changed) && reports {
+                if (kicked.swap(false, Ordering::AcqRel) || due)
+                    && reporting.load(Ordering::Relaxed)
+                {
                     send_hellos(&socket, &peers, &ring, &mut out, to);
                     if due {
                         late.note(scheduled, wake, woke, settings.interval);
@@ -396,18 +376,6 @@ fn spawn_hellos(
             }
         })?;
     Ok(handle.thread().clone())
-}
-
-/// Take the reconcile loop's latest update, if any: whether this node's report changed.
-fn take_update(peers: &Peers) -> bool {
-    let Some(u) = lock(&peers.pending).take() else {
-        return false;
-    };
-    let mut t = lock(&peers.tracker);
-    let changed = t.local().down != u.down || t.local().claims != u.claims;
-    t.set_members_at(u.members, u.at);
-    t.set_local(u.down, u.claims);
-    changed
 }
 
 /// Hellos that went out an interval or more after their time, said at most every
@@ -974,7 +942,6 @@ mod tests {
         let (tx, mut transitions) = mpsc::unbounded_channel();
         let peers = Peers {
             tracker: Arc::new(Mutex::new(gw2)),
-            pending: Pending::default(),
             view_tx: Arc::new(view_tx),
             tx,
             remaps: Exchange::default(),
@@ -990,34 +957,5 @@ mod tests {
         assert!(seen.is_empty(), "{seen:?}");
         assert!(views.borrow().dead.is_empty(), "{:?}", views.borrow().dead);
         assert_eq!(lock(&peers.tracker).quorum(Instant::now()).counted, 4);
-    }
-
-    /// The reconcile loop gives way to every other thread: a lock it held while the CPU set
-    /// it aside would hold the hellos back. `update` never waits for the tracker's lock:
-    /// the hellos thread takes the update.
-    #[test]
-    fn updates_go_through_the_hellos_thread_not_the_trackers_lock() {
-        let port = free_port();
-        let gw1 = node("gw1", ip(1), port, keys(Keyring::default()));
-        let h = &gw1.started.handle;
-        let updated = std::thread::scope(|s| {
-            let held = lock(&h.tracker);
-            let (done, finished) = std::sync::mpsc::channel();
-            s.spawn(move || {
-                h.update(
-                    members(),
-                    BTreeSet::from(["sec-a".to_owned()]),
-                    BTreeMap::new(),
-                );
-                let _ = done.send(());
-            });
-            let updated = finished.recv_timeout(Duration::from_secs(1)).is_ok();
-            drop(held);
-            updated
-        });
-        assert!(updated, "update waited for the tracker's lock");
-        assert!(within(Duration::from_secs(2), || {
-            lock(&h.tracker).local().down.contains("sec-a")
-        }));
     }
 }
