@@ -958,4 +958,30 @@ mod tests {
         assert!(views.borrow().dead.is_empty(), "{:?}", views.borrow().dead);
         assert_eq!(lock(&peers.tracker).quorum(Instant::now()).counted, 4);
     }
+
+    /// A send an interval or more after its time is counted, with the worst one's wake-up
+    /// and work; at most one line every `Lateness::EVERY` (then the counts start again).
+    #[test]
+    fn late_hellos_are_counted_and_said_at_most_every_five_seconds() {
+        let interval = Duration::from_millis(100);
+        let ms = Duration::from_millis;
+        let mut late = Lateness::default();
+        let now = Instant::now();
+        // On time (50 ms late): nothing.
+        late.note(now - ms(50), now - ms(50), now - ms(50), interval);
+        assert_eq!(late.count, 0);
+        assert!(late.said.is_none());
+        // 300 ms late, woken on time, 300 ms in the drain and send: said at once.
+        late.note(now - ms(300), now - ms(300), now - ms(300), interval);
+        let said = late.said.expect("said");
+        assert_eq!(late.count, 0, "the counts start again once said");
+        // Two more within 5 s: counted, the worst kept, not said.
+        late.note(now - ms(150), now - ms(150), now - ms(150), interval);
+        late.note(now - ms(400), now - ms(250), now, interval);
+        assert_eq!(late.count, 2);
+        assert!(late.worst >= ms(400), "{:?}", late.worst);
+        assert!(late.woke_late >= ms(250), "{:?}", late.woke_late);
+        assert!(late.working < ms(50), "{:?}", late.working);
+        assert_eq!(late.said, Some(said));
+    }
 }
