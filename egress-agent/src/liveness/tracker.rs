@@ -761,12 +761,17 @@ impl Tracker {
     /// one direction) must not count, or a holder whose hellos no longer reach its peers
     /// keeps its addresses while they take them over.
     fn heard_for_quorum(&self, now: Instant) -> BTreeSet<&str> {
-        let window = self.settings.fence_window();
         self.peers
             .iter()
-            .filter(|(_, p)| self.heard_within(p, now, window) && self.hears_me(p, now))
+            .filter(|(_, p)| self.counts_for_quorum(p, now))
             .map(|(n, _)| n.as_str())
             .collect()
+    }
+
+    /// Whether `p` counts toward this node's quorum: heard within the fence window, and
+    /// hearing this node ([`Tracker::hears_me`]).
+    fn counts_for_quorum(&self, p: &Peer, now: Instant) -> bool {
+        self.heard_within(p, now, self.settings.fence_window()) && self.hears_me(p, now)
     }
 
     /// Whether `p`'s latest hello echoes one of this node's hellos sent within the echo
@@ -829,8 +834,6 @@ impl Tracker {
 
     /// How the quorum counts at `now` (see [`Quorum`]).
     pub fn quorum(&self, now: Instant) -> Quorum {
-        let expected = self.expected(now);
-        let counted = self.heard_for_quorum(now);
         let fence = self.settings.fence_window();
         let mut q = Quorum {
             expected: 1,
@@ -838,10 +841,10 @@ impl Tracker {
             sent_ago: self.last_sent.map(|t| now.saturating_duration_since(t)),
             ..Quorum::default()
         };
-        for name in expected.iter().filter(|n| **n != self.me) {
+        for name in self.expected(now).iter().filter(|n| **n != self.me) {
             q.expected += 1;
             match self.peers.get(name) {
-                _ if counted.contains(name.as_str()) => q.counted += 1,
+                Some(p) if self.counts_for_quorum(p, now) => q.counted += 1,
                 Some(p) if self.heard_within(p, now, fence) => q.not_echoing += 1,
                 _ => q.unheard += 1,
             }
@@ -910,10 +913,8 @@ impl Tracker {
     fn clock_verdicts(&self, now: Instant, out: &mut Vec<u8>) {
         out.clear();
         out.push(u8::from(self.warm(now)));
-        let fence = self.settings.fence_window();
         out.extend(self.peers.values().map(|p| {
-            u8::from(self.direct(p, now))
-                | u8::from(self.heard_within(p, now, fence) && self.hears_me(p, now)) << 1
+            u8::from(self.direct(p, now)) | u8::from(self.counts_for_quorum(p, now)) << 1
         }));
         let warm_up = self.settings.warm_up();
         out.extend(
