@@ -12,6 +12,10 @@ pub const FROM_SECONDARY: &str = "from_secondary";
 pub const FROM_UNDERLAY: &str = "from_underlay";
 /// Every program the agent attaches.
 pub const PROGRAMS: [&str; 4] = [FROM_POD, FROM_TUNNEL, FROM_UNDERLAY, FROM_SECONDARY];
+/// The programs loaded when the datapath opens: every node attaches the tunnel's and the
+/// underlay's, and `from_pod` goes on a new pod device before the pod can send
+/// (`--unknown-pods drop`). `from_secondary` only a gateway needs: most nodes never do.
+pub const AT_OPEN: [&str; 3] = [FROM_POD, FROM_TUNNEL, FROM_UNDERLAY];
 
 /// Global holding the tunnel's UDP port, which `from_underlay` decapsulates: set by the
 /// agent when it loads the object (default `egress_common::config::DEFAULT_TUNNEL_PORT`).

@@ -77,3 +77,29 @@ fn ifindex(dev: &str) -> Option<u32> {
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (i != 0).then_some(i)
 }
+
+/// The names of the programs the kernel holds that use a map pinned in `pin_dir`, sorted:
+/// what an agent's datapath has loaded, as the kernel lists it (none when nothing is
+/// pinned there).
+pub fn loaded_with_maps_in(pin_dir: &std::path::Path) -> Vec<String> {
+    let ours: std::collections::BTreeSet<u32> = egress_common::maps::REGISTRY
+        .iter()
+        .filter_map(|m| aya::maps::MapInfo::from_pin(pin_dir.join(m.name)).ok())
+        .map(|i| i.id())
+        .collect();
+    if ours.is_empty() {
+        return Vec::new();
+    }
+    let mut names: Vec<String> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.iter().any(|id| ours.contains(id)))
+        })
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}

@@ -2212,3 +2212,60 @@ fn pod_bindings_are_written_read_back_and_kept_by_the_maps_step() {
     let st = dp.apply_pod_devices(&moved).unwrap();
     assert_eq!((st.inserted, st.removed), (1, 1));
 }
+
+/// The verifier's work is most of an agent's start, and most nodes are never gateways: an
+/// opened datapath has `from_pod`, `from_tunnel` and `from_underlay` loaded in the kernel,
+/// not `from_secondary`, which is loaded when asked for (a gateway) or first attached,
+/// once.
+#[test]
+fn from_secondary_is_loaded_when_first_needed_not_at_open() {
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-lazy-{}",
+        std::process::id()
+    ));
+    let _guard = egress_tests::netns::DirGuard::create(&dir).unwrap();
+    let mut dp =
+        egress_agent::datapath::Datapath::open(&dir).expect("the agent opens its datapath");
+    assert_eq!(
+        egress_tests::hooks::loaded_with_maps_in(&dir),
+        [FROM_POD, FROM_TUNNEL, FROM_UNDERLAY],
+        "at open"
+    );
+    assert!(!dp.is_loaded(FROM_SECONDARY));
+    dp.load_program(FROM_SECONDARY)
+        .expect("from_secondary loads when asked for");
+    dp.load_program(FROM_SECONDARY)
+        .expect("asked again: already loaded");
+    assert_eq!(
+        egress_tests::hooks::loaded_with_maps_in(&dir),
+        [FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY],
+        "loaded once when asked for"
+    );
+    drop(dp);
+
+    // Attached before anything asked for it (a gateway's first pass): loaded then.
+    let dir2 = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/egress-test-lazy-attach-{}",
+        std::process::id()
+    ));
+    let _guard2 = egress_tests::netns::DirGuard::create(&dir2).unwrap();
+    let d2 = dir2.clone();
+    in_netns(move || {
+        ip("link add sec0 type veth peer name sec0p");
+        ip("link set sec0 up");
+        let mut dp = egress_agent::datapath::Datapath::open(&d2).expect("opens");
+        let want = std::collections::BTreeSet::from([egress_agent::datapath::Attachment {
+            program: FROM_SECONDARY,
+            ifname: "sec0".to_owned(),
+            ifindex: ifindex("sec0"),
+        }]);
+        let errors = dp.sync_attachments(&want);
+        assert!(errors.is_empty(), "attaching from_secondary: {errors:?}");
+        assert!(dp.is_loaded(FROM_SECONDARY));
+        assert_eq!(ingress_programs("sec0"), 1, "attached");
+        assert!(
+            dp.sync_attachments(&std::collections::BTreeSet::new())
+                .is_empty()
+        );
+    });
+}

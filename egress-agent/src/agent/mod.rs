@@ -380,6 +380,13 @@ impl Reconciler<'_> {
             .acquire(&compiled, &published, &peers, &ifaces, now, &mut problems)
             .await;
         self.own.remember(&compiled.desired);
+        if compiled.membership.gateways.contains(me) {
+            // A gateway that serves nothing yet loads `from_secondary` now: a takeover
+            // must not wait for the verifier (loaded once; most nodes never need it).
+            if let Err(e) = dp.load_program(crate::ebpf::FROM_SECONDARY) {
+                problems.push(e.to_string());
+            }
+        }
         let detection = self.probes.settings().detection();
         self.wake_at = self.own.next_pass(now, detection, self.probes.warm_at());
 

@@ -97,6 +97,7 @@ impl Datapath {
     }
 
     fn program(&mut self, a: &Attachment) -> Result<&mut SchedClassifier> {
+        self.load_program(a.program)?;
         self.ebpf
             .program_mut(a.program)
             .and_then(|p| p.try_into().ok())

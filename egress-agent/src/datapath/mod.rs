@@ -90,6 +90,8 @@ pub enum Error {
         priority: u16,
         found: String,
     },
+    #[error("{said} (refused earlier: not loaded again)")]
+    Refused { said: String },
     #[error("map {name} is missing from the object")]
     MissingMap { name: &'static str },
     #[error(
@@ -198,6 +200,8 @@ pub struct Datapath {
     /// What the maps hold, as last read or written.
     held: MapState,
     attached: BTreeSet<Attachment>,
+    /// Programs the kernel refused ([`Datapath::load_program`]), with what it said.
+    refused: BTreeMap<&'static str, String>,
     /// TCX links or legacy tc filters ([`Datapath::set_hook`]; probed at open).
     hook: Hook,
 }
@@ -374,36 +378,12 @@ impl Datapath {
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             tracing::debug!("no eBPF log channel: {e}");
         }
-        for prog in [
-            ebpf::FROM_POD,
-            ebpf::FROM_TUNNEL,
-            ebpf::FROM_UNDERLAY,
-            ebpf::FROM_SECONDARY,
-        ] {
-            let p: &mut SchedClassifier = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| Error::Program {
-                    verb: "find program",
-                    what: prog.into(),
-                    source: ProgramError::NotLoaded,
-                })?
-                .try_into()
-                .map_err(|source| Error::Program {
-                    verb: "convert program",
-                    what: prog.into(),
-                    source,
-                })?;
-            load_retrying(p).map_err(|source| Error::Program {
-                verb: "load program",
-                what: prog.into(),
-                source,
-            })?;
-        }
         let mut dp = Self {
             ebpf,
             pin_dir: pin_dir.to_owned(),
             held: MapState::default(),
             attached: BTreeSet::new(),
+            refused: BTreeMap::new(),
             hook: Hook::resolve(AttachMode::Auto, tc::DEFAULT_PRIORITY).map_or(
                 Hook::Tc {
                     priority: tc::DEFAULT_PRIORITY,
@@ -411,8 +391,63 @@ impl Datapath {
                 |(h, _)| h,
             ),
         };
+        for prog in ebpf::AT_OPEN {
+            dp.load_program(prog)?;
+        }
         dp.held = MapState::read(&mut dp)?;
         Ok(dp)
+    }
+
+    /// Load program `prog` into the kernel unless it is loaded already. The verifier's
+    /// work is most of an agent's start (0.7-1 s of kernel CPU per program on this
+    /// project's 2-core machine, docs/benchmarks.md), so only [`ebpf::AT_OPEN`] is loaded
+    /// when the datapath opens; `from_secondary` when this node may serve (the agent asks
+    /// for it then, [`crate::agent`]) or when it is first attached. A refusal is kept:
+    /// asked again, it is returned without the verifier running again.
+    pub fn load_program(&mut self, prog: &'static str) -> Result<()> {
+        if let Some(said) = self.refused.get(prog) {
+            return Err(Error::Refused { said: said.clone() });
+        }
+        let p: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(prog)
+            .ok_or(ProgramError::NotLoaded)
+            .and_then(|p| p.try_into())
+            .map_err(|source| Error::Program {
+                verb: "find program",
+                what: prog.into(),
+                source,
+            })?;
+        if p.fd().is_ok() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        match load_retrying(p) {
+            Ok(()) => {
+                tracing::info!(
+                    verify_ms = started.elapsed().as_millis(),
+                    "loaded program {prog}"
+                );
+                Ok(())
+            }
+            Err(source) => {
+                let e = Error::Program {
+                    verb: "load program",
+                    what: prog.into(),
+                    source,
+                };
+                self.refused.insert(prog, e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether program `prog` is loaded in the kernel by this datapath.
+    pub fn is_loaded(&self, prog: &str) -> bool {
+        self.ebpf
+            .program(prog)
+            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
+            .is_some_and(|p| p.fd().is_ok())
     }
 
     /// What the maps hold now (as last read or written).

@@ -328,6 +328,7 @@ fn real_main() -> Result<bool> {
     }
     let holders = holders(&lab);
     let mut ok_all = print_rows(&lab, &holders);
+    ok_all &= programs_step(&lab);
     if isolated {
         ok_all &= isolation_step(&lab)?;
         ok_all &= ovn_egress_ip_step(&mut lab, &agent)?;
@@ -568,6 +569,37 @@ fn finish(mut lab: Lab, keep: bool) -> Result<()> {
         println!("lab torn down");
     }
     Ok(())
+}
+
+/// The programs each agent has loaded, as the kernel lists them: a gateway's agent has
+/// `from_secondary` (loaded before it serves anything: a takeover must not wait for the
+/// verifier), a worker's never (most nodes are not gateways, and the verifier is most of
+/// an agent's start). `false` if a node has other programs.
+fn programs_step(lab: &Lab) -> bool {
+    use egress_agent::ebpf::{FROM_POD, FROM_SECONDARY, FROM_TUNNEL, FROM_UNDERLAY};
+    println!("\nPrograms each agent loaded (the kernel's list):");
+    let mut ok = true;
+    for n in lab.nodes() {
+        let loaded = egress_tests::hooks::loaded_with_maps_in(&lab.bpffs_dir(n.name));
+        let mut want = vec![FROM_POD, FROM_TUNNEL, FROM_UNDERLAY];
+        if n.gateway {
+            want.push(FROM_SECONDARY);
+        }
+        want.sort_unstable();
+        let good = loaded == want;
+        println!(
+            "  {:<8} {:<8} {:<54} {}",
+            n.name,
+            if n.gateway { "gateway" } else { "worker" },
+            loaded.join(", "),
+            if good { "ok" } else { "FAIL" }
+        );
+        if !good {
+            println!("           expected {}", want.join(", "));
+        }
+        ok &= good;
+    }
+    ok
 }
 
 /// How long the route step waits for each change to show in new traffic.
