@@ -130,6 +130,8 @@ pub struct LivenessStats {
     pub authenticated: bool,
     /// Times this node found itself cut off (hearing fewer than a majority).
     pub cut_offs: u64,
+    /// Due sends of this node's hellos that went out an interval or more late.
+    pub late_hellos: u64,
     /// Peers declared dead so far, and the silence before the last one.
     pub detections: u64,
     pub last_detection: Option<Duration>,
@@ -474,6 +476,13 @@ fn register_peers(reg: &mut Registry, l: &LivenessStats) {
         "cut_offs",
         "Times this node heard fewer than a majority of its peers and gave up its egress IPs",
         counter(l.cut_offs),
+    );
+    reg.register(
+        "hellos_late",
+        "Times this node's hellos went out an interval or more after their time (its hellos \
+         thread held back by the CPU): peers declare a node dead after the detection time \
+         without its hellos, so each late round is where a cut-off starts",
+        counter(l.late_hellos),
     );
     reg.register(
         "peer_deaths",

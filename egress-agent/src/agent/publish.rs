@@ -183,6 +183,7 @@ impl Reconciler<'_> {
         s.liveness.peers.clone_from(&statuses);
         s.liveness.cut_off = cut_off;
         s.liveness.refused = self.probes.refused();
+        s.liveness.late_hellos = self.probes.late_sends();
         s.liveness.authenticated = self.probes.authenticated();
         s.liveness.remaps = self.probes.remaps().stats();
         s.liveness.remaps_kept = self.probes.remaps().kept();

@@ -21,7 +21,7 @@ use std::{
     path::PathBuf,
     sync::{
         Arc, Mutex, MutexGuard, Weak,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -65,6 +65,8 @@ pub struct Handle {
     /// what it holds (a restarted holder must not say "nothing" to its peers).
     reporting: Arc<AtomicBool>,
     remaps: Exchange,
+    /// Due sends of hellos that went out an interval or more late ([`Lateness`]).
+    late: Arc<AtomicU64>,
 }
 
 /// What the service gives the reconcile loop.
@@ -195,6 +197,12 @@ impl Handle {
             .collect()
     }
 
+    /// Due sends of hellos that went out an interval or more after their time so far:
+    /// each left the peers an interval closer to declaring this node dead.
+    pub fn late_sends(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
+    }
+
     /// Whether hellos are signed and only signed ones taken.
     pub fn authenticated(&self) -> bool {
         !lock(&self.keys).is_empty()
@@ -251,12 +259,14 @@ pub fn start_on(
     let remaps = Exchange::default();
 
     let wanted = Arc::new(AtomicBool::new(false));
+    let late = Arc::new(AtomicU64::new(0));
     let thread = spawn_hellos(
         Peers {
             tracker: tracker.clone(),
             view_tx,
             tx,
             remaps: remaps.clone(),
+            late: late.clone(),
         },
         Arc::downgrade(&socket),
         (refused.clone(), ring.clone()),
@@ -276,6 +286,7 @@ pub fn start_on(
             port,
             reporting,
             remaps,
+            late,
         },
         views,
         transitions,
@@ -290,6 +301,8 @@ struct Peers {
     view_tx: Arc<watch::Sender<Arc<PeerView>>>,
     tx: mpsc::UnboundedSender<Transition>,
     remaps: Exchange,
+    /// Counts the due sends that went out late ([`Handle::late_sends`]).
+    late: Arc<AtomicU64>,
 }
 
 /// Read the key file again every [`keys::RELOAD`]; a file that turns bad keeps the last
@@ -365,8 +378,8 @@ fn spawn_hellos(
                     && reporting.load(Ordering::Relaxed)
                 {
                     send_hellos(&socket, &peers, &ring, &mut out, to);
-                    if due {
-                        late.note(scheduled, wake, woke, settings.interval);
+                    if due && late.note(scheduled, wake, woke, settings.interval) {
+                        peers.late.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 drop(socket);
@@ -396,12 +409,18 @@ impl Lateness {
     const EVERY: Duration = Duration::from_secs(5);
 
     /// A due send done now: it was `scheduled`, the thread meant to wake at `wake` and
-    /// woke at `woke`.
-    fn note(&mut self, scheduled: Instant, wake: Instant, woke: Instant, interval: Duration) {
+    /// woke at `woke`. Whether it was an interval or more late.
+    fn note(
+        &mut self,
+        scheduled: Instant,
+        wake: Instant,
+        woke: Instant,
+        interval: Duration,
+    ) -> bool {
         let now = Instant::now();
         let late = now.saturating_duration_since(scheduled);
         if late < interval {
-            return;
+            return false;
         }
         self.count += 1;
         if late > self.worst {
@@ -413,7 +432,7 @@ impl Lateness {
             .said
             .is_some_and(|t| now.duration_since(t) < Self::EVERY)
         {
-            return;
+            return true;
         }
         warn!(
             late = self.count,
@@ -427,6 +446,7 @@ impl Lateness {
             said: Some(now),
             ..Self::default()
         };
+        true
     }
 }
 
@@ -945,6 +965,7 @@ mod tests {
             view_tx: Arc::new(view_tx),
             tx,
             remaps: Exchange::default(),
+            late: Arc::default(),
         };
         let mut buf = vec![0u8; hello::MAX_LEN + 1];
         let ring = Mutex::new(Keyring::default());
@@ -959,6 +980,28 @@ mod tests {
         assert_eq!(lock(&peers.tracker).quorum(Instant::now()).counted, 4);
     }
 
+    /// The hellos thread held back past a send's time (here by the tracker's lock, which
+    /// its send takes) counts the late send, which the agent serves as
+    /// `egress_hellos_late_total`.
+    #[test]
+    fn a_send_held_back_an_interval_is_counted_late() {
+        let port = free_port();
+        let w1 = node("w1", ip(2), port, keys(Keyring::default()));
+        let handle = &w1.started.handle;
+        std::thread::sleep(Duration::from_millis(300));
+        // A loaded machine may hold the thread back too: counted from here.
+        let before = handle.late_sends();
+        {
+            let _held = lock(&handle.tracker);
+            std::thread::sleep(Duration::from_millis(350));
+        }
+        assert!(
+            within(Duration::from_secs(1), || handle.late_sends() > before),
+            "held back 3.5 intervals: {} late, {before} before",
+            handle.late_sends()
+        );
+    }
+
     /// A send an interval or more after its time is counted, with the worst one's wake-up
     /// and work; at most one line every `Lateness::EVERY` (then the counts start again).
     #[test]
@@ -968,16 +1011,16 @@ mod tests {
         let mut late = Lateness::default();
         let now = Instant::now();
         // On time (50 ms late): nothing.
-        late.note(now - ms(50), now - ms(50), now - ms(50), interval);
+        assert!(!late.note(now - ms(50), now - ms(50), now - ms(50), interval));
         assert_eq!(late.count, 0);
         assert!(late.said.is_none());
         // 300 ms late, woken on time, 300 ms in the drain and send: said at once.
-        late.note(now - ms(300), now - ms(300), now - ms(300), interval);
+        assert!(late.note(now - ms(300), now - ms(300), now - ms(300), interval));
         let said = late.said.expect("said");
         assert_eq!(late.count, 0, "the counts start again once said");
         // Two more within 5 s: counted, the worst kept, not said.
-        late.note(now - ms(150), now - ms(150), now - ms(150), interval);
-        late.note(now - ms(400), now - ms(250), now, interval);
+        assert!(late.note(now - ms(150), now - ms(150), now - ms(150), interval));
+        assert!(late.note(now - ms(400), now - ms(250), now, interval));
         assert_eq!(late.count, 2);
         assert!(late.worst >= ms(400), "{:?}", late.worst);
         assert!(late.woke_late >= ms(250), "{:?}", late.woke_late);
