@@ -2216,7 +2216,7 @@ fn pod_bindings_are_written_read_back_and_kept_by_the_maps_step() {
 /// The verifier's work is most of an agent's start, and most nodes are never gateways: an
 /// opened datapath has `from_pod`, `from_tunnel` and `from_underlay` loaded in the kernel,
 /// not `from_secondary`, which is loaded when asked for (a gateway) or first attached,
-/// once.
+/// once; or at open where an earlier agent attached it (a restarted gateway).
 #[test]
 fn from_secondary_is_loaded_when_first_needed_not_at_open() {
     let dir = std::path::PathBuf::from(format!(
@@ -2263,6 +2263,23 @@ fn from_secondary_is_loaded_when_first_needed_not_at_open() {
         assert!(errors.is_empty(), "attaching from_secondary: {errors:?}");
         assert!(dp.is_loaded(FROM_SECONDARY));
         assert_eq!(ingress_programs("sec0"), 1, "attached");
+        drop(dp);
+        // The next agent (a restart, an upgrade) finds the attachment recorded: it loads
+        // from_secondary at open, before its probes start, not in its first pass.
+        let mut dp = egress_agent::datapath::Datapath::open(&d2).expect("opens again");
+        assert!(dp.is_loaded(FROM_SECONDARY));
+        assert_eq!(
+            egress_tests::hooks::loaded_with_maps_in(&d2),
+            [
+                FROM_POD,
+                FROM_SECONDARY,
+                FROM_SECONDARY,
+                FROM_TUNNEL,
+                FROM_UNDERLAY
+            ],
+            "opened where an earlier agent attached from_secondary: the earlier agent's \
+             (still attached) and this one's"
+        );
         assert!(
             dp.sync_attachments(&std::collections::BTreeSet::new())
                 .is_empty()

@@ -380,19 +380,22 @@ impl Reconciler<'_> {
             .acquire(&compiled, &published, &peers, &ifaces, now, &mut problems)
             .await;
         self.own.remember(&compiled.desired);
-        if compiled.membership.gateways.contains(me) {
-            // A gateway that serves nothing yet loads `from_secondary` now: a takeover
-            // must not wait for the verifier (loaded once; most nodes never need it).
-            if let Err(e) = dp.load_program(crate::ebpf::FROM_SECONDARY) {
-                problems.push(e.to_string());
-            }
-        }
         let detection = self.probes.settings().detection();
         self.wake_at = self.own.next_pass(now, detection, self.probes.warm_at());
 
         // Tell the peers and the cluster.
         let membership = compiled.membership.clone();
+        let candidate = membership.gateways.contains(me);
         self.probes.update(membership, down, self.own.claims());
+        if candidate {
+            // A gateway that serves nothing yet loads `from_secondary` now, after its
+            // hellos go out (the first pass's wait would hold back the first hellos): a
+            // takeover must not wait for the verifier (loaded once; most nodes never
+            // need it).
+            if let Err(e) = dp.load_program(crate::ebpf::FROM_SECONDARY) {
+                problems.push(e.to_string());
+            }
+        }
         // An address released in this pass is in `ifaces` (read before) but no longer held:
         // published so, it would be an address of this node to every compile until the
         // next pass, and the peer taking it over would let it go again at once

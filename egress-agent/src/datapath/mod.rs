@@ -90,8 +90,8 @@ pub enum Error {
         priority: u16,
         found: String,
     },
-    #[error("{said} (refused earlier: not loaded again)")]
-    Refused { said: String },
+    #[error("{said} (refused {ago_s} s ago, not tried again yet)")]
+    Refused { said: String, ago_s: u64 },
     #[error("map {name} is missing from the object")]
     MissingMap { name: &'static str },
     #[error(
@@ -103,6 +103,10 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How long a program the kernel refused is not loaded again ([`Datapath::load_program`]):
+/// a pass asks for it each time, and each try would run the verifier (most of a second).
+pub const RELOAD_REFUSED: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How many entries an `apply` changed, and which writes failed, per map (never logged
 /// per entry: a full map would log one line per entry on every pass).
@@ -200,8 +204,8 @@ pub struct Datapath {
     /// What the maps hold, as last read or written.
     held: MapState,
     attached: BTreeSet<Attachment>,
-    /// Programs the kernel refused ([`Datapath::load_program`]), with what it said.
-    refused: BTreeMap<&'static str, String>,
+    /// Programs the kernel refused ([`Datapath::load_program`]): when, and what it said.
+    refused: BTreeMap<&'static str, (std::time::Instant, String)>,
     /// TCX links or legacy tc filters ([`Datapath::set_hook`]; probed at open).
     hook: Hook,
 }
@@ -391,7 +395,15 @@ impl Datapath {
                 |(h, _)| h,
             ),
         };
-        for prog in ebpf::AT_OPEN {
+        // An earlier agent attached `from_secondary` here (this node served): loaded now,
+        // before the probes start. The first pass swaps it in, and a first pass that
+        // waited for the verifier would hold this node's first hellos back past its
+        // peers' detection time: a restarted holder would cut itself off.
+        let served = attach::records(pin_dir).iter().any(|name| {
+            hook::RecordName::parse(name).is_some_and(|r| r.program == ebpf::FROM_SECONDARY)
+        });
+        let at_open = ebpf::AT_OPEN.into_iter();
+        for prog in at_open.chain(served.then_some(ebpf::FROM_SECONDARY)) {
             dp.load_program(prog)?;
         }
         dp.held = MapState::read(&mut dp)?;
@@ -401,12 +413,19 @@ impl Datapath {
     /// Load program `prog` into the kernel unless it is loaded already. The verifier's
     /// work is most of an agent's start (0.7-1 s of kernel CPU per program on this
     /// project's 2-core machine, docs/benchmarks.md), so only [`ebpf::AT_OPEN`] is loaded
-    /// when the datapath opens; `from_secondary` when this node may serve (the agent asks
-    /// for it then, [`crate::agent`]) or when it is first attached. A refusal is kept:
-    /// asked again, it is returned without the verifier running again.
+    /// when the datapath opens (and `from_secondary` where an earlier agent attached it);
+    /// `from_secondary` otherwise when this node may serve (the agent asks for it then,
+    /// [`crate::agent`]) or when it is first attached. A refusal is kept
+    /// for [`RELOAD_REFUSED`]: asked again meanwhile (each pass asks), it is returned
+    /// without the verifier running again.
     pub fn load_program(&mut self, prog: &'static str) -> Result<()> {
-        if let Some(said) = self.refused.get(prog) {
-            return Err(Error::Refused { said: said.clone() });
+        if let Some((at, said)) = self.refused.get(prog)
+            && at.elapsed() < RELOAD_REFUSED
+        {
+            return Err(Error::Refused {
+                said: said.clone(),
+                ago_s: at.elapsed().as_secs(),
+            });
         }
         let p: &mut SchedClassifier = self
             .ebpf
@@ -424,6 +443,7 @@ impl Datapath {
         let started = std::time::Instant::now();
         match load_retrying(p) {
             Ok(()) => {
+                self.refused.remove(prog);
                 tracing::info!(
                     verify_ms = started.elapsed().as_millis(),
                     "loaded program {prog}"
@@ -436,7 +456,8 @@ impl Datapath {
                     what: prog.into(),
                     source,
                 };
-                self.refused.insert(prog, e.to_string());
+                self.refused
+                    .insert(prog, (std::time::Instant::now(), e.to_string()));
                 Err(e)
             }
         }
