@@ -221,3 +221,74 @@ fn a_restarted_holder_keeps_its_egress_ips() {
         );
     }
 }
+
+/// A cold start elects each egress IP once. Each gateway verifies `from_secondary` in its
+/// first pass (a second or more of kernel CPU): its first hellos go out before, so no
+/// peer counts a starting holder unreachable, takes its egress IP and gives it back (the
+/// soak's start then saw an egress IP on two gateways, and later tests a holder change
+/// they did not cause).
+#[test]
+fn a_cold_start_elects_each_egress_ip_once() {
+    let lab = up_with_agents(cluster::default_spec().unwrap()).unwrap();
+    // Past the peers' detection time (6 x 100 ms under `cargo xtask test`) and warm-up.
+    std::thread::sleep(Duration::from_secs(3));
+    let logs: Vec<(&str, String)> = ["w1", "w2", "gw1", "gw2"]
+        .into_iter()
+        .map(|n| (n, lab.agent_log(n)))
+        .collect();
+    for ip in [EGRESS_IP_A, EGRESS_IP_B] {
+        let took = format!("holding egress IP ip={ip} ");
+        let holding: Vec<&str> = logs
+            .iter()
+            .filter(|(_, log)| log.contains(&took))
+            .map(|(n, _)| *n)
+            .collect();
+        let taken = logs
+            .iter()
+            .map(|(_, l)| l.matches(&took).count())
+            .sum::<usize>();
+        assert_eq!(
+            (taken, holding.len()),
+            (1, 1),
+            "{ip} taken once, by one gateway: by {holding:?}, {taken} times\n{}",
+            told(&logs)
+        );
+        assert_eq!(
+            cluster::holders(&lab, ip)
+                .into_iter()
+                .map(|(g, _)| g)
+                .collect::<Vec<_>>(),
+            holding,
+            "{ip} on the interface of the gateway that took it, and no other"
+        );
+    }
+    // (A worker's view may settle as the gateways' first hellos arrive: "moved from" is
+    // what it computed, not an address taken and given up.)
+    for (node, log) in &logs {
+        for said in [
+            "released egress IP",
+            "fewer than a majority",
+            "answered a duplicate",
+        ] {
+            assert!(
+                !log.contains(said),
+                "{node} said {said:?} at a cold start:\n{}",
+                told(&logs)
+            );
+        }
+    }
+}
+
+/// What each agent said of loads, holders and peers (a cold start's story).
+fn told(logs: &[(&str, String)]) -> String {
+    let mut out = String::new();
+    for (node, log) in logs {
+        for line in log.lines().filter(|l| !l.contains("preflight")) {
+            out.push_str(node);
+            out.push_str(": ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}

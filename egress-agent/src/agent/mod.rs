@@ -385,17 +385,7 @@ impl Reconciler<'_> {
 
         // Tell the peers and the cluster.
         let membership = compiled.membership.clone();
-        let candidate = membership.gateways.contains(me);
         self.probes.update(membership, down, self.own.claims());
-        if candidate {
-            // A gateway that serves nothing yet loads `from_secondary` now, after its
-            // hellos go out (the first pass's wait would hold back the first hellos): a
-            // takeover must not wait for the verifier (loaded once; most nodes never
-            // need it).
-            if let Err(e) = dp.load_program(crate::ebpf::FROM_SECONDARY) {
-                problems.push(e.to_string());
-            }
-        }
         // An address released in this pass is in `ifaces` (read before) but no longer held:
         // published so, it would be an address of this node to every compile until the
         // next pass, and the peer taking it over would let it go again at once
@@ -410,6 +400,17 @@ impl Reconciler<'_> {
         };
         self.publish_node(compiled.desired.node_ip, &ifaces, &peers)?;
         self.publisher.report(&compiled);
+        if compiled.membership.gateways.contains(me) {
+            // A gateway candidate loads `from_secondary` before it may serve: a takeover
+            // must not wait for the verifier (most nodes never need the program). It
+            // takes a second or more, so it comes last, once the peers and the cluster
+            // have been told: a first pass that verified first held back the node's
+            // first hellos and its EgressNode, and the peers elected the other gateway
+            // and then this one (two holders' claims at a cold start).
+            if let Err(e) = dp.load_program(crate::ebpf::FROM_SECONDARY) {
+                problems.push(e.to_string());
+            }
+        }
         Ok(Outcome {
             changed,
             holders: holder_stats(&compiled),
