@@ -212,7 +212,9 @@ pub enum Transition {
 
 /// How a gateway counted its quorum, said when it cuts itself off: which of the peers it
 /// expects were missing, and whether its own hellos had stopped (a stall of this agent,
-/// not of the network, shows as a late last hello).
+/// not of the network, shows as a late last hello). It keeps serving while `counted` is
+/// more than half of `expected`, or exactly half with the smallest expected name on its
+/// side ([`has_quorum`]): of two halves, exactly one serves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Quorum {
     /// The agents expected, this node included.
