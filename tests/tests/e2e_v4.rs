@@ -222,11 +222,12 @@ fn a_restarted_holder_keeps_its_egress_ips() {
     }
 }
 
-/// A cold start elects each egress IP once. Each gateway verifies `from_secondary` in its
-/// first pass (a second or more of kernel CPU): its first hellos go out before, so no
-/// peer counts a starting holder unreachable, takes its egress IP and gives it back (the
-/// soak's start then saw an egress IP on two gateways, and later tests a holder change
-/// they did not cause).
+/// A cold start elects each egress IP once. Each gateway candidate verifies
+/// `from_secondary` in its first pass (a second or more of kernel CPU, 5 s on a loaded
+/// machine), last, after its hellos and its EgressNode went out: verified before them, the
+/// gateway whose verifier ended first was elected alone and then the other (the soak's
+/// start saw an egress IP on two gateways, and later tests a holder change they did not
+/// cause). Fails about 1 run in 9 without that order, with two busy loops beside it.
 #[test]
 fn a_cold_start_elects_each_egress_ip_once() {
     let lab = up_with_agents(cluster::default_spec().unwrap()).unwrap();
