@@ -15,16 +15,11 @@ use crate::desired::Desired;
 
 /// Fill `desired.covered` from every planned rule and `desired.known_pods` with this
 /// node's running pods.
-pub(super) fn cover(
-    plans: &[PolicyPlan<'_>],
-    pods: &Pods<'_>,
-    node_name: &str,
-    desired: &mut Desired,
-) {
+pub(super) fn cover(plans: &[PolicyPlan<'_>], pods: &Pods<'_>, desired: &mut Desired) {
     desired.known_pods = pods
         .pods
         .iter()
-        .filter(|p| p.node == node_name)
+        .filter(|p| p.local)
         .flat_map(|p| p.ips.iter().copied())
         .collect();
     desired.covered = covered(plans);

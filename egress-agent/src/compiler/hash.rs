@@ -20,15 +20,22 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 /// FNV-1a over several parts, each followed by a 0xff separator (which no UTF-8 text
-/// contains), then a final avalanche so that close inputs score far apart.
+/// contains), then a final avalanche so that close inputs score far apart. What
+/// [`rendezvous`] computes for the key's parts and a name, without hashing the key again.
+#[cfg(test)]
 fn score(parts: &[&[u8]]) -> u64 {
-    let mut h = FNV_OFFSET;
-    for part in parts {
-        for b in part.iter().chain(&[0xff]) {
-            h = (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME);
-        }
-    }
-    // splitmix64 finalizer.
+    finish(parts.iter().fold(FNV_OFFSET, |h, part| absorb(h, part)))
+}
+
+/// FNV-1a state `h` after one more part and its separator.
+fn absorb(h: u64, part: &[u8]) -> u64 {
+    part.iter()
+        .chain(&[0xff])
+        .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
+}
+
+/// The splitmix64 finalizer.
+fn finish(mut h: u64) -> u64 {
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
@@ -41,13 +48,11 @@ pub fn rendezvous<'a>(
     key: &[&[u8]],
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {
+    // The key's parts are hashed once; each candidate's name continues from there.
+    let keyed = key.iter().fold(FNV_OFFSET, |h, part| absorb(h, part));
     candidates
         .into_iter()
-        .map(|name| {
-            let mut parts = key.to_vec();
-            parts.push(name.as_bytes());
-            (score(&parts), name)
-        })
+        .map(|name| (finish(absorb(keyed, name.as_bytes())), name))
         .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
         .map(|(_, name)| name)
 }
@@ -118,6 +123,23 @@ mod tests {
         let expected =
             u32::try_from(fnv1a64(b"payments/0") % u64::from(MAX_RULE_ID)).expect("fits") + 1;
         assert_eq!(ids[&("payments".to_owned(), 0)], expected);
+    }
+
+    #[test]
+    fn rendezvous_scores_each_name_after_the_whole_key() {
+        // FNV-1a of "key" 0xff "gw-1" 0xff, then splitmix64's finalizer (computed apart).
+        assert_eq!(score(&[b"key", b"gw-1"]), 0x07847f897a6574a2);
+        let names = ["gw-1", "gw-2", "gateway-10", "192.168.101.50", ""];
+        for i in 0..500u32 {
+            let (a, b) = (i.to_be_bytes(), (i * 7919).to_le_bytes());
+            let key: [&[u8]; 2] = [&a, &b];
+            let by_score = names
+                .iter()
+                .map(|n| (score(&[&a, &b, n.as_bytes()]), *n))
+                .max_by(|x, y| x.0.cmp(&y.0).then_with(|| y.1.cmp(x.1)))
+                .map(|(_, n)| n);
+            assert_eq!(rendezvous(&key, names), by_score, "key {i}");
+        }
     }
 
     #[test]

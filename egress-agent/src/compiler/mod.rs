@@ -76,7 +76,7 @@ pub fn compile_remembering(
     let held = nodes::held_egress_ips(view, peers);
     let nodes = nodes::index(view, peers, &held);
     let mut problems = nodes::register(&nodes, node_name, &mut desired);
-    let pods = pods::Pods::index(view, &held);
+    let pods = pods::Pods::index(view, &held, node_name);
     let reserved = routes::Reserved::new(view, &nodes, &pods);
     let policies = sorted_policies(view);
     let foreign = nodes::claimed_elsewhere(view);
@@ -91,13 +91,18 @@ pub fn compile_remembering(
         &full_maps,
     );
     let gateway = is_gateway(view, &plans, &nodes, node_name);
-    pods.record_owners(&nodes, (!gateway).then_some(node_name), &mut desired);
+    pods.record_owners(&nodes, !gateway, &mut desired);
     pods.report_outside_cidrs(view, &nodes, &mut problems);
     let selected = selection::select(&mut plans, &pods, &view.unapplied);
-    let (counts, pod_routes) = spread::spread(&plans, &selected, node_name);
+    let (counts, pod_routes) = spread::spread(&plans, &selected);
     let (holders, egress_ips) = gateway_side::serve(&plans, &counts, node_name, &mut desired);
-    source_side::claim(&mut plans, &selected, node_name, &mut desired);
-    coverage::cover(&plans, &pods, node_name, &mut desired);
+    source_side::claim(
+        &mut plans,
+        (&selected, pods.pods.len()),
+        node_name,
+        &mut desired,
+    );
+    coverage::cover(&plans, &pods, &mut desired);
     netpol::restrict(view, &pods, node_name, &mut desired, &mut problems);
     let reported = plans.iter().map(PolicyPlan::reported);
     let statuses = status::statuses(reported, egress_ips, &mut problems);

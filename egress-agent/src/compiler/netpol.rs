@@ -176,7 +176,7 @@ pub(super) fn restrict(
             }
         }
         if isolated {
-            for ip in &pod.ips {
+            for ip in pod.ips.iter() {
                 let label = format!("{}/{}", pod.namespace, pod.name);
                 rules_of.insert(*ip, (label, rules.clone()));
             }

@@ -79,6 +79,8 @@ pub(super) enum Target {
 /// One dedicated egress IP of a rule.
 pub(super) struct Dedicated {
     pub(super) ip: IpAddr,
+    /// `ip` as text: what rendezvous hashes to pick among a rule's addresses.
+    pub(super) name: String,
     /// Its wire id: the rule's for `egressIP` and the first address of `egressIPs`, its
     /// own for each other address.
     pub(super) id: u32,
@@ -159,8 +161,8 @@ impl RulePlan {
     /// takes the rendezvous winner among the gateways of its interface.
     pub(super) fn route_for(&self, ip: IpAddr) -> Route<'_> {
         let rule_id = self.rule_id.to_be_bytes();
-        let octets = ip_bytes(ip);
-        let key: [&[u8]; 2] = [&octets, &rule_id];
+        let octets = IpBytes::of(ip);
+        let key: [&[u8]; 2] = [octets.bytes(), &rule_id];
         match &self.target {
             // One address is the pool whether it is held or not.
             Target::Dedicated { addresses } if addresses.len() == 1 => {
@@ -172,14 +174,15 @@ impl RulePlan {
                 }
             }
             Target::Dedicated { addresses } => {
-                let held: Vec<&Dedicated> =
-                    addresses.iter().filter(|a| a.holder.is_some()).collect();
-                let pool = if held.is_empty() {
-                    addresses.iter().collect()
-                } else {
-                    held
+                let any_held = addresses.iter().any(|a| a.holder.is_some());
+                let pool = || {
+                    addresses
+                        .iter()
+                        .filter(move |a| !any_held || a.holder.is_some())
                 };
-                let Some(chosen) = pick_address(&key, &pool) else {
+                let Some(chosen) = hash::rendezvous(&key, pool().map(|a| a.name.as_str()))
+                    .and_then(|winner| pool().find(|a| a.name == winner))
+                else {
                     return self.no_route();
                 };
                 Route {
@@ -209,6 +212,18 @@ impl RulePlan {
         }
     }
 
+    /// Whether a gateway address of node `node` serves this rule: whether a route of
+    /// [`RulePlan::route_for`] may lead there.
+    pub(super) fn served_by(&self, node: &str) -> bool {
+        match &self.target {
+            Target::Dedicated { addresses } => addresses
+                .iter()
+                .any(|a| a.holder.as_ref().is_some_and(|g| g.node == node)),
+            Target::Interface { gateways } => gateways.values().any(|g| g.node == node),
+            Target::None => false,
+        }
+    }
+
     /// Every gateway address serving this rule.
     pub(super) fn served(&self) -> Vec<Served<'_>> {
         match &self.target {
@@ -235,21 +250,29 @@ impl RulePlan {
     }
 }
 
-/// The rendezvous winner for `key` among `addresses` (one address needs no hashing).
-fn pick_address<'d>(key: &[&[u8]], addresses: &[&'d Dedicated]) -> Option<&'d Dedicated> {
-    if let [only] = addresses {
-        return Some(only);
-    }
-    let names: Vec<String> = addresses.iter().map(|a| a.ip.to_string()).collect();
-    let winner = hash::rendezvous(key, names.iter().map(String::as_str))?;
-    let i = names.iter().position(|n| n == winner)?;
-    addresses.get(i).copied()
+/// Address bytes as hashed by rendezvous (4 for IPv4, 16 for IPv6), without allocating.
+pub(super) struct IpBytes {
+    octets: [u8; 16],
+    len: usize,
 }
 
-/// Address bytes as hashed by rendezvous (4 for IPv4, 16 for IPv6).
-pub(super) fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(ip) => ip.octets().to_vec(),
-        IpAddr::V6(ip) => ip.octets().to_vec(),
+impl IpBytes {
+    pub(super) fn of(ip: IpAddr) -> Self {
+        let mut octets = [0; 16];
+        let len = match ip {
+            IpAddr::V4(ip) => {
+                octets[..4].copy_from_slice(&ip.octets());
+                4
+            }
+            IpAddr::V6(ip) => {
+                octets = ip.octets();
+                16
+            }
+        };
+        Self { octets, len }
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.octets[..self.len]
     }
 }

@@ -1,8 +1,10 @@
 //! Pods and namespaces as the compiler sees them, and which pods a policy selects.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
+    ops::Range,
 };
 
 use ipnet::IpNet;
@@ -25,14 +27,21 @@ pub(super) struct PodInfo<'a> {
     pub(super) name: &'a str,
     pub(super) labels: &'a BTreeMap<String, String>,
     pub(super) node: &'a str,
-    /// Both families (dual-stack pods have one of each).
-    pub(super) ips: Vec<IpAddr>,
+    /// The pod runs on the node the compile is for.
+    pub(super) local: bool,
+    /// Its place in [`Pods::pods`] (entries of one namespace and name share the first's).
+    pub(super) at: usize,
+    /// Both families (dual-stack pods have one of each): the view's list, copied only
+    /// where a disputed address is taken out.
+    pub(super) ips: Cow<'a, [IpAddr]>,
 }
 
 /// The running, pod-network pods of the cluster (sorted by namespace and name) and the
 /// namespaces' labels.
 pub(super) struct Pods<'a> {
     pub(super) pods: Vec<PodInfo<'a>>,
+    /// Each namespace's run of `pods`, in order.
+    runs: Vec<(&'a str, Range<usize>)>,
     namespaces: Namespaces<'a>,
     /// Addresses that two running pods list, or a pod and a node: taken from every pod
     /// that lists them (no pod owns them), with the pods (`namespace/name`) that claimed
@@ -152,29 +161,40 @@ pub fn selection(
 }
 
 impl<'a> Pods<'a> {
-    pub(super) fn index(view: &'a ClusterView, held: &BTreeSet<IpAddr>) -> Self {
-        let mut pods: Vec<PodInfo<'_>> = view
+    /// The running pod-network pods of `view`, sorted, for a compile for node `me`.
+    pub(super) fn index(view: &'a ClusterView, held: &BTreeSet<IpAddr>, me: &str) -> Self {
+        let running: Vec<PodInfo<'_>> = view
             .pods
             .iter()
             .filter_map(|pod| {
                 if pod.host_network || !pod.running || pod.ips.is_empty() || pod.name.is_empty() {
                     return None;
                 }
+                let node = pod.node_name.as_deref()?;
                 Some(PodInfo {
                     namespace: &pod.namespace,
                     name: &pod.name,
                     labels: &pod.labels,
-                    node: pod.node_name.as_deref()?,
-                    ips: pod.ips.clone(),
+                    node,
+                    local: node == me,
+                    at: 0,
+                    ips: Cow::Borrowed(&pod.ips),
                 })
             })
             .collect();
-        pods.sort_by(|a, b| (a.namespace, a.name).cmp(&(b.namespace, b.name)));
+        let mut pods = sorted(running);
+        let runs = places(&mut pods);
         let disputed = disputed(&pods, &node_addresses(view, held));
-        for pod in &mut pods {
-            pod.ips.retain(|ip| !disputed.iter().any(|d| d.ip == *ip));
+        if !disputed.is_empty() {
+            let taken: HashSet<IpAddr> = disputed.iter().map(|d| d.ip).collect();
+            for pod in &mut pods {
+                if pod.ips.iter().any(|ip| taken.contains(ip)) {
+                    pod.ips.to_mut().retain(|ip| !taken.contains(ip));
+                }
+            }
         }
         Self {
+            runs,
             pods,
             namespaces: Namespaces::index(view),
             disputed,
@@ -189,50 +209,93 @@ impl<'a> Pods<'a> {
     pub(super) fn record_owners(
         &self,
         nodes: &[NodeInfo<'_>],
-        only: Option<&str>,
+        local_only: bool,
         desired: &mut Desired,
     ) {
-        let underlay_of: BTreeMap<&str, IpAddr> = nodes
+        let underlay_of: HashMap<&str, IpAddr> = nodes
             .iter()
             .filter_map(|n| Some((n.name, n.underlay?)))
             .collect();
-        let owned = |pod: &&PodInfo<'_>| only.is_none_or(|node| pod.node == node);
-        for pod in self.pods.iter().filter(owned) {
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for pod in self.pods.iter().filter(|p| p.local || !local_only) {
             let Some(underlay) = underlay_of.get(pod.node) else {
                 continue;
             };
-            for ip in &pod.ips {
+            for ip in pod.ips.iter() {
                 match ip {
-                    IpAddr::V4(ip) => {
-                        desired.v4.pod_owner.insert(*ip, *underlay);
-                    }
-                    IpAddr::V6(ip) => {
-                        desired.v6.pod_owner.insert(*ip, *underlay);
-                    }
+                    IpAddr::V4(ip) => v4.push((*ip, *underlay)),
+                    IpAddr::V6(ip) => v6.push((*ip, *underlay)),
                 }
             }
         }
+        // Built in bulk (sorted, then the tree at once): a gateway records every pod.
+        desired.v4.pod_owner.extend(BTreeMap::from_iter(v4));
+        desired.v6.pod_owner.extend(BTreeMap::from_iter(v6));
     }
 
     /// The pods that a policy's namespace and pod selectors select ([`Namespaces::matches`]).
     /// The namespace is matched once for each run of its pods (they are sorted by it).
     pub(super) fn selected(&self, ns_sel: &Selector, pod_sel: &Selector) -> Vec<&PodInfo<'a>> {
-        let mut namespace: Option<(&str, bool)> = None;
-        self.pods
+        self.runs
             .iter()
-            .filter(|pod| {
-                let matches_ns = match namespace {
-                    Some((ns, matches)) if ns == pod.namespace => matches,
-                    _ => {
-                        let matches = self.namespaces.matches(pod.namespace, ns_sel);
-                        namespace = Some((pod.namespace, matches));
-                        matches
-                    }
-                };
-                matches_ns && pod_sel.matches(pod.labels)
-            })
+            .filter(|(namespace, _)| self.namespaces.matches(namespace, ns_sel))
+            .flat_map(|(_, run)| &self.pods[run.clone()])
+            .filter(|pod| pod_sel.matches(pod.labels))
             .collect()
     }
+}
+
+/// `pods` sorted by namespace and name, equal ones in their order: as they come from
+/// the Kubernetes source, which sorts its objects so, in one pass; otherwise the
+/// namespaces are ranked first, so that the sort compares an integer and a name.
+fn sorted(pods: Vec<PodInfo<'_>>) -> Vec<PodInfo<'_>> {
+    if pods.is_sorted_by(|a, b| (a.namespace, a.name) <= (b.namespace, b.name)) {
+        return pods;
+    }
+    let mut rank: HashMap<&str, u32> = HashMap::new();
+    for pod in &pods {
+        rank.entry(pod.namespace).or_default();
+    }
+    let mut names: Vec<&str> = rank.keys().copied().collect();
+    names.sort_unstable();
+    for (i, name) in names.into_iter().enumerate() {
+        rank.insert(name, i as u32);
+    }
+    let mut order: Vec<(u32, &str, usize)> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (rank[p.namespace], p.name, i))
+        .collect();
+    order.sort_unstable();
+    let mut slots: Vec<Option<PodInfo<'_>>> = pods.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(|(_, _, i)| slots[i].take())
+        .collect()
+}
+
+/// Set each of the sorted `pods`' place ([`PodInfo::at`]), and find each namespace's run.
+fn places<'a>(pods: &mut [PodInfo<'a>]) -> Vec<(&'a str, Range<usize>)> {
+    let mut runs: Vec<(&'a str, Range<usize>)> = Vec::new();
+    for i in 0..pods.len() {
+        let namespace = pods[i].namespace;
+        match runs.last_mut() {
+            Some((ns, run)) if *ns == namespace => {
+                run.end = i + 1;
+                let before = &pods[i - 1];
+                pods[i].at = if before.name == pods[i].name {
+                    before.at
+                } else {
+                    i
+                };
+            }
+            _ => {
+                runs.push((namespace, i..i + 1));
+                pods[i].at = i;
+            }
+        }
+    }
+    runs
 }
 
 /// The pods of one node whose addresses lie outside the given CIDRs.
@@ -312,11 +375,29 @@ impl<'a> Pods<'a> {
 
 /// The addresses listed by more than one of `pods`, or by a pod and a node (`nodes`).
 fn disputed(pods: &[PodInfo<'_>], nodes: &BTreeMap<IpAddr, String>) -> Vec<Disputed> {
-    // Every (address, pod) listing, by address and then in the pods' order.
+    // The addresses listed twice, or by a pod and a node, in one pass over a set: the
+    // rest is done for those only.
+    let mut seen: HashSet<IpAddr> = HashSet::with_capacity(pods.len());
+    let mut twice: BTreeSet<IpAddr> = BTreeSet::new();
+    for ip in pods.iter().flat_map(|p| p.ips.iter()) {
+        if !seen.insert(*ip) {
+            twice.insert(*ip);
+        }
+    }
+    twice.extend(nodes.keys().filter(|ip| seen.contains(*ip)));
+    if twice.is_empty() {
+        return Vec::new();
+    }
+    // Every (address, pod) listing of those, by address and then in the pods' order.
     let mut listed: Vec<(IpAddr, usize)> = pods
         .iter()
         .enumerate()
-        .flat_map(|(i, p)| p.ips.iter().map(move |ip| (*ip, i)))
+        .flat_map(|(i, p)| {
+            p.ips
+                .iter()
+                .filter(|ip| twice.contains(*ip))
+                .map(move |ip| (*ip, i))
+        })
         .collect();
     listed.sort_unstable();
     listed

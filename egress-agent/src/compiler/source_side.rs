@@ -40,13 +40,13 @@ enum Pass {
 /// policy the earlier rule. Lost pairs are conflicts in the loser's report.
 pub(super) fn claim(
     plans: &mut [PolicyPlan<'_>],
-    selected: &[Vec<&PodInfo<'_>>],
+    (selected, pods): (&[Vec<&PodInfo<'_>>], usize),
     node_name: &str,
     desired: &mut Desired,
 ) {
     let mut order: Vec<usize> = (0..plans.len()).collect();
     order.sort_by_key(|i| (!plans[*i].report.accepted(), *i));
-    let contested = contested(plans, selected);
+    let contested = contested(plans, selected, pods);
     let mut claimer = Claimer {
         plans: &*plans,
         node_name,
@@ -59,11 +59,13 @@ pub(super) fn claim(
     for pass in [Pass::Listed, Pass::Learned, Pass::Carve] {
         for &p_idx in &order {
             for r_idx in 0..claimer.plans[p_idx].rules.len() {
-                if claimer.plans[p_idx].rules[r_idx].learned() == (pass == Pass::Listed) {
+                let rule = &claimer.plans[p_idx].rules[r_idx];
+                if rule.learned() == (pass == Pass::Listed) {
                     continue;
                 }
+                let served_here = rule.served_by(node_name);
                 for pod in &selected[p_idx] {
-                    claimer.pod(pass, p_idx, r_idx, pod, desired);
+                    claimer.pod(pass, (p_idx, r_idx, served_here), pod, desired);
                 }
             }
         }
@@ -78,23 +80,28 @@ pub(super) fn claim(
     }
 }
 
-/// Pod addresses whose pairs more than one rule may claim: those that rules of two
-/// policies select, or two rules of a policy whose rules may name one prefix twice
+/// Pod addresses whose pairs more than one rule may claim: those of pods that rules of
+/// two policies select (an address is one pod's: `Pods::index` takes disputed ones
+/// out), or that two rules of a policy whose rules may name one prefix twice select
 /// ([`rules_disjoint`]). Every pair of the others is its one rule's.
-fn contested(plans: &[PolicyPlan<'_>], selected: &[Vec<&PodInfo<'_>>]) -> HashSet<IpAddr> {
-    // The first policy with a rule that selects each address.
-    let mut first: HashMap<IpAddr, usize> = HashMap::new();
+fn contested(
+    plans: &[PolicyPlan<'_>],
+    selected: &[Vec<&PodInfo<'_>>],
+    pods: usize,
+) -> HashSet<IpAddr> {
+    // The first policy with a rule that selects each pod, by its place.
+    let mut first: Vec<Option<usize>> = vec![None; pods];
     let mut contested = HashSet::new();
-    for (p_idx, pods) in selected.iter().enumerate() {
+    for (p_idx, selected) in selected.iter().enumerate() {
         let rules = plans[p_idx].rules.len();
         if rules == 0 {
             continue;
         }
         let shared = rules > 1 && !rules_disjoint(&plans[p_idx]);
-        for ip in pods.iter().flat_map(|p| &p.ips) {
-            let by = *first.entry(*ip).or_insert(p_idx);
+        for pod in selected {
+            let by = *first[pod.at].get_or_insert(p_idx);
             if by != p_idx || shared {
-                contested.insert(*ip);
+                contested.extend(pod.ips.iter().copied());
             }
         }
     }
@@ -212,19 +219,25 @@ impl Claimer<'_, '_, '_> {
 }
 
 impl Claimer<'_, '_, '_> {
-    /// Claim the pairs of one pod under one rule in one pass.
+    /// Claim the pairs of one pod under one rule (`served_here`: a gateway address of
+    /// this node serves it) in one pass.
     fn pod(
         &mut self,
         pass: Pass,
-        p_idx: usize,
-        r_idx: usize,
+        (p_idx, r_idx, served_here): (usize, usize, bool),
         pod: &PodInfo<'_>,
         desired: &mut Desired,
     ) {
         let plans = self.plans;
         let policy = &plans[p_idx];
         let rule = &policy.rules[r_idx];
-        for ip in &pod.ips {
+        for ip in pod.ips.iter() {
+            let contested = self.contested.contains(ip);
+            // Another node's pod address that only this rule claims, served elsewhere:
+            // nothing of it is this node's (no entries, no admission, no conflict).
+            if !contested && !pod.local && !served_here {
+                continue;
+            }
             let route = rule.route_for(*ip);
             let gateway = route.gateway;
             // A prefix applies to the pod's address of its own family.
@@ -240,11 +253,11 @@ impl Claimer<'_, '_, '_> {
                 failure_policy: policy.failure_policy,
                 ip: *ip,
                 pod,
-                local: pod.node == self.node_name,
+                local: pod.local,
                 serves_here: gateway.is_some_and(|g| g.node == self.node_name),
                 route,
             };
-            if !self.contested.contains(ip) {
+            if !contested {
                 claimant.take_all(prefixes, desired);
                 continue;
             }

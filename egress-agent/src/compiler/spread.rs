@@ -2,10 +2,7 @@
 //! each rule (the rendezvous choice of [`RulePlan::route_for`]), counted per address for
 //! the statuses, and listed for this node's own pods (`egress-agent status`, metrics).
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::IpAddr,
-};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{
     plans::{GatewayAddr, PolicyPlan, RulePlan},
@@ -35,29 +32,31 @@ pub struct PodRoute {
 pub(super) type Counts = BTreeMap<(String, IpAddr, String), u32>;
 
 /// The pods that leave by each served address (counted once per pod and address), and
-/// the routes of `node_name`'s own pods, sorted.
+/// the routes of the pods of the node the compile is for, sorted.
 pub(super) fn spread(
     plans: &[PolicyPlan<'_>],
     selected: &[Vec<&PodInfo<'_>>],
-    node_name: &str,
 ) -> (Counts, Vec<PodRoute>) {
-    // Counted under borrowed keys, owned once per key at the end.
-    let mut counts: HashMap<(&str, IpAddr, &str), u32> = HashMap::new();
+    let mut counts = Counts::new();
     let mut local = Vec::new();
     for (plan, pods) in plans.iter().zip(selected) {
-        for pod in pods {
-            for rule in &plan.rules {
-                for ip in &pod.ips {
+        for rule in &plan.rules {
+            let mut families = Families::default();
+            // Counted by gateway address (the very one: a rule has a few), named after.
+            let mut tally: Vec<(&GatewayAddr, u32)> = Vec::new();
+            for pod in pods {
+                for ip in pod.ips.iter() {
                     let route = rule.route_for(*ip);
-                    if !serves_family(rule, route.gateway, *ip) {
+                    if !families.serves(rule, route.gateway, *ip) {
                         continue;
                     }
                     if let Some(g) = route.gateway {
-                        *counts
-                            .entry((plan.name.as_str(), g.ip, g.node.as_str()))
-                            .or_default() += 1;
+                        match tally.iter_mut().find(|(t, _)| std::ptr::eq(*t, g)) {
+                            Some((_, n)) => *n += 1,
+                            None => tally.push((g, 1)),
+                        }
                     }
-                    if pod.node == node_name {
+                    if pod.local {
                         local.push(PodRoute {
                             pod: format!("{}/{}", pod.namespace, pod.name),
                             pod_ip: *ip,
@@ -71,21 +70,44 @@ pub(super) fn spread(
                     }
                 }
             }
+            for (g, n) in tally {
+                *counts
+                    .entry((plan.name.clone(), g.ip, g.node.clone()))
+                    .or_default() += n;
+            }
         }
     }
     local.sort();
     local.dedup();
-    let counts = counts
-        .into_iter()
-        .map(|((policy, ip, node), n)| ((policy.to_owned(), ip, node.to_owned()), n))
-        .collect();
     (counts, local)
 }
 
-/// Whether `rule` steers pod address `ip` at all: it forwards a prefix of the address's
-/// family (`gateway`: the address's route under it).
-fn serves_family(rule: &RulePlan, gateway: Option<&GatewayAddr>, ip: IpAddr) -> bool {
-    rule.prefixes(gateway)
-        .forwards()
-        .any(|p| p.addr().is_ipv6() == ip.is_ipv6())
+/// Which families one rule forwards through each of its routes' gateways, found once per
+/// gateway (a rule has a few; its pods, thousands).
+#[derive(Default)]
+struct Families {
+    /// (gateway, forwards IPv4, forwards IPv6).
+    known: Vec<(Option<*const GatewayAddr>, bool, bool)>,
+}
+
+impl Families {
+    /// Whether `rule` steers pod address `ip` at all: it forwards a prefix of the
+    /// address's family (`gateway`: the address's route under it).
+    fn serves(&mut self, rule: &RulePlan, gateway: Option<&GatewayAddr>, ip: IpAddr) -> bool {
+        let key = gateway.map(std::ptr::from_ref);
+        let (_, v4, v6) = match self.known.iter().find(|k| k.0 == key) {
+            Some(k) => *k,
+            None => {
+                let forwards = || rule.prefixes(gateway).forwards();
+                let k = (
+                    key,
+                    forwards().any(|p| p.addr().is_ipv4()),
+                    forwards().any(|p| p.addr().is_ipv6()),
+                );
+                self.known.push(k);
+                k
+            }
+        };
+        if ip.is_ipv6() { v6 } else { v4 }
+    }
 }

@@ -1745,6 +1745,18 @@ proptest! {
         let names: Vec<String> = (0..nodes.len()).map(|i| format!("n{i}")).collect();
         let compiled: BTreeMap<&str, Compiled> =
             names.iter().map(|n| (n.as_str(), compile(&view, n))).collect();
+        // The pods' order does not matter: sorted (as the Kubernetes source hands them
+        // over, which the compile takes as it is) or not.
+        let mut sorted = view.clone();
+        sorted.pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let mut shuffled = sorted.clone();
+        shuffled.pods.reverse();
+        shuffled.pods.rotate_left(pods.len() / 3);
+        for other in [&sorted, &shuffled] {
+            for n in &names {
+                prop_assert_eq!(&compile(other, n), &compiled[n.as_str()]);
+            }
+        }
         // Rule id -> (policy index, rule index).
         let mut by_id = BTreeMap::new();
         for (i, gp) in policies.iter().enumerate() {

@@ -18,7 +18,7 @@ use egress_agent::{
     compiler::{Compiled, Memo, compile},
     datapath::state::MapState,
     liveness::PeerView,
-    source::{ClusterView, Snapshot},
+    source::{ClusterView, PodSummary, Snapshot},
 };
 
 use super::{
@@ -107,9 +107,24 @@ fn state_of(compiled: &Compiled) -> MapState {
     state
 }
 
+/// Add `pod` to `view` where the Kubernetes source hands it over: in (namespace, name)
+/// order.
+fn add_pod(view: &mut ClusterView, pod: PodSummary) {
+    let at = view
+        .pods
+        .partition_point(|p| (&p.namespace, &p.name) < (&pod.namespace, &pod.name));
+    view.pods.insert(at, pod);
+}
+
+/// Take the pod named like `pod` out of `view`.
+fn remove_pod(view: &mut ClusterView, pod: &PodSummary) {
+    view.pods
+        .retain(|p| (&p.namespace, &p.name) != (&pod.namespace, &pod.name));
+}
+
 /// The `k`th pod of the churn: a pod beyond the first 1,000 of node `(k x 37) mod nodes`
 /// (its pod CIDR has room for 23 more).
-fn churn_pod(shape: &Shape, k: u32) -> egress_agent::source::PodSummary {
+fn churn_pod(shape: &Shape, k: u32) -> PodSummary {
     let node = (k * 37) % shape.nodes;
     scale::pod(shape, node, shape.pods_per_node() + k % 20)
 }
@@ -143,10 +158,10 @@ fn one_pod_added(
             .iter()
             .position(|n| n.metadata.name.as_deref() == Some(node));
         let i = i.map_or(0, |i| i as u32);
-        view.pods
-            .push(scale::pod(shape, i, shape.pods_per_node() + k % 20));
+        let pod = scale::pod(shape, i, shape.pods_per_node() + k % 20);
+        add_pod(view, pod.clone());
         passes.push(agent.pass(view));
-        view.pods.pop();
+        remove_pod(view, &pod);
         agent.pass(view);
         unchanged.push(agent.pass(view));
     }
@@ -223,9 +238,9 @@ impl Events {
 fn apply_events(shape: &Shape, view: &mut ClusterView, from: u32, to: u32) {
     for k in from..to {
         if k % 2 == 0 {
-            view.pods.push(churn_pod(shape, k / 2));
+            add_pod(view, churn_pod(shape, k / 2));
         } else {
-            view.pods.pop();
+            remove_pod(view, &churn_pod(shape, k / 2));
         }
     }
 }
@@ -270,7 +285,7 @@ fn churn(
         taken = arrived;
     }
     if events.total % 2 == 1 {
-        view.pods.pop();
+        remove_pod(view, &churn_pod(shape, events.total / 2));
     }
     Churn {
         node: node.to_owned(),

@@ -184,6 +184,9 @@ pub fn cluster(shape: &Shape) -> Result<ClusterView> {
         .flat_map(|i| (0..shape.pods_per_node()).map(move |j| (i, j)))
         .map(|(i, j)| pod(shape, i, j))
         .collect();
+    // As the Kubernetes source hands them over.
+    view.pods
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(view)
 }
 

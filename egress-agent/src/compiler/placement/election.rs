@@ -11,7 +11,7 @@ use super::{Context, Gateways, RuleAt};
 use crate::compiler::{
     hash, move_reason,
     nodes::NodeInfo,
-    plans::{Dedicated, GatewayAddr, ip_bytes},
+    plans::{Dedicated, GatewayAddr, IpBytes},
     reason,
     status::PolicyReport,
 };
@@ -43,6 +43,7 @@ pub(super) fn place_egress_ips(
         }
         out.push(Dedicated {
             ip: *ip,
+            name: ip.to_string(),
             id: *id,
             holder,
         });
@@ -218,7 +219,7 @@ fn choose_holder(
         .cloned()
         .collect();
     let hosts = &lightest;
-    let octets = ip_bytes(ip);
+    let octets = IpBytes::of(ip);
     let node_info = |name: &str| nodes.iter().find(|n| n.name == name);
     let claim =
         |name: &str| node_info(name).and_then(|n| n.egress.as_ref()?.held.get(&ip).copied());
@@ -236,7 +237,7 @@ fn choose_holder(
             .collect(),
         None => hosts.iter().collect(),
     };
-    let node = hash::rendezvous(&[&octets], pool.iter().map(|h| h.node.as_str()))?;
+    let node = hash::rendezvous(&[octets.bytes()], pool.iter().map(|h| h.node.as_str()))?;
     let mut g = pool.into_iter().find(|h| h.node == node)?.clone();
     let kept = claim(node);
     if kept.is_some() && kept == newest {

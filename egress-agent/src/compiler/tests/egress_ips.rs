@@ -257,6 +257,7 @@ fn rule_with(n: usize, held: &[bool]) -> RulePlan {
             let ip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 10 + k as u8));
             Dedicated {
                 ip,
+                name: ip.to_string(),
                 id: 100 + k as u32,
                 holder: held[k].then(|| GatewayAddr {
                     node: format!("gw-{k}"),
