@@ -42,6 +42,9 @@ pub(super) struct Pods<'a> {
     pub(super) pods: Vec<PodInfo<'a>>,
     /// Each namespace's run of `pods`, in order.
     runs: Vec<(&'a str, Range<usize>)>,
+    /// Every address of `pods` with the index of its pod, sorted (by address, then
+    /// index).
+    pub(super) by_address: Vec<(IpAddr, usize)>,
     namespaces: Namespaces<'a>,
     /// Addresses that two running pods list, or a pod and a node: taken from every pod
     /// that lists them (no pod owns them), with the pods (`namespace/name`) that claimed
@@ -184,7 +187,13 @@ impl<'a> Pods<'a> {
             .collect();
         let mut pods = sorted(running);
         let runs = places(&mut pods);
-        let disputed = disputed(&pods, &node_addresses(view, held));
+        let mut by_address: Vec<(IpAddr, usize)> = pods
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| p.ips.iter().map(move |ip| (*ip, i)))
+            .collect();
+        by_address.sort_unstable();
+        let disputed = disputed(&pods, &by_address, &node_addresses(view, held));
         if !disputed.is_empty() {
             let taken: HashSet<IpAddr> = disputed.iter().map(|d| d.ip).collect();
             for pod in &mut pods {
@@ -192,9 +201,11 @@ impl<'a> Pods<'a> {
                     pod.ips.to_mut().retain(|ip| !taken.contains(ip));
                 }
             }
+            by_address.retain(|(ip, _)| !taken.contains(ip));
         }
         Self {
             runs,
+            by_address,
             pods,
             namespaces: Namespaces::index(view),
             disputed,
@@ -229,8 +240,8 @@ impl<'a> Pods<'a> {
             }
         }
         // Built in bulk (sorted, then the tree at once): a gateway records every pod.
-        desired.v4.pod_owner.extend(BTreeMap::from_iter(v4));
-        desired.v6.pod_owner.extend(BTreeMap::from_iter(v6));
+        bulk_insert(&mut desired.v4.pod_owner, v4);
+        bulk_insert(&mut desired.v6.pod_owner, v6);
     }
 
     /// The pods that a policy's namespace and pod selectors select ([`Namespaces::matches`]).
@@ -242,6 +253,15 @@ impl<'a> Pods<'a> {
             .flat_map(|(_, run)| &self.pods[run.clone()])
             .filter(|pod| pod_sel.matches(pod.labels))
             .collect()
+    }
+}
+
+/// Insert `entries` into `map` (later ones win), as one bulk build when it is empty.
+fn bulk_insert<K: Ord, V>(map: &mut BTreeMap<K, V>, entries: Vec<(K, V)>) {
+    if map.is_empty() {
+        *map = BTreeMap::from_iter(entries);
+    } else {
+        map.extend(entries);
     }
 }
 
@@ -373,40 +393,28 @@ impl<'a> Pods<'a> {
     }
 }
 
-/// The addresses listed by more than one of `pods`, or by a pod and a node (`nodes`).
-fn disputed(pods: &[PodInfo<'_>], nodes: &BTreeMap<IpAddr, String>) -> Vec<Disputed> {
-    // The addresses listed twice, or by a pod and a node, in one pass over a set: the
-    // rest is done for those only.
-    let mut seen: HashSet<IpAddr> = HashSet::with_capacity(pods.len());
-    let mut twice: BTreeSet<IpAddr> = BTreeSet::new();
-    for ip in pods.iter().flat_map(|p| p.ips.iter()) {
-        if !seen.insert(*ip) {
-            twice.insert(*ip);
-        }
-    }
-    twice.extend(nodes.keys().filter(|ip| seen.contains(*ip)));
-    if twice.is_empty() {
-        return Vec::new();
-    }
-    // Every (address, pod) listing of those, by address and then in the pods' order.
-    let mut listed: Vec<(IpAddr, usize)> = pods
-        .iter()
-        .enumerate()
-        .flat_map(|(i, p)| {
-            p.ips
-                .iter()
-                .filter(|ip| twice.contains(*ip))
-                .map(move |ip| (*ip, i))
-        })
-        .collect();
-    listed.sort_unstable();
+/// The addresses listed by more than one of `pods`, or by a pod and a node (`nodes`);
+/// `listed`: every (address, pod index) of `pods`, sorted.
+fn disputed(
+    pods: &[PodInfo<'_>],
+    listed: &[(IpAddr, usize)],
+    nodes: &BTreeMap<IpAddr, String>,
+) -> Vec<Disputed> {
+    // Both sorted: a node's address is met walking along.
+    let mut node_ips = nodes.iter().peekable();
     listed
         .chunk_by(|a, b| a.0 == b.0)
         .filter_map(|by_ip| {
             let ip = by_ip[0].0;
+            while node_ips.next_if(|(n, _)| **n < ip).is_some() {}
+            let node = node_ips
+                .next_if(|(n, _)| **n == ip)
+                .map(|(_, name)| name.clone());
+            if by_ip.len() == 1 && node.is_none() {
+                return None;
+            }
             let mut claimants: Vec<&PodInfo<'_>> = by_ip.iter().map(|(_, i)| &pods[*i]).collect();
             claimants.dedup_by(|a, b| (a.namespace, a.name) == (b.namespace, b.name));
-            let node = nodes.get(&ip).cloned();
             (claimants.len() > 1 || node.is_some()).then(|| Disputed {
                 ip,
                 pods: claimants

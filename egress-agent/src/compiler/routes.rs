@@ -85,10 +85,9 @@ impl Prefixes {
 pub(super) struct Reserved<'a> {
     /// Cluster CIDRs (`--cluster-cidr`) and Nodes' pod CIDRs, with what they are.
     cidrs: Vec<(IpNet, String)>,
-    /// Node underlay and pod addresses, sorted, with the index of whose they are in
-    /// `whose` (equal addresses in the order they were found: nodes, then pods).
-    hosts: Vec<(IpAddr, u32)>,
-    whose: Vec<Host<'a>>,
+    /// Node underlay and pod addresses, sorted (equal ones: nodes first, in their
+    /// order, then pods, in theirs), with whose they are.
+    hosts: Vec<(IpAddr, Host<'a>)>,
 }
 
 /// Whose address a reserved host address is, put in words only when a route meets it.
@@ -145,22 +144,19 @@ impl<'a> Reserved<'a> {
                 }
             }
         }
-        for p in &pods.pods {
-            for ip in p.ips.iter() {
-                hosts.push((*ip, Host::Pod(p.namespace, p.name)));
-            }
+        hosts.sort_by_key(|h| h.0);
+        // The pods' addresses come sorted: merged in, after the nodes' equal ones.
+        let mut merged = Vec::with_capacity(hosts.len() + pods.by_address.len());
+        let mut nodes = hosts.into_iter().peekable();
+        for (ip, i) in &pods.by_address {
+            merged.extend(std::iter::from_fn(|| nodes.next_if(|(n, _)| n <= ip)));
+            let p = &pods.pods[*i];
+            merged.push((*ip, Host::Pod(p.namespace, p.name)));
         }
-        // Sorted as small (address, index) pairs, then the descriptions by index.
-        let (mut sorted, whose): (Vec<(IpAddr, u32)>, Vec<Host<'a>>) = hosts
-            .into_iter()
-            .enumerate()
-            .map(|(i, (ip, host))| ((ip, i as u32), host))
-            .unzip();
-        sorted.sort_unstable();
+        merged.extend(nodes);
         Self {
             cidrs,
-            hosts: sorted,
-            whose,
+            hosts: merged,
         }
     }
 
@@ -178,7 +174,7 @@ impl<'a> Reserved<'a> {
         self.hosts
             .get(first)
             .filter(|(h, _)| net.contains(h))
-            .map(|(h, i)| self.whose[*i as usize].describe(h))
+            .map(|(h, what)| what.describe(h))
     }
 
     /// What of the cluster lies within `net`, as prefixes to carve out of it, with what
@@ -204,7 +200,7 @@ impl<'a> Reserved<'a> {
             .iter()
             .take_while(|(h, _)| net.contains(h))
             .filter(|(h, _)| !cidrs.iter().any(|(c, _)| c.contains(h)))
-            .map(|(h, i)| (IpNet::from(*h), self.whose[*i as usize].describe(h)))
+            .map(|(h, what)| (IpNet::from(*h), what.describe(h)))
             .collect::<Vec<_>>();
         let mut out = cidrs;
         out.extend(hosts);

@@ -55,6 +55,7 @@ pub(super) fn claim(
         lost: Vec::new(),
         cluster: HashSet::new(),
         listed: HashMap::new(),
+        admitted: Vec::new(),
     };
     for pass in [Pass::Listed, Pass::Learned, Pass::Carve] {
         for &p_idx in &order {
@@ -71,6 +72,12 @@ pub(super) fn claim(
         }
     }
     let overrides = claimer.overrides();
+    let admitted = std::mem::take(&mut claimer.admitted);
+    if desired.admitted.is_empty() {
+        desired.admitted = admitted.into_iter().collect();
+    } else {
+        desired.admitted.extend(admitted);
+    }
     let lost = claimer.lost;
     for (p_idx, message) in lost {
         plans[p_idx].report.conflict(message);
@@ -147,6 +154,9 @@ struct Claimer<'p, 'a, 'n> {
     cluster: HashSet<(IpAddr, IpNet)>,
     /// The listed prefixes each contested pod address claimed, by whom.
     listed: HashMap<IpAddr, Vec<ListedClaim>>,
+    /// (pod address, wire id) pairs this node admits, put in `Desired::admitted` at
+    /// the end (at once: a gateway admits every pod it serves).
+    admitted: Vec<(IpAddr, u32)>,
 }
 
 /// A listed destination or except a contested pod address claimed.
@@ -258,7 +268,7 @@ impl Claimer<'_, '_, '_> {
                 route,
             };
             if !contested {
-                claimant.take_all(prefixes, desired);
+                claimant.take_all(prefixes, (desired, &mut self.admitted));
                 continue;
             }
             for (prefix, kind) in prefixes {
@@ -312,7 +322,7 @@ impl Claimer<'_, '_, '_> {
             });
         }
         if kind == Kind::Forward && claimant.serves_here {
-            desired.admitted.insert((ip, claimant.route.id));
+            self.admitted.push((ip, claimant.route.id));
         }
         if claimant.local {
             claimant.entry(kind).insert(desired, ip, prefix, true);
@@ -358,10 +368,10 @@ impl Claimant<'_, '_> {
     fn take_all<'p>(
         &self,
         prefixes: impl Iterator<Item = &'p (IpNet, Kind)> + Clone,
-        desired: &mut Desired,
+        (desired, admitted): (&mut Desired, &mut Vec<(IpAddr, u32)>),
     ) {
         if self.serves_here && prefixes.clone().any(|(_, k)| *k == Kind::Forward) {
-            desired.admitted.insert((self.ip, self.route.id));
+            admitted.push((self.ip, self.route.id));
         }
         if self.local {
             for (prefix, kind) in prefixes {

@@ -795,9 +795,9 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
     let stats = &mut *pass.stats;
     match pass.phase {
         Phase::Remove => {
-            let stale: Vec<K> = held
-                .keys()
-                .filter(|k| !want.contains_key(k))
+            let stale: Vec<K> = state::differences(held, want)
+                .0
+                .into_iter()
                 .copied()
                 .collect();
             for k in stale {
@@ -811,10 +811,12 @@ fn sync<K: Ord + Copy + std::fmt::Debug, V: PartialEq + Copy>(
             }
         }
         Phase::Upsert => {
-            for (k, v) in want {
-                if held.get(k) == Some(v) {
-                    continue;
-                }
+            let changed: Vec<(K, V)> = state::differences(held, want)
+                .1
+                .into_iter()
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            for (k, v) in &changed {
                 match write(k, Some(v)) {
                     Ok(()) => {
                         held.insert(*k, *v);

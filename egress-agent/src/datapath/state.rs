@@ -73,9 +73,30 @@ family_maps!(family_maps_struct);
 
 /// Keys of `held` not in `want`, and entries of `want` that `held` lacks or holds otherwise.
 fn changes<K: Ord, V: PartialEq>(held: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> usize {
-    let removed = held.keys().filter(|k| !want.contains_key(k)).count();
-    let written = want.iter().filter(|(k, v)| held.get(k) != Some(v)).count();
-    removed + written
+    let (stale, write) = differences(held, want);
+    stale.len() + write.len()
+}
+
+/// The keys of `held` that `want` lacks, and the entries of `want` that `held` lacks or
+/// holds otherwise, each in key order: both maps walked once, side by side (no lookup
+/// per entry: a gateway's maps hold an entry per pod of the cluster).
+pub(crate) fn differences<'a, K: Ord, V: PartialEq>(
+    held: &'a BTreeMap<K, V>,
+    want: &'a BTreeMap<K, V>,
+) -> (Vec<&'a K>, Vec<(&'a K, &'a V)>) {
+    let (mut stale, mut write) = (Vec::new(), Vec::new());
+    let mut held = held.iter().peekable();
+    for (k, v) in want {
+        while let Some((gone, _)) = held.next_if(|(h, _)| *h < k) {
+            stale.push(gone);
+        }
+        match held.next_if(|(h, _)| *h == k) {
+            Some((_, was)) if was == v => {}
+            _ => write.push((k, v)),
+        }
+    }
+    stale.extend(held.map(|(k, _)| k));
+    (stale, write)
 }
 
 /// What every map should hold.
@@ -522,6 +543,19 @@ mod tests {
 
     use super::*;
     use crate::desired::{GatewayRule, PolicyEntry};
+
+    proptest::proptest! {
+        #[test]
+        fn differences_are_what_lookups_find(
+            held in proptest::collection::btree_map(0u16..64, 0u8..3, 0..40),
+            want in proptest::collection::btree_map(0u16..64, 0u8..3, 0..40),
+        ) {
+            let stale: Vec<&u16> = held.keys().filter(|k| !want.contains_key(k)).collect();
+            let write: Vec<(&u16, &u8)> =
+                want.iter().filter(|(k, v)| held.get(k) != Some(v)).collect();
+            proptest::prop_assert_eq!(differences(&held, &want), (stale, write));
+        }
+    }
 
     /// A Forward entry of rule `rule_id` by the gateway at 10.200.0.21 as `egress_ip`.
     fn forward<F: Family>(egress_ip: F::Addr, rule_id: u32) -> PolicyEntry<F> {
