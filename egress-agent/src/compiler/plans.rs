@@ -215,13 +215,7 @@ impl RulePlan {
     /// Whether a gateway address of node `node` serves this rule: whether a route of
     /// [`RulePlan::route_for`] may lead there.
     pub(super) fn served_by(&self, node: &str) -> bool {
-        match &self.target {
-            Target::Dedicated { addresses } => addresses
-                .iter()
-                .any(|a| a.holder.as_ref().is_some_and(|g| g.node == node)),
-            Target::Interface { gateways } => gateways.values().any(|g| g.node == node),
-            Target::None => false,
-        }
+        self.served().iter().any(|s| s.gateway.node == node)
     }
 
     /// Every gateway address serving this rule.

@@ -266,32 +266,12 @@ fn bulk_insert<K: Ord, V>(map: &mut BTreeMap<K, V>, entries: Vec<(K, V)>) {
 }
 
 /// `pods` sorted by namespace and name, equal ones in their order: as they come from
-/// the Kubernetes source, which sorts its objects so, in one pass; otherwise the
-/// namespaces are ranked first, so that the sort compares an integer and a name.
-fn sorted(pods: Vec<PodInfo<'_>>) -> Vec<PodInfo<'_>> {
-    if pods.is_sorted_by(|a, b| (a.namespace, a.name) <= (b.namespace, b.name)) {
-        return pods;
+/// the Kubernetes source, which sorts its objects so, checked in one pass.
+fn sorted(mut pods: Vec<PodInfo<'_>>) -> Vec<PodInfo<'_>> {
+    if !pods.is_sorted_by(|a, b| (a.namespace, a.name) <= (b.namespace, b.name)) {
+        pods.sort_by(|a, b| (a.namespace, a.name).cmp(&(b.namespace, b.name)));
     }
-    let mut rank: HashMap<&str, u32> = HashMap::new();
-    for pod in &pods {
-        rank.entry(pod.namespace).or_default();
-    }
-    let mut names: Vec<&str> = rank.keys().copied().collect();
-    names.sort_unstable();
-    for (i, name) in names.into_iter().enumerate() {
-        rank.insert(name, i as u32);
-    }
-    let mut order: Vec<(u32, &str, usize)> = pods
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (rank[p.namespace], p.name, i))
-        .collect();
-    order.sort_unstable();
-    let mut slots: Vec<Option<PodInfo<'_>>> = pods.into_iter().map(Some).collect();
-    order
-        .into_iter()
-        .filter_map(|(_, _, i)| slots[i].take())
-        .collect()
+    pods
 }
 
 /// Set each of the sorted `pods`' place ([`PodInfo::at`]), and find each namespace's run.
