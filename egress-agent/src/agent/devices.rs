@@ -2,11 +2,11 @@
 //! at a new link's RTM_NEWLINK or the CNI plugin's ADD, and each pass's route dump, veth
 //! peers and OVS ports, turned into attachments by [`super::attachments`].
 
-use std::{collections::BTreeSet, net::IpAddr, time::Instant};
+use std::{net::IpAddr, sync::Arc, time::Instant};
 
 use tracing::{info, warn};
 
-use super::{Reconciler, RunConfig, UnknownPods, attachments};
+use super::{Reconciler, RunConfig, UnknownPods, attachments, early, early::Early};
 use crate::{
     api::PreflightCheck,
     datapath::{self, Datapath},
@@ -23,8 +23,9 @@ pub(super) struct Devices<'a> {
     /// Devices `from_pod` went on at their RTM_NEWLINK or the CNI plugin's ADD, kept
     /// until their routes make them pod devices.
     new_devices: attachments::NewDevices,
-    /// The egress interfaces of the last pass (never a pod device).
-    egress_interfaces: BTreeSet<String>,
+    /// New links' `from_pod` attached off this thread, and the egress interfaces of the
+    /// last pass (never a pod device).
+    early: Arc<Early>,
 }
 
 impl Reconciler<'_> {
@@ -72,14 +73,37 @@ type Sources<'s> = (
 );
 
 impl<'a> Devices<'a> {
-    /// No device attached between passes yet; `tunnel_ifindex`: the tunnel's.
-    pub(super) fn new(cfg: &'a RunConfig, tunnel_ifindex: u32) -> Self {
+    /// No device attached between passes yet; `tunnel_ifindex`: the tunnel's; `early`
+    /// shared with the task that attaches new links as they appear.
+    pub(super) fn new(cfg: &'a RunConfig, tunnel_ifindex: u32, early: Arc<Early>) -> Self {
         Self {
             cfg,
             tunnel_ifindex,
             new_devices: attachments::NewDevices::default(),
-            egress_interfaces: BTreeSet::new(),
+            early,
         }
+    }
+
+    /// The agent's configuration.
+    pub(super) fn cfg(&self) -> &'a RunConfig {
+        self.cfg
+    }
+
+    /// What the new-link task attached since last asked: noted as new devices (kept
+    /// like those attached here) and adopted by `dp`; returned for this pass's set.
+    fn adopt_early(
+        &mut self,
+        dp: &mut Datapath,
+        early: &mut super::early::Inner,
+    ) -> Vec<datapath::Attachment> {
+        let taken = early.take();
+        let mut adopted = Vec::with_capacity(taken.len());
+        for (a, since) in taken {
+            self.new_devices.note_device(a.ifindex, &a.ifname, since);
+            dp.adopt(a.clone());
+            adopted.push(a);
+        }
+        adopted
     }
 
     /// Find this pass's pod devices (routes, veth peers, OVS ports, as `--pod-devices`
@@ -107,12 +131,7 @@ impl<'a> Devices<'a> {
     /// Whether a new link gets `from_pod` at once: under `--unknown-pods drop`, a
     /// pod-like one that is neither the tunnel nor an egress interface.
     fn wants(&self, link: &iface::NewLink) -> bool {
-        self.cfg.unknown_pods == UnknownPods::Drop
-            && attachments::NewDevices::wants(
-                link,
-                &self.cfg.tunnel_device,
-                &self.egress_interfaces,
-            )
+        self.cfg.unknown_pods == UnknownPods::Drop && self.early.lock().wants(link)
     }
 
     /// A link appeared: under `--unknown-pods drop`, a pod-like one gets `from_pod` now,
@@ -120,27 +139,18 @@ impl<'a> Devices<'a> {
     /// while its routes make it a pod device, [`attachments::NEW_DEVICE_GRACE`] at most
     /// without them).
     pub(super) fn on_new_link(&mut self, dp: &mut Datapath, link: &iface::NewLink) {
+        let early = Arc::clone(&self.early);
+        self.adopt_early(dp, &mut early.lock());
         if !self.wants(link) {
             return;
         }
-        let a = datapath::Attachment {
-            program: crate::ebpf::FROM_POD,
-            ifname: link.name.clone(),
-            ifindex: link.ifindex,
-        };
+        let a = early::attachment(link);
         let queued = link.seen.elapsed();
         match dp.attach_one(&a) {
             Ok(attached) => {
                 self.new_devices.note(link);
                 if attached {
-                    info!(
-                        device = %link.name,
-                        after_us = link.seen.elapsed().as_micros(),
-                        queued_us = queued.as_micros(),
-                        "from_pod attached to a new pod device at its RTM_NEWLINK \
-                         (--unknown-pods drop): its traffic to covered destinations is \
-                         dropped until the agent knows its pod"
-                    );
+                    early::log_attached(link, queued);
                 }
             }
             Err(e) => warn!(device = %link.name, "failed to attach to a new device: {e}"),
@@ -183,6 +193,8 @@ impl<'a> Devices<'a> {
             ifname: device.name.clone(),
             ifindex,
         };
+        let early = Arc::clone(&self.early);
+        self.adopt_early(dp, &mut early.lock());
         if req.check {
             return if dp.is_attached(&a) {
                 crate::cni::Reply {
@@ -276,6 +288,10 @@ impl<'a> Devices<'a> {
             name: &self.cfg.tunnel_device,
             ifindex: self.tunnel_ifindex,
         };
+        // Held until the attachments are synced: what the new-link task attaches
+        // meanwhile waits, and what it attached before is in this pass's set.
+        let early = Arc::clone(&self.early);
+        let mut early = early.lock();
         let (mut attach, found) =
             attachments::wanted(&tunnel, desired, ifaces, finders, self.cfg.unknown_pods);
         if let Some(bound) =
@@ -283,8 +299,6 @@ impl<'a> Devices<'a> {
         {
             Self::bind_pods(dp, &bound, ifaces, problems);
         }
-        self.egress_interfaces
-            .clone_from(&desired.egress_interfaces);
         for (dev, role) in attachments::forwarding_devices(&tunnel, desired, ifaces) {
             if let Err(e) = super::start::ensure_forwarding(dev, role) {
                 problems.push(e);
@@ -295,10 +309,17 @@ impl<'a> Devices<'a> {
             &desired.egress_interfaces,
             Instant::now(),
         ));
+        // After the grace check: `ifaces` was listed before a device attached since.
+        attach.extend(self.adopt_early(dp, &mut early));
         problems.extend(found);
         for e in dp.sync_attachments(&attach) {
             problems.push(e.to_string());
         }
+        let prog = (self.cfg.unknown_pods == UnknownPods::Drop)
+            .then(|| dp.program_fd(crate::ebpf::FROM_POD))
+            .flatten()
+            .map(|fd| (fd, dp.hook()));
+        early.update(&desired.egress_interfaces, prog);
     }
 }
 
@@ -426,13 +447,17 @@ mod tests {
     fn only_unknown_pods_drop_attaches_a_new_pod_device_before_the_pass() {
         let mut cfg = config();
         let veth = iface::NewLink::for_test(9, "veth9", true);
-        assert!(!Devices::new(&cfg, 3).wants(&veth), "--unknown-pods pass");
+        let early = || Arc::new(Early::new(PathBuf::from("/sys/fs/bpf/none"), "egress0"));
+        assert!(
+            !Devices::new(&cfg, 3, early()).wants(&veth),
+            "--unknown-pods pass"
+        );
         cfg.unknown_pods = UnknownPods::Drop;
-        let mut devices = Devices::new(&cfg, 3);
+        let devices = Devices::new(&cfg, 3, early());
         assert!(devices.wants(&veth));
         assert!(!devices.wants(&iface::NewLink::for_test(4, "eth1", false)));
         assert!(!devices.wants(&iface::NewLink::for_test(3, "egress0", true)));
-        devices.egress_interfaces.insert("veth9".to_owned());
+        devices.early.lock().egress_mut().insert("veth9".to_owned());
         assert!(
             !devices.wants(&veth),
             "an egress interface is never a pod device"

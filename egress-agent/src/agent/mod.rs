@@ -37,6 +37,7 @@ pub mod accepted;
 pub mod attachments;
 pub mod batch;
 mod devices;
+mod early;
 pub mod holding;
 mod maps;
 mod nexthop;
@@ -281,10 +282,11 @@ struct Reconciler<'a> {
 
 impl<'a> Reconciler<'a> {
     /// A reconciler that holds nothing yet (the first pass adopts what an earlier agent
-    /// left): `tunnel` is the tunnel's ifindex and MTU, and the underlay's MTU; the
+    /// left), finding pod devices with `devices` (and configured as they are): `tunnel`
+    /// is the tunnel's ifindex and MTU, and the underlay's MTU; the
     /// policies' last accepted versions are what `accepted_file` kept.
     fn new(
-        cfg: &'a RunConfig,
+        devices: Devices<'a>,
         nl: iface::Netlink,
         (tunnel_ifindex, tunnel_mtu, underlay_mtu): (u32, u32, u32),
         publisher: Publisher<'a>,
@@ -293,14 +295,14 @@ impl<'a> Reconciler<'a> {
         accepted_file: accepted::AcceptedFile,
     ) -> Self {
         Self {
-            cfg,
+            cfg: devices.cfg(),
             nl,
             tunnel_ifindex,
             tunnel_mtu,
             underlay_mtu,
             probes,
             publisher,
-            devices: Devices::new(cfg, tunnel_ifindex),
+            devices,
             own: Ownership::default(),
             announcing: holding::Announcing::default(),
             wake_at: None,

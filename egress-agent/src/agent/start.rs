@@ -13,7 +13,9 @@ use std::{
 use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
-use super::{Reconciler, RunConfig, Source, nexthop, wakers::Wakers};
+use super::{
+    Reconciler, RunConfig, Source, devices::Devices, early::Early, nexthop, wakers::Wakers,
+};
 use crate::{
     api::{PreflightCheck, PreflightResult},
     compiler,
@@ -56,11 +58,15 @@ pub(super) async fn start(cfg: &RunConfig) -> Result<Started<'_>> {
     // at once (loading the programs takes a second, long enough to declare peers dead).
     let probes = start_probes(cfg, probe_socket, liveness_keys, remapped)?;
     log_started(cfg, tunnel, &dp, probes.port);
-    let wakers = Wakers::start(cfg, views, &nl, probes.views, probes.transitions).await?;
+    // New links' from_pod goes on off this thread (a pass must not delay it).
+    let early = Arc::new(Early::new(dp.pin_dir().to_owned(), &cfg.tunnel_device));
+    let peers = (probes.views, probes.transitions);
+    let wakers = Wakers::start(cfg, views, &nl, peers, Arc::clone(&early)).await?;
     // Read once the lock is ours: the file is the last agent's on this pin directory.
     let kept = super::accepted::AcceptedFile::open(lock.beside(super::accepted::FILE));
     let publisher = super::publish::Publisher::new(cfg, sink, preflight);
-    let reconciler = Reconciler::new(cfg, nl, tunnel, publisher, probes.handle, stats, kept);
+    let devices = Devices::new(cfg, tunnel.0, early);
+    let reconciler = Reconciler::new(devices, nl, tunnel, publisher, probes.handle, stats, kept);
     Ok(Started {
         reconciler,
         dp,

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
-use super::{RunConfig, UnknownPods, batch::StateBatch};
+use super::{RunConfig, UnknownPods, batch::StateBatch, early::Early};
 use crate::{
     iface,
     liveness::tracker::{PeerView, Transition},
@@ -146,8 +146,11 @@ impl Wakers {
         cfg: &RunConfig,
         views: tokio::sync::watch::Receiver<Arc<Snapshot>>,
         nl: &iface::Netlink,
-        peer_views: tokio::sync::watch::Receiver<Arc<PeerView>>,
-        transitions: tokio::sync::mpsc::UnboundedReceiver<Transition>,
+        (peer_views, transitions): (
+            tokio::sync::watch::Receiver<Arc<PeerView>>,
+            tokio::sync::mpsc::UnboundedReceiver<Transition>,
+        ),
+        early: Arc<Early>,
     ) -> Result<Self> {
         let mut wakers = Self {
             views,
@@ -173,11 +176,22 @@ impl Wakers {
             wakers.cni = Some(rx);
         }
         if cfg.unknown_pods == UnknownPods::Drop {
-            wakers.new_links = Some(
-                nl.subscribe_new_links()
-                    .await
-                    .context("failed to subscribe to new links")?,
-            );
+            let mut links = nl
+                .subscribe_new_links()
+                .await
+                .context("failed to subscribe to new links")?;
+            // Each new link gets from_pod here, on the runtime's threads, whether or not a
+            // pass runs on the main thread; the main thread hears of it afterwards.
+            let (tx, rx) = tokio::sync::mpsc::channel(256);
+            tokio::spawn(async move {
+                while let Some(link) = links.recv().await {
+                    early.on_new_link(&link);
+                    if tx.send(link).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            wakers.new_links = Some(rx);
         }
         Ok(wakers)
     }

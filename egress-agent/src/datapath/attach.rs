@@ -6,7 +6,7 @@
 use std::{
     collections::BTreeSet,
     fs, io,
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     path::Path,
 };
 
@@ -168,65 +168,121 @@ impl Datapath {
         Ok(())
     }
 
-    /// Our filter for `a` at `priority`, created or its program replaced in place (what
-    /// an earlier agent attached is adopted so), after checking that nothing else sits
-    /// at that priority and handle; then recorded.
+    /// Our filter for `a` at `priority` ([`attach_tc`]).
     fn attach_tc(&mut self, a: &Attachment, priority: u16) -> Result<()> {
-        let path = self.pin_dir.join(self.record_name(a));
-        let earlier = TcRecord::read(&path);
-        let tc_err = |verb: &'static str, source: io::Error| Error::Tc {
-            verb,
-            program: a.program.to_owned(),
-            ifname: a.ifname.clone(),
-            source,
-        };
-        let handle = tc::handle_of(a.program).ok_or_else(|| Error::Program {
-            verb: "find the filter handle of",
-            what: a.program.to_owned(),
-            source: ProgramError::NotLoaded,
-        })?;
-        let present = tc::filters(a.ifindex, false).map_err(|e| tc_err("list filters for", e))?;
-        if let Some(f) = present.iter().find(|f| {
-            f.priority == priority
-                && (f.handle == handle || f.kind != "bpf")
-                && !f.is_ours(a.program, priority)
-        }) {
-            return Err(Error::Foreign {
-                ifname: a.ifname.clone(),
-                priority,
-                found: format!(
-                    "a {} filter, handle {:#x}{}",
-                    f.kind,
-                    f.handle,
-                    f.name
-                        .as_ref()
-                        .map_or(String::new(), |n| format!(", name {n}"))
-                ),
-            });
-        }
-        let created = tc::add_clsact(a.ifindex).map_err(|e| tc_err("add a clsact qdisc for", e))?;
+        let pin_dir = self.pin_dir.clone();
         let fd = self.program(a)?.fd().map_err(|source| Error::Program {
             verb: "get the descriptor of",
             what: a.program.to_owned(),
             source,
         })?;
-        let raw = fd.as_fd().as_raw_fd();
-        tc::replace_filter(a.ifindex, priority, a.program, raw)
-            .map_err(|e| tc_err("attach (tc filter replace)", e))?;
-        // A filter an earlier agent left at another --tc-priority goes, after ours is on.
-        if let Some(old) = earlier.filter(|r| r.priority != priority) {
-            let _ = tc::del_filter(a.ifindex, old.priority, handle);
-        }
-        let record = TcRecord {
-            priority,
-            created_clsact: created || earlier.is_some_and(|r| r.created_clsact),
-        };
-        record.write(&path).map_err(|source| Error::Io {
-            verb: "record the tc filter at",
-            path,
-            source,
-        })
+        attach_tc(&pin_dir, a, priority, fd.as_fd())
     }
+
+    /// A descriptor of `program` when it is loaded, for [`attach_elsewhere`].
+    pub fn program_fd(&self, program: &str) -> Option<OwnedFd> {
+        let p: &SchedClassifier = self.ebpf.program(program)?.try_into().ok()?;
+        p.fd().ok()?.as_fd().try_clone_to_owned().ok()
+    }
+
+    /// `a`, attached by [`attach_elsewhere`], is this datapath's from now on (as if
+    /// [`Datapath::attach_one`] had attached it).
+    pub fn adopt(&mut self, a: Attachment) {
+        self.attached.insert(a);
+    }
+
+    /// The pin directory (where [`attach_elsewhere`] records what it attaches).
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+}
+
+/// Attach `a` by `hook` with `prog` (a descriptor of its program), recorded in `pin_dir`
+/// as a [`Datapath`] records it, from a thread that does not hold the datapath: a new pod
+/// device's `from_pod` while a pass runs. Returns false, attaching nothing, when a
+/// record of `a` is there already (the datapath attached it).
+pub fn attach_elsewhere(
+    hook: Hook,
+    pin_dir: &Path,
+    prog: BorrowedFd<'_>,
+    a: &Attachment,
+) -> Result<bool> {
+    let path = pin_dir.join(hook.record_name(a.program, &a.ifname, a.ifindex));
+    if path.exists() {
+        return Ok(false);
+    }
+    match hook {
+        Hook::Tcx => {
+            let link = super::hook::tcx_link(prog, a.ifindex).map_err(|source| Error::Tc {
+                verb: "attach (TCX link)",
+                program: a.program.to_owned(),
+                ifname: a.ifname.clone(),
+                source,
+            })?;
+            // The pin holds the link; this descriptor closes.
+            super::hook::pin(link.as_fd(), &path).map_err(|source| Error::Io {
+                verb: "pin link",
+                path,
+                source,
+            })?;
+        }
+        Hook::Tc { priority } => attach_tc(pin_dir, a, priority, prog)?,
+    }
+    Ok(true)
+}
+
+/// Our filter for `a` at `priority` with program `prog`, created or its program replaced
+/// in place (what an earlier agent attached is adopted so), after checking that nothing
+/// else sits at that priority and handle; then recorded in `pin_dir`.
+fn attach_tc(pin_dir: &Path, a: &Attachment, priority: u16, prog: BorrowedFd<'_>) -> Result<()> {
+    let path = pin_dir.join(Hook::Tc { priority }.record_name(a.program, &a.ifname, a.ifindex));
+    let earlier = TcRecord::read(&path);
+    let tc_err = |verb: &'static str, source: io::Error| Error::Tc {
+        verb,
+        program: a.program.to_owned(),
+        ifname: a.ifname.clone(),
+        source,
+    };
+    let handle = tc::handle_of(a.program).ok_or_else(|| Error::Program {
+        verb: "find the filter handle of",
+        what: a.program.to_owned(),
+        source: ProgramError::NotLoaded,
+    })?;
+    let present = tc::filters(a.ifindex, false).map_err(|e| tc_err("list filters for", e))?;
+    if let Some(f) = present.iter().find(|f| {
+        f.priority == priority
+            && (f.handle == handle || f.kind != "bpf")
+            && !f.is_ours(a.program, priority)
+    }) {
+        return Err(Error::Foreign {
+            ifname: a.ifname.clone(),
+            priority,
+            found: format!(
+                "a {} filter, handle {:#x}{}",
+                f.kind,
+                f.handle,
+                f.name
+                    .as_ref()
+                    .map_or(String::new(), |n| format!(", name {n}"))
+            ),
+        });
+    }
+    let created = tc::add_clsact(a.ifindex).map_err(|e| tc_err("add a clsact qdisc for", e))?;
+    tc::replace_filter(a.ifindex, priority, a.program, prog.as_raw_fd())
+        .map_err(|e| tc_err("attach (tc filter replace)", e))?;
+    // A filter an earlier agent left at another --tc-priority goes, after ours is on.
+    if let Some(old) = earlier.filter(|r| r.priority != priority) {
+        let _ = tc::del_filter(a.ifindex, old.priority, handle);
+    }
+    let record = TcRecord {
+        priority,
+        created_clsact: created || earlier.is_some_and(|r| r.created_clsact),
+    };
+    record.write(&path).map_err(|source| Error::Io {
+        verb: "record the tc filter at",
+        path,
+        source,
+    })
 }
 
 /// The attachment records in `pin_dir` (TCX link pins and tc filter records).

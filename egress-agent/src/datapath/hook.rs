@@ -10,7 +10,7 @@
 
 use std::{
     fs, io, mem,
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::Path,
 };
 
@@ -174,6 +174,7 @@ impl TcRecord {
 }
 
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 /// `BPF_TCX_INGRESS` of `enum bpf_attach_type` (Linux 6.6).
@@ -197,6 +198,43 @@ struct LinkCreate {
     target_ifindex: u32,
     attach_type: u32,
     flags: u32,
+}
+
+/// The part of `union bpf_attr` that BPF_OBJ_PIN reads.
+#[repr(C)]
+struct ObjPin {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// A TCX link of `prog` at the end of `ifindex`'s ingress (as aya's default order puts
+/// it), its descriptor the only reference until it is pinned.
+pub fn tcx_link(prog: BorrowedFd<'_>, ifindex: u32) -> io::Result<OwnedFd> {
+    let attr = LinkCreate {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_ifindex: ifindex,
+        attach_type: BPF_TCX_INGRESS,
+        flags: 0,
+    };
+    // SAFETY: `attr` holds no pointers.
+    let fd = unsafe { bpf(BPF_LINK_CREATE, &attr) }?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::other("fd out of range"))?;
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns or closes.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Pin the bpf object `fd` (a link, here) at `path` in a bpf filesystem.
+pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::other("a path with a NUL byte"))?;
+    let attr = ObjPin {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: fd.as_raw_fd() as u32,
+        file_flags: 0,
+    };
+    // SAFETY: the path `attr` points at lives for the call.
+    unsafe { bpf(BPF_OBJ_PIN, &attr) }.map(drop)
 }
 
 /// bpf(2) with command `cmd` and attributes `attr`.
@@ -252,7 +290,6 @@ pub fn load_trivial(prog_type: u32, imm: i32) -> io::Result<OwnedFd> {
 /// up and answers ENODEV; one without refuses the attach type itself with EINVAL. Nothing
 /// is attached either way.
 pub fn tcx_supported() -> io::Result<bool> {
-    use std::os::fd::AsRawFd as _;
     // TC_ACT_UNSPEC: a program that would pass everything on, were it ever attached.
     let prog = load_trivial(BPF_PROG_TYPE_SCHED_CLS, -1)?;
     let attr = LinkCreate {
@@ -295,7 +332,6 @@ pub fn tc_supported() -> Result<(), TcTrial> {
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
             return Err(TcTrial::NotTried(io::Error::last_os_error()));
         }
-        use std::os::fd::AsRawFd as _;
         fn failed(what: &'static str) -> impl Fn(io::Error) -> TcTrial {
             move |e| TcTrial::Failed(format!("{what}: {e}"))
         }

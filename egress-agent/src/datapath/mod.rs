@@ -10,6 +10,7 @@
 //! links or filters atomically, reads what the maps hold and removes only what is stale.
 
 mod attach;
+pub use attach::attach_elsewhere;
 pub mod carry;
 pub mod cleanup;
 pub mod dump;
