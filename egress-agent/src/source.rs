@@ -5,7 +5,7 @@
 //! [`PodSummary`]) and the [`LoadError`]s of what it left out. Each source also has a
 //! [`StatusWriter`], the way an agent tells the cluster what it decided.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr, path::PathBuf};
+use std::{collections::BTreeMap, fmt, net::IpAddr, path::PathBuf, sync::Arc};
 
 use k8s_openapi::{
     api::{
@@ -198,7 +198,7 @@ pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
 pub struct ClusterView {
     pub policies: Vec<EgressGatewayPolicy>,
     pub namespaces: Vec<Namespace>,
-    pub pods: Vec<PodSummary>,
+    pub pods: Vec<Arc<PodSummary>>,
     /// Which pods `pods` holds: every pod of the cluster, or (a worker's view from the
     /// Kubernetes source) those of the node the view is for. The compiler gives a node the
     /// same datapath state from either when it needs no more ([`crate::compiler::pods_needed`]).

@@ -179,7 +179,10 @@ fn base() -> ClusterView {
             pod("shop", "api-3", "api", "worker-2", "10.244.2.13"),
             pod("shop", "web-1", "web", "worker-1", "10.244.1.21"),
             pod("other", "api-9", "api", "worker-1", "10.244.1.99"),
-        ],
+        ]
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect(),
         pod_scope: PodScope::Cluster,
         nodes: vec![
             node("worker-1", "10.0.0.1", false, true),
@@ -538,6 +541,7 @@ fn dual_stack_gateways(view: &mut ClusterView) {
 /// Pods of the base view get an IPv6 address after their IPv4 one (`fd00:244:<node>::<n>`).
 fn dual_stack_pods(view: &mut ClusterView) {
     for p in &mut view.pods {
+        let p = std::sync::Arc::make_mut(p);
         let node = p.node_name.clone().unwrap_or_default();
         let n = node.trim_start_matches("worker-");
         if let Some(IpAddr::V4(v4)) = p.ips.first() {
@@ -588,7 +592,7 @@ fn every_pod_owner_names_a_known_node() {
     // A node of the other underlay family, with a pod of its own.
     view.nodes.push(node("odd-1", "fd00::99", false, true));
     view.pods
-        .push(pod("payments", "odd-p1", "api", "odd-1", "10.244.9.9"));
+        .push(pod("payments", "odd-p1", "api", "odd-1", "10.244.9.9").into());
     for name in ["worker-1", "gw-1", "odd-1"] {
         let c = compile(&view, name);
         let owners: Vec<_> = c
@@ -734,6 +738,7 @@ fn ipv6_only_pods_get_only_ipv6_entries() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS_DUAL)]);
     dual_stack_gateways(&mut view);
     for p in &mut view.pods {
+        let p = std::sync::Arc::make_mut(p);
         if let Some(IpAddr::V4(v4)) = p.ips.first() {
             let last = v4.octets()[3];
             p.ips = vec![format!("fd00:244:1::{last}").parse().expect("test IP")];
@@ -1299,7 +1304,7 @@ rules:
     // Unrelated worker nodes and pods never move anything either.
     view.nodes.push(node("worker-3", "10.0.0.3", false, true));
     view.pods
-        .push(pod("shop", "api-7", "api", "worker-3", "10.244.3.7"));
+        .push(pod("shop", "api-7", "api", "worker-3", "10.244.3.7").into());
     let c = compile(&view, "worker-1");
     let now: Vec<_> = ips.iter().map(|i| holder_of(&c, i)).collect();
     assert_eq!(now, pinned);
@@ -1316,13 +1321,16 @@ rules:
     let mut view = with_policies(base(), vec![policy("spread", spec)]);
     view.pods.clear();
     for i in 0..64u8 {
-        view.pods.push(pod(
-            "shop",
-            &format!("p-{i}"),
-            "api",
-            "worker-1",
-            &format!("10.244.1.{i}"),
-        ));
+        view.pods.push(
+            pod(
+                "shop",
+                &format!("p-{i}"),
+                "api",
+                "worker-1",
+                &format!("10.244.1.{i}"),
+            )
+            .into(),
+        );
     }
     let c = compile(&view, "worker-1");
     let mut per_gateway: BTreeMap<IpAddr, usize> = BTreeMap::new();
@@ -1428,8 +1436,8 @@ fn only_local_pods_get_source_entries() {
 #[test]
 fn pods_that_are_not_running_or_use_host_network_are_skipped() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
-    view.pods[0].running = false;
-    view.pods[1].host_network = true;
+    std::sync::Arc::make_mut(&mut view.pods[0]).running = false;
+    std::sync::Arc::make_mut(&mut view.pods[1]).host_network = true;
     let c = compile(&view, "worker-1");
     assert!(c.desired.v4.selected.is_empty());
     assert!(!c.desired.v4.pod_owner.contains_key(&ip("10.244.1.11")));
@@ -1640,7 +1648,7 @@ fn build_view(
         );
         p.ips = gen_pod_ips(i, *family);
         p.running = *running;
-        view.pods.push(p);
+        view.pods.push(p.into());
     }
     for (i, gp) in policies.iter().enumerate() {
         let mut rules = Vec::new();
@@ -1963,13 +1971,16 @@ fn compiles_10k_pods_times_10_prefixes_quickly() {
     for i in 0..10_000u32 {
         let node = if i % 2 == 0 { "worker-1" } else { "worker-2" };
         let [_, _, a, b] = i.to_be_bytes();
-        view.pods.push(pod(
-            "shop",
-            &format!("p-{i}"),
-            "api",
-            node,
-            &format!("10.244.{a}.{b}"),
-        ));
+        view.pods.push(
+            pod(
+                "shop",
+                &format!("p-{i}"),
+                "api",
+                node,
+                &format!("10.244.{a}.{b}"),
+            )
+            .into(),
+        );
     }
     let start = std::time::Instant::now();
     let c = compile(&view, "worker-1");

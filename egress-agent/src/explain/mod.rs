@@ -303,6 +303,7 @@ fn find_pod<'v>(view: &'v ClusterView, pod: &PodRef) -> Result<&'v PodSummary> {
     view.pods
         .iter()
         .find(|p| p.namespace == pod.namespace && p.name == pod.name)
+        .map(|p| &**p)
         .ok_or_else(|| {
             let mut elsewhere: Vec<String> = view
                 .pods

@@ -113,7 +113,7 @@ fn add_pod(view: &mut ClusterView, pod: PodSummary) {
     let at = view
         .pods
         .partition_point(|p| (&p.namespace, &p.name) < (&pod.namespace, &pod.name));
-    view.pods.insert(at, pod);
+    view.pods.insert(at, pod.into());
 }
 
 /// Take the pod named like `pod` out of `view`.

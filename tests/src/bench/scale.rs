@@ -182,7 +182,7 @@ pub fn cluster(shape: &Shape) -> Result<ClusterView> {
     );
     view.pods = (0..shape.nodes)
         .flat_map(|i| (0..shape.pods_per_node()).map(move |j| (i, j)))
-        .map(|(i, j)| pod(shape, i, j))
+        .map(|(i, j)| std::sync::Arc::new(pod(shape, i, j)))
         .collect();
     // As the Kubernetes source hands them over.
     view.pods

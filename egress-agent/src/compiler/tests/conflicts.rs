@@ -207,9 +207,9 @@ fn a_pod_address_claimed_twice_or_by_a_node_is_nobodys() {
     // then left with the egress IP.
     let mut view = base();
     view.pods
-        .push(pod("other", "thief", "api", "worker-1", "10.244.1.21"));
+        .push(pod("other", "thief", "api", "worker-1", "10.244.1.21").into());
     view.pods
-        .push(pod("other", "node-ip", "api", "worker-1", "10.0.0.1"));
+        .push(pod("other", "node-ip", "api", "worker-1", "10.0.0.1").into());
     view.policies = vec![policy("payments", PAYMENTS)];
     let c = compile(&view, "worker-1");
     // shop/web-1 (unselected) and other/thief both claim 10.244.1.21: no entries for it,

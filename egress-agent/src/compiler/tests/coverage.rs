@@ -81,7 +81,7 @@ fn learned_destinations_of_every_gateway_are_covered() {
 #[test]
 fn known_pods_are_this_nodes_running_pods_selected_or_not() {
     let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
-    view.pods[1].running = false;
+    std::sync::Arc::make_mut(&mut view.pods[1]).running = false;
     let c = compile(&view, "worker-1");
     let known: Vec<String> = c
         .desired

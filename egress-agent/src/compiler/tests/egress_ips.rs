@@ -9,12 +9,12 @@ use crate::compiler::routes::Prefixes;
 const THREE: [&str; 3] = ["198.51.100.10", "198.51.100.11", "198.51.100.12"];
 
 /// `count` pods of team payments, app api, spread over worker-1 and worker-2.
-fn many_pods(count: usize) -> Vec<PodSummary> {
+fn many_pods(count: usize) -> Vec<std::sync::Arc<PodSummary>> {
     (0..count)
         .map(|i| {
             let node = if i % 2 == 0 { "worker-1" } else { "worker-2" };
             let ip = format!("10.244.{}.{}", 10 + i / 200, i % 200 + 2);
-            pod("shop", &format!("api-{i}"), "api", node, &ip)
+            pod("shop", &format!("api-{i}"), "api", node, &ip).into()
         })
         .collect()
 }

@@ -6,7 +6,7 @@ use std::{fmt::Debug, pin::pin, sync::Arc};
 use futures::StreamExt as _;
 use k8s_openapi::{
     api::{
-        core::v1::{Namespace, Node, Pod},
+        core::v1::{Namespace, Node},
         networking::v1::NetworkPolicy,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -31,7 +31,7 @@ use super::{
 use crate::{
     api::{EgressGatewayPolicy, EgressNode},
     source::{
-        ClusterView, LoadError, PodScope, PodSummary, Snapshot, Unapplied, admin,
+        ClusterView, LoadError, PodScope, Snapshot, Unapplied, admin,
         objects::{self, FieldError},
         openshift, ovn, view_egress_node,
     },
@@ -173,7 +173,7 @@ impl Stores {
                 })
         }
         if let Some(pods) = &self.pods {
-            ready(&pods.serving.store).await?;
+            pods.serving.index.wait_until_listed().await;
         }
         tokio::try_join!(
             ready(&self.policies),
@@ -208,14 +208,7 @@ impl Stores {
             pods: self
                 .pods
                 .as_ref()
-                .map(|pods| {
-                    collect_checked(
-                        &pods.serving.store,
-                        &mut errors,
-                        objects::check_pod,
-                        |p: &Pod| PodSummary::from(p),
-                    )
-                })
+                .map(|pods| pods.serving.index.view(&mut errors))
                 .unwrap_or_default(),
             pod_scope: self
                 .pods

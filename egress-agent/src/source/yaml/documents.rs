@@ -391,7 +391,8 @@ pub(super) fn decode(
         return Err(labels);
     }
     match (api_version, kind) {
-        ("v1", "Pod") => typed::<Pod>(value, check_pod).map(|p| Added::Pod(PodSummary::from(&p))),
+        ("v1", "Pod") => typed::<Pod>(value, check_pod)
+            .map(|p| Added::Pod(std::sync::Arc::new(PodSummary::from(&p)))),
         ("v1", "Node") => typed::<Node>(value, check_node).map(|n| Added::Node(Box::new(n))),
         ("v1", "Namespace") => {
             typed::<Namespace>(value, |_| Vec::new()).map(|n| Added::Namespace(Box::new(n)))
@@ -441,7 +442,7 @@ pub(super) fn decode(
 #[derive(Clone)]
 pub(super) enum Added {
     /// Only what the compiler reads: the whole `Pod` is dropped at once.
-    Pod(PodSummary),
+    Pod(std::sync::Arc<PodSummary>),
     Node(Box<Node>),
     Namespace(Box<Namespace>),
     Policy(Box<EgressGatewayPolicy>),
