@@ -208,7 +208,8 @@ const TC_TESTS: &[&str] = &["e2e_v4", "cleanup", "uninstall"];
 /// once per worker: `egress_tests::table`), the attach tests, the legacy tc tests
 /// (adoption in place among them; the lab on tc, an upgrade under a TCP stream, cleanup
 /// beside a foreign filter), the lab wired with Open vSwitch like OVN-Kubernetes, and
-/// the lab on real OVN (shared gateway mode, OpenShift's default). The IPv4 lab's table
+/// the lab on real OVN in both gateway modes (shared, OpenShift's default, and local,
+/// `routingViaHost`). The IPv4 lab's table
 /// on the routed wiring is not run again here: `legacy_tc`'s lab is that table on tc, and
 /// the wirings' labs run `--attach auto`, which finds no TCX. docs/operations.md lists
 /// what was run there by hand.
@@ -239,13 +240,13 @@ const GUEST_TESTS: &[GuestRun] = &[
     // file's bridge wiring runs there) and run here with --include-ignored, where they
     // fail without OVS: the wiring's table beside OVN's EgressIP, and a NotReady holder
     // handing over under a TCP stream. Then real OVN (northd, an ovn-controller per node,
-    // Geneve), shared gateway: the table, then payments isolated by OVN's ACLs as
-    // OVN-Kubernetes renders a NetworkPolicy, and what gets past them.
+    // Geneve), shared gateway then local gateway: the table, then payments isolated by
+    // OVN's ACLs as OVN-Kubernetes renders a NetworkPolicy, and what gets past them.
     GuestRun {
         test: "wirings",
         threads: 1,
         include_ignored: true,
-        filters: &["like_ovn_kubernetes_", "on_ovn_shared_gateway_"],
+        filters: &["like_ovn_kubernetes_", "on_ovn_"],
     },
 ];
 
