@@ -11,6 +11,7 @@ pub mod per_packet;
 pub mod probes;
 pub mod report;
 pub mod scale;
+pub mod source;
 pub mod spread;
 pub mod yaml;
 

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use egress_tests::bench::{
     Plan, churn, failover, lab, per_packet, probes,
     report::{Machine, Report, Table, datapath_source, per_packet_table},
-    scale, yaml,
+    scale, source, yaml,
 };
 
 const USAGE: &str =
@@ -38,7 +38,8 @@ const USAGE: &str =
                memory (RSS, maps) and idle CPU, printed
   --churn      one pod change at 100k pods only (the pass of a source node and a gateway,
                and with nothing changed; CPU, passes and latency under 10 pod events/s,
-               state passes unbatched and batched), in this process without root, printed
+               state passes unbatched and batched; the Kubernetes source's snapshot per pod
+               event, before 12e6bd1 and now), in this process without root, printed
   --routes     the learned-route rows of the control plane only (destinationsFrom: Routes;
                fewer changes with --quick first), printed
   --hooks      legacy tc against TCX only (the agents restarted with each hook in
@@ -128,7 +129,15 @@ fn args() -> Result<Args> {
             }
             "--churn" => {
                 let run = churn::run(&plan);
-                print_tables(plan, vec![churn::table(&run), churn::churn_table(&run)])?;
+                let source = source::run();
+                print_tables(
+                    plan,
+                    vec![
+                        churn::table(&run),
+                        churn::churn_table(&run),
+                        source::table(&source),
+                    ],
+                )?;
             }
             "--nodes" => {
                 egress_tests::netns::install_signal_teardown()?;

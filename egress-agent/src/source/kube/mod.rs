@@ -53,6 +53,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 mod decode;
 mod pods;
+pub use pods::PodIndex;
 mod watch;
 pub mod writer;
 
