@@ -198,6 +198,8 @@ pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
 pub struct ClusterView {
     pub policies: Vec<EgressGatewayPolicy>,
     pub namespaces: Vec<Namespace>,
+    /// Shared with the source's table and the views before: a new view copies pointers,
+    /// and a pod that did not change is the very same `Arc`.
     pub pods: Vec<Arc<PodSummary>>,
     /// Which pods `pods` holds: every pod of the cluster, or (a worker's view from the
     /// Kubernetes source) those of the node the view is for. The compiler gives a node the

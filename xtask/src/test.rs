@@ -196,10 +196,11 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Run again with `EGRESS_ATTACH=tc` on the host: the IPv4 end to end tests, cleanup and
-/// the uninstall DaemonSet's (`legacy_tc` covers an upgrade under a TCP stream on tc in
-/// the first run).
-const TC_TESTS: &[&str] = &["e2e_v4", "cleanup", "uninstall"];
+/// Run again with `EGRESS_ATTACH=tc` on the host: the IPv4 end to end tests, cleanup,
+/// the uninstall DaemonSet's, and `--unknown-pods drop`'s (a new pod device's filter goes
+/// on off the agent's main thread, by the tc path's own code: `attach_elsewhere`).
+/// `legacy_tc` covers an upgrade under a TCP stream on tc in the first run.
+const TC_TESTS: &[&str] = &["e2e_v4", "cleanup", "uninstall", "unknown_pods"];
 
 /// Run on Linux 6.1, which has no TCX, with `--attach auto` choosing legacy tc. Under
 /// emulation (TCG: KVM does not work on these machines) the verifier and the agents are
