@@ -19,6 +19,7 @@ pub use crate::api::PodScope;
 use crate::api::{EgressGatewayPolicy, EgressNode, PolicyStatus};
 
 pub mod admin;
+pub mod intern;
 pub mod kube;
 pub mod objects;
 pub mod openshift;
@@ -256,15 +257,16 @@ impl fmt::Display for Unapplied {
 
 /// What the compiler reads of a Pod. Gateways hold every pod of the cluster, and a whole
 /// `Pod` takes over 1.6 KiB before its first container or label (its `spec` and `status`
-/// are wide structs of optional fields): this takes a tenth of that.
+/// are wide structs of optional fields): this takes a tenth of that, and its namespace,
+/// node and labels are shared with the pods that have the same ([`intern`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodSummary {
     /// `metadata.namespace`, `default` when unset.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     pub name: String,
-    pub labels: BTreeMap<String, String>,
+    pub labels: intern::Labels,
     /// `spec.nodeName`.
-    pub node_name: Option<String>,
+    pub node_name: Option<Arc<str>>,
     /// `spec.hostNetwork`.
     pub host_network: bool,
     /// `status.phase` is `Running`.
@@ -277,14 +279,10 @@ impl From<&Pod> for PodSummary {
     fn from(pod: &Pod) -> Self {
         let spec = pod.spec.as_ref();
         Self {
-            namespace: pod
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".to_owned()),
+            namespace: intern::name(pod.metadata.namespace.as_deref().unwrap_or("default")),
             name: pod.metadata.name.clone().unwrap_or_default(),
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            node_name: spec.and_then(|s| s.node_name.clone()),
+            labels: intern::labels(pod.metadata.labels.clone().unwrap_or_default()),
+            node_name: spec.and_then(|s| s.node_name.as_deref()).map(intern::name),
             host_network: spec.and_then(|s| s.host_network) == Some(true),
             running: pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
             ips: pod_ips(pod),
@@ -340,10 +338,10 @@ mod tests {
         assert_eq!(
             summary,
             PodSummary {
-                namespace: "default".to_owned(),
+                namespace: "default".into(),
                 name: "api-0".to_owned(),
-                labels: BTreeMap::from([("app".to_owned(), "api".to_owned())]),
-                node_name: Some("worker-1".to_owned()),
+                labels: BTreeMap::from([("app".to_owned(), "api".to_owned())]).into(),
+                node_name: Some("worker-1".into()),
                 host_network: false,
                 running: true,
                 ips: vec![
@@ -352,6 +350,12 @@ mod tests {
                 ],
             }
         );
+        // A second pod of the same namespace, node and labels shares them.
+        let again = PodSummary::from(&pod);
+        assert!(Arc::ptr_eq(&summary.namespace, &again.namespace));
+        assert!(Arc::ptr_eq(&summary.labels, &again.labels));
+        let (a, b) = (summary.node_name.as_ref(), again.node_name.as_ref());
+        assert!(a.zip(b).is_some_and(|(a, b)| Arc::ptr_eq(a, b)));
         let pending_on_host = Pod {
             spec: Some(PodSpec {
                 host_network: Some(true),

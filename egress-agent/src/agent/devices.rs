@@ -260,7 +260,7 @@ impl<'a> Devices<'a> {
                         .pods
                         .iter()
                         .filter(|p| p.node_name.as_deref() == me && !p.host_network)
-                        .map(|p| (p.namespace.as_str(), p.name.as_str(), p.ips.as_slice()))
+                        .map(|p| (&*p.namespace, p.name.as_str(), p.ips.as_slice()))
                         .collect();
                     Some(Found::from_ovs_ports(&ports, &pods, ifaces))
                 }

@@ -254,7 +254,7 @@ pub fn explain(view: &ClusterView, pod: &PodRef, to: Destination) -> Result<Expl
     let mut explanation = Explanation {
         pod: pod.clone(),
         destination: to,
-        node: summary.node_name.clone(),
+        node: summary.node_name.as_deref().map(str::to_owned),
         node_ip: None,
         pod_ip: summary
             .ips
@@ -302,14 +302,14 @@ pub fn explain(view: &ClusterView, pod: &PodRef, to: Destination) -> Result<Expl
 fn find_pod<'v>(view: &'v ClusterView, pod: &PodRef) -> Result<&'v PodSummary> {
     view.pods
         .iter()
-        .find(|p| p.namespace == pod.namespace && p.name == pod.name)
+        .find(|p| *p.namespace == *pod.namespace && p.name == pod.name)
         .map(|p| &**p)
         .ok_or_else(|| {
             let mut elsewhere: Vec<String> = view
                 .pods
                 .iter()
                 .filter(|p| p.name == pod.name)
-                .map(|p| p.namespace.clone())
+                .map(|p| p.namespace.to_string())
                 .collect();
             elsewhere.sort();
             elsewhere.dedup();

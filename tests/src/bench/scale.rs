@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use egress_agent::{
     compiler::{Compiled, compile},
     datapath::{Capacities, Datapath, state::MapState},
-    source::{ClusterView, PodSummary, yaml},
+    source::{ClusterView, PodSummary, intern, yaml},
 };
 use egress_common::maps::REGISTRY;
 
@@ -139,14 +139,15 @@ fn objects_yaml(shape: &Shape) -> String {
     s
 }
 
-/// Pod `j` of node `i`: `api-<i>-<j>` in namespace `ns-<(i * per node + j) % policies>`.
+/// Pod `j` of node `i`: `api-<i>-<j>` in namespace `ns-<(i * per node + j) % policies>`,
+/// its names and labels shared as the sources share them.
 pub(super) fn pod(shape: &Shape, i: u32, j: u32) -> PodSummary {
     let n = i * shape.pods_per_node() + j;
     PodSummary {
-        namespace: format!("ns-{}", n % shape.policies),
+        namespace: intern::name(&format!("ns-{}", n % shape.policies)),
         name: format!("api-{i}-{j}"),
-        labels: [("app".to_owned(), "api".to_owned())].into(),
-        node_name: Some(node_name(shape, i)),
+        labels: intern::labels([("app".to_owned(), "api".to_owned())].into()),
+        node_name: Some(intern::name(&node_name(shape, i))),
         host_network: false,
         running: true,
         ips: vec![IpAddr::V4(Ipv4Addr::from(pod_base(i) + 1 + j))],
