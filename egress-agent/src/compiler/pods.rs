@@ -230,15 +230,23 @@ impl<'a> Pods<'a> {
             .filter_map(|n| Some((n.name, n.underlay?)))
             .collect();
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        for pod in self.pods.iter().filter(|p| p.local || !local_only) {
-            let Some(underlay) = underlay_of.get(pod.node) else {
-                continue;
-            };
-            for ip in pod.ips.iter() {
+        let mut record = |ip: &IpAddr, pod: &PodInfo<'_>| {
+            if let Some(underlay) = underlay_of.get(pod.node) {
                 match ip {
                     IpAddr::V4(ip) => v4.push((*ip, *underlay)),
                     IpAddr::V6(ip) => v6.push((*ip, *underlay)),
                 }
+            }
+        };
+        if local_only {
+            for pod in self.pods.iter().filter(|p| p.local) {
+                pod.ips.iter().for_each(|ip| record(ip, pod));
+            }
+        } else {
+            // By address, the order of the maps' keys ([`Pods::by_address`] holds every
+            // pod address but the disputed, as the pods' `ips` do).
+            for (ip, i) in &self.by_address {
+                record(ip, &self.pods[*i]);
             }
         }
         // Built in bulk (sorted, then the tree at once): a gateway records every pod.

@@ -249,10 +249,16 @@ impl<F: Family> FamilyMaps<F> {
                 }),
             }
         }
-        for (pod, node) in &d.pod_owner {
+        // Built at once from the sorted entries (a gateway has one per pod of the
+        // cluster: at 100,000 pods, 10 ms one by one).
+        let owners = d.pod_owner.iter().map(|(pod, node)| {
             let node = underlay::from_ip(*node);
-            self.pod_owner
-                .insert(F::octets(*pod), PodOwnerValue { node });
+            (F::octets(*pod), PodOwnerValue { node })
+        });
+        if self.pod_owner.is_empty() {
+            self.pod_owner = owners.collect();
+        } else {
+            self.pod_owner.extend(owners);
         }
         for (ip, held) in &d.egress_ips {
             match ifindex(&held.interface) {
