@@ -507,7 +507,8 @@ fn need_ovn() {
 
 /// Real OVN as OVN-Kubernetes builds it ([`Cni::Ovn`]), in `mode`: before any agent, a
 /// pod reaches a pod of another node over OVN's Geneve with its own address, and host C
-/// with its node's (the cluster subnet's SNAT); with the agents, the table.
+/// with its node's (the cluster subnet's SNAT); with the agents, the table, also while
+/// bonds run on their backup ports ([`bonds_fail_over`]) and with payments isolated.
 fn on_ovn(mode: OvnGateway) {
     need_ovn();
     let cni = Cni::Ovn(mode);
@@ -547,6 +548,7 @@ fn on_ovn(mode: OvnGateway) {
         seen(&lab, "w1-p1", Proto::Tcp, w2_p1),
         Some(IpAddr::V4(addr::W1_P1))
     );
+    bonds_fail_over(&lab);
     // payments isolated as OVN-Kubernetes renders its NetworkPolicy: the table still
     // holds (replies go into the pods, around OVN's ACLs), and nothing else gets in.
     lab.isolate_payments().unwrap();
@@ -558,6 +560,49 @@ fn on_ovn(mode: OvnGateway) {
         .filter(|c| !c.ok)
         .collect();
     assert!(failed.is_empty(), "{cni}, payments isolated: {failed:#?}");
+}
+
+/// The bonds fail over under the table: the underlay switch's ports facing the primary
+/// `eth0` of w1 and of the holder of egress IP A go down, as failing switch ports do; each
+/// bond moves to `eth1` and the table holds (w1's tunnel to the gateways, the gateway's
+/// underlay and its VLAN off the bond to network A, OVN's Geneve and SNAT all on the
+/// backup ports). Back up, each bond returns to its primary.
+fn bonds_fail_over(lab: &Lab) {
+    let (holder, _) = cluster::holder(lab, addr::EGRESS_IP_A).expect("a holder of A");
+    let nodes = ["w1", holder.as_str()];
+    let report = || -> String {
+        nodes
+            .iter()
+            .map(|n| format!("{n}: {:?}; ", lab.bond_active_port(n)))
+            .collect()
+    };
+    // Within 5 s (scaled): miimon looks every 100 ms.
+    let wait_on = |link: &str, why: &str| {
+        wait_until(std::time::Duration::from_secs(5), || {
+            nodes
+                .iter()
+                .all(|n| lab.bond_active_port(n).unwrap().as_deref() == Some(link))
+        })
+        .unwrap_or_else(|e| panic!("bonds not on {link} {why}: {e}; {}", report()))
+    };
+    wait_on("eth0", "(their primary) to begin with");
+    let start = std::time::Instant::now();
+    for node in nodes {
+        lab.set_underlay_switch_port(node, "eth0", false).unwrap();
+    }
+    let moved = wait_on("eth1", "once eth0 lost its carrier");
+    assert_table(lab, addr::W1);
+    for node in nodes {
+        lab.set_underlay_switch_port(node, "eth0", true).unwrap();
+    }
+    let back = wait_on("eth0", "once its carrier returned");
+    eprintln!(
+        "bonds of {nodes:?}: on eth1 {} ms after the switch ports facing eth0 were down, \
+         back on eth0 {} ms after they were up; the step took {:.1} s",
+        moved.as_millis(),
+        back.as_millis(),
+        start.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

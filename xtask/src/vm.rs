@@ -73,7 +73,7 @@ const BOOT_MODULES: &[&str] = &[
     "openvswitch",
     // OVN's tunnels between the nodes (`--cni ovn`): ovs-vswitchd creates genev_sys_6081.
     "geneve",
-    // `--cni ovn`'s nodes hold their link in a bond (`bond0` in br-ex).
+    // `--cni ovn`'s nodes hold their two links in a bond (`bond0` in br-ex).
     "bonding",
 ];
 

@@ -147,7 +147,8 @@ impl Lab {
         Ok(())
     }
 
-    /// The underlay: every node (with its CNI's devices) and the router, on one bridge.
+    /// The underlay: every node (with its CNI's devices; under OVN both ports of its bond,
+    /// [`Node::underlay_ports`]) and the router, on one bridge.
     fn build_underlay(&self) -> Result<()> {
         let v6 = self.spec.family.has_v6();
         let ul = self.ns_name("ul");
@@ -155,15 +156,25 @@ impl Lab {
         let cni = self.spec.cni;
         let nodes = &self.spec.nodes;
         for node in nodes {
-            let mut cmds = vec![format!(
-                "link add eth0 type veth peer name {} netns {ul}",
-                node.name
-            )];
+            let ports = node.underlay_ports(cni);
+            let mut cmds: Vec<String> = ports
+                .iter()
+                .map(|(link, port)| {
+                    format!("link add {link} type veth peer name {port} netns {ul}")
+                })
+                .collect();
             if cni.uplink() == "bond0" {
-                // NMState's `type: bond`, `mode: active-backup`, the link its port.
+                // NMState's `type: bond`, `mode: active-backup`, `miimon: 100`, `primary:
+                // eth0`: the bond carries the node on eth0 while its carrier is up, on
+                // eth1 while it is not, and goes back to eth0 when it returns.
+                cmds.push("link add bond0 type bond mode active-backup miimon 100".to_owned());
+                cmds.extend(
+                    ports
+                        .iter()
+                        .map(|(link, _)| format!("link set {link} master bond0")),
+                );
                 cmds.extend([
-                    "link add bond0 type bond mode active-backup miimon 100".to_owned(),
-                    "link set eth0 master bond0".to_owned(),
+                    "link set bond0 type bond primary eth0".to_owned(),
                     "link set bond0 up".to_owned(),
                 ]);
             }
@@ -187,7 +198,7 @@ impl Lab {
             }
             self.ns(node.name)?
                 .ip_batch(&node.underlay_config(nodes, v6, cni))?;
-            ul_ports.push(node.name.to_owned());
+            ul_ports.extend(ports.into_iter().map(|(_, port)| port));
         }
         let mut rtr = vec![
             format!("link add eth0 type veth peer name rtr netns {ul}"),
@@ -627,7 +638,8 @@ impl Lab {
     /// Start `node`'s own `ovsdb-server` and `ovs-vswitchd` in its namespace (no systemd:
     /// Debian's packages, started by hand), then wire it as OVN-Kubernetes leaves a node:
     /// `br-int` with the management port `ovn-k8s-mp0` (the pod subnet's gateway), and
-    /// `br-ex` with the NIC `eth0` as its port (the node's address goes on `br-ex`).
+    /// `br-ex` with the NIC ([`Cni::uplink`]: `eth0`, under OVN the bond `bond0`) as its
+    /// port (the node's address goes on `br-ex`).
     fn start_ovs(&self, node: &Node) -> Result<()> {
         let dir = self.ovs_dir(node.name);
         std::fs::create_dir_all(&dir)

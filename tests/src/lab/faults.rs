@@ -6,9 +6,10 @@ use super::*;
 pub const LINK_BACK_WITHIN: Duration = Duration::from_secs(30);
 
 impl Lab {
-    /// Take a node's underlay link (`eth0` in its namespace) down, or bring it back up with
-    /// its addresses and routes (the kernel drops static routes, and IPv6 addresses, of a
-    /// link that goes down). Down, the node reaches no other node, and nothing reaches it.
+    /// Take a node's underlay links ([`Cni::underlay_links`]: `eth0` in its namespace, and
+    /// under OVN the bond's second port `eth1`) down, or bring them back up with the node's
+    /// addresses and routes (the kernel drops static routes, and IPv6 addresses, of a link
+    /// that goes down). Down, the node reaches no other node, and nothing reaches it.
     ///
     /// Each returns once the kernel has acted on it: down, once the switch's port stopped
     /// forwarding; up, once it forwards again and, with IPv6, the device has its
@@ -18,14 +19,56 @@ impl Lab {
     /// after the link was back up).
     pub fn set_underlay_link(&self, node: &str, up: bool) -> Result<()> {
         let n = self.node(node)?;
+        let cni = self.spec.cni;
+        let ports = n.underlay_ports(cni);
         if !up {
-            self.ns(node)?.ip_batch(&["link set eth0 down"])?;
-            return self.wait_port("ul", node, false);
+            let down: Vec<String> = ports
+                .iter()
+                .map(|(link, _)| format!("link set {link} down"))
+                .collect();
+            self.ns(node)?.ip_batch(&down)?;
+            return ports
+                .iter()
+                .try_for_each(|(_, port)| self.wait_port("ul", port, false));
         }
         let v6 = self.spec.family.has_v6();
         self.ns(node)?
-            .ip_batch(&n.underlay_config(&self.spec.nodes, v6, self.spec.cni))?;
-        self.wait_carried(node, self.spec.cni.underlay_device(), "ul", node)
+            .ip_batch(&n.underlay_config(&self.spec.nodes, v6, cni))?;
+        ports
+            .iter()
+            .try_for_each(|(_, port)| self.wait_carried(node, cni.underlay_device(), "ul", port))
+    }
+
+    /// Take the underlay switch's port facing `node`'s `link` ([`Node::underlay_ports`])
+    /// down, as a failing switch port goes: the node's link loses its carrier, nothing
+    /// changes inside the node. Or bring it back up. Returns once the port forwards again,
+    /// or no longer does.
+    pub fn set_underlay_switch_port(&self, node: &str, link: &str, up: bool) -> Result<()> {
+        let port = self
+            .node(node)?
+            .underlay_ports(self.spec.cni)
+            .into_iter()
+            .find_map(|(l, port)| (l == link).then_some(port))
+            .with_context(|| format!("{node} has no underlay link {link}"))?;
+        let state = if up { "up" } else { "down" };
+        self.ns("ul")?
+            .ip_batch(&[format!("link set {port} {state}")])?;
+        self.wait_port("ul", &port, up)
+    }
+
+    /// The port `node`'s bond carries its traffic on (`bond0`'s active slave, from
+    /// `ip -d link`), if it has one.
+    pub fn bond_active_port(&self, node: &str) -> Result<Option<String>> {
+        let uplink = self.spec.cni.uplink();
+        let o = self.exec(node, "ip", &["-j", "-d", "link", "show", "dev", uplink])?;
+        let links: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .with_context(|| format!("ip -j link show {uplink} in {node} is not JSON"))?;
+        let data = &links[0]["linkinfo"]["info_data"];
+        anyhow::ensure!(
+            data["mode"] == "active-backup",
+            "{node}'s {uplink} is not an active-backup bond: {data}"
+        );
+        Ok(data["active_slave"].as_str().map(str::to_owned))
     }
 
     /// Take a gateway's link to a secondary network (`sec-a`, `sec-b`) down, or bring it
@@ -159,12 +202,21 @@ impl Lab {
     /// either family passes between them, as behind a filtering router; ARP and neighbour
     /// discovery still do (else their neighbour entries would fail and keep failing for
     /// seconds after the repair). Every other pair is untouched. The underlay bridge
-    /// filters what it forwards between their ports (nftables, bridge family, in the `ul`
-    /// namespace): nothing changes inside the nodes themselves.
+    /// filters what it forwards between their ports (all of each node's, whichever its
+    /// bond uses; nftables, bridge family, in the `ul` namespace): nothing changes inside
+    /// the nodes themselves.
     pub fn partition_underlay(&self, a: &str, b: &str) -> Result<()> {
-        self.node(a)?;
-        self.node(b)?;
-        let rules: String = [(a, b), (b, a)]
+        let ports_of = |node: &str| -> Result<String> {
+            let ports: Vec<String> = self
+                .node(node)?
+                .underlay_ports(self.spec.cni)
+                .into_iter()
+                .map(|(_, port)| format!("\"{port}\""))
+                .collect();
+            Ok(format!("{{ {} }}", ports.join(", ")))
+        };
+        let (a, b) = (ports_of(a)?, ports_of(b)?);
+        let rules: String = [(&a, &b), (&b, &a)]
             .iter()
             .map(|(from, to)| {
                 let ports = format!("iifname {from} oifname {to}");

@@ -64,11 +64,24 @@ impl Node {
         Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, hex_like(self.ip.octets()[3]))
     }
 
-    /// `ip` commands that configure the node's underlay once its NIC `eth0` exists (and,
-    /// for [`Cni::Bridge`] and [`Cni::Ovs`], the bridge that holds the address): addresses,
-    /// up, default route, other nodes' pod ranges. Idempotent (`replace`), so they also
-    /// restore what the kernel drops when the link goes down (its static routes, its IPv6
-    /// addresses).
+    /// The node's links to the underlay switch and the switch's port (in `ul`) facing
+    /// each: `eth0` faces a port named after the node and, under [`Cni::Ovn`], the bond's
+    /// second port `eth1` faces `<node>-b`.
+    pub fn underlay_ports(&self, cni: Cni) -> Vec<(&'static str, String)> {
+        cni.underlay_links()
+            .iter()
+            .map(|&link| match link {
+                "eth0" => (link, self.name.to_owned()),
+                _ => (link, format!("{}-b", self.name)),
+            })
+            .collect()
+    }
+
+    /// `ip` commands that configure the node's underlay once its links exist
+    /// ([`Cni::underlay_links`]; for [`Cni::Bridge`], [`Cni::Ovs`] and [`Cni::Ovn`], also
+    /// the bridge that holds the address): addresses, up, default route, other nodes' pod
+    /// ranges. Idempotent (`replace`), so they also restore what the kernel drops when the
+    /// link goes down (its static routes, its IPv6 addresses).
     pub(super) fn underlay_config(&self, nodes: &[Node], v6: bool, cni: Cni) -> Vec<String> {
         let dev = cni.underlay_device();
         let mut cmds = match cni {
@@ -76,7 +89,11 @@ impl Node {
             Cni::Bridge => vec!["link set eth0 master br-ul".to_owned()],
             Cni::Ovs | Cni::Ovn(_) => vec![],
         };
-        cmds.push("link set eth0 up".to_owned());
+        cmds.extend(
+            cni.underlay_links()
+                .iter()
+                .map(|link| format!("link set {link} up")),
+        );
         if cni != Cni::Routed {
             cmds.push(format!("link set {dev} up"));
         }
@@ -510,7 +527,7 @@ pub enum Cni {
     /// agents of w1 and gw1 run `--pod-devices ovs`, those of w2 and gw2 `auto`.
     Ovs,
     /// Real OVN under OVN-Kubernetes' topology (inside the VM guest): [`Cni::Ovs`]'s
-    /// nodes with their link in a bond ([`Cni::uplink`]: `br-ex` holds `bond0`, the
+    /// nodes with their two links in a bond ([`Cni::uplink`]: `br-ex` holds `bond0`, the
     /// secondary VLANs hang off it), each with an `ovn-controller` against its own Open
     /// vSwitch, one NB and SB database and `ovn-northd` for the lab, Geneve between the
     /// nodes, and the logical network OVN-Kubernetes builds (`super::ovn`): a switch per
@@ -545,13 +562,23 @@ impl Cni {
     }
 
     /// The NIC that `br-ex` holds and the secondary networks' VLANs hang off, under
-    /// [`Cni::Ovs`] and [`Cni::Ovn`]: under OVN a bond of the node's link (`bond0`,
-    /// active-backup, as NMState configures bare-metal OpenShift nodes), else the link
-    /// (`eth0`).
+    /// [`Cni::Ovs`] and [`Cni::Ovn`]: under OVN a bond of the node's two links (`bond0`,
+    /// active-backup, `miimon 100`, `eth0` its primary, as NMState configures bare-metal
+    /// OpenShift nodes), else the link (`eth0`).
     pub fn uplink(self) -> &'static str {
         match self {
             Self::Ovn(_) => "bond0",
             _ => "eth0",
+        }
+    }
+
+    /// The node's links to the underlay switch ([`Node::underlay_ports`]): under OVN the
+    /// bond's two ports, `eth0` (its primary) and `eth1`, each on its own switch port so
+    /// that the bond has somewhere to fail over to; else `eth0`.
+    pub fn underlay_links(self) -> &'static [&'static str] {
+        match self {
+            Self::Ovn(_) => &["eth0", "eth1"],
+            _ => &["eth0"],
         }
     }
 
