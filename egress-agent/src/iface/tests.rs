@@ -62,7 +62,38 @@ async fn veth(nl: &Netlink, name: &str, peer: &str) -> (u32, u32) {
         .execute()
         .await
         .expect("set peer up");
+    // Frames sent before the kernel's link watcher has seen the carrier meet a device
+    // without its queue yet (noop) and are dropped: wait for both ends to be up.
+    for index in [a, b] {
+        oper_up(nl, index).await;
+    }
     (a, b)
+}
+
+/// Wait (at most 5 s) until link `index` reports the operational state `up`.
+async fn oper_up(nl: &Netlink, index: u32) {
+    let start = Instant::now();
+    loop {
+        let mut links = nl.handle.link().get().match_index(index).execute();
+        let link = links
+            .try_next()
+            .await
+            .expect("get link")
+            .expect("link listed");
+        let up = link
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::OperState(State::Up)));
+        if up {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "link {index} not operationally up after 5 s: {:?}",
+            link.attributes
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Add a main-table route to `destination` (a prefix literal) out of `oif`, or a
