@@ -362,12 +362,7 @@ pub fn table(run: &Result<ChurnRun>) -> Table {
     let r = match run {
         Ok(r) => r,
         Err(e) => {
-            return Table {
-                title,
-                intro: vec![format!("The churn section failed: {e:#}")],
-                header: cols,
-                ..Default::default()
-            };
+            return Table::failed(title, cols, "churn section", e);
         }
     };
     let mut rows = Vec::new();

@@ -109,6 +109,18 @@ pub struct Table {
     pub notes: Vec<String>,
 }
 
+impl Table {
+    /// The table of a section whose measurement failed: its title and header, and why.
+    pub fn failed(title: String, header: Vec<String>, what: &str, e: &anyhow::Error) -> Self {
+        Self {
+            title,
+            intro: vec![format!("The {what} failed: {e:#}")],
+            header,
+            ..Default::default()
+        }
+    }
+}
+
 /// Cell text for a section that has no measurement yet.
 pub const NOT_MEASURED: &str = "not measured in this run";
 

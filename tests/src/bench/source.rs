@@ -6,7 +6,7 @@
 //! the last dropped). Without the API server: the Pods are made here, as a Deployment's
 //! pods read once decoded (two labels, a node, one address, running).
 
-use std::{collections::BTreeMap, time::Instant};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Instant};
 
 use anyhow::{Result, ensure};
 use egress_agent::source::{PodSummary, kube::PodIndex, objects};
@@ -125,6 +125,127 @@ fn before(store: &reflector::Store<Pod>) -> Vec<PodSummary> {
         .collect()
 }
 
+/// A pod as the source summarized it from 12e6bd1 until 408ef87: each its own copy of its
+/// namespace, node and labels (kept here to measure against).
+#[derive(Debug)]
+struct Unshared {
+    namespace: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    node_name: Option<String>,
+    ips: Vec<IpAddr>,
+}
+
+impl From<&Pod> for Unshared {
+    fn from(pod: &Pod) -> Self {
+        let now = PodSummary::from(pod);
+        Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ips: now.ips,
+        }
+    }
+}
+
+/// Bytes held for [`SHAPE`]'s pods, each way (`None`: the allocator does not count).
+pub struct Held {
+    pub pods: u32,
+    /// Whole Pods, as kube-rs's reflector store kept them until 12e6bd1.
+    pub full: Option<i64>,
+    /// Summaries, each with its own strings and labels (12e6bd1 until 408ef87).
+    pub unshared: Option<i64>,
+    /// Summaries as the sources make them now (names and labels shared).
+    pub shared: Option<i64>,
+}
+
+/// What a gateway (or the status writer) holds for every pod of the cluster, each way,
+/// measured by the bytes each way's list keeps allocated (this thread's, counted by
+/// [`egress_tests::alloc::Counting`](crate::alloc::Counting)).
+pub fn held() -> Result<Held> {
+    let pods: Vec<Pod> = (0..SHAPE.pods).map(|i| pod(i, 0)).collect();
+    let (full, full_bytes) =
+        crate::alloc::retained(|| pods.iter().cloned().map(Arc::new).collect::<Vec<_>>());
+    let (unshared, unshared_bytes) = crate::alloc::retained(|| {
+        pods.iter()
+            .map(|p| Arc::new(Unshared::from(p)))
+            .collect::<Vec<_>>()
+    });
+    let (shared, shared_bytes) = crate::alloc::retained(|| {
+        pods.iter()
+            .map(|p| Arc::new(PodSummary::from(p)))
+            .collect::<Vec<_>>()
+    });
+    ensure!(
+        full.len() == shared.len()
+            && unshared.iter().zip(&shared).all(|(u, s)| {
+                *u.namespace == *s.namespace
+                    && u.name == s.name
+                    && u.labels == *s.labels
+                    && u.node_name.as_deref() == s.node_name.as_deref()
+                    && u.ips == s.ips
+            }),
+        "the two summaries differ"
+    );
+    Ok(Held {
+        pods: SHAPE.pods,
+        full: full_bytes,
+        unshared: unshared_bytes,
+        shared: shared_bytes,
+    })
+}
+
+/// [`held`] as a table.
+pub fn held_table(held: &Result<Held>) -> Table {
+    let title = "What a gateway holds per pod".to_owned();
+    let header = ["way", "bytes per pod", "at the cluster's pods"]
+        .map(str::to_owned)
+        .to_vec();
+    let h = match held {
+        Ok(h) => h,
+        Err(e) => {
+            return Table::failed(title, header, "memory section", e);
+        }
+    };
+    let pods = f64::from(h.pods);
+    let cells = |bytes: Option<i64>| match bytes {
+        None => vec![super::report::NOT_MEASURED.to_owned(); 2],
+        Some(b) => vec![
+            format!("**{:.0}**", b as f64 / pods),
+            format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
+        ],
+    };
+    let row = |way: &str, bytes| [vec![way.to_owned()], cells(bytes)].concat();
+    Table {
+        title,
+        intro: vec![format!(
+            "The list of {} pods a gateway and the status writer keep (they watch every \
+             pod), in this process (`tests/src/bench/source.rs`, `egress-bench --churn`): \
+             the bytes each way's list keeps allocated, for the pods of the section above \
+             (100 namespaces, 100 nodes, 50 label sets; no containers, so a real Pod is \
+             larger than these).",
+            super::report::thousands(u64::from(h.pods))
+        )],
+        header,
+        rows: vec![
+            row(
+                "whole Pods, as kube-rs's reflector kept them (until 12e6bd1)",
+                h.full,
+            ),
+            row(
+                "summaries with their own names and labels (12e6bd1 until 408ef87)",
+                h.unshared,
+            ),
+            row(
+                "summaries sharing namespaces, nodes and label sets (`source::intern`)",
+                h.shared,
+            ),
+        ],
+        notes: vec![],
+    }
+}
+
 /// The two ways side by side.
 pub fn table(run: &Result<SourceRun>) -> Table {
     let title = "The Kubernetes source's snapshot per pod event".to_owned();
@@ -132,12 +253,7 @@ pub fn table(run: &Result<SourceRun>) -> Table {
     let r = match run {
         Ok(r) => r,
         Err(e) => {
-            return Table {
-                title,
-                intro: vec![format!("The source section failed: {e:#}")],
-                header,
-                ..Default::default()
-            };
+            return Table::failed(title, header, "source section", e);
         }
     };
     let cell = |v: &[f64]| match Spread::of(v) {

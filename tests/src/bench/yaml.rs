@@ -126,12 +126,7 @@ pub fn table(plan: &Plan) -> Table {
     let (bytes, now, before) = match measured {
         Ok(m) => m,
         Err(e) => {
-            return Table {
-                title,
-                intro: vec![format!("The YAML re-read measurement failed: {e:#}")],
-                header,
-                ..Default::default()
-            };
+            return Table::failed(title, header, "YAML re-read measurement", &e);
         }
     };
     let row = |what: &str, runs: &[(Spread, usize)]| {

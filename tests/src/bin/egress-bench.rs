@@ -128,6 +128,8 @@ fn args() -> Result<Args> {
                 print_alone(plan, lab::at_scale::table(&run))?;
             }
             "--churn" => {
+                // First: its shared names are not yet in the pool.
+                let held = source::held();
                 let run = churn::run(&plan);
                 let source = source::run();
                 print_tables(
@@ -136,6 +138,7 @@ fn args() -> Result<Args> {
                         churn::table(&run),
                         churn::churn_table(&run),
                         source::table(&source),
+                        source::held_table(&held),
                     ],
                 )?;
             }
