@@ -305,8 +305,8 @@ fn places<'a>(pods: &mut [PodInfo<'a>]) -> Option<Vec<(&'a str, Range<usize>)>> 
 }
 
 /// Every address of `pods` with the index of its pod, sorted by address, then index.
-/// Sorted by integer keys (the family, the address's bits): at 100,000 pods, twice as
-/// fast as by `IpAddr`.
+/// Sorted by integer keys (the family, the address's bits), cheaper to compare than
+/// `IpAddr`s (whose sort was a tenth of the compile at 100,000 pods).
 fn addresses(pods: &[PodInfo<'_>]) -> Vec<(IpAddr, usize)> {
     let mut keyed: Vec<(bool, u128, usize)> = pods
         .iter()
