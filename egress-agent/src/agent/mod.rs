@@ -361,9 +361,16 @@ impl Reconciler<'_> {
         self.adopt(&published, &ifaces);
         let down = self.report_own(&mut peers, &ifaces);
         let me = &self.cfg.node_name;
-        let (compiled, again) = self.memo.compile(snapshot, &peers, &self.last_accepted, me);
-        if again {
-            debug!("compile: nothing it reads changed since the last pass, its result taken again");
+        let (compiled, made) = self.memo.compile(snapshot, &peers, &self.last_accepted, me);
+        match made {
+            compiler::Made::Compiled => {}
+            compiler::Made::Again => debug!(
+                "compile: nothing it reads changed since the last pass, its result taken again"
+            ),
+            compiler::Made::Patched => debug!(
+                "compile: only pods no policy selects changed since the last pass, their \
+                 entries patched into its result"
+            ),
         }
         self.last_accepted.clone_from(&compiled.accepted);
         self.accepted_file.save(&self.last_accepted);

@@ -19,6 +19,7 @@ use crate::{
 mod compiled;
 pub mod condition;
 mod coverage;
+mod delta;
 mod gateway_side;
 mod hash;
 mod members;
@@ -72,6 +73,18 @@ pub fn compile_remembering(
     last_accepted: &BTreeMap<String, EgressGatewayPolicy>,
     node_name: &str,
 ) -> Compiled {
+    compile_indexed(view, peers, last_accepted, node_name, false).0
+}
+
+/// [`compile_remembering`], and with `index` what [`delta::patch`] needs to patch the
+/// result for pods no policy selects.
+fn compile_indexed(
+    view: &ClusterView,
+    peers: &PeerView,
+    last_accepted: &BTreeMap<String, EgressGatewayPolicy>,
+    node_name: &str,
+    index: bool,
+) -> (Compiled, Option<delta::Index>) {
     let mut desired = Desired::default();
     let held = nodes::held_egress_ips(view, peers);
     let nodes = nodes::index(view, peers, &held);
@@ -112,7 +125,9 @@ pub fn compile_remembering(
         .iter()
         .filter_map(|p| Some((p.name.clone(), p.accepted?.clone())))
         .collect();
-    Compiled {
+    let index =
+        index.then(|| delta::Index::new(view, (&pods, &plans, &nodes), &held, gateway, node_name));
+    let compiled = Compiled {
         desired,
         statuses,
         holders,
@@ -124,7 +139,8 @@ pub fn compile_remembering(
         pod_routes,
         pods_needed: members::needed(view, gateway, node_name, &peers.dead),
         pod_scope: view.pod_scope,
-    }
+    };
+    (compiled, index)
 }
 
 /// The last compile and what it was of. The compile is a pure function of the view, the
@@ -132,7 +148,9 @@ pub fn compile_remembering(
 /// (the very one, shared with the source: no comparison of its objects), equal peers and
 /// equal accepted policies takes the last result again instead of making it anew. So the
 /// resync tick's pass, and every pass woken by something the compile does not read (a
-/// link, a timer, a retry), costs no compile.
+/// link, a timer, a retry), costs no compile. A snapshot that differs from the last only
+/// in pods no policy selects patches the last result ([`delta`]): the pod events of
+/// most of a cluster's pods cost their own entries.
 #[derive(Default)]
 pub struct Memo {
     last: Option<Memoized>,
@@ -144,40 +162,66 @@ struct Memoized {
     accepted: BTreeMap<String, EgressGatewayPolicy>,
     node: String,
     compiled: Arc<Compiled>,
+    index: Option<delta::Index>,
+}
+
+/// How [`Memo::compile`] came by its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Made {
+    /// Compiled anew.
+    Compiled,
+    /// The last result taken again: nothing it reads changed (the very snapshot, or
+    /// one whose pods are the same).
+    Again,
+    /// The last result patched: only pods no policy selects changed.
+    Patched,
 }
 
 impl Memo {
-    /// [`compile_remembering`] of `snapshot`'s view, or the last result when its inputs
-    /// are those of the last compile; and whether it was taken again.
+    /// [`compile_remembering`] of `snapshot`'s view, or the last result taken again or
+    /// patched when its inputs are those of the last compile but for such pods; and how.
     pub fn compile(
         &mut self,
         snapshot: &Arc<Snapshot>,
         peers: &PeerView,
         last_accepted: &BTreeMap<String, EgressGatewayPolicy>,
         node_name: &str,
-    ) -> (Arc<Compiled>, bool) {
-        if let Some(m) = &self.last
-            && Arc::ptr_eq(&m.snapshot, snapshot)
+    ) -> (Arc<Compiled>, Made) {
+        if let Some(m) = &mut self.last
             && m.peers == *peers
             && m.accepted == *last_accepted
             && m.node == node_name
         {
-            return (Arc::clone(&m.compiled), true);
+            if Arc::ptr_eq(&m.snapshot, snapshot) {
+                return (Arc::clone(&m.compiled), Made::Again);
+            }
+            let patched = m.index.as_mut().and_then(|index| {
+                delta::patch(index, &m.snapshot.view, &snapshot.view, &m.compiled)
+            });
+            if let Some(patch) = patched {
+                m.snapshot = Arc::clone(snapshot);
+                let made = match patch {
+                    delta::Patch::Same => Made::Again,
+                    delta::Patch::Patched(compiled) => {
+                        m.compiled = Arc::from(compiled);
+                        Made::Patched
+                    }
+                };
+                return (Arc::clone(&m.compiled), made);
+            }
         }
-        let compiled = Arc::new(compile_remembering(
-            &snapshot.view,
-            peers,
-            last_accepted,
-            node_name,
-        ));
+        let (compiled, index) =
+            compile_indexed(&snapshot.view, peers, last_accepted, node_name, true);
+        let compiled = Arc::new(compiled);
         self.last = Some(Memoized {
             snapshot: Arc::clone(snapshot),
             peers: peers.clone(),
             accepted: last_accepted.clone(),
             node: node_name.to_owned(),
             compiled: Arc::clone(&compiled),
+            index,
         });
-        (compiled, false)
+        (compiled, Made::Compiled)
     }
 }
 

@@ -9,6 +9,7 @@ use std::{
 };
 
 use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Namespace;
 
 use super::{
     compiled::{Object, Problem},
@@ -19,7 +20,7 @@ use crate::{
     api::EgressGatewayPolicySpec,
     desired::Desired,
     selector::Selector,
-    source::{ClusterView, PodScope},
+    source::{ClusterView, PodScope, PodSummary},
 };
 
 /// A pod as the compiler sees it.
@@ -80,7 +81,10 @@ impl Disputed {
 
 /// Every address of every Node (its `status.addresses`, held egress IPs `held` left out)
 /// and EgressNode underlay, by node.
-fn node_addresses(view: &ClusterView, held: &BTreeSet<IpAddr>) -> BTreeMap<IpAddr, String> {
+pub(super) fn node_addresses(
+    view: &ClusterView,
+    held: &BTreeSet<IpAddr>,
+) -> BTreeMap<IpAddr, String> {
     let mut out = BTreeMap::new();
     for n in &view.nodes {
         let Some(name) = n.metadata.name.as_deref() else {
@@ -102,34 +106,63 @@ fn node_addresses(view: &ClusterView, held: &BTreeSet<IpAddr>) -> BTreeMap<IpAdd
 /// The namespaces' labels, each with its implicit `kubernetes.io/metadata.name`.
 struct Namespaces<'a>(BTreeMap<&'a str, BTreeMap<String, String>>);
 
+/// A Namespace's name and labels, with its implicit `kubernetes.io/metadata.name`.
+fn namespace_labels(ns: &Namespace) -> Option<(&str, BTreeMap<String, String>)> {
+    let name = ns.metadata.name.as_deref()?;
+    let mut labels = ns.metadata.labels.clone().unwrap_or_default();
+    labels
+        .entry("kubernetes.io/metadata.name".to_owned())
+        .or_insert_with(|| name.to_owned());
+    Some((name, labels))
+}
+
+/// Whether `ns_sel` selects `namespace`, whose labels are `labels` (`None`: it has no
+/// Namespace object, and still has its implicit `kubernetes.io/metadata.name` label).
+fn labels_selected(
+    namespace: &str,
+    labels: Option<&BTreeMap<String, String>>,
+    ns_sel: &Selector,
+) -> bool {
+    match labels {
+        Some(labels) if !labels.is_empty() => ns_sel.matches(labels),
+        _ => {
+            let implicit = BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_owned(),
+                namespace.to_owned(),
+            )]);
+            ns_sel.matches(&implicit)
+        }
+    }
+}
+
+/// Whether `ns_sel` selects `namespace` of `view`, as [`Pods::selected`] matches it: for
+/// one pod, without indexing every namespace.
+pub(super) fn namespace_selected(view: &ClusterView, namespace: &str, ns_sel: &Selector) -> bool {
+    // The last of one name counts, as in [`Namespaces::index`].
+    let labels = view
+        .namespaces
+        .iter()
+        .rev()
+        .filter_map(namespace_labels)
+        .find(|(name, _)| *name == namespace)
+        .map(|(_, labels)| labels);
+    labels_selected(namespace, labels.as_ref(), ns_sel)
+}
+
 impl<'a> Namespaces<'a> {
     fn index(view: &'a ClusterView) -> Self {
-        let mut labels_of = BTreeMap::new();
-        for ns in &view.namespaces {
-            if let Some(name) = ns.metadata.name.as_deref() {
-                let mut labels = ns.metadata.labels.clone().unwrap_or_default();
-                labels
-                    .entry("kubernetes.io/metadata.name".to_owned())
-                    .or_insert_with(|| name.to_owned());
-                labels_of.insert(name, labels);
-            }
-        }
-        Self(labels_of)
+        Self(
+            view.namespaces
+                .iter()
+                .filter_map(namespace_labels)
+                .collect(),
+        )
     }
 
     /// Whether `ns_sel` selects `namespace`. A namespace without a Namespace object still
     /// has its implicit `kubernetes.io/metadata.name` label.
     fn matches(&self, namespace: &str, ns_sel: &Selector) -> bool {
-        match self.0.get(namespace) {
-            Some(labels) if !labels.is_empty() => ns_sel.matches(labels),
-            _ => {
-                let implicit = BTreeMap::from([(
-                    "kubernetes.io/metadata.name".to_owned(),
-                    namespace.to_owned(),
-                )]);
-                ns_sel.matches(&implicit)
-            }
-        }
+        labels_selected(namespace, self.0.get(namespace), ns_sel)
     }
 }
 
@@ -164,6 +197,15 @@ pub fn selection(
     Selection::Selected
 }
 
+/// The node of a pod the compiler sees (running, on the pod network, named, with an
+/// address and a node); `None` for a pod it leaves out.
+pub(super) fn seen(pod: &PodSummary) -> Option<&str> {
+    if pod.host_network || !pod.running || pod.ips.is_empty() || pod.name.is_empty() {
+        return None;
+    }
+    pod.node_name.as_deref()
+}
+
 impl<'a> Pods<'a> {
     /// The running pod-network pods of `view`, sorted, for a compile for node `me`.
     pub(super) fn index(view: &'a ClusterView, held: &BTreeSet<IpAddr>, me: &str) -> Self {
@@ -171,10 +213,7 @@ impl<'a> Pods<'a> {
             .pods
             .iter()
             .filter_map(|pod| {
-                if pod.host_network || !pod.running || pod.ips.is_empty() || pod.name.is_empty() {
-                    return None;
-                }
-                let node = pod.node_name.as_deref()?;
+                let node = seen(pod)?;
                 Some(PodInfo {
                     namespace: &pod.namespace,
                     name: &pod.name,

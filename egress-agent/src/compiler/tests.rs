@@ -29,6 +29,7 @@ use crate::{
 mod cloud_addresses;
 mod conflicts;
 mod coverage;
+mod delta;
 mod egress_ips;
 mod last_accepted;
 mod members;

@@ -15,10 +15,10 @@ use std::{
 use anyhow::Result;
 use egress_agent::{
     agent::batch::{DEFAULT_MAX_REST_MS, FACTOR, StateBatch},
-    compiler::{Compiled, Memo, compile},
+    compiler::{Compiled, Made, Memo, compile},
     datapath::state::MapState,
     liveness::PeerView,
-    source::{ClusterView, PodSummary, Snapshot},
+    source::{ClusterView, PodSummary, Snapshot, intern},
 };
 
 use super::{
@@ -72,13 +72,18 @@ impl Agent {
         self.pass_of(|| Arc::new(compile(view, &node)))
     }
 
-    /// [`Agent::pass`] of `snapshot` as the agent makes it: compiled through its memo.
-    fn pass_memo(&mut self, memo: &mut Memo, snapshot: &Arc<Snapshot>) -> PassTimes {
+    /// [`Agent::pass`] of `snapshot` as the agent makes it: compiled through its memo;
+    /// and how the memo came by the result.
+    fn pass_memo(&mut self, memo: &mut Memo, snapshot: &Arc<Snapshot>) -> (PassTimes, Made) {
         let node = self.node.clone();
-        self.pass_of(|| {
-            memo.compile(snapshot, &PeerView::default(), &BTreeMap::new(), &node)
-                .0
-        })
+        let mut made = Made::Compiled;
+        let times = self.pass_of(|| {
+            let (compiled, how) =
+                memo.compile(snapshot, &PeerView::default(), &BTreeMap::new(), &node);
+            made = how;
+            compiled
+        });
+        (times, made)
     }
 
     fn pass_of(&mut self, compile: impl FnOnce() -> Arc<Compiled>) -> PassTimes {
@@ -139,6 +144,19 @@ pub struct OnePod {
     pub unchanged: Vec<PassTimes>,
     /// The same pass as the agent makes it now: the compile taken again from its memo.
     pub unchanged_memo: Vec<PassTimes>,
+    /// One pod that no policy selects added, compiled anew (as every pod event was
+    /// before `compiler::delta`).
+    pub unselected_full: Vec<PassTimes>,
+    /// The same pod added through the agent's memo, which patches the last result.
+    pub unselected_memo: Vec<PassTimes>,
+}
+
+/// A snapshot of `view` as a source hands it over.
+fn snapshot_of(view: &ClusterView) -> Arc<Snapshot> {
+    Arc::new(Snapshot {
+        view: view.clone(),
+        errors: Vec::new(),
+    })
 }
 
 /// Add one pod to `view` on `node` and pass, then remove it and pass again (untimed), then
@@ -165,22 +183,56 @@ fn one_pod_added(
         agent.pass(view);
         unchanged.push(agent.pass(view));
     }
-    let snapshot = Arc::new(Snapshot {
-        view: view.clone(),
-        errors: Vec::new(),
-    });
+    let snapshot = snapshot_of(view);
     let mut memo = Memo::default();
     agent.pass_memo(&mut memo, &snapshot);
     let unchanged_memo = (0..rounds)
-        .map(|_| agent.pass_memo(&mut memo, &snapshot))
+        .map(|_| agent.pass_memo(&mut memo, &snapshot).0)
         .collect();
+    let (unselected_full, unselected_memo) = unselected_added(shape, view, &mut agent, rounds);
     OnePod {
         node: node.to_owned(),
         gateway,
         passes,
         unchanged,
         unchanged_memo,
+        unselected_full,
+        unselected_memo,
     }
+}
+
+/// A pod that no policy selects (`app: web`) added on `agent`'s node and taken out again,
+/// `rounds` times: each added pass compiled anew, then through the agent's memo (whose
+/// last result, without the pod, it patches).
+fn unselected_added(
+    shape: &Shape,
+    view: &mut ClusterView,
+    agent: &mut Agent,
+    rounds: usize,
+) -> (Vec<PassTimes>, Vec<PassTimes>) {
+    let i = view
+        .nodes
+        .iter()
+        .position(|n| n.metadata.name.as_deref() == Some(agent.node.as_str()));
+    let i = i.map_or(0, |i| i as u32);
+    let mut memo = Memo::default();
+    agent.pass_memo(&mut memo, &snapshot_of(view));
+    let (mut full, mut patched) = (Vec::new(), Vec::new());
+    for k in 0..rounds as u32 {
+        let mut pod = scale::pod(shape, i, shape.pods_per_node() + k % 20);
+        pod.labels = intern::labels([("app".to_owned(), "web".to_owned())].into());
+        add_pod(view, pod.clone());
+        full.push(agent.pass(view));
+        remove_pod(view, &pod);
+        agent.pass(view);
+        add_pod(view, pod.clone());
+        let (times, made) = agent.pass_memo(&mut memo, &snapshot_of(view));
+        assert_eq!(made, Made::Patched, "a pod no policy selects is patched in");
+        patched.push(times);
+        remove_pod(view, &pod);
+        agent.pass_memo(&mut memo, &snapshot_of(view));
+    }
+    (full, patched)
 }
 
 /// One node's agent while pods change at `rate` per second for `wall`.
@@ -407,6 +459,23 @@ pub fn table(run: &Result<ChurnRun>) -> Table {
                 role(o.gateway)
             ),
             &o.unchanged_memo,
+        ));
+    }
+    for o in &r.one_pod {
+        rows.push(pass_row(
+            format!(
+                "one pod no policy selects added, compiled anew (as before `compiler::delta`), {}",
+                role(o.gateway)
+            ),
+            &o.unselected_full,
+        ));
+        rows.push(pass_row(
+            format!(
+                "the same pod added, now: the memo's last result patched with its entries \
+                 (`compiler::delta`), {}",
+                role(o.gateway)
+            ),
+            &o.unselected_memo,
         ));
     }
     Table {

@@ -106,31 +106,39 @@ fn the_memo_takes_the_last_compile_again_only_when_nothing_it_reads_changed() {
             errors: Vec::new(),
         })
     };
-    let view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    let mut view = with_policies(base(), vec![policy("payments", PAYMENTS)]);
+    // In (namespace, name) order, as the sources hand pods over.
+    view.pods
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let first = snapshot(view.clone());
     let mut memo = Memo::default();
     let none = BTreeMap::new();
     let peers = PeerView::default();
-    let (a, again) = memo.compile(&first, &peers, &none, "worker-1");
-    assert!(!again, "the first compile");
+    let (a, made) = memo.compile(&first, &peers, &none, "worker-1");
+    assert_eq!(made, Made::Compiled, "the first compile");
     assert_eq!(*a, compile_after(&view, &none));
-    let (b, again) = memo.compile(&first, &peers, &none, "worker-1");
-    assert!(again && Arc::ptr_eq(&a, &b), "nothing changed: taken again");
-    // Each input changed in turn: compiled anew, as without the memo.
+    let (b, made) = memo.compile(&first, &peers, &none, "worker-1");
+    assert!(
+        made == Made::Again && Arc::ptr_eq(&a, &b),
+        "nothing changed: taken again"
+    );
+    // A new snapshot of the same objects: taken again too.
     let equal_copy = snapshot(view.clone());
-    assert!(!memo.compile(&equal_copy, &peers, &none, "worker-1").1);
+    let (b, made) = memo.compile(&equal_copy, &peers, &none, "worker-1");
+    assert!(made == Made::Again && Arc::ptr_eq(&a, &b));
+    // Each input changed in turn: compiled anew, as without the memo.
     let mut dead = peers.clone();
     dead.dead.insert("gw-1".to_owned());
-    let (c, again) = memo.compile(&equal_copy, &dead, &none, "worker-1");
-    assert!(!again);
+    let (c, made) = memo.compile(&equal_copy, &dead, &none, "worker-1");
+    assert_eq!(made, Made::Compiled);
     assert_eq!(*c, compile_remembering(&view, &dead, &none, "worker-1"));
-    let (d, again) = memo.compile(&equal_copy, &dead, &c.accepted, "worker-1");
-    assert!(!again);
+    let (d, made) = memo.compile(&equal_copy, &dead, &c.accepted, "worker-1");
+    assert_eq!(made, Made::Compiled);
     assert_eq!(
         *d,
         compile_remembering(&view, &dead, &c.accepted, "worker-1")
     );
-    let (e, again) = memo.compile(&equal_copy, &dead, &c.accepted, "gw-1");
-    assert!(!again);
+    let (e, made) = memo.compile(&equal_copy, &dead, &c.accepted, "gw-1");
+    assert_eq!(made, Made::Compiled);
     assert_eq!(*e, compile_remembering(&view, &dead, &c.accepted, "gw-1"));
 }
