@@ -22,7 +22,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{datapath::dump, liveness::PeerStatus};
+use crate::{compiler::Made, datapath::dump, liveness::PeerStatus};
 
 /// What the reconcile loop reports.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +30,8 @@ pub struct Stats {
     pub ready: bool,
     pub reconciles: u64,
     pub errors: u64,
+    /// The passes' compiles, by how each came by its result.
+    pub compiles: Compiles,
     pub problems: usize,
     pub source_errors: usize,
     pub last_reconcile: Duration,
@@ -47,6 +49,24 @@ pub struct Stats {
     pub routes_published: BTreeMap<String, usize>,
     /// The address each of this node's selected pods leaves with, per rule.
     pub pod_routes: Vec<PodRouteStat>,
+}
+
+/// The passes' compiles, by how each came by its result ([`Made`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compiles {
+    pub compiled: u64,
+    pub again: u64,
+    pub patched: u64,
+}
+
+impl Compiles {
+    pub fn count(&mut self, made: Made) {
+        *match made {
+            Made::Compiled => &mut self.compiled,
+            Made::Again => &mut self.again,
+            Made::Patched => &mut self.patched,
+        } += 1;
+    }
 }
 
 /// One of this node's pods and how it leaves under one rule.
@@ -170,6 +190,11 @@ struct InterfaceLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabels {
     peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CompileLabels {
+    made: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -371,6 +396,21 @@ fn register_passes(reg: &mut Registry, stats: &Stats) {
         c.inc_by(v);
         reg.register(name, help, c);
     }
+    let compiles = Family::<CompileLabels, Counter>::default();
+    let c = &stats.compiles;
+    for (made, v) in [
+        ("compiled", c.compiled),
+        ("again", c.again),
+        ("patched", c.patched),
+    ] {
+        compiles.get_or_create(&CompileLabels { made }).inc_by(v);
+    }
+    reg.register(
+        "compiles",
+        "The passes' compiles: compiled anew, the last result taken again (nothing it reads \
+         changed), or patched (only pods no policy selects changed)",
+        compiles,
+    );
     for (name, help, v) in [
         (
             "problems",

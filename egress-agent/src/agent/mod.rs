@@ -210,6 +210,7 @@ fn record_pass(
     match outcome {
         Ok(o) => {
             s.ready = true;
+            s.compiles.count(o.made);
             s.holders = o.holders;
             s.unheld = o.unheld;
             s.pod_routes = o.pod_routes;
@@ -247,6 +248,8 @@ struct Passed {
 
 struct Outcome {
     changed: usize,
+    /// How the compile came by its result.
+    made: compiler::Made,
     holders: Vec<metrics::HolderStat>,
     unheld: Vec<metrics::UnheldStat>,
     pod_routes: Vec<metrics::PodRouteStat>,
@@ -422,6 +425,7 @@ impl Reconciler<'_> {
         }
         Ok(Outcome {
             changed,
+            made,
             holders: holder_stats(&compiled),
             unheld: unheld_stats(&compiled),
             pod_routes: pod_route_stats(&compiled),
@@ -658,6 +662,7 @@ mod tests {
         let mut log = problems::ProblemLog::default();
         let ok = Outcome {
             changed: 2,
+            made: compiler::Made::Patched,
             holders: Vec::new(),
             unheld: Vec::new(),
             pod_routes: Vec::new(),
@@ -675,6 +680,7 @@ mod tests {
             assert_eq!((s.reconciles, s.errors), (1, 0));
             assert_eq!((s.problems, s.source_errors), (1, 1));
             assert_eq!(s.last_reconcile, Duration::from_millis(7));
+            assert_eq!(s.compiles.patched, 1);
         }
         let failed = Err(anyhow::anyhow!("failed to read the interfaces"));
         record_pass(&stats, &mut log, Trigger::Resync, passed(failed, &[]));
