@@ -24,6 +24,8 @@ use egress_tests::{
 };
 
 const LATE: &str = "w1-late";
+/// A pod no policy selects (`app: web`) on w1, announced late too.
+const WEB: &str = "w1-web";
 /// Streaming before the Pod object is announced, then after.
 const BEFORE: Duration = Duration::from_secs(2);
 const AFTER: Duration = Duration::from_secs(3);
@@ -56,8 +58,11 @@ fn lab_with(mode: &str, wired_later: bool) -> Result<Lab> {
     let mut late = PodSpec::new(LATE, "payments", "w1", &[("app", "api")]);
     late.wired_later = wired_later;
     spec.pods.push(late);
+    spec.pods
+        .push(PodSpec::new(WEB, "payments", "w1", &[("app", "web")]));
     let mut lab = Lab::up(spec)?;
     lab.set_pod_announced(LATE, false)?;
+    lab.set_pod_announced(WEB, false)?;
     lab.connect_router_to('a')?;
     for node in ["w1", "w2", "gw1", "gw2"] {
         lab.start_agent(node, &agent_bin()?, &["--unknown-pods", mode])?;
@@ -90,23 +95,28 @@ enum Wiring {
 /// right before it starts streaming: its first datagram leaves within a few ms of its
 /// device's creation.
 fn late_pod_stream_wiring(lab: &mut Lab, wiring: Wiring) -> Result<Figures> {
-    let capture = lab.dir().join("host-a.pcap.txt");
+    pod_stream(lab, LATE, wiring)
+}
+
+/// [`late_pod_stream_wiring`] of `pod`.
+fn pod_stream(lab: &mut Lab, pod: &str, wiring: Wiring) -> Result<Figures> {
+    let capture = lab.dir().join(format!("host-a-{pod}.pcap.txt"));
     let mut dump = lab.ns("host-a")?.spawn(
         "tcpdump",
         &["-n", "-l", "-i", "eth0", "udp dst port 7777"],
         &capture,
     )?;
     std::thread::sleep(Duration::from_millis(500));
-    let log = lab.dir().join("late-stream.log");
+    let log = lab.dir().join(format!("{pod}-stream.log"));
     let total = BEFORE + AFTER;
     let target = SocketAddr::new(addr::HOST_A.into(), addr::ECHO_PORT).to_string();
     let t = std::time::Instant::now();
     match wiring {
         Wiring::Before => {}
-        Wiring::Late => lab.wire_pod(LATE)?,
+        Wiring::Late => lab.wire_pod(pod)?,
         Wiring::LateWithPlugin => {
             let plugin = agent_bin()?.with_file_name("egress-cni");
-            let out = lab.wire_pod_with_cni(LATE, &plugin)?;
+            let out = lab.wire_pod_with_cni(pod, &plugin)?;
             ensure!(
                 out.contains("\"interfaces\""),
                 "prevResult passed through: {out}"
@@ -120,16 +130,16 @@ fn late_pod_stream_wiring(lab: &mut Lab, wiring: Wiring) -> Result<Figures> {
         // plugin, that is the agent's window to read the RTM_NEWLINK and attach.
         Wiring::Late => {
             std::thread::sleep(NEWLINK_WINDOW.saturating_sub(t.elapsed()));
-            println!("{LATE} wired; streaming {:?} after its device", t.elapsed());
+            println!("{pod} wired; streaming {:?} after its device", t.elapsed());
         }
         Wiring::LateWithPlugin => {
             println!(
-                "{LATE} wired through egress-cni in {:?}; streaming at once",
+                "{pod} wired through egress-cni in {:?}; streaming at once",
                 t.elapsed()
             )
         }
     }
-    let mut stream = lab.ns(LATE)?.spawn(
+    let mut stream = lab.ns(pod)?.spawn(
         &lab.spec().echo_bin,
         &[
             "stream",
@@ -144,7 +154,7 @@ fn late_pod_stream_wiring(lab: &mut Lab, wiring: Wiring) -> Result<Figures> {
     )?;
     std::thread::sleep(BEFORE);
     let announced = unix_ms();
-    lab.set_pod_announced(LATE, true)?;
+    lab.set_pod_announced(pod, true)?;
     stream.wait_for(total + Duration::from_secs(5))?;
     std::thread::sleep(Duration::from_millis(300));
     let _ = dump.terminate(Duration::from_secs(1));
@@ -194,7 +204,49 @@ fn a_pod_unknown_to_the_agent_never_leaks_under_unknown_pods_drop() -> Result<()
     );
     let t = f.to_egress_ms.context("no reply after the announcement")?;
     ensure!(t < AFTER.as_millis() as u64, "egress took {t} ms");
+
+    // A pod no policy selects: unknown, dropped where the rules reach; known, it leaves
+    // with its own address. Its Pod object changes nothing but its own entries, so w1's
+    // agent patches its last compile in (`compiler::delta`) rather than compiling anew.
+    let (dropped, patched) = (f.dropped, compiles(&lab, "w1", "patched")?);
+    let g = pod_stream(&mut lab, WEB, Wiring::Before)?;
+    let patched = compiles(&lab, "w1", "patched")? - patched;
+    println!(
+        "{WEB} (no policy selects it): {} datagrams sent, {} dropped as DROP_UNKNOWN_POD, \
+         {} at host-a by its own address, {} through egress IP A; w1 patched {patched} \
+         compiles",
+        g.sent,
+        g.dropped - dropped,
+        g.leaked,
+        g.translated
+    );
+    ensure!(
+        g.dropped > dropped,
+        "nothing was dropped while {WEB} was unknown"
+    );
+    ensure!(
+        g.leaked > 0,
+        "nothing reached host-a from {WEB} once it was known"
+    );
+    ensure!(g.translated == 0, "{WEB} went through egress IP A");
+    ensure!(
+        g.leaked < g.sent as usize,
+        "every datagram of {WEB} reached host-a: it was never dropped"
+    );
+    ensure!(patched > 0, "w1 compiled anew for {WEB}'s Pod object");
     Ok(())
+}
+
+/// `node`'s agent's compiles that `egress_compiles_total` counts as `made`.
+fn compiles(lab: &Lab, node: &str, made: &str) -> Result<u64> {
+    let text = lab.agent_metrics(node)?;
+    let series = format!("egress_compiles_total{{made=\"{made}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .with_context(|| format!("{node} serves no {series}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{node}'s {series}"))
 }
 
 #[test]

@@ -372,7 +372,28 @@ pub(super) struct Loader {
 }
 
 impl Loader {
-    fn finish(self) -> (Snapshot, Origins) {
+    /// The view, its pods in namespace and name order as the Kubernetes source hands
+    /// them over (the compile then need not sort them, and a later view that differs in
+    /// pods no policy selects patches its result: `compiler::delta`), and where each
+    /// object came from.
+    fn finish(mut self) -> (Snapshot, Origins) {
+        let pods = &mut self.view.pods;
+        let mut order: Vec<usize> = (0..pods.len()).collect();
+        order.sort_by(|&a, &b| {
+            (&pods[a].namespace, &pods[a].name).cmp(&(&pods[b].namespace, &pods[b].name))
+        });
+        if order.iter().enumerate().any(|(to, from)| to != *from) {
+            let mut place = vec![0; order.len()];
+            for (to, from) in order.iter().enumerate() {
+                place[*from] = to;
+            }
+            *pods = order.iter().map(|from| Arc::clone(&pods[*from])).collect();
+            for (_, slot) in self.origins.values_mut().flat_map(BTreeMap::values_mut) {
+                if let Slot::Pod(i) = slot {
+                    *i = place[*i];
+                }
+            }
+        }
         let snapshot = Snapshot {
             view: self.view,
             errors: self.errors,
@@ -656,6 +677,56 @@ mod tests {
             );
             assert_eq!(snap.errors, [], "{case}");
         }
+    }
+
+    /// A Pod document of `namespace/name` with address `ip`.
+    fn pod_doc(namespace: &str, name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\n\
+             spec: {{nodeName: w1}}\nstatus: {{phase: Running, podIP: {ip}}}\n"
+        )
+    }
+
+    /// Each pod of `snap` as `namespace/name ip`, in the view's order.
+    fn pods(snap: &Snapshot) -> Vec<String> {
+        snap.view
+            .pods
+            .iter()
+            .map(|p| format!("{}/{} {}", p.namespace, p.name, p.ips[0]))
+            .collect()
+    }
+
+    #[test]
+    fn pods_come_in_namespace_and_name_order_and_a_broken_file_keeps_its_own() {
+        let mut r = Rereader::new();
+        let a = [
+            pod_doc("z", "p2", "10.0.0.2"),
+            pod_doc("a", "p9", "10.0.0.9"),
+            pod_doc("a", "p1", "10.0.0.1"),
+        ];
+        r.write("a.yaml", &a.join("---\n"))
+            .write("b.yaml", &pod_doc("m", "p3", "10.0.0.3"));
+        let sorted = [
+            "a/p1 10.0.0.1",
+            "a/p9 10.0.0.9",
+            "m/p3 10.0.0.3",
+            "z/p2 10.0.0.2",
+        ];
+        assert_eq!(pods(&r.read()), sorted);
+        // Kept from the last read by where each pod sat in its view: still each its own.
+        r.write("a.yaml", "this: [is, not: valid\n")
+            .write("b.yaml", &pod_doc("m", "p3", "10.0.0.33"));
+        let snap = r.read();
+        assert_eq!(
+            pods(&snap),
+            [
+                "a/p1 10.0.0.1",
+                "a/p9 10.0.0.9",
+                "m/p3 10.0.0.33",
+                "z/p2 10.0.0.2"
+            ]
+        );
+        assert_eq!(pods(&r.read()), pods(&snap), "and again");
     }
 
     #[test]
