@@ -30,7 +30,7 @@ use super::{
 };
 use crate::source::{ClusterView, PodSummary};
 
-/// Most pods one patch takes: past it, a full compile is as cheap.
+/// Most pods one patch takes (a bound on what it looks at): more compile anew.
 const MAX_CHANGES: usize = 64;
 
 /// What a compile keeps to patch its result for pods no policy selects.
