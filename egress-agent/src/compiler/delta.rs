@@ -36,8 +36,10 @@ const MAX_CHANGES: usize = 64;
 /// What a compile keeps to patch its result for pods no policy selects.
 pub(super) struct Index {
     /// The view's pods are sorted by namespace and name, each once: what [`changes`]
-    /// needs to pair old and new versions.
-    sorted: bool,
+    /// needs to pair old and new versions. Found at the first patch (a compile that is
+    /// never patched does not pay for it), kept through the patches (each checks the
+    /// order where the pods changed).
+    sorted: Option<bool>,
     /// Every address of the compiled pods (one pod's alone), sorted.
     listed: Vec<IpAddr>,
     /// Addresses no pod may take without a full compile: those two claimants dispute
@@ -65,11 +67,10 @@ impl Index {
         gateway: bool,
         node: &str,
     ) -> Self {
-        let sorted = view.pods.windows(2).all(|w| key(&w[0]) < key(&w[1]));
         let mut taken: BTreeSet<IpAddr> = pods.disputed.iter().map(|d| d.ip).collect();
         taken.extend(pods::node_addresses(view, held).into_keys());
         Self {
-            sorted,
+            sorted: None,
             listed: pods.by_address.iter().map(|(ip, _)| *ip).collect(),
             taken,
             selectors: plans.iter().filter_map(|p| p.selectors.clone()).collect(),
@@ -105,6 +106,18 @@ impl Index {
             })
             && !(node == self.node && self.restricted.contains(&*pod.namespace))
     }
+}
+
+/// Whether `pods` are sorted by namespace and name, each once. Pods of one namespace
+/// share its name ([`crate::source::intern`]): compared by pointer first.
+fn sorted(pods: &[Arc<PodSummary>]) -> bool {
+    pods.windows(2).all(|w| {
+        if Arc::ptr_eq(&w[0].namespace, &w[1].namespace) {
+            w[0].name < w[1].name
+        } else {
+            key(&w[0]) < key(&w[1])
+        }
+    })
 }
 
 /// A pod's place in the view's order.
@@ -200,7 +213,7 @@ pub(super) fn patch(
     new: &ClusterView,
     compiled: &Compiled,
 ) -> Option<Patch> {
-    if !index.sorted || !same_but_pods(old, new) {
+    if !same_but_pods(old, new) || !*index.sorted.get_or_insert_with(|| sorted(&old.pods)) {
         return None;
     }
     let changes = changes(&old.pods, &new.pods)?;
