@@ -74,12 +74,7 @@ impl Index {
             listed: pods.by_address.iter().map(|(ip, _)| *ip).collect(),
             taken,
             selectors: plans.iter().filter_map(|p| p.selectors.clone()).collect(),
-            cidrs: view
-                .cluster_cidrs
-                .iter()
-                .chain(nodes.iter().flat_map(|n| &n.pod_cidrs))
-                .map(IpNet::trunc)
-                .collect(),
+            cidrs: pods::pod_cidrs(view, nodes),
             underlay_of: nodes
                 .iter()
                 .filter_map(|n| Some((n.name.to_owned(), n.underlay?)))

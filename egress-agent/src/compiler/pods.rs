@@ -188,13 +188,22 @@ pub fn selection(
 ) -> Selection {
     let ns_sel = Selector::optional(spec.namespace_selector.as_ref(), "spec.namespaceSelector");
     let pod_sel = Selector::optional(spec.pod_selector.as_ref(), "spec.podSelector");
-    if !ns_sel.is_ok_and(|s| Namespaces::index(view).matches(namespace, &s)) {
+    if !ns_sel.is_ok_and(|s| namespace_selected(view, namespace, &s)) {
         return Selection::NamespaceNotSelected;
     }
     if !pod_sel.is_ok_and(|s| s.matches(labels)) {
         return Selection::PodNotSelected;
     }
     Selection::Selected
+}
+
+/// The declared cluster CIDRs and every node's pod CIDRs: where pod addresses belong.
+pub(super) fn pod_cidrs(view: &ClusterView, nodes: &[NodeInfo<'_>]) -> Vec<IpNet> {
+    view.cluster_cidrs
+        .iter()
+        .chain(nodes.iter().flat_map(|n| &n.pod_cidrs))
+        .map(IpNet::trunc)
+        .collect()
 }
 
 /// The node of a pod the compiler sees (running, on the pod network, named, with an
@@ -419,12 +428,7 @@ impl<'a> Pods<'a> {
         if view.pod_scope != PodScope::Cluster || view.cluster_cidrs.is_empty() {
             return;
         }
-        let cidrs: Vec<ipnet::IpNet> = view
-            .cluster_cidrs
-            .iter()
-            .chain(nodes.iter().flat_map(|n| &n.pod_cidrs))
-            .map(ipnet::IpNet::trunc)
-            .collect();
+        let cidrs = pod_cidrs(view, nodes);
         let declared: Vec<String> = view.cluster_cidrs.iter().map(ToString::to_string).collect();
         for outside in self.outside(&cidrs) {
             problems.push(Problem {

@@ -151,6 +151,15 @@ pub struct OnePod {
     pub unselected_memo: Vec<PassTimes>,
 }
 
+/// The place of the node named `node` among `view`'s Nodes (the synthetic cluster's
+/// node number; 0 when it has none).
+fn node_index(view: &ClusterView, node: &str) -> u32 {
+    view.nodes
+        .iter()
+        .position(|n| n.metadata.name.as_deref() == Some(node))
+        .map_or(0, |i| i as u32)
+}
+
 /// A snapshot of `view` as a source hands it over.
 fn snapshot_of(view: &ClusterView) -> Arc<Snapshot> {
     Arc::new(Snapshot {
@@ -171,11 +180,7 @@ fn one_pod_added(
     let mut agent = Agent::new(view, node);
     let (mut passes, mut unchanged) = (Vec::new(), Vec::new());
     for k in 0..rounds as u32 {
-        let i = view
-            .nodes
-            .iter()
-            .position(|n| n.metadata.name.as_deref() == Some(node));
-        let i = i.map_or(0, |i| i as u32);
+        let i = node_index(view, node);
         let pod = scale::pod(shape, i, shape.pods_per_node() + k % 20);
         add_pod(view, pod.clone());
         passes.push(agent.pass(view));
@@ -210,11 +215,7 @@ fn unselected_added(
     agent: &mut Agent,
     rounds: usize,
 ) -> (Vec<PassTimes>, Vec<PassTimes>) {
-    let i = view
-        .nodes
-        .iter()
-        .position(|n| n.metadata.name.as_deref() == Some(agent.node.as_str()));
-    let i = i.map_or(0, |i| i as u32);
+    let i = node_index(view, &agent.node);
     let mut memo = Memo::default();
     agent.pass_memo(&mut memo, &snapshot_of(view));
     let (mut full, mut patched) = (Vec::new(), Vec::new());
